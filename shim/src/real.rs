@@ -1,0 +1,193 @@
+//! The real `dlsym`, the real driver, and the driver functions the hooks call.
+//!
+//! Everything here is resolved lazily and without locks: a pointer slot is
+//! an `AtomicPtr` that starts null, is filled by whichever thread gets there
+//! first (two threads may both resolve it; they store the same value), and
+//! remembers "missing" with a sentinel so a symbol the driver lacks is looked
+//! up once, not on every call. Nothing here panics.
+
+use std::ffi::{CStr, c_char, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
+use crate::log::{log_at, log_once};
+
+pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// glibc's `dlsym`. Read by the `dlsym` trampoline in assembly, hence
+/// `#[no_mangle]`-free but `pub` and a plain pointer-sized static.
+pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
+
+/// Finds glibc's `dlsym` through `dlvsym`, which the shim does not export and
+/// so cannot recurse into. Never returns null: without `dlsym` nothing can
+/// work, so the process is stopped with a message.
+pub extern "C" fn resolve_real_dlsym() -> *mut c_void {
+    let cur = REAL_DLSYM.load(Ordering::Acquire);
+    if !cur.is_null() {
+        return cur;
+    }
+    // The default version first (glibc >= 2.34), then the older x86_64 one.
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: RTLD_NEXT and two NUL-terminated strings are valid arguments.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+        if !p.is_null() {
+            REAL_DLSYM.store(p, Ordering::Release);
+            return p;
+        }
+    }
+    crate::log::write_line(format_args!(
+        "cannot find the C library's dlsym (dlvsym failed for GLIBC_2.34 and GLIBC_2.2.5); stopping"
+    ));
+    // SAFETY: abort has no preconditions.
+    unsafe { libc::abort() }
+}
+
+/// Calls glibc's `dlsym` on behalf of the shim itself.
+pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    real_dlsym_raw(handle, name.as_ptr())
+}
+
+/// Calls glibc's `dlsym` with a raw name (null is passed on: glibc decides).
+pub fn real_dlsym_raw(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let f = resolve_real_dlsym();
+    // SAFETY: `f` is glibc's dlsym, whose signature DlsymFn matches.
+    let f: DlsymFn = unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(f) };
+    // SAFETY: dlsym validates the handle itself and takes the caller's name.
+    unsafe { f(handle, name) }
+}
+
+const DRIVER_UNTRIED: u8 = 0;
+const DRIVER_LOADED: u8 = 1;
+const DRIVER_MISSING: u8 = 2;
+
+static DRIVER: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
+static DRIVER_STATE: AtomicU8 = AtomicU8::new(DRIVER_UNTRIED);
+
+/// The path the shim opens: `VRAMCAP_CUDA_LIBRARY`, else `libcuda.so.1`.
+/// Stored NUL-terminated by the constructor.
+static DRIVER_PATH: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+
+pub fn set_driver_path(path: Option<&std::path::Path>) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = match path {
+        Some(p) => std::ffi::CString::new(p.as_os_str().as_bytes())
+            .unwrap_or_else(|_| c"libcuda.so.1".into()),
+        None => c"libcuda.so.1".into(),
+    };
+    let _ = DRIVER_PATH.set(c);
+}
+
+pub fn driver_path() -> &'static CStr {
+    DRIVER_PATH
+        .get()
+        .map(|c| c.as_c_str())
+        .unwrap_or(c"libcuda.so.1")
+}
+
+/// The real driver's handle, opened on first use.
+pub fn driver() -> Option<*mut c_void> {
+    match DRIVER_STATE.load(Ordering::Acquire) {
+        DRIVER_LOADED => return Some(DRIVER.load(Ordering::Acquire)),
+        DRIVER_MISSING => return None,
+        _ => {}
+    }
+    thread_local! {
+        static OPENING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    // The driver's own start-up may call dlsym, which may ask for the driver
+    // again on this thread: answer "not loaded yet" instead of recursing.
+    if OPENING.with(|o| o.replace(true)) {
+        return None;
+    }
+    let path = driver_path();
+    // SAFETY: dlopen takes a NUL-terminated path and flags; it is re-entrant
+    // and reference-counted, so a second thread opening it too is harmless.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    OPENING.with(|o| o.set(false));
+    if h.is_null() {
+        // SAFETY: dlerror returns null or a NUL-terminated thread-local string.
+        let err = unsafe { libc::dlerror() };
+        let why = if err.is_null() {
+            c"unknown error"
+        } else {
+            // SAFETY: see above.
+            unsafe { CStr::from_ptr(err) }
+        };
+        log_once!(
+            Error,
+            "cannot open the CUDA driver {:?}: {:?}; set VRAMCAP_CUDA_LIBRARY to the real libcuda.so.1",
+            path,
+            why
+        );
+        DRIVER_STATE.store(DRIVER_MISSING, Ordering::Release);
+        return None;
+    }
+    DRIVER.store(h, Ordering::Release);
+    DRIVER_STATE.store(DRIVER_LOADED, Ordering::Release);
+    log_at!(Debug, "real driver: {:?}", path);
+    Some(h)
+}
+
+/// "Looked up, not there".
+const MISSING: *mut c_void = std::ptr::dangling_mut::<c_void>();
+
+/// A driver function resolved on first use.
+pub struct DynFn {
+    pub name: &'static CStr,
+    ptr: AtomicPtr<c_void>,
+}
+
+impl DynFn {
+    pub const fn new(name: &'static CStr) -> DynFn {
+        DynFn {
+            name,
+            ptr: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// The driver's own pointer for this exact name, or `None`.
+    pub fn get(&self) -> Option<*mut c_void> {
+        let p = self.ptr.load(Ordering::Acquire);
+        if p == MISSING {
+            return None;
+        }
+        if !p.is_null() {
+            return Some(p);
+        }
+        let p = driver()
+            .map(|h| real_dlsym(h, self.name))
+            .unwrap_or(ptr::null_mut());
+        if p.is_null() {
+            self.ptr.store(MISSING, Ordering::Release);
+            log_at!(Warn, "the CUDA driver has no {:?}", self.name);
+            None
+        } else {
+            self.ptr.store(p, Ordering::Release);
+            Some(p)
+        }
+    }
+
+    /// Forgets the pointer (after `fork`, nothing to do: pointers stay valid).
+    #[allow(dead_code)]
+    pub fn peek(&self) -> *mut c_void {
+        self.ptr.load(Ordering::Acquire)
+    }
+}
+
+/// Calls a real driver function by slot, returning `CUDA_ERROR_NOT_FOUND`
+/// (500) when the driver lacks it.
+macro_rules! call_real {
+    ($slot:expr, fn($($ty:ty),*) -> $ret:ty, $($arg:expr),*) => {{
+        match $slot.get() {
+            Some(p) => {
+                // SAFETY: the slot holds the driver's function of this exact
+                // name, whose C signature is the one spelled here.
+                let f: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute::<*mut std::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(p) };
+                // SAFETY: the caller's arguments are passed on unchanged.
+                unsafe { f($($arg),*) }
+            }
+            None => $crate::cuda::CUDA_ERROR_NOT_FOUND,
+        }
+    }};
+}
+pub(crate) use call_real;

@@ -1,0 +1,208 @@
+//! Per-process state: settings, per-device budgets and the table of live
+//! allocations.
+//!
+//! Concurrency (see also the crate docs):
+//! - Budgets are atomics only ([`vramcap_core::budget`]).
+//! - The allocation table is a sharded map (dashmap). Its shard locks are the
+//!   only locks in the shim; each is taken for one insert, remove or lookup
+//!   and never across a driver call, `dlopen` or `dlsym`, and never while
+//!   another is held, so there is no lock order to get wrong.
+//! - `fork`: the child keeps one thread, but a parent thread may have held a
+//!   shard lock at the moment of `fork`. The child handler therefore never
+//!   touches the old table: it swaps in a fresh empty one (leaking the old,
+//!   which the child cannot use anyway: CUDA allocations do not survive fork)
+//!   and resets every budget. Settings are kept.
+
+use std::hash::{BuildHasher, Hasher};
+use std::ptr;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+
+use dashmap::DashMap;
+use vramcap_core::MAX_DEVICES;
+use vramcap_core::budget::{DeviceBudget, NO_CAP};
+use vramcap_core::limit::Amount;
+use vramcap_core::settings::Settings;
+
+use crate::cuda::{CUDA_SUCCESS, CUdevice, CUdeviceptr, CUuuid};
+use crate::hooks::REAL;
+use crate::log::{log_at, log_once};
+use crate::real::call_real;
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+/// `VRAMCAP_DISABLE=1`: every hook passes straight through.
+pub static DISABLED: AtomicBool = AtomicBool::new(false);
+
+/// Reads the settings once. A bad value stops the process with status 2 and
+/// one line naming the variable, so a program never runs uncapped by mistake.
+pub fn settings() -> &'static Settings {
+    SETTINGS.get_or_init(|| match Settings::from_env() {
+        Ok(s) => {
+            crate::log::set_level(s.log);
+            DISABLED.store(s.disabled, Ordering::Relaxed);
+            crate::real::set_driver_path(s.cuda_library.as_deref());
+            s
+        }
+        Err(e) => {
+            crate::log::write_line(format_args!("{e}"));
+            // SAFETY: _exit has no preconditions; no cleanup may run in a
+            // half-initialised process.
+            unsafe { libc::_exit(2) }
+        }
+    })
+}
+
+static BUDGETS: [DeviceBudget; MAX_DEVICES] = [const { DeviceBudget::new() }; MAX_DEVICES];
+
+/// What the shim knows about a live allocation.
+#[derive(Debug, Clone, Copy)]
+pub struct Record {
+    pub device: u16,
+    pub bytes: u64,
+}
+
+/// Device pointers are 512-byte aligned and spread over a wide range; a
+/// multiplicative hash of the whole word is enough and much cheaper than SipHash.
+#[derive(Clone, Copy, Default)]
+pub struct PtrHash;
+
+pub struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl BuildHasher for PtrHash {
+    type Hasher = PtrHasher;
+    fn build_hasher(&self) -> PtrHasher {
+        PtrHasher(0)
+    }
+}
+
+type Table = DashMap<CUdeviceptr, Record, PtrHash>;
+
+static TABLE: AtomicPtr<Table> = AtomicPtr::new(ptr::null_mut());
+
+pub fn table() -> &'static Table {
+    let p = TABLE.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: a non-null TABLE points at a leaked, never-freed Table.
+        return unsafe { &*p };
+    }
+    let fresh = Box::into_raw(Box::new(Table::with_hasher(PtrHash)));
+    match TABLE.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: we just published `fresh`, which is leaked for good.
+        Ok(_) => unsafe { &*fresh },
+        Err(existing) => {
+            // SAFETY: `fresh` was never shared; `existing` is leaked for good.
+            unsafe {
+                drop(Box::from_raw(fresh));
+                &*existing
+            }
+        }
+    }
+}
+
+pub fn budget(device: CUdevice) -> Option<&'static DeviceBudget> {
+    usize::try_from(device).ok().and_then(|d| BUDGETS.get(d))
+}
+
+/// The cap of `device` in bytes ([`NO_CAP`] for none), worked out on first
+/// use. `None` when it cannot be worked out (the driver would not say how big
+/// the device is or what its UUID is): callers then refuse, keeping the cap
+/// conservative.
+pub fn limit_of(device: CUdevice) -> Option<u64> {
+    let b = budget(device)?;
+    if let Some(l) = b.limit() {
+        return Some(l);
+    }
+    let l = compute_limit(device)?;
+    b.set_limit(l);
+    Some(l)
+}
+
+fn compute_limit(device: CUdevice) -> Option<u64> {
+    let spec = &settings().limit;
+    if spec.is_unlimited() {
+        return Some(NO_CAP);
+    }
+    let mut text = [0u8; 40];
+    let uuid = if spec.needs_uuid() {
+        let mut u = CUuuid::default();
+        let rc = call_real!(
+            REAL.cuDeviceGetUuid_v2,
+            fn(*mut CUuuid, CUdevice) -> i32,
+            &mut u,
+            device
+        );
+        let rc = if rc == CUDA_SUCCESS {
+            rc
+        } else {
+            call_real!(
+                REAL.cuDeviceGetUuid,
+                fn(*mut CUuuid, CUdevice) -> i32,
+                &mut u,
+                device
+            )
+        };
+        if rc != CUDA_SUCCESS {
+            log_once!(
+                Error,
+                "cannot read the UUID of device {device} (error {rc}) to match VRAMCAP_LIMIT; refusing its allocations"
+            );
+            return None;
+        }
+        u.write_canonical(&mut text);
+        // The canonical form is ASCII by construction.
+        std::str::from_utf8(&text).ok()
+    } else {
+        None
+    };
+    let ordinal = u32::try_from(device).ok()?;
+    let limit = match spec.amount_for(ordinal, uuid) {
+        None => NO_CAP,
+        Some(Amount::Bytes(b)) => b,
+        Some(a @ Amount::Percent(_)) => {
+            let mut total: usize = 0;
+            let rc = call_real!(
+                REAL.cuDeviceTotalMem_v2,
+                fn(*mut usize, CUdevice) -> i32,
+                &mut total,
+                device
+            );
+            if rc != CUDA_SUCCESS {
+                log_once!(
+                    Error,
+                    "cannot read the memory size of device {device} (error {rc}) to apply a percentage limit; refusing its allocations"
+                );
+                return None;
+            }
+            a.resolve(total as u64)
+        }
+    };
+    if limit == NO_CAP {
+        log_at!(Info, "device {device}: no cap");
+    } else {
+        log_at!(Info, "device {device}: cap {limit} bytes");
+    }
+    Some(limit)
+}
+
+/// Resets all per-process state in a child after `fork`.
+pub fn reset_after_fork() {
+    TABLE.store(ptr::null_mut(), Ordering::Release);
+    for b in &BUDGETS {
+        b.reset();
+    }
+}

@@ -1,0 +1,10 @@
+//! Logic shared by the `vramcap` CLI and the `libvramcap.so` shim, free of CUDA
+//! and of FFI so it can be tested as plain Rust.
+
+pub mod budget;
+pub mod limit;
+pub mod settings;
+pub mod size;
+
+pub use limit::{Amount, Key, LimitError, LimitSpec, MAX_DEVICES, parse_limit};
+pub use size::{Percent, human_bytes, parse_size};

@@ -1,0 +1,140 @@
+//! `vramcap`: run programs under the shim.
+//!
+//! Exit codes: the command's own status for `run`; 2 for bad arguments or
+//! settings; 127 when the command or the shim cannot be found; 126 when the
+//! command cannot be executed.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use vramcap_core::limit::parse_limit;
+use vramcap_core::settings::{LOG_VAR, parse_log_level};
+
+#[derive(Parser)]
+#[command(
+    name = "vramcap",
+    version,
+    about = "Per-GPU memory caps for unmodified CUDA programs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct ShimOptions {
+    /// The cap: 8GiB, 50%, 0=8GiB,1=4GiB, or 4GiB,1=2GiB (sets VRAMCAP_LIMIT)
+    #[arg(long, value_name = "SPEC")]
+    limit: Option<String>,
+    /// error, warn, info or debug (sets VRAMCAP_LOG)
+    #[arg(long, value_name = "LEVEL")]
+    log: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command under the shim: `vramcap run --limit 8GiB -- python train.py`
+    Run {
+        #[command(flatten)]
+        opts: ShimOptions,
+        /// The command and its arguments
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+        command: Vec<OsString>,
+    },
+    /// Print `export` lines that put the shim in front of programs started from this shell
+    Env {
+        #[command(flatten)]
+        opts: ShimOptions,
+    },
+}
+
+/// Where the shim is: beside this binary, then `VRAMCAP_LIBRARY`, then the
+/// install locations.
+fn find_library() -> Result<PathBuf, String> {
+    let mut tried = Vec::new();
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        tried.push(dir.join("libvramcap.so"));
+    }
+    if let Some(p) = std::env::var_os("VRAMCAP_LIBRARY") {
+        tried.push(PathBuf::from(p));
+    }
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu/vramcap",
+        "/usr/local/lib/vramcap",
+        "/usr/lib/vramcap",
+    ] {
+        tried.push(Path::new(dir).join("libvramcap.so"));
+    }
+    tried
+        .iter()
+        .find(|p| p.is_file())
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .ok_or_else(|| {
+            let list: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+            format!(
+                "cannot find libvramcap.so (looked in {}); build it with `cargo build --release` or set VRAMCAP_LIBRARY to its path",
+                list.join(", ")
+            )
+        })
+}
+
+/// The variables to set, after checking every value the way the shim will.
+fn shim_env(opts: &ShimOptions) -> Result<Vec<(String, OsString)>, String> {
+    let lib = find_library()?;
+    let mut preload = OsString::from(lib.as_os_str());
+    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(existing);
+    }
+    let mut vars = vec![("LD_PRELOAD".to_string(), preload)];
+    if let Some(limit) = &opts.limit {
+        parse_limit(limit).map_err(|e| e.to_string())?;
+        vars.push(("VRAMCAP_LIMIT".into(), limit.into()));
+    }
+    if let Some(level) = &opts.log {
+        parse_log_level(level).map_err(|e| e.to_string())?;
+        vars.push((LOG_VAR.into(), level.into()));
+    }
+    Ok(vars)
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { opts, command } => shim_env(&opts).map(|vars| {
+            let err = std::process::Command::new(&command[0])
+                .args(&command[1..])
+                .envs(vars)
+                .exec();
+            let code = if err.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            eprintln!(
+                "vramcap: cannot run {}: {err}",
+                command[0].to_string_lossy()
+            );
+            ExitCode::from(code)
+        }),
+        Command::Env { opts } => shim_env(&opts).map(|vars| {
+            for (k, v) in vars {
+                println!("export {k}={}", shell_quote(&v.to_string_lossy()));
+            }
+            ExitCode::SUCCESS
+        }),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("vramcap: {e}");
+        ExitCode::from(2)
+    })
+}

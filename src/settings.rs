@@ -1,0 +1,203 @@
+//! Every `VRAMCAP_*` setting, read once into a struct.
+//!
+//! The shim reads these in its constructor and exits with status 2 on any bad
+//! value, before the program's `main`; the CLI uses the same code to refuse a
+//! bad `--limit` before it starts anything.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::limit::{LIMIT_VAR, LimitError, LimitSpec, parse_limit};
+
+pub const LOG_VAR: &str = "VRAMCAP_LOG";
+pub const CUDA_LIBRARY_VAR: &str = "VRAMCAP_CUDA_LIBRARY";
+pub const DISABLE_VAR: &str = "VRAMCAP_DISABLE";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+}
+
+impl LogLevel {
+    pub fn parse(text: &str) -> Option<LogLevel> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "error" => Some(LogLevel::Error),
+            "warn" | "warning" => Some(LogLevel::Warn),
+            "info" => Some(LogLevel::Info),
+            "debug" => Some(LogLevel::Debug),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub limit: LimitSpec,
+    pub log: LogLevel,
+    /// Where the real driver is, when `libcuda.so.1` on the search path is not it.
+    pub cuda_library: Option<PathBuf>,
+    /// `VRAMCAP_DISABLE=1`: the shim passes every call straight through.
+    pub disabled: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettingsError {
+    Limit(LimitError),
+    Other {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+impl fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SettingsError::Limit(e) => e.fmt(f),
+            SettingsError::Other {
+                var,
+                value,
+                expected,
+            } => {
+                write!(
+                    f,
+                    "{var}=\"{}\" is not valid: expected {expected}",
+                    value.escape_debug()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
+/// Parses a log level value with the standard error.
+pub fn parse_log_level(value: &str) -> Result<LogLevel, SettingsError> {
+    LogLevel::parse(value).ok_or_else(|| SettingsError::Other {
+        var: LOG_VAR,
+        value: value.to_string(),
+        expected: "one of error, warn, info, debug (e.g. VRAMCAP_LOG=info)",
+    })
+}
+
+impl Settings {
+    /// Reads the settings through `get`, which returns a variable's value or
+    /// `None` when it is unset. A variable set to a value that is not valid
+    /// UTF-8 should be passed as `Some` of its lossy text: it is then refused.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Settings, SettingsError> {
+        let limit = match get(LIMIT_VAR) {
+            None => LimitSpec::default(),
+            Some(v) => parse_limit(&v).map_err(SettingsError::Limit)?,
+        };
+        let log = match get(LOG_VAR) {
+            None => LogLevel::Warn,
+            Some(v) => parse_log_level(&v)?,
+        };
+        let cuda_library = match get(CUDA_LIBRARY_VAR) {
+            None => None,
+            Some(v) if v.trim().is_empty() => {
+                return Err(SettingsError::Other {
+                    var: CUDA_LIBRARY_VAR,
+                    value: v,
+                    expected: "the path of the real libcuda.so.1 (e.g. /usr/lib/x86_64-linux-gnu/libcuda.so.1)",
+                });
+            }
+            Some(v) => Some(PathBuf::from(v)),
+        };
+        let disabled = match get(DISABLE_VAR).as_deref().map(str::trim) {
+            None | Some("") | Some("0") => false,
+            Some("1") => true,
+            Some(v) => {
+                return Err(SettingsError::Other {
+                    var: DISABLE_VAR,
+                    value: v.to_string(),
+                    expected: "1 to pass every call through, or 0/unset",
+                });
+            }
+        };
+        Ok(Settings {
+            limit,
+            log,
+            cuda_library,
+            disabled,
+        })
+    }
+
+    /// Reads the settings from the process environment.
+    pub fn from_env() -> Result<Settings, SettingsError> {
+        Settings::from_lookup(|name| {
+            std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn read(pairs: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let s = read(&[]).unwrap();
+        assert!(s.limit.is_unlimited());
+        assert_eq!(s.log, LogLevel::Warn);
+        assert_eq!(s.cuda_library, None);
+        assert!(!s.disabled);
+    }
+
+    #[test]
+    fn values() {
+        let s = read(&[
+            ("VRAMCAP_LOG", "DEBUG"),
+            ("VRAMCAP_DISABLE", "1"),
+            ("VRAMCAP_CUDA_LIBRARY", "/x/libcuda.so.1"),
+        ])
+        .unwrap();
+        assert_eq!(s.log, LogLevel::Debug);
+        assert!(s.disabled);
+        assert_eq!(s.cuda_library, Some(PathBuf::from("/x/libcuda.so.1")));
+    }
+
+    #[test]
+    fn errors() {
+        let e = read(&[("VRAMCAP_LOG", "loud")]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "VRAMCAP_LOG=\"loud\" is not valid: expected one of error, warn, info, debug (e.g. VRAMCAP_LOG=info)"
+        );
+        let e = read(&[("VRAMCAP_DISABLE", "yes")]).unwrap_err().to_string();
+        assert!(e.starts_with("VRAMCAP_DISABLE=\"yes\" is not valid"), "{e}");
+        let e = read(&[("VRAMCAP_CUDA_LIBRARY", " ")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("VRAMCAP_CUDA_LIBRARY=\" \" is not valid"),
+            "{e}"
+        );
+        let e = read(&[("VRAMCAP_LIMIT", "8XB")]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("VRAMCAP_LIMIT=\"8XB\" is not a valid limit: unknown unit"),
+            "{e}"
+        );
+    }
+}
