@@ -1,0 +1,325 @@
+#!/usr/bin/env bash
+# bench.sh DIR — overhead of the vramcap shim, measured side by side (a benchmark, not a test).
+#
+# DIR holds libvramcap.so (e.g. .gpu/). Builds scripts/gpu/bench_alloc.cu with nvcc and
+# runs, interleaved (without shim, with shim, without, with, ...):
+#   - bench_alloc: cuMemAlloc_v2+cuMemFree_v2 and cudaMalloc+cudaFree pairs at
+#     4 KiB, 1 MiB, 64 MiB, 1 GiB ($ROUNDS rounds of each variant, default 5)
+#   - bench_torch.py: MLP training step ($TORCH_ROUNDS rounds of each variant, default 3)
+# "with shim" is LD_PRELOAD=$(realpath DIR)/libvramcap.so VRAMCAP_LIMIT=16GiB.
+# Reports the median over rounds of each run's figure. Prints a markdown table,
+# writes it to ${OUT:-/tmp}/bench.md and the raw output to ${OUT:-/tmp}/bench.log.
+#
+# Environment: ROUNDS, TORCH_ROUNDS, PYTHON (default python3), NVCC, CUDA_ARCH (sm_90),
+#   OUT, BENCH_LIMIT (default 16GiB), BUDGET_S (default 420: no new run starts after it),
+#   KEEP_WORK=1 keeps the temp folder.
+# Exit status: 0 when every figure was measured for both variants, 1 otherwise.
+
+set -u
+
+if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+fi
+if [ ! -d "$1" ]; then
+    echo "bench: '$1' is not a directory" >&2
+    exit 2
+fi
+
+ART=$(realpath "$1")
+SHIM=$ART/libvramcap.so
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
+GPU_SRC=$SCRIPT_DIR/gpu
+ROUNDS=${ROUNDS:-5}
+TORCH_ROUNDS=${TORCH_ROUNDS:-3}
+PYTHON=${PYTHON:-python3}
+CUDA_ARCH=${CUDA_ARCH:-sm_90}
+OUT=${OUT:-/tmp}
+BENCH_LIMIT=${BENCH_LIMIT:-16GiB}
+BUDGET_S=${BUDGET_S:-420}
+
+for v in ROUNDS TORCH_ROUNDS BUDGET_S; do
+    if ! [[ ${!v} =~ ^[0-9]+$ ]]; then
+        echo "bench: $v='${!v}' is not a whole number" >&2
+        exit 2
+    fi
+done
+case "$BENCH_LIMIT" in
+    1GiB | 2GiB | 4GiB | 8GiB | 16GiB) ;;
+    *)
+        echo "bench: BENCH_LIMIT must be one of 1GiB 2GiB 4GiB 8GiB 16GiB (safety rule: <= 16 GiB)" >&2
+        exit 2
+        ;;
+esac
+if [ ! -r "$SHIM" ]; then
+    echo "bench: $SHIM not found" >&2
+    exit 2
+fi
+
+mkdir -p "$OUT" || { echo "bench: cannot create OUT=$OUT" >&2; exit 2; }
+LOG=$OUT/bench.log
+MD=$OUT/bench.md
+: >"$LOG" || { echo "bench: cannot write $LOG" >&2; exit 2; }
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench.XXXXXX") || { echo "bench: mktemp failed" >&2; exit 2; }
+# shellcheck disable=SC2317  # called through trap
+cleanup() { if [ "${KEEP_WORK:-0}" != 1 ]; then rm -rf "$WORK"; fi; }
+trap cleanup EXIT
+
+progress() { echo "[bench] $*" >&2; echo "[bench] $*" >>"$LOG"; }
+
+# ---------------------------------------------------------------- header
+
+COMMIT=""
+if command -v git >/dev/null 2>&1 && git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
+    COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)
+    if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | head -n 1)" ]; then
+        COMMIT="$COMMIT+dirty"
+    fi
+fi
+if [ -z "$COMMIT" ] && [ -r "$ART/COMMIT" ]; then
+    COMMIT=$(head -n 1 "$ART/COMMIT" | tr -d '\r' | cut -c1-60)
+fi
+[ -n "$COMMIT" ] || COMMIT=unknown
+
+NVSMI=$(command -v nvidia-smi 2>/dev/null || true)
+[ -n "$NVSMI" ] || for c in /usr/local/nvidia/bin/nvidia-smi /usr/bin/nvidia-smi; do
+    [ -x "$c" ] && NVSMI=$c && break
+done
+GPU_NAME=unknown
+GPU_DRIVER=unknown
+if [ -n "$NVSMI" ]; then
+    q=$(timeout 30 "$NVSMI" --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+    if [ -n "$q" ]; then
+        GPU_NAME=$(echo "${q%,*}" | sed 's/^ *//; s/ *$//')
+        GPU_DRIVER=$(echo "${q##*,}" | sed 's/^ *//; s/ *$//')
+    fi
+fi
+HEADER="vramcap bench — $(date -u '+%Y-%m-%d %H:%M:%S UTC') — commit $COMMIT — GPU $GPU_NAME, driver $GPU_DRIVER — with shim: VRAMCAP_LIMIT=$BENCH_LIMIT"
+{
+    echo "$HEADER"
+    echo "artefacts: $ART"
+    ls -l "$ART" 2>&1
+    echo "ROUNDS=$ROUNDS TORCH_ROUNDS=$TORCH_ROUNDS PYTHON=$PYTHON"
+    if [ -n "$NVSMI" ]; then timeout 30 "$NVSMI" 2>&1; fi
+} >>"$LOG"
+progress "$HEADER"
+
+UNSET=(-u LD_PRELOAD -u VRAMCAP_LIMIT -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLOC_CONF)
+V_BASE=(env "${UNSET[@]}")
+V_SHIM=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT")
+
+# run_one NAME TIMEOUT CMD... -> RC, OUTF; raw output goes to the log
+RC=0
+OUTF=/dev/null
+NRUN=0
+run_one() {
+    local name=$1 to=$2 left t0
+    shift 2
+    NRUN=$((NRUN + 1))
+    OUTF=$WORK/run$NRUN.out
+    : >"$OUTF"
+    left=$((BUDGET_S - SECONDS))
+    if ((left < 10)); then
+        RC=125
+        progress "$name: skipped (time budget of ${BUDGET_S}s spent)"
+        return
+    fi
+    ((to > left)) && to=$left
+    progress "$name"
+    {
+        echo
+        echo "=== $name ==="
+        printf 'cmd:'
+        printf ' %q' "$@"
+        echo
+    } >>"$LOG"
+    t0=$SECONDS
+    timeout -k 10 "$to" "$@" >"$OUTF" 2>"$OUTF.err" </dev/null
+    RC=$?
+    {
+        echo "rc: $RC (wall $((SECONDS - t0)) s)"
+        echo "--- stdout ---"
+        cat "$OUTF"
+        echo "--- stderr ---"
+        head -c 200000 "$OUTF.err"
+        echo "--- end ---"
+    } >>"$LOG"
+    [ "$RC" = 0 ] || progress "$name failed: rc=$RC (see $LOG)"
+}
+
+# ---------------------------------------------------------------- build
+
+NVCC_BIN=${NVCC:-}
+if [ -z "$NVCC_BIN" ]; then
+    if [ -x /usr/local/cuda/bin/nvcc ]; then
+        NVCC_BIN=/usr/local/cuda/bin/nvcc
+    else
+        NVCC_BIN=$(command -v nvcc 2>/dev/null || true)
+    fi
+fi
+
+build_cu() {
+    local src=$1 out=$2 cudadir alt
+    local -a link
+    cudadir=$(dirname "$(dirname "$NVCC_BIN")")
+    local alts=(
+        "-lcuda"
+        "-L$cudadir/lib64/stubs -lcuda"
+        "-L$cudadir/targets/x86_64-linux/lib/stubs -lcuda"
+        "-L/usr/local/nvidia/lib64 -l:libcuda.so.1"
+        "-L/usr/lib/x86_64-linux-gnu -l:libcuda.so.1"
+    )
+    for alt in "${alts[@]}"; do
+        read -r -a link <<<"$alt"
+        echo "build: $NVCC_BIN -O2 -arch=$CUDA_ARCH -o $out $src ${link[*]}" >>"$LOG"
+        if timeout 300 "$NVCC_BIN" -O2 -arch="$CUDA_ARCH" -o "$out" "$src" "${link[@]}" >>"$LOG" 2>&1; then
+            echo "build ok: $out" >>"$LOG"
+            return 0
+        fi
+    done
+    return 1
+}
+
+BENCH_ALLOC=""
+if [ -n "$NVCC_BIN" ] && [ -x "$NVCC_BIN" ] && [ -r "$GPU_SRC/bench_alloc.cu" ]; then
+    progress "building bench_alloc with $NVCC_BIN"
+    if build_cu "$GPU_SRC/bench_alloc.cu" "$WORK/bench_alloc"; then
+        BENCH_ALLOC=$WORK/bench_alloc
+    else
+        progress "bench_alloc build failed (see $LOG)"
+    fi
+else
+    progress "nvcc ($NVCC_BIN) or bench_alloc.cu not found"
+fi
+
+# ---------------------------------------------------------------- runs
+
+DATA=$WORK/data.tsv  # variant  api  size  median_us  mean_us  round
+TDATA=$WORK/torch.tsv # variant  ms_per_step  round
+INFO=$WORK/info.tsv  # variant  total
+: >"$DATA"
+: >"$TDATA"
+: >"$INFO"
+NFAILRUN=0
+
+collect_alloc() { # variant round
+    awk -v var="$1" -v rnd="$2" '
+        /^BENCH api=/ {
+            delete m
+            for (i = 2; i <= NF; i++) { p = index($i, "="); if (p > 0) m[substr($i, 1, p - 1)] = substr($i, p + 1) }
+            if (m["api"] != "" && m["size"] != "" && m["median_us"] != "")
+                printf "%s\t%s\t%s\t%s\t%s\t%s\n", var, m["api"], m["size"], m["median_us"], m["mean_us"], rnd
+        }' "$OUTF" >>"$DATA"
+}
+collect_info() { # variant
+    awk -v var="$1" '/^INFO total=/ { split($2, a, "="); print var "\t" a[2] }' "$OUTF" >>"$INFO"
+}
+
+if [ -n "$BENCH_ALLOC" ]; then
+    for ((r = 1; r <= ROUNDS; r++)); do
+        run_one "bench_alloc round $r without shim" 120 "${V_BASE[@]}" "$BENCH_ALLOC"
+        if [ "$RC" = 0 ]; then collect_alloc base "$r"; collect_info base; else NFAILRUN=$((NFAILRUN + 1)); fi
+        run_one "bench_alloc round $r with shim" 120 "${V_SHIM[@]}" "$BENCH_ALLOC"
+        if [ "$RC" = 0 ]; then collect_alloc shim "$r"; collect_info shim; else NFAILRUN=$((NFAILRUN + 1)); fi
+    done
+fi
+
+if command -v "$PYTHON" >/dev/null 2>&1 && [ -r "$GPU_SRC/bench_torch.py" ]; then
+    for ((r = 1; r <= TORCH_ROUNDS; r++)); do
+        for variant in base shim; do
+            if [ "$variant" = base ]; then
+                run_one "bench_torch round $r without shim" 180 "${V_BASE[@]}" "$PYTHON" "$GPU_SRC/bench_torch.py"
+            else
+                run_one "bench_torch round $r with shim" 180 "${V_SHIM[@]}" "$PYTHON" "$GPU_SRC/bench_torch.py"
+            fi
+            if [ "$RC" = 0 ]; then
+                awk -v var="$variant" -v rnd="$r" '
+                    /^BENCH what=torch_mlp_step/ {
+                        for (i = 2; i <= NF; i++) if ($i ~ /^ms_per_step=/) { split($i, a, "="); print var "\t" a[2] "\t" rnd }
+                    }' "$OUTF" >>"$TDATA"
+                collect_info "torch-$variant"
+            else
+                NFAILRUN=$((NFAILRUN + 1))
+            fi
+        done
+    done
+else
+    progress "python ($PYTHON) or bench_torch.py not found: no PyTorch figures"
+fi
+
+# ---------------------------------------------------------------- report
+
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "NA"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+# col VARIANT API SIZE FIELD(4=median,5=mean) -> median over rounds
+col() { awk -F'\t' -v v="$1" -v a="$2" -v s="$3" -v f="$4" '$1 == v && $2 == a && $3 == s { print $f }' "$DATA" | median; }
+nrounds() { awk -F'\t' -v v="$1" -v a="$2" -v s="$3" '$1 == v && $2 == a && $3 == s' "$DATA" | wc -l | tr -d ' '; }
+fmt() { awk -v x="$1" -v p="${2:-1}" 'BEGIN { if (x == "NA" || x == "") print "NA"; else printf "%.*f", p, x }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "NA" || b == "NA" || a + 0 == 0) print "NA"; else printf "%.3f", b / a }'; }
+delta() { awk -v a="$1" -v b="$2" -v k="${3:-1}" 'BEGIN { if (a == "NA" || b == "NA") print "NA"; else printf "%+.1f", (b - a) * k }'; }
+sizename() {
+    case "$1" in
+        4096) echo "4 KiB" ;;
+        1048576) echo "1 MiB" ;;
+        67108864) echo "64 MiB" ;;
+        1073741824) echo "1 GiB" ;;
+        *) echo "$1 B" ;;
+    esac
+}
+
+MISSING=0
+{
+    echo "$HEADER"
+    echo
+    echo "| what | size | without shim | with shim | ratio (with/without) | delta µs |"
+    echo "|---|---|---|---|---|---|"
+    for api in cuMemAlloc cudaMalloc; do
+        if [ "$api" = cuMemAlloc ]; then label="cuMemAlloc_v2+cuMemFree_v2 pair, median µs"; else label="cudaMalloc+cudaFree pair, median µs"; fi
+        for size in 4096 1048576 67108864 1073741824; do
+            a=$(col base "$api" "$size" 4)
+            b=$(col shim "$api" "$size" 4)
+            { [ "$a" = NA ] || [ "$b" = NA ]; } && MISSING=$((MISSING + 1))
+            echo "| $label | $(sizename "$size") | $(fmt "$a" 1) | $(fmt "$b" 1) | $(ratio "$a" "$b") | $(delta "$a" "$b") |"
+        done
+    done
+    ta=$(awk -F'\t' '$1 == "base" { print $2 }' "$TDATA" | median)
+    tb=$(awk -F'\t' '$1 == "shim" { print $2 }' "$TDATA" | median)
+    { [ "$ta" = NA ] || [ "$tb" = NA ]; } && MISSING=$((MISSING + 1))
+    echo "| PyTorch MLP training step, ms | 8×Linear(4096), batch 256, AdamW, fp32 | $(fmt "$ta" 3) | $(fmt "$tb" 3) | $(ratio "$ta" "$tb") | $(delta "$ta" "$tb" 1000) |"
+    echo
+    echo "Means (median over rounds of each run's mean, µs):"
+    echo
+    echo "| what | size | without shim | with shim | ratio (with/without) | delta µs |"
+    echo "|---|---|---|---|---|---|"
+    for api in cuMemAlloc cudaMalloc; do
+        for size in 4096 1048576 67108864 1073741824; do
+            a=$(col base "$api" "$size" 5)
+            b=$(col shim "$api" "$size" 5)
+            echo "| $api pair, mean µs | $(sizename "$size") | $(fmt "$a" 1) | $(fmt "$b" 1) | $(ratio "$a" "$b") | $(delta "$a" "$b") |"
+        done
+    done
+    echo
+    echo "Rounds: bench_alloc $(nrounds base cuMemAlloc 4096) without / $(nrounds shim cuMemAlloc 4096) with shim (interleaved);" \
+        "PyTorch $(awk -F'\t' '$1 == "base"' "$TDATA" | wc -l | tr -d ' ') without / $(awk -F'\t' '$1 == "shim"' "$TDATA" | wc -l | tr -d ' ') with."
+    for v in base shim torch-base torch-shim; do
+        t=$(awk -F'\t' -v v="$v" '$1 == v { print $2 }' "$INFO" | sort -u | tr '\n' ' ')
+        echo "cudaMemGetInfo total seen by $v runs: ${t:-none}"
+    done
+    echo "Failed runs: $NFAILRUN. Elapsed: ${SECONDS}s. Raw data: $LOG"
+} >"$WORK/table.md"
+
+cp "$WORK/table.md" "$MD" 2>/dev/null || true
+{
+    echo
+    echo "=== per-run data (variant api size median_us mean_us round) ==="
+    cat "$DATA"
+    echo "=== torch (variant ms_per_step round) ==="
+    cat "$TDATA"
+    echo "=== summary ==="
+    cat "$WORK/table.md"
+} >>"$LOG"
+echo
+cat "$WORK/table.md"
+
+if [ "$MISSING" = 0 ] && [ "$NFAILRUN" = 0 ]; then exit 0; fi
+exit 1

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""CuPy check for vramcap (run under LD_PRELOAD=libvramcap.so VRAMCAP_LIMIT=...).
+
+With CuPy's default memory pool, allocates 256 MiB cupy.empty arrays until
+cupy.cuda.memory.OutOfMemoryError (or a hard stop), reports
+cupy.cuda.runtime.memGetInfo() and the pool's figures, frees everything and
+verifies a small computation.
+
+Prints `RESULT {json}` and a flat `RESULTKV key=value ...` line on stdout.
+Exit status: 0 when it ran to the end, 1 on an unexpected error, 3 when cupy
+could not be imported.
+
+Usage: check_cupy.py [--max-bytes N]
+"""
+import argparse
+import json
+import sys
+import time
+import traceback
+
+CHUNK = 256 << 20
+
+
+def emit(res):
+    print("RESULT " + json.dumps(res, sort_keys=True, default=str), flush=True)
+    flat = []
+    for k in sorted(res):
+        v = res[k]
+        if isinstance(v, bool):
+            v = int(v)
+        if isinstance(v, (int, float)) or v is None:
+            flat.append("%s=%s" % (k, "none" if v is None else v))
+    print("RESULTKV " + " ".join(flat), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-bytes", type=int, default=6 << 30,
+                    help="hard stop for the allocation loop (bytes)")
+    args = ap.parse_args()
+
+    res = {"check": "cupy", "chunk": CHUNK, "max_bytes": args.max_bytes,
+           "oom": False, "compute_ok": False, "completed": False}
+    rc = 1
+    try:
+        try:
+            import numpy as np
+            import cupy
+        except Exception as e:  # noqa: BLE001
+            res["error"] = "import cupy failed: %r" % (e,)
+            rc = 3
+            return rc
+        res["cupy_version"] = cupy.__version__
+        free, total = cupy.cuda.runtime.memGetInfo()
+        res["total"] = int(total)
+        res["free_before"] = int(free)
+        pool = cupy.get_default_memory_pool()
+
+        arrays = []
+        t0 = time.time()
+        while (len(arrays) + 1) * CHUNK <= args.max_bytes:
+            try:
+                arrays.append(cupy.empty((CHUNK,), dtype=cupy.uint8))
+            except cupy.cuda.memory.OutOfMemoryError as e:
+                res["oom"] = True
+                res["oom_message"] = " ".join(str(e).split())[:400]
+                break
+        res["alloc_seconds"] = round(time.time() - t0, 3)
+        res["chunks"] = len(arrays)
+        res["bytes"] = len(arrays) * CHUNK
+        res["pool_used_bytes"] = int(pool.used_bytes())
+        res["pool_total_bytes"] = int(pool.total_bytes())
+        try:
+            f2, t2 = cupy.cuda.runtime.memGetInfo()
+            res["free_at_oom"] = int(f2)
+            res["total_at_oom"] = int(t2)
+        except Exception as e:  # noqa: BLE001
+            res["memgetinfo_error"] = repr(e)[:300]
+
+        del arrays
+        pool.free_all_blocks()
+        res["pool_total_after_free"] = int(pool.total_bytes())
+
+        n = 1 << 20
+        # Copy round trip first (needs no kernel compilation), then kernels.
+        host = np.arange(n, dtype=np.int64) * 5 - 3
+        back = cupy.asnumpy(cupy.asarray(host))
+        res["roundtrip_ok"] = bool(np.array_equal(back, host))
+        x = cupy.arange(n, dtype=cupy.int64)
+        got = int((x % 7).sum())
+        want = int(np.sum(np.arange(n, dtype=np.int64) % 7))
+        y = cupy.asnumpy(x * 3 + 1)
+        ok_vec = bool(np.array_equal(y, np.arange(n, dtype=np.int64) * 3 + 1))
+        cupy.cuda.Device(0).synchronize()
+        res["sum_got"] = got
+        res["sum_want"] = want
+        res["kernel_ok"] = (got == want) and ok_vec
+        res["compute_ok"] = res["roundtrip_ok"] and res["kernel_ok"]
+        res["completed"] = True
+        rc = 0
+        return rc
+    except Exception as e:  # noqa: BLE001
+        res["error"] = ("%s: %s" % (type(e).__name__, " ".join(str(e).split())))[:600]
+        traceback.print_exc()
+        rc = 1
+        return rc
+    finally:
+        res["rc"] = rc
+        emit(res)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

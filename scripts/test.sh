@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command: every test, no GPU needed. Installs what the tests need
+# (a C compiler for the stand-in driver, nm from binutils) when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v cc >/dev/null || command -v gcc >/dev/null || missing+=(gcc)
+command -v nm >/dev/null || missing+=(binutils)
+if [ ${#missing[@]} -gt 0 ]; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        echo "test.sh: installing ${missing[*]}" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "test.sh: please install: ${missing[*]} (e.g. sudo apt-get install ${missing[*]})" >&2
+        exit 1
+    fi
+fi
+
+cargo test --workspace --locked "$@"

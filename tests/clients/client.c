@@ -1,0 +1,893 @@
+/*
+ * client.c - scriptable CUDA driver client for the vramcap integration tests.
+ *
+ *   client METHOD CMD...
+ *
+ * METHOD is how the client obtains driver functions, mimicking different
+ * kinds of real programs:
+ *   linked           direct calls resolved by the dynamic linker
+ *                    (only in client-linked, built with -DCLIENT_LINKED)
+ *   dlsym            dlopen("libcuda.so.1") + dlsym of exact versioned names
+ *                    ("cuMemAlloc_v2"), like XLA
+ *   procaddr         dlsym "cuGetProcAddress_v2", ask it for itself
+ *                    ("cuGetProcAddress" at 12000) and look everything up
+ *                    through the result with cudart's versions, like cudart
+ *   procaddr-legacy  the same with the 4-argument "cuGetProcAddress" (11030)
+ *
+ * The whole command line is checked first; then the driver functions are
+ * obtained and the commands run left to right. Each prints exactly one line
+ * to stdout (flushed), except "standin", which prints one per device. RC is
+ * the driver's CUresult in decimal; SIZE is a byte count, optionally with a
+ * K, M or G suffix (powers of 1024), printed back in bytes; slots number the
+ * allocations the client remembers, from 0.
+ *
+ *   init                  cuInit(0), device 0's primary context current
+ *                         -> "init -> RC"
+ *   ctx N                 device N's primary context current
+ *                         -> "ctx N -> RC"
+ *   noctx                 cuCtxSetCurrent(NULL)      -> "noctx -> RC"
+ *   alloc SIZE            cuMemAlloc_v2  -> "alloc BYTES -> RC #SLOT"
+ *                                           (no " #SLOT" on failure)
+ *   managed SIZE          cuMemAllocManaged(.., CU_MEM_ATTACH_GLOBAL)
+ *                         -> "managed BYTES -> RC #SLOT"
+ *   pitch W H ELEM        cuMemAllocPitch_v2
+ *                         -> "pitch W H ELEM -> RC pitch=P #SLOT"
+ *                            ("pitch W H ELEM -> RC" on failure)
+ *   free SLOT             cuMemFree_v2 of the slot's pointer (SLOT or #SLOT;
+ *                         again if already freed) -> "free #SLOT -> RC"
+ *   freeraw HEX           cuMemFree_v2 of any value -> "freeraw 0xHEX -> RC"
+ *   fill SIZE             alloc until failure (at most 1000000 times)
+ *                         -> "fill BYTES -> N allocs TOTAL bytes rc=RC"
+ *   freeall               free every live slot -> "freeall -> N freed rc=RC"
+ *   info                  cuMemGetInfo_v2 -> "info -> RC free=F total=T"
+ *   total N               cuDeviceTotalMem_v2 -> "total N -> RC bytes=B"
+ *   standin               per device: "standin dev=N used=U peak=P"
+ *   counts                "counts alloc=A free=F getprocaddress=G alias=X"
+ *   threads T ITERS MAX   T threads allocating and freeing 1M..MAX
+ *                         -> "threads -> ok=A oom=O other=E"
+ *   resolve NAME VER FLAGS    -> "resolve NAME VER FLAGS -> RC status=S lib=L"
+ *                         (symbolStatus starts as 0 and is printed as is;
+ *                         S is "-" with procaddr-legacy, which has none)
+ *   resolve4 NAME VER FLAGS   the same with symbolStatus NULL (status=-)
+ *   dlsym NAME            dlsym on the libcuda handle -> "dlsym NAME -> lib=L"
+ *   next NAME             dlsym(RTLD_NEXT)    -> "next NAME -> lib=L"
+ *   default NAME          dlsym(RTLD_DEFAULT) -> "default NAME -> lib=L"
+ *   call-resolved cuMemAlloc  resolve now and allocate 1 MiB through it
+ *                         -> "call-resolved cuMemAlloc -> RC #SLOT"
+ *
+ * lib=L is the basename of the object containing the pointer: "null" for
+ * NULL, "?" if dladdr does not know it.
+ * resolve, resolve4 and call-resolved print "CMD -> unsupported" with the
+ * linked and dlsym methods.
+ *
+ * Exit status: 0 (driver errors are data), 64 for a bad command line,
+ * 69 if the driver or one of its functions can not be obtained, 70 if a
+ * system call fails.
+ */
+#define _GNU_SOURCE /* RTLD_NEXT, RTLD_DEFAULT, dladdr */
+#include "cuda_subset.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXIT_USAGE 64       /* EX_USAGE */
+#define EXIT_UNAVAILABLE 69 /* EX_UNAVAILABLE */
+#define EXIT_SOFTWARE 70    /* EX_SOFTWARE */
+
+#define MIB ((size_t)1 << 20)
+#define FILL_LIMIT 1000000
+#define MAX_THREADS 1024
+#define MAX_CACHED_DEVICES 64
+
+/* ---- Output and errors ------------------------------------------------- */
+
+/* Print one result line and flush it, so tests see it even if we crash. */
+__attribute__((format(printf, 1, 2))) static void out(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+__attribute__((format(printf, 2, 3), noreturn)) static void
+die(int status, const char *fmt, ...)
+{
+    va_list ap;
+    fflush(stdout);
+    fputs("client: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(status);
+}
+
+/* ---- Driver functions -------------------------------------------------- */
+
+/* The driver functions the commands use, however they were obtained. */
+struct api {
+    CUresult (*init)(unsigned int);
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*primary_ctx_retain)(CUcontext *, CUdevice);
+    CUresult (*ctx_set_current)(CUcontext);
+    CUresult (*ctx_get_device)(CUdevice *);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*mem_alloc_pitch)(CUdeviceptr *, size_t *, size_t, size_t,
+                                unsigned int);
+    CUresult (*mem_alloc_managed)(CUdeviceptr *, size_t, unsigned int);
+    CUresult (*mem_free)(CUdeviceptr);
+    CUresult (*mem_get_info)(size_t *, size_t *);
+    CUresult (*device_total_mem)(size_t *, CUdevice);
+};
+static struct api api;
+
+/*
+ * How each function is looked up: its exact exported name (dlsym method) and
+ * its base name with the version cudart asks cuGetProcAddress for. (No
+ * command calls cuCtxGetDevice; it is looked up like cudart does.)
+ */
+static const struct {
+    const char *base;
+    const char *versioned;
+    int version;
+    size_t offset; /* of the function pointer in struct api */
+} g_functions[] = {
+    { "cuInit", "cuInit", 2000, offsetof(struct api, init) },
+    { "cuDeviceGet", "cuDeviceGet", 2000, offsetof(struct api, device_get) },
+    { "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 7000,
+      offsetof(struct api, primary_ctx_retain) },
+    { "cuCtxSetCurrent", "cuCtxSetCurrent", 4000,
+      offsetof(struct api, ctx_set_current) },
+    { "cuCtxGetDevice", "cuCtxGetDevice", 2000,
+      offsetof(struct api, ctx_get_device) },
+    { "cuMemAlloc", "cuMemAlloc_v2", 3020, offsetof(struct api, mem_alloc) },
+    { "cuMemAllocPitch", "cuMemAllocPitch_v2", 3020,
+      offsetof(struct api, mem_alloc_pitch) },
+    { "cuMemAllocManaged", "cuMemAllocManaged", 6000,
+      offsetof(struct api, mem_alloc_managed) },
+    { "cuMemFree", "cuMemFree_v2", 3020, offsetof(struct api, mem_free) },
+    { "cuMemGetInfo", "cuMemGetInfo_v2", 3020,
+      offsetof(struct api, mem_get_info) },
+    { "cuDeviceTotalMem", "cuDeviceTotalMem_v2", 3020,
+      offsetof(struct api, device_total_mem) },
+};
+
+_Static_assert(sizeof(void *) == sizeof(void (*)(void)),
+               "function pointers must fit in void *");
+
+enum method { M_LINKED, M_DLSYM, M_PROCADDR, M_PROCADDR_LEGACY };
+static enum method g_method;
+
+static void *g_libcuda;                       /* dlopen handle */
+static PFN_cuGetProcAddress_v2 g_resolver_v2; /* procaddr */
+static PFN_cuGetProcAddress_v1 g_resolver_v1; /* procaddr-legacy */
+
+/* The libcuda handle, opened on first use. */
+static void *libcuda(void)
+{
+    if (g_libcuda == NULL) {
+        g_libcuda = dlopen("libcuda.so.1", RTLD_NOW);
+        if (g_libcuda == NULL)
+            die(EXIT_UNAVAILABLE, "dlopen libcuda.so.1: %s", dlerror());
+    }
+    return g_libcuda;
+}
+
+/* Store a looked-up address into a function pointer field of api. */
+static void set_fn(size_t offset, void *p)
+{
+    memcpy((char *)&api + offset, &p, sizeof p);
+}
+
+#ifdef CLIENT_LINKED
+/*
+ * Wrappers that call the driver directly, so each call is an ordinary call
+ * through the PLT, resolved by the dynamic linker like in a linked program.
+ */
+static CUresult l_init(unsigned int f) { return cuInit(f); }
+static CUresult l_device_get(CUdevice *d, int o) { return cuDeviceGet(d, o); }
+static CUresult l_primary_ctx_retain(CUcontext *c, CUdevice d)
+{
+    return cuDevicePrimaryCtxRetain(c, d);
+}
+static CUresult l_ctx_set_current(CUcontext c) { return cuCtxSetCurrent(c); }
+static CUresult l_ctx_get_device(CUdevice *d) { return cuCtxGetDevice(d); }
+static CUresult l_mem_alloc(CUdeviceptr *p, size_t n)
+{
+    return cuMemAlloc_v2(p, n);
+}
+static CUresult l_mem_alloc_pitch(CUdeviceptr *p, size_t *pitch, size_t w,
+                                  size_t h, unsigned int e)
+{
+    return cuMemAllocPitch_v2(p, pitch, w, h, e);
+}
+static CUresult l_mem_alloc_managed(CUdeviceptr *p, size_t n, unsigned int f)
+{
+    return cuMemAllocManaged(p, n, f);
+}
+static CUresult l_mem_free(CUdeviceptr p) { return cuMemFree_v2(p); }
+static CUresult l_mem_get_info(size_t *f, size_t *t)
+{
+    return cuMemGetInfo_v2(f, t);
+}
+static CUresult l_device_total_mem(size_t *b, CUdevice d)
+{
+    return cuDeviceTotalMem_v2(b, d);
+}
+
+static void setup_linked(void)
+{
+    api = (struct api){
+        .init = l_init,
+        .device_get = l_device_get,
+        .primary_ctx_retain = l_primary_ctx_retain,
+        .ctx_set_current = l_ctx_set_current,
+        .ctx_get_device = l_ctx_get_device,
+        .mem_alloc = l_mem_alloc,
+        .mem_alloc_pitch = l_mem_alloc_pitch,
+        .mem_alloc_managed = l_mem_alloc_managed,
+        .mem_free = l_mem_free,
+        .mem_get_info = l_mem_get_info,
+        .device_total_mem = l_device_total_mem,
+    };
+}
+#endif
+
+static void setup_dlsym(void)
+{
+    for (size_t i = 0; i < sizeof g_functions / sizeof g_functions[0]; i++) {
+        void *p = dlsym(libcuda(), g_functions[i].versioned);
+        if (p == NULL)
+            die(EXIT_UNAVAILABLE, "dlsym %s: %s", g_functions[i].versioned,
+                dlerror());
+        set_fn(g_functions[i].offset, p);
+    }
+}
+
+/*
+ * Look base up through the resolver the client holds. status may be NULL
+ * (and is never written by the legacy resolver).
+ */
+static CUresult lookup(const char *base, void **pfn, int version,
+                       cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    if (g_method == M_PROCADDR)
+        return g_resolver_v2(base, pfn, version, flags, status);
+    return g_resolver_v1(base, pfn, version, flags);
+}
+
+static void setup_procaddr(void)
+{
+    void *p = NULL;
+    CUresult rc;
+    CUdriverProcAddressQueryResult status = -1;
+
+    /* Find the resolver by name, then ask it for itself, like cudart. */
+    if (g_method == M_PROCADDR) {
+        PFN_cuGetProcAddress_v2 first;
+        void *sym = dlsym(libcuda(), "cuGetProcAddress_v2");
+        if (sym == NULL)
+            die(EXIT_UNAVAILABLE, "dlsym cuGetProcAddress_v2: %s", dlerror());
+        memcpy(&first, &sym, sizeof sym);
+        rc = first("cuGetProcAddress", &p, 12000, 0, &status);
+        memcpy(&g_resolver_v2, &p, sizeof p);
+    } else {
+        PFN_cuGetProcAddress_v1 first;
+        void *sym = dlsym(libcuda(), "cuGetProcAddress");
+        if (sym == NULL)
+            die(EXIT_UNAVAILABLE, "dlsym cuGetProcAddress: %s", dlerror());
+        memcpy(&first, &sym, sizeof sym);
+        rc = first("cuGetProcAddress", &p, 11030, 0);
+        memcpy(&g_resolver_v1, &p, sizeof p);
+    }
+    if (rc != CUDA_SUCCESS || p == NULL)
+        die(EXIT_UNAVAILABLE, "resolving cuGetProcAddress itself: rc=%d status=%d",
+            rc, status);
+
+    /* Every other function; alternate NULL and non-NULL symbolStatus. */
+    for (size_t i = 0; i < sizeof g_functions / sizeof g_functions[0]; i++) {
+        bool want_status = i % 2 == 0;
+        status = -1;
+        p = NULL;
+        rc = lookup(g_functions[i].base, &p, g_functions[i].version, 0,
+                    want_status ? &status : NULL);
+        if (rc != CUDA_SUCCESS || p == NULL ||
+            (want_status && g_method == M_PROCADDR &&
+             status != CU_GET_PROC_ADDRESS_SUCCESS))
+            die(EXIT_UNAVAILABLE,
+                "cuGetProcAddress(\"%s\", %d): rc=%d status=%d ptr=%p",
+                g_functions[i].base, g_functions[i].version, rc, status, p);
+        set_fn(g_functions[i].offset, p);
+    }
+}
+
+/* ---- Helpers ------------------------------------------------------------- */
+
+/* Basename of the object that contains p: "null" for NULL, "?" if unknown. */
+static const char *lib_of(const void *p)
+{
+    Dl_info info;
+    if (p == NULL)
+        return "null";
+    if (dladdr(p, &info) == 0 || info.dli_fname == NULL ||
+        info.dli_fname[0] == '\0')
+        return "?";
+    const char *slash = strrchr(info.dli_fname, '/');
+    return slash != NULL ? slash + 1 : info.dli_fname;
+}
+
+/* A byte count: digits with an optional K, M or G suffix (powers of 1024). */
+static size_t parse_size(const char *s)
+{
+    char *end;
+    errno = 0;
+    if (*s < '0' || *s > '9')
+        die(EXIT_USAGE, "bad size '%s'", s);
+    unsigned long long v = strtoull(s, &end, 10);
+    unsigned shift = 0;
+    switch (*end) {
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+    default: break;
+    }
+    if (errno != 0 || *end != '\0' || v > (SIZE_MAX >> shift))
+        die(EXIT_USAGE, "bad size '%s'", s);
+    return (size_t)v << shift;
+}
+
+/* A non-negative decimal integer no larger than max. */
+static long parse_uint(const char *s, long max, const char *what)
+{
+    char *end;
+    errno = 0;
+    if (*s < '0' || *s > '9')
+        die(EXIT_USAGE, "bad %s '%s'", what, s);
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v > max)
+        die(EXIT_USAGE, "bad %s '%s'", what, s);
+    return v;
+}
+
+/* An unsigned number in decimal, or hex with 0x (base auto-detected). */
+static unsigned long long parse_ull(const char *s, int base, const char *what)
+{
+    char *end;
+    errno = 0;
+    if (*s == '-' || *s == '\0')
+        die(EXIT_USAGE, "bad %s '%s'", what, s);
+    unsigned long long v = strtoull(s, &end, base);
+    if (errno != 0 || *end != '\0')
+        die(EXIT_USAGE, "bad %s '%s'", what, s);
+    return v;
+}
+
+/* A CUDA version number (e.g. 12000); negative values are allowed. */
+static int parse_version(const char *s)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || *end != '\0' || *s == '\0' || v < -1000000 || v > 1000000)
+        die(EXIT_USAGE, "bad version '%s'", s);
+    return (int)v;
+}
+
+/* ---- Slots: remembered allocations ------------------------------------- */
+
+struct slot {
+    CUdeviceptr ptr;
+    bool live; /* allocated and not yet freed successfully */
+};
+static struct slot *g_slots;
+static size_t g_nslots, g_slots_cap;
+
+/* Remember ptr in the next slot and return the slot's number. */
+static size_t add_slot(CUdeviceptr ptr)
+{
+    if (g_nslots == g_slots_cap) {
+        size_t cap = g_slots_cap ? g_slots_cap * 2 : 64;
+        struct slot *s = realloc(g_slots, cap * sizeof *s);
+        if (s == NULL)
+            die(EXIT_SOFTWARE, "out of memory");
+        g_slots = s;
+        g_slots_cap = cap;
+    }
+    g_slots[g_nslots] = (struct slot){ .ptr = ptr, .live = true };
+    return g_nslots++;
+}
+
+/* ---- Contexts ------------------------------------------------------------ */
+
+/* Primary contexts retained so far, by device ordinal. */
+static CUcontext g_ctx[MAX_CACHED_DEVICES];
+
+/* Device ordinal's primary context, retained once; CUDA_SUCCESS or error. */
+static CUresult primary_ctx(int ordinal, CUcontext *ctx)
+{
+    if (ordinal < MAX_CACHED_DEVICES && g_ctx[ordinal] != NULL) {
+        *ctx = g_ctx[ordinal];
+        return CUDA_SUCCESS;
+    }
+    CUdevice dev;
+    CUresult rc = api.device_get(&dev, ordinal);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = api.primary_ctx_retain(ctx, dev);
+    if (rc == CUDA_SUCCESS && ordinal < MAX_CACHED_DEVICES)
+        g_ctx[ordinal] = *ctx;
+    return rc;
+}
+
+/* Make device ordinal's primary context current. */
+static CUresult make_current(int ordinal)
+{
+    CUcontext ctx;
+    CUresult rc = primary_ctx(ordinal, &ctx);
+    return rc != CUDA_SUCCESS ? rc : api.ctx_set_current(ctx);
+}
+
+/* ---- threads ---------------------------------------------------------- */
+
+struct worker {
+    pthread_t thread;
+    unsigned index;
+    long iters;
+    size_t max_mib;
+    CUcontext ctx;
+    unsigned long ok, oom, other;
+};
+
+static uint64_t xorshift64(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
+static void count_rc(struct worker *w, CUresult rc)
+{
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+        w->oom++;
+    else if (rc != CUDA_SUCCESS)
+        w->other++;
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    uint64_t rng = 0x9e3779b97f4a7c15ULL * (w->index + 1);
+    CUdeviceptr live[4];
+    unsigned nlive = 0;
+
+    api.ctx_set_current(w->ctx);
+    for (long it = 0; it < w->iters; it++) {
+        if (nlive == 4) {
+            unsigned victim = (unsigned)(xorshift64(&rng) % 4);
+            CUresult rc = api.mem_free(live[victim]);
+            if (rc != CUDA_SUCCESS)
+                w->other++;
+            live[victim] = live[--nlive];
+        }
+        size_t size = (size_t)(xorshift64(&rng) % w->max_mib + 1) * MIB;
+        CUdeviceptr p;
+        CUresult rc = api.mem_alloc(&p, size);
+        if (rc == CUDA_SUCCESS) {
+            w->ok++;
+            live[nlive++] = p;
+        } else {
+            count_rc(w, rc);
+        }
+    }
+    while (nlive > 0) {
+        if (api.mem_free(live[--nlive]) != CUDA_SUCCESS)
+            w->other++;
+    }
+    return NULL;
+}
+
+static void cmd_threads(long nthreads, long iters, size_t max_size)
+{
+    struct worker *w = calloc((size_t)nthreads, sizeof *w);
+    if (w == NULL)
+        die(EXIT_SOFTWARE, "out of memory");
+    CUcontext ctx = NULL;
+    primary_ctx(0, &ctx); /* on failure the workers report the errors */
+
+    for (long i = 0; i < nthreads; i++) {
+        w[i].index = (unsigned)i;
+        w[i].iters = iters;
+        w[i].max_mib = max_size / MIB;
+        w[i].ctx = ctx;
+        int err = pthread_create(&w[i].thread, NULL, worker_main, &w[i]);
+        if (err != 0)
+            die(EXIT_SOFTWARE, "pthread_create: %s", strerror(err));
+    }
+    unsigned long ok = 0, oom = 0, other = 0;
+    for (long i = 0; i < nthreads; i++) {
+        pthread_join(w[i].thread, NULL);
+        ok += w[i].ok;
+        oom += w[i].oom;
+        other += w[i].other;
+    }
+    free(w);
+    out("threads -> ok=%lu oom=%lu other=%lu", ok, oom, other);
+}
+
+/* ---- Commands --------------------------------------------------------- */
+
+/* Stand-in inspection exports, via dlsym on the libcuda handle. */
+static void cmd_standin(void)
+{
+    void *h = libcuda();
+    void *p_devices = dlsym(h, "vramcap_standin_devices");
+    void *p_used = dlsym(h, "vramcap_standin_used");
+    void *p_peak = dlsym(h, "vramcap_standin_peak");
+    if (p_devices == NULL || p_used == NULL || p_peak == NULL) {
+        out("standin -> unavailable");
+        return;
+    }
+    int (*devices)(void);
+    size_t (*used)(int), (*peak)(int);
+    memcpy(&devices, &p_devices, sizeof p_devices);
+    memcpy(&used, &p_used, sizeof p_used);
+    memcpy(&peak, &p_peak, sizeof p_peak);
+    for (int i = 0; i < devices(); i++)
+        out("standin dev=%d used=%zu peak=%zu", i, used(i), peak(i));
+}
+
+/* Stand-in event counters (an extra beyond "standin"). */
+static void cmd_counts(void)
+{
+    void *p = dlsym(libcuda(), "vramcap_standin_count");
+    if (p == NULL) {
+        out("counts -> unavailable");
+        return;
+    }
+    unsigned long (*count)(const char *);
+    memcpy(&count, &p, sizeof p);
+    out("counts alloc=%lu free=%lu getprocaddress=%lu alias=%lu",
+        count("alloc"), count("free"), count("getprocaddress"),
+        count("alias"));
+}
+
+static bool have_resolver(void)
+{
+    return g_method == M_PROCADDR || g_method == M_PROCADDR_LEGACY;
+}
+
+/* resolve / resolve4 NAME VERSION FLAGS */
+static void cmd_resolve(const char *cmd, const char *name, int version,
+                        cuuint64_t flags, bool with_status)
+{
+    if (!have_resolver()) {
+        out("%s -> unsupported", cmd);
+        return;
+    }
+    void *p = NULL;
+    CUdriverProcAddressQueryResult status = 0; /* printed as is if unwritten */
+    bool status_shown = with_status && g_method == M_PROCADDR;
+    CUresult rc = lookup(name, &p, version, flags,
+                         status_shown ? &status : NULL);
+    char status_text[16] = "-";
+    if (status_shown)
+        snprintf(status_text, sizeof status_text, "%d", status);
+    out("%s %s %d %llu -> %d status=%s lib=%s", cmd, name, version,
+        (unsigned long long)flags, rc, status_text, lib_of(p));
+}
+
+/* call-resolved cuMemAlloc: resolve now, then allocate 1 MiB through it. */
+static void cmd_call_resolved(const char *name)
+{
+    if (!have_resolver()) {
+        out("call-resolved -> unsupported");
+        return;
+    }
+    void *p = NULL;
+    CUdriverProcAddressQueryResult status = -1;
+    CUresult rc = lookup(name, &p, 3020, 0, &status);
+    if (rc != CUDA_SUCCESS || p == NULL) {
+        out("call-resolved %s -> unresolved rc=%d", name, rc);
+        return;
+    }
+    CUresult (*alloc)(CUdeviceptr *, size_t);
+    memcpy(&alloc, &p, sizeof p);
+    CUdeviceptr ptr;
+    rc = alloc(&ptr, MIB);
+    if (rc == CUDA_SUCCESS)
+        out("call-resolved %s -> %d #%zu", name, rc, add_slot(ptr));
+    else
+        out("call-resolved %s -> %d", name, rc);
+}
+
+/* Print "PREFIX -> RC #SLOT" or "PREFIX -> RC". */
+static void report_alloc(const char *prefix, CUresult rc, CUdeviceptr ptr)
+{
+    if (rc == CUDA_SUCCESS)
+        out("%s -> %d #%zu", prefix, rc, add_slot(ptr));
+    else
+        out("%s -> %d", prefix, rc);
+}
+
+static void usage(void)
+{
+    fputs("usage: client METHOD CMD...\n"
+          "methods: "
+#ifdef CLIENT_LINKED
+          "linked "
+#endif
+          "dlsym procaddr procaddr-legacy\n"
+          "commands: init | ctx N | noctx | alloc SIZE | pitch W H ELEM |\n"
+          "  managed SIZE | free SLOT | freeraw HEX | fill SIZE | freeall |\n"
+          "  info | total N | standin | counts | threads T ITERS MAXSIZE |\n"
+          "  resolve NAME VERSION FLAGS | resolve4 NAME VERSION FLAGS |\n"
+          "  dlsym NAME | next NAME | default NAME | call-resolved cuMemAlloc\n"
+          "SIZE: bytes, or a number with K, M or G (powers of 1024)\n",
+          stderr);
+    exit(EXIT_USAGE);
+}
+
+/*
+ * Parse the command at argv[0] and, if run is true, execute it. Returns how
+ * many arguments it consumed. main() first calls this with run == false for
+ * the whole command line, so bad usage is reported before anything runs.
+ */
+static int command(int argc, char **argv, bool run)
+{
+    const char *cmd = argv[0];
+    char prefix[128];
+
+#define NEED(n)                                                          \
+    do {                                                                 \
+        if (argc < (n) + 1)                                              \
+            die(EXIT_USAGE, "'%s' needs %d argument(s)", cmd, (n));      \
+    } while (0)
+
+    if (strcmp(cmd, "init") == 0) {
+        if (!run)
+            return 1;
+        CUresult rc = api.init(0);
+        if (rc == CUDA_SUCCESS)
+            rc = make_current(0);
+        out("init -> %d", rc);
+        return 1;
+    }
+    if (strcmp(cmd, "ctx") == 0) {
+        NEED(1);
+        int n = (int)parse_uint(argv[1], 1000000, "device");
+        if (!run)
+            return 2;
+        out("ctx %d -> %d", n, make_current(n));
+        return 2;
+    }
+    if (strcmp(cmd, "noctx") == 0) {
+        if (run)
+            out("noctx -> %d", api.ctx_set_current(NULL));
+        return 1;
+    }
+    if (strcmp(cmd, "alloc") == 0 || strcmp(cmd, "managed") == 0) {
+        NEED(1);
+        size_t size = parse_size(argv[1]);
+        if (!run)
+            return 2;
+        CUdeviceptr ptr = 0;
+        CUresult rc = cmd[0] == 'a' ? api.mem_alloc(&ptr, size)
+                                    : api.mem_alloc_managed(&ptr, size,
+                                                            CU_MEM_ATTACH_GLOBAL);
+        snprintf(prefix, sizeof prefix, "%s %zu", cmd, size);
+        report_alloc(prefix, rc, ptr);
+        return 2;
+    }
+    if (strcmp(cmd, "pitch") == 0) {
+        NEED(3);
+        size_t width = parse_size(argv[1]);
+        size_t height = parse_size(argv[2]);
+        unsigned elem = (unsigned)parse_uint(argv[3], 1 << 20, "element size");
+        if (!run)
+            return 4;
+        CUdeviceptr ptr = 0;
+        size_t pitch = 0;
+        CUresult rc = api.mem_alloc_pitch(&ptr, &pitch, width, height, elem);
+        if (rc == CUDA_SUCCESS)
+            out("pitch %zu %zu %u -> %d pitch=%zu #%zu", width, height, elem,
+                rc, pitch, add_slot(ptr));
+        else
+            out("pitch %zu %zu %u -> %d", width, height, elem, rc);
+        return 4;
+    }
+    if (strcmp(cmd, "free") == 0) {
+        NEED(1);
+        const char *s = argv[1][0] == '#' ? argv[1] + 1 : argv[1];
+        size_t n = (size_t)parse_uint(s, 1L << 40, "slot");
+        if (!run)
+            return 2;
+        if (n >= g_nslots)
+            die(EXIT_USAGE, "no slot #%zu", n);
+        CUresult rc = api.mem_free(g_slots[n].ptr);
+        if (rc == CUDA_SUCCESS)
+            g_slots[n].live = false;
+        out("free #%zu -> %d", n, rc);
+        return 2;
+    }
+    if (strcmp(cmd, "freeraw") == 0) {
+        NEED(1);
+        CUdeviceptr ptr = parse_ull(argv[1], 16, "address");
+        if (!run)
+            return 2;
+        out("freeraw 0x%llx -> %d", ptr, api.mem_free(ptr));
+        return 2;
+    }
+    if (strcmp(cmd, "fill") == 0) {
+        NEED(1);
+        size_t size = parse_size(argv[1]);
+        if (!run)
+            return 2;
+        unsigned long n = 0;
+        CUresult rc = CUDA_SUCCESS;
+        while (n < FILL_LIMIT) {
+            CUdeviceptr ptr;
+            rc = api.mem_alloc(&ptr, size);
+            if (rc != CUDA_SUCCESS)
+                break;
+            add_slot(ptr);
+            n++;
+        }
+        out("fill %zu -> %lu allocs %llu bytes rc=%d", size, n,
+            (unsigned long long)n * size, rc);
+        return 2;
+    }
+    if (strcmp(cmd, "freeall") == 0) {
+        if (!run)
+            return 1;
+        unsigned long n = 0;
+        CUresult first = CUDA_SUCCESS;
+        for (size_t i = 0; i < g_nslots; i++) {
+            if (!g_slots[i].live)
+                continue;
+            CUresult rc = api.mem_free(g_slots[i].ptr);
+            if (rc == CUDA_SUCCESS) {
+                g_slots[i].live = false;
+                n++;
+            } else if (first == CUDA_SUCCESS) {
+                first = rc;
+            }
+        }
+        out("freeall -> %lu freed rc=%d", n, first);
+        return 1;
+    }
+    if (strcmp(cmd, "info") == 0) {
+        if (!run)
+            return 1;
+        size_t free_bytes = 0, total = 0;
+        CUresult rc = api.mem_get_info(&free_bytes, &total);
+        out("info -> %d free=%zu total=%zu", rc, free_bytes, total);
+        return 1;
+    }
+    if (strcmp(cmd, "total") == 0) {
+        NEED(1);
+        int n = (int)parse_uint(argv[1], 1000000, "device");
+        if (!run)
+            return 2;
+        size_t bytes = 0;
+        CUresult rc = api.device_total_mem(&bytes, n);
+        out("total %d -> %d bytes=%zu", n, rc, bytes);
+        return 2;
+    }
+    if (strcmp(cmd, "standin") == 0) {
+        if (run)
+            cmd_standin();
+        return 1;
+    }
+    if (strcmp(cmd, "counts") == 0) {
+        if (run)
+            cmd_counts();
+        return 1;
+    }
+    if (strcmp(cmd, "threads") == 0) {
+        NEED(3);
+        long t = parse_uint(argv[1], MAX_THREADS, "thread count");
+        long iters = parse_uint(argv[2], 1L << 40, "iteration count");
+        size_t max_size = parse_size(argv[3]);
+        if (t < 1 || max_size < MIB)
+            die(EXIT_USAGE, "threads needs T >= 1 and MAXSIZE >= 1M");
+        if (run)
+            cmd_threads(t, iters, max_size);
+        return 4;
+    }
+    if (strcmp(cmd, "resolve") == 0 || strcmp(cmd, "resolve4") == 0) {
+        NEED(3);
+        int version = parse_version(argv[2]);
+        cuuint64_t flags = parse_ull(argv[3], 0, "flags");
+        if (run)
+            cmd_resolve(cmd, argv[1], version, flags,
+                        strcmp(cmd, "resolve") == 0);
+        return 4;
+    }
+    if (strcmp(cmd, "dlsym") == 0) {
+        NEED(1);
+        if (run)
+            out("dlsym %s -> lib=%s", argv[1], lib_of(dlsym(libcuda(), argv[1])));
+        return 2;
+    }
+    if (strcmp(cmd, "next") == 0) {
+        NEED(1);
+        if (run)
+            out("next %s -> lib=%s", argv[1], lib_of(dlsym(RTLD_NEXT, argv[1])));
+        return 2;
+    }
+    if (strcmp(cmd, "default") == 0) {
+        NEED(1);
+        if (run)
+            out("default %s -> lib=%s", argv[1], lib_of(dlsym(RTLD_DEFAULT, argv[1])));
+        return 2;
+    }
+    if (strcmp(cmd, "call-resolved") == 0) {
+        NEED(1);
+        if (strcmp(argv[1], "cuMemAlloc") != 0)
+            die(EXIT_USAGE, "call-resolved supports only cuMemAlloc, not '%s'",
+                argv[1]);
+        if (run)
+            cmd_call_resolved(argv[1]);
+        return 2;
+    }
+#undef NEED
+    die(EXIT_USAGE, "unknown command '%s'", cmd);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        usage();
+
+    const char *method = argv[1];
+    if (strcmp(method, "linked") == 0) {
+#ifdef CLIENT_LINKED
+        g_method = M_LINKED;
+#else
+        die(EXIT_USAGE, "method 'linked' needs client-linked");
+#endif
+    } else if (strcmp(method, "dlsym") == 0) {
+        g_method = M_DLSYM;
+    } else if (strcmp(method, "procaddr") == 0) {
+        g_method = M_PROCADDR;
+    } else if (strcmp(method, "procaddr-legacy") == 0) {
+        g_method = M_PROCADDR_LEGACY;
+    } else {
+        fprintf(stderr, "client: unknown method '%s'\n", method);
+        usage();
+    }
+
+    /* Check the whole command line before touching the driver. */
+    for (int i = 2; i < argc;)
+        i += command(argc - i, argv + i, false);
+
+    switch (g_method) {
+    case M_LINKED:
+#ifdef CLIENT_LINKED
+        setup_linked();
+#endif
+        break;
+    case M_DLSYM:
+        setup_dlsym();
+        break;
+    case M_PROCADDR:
+    case M_PROCADDR_LEGACY:
+        setup_procaddr();
+        break;
+    }
+
+    for (int i = 2; i < argc;)
+        i += command(argc - i, argv + i, true);
+    return 0;
+}

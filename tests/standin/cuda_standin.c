@@ -1,0 +1,1008 @@
+/*
+ * cuda_standin.c - a stand-in CUDA driver (installed as libcuda.so.1) for the
+ * vramcap integration tests, which run on machines without a GPU.
+ *
+ * It exports a small part of the CUDA 13 driver API with the real ABI and
+ * models what vramcap cares about: devices with a fixed amount of memory,
+ * primary contexts, a thread-local current context, exact per-device
+ * accounting of allocations, and cuGetProcAddress's versioned lookup of
+ * driver entry points. Device memory is never real: the addresses handed
+ * out are fake and must never be dereferenced.
+ *
+ * Environment (read once, when the library is loaded):
+ *   STANDIN_DEVICES          number of devices, 0..8 (default 2)
+ *   STANDIN_TOTAL_MIB        memory per device in MiB, 1..262144 (default 16384)
+ *   STANDIN_PROCADDR_ALIASES =1: cuGetProcAddress hands out pointers to
+ *                            internal forwarding functions instead of the
+ *                            exported ones, as real drivers may do
+ *   STANDIN_REPORT           =1: print per-device usage to stderr at exit
+ *
+ * The other driver names that cudarc loads eagerly are exported as stubs
+ * returning CUDA_ERROR_NOT_SUPPORTED; build.sh generates them from
+ * stub-names.txt.
+ */
+#include "cuda_subset.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Constants ---------------------------------------------------------- */
+
+#define DRIVER_VERSION 13000          /* what cuDriverGetVersion reports */
+#define MAX_DEVICES 8
+#define DEFAULT_DEVICES 2
+#define DEFAULT_TOTAL_MIB 16384
+#define MAX_TOTAL_MIB (256 * 1024)    /* keeps live memory well inside a window */
+#define MIB ((size_t)1 << 20)
+
+/*
+ * Fake address layout: device N hands out addresses from its own 1 TiB
+ * window starting at ADDR_BASE + N * ADDR_WINDOW. Allocations are 512-byte
+ * aligned and placed at increasing addresses; when the window is used up the
+ * search wraps to its start and skips live blocks, so a live address is never
+ * handed out twice and blocks never overlap.
+ */
+#define ADDR_BASE 0x7f0000000000ULL
+#define ADDR_WINDOW (1ULL << 40)
+#define ADDR_ALIGN 512
+
+/* ---- State ---------------------------------------------------------------- */
+
+/* Configuration, parsed once from the environment. */
+static struct {
+    int devices;
+    size_t total_bytes;   /* per device */
+    bool aliases;         /* STANDIN_PROCADDR_ALIASES=1 */
+    bool report;          /* STANDIN_REPORT=1 */
+} g_cfg;
+static pthread_once_t g_cfg_once = PTHREAD_ONCE_INIT;
+
+/* A context object; the stand-in only has one primary context per device. */
+struct CUctx_st {
+    CUdevice dev;
+};
+static struct CUctx_st g_ctx[MAX_DEVICES];
+
+/* One allocation. */
+struct block {
+    CUdeviceptr addr;     /* start address (512-aligned) */
+    size_t span;          /* address space reserved: bytes rounded up to 512 */
+    size_t bytes;         /* bytes accounted against the device */
+    bool live;            /* false: freed, awaiting removal from the array */
+};
+
+/*
+ * Per-device bookkeeping, protected by g_lock.
+ *
+ * blocks is sorted by address and its ranges never overlap. Freeing only
+ * marks a block dead (a binary search, no memmove); dead blocks are dropped
+ * when a new block is placed over them or, in bulk, once they are more than
+ * half of the array. Without wrap-around new blocks are appended, so
+ * allocation and free are O(log n) amortized even with millions of blocks.
+ */
+struct device_state {
+    struct block *blocks;
+    size_t nblocks;       /* entries in blocks, live and dead */
+    size_t ndead;         /* dead entries in blocks */
+    size_t cap;
+    CUdeviceptr next;     /* where the next address search starts */
+    size_t used;          /* sum of live blocks' bytes */
+    size_t peak;          /* high-water mark of used */
+    unsigned long allocs; /* successful allocations */
+    unsigned long frees;  /* successful frees */
+    int primary_refs;     /* primary context retain count */
+};
+static struct device_state g_dev[MAX_DEVICES];
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static atomic_bool g_initialized;          /* cuInit succeeded */
+static atomic_ulong g_getprocaddress_calls; /* calls of either resolver */
+static atomic_ulong g_alias_calls;         /* calls through alias pointers */
+
+/* The calling thread's current context (NULL: none). */
+static _Thread_local CUcontext t_current;
+
+/* ---- Configuration -------------------------------------------------------- */
+
+/*
+ * Read an integer environment variable: def when unset or malformed, clamped
+ * to [min, max] when out of range (with a warning in both of those cases).
+ */
+static long env_long(const char *name, long def, long min, long max)
+{
+    const char *s = getenv(name);
+    if (s == NULL || *s == '\0')
+        return def;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (*end != '\0' || errno != 0) {
+        fprintf(stderr, "standin: ignoring %s=%s (not a number), using %ld\n",
+                name, s, def);
+        return def;
+    }
+    if (v < min || v > max) {
+        long clamped = v < min ? min : max;
+        fprintf(stderr, "standin: %s=%s out of range %ld..%ld, using %ld\n",
+                name, s, min, max, clamped);
+        return clamped;
+    }
+    return v;
+}
+
+static bool env_flag(const char *name)
+{
+    const char *s = getenv(name);
+    return s != NULL && strcmp(s, "1") == 0;
+}
+
+static void config_init(void)
+{
+    g_cfg.devices = (int)env_long("STANDIN_DEVICES", DEFAULT_DEVICES, 0,
+                                  MAX_DEVICES);
+    g_cfg.total_bytes = (size_t)env_long("STANDIN_TOTAL_MIB", DEFAULT_TOTAL_MIB,
+                                         1, MAX_TOTAL_MIB) * MIB;
+    g_cfg.aliases = env_flag("STANDIN_PROCADDR_ALIASES");
+    g_cfg.report = env_flag("STANDIN_REPORT");
+    for (int i = 0; i < MAX_DEVICES; i++) {
+        g_ctx[i].dev = i;
+        g_dev[i].next = ADDR_BASE + (CUdeviceptr)i * ADDR_WINDOW;
+    }
+}
+
+/*
+ * Parse the configuration exactly once (pthread_once makes this thread-safe).
+ * The constructor does it at load time; cuInit, the resolvers and the
+ * inspection exports call it too, so the order of constructors across
+ * libraries does not matter. Every other entry point needs cuInit first.
+ */
+static void config(void)
+{
+    pthread_once(&g_cfg_once, config_init);
+}
+
+__attribute__((constructor)) static void standin_load(void)
+{
+    config();
+}
+
+__attribute__((destructor)) static void standin_unload(void)
+{
+    if (!g_cfg.report)
+        return;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < g_cfg.devices; i++)
+        fprintf(stderr, "standin: dev=%d used=%zu peak=%zu allocs=%lu frees=%lu\n",
+                i, g_dev[i].used, g_dev[i].peak, g_dev[i].allocs,
+                g_dev[i].frees);
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* ---- Helpers -------------------------------------------------------------- */
+
+static bool initialized(void)
+{
+    return atomic_load(&g_initialized);
+}
+
+static bool valid_device(CUdevice dev)
+{
+    return dev >= 0 && dev < g_cfg.devices;
+}
+
+/* Device of the calling thread's current context, or -1 if there is none. */
+static int current_device(void)
+{
+    return t_current != NULL ? t_current->dev : -1;
+}
+
+/* Index of the first block of d that ends after addr (d->nblocks if none). */
+static size_t first_block_ending_after(const struct device_state *d,
+                                       CUdeviceptr addr)
+{
+    size_t lo = 0, hi = d->nblocks;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->blocks[mid].addr + d->blocks[mid].span > addr)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/*
+ * Find room for span bytes in device dev's address window. On success stores
+ * the address, and the range [*first, *last) of dead blocks to replace with
+ * the new block (empty: insert at *first) so that blocks stays sorted.
+ * Caller holds g_lock.
+ */
+static bool find_address(int dev, size_t span, CUdeviceptr *addr,
+                         size_t *first, size_t *last)
+{
+    struct device_state *d = &g_dev[dev];
+    const CUdeviceptr base = ADDR_BASE + (CUdeviceptr)dev * ADDR_WINDOW;
+    const CUdeviceptr end = base + ADDR_WINDOW;
+    CUdeviceptr cand = d->next;
+    bool wrapped = false;
+
+    for (;;) {
+        if (cand > end || span > end - cand) {
+            /* Past the end of the window: search once more from its start. */
+            if (wrapped)
+                return false;
+            wrapped = true;
+            cand = base;
+            continue;
+        }
+        /* The first live block that ends after cand must start after us. */
+        size_t i = first_block_ending_after(d, cand);
+        size_t j = i;
+        while (j < d->nblocks && !d->blocks[j].live)
+            j++;
+        if (j == d->nblocks || d->blocks[j].addr >= cand + span) {
+            *addr = cand;
+            *first = i;
+            *last = j;
+            return true;
+        }
+        /* Overlaps live block j: try right after it. */
+        cand = d->blocks[j].addr + d->blocks[j].span;
+    }
+}
+
+/* Put b into d->blocks in place of the dead blocks [first, last). */
+static bool insert_block(struct device_state *d, size_t first, size_t last,
+                         struct block b)
+{
+    if (last > first) {
+        /* Reuse the first dead entry and drop the others. */
+        d->blocks[first] = b;
+        memmove(&d->blocks[first + 1], &d->blocks[last],
+                (d->nblocks - last) * sizeof d->blocks[0]);
+        d->nblocks -= last - first - 1;
+        d->ndead -= last - first;
+        return true;
+    }
+    if (d->nblocks == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 256;
+        struct block *grown = realloc(d->blocks, cap * sizeof *grown);
+        if (grown == NULL)
+            return false;
+        d->blocks = grown;
+        d->cap = cap;
+    }
+    memmove(&d->blocks[first + 1], &d->blocks[first],
+            (d->nblocks - first) * sizeof d->blocks[0]);
+    d->blocks[first] = b;
+    d->nblocks++;
+    return true;
+}
+
+/* Drop all dead blocks from d->blocks. */
+static void compact_blocks(struct device_state *d)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < d->nblocks; i++)
+        if (d->blocks[i].live)
+            d->blocks[n++] = d->blocks[i];
+    d->nblocks = n;
+    d->ndead = 0;
+}
+
+/*
+ * Account bytes (reserving span bytes of address space) on device dev and
+ * return the new block's address. Returns CUDA_SUCCESS or
+ * CUDA_ERROR_OUT_OF_MEMORY.
+ */
+static CUresult account_alloc(int dev, size_t bytes, size_t span,
+                              CUdeviceptr *out)
+{
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    struct device_state *d = &g_dev[dev];
+    CUdeviceptr addr;
+    size_t first, last;
+
+    pthread_mutex_lock(&g_lock);
+    if (bytes <= g_cfg.total_bytes - d->used &&
+        find_address(dev, span, &addr, &first, &last) &&
+        insert_block(d, first, last,
+                     (struct block){ .addr = addr, .span = span,
+                                     .bytes = bytes, .live = true })) {
+        d->next = addr + span;
+        d->used += bytes;
+        if (d->used > d->peak)
+            d->peak = d->used;
+        d->allocs++;
+        *out = addr;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* Common path of every allocation entry point. */
+static CUresult alloc_common(CUdeviceptr *dptr, size_t bytes, size_t span)
+{
+    int dev = current_device();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return account_alloc(dev, bytes, span, dptr);
+}
+
+static size_t round_up(size_t n, size_t align)
+{
+    return (n + align - 1) / align * align;
+}
+
+/* Span for a plain allocation of bytes, or 0 if it cannot possibly fit. */
+static size_t span_for(size_t bytes)
+{
+    return bytes > g_cfg.total_bytes ? 0 : round_up(bytes, ADDR_ALIGN);
+}
+
+/* ---- Initialization and version ------------------------------------------ */
+
+/*
+ * Each entry point is followed by LOCAL(name): a hidden alias with the same
+ * address. The stand-in refers to its own functions only through these, so an
+ * LD_PRELOADed library that exports the same names (the vramcap shim) can not
+ * interpose on the stand-in's internal references. In particular,
+ * cuGetProcAddress really returns the stand-in's functions.
+ */
+#define LOCAL(name) \
+    extern __typeof__(name) local_##name \
+        __attribute__((alias(#name), visibility("hidden")));
+
+CUresult cuInit(unsigned int flags)
+{
+    config();
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (g_cfg.devices == 0)
+        return CUDA_ERROR_NO_DEVICE;
+    atomic_store(&g_initialized, true);
+    return CUDA_SUCCESS;
+}
+LOCAL(cuInit)
+
+CUresult cuDriverGetVersion(int *driverVersion)
+{
+    if (driverVersion == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = DRIVER_VERSION;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDriverGetVersion)
+
+/* ---- Devices -------------------------------------------------------------- */
+
+CUresult cuDeviceGetCount(int *count)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = g_cfg.devices;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDeviceGetCount)
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(ordinal))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDeviceGet)
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (name == NULL || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "vramcap stand-in %d", dev);
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDeviceGetName)
+
+/* UUID of device dev: GPU-5ca1ab1e-0000-4000-8000-00000000000N. */
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev)
+{
+    static const unsigned char tmpl[16] = {
+        0x5c, 0xa1, 0xab, 0x1e, 0x00, 0x00, 0x40, 0x00,
+        0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    };
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (uuid == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid->bytes, tmpl, sizeof tmpl);
+    uuid->bytes[15] = (char)dev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    return device_uuid(uuid, dev);
+}
+LOCAL(cuDeviceGetUuid)
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    return device_uuid(uuid, dev);
+}
+LOCAL(cuDeviceGetUuid_v2)
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (bytes == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = g_cfg.total_bytes;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDeviceTotalMem_v2)
+
+/* Every attribute of every device reads as 1. */
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    (void)attrib;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pi == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *pi = 1;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDeviceGetAttribute)
+
+/* ---- Contexts ------------------------------------------------------------- */
+
+/*
+ * Primary contexts are static objects that live as long as the library;
+ * retain/release only maintain a reference count (releasing the last
+ * reference does not free the device's memory, unlike the real driver).
+ */
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    g_dev[dev].primary_refs++;
+    pthread_mutex_unlock(&g_lock);
+    *pctx = &g_ctx[dev];
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDevicePrimaryCtxRetain)
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    if (g_dev[dev].primary_refs > 0)
+        g_dev[dev].primary_refs--;
+    else
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuDevicePrimaryCtxRelease_v2)
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx != NULL) {
+        /* Only the primary contexts exist. */
+        bool known = false;
+        for (int i = 0; i < g_cfg.devices; i++)
+            known = known || ctx == &g_ctx[i];
+        if (!known)
+            return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    t_current = ctx;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuCtxSetCurrent)
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = t_current;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuCtxGetCurrent)
+
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = current_device();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *device = dev;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuCtxGetDevice)
+
+/* There is no work to wait for; only the context is checked. */
+CUresult cuCtxSynchronize(void)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return current_device() < 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+LOCAL(cuCtxSynchronize)
+
+/* ---- Memory --------------------------------------------------------------- */
+
+/*
+ * Legacy 32-bit ABI (CUDA < 3.2). The address is truncated to 32 bits, so the
+ * block can never be freed; it exists so tests can tell variants apart.
+ */
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dptr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr addr;
+    CUresult rc = alloc_common(&addr, bytesize, span_for(bytesize));
+    if (rc == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr_v1)addr;
+    return rc;
+}
+LOCAL(cuMemAlloc)
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dptr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_common(dptr, bytesize, span_for(bytesize));
+}
+LOCAL(cuMemAlloc_v2)
+
+/* Pitch is WidthInBytes rounded up to 512; pitch * Height bytes are used. */
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch,
+                            size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dptr == NULL || pPitch == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (current_device() < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ElementSizeBytes != 4 && ElementSizeBytes != 8 &&
+        ElementSizeBytes != 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (WidthInBytes == 0 || Height == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (WidthInBytes > g_cfg.total_bytes)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t pitch = round_up(WidthInBytes, ADDR_ALIGN);
+    if (Height > g_cfg.total_bytes / pitch)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t bytes = pitch * Height;
+    CUresult rc = alloc_common(dptr, bytes, bytes);
+    if (rc == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return rc;
+}
+LOCAL(cuMemAllocPitch_v2)
+
+/* Managed memory is accounted against the current context's device. */
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
+                           unsigned int flags)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dptr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (current_device() < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_common(dptr, bytesize, span_for(bytesize));
+}
+LOCAL(cuMemAllocManaged)
+
+/*
+ * Frees a block of any device (the owner is found from the address window).
+ * 0 is accepted like the real driver; any other address that is not the start
+ * of a live block is CUDA_ERROR_INVALID_VALUE.
+ */
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (current_device() < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (dptr == 0)
+        return CUDA_SUCCESS;
+    if (dptr < ADDR_BASE ||
+        dptr - ADDR_BASE >= (CUdeviceptr)g_cfg.devices * ADDR_WINDOW)
+        return CUDA_ERROR_INVALID_VALUE;
+
+    int dev = (int)((dptr - ADDR_BASE) / ADDR_WINDOW);
+    struct device_state *d = &g_dev[dev];
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+
+    pthread_mutex_lock(&g_lock);
+    size_t i = first_block_ending_after(d, dptr);
+    if (i < d->nblocks && d->blocks[i].addr == dptr && d->blocks[i].live) {
+        d->blocks[i].live = false;
+        d->ndead++;
+        d->used -= d->blocks[i].bytes;
+        d->frees++;
+        if (d->ndead > 64 && d->ndead > d->nblocks / 2)
+            compact_blocks(d);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemFree_v2)
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (free == NULL || total == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = current_device();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    *free = g_cfg.total_bytes - g_dev[dev].used;
+    pthread_mutex_unlock(&g_lock);
+    *total = g_cfg.total_bytes;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuMemGetInfo_v2)
+
+/*
+ * Two distinct no-op functions, so tests can see whether the legacy-stream or
+ * the per-thread-default-stream (_ptsz) variant was selected.
+ */
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                         CUstream hStream)
+{
+    (void)dstDevice; (void)uc; (void)N; (void)hStream;
+    return initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+LOCAL(cuMemsetD8Async)
+
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
+                              size_t N, CUstream hStream)
+{
+    (void)dstDevice; (void)uc; (void)N; (void)hStream;
+    return initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+LOCAL(cuMemsetD8Async_ptsz)
+
+/* ---- Error strings -------------------------------------------------------- */
+
+/*
+ * These are pure table lookups and, as with the real driver, do not require
+ * cuInit. Unknown codes give CUDA_ERROR_INVALID_VALUE and *pStr = NULL.
+ */
+static const struct {
+    CUresult code;
+    const char *name;
+    const char *text;
+} g_errors[] = {
+    { CUDA_SUCCESS, "CUDA_SUCCESS", "no error" },
+    { CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument" },
+    { CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory" },
+    { CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED",
+      "initialization error" },
+    { CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED",
+      "driver shutting down" },
+    { CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE",
+      "no CUDA-capable device is detected" },
+    { CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE",
+      "invalid device ordinal" },
+    { CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT",
+      "invalid device context" },
+    { CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found" },
+    { CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
+      "operation not supported" },
+    { CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error" },
+};
+
+static CUresult error_lookup(CUresult error, const char **pStr, bool name)
+{
+    if (pStr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++) {
+        if (g_errors[i].code == error) {
+            *pStr = name ? g_errors[i].name : g_errors[i].text;
+            return CUDA_SUCCESS;
+        }
+    }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    return error_lookup(error, pStr, false);
+}
+LOCAL(cuGetErrorString)
+
+CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    return error_lookup(error, pStr, true);
+}
+LOCAL(cuGetErrorName)
+
+/* ---- Entry point lookup (cuGetProcAddress) -------------------------------- */
+
+/*
+ * Alias functions: internal forwarders with the same signature as an exported
+ * entry point but a distinct address, handed out by cuGetProcAddress when
+ * STANDIN_PROCADDR_ALIASES=1. Each counts its calls, so its body differs from
+ * the exported function's and the two can not be merged.
+ */
+#define ALIAS(name, params, args)                                           \
+    static CUresult alias_##name params                                     \
+    {                                                                       \
+        atomic_fetch_add_explicit(&g_alias_calls, 1, memory_order_relaxed); \
+        return local_##name args;                                           \
+    }                                                                       \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&alias_##name),  \
+                                                __typeof__(&name)),         \
+                   "alias_" #name " must have the signature of " #name);
+
+ALIAS(cuInit, (unsigned int flags), (flags))
+ALIAS(cuDriverGetVersion, (int *v), (v))
+ALIAS(cuDeviceGet, (CUdevice *d, int o), (d, o))
+ALIAS(cuDeviceGetCount, (int *c), (c))
+ALIAS(cuDeviceGetName, (char *n, int l, CUdevice d), (n, l, d))
+ALIAS(cuDeviceGetUuid, (CUuuid *u, CUdevice d), (u, d))
+ALIAS(cuDeviceGetUuid_v2, (CUuuid *u, CUdevice d), (u, d))
+ALIAS(cuDeviceTotalMem_v2, (size_t *b, CUdevice d), (b, d))
+ALIAS(cuDeviceGetAttribute, (int *p, CUdevice_attribute a, CUdevice d),
+      (p, a, d))
+ALIAS(cuDevicePrimaryCtxRetain, (CUcontext *c, CUdevice d), (c, d))
+ALIAS(cuDevicePrimaryCtxRelease_v2, (CUdevice d), (d))
+ALIAS(cuCtxSetCurrent, (CUcontext c), (c))
+ALIAS(cuCtxGetCurrent, (CUcontext *c), (c))
+ALIAS(cuCtxGetDevice, (CUdevice *d), (d))
+ALIAS(cuCtxSynchronize, (void), ())
+ALIAS(cuMemAlloc, (CUdeviceptr_v1 *p, unsigned int n), (p, n))
+ALIAS(cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n))
+ALIAS(cuMemAllocPitch_v2,
+      (CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int e),
+      (p, pitch, w, h, e))
+ALIAS(cuMemAllocManaged, (CUdeviceptr *p, size_t n, unsigned int f), (p, n, f))
+ALIAS(cuMemFree_v2, (CUdeviceptr p), (p))
+ALIAS(cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
+ALIAS(cuMemsetD8Async,
+      (CUdeviceptr p, unsigned char c, size_t n, CUstream s), (p, c, n, s))
+ALIAS(cuMemsetD8Async_ptsz,
+      (CUdeviceptr p, unsigned char c, size_t n, CUstream s), (p, c, n, s))
+ALIAS(cuGetErrorString, (CUresult e, const char **s), (e, s))
+ALIAS(cuGetErrorName, (CUresult e, const char **s), (e, s))
+/* The two resolvers are defined below; their aliases come after them. */
+static CUresult alias_cuGetProcAddress(const char *, void **, int, cuuint64_t);
+static CUresult alias_cuGetProcAddress_v2(const char *, void **, int,
+                                          cuuint64_t,
+                                          CUdriverProcAddressQueryResult *);
+extern __typeof__(cuGetProcAddress) local_cuGetProcAddress
+    __attribute__((visibility("hidden")));
+extern __typeof__(cuGetProcAddress_v2) local_cuGetProcAddress_v2
+    __attribute__((visibility("hidden")));
+
+/* void (*)(void) is the generic function pointer type (-Wcast-function-type). */
+typedef void (*any_fn)(void);
+
+/* One versioned variant of a driver function. */
+struct variant {
+    int since;        /* CUDA version that introduced it; 0 marks "none" */
+    const char *name; /* exported name, for documentation and debugging */
+    any_fn fn;        /* the exported function */
+    any_fn alias;     /* its internal forwarder */
+};
+
+/* A base name with its variants, oldest first. */
+struct proc_entry {
+    const char *base;
+    struct variant v[2];
+    struct variant ptsz; /* per-thread default stream variant, if any */
+};
+
+#define V(since, name) { since, #name, (any_fn)local_##name, (any_fn)alias_##name }
+
+static const struct proc_entry g_procs[] = {
+    { "cuInit", { V(2000, cuInit) }, { 0 } },
+    { "cuDriverGetVersion", { V(2020, cuDriverGetVersion) }, { 0 } },
+    { "cuDeviceGet", { V(2000, cuDeviceGet) }, { 0 } },
+    { "cuDeviceGetCount", { V(2000, cuDeviceGetCount) }, { 0 } },
+    { "cuDeviceGetName", { V(2000, cuDeviceGetName) }, { 0 } },
+    { "cuDeviceGetUuid",
+      { V(9020, cuDeviceGetUuid), V(11040, cuDeviceGetUuid_v2) }, { 0 } },
+    { "cuDeviceTotalMem", { V(3020, cuDeviceTotalMem_v2) }, { 0 } },
+    { "cuDeviceGetAttribute", { V(2000, cuDeviceGetAttribute) }, { 0 } },
+    { "cuDevicePrimaryCtxRetain", { V(7000, cuDevicePrimaryCtxRetain) }, { 0 } },
+    { "cuDevicePrimaryCtxRelease",
+      { V(11000, cuDevicePrimaryCtxRelease_v2) }, { 0 } },
+    { "cuCtxSetCurrent", { V(4000, cuCtxSetCurrent) }, { 0 } },
+    { "cuCtxGetCurrent", { V(4000, cuCtxGetCurrent) }, { 0 } },
+    { "cuCtxGetDevice", { V(2000, cuCtxGetDevice) }, { 0 } },
+    { "cuCtxSynchronize", { V(2000, cuCtxSynchronize) }, { 0 } },
+    { "cuMemAlloc", { V(2000, cuMemAlloc), V(3020, cuMemAlloc_v2) }, { 0 } },
+    { "cuMemAllocPitch", { V(3020, cuMemAllocPitch_v2) }, { 0 } },
+    { "cuMemAllocManaged", { V(6000, cuMemAllocManaged) }, { 0 } },
+    { "cuMemFree", { V(3020, cuMemFree_v2) }, { 0 } },
+    { "cuMemGetInfo", { V(3020, cuMemGetInfo_v2) }, { 0 } },
+    { "cuMemsetD8Async", { V(3020, cuMemsetD8Async) },
+      V(7000, cuMemsetD8Async_ptsz) },
+    { "cuGetProcAddress",
+      { V(11030, cuGetProcAddress), V(12000, cuGetProcAddress_v2) }, { 0 } },
+    { "cuGetErrorString", { V(6000, cuGetErrorString) }, { 0 } },
+    { "cuGetErrorName", { V(6000, cuGetErrorName) }, { 0 } },
+};
+
+/*
+ * The lookup shared by both resolvers. *status is written whenever the call
+ * returns CUDA_SUCCESS.
+ */
+static CUresult resolve(const char *symbol, void **pfn, int cudaVersion,
+                        cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    config();
+    atomic_fetch_add_explicit(&g_getprocaddress_calls, 1, memory_order_relaxed);
+    if (symbol == NULL || pfn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    if (cudaVersion > DRIVER_VERSION ||
+        flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+        return CUDA_ERROR_INVALID_VALUE;
+
+    const struct proc_entry *e = NULL;
+    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
+        if (strcmp(g_procs[i].base, symbol) == 0) {
+            e = &g_procs[i];
+            break;
+        }
+    }
+    if (e == NULL) {
+        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_SUCCESS;
+    }
+
+    /* Newest variant introduced at or before cudaVersion. */
+    const struct variant *chosen = NULL;
+    for (size_t i = 0; i < 2; i++)
+        if (e->v[i].fn != NULL && e->v[i].since <= cudaVersion)
+            chosen = &e->v[i];
+    if (flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM &&
+        e->ptsz.fn != NULL && e->ptsz.since <= cudaVersion)
+        chosen = &e->ptsz;
+
+    if (chosen == NULL) {
+        *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        return CUDA_SUCCESS;
+    }
+    *pfn = (void *)(g_cfg.aliases ? chosen->alias : chosen->fn);
+    *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 11.3 ABI: no status argument. */
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                          cuuint64_t flags)
+{
+    CUdriverProcAddressQueryResult ignored;
+    return resolve(symbol, pfn, cudaVersion, flags, &ignored);
+}
+LOCAL(cuGetProcAddress)
+
+/* CUDA 12.0 ABI: symbolStatus is optional. */
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                             cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus)
+{
+    CUdriverProcAddressQueryResult ignored;
+    return resolve(symbol, pfn, cudaVersion, flags,
+                   symbolStatus != NULL ? symbolStatus : &ignored);
+}
+LOCAL(cuGetProcAddress_v2)
+
+ALIAS(cuGetProcAddress, (const char *s, void **p, int v, cuuint64_t f),
+      (s, p, v, f))
+ALIAS(cuGetProcAddress_v2,
+      (const char *s, void **p, int v, cuuint64_t f,
+       CUdriverProcAddressQueryResult *st),
+      (s, p, v, f, st))
+
+/* ---- Inspection exports for the tests ------------------------------------- */
+
+int vramcap_standin_devices(void)
+{
+    config();
+    return g_cfg.devices;
+}
+
+size_t vramcap_standin_used(int dev)
+{
+    config();
+    if (!valid_device(dev))
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    size_t used = g_dev[dev].used;
+    pthread_mutex_unlock(&g_lock);
+    return used;
+}
+
+size_t vramcap_standin_peak(int dev)
+{
+    config();
+    if (!valid_device(dev))
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    size_t peak = g_dev[dev].peak;
+    pthread_mutex_unlock(&g_lock);
+    return peak;
+}
+
+unsigned long vramcap_standin_count(const char *what)
+{
+    config();
+    if (what == NULL)
+        return 0;
+    if (strcmp(what, "getprocaddress") == 0)
+        return atomic_load(&g_getprocaddress_calls);
+    if (strcmp(what, "alias") == 0)
+        return atomic_load(&g_alias_calls);
+
+    bool allocs = strcmp(what, "alloc") == 0;
+    if (!allocs && strcmp(what, "free") != 0)
+        return 0;
+    unsigned long n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < g_cfg.devices; i++)
+        n += allocs ? g_dev[i].allocs : g_dev[i].frees;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}

@@ -1,0 +1,188 @@
+//! Helpers for the integration tests: build the shim, the stand-in driver
+//! and the clients once per test binary, then run each case in a fresh
+//! process with a clean environment and print everything when it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+pub struct Artefacts {
+    pub shim: PathBuf,
+    pub standin_lib: PathBuf,
+    pub client: PathBuf,
+    pub client_linked: PathBuf,
+    pub cudarc_client: PathBuf,
+    pub cli: PathBuf,
+}
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+fn run_checked(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds everything the tests run, once per test binary.
+pub fn artefacts() -> &'static Artefacts {
+    static A: OnceLock<Artefacts> = OnceLock::new();
+    A.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        run_checked(Command::new(cargo).current_dir(root()).args([
+            "build",
+            "--quiet",
+            "-p",
+            "vramcap-shim",
+            "-p",
+            "vramcap",
+            "-p",
+            "cudarc-client",
+        ]));
+        let standin = target_dir().join("standin-test");
+        run_checked(
+            Command::new("bash")
+                .arg(root().join("tests/standin/build.sh"))
+                .arg(&standin),
+        );
+        let debug = target_dir().join("debug");
+        Artefacts {
+            shim: debug.join("libvramcap.so"),
+            standin_lib: standin.join("lib"),
+            client: standin.join("bin/client"),
+            client_linked: standin.join("bin/client-linked"),
+            cudarc_client: debug.join("cudarc-client"),
+            cli: debug.join("vramcap"),
+        }
+    })
+}
+
+/// A command with an environment that holds nothing of the caller's
+/// `VRAMCAP_*`, `STANDIN_*` or `LD_PRELOAD`, and finds the stand-in driver.
+pub fn bare(program: &Path) -> Command {
+    let a = artefacts();
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("VRAMCAP_") || k.starts_with("STANDIN_") || k == "LD_PRELOAD" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("LD_LIBRARY_PATH", &a.standin_lib);
+    cmd
+}
+
+/// `bare`, with the shim preloaded.
+pub fn shimmed(program: &Path) -> Command {
+    let mut cmd = bare(program);
+    cmd.env("LD_PRELOAD", &artefacts().shim);
+    cmd
+}
+
+pub struct Ran {
+    pub what: String,
+    pub out: Output,
+}
+
+impl Ran {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+
+    pub fn code(&self) -> Option<i32> {
+        self.out.status.code()
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "\ncommand: {}\ncwd: {}\nstatus: {}\nstdout:\n{}\nstderr:\n{}",
+            self.what,
+            std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
+            self.out.status,
+            self.stdout(),
+            self.stderr()
+        )
+    }
+
+    /// Asserts a zero exit and returns stdout's lines.
+    pub fn ok_lines(&self) -> Vec<String> {
+        assert!(
+            self.out.status.success(),
+            "unexpected failure{}",
+            self.context()
+        );
+        self.stdout().lines().map(str::to_string).collect()
+    }
+
+    /// Asserts a zero exit and stdout equal to `want`, line by line.
+    pub fn expect_lines(&self, want: &[&str]) {
+        let got = self.ok_lines();
+        assert_eq!(got, want, "stdout differs{}", self.context());
+    }
+
+    pub fn expect_code(&self, code: i32) {
+        assert_eq!(
+            self.code(),
+            Some(code),
+            "unexpected exit status{}",
+            self.context()
+        );
+    }
+}
+
+pub fn run(mut cmd: Command) -> Ran {
+    let what = format!("{cmd:?}");
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    Ran { what, out }
+}
+
+/// Runs the test client under the shim with `env` and `args`.
+pub fn client(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
+    let a = artefacts();
+    let program = if method == "linked" {
+        &a.client_linked
+    } else {
+        &a.client
+    };
+    let mut cmd = shimmed(program);
+    cmd.envs(env.iter().copied()).arg(method).args(args);
+    run(cmd)
+}
+
+/// Runs the test client against the stand-in driver alone.
+pub fn client_bare(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
+    let a = artefacts();
+    let program = if method == "linked" {
+        &a.client_linked
+    } else {
+        &a.client
+    };
+    let mut cmd = bare(program);
+    cmd.envs(env.iter().copied()).arg(method).args(args);
+    run(cmd)
+}
+
+pub const GIB: u64 = 1 << 30;
+pub const MIB: u64 = 1 << 20;
