@@ -505,3 +505,59 @@ fn non_cuda_programs_are_unaffected() {
     assert_eq!(ran.stdout(), "hello\n");
     assert_eq!(ran.stderr(), "");
 }
+
+/// `vramcap run` puts the shim in front, keeps an existing LD_PRELOAD after
+/// it, and the command's exit status comes through.
+#[test]
+fn cli_run_prepends_the_shim_and_passes_the_status() {
+    let a = artefacts();
+    let mut cmd = bare(&a.cli);
+    cmd.env("LD_PRELOAD", "/nonexistent/other.so").args([
+        "run",
+        "--limit",
+        "1GiB",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo \"$LD_PRELOAD\"; echo \"$VRAMCAP_LIMIT\"; exit 7",
+    ]);
+    let ran = run(cmd);
+    ran.expect_code(7);
+    assert_eq!(
+        ran.stdout(),
+        format!("{}:/nonexistent/other.so\n1GiB\n", a.shim.display())
+    );
+
+    let mut cmd = bare(&a.cli);
+    cmd.args(["run", "--limit", "1GiB", "--"])
+        .arg(&a.client)
+        .args(["procaddr", "init", "fill", "256M"]);
+    run(cmd).expect_lines(&[
+        "init -> 0",
+        "fill 268435456 -> 4 allocs 1073741824 bytes rc=2",
+    ]);
+}
+
+#[test]
+fn cli_refuses_a_bad_limit_before_starting_anything() {
+    let a = artefacts();
+    let mut cmd = bare(&a.cli);
+    cmd.args(["run", "--limit", "8XB", "--", "/bin/echo", "ran"]);
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert_eq!(ran.stdout(), "");
+    assert!(
+        ran.stderr()
+            .starts_with("vramcap: VRAMCAP_LIMIT=\"8XB\" is not a valid limit: unknown unit"),
+        "{}",
+        ran.stderr()
+    );
+
+    let mut cmd = bare(&a.cli);
+    cmd.args(["env", "--limit", "4GiB", "--log", "info"]);
+    run(cmd).expect_lines(&[
+        &format!("export LD_PRELOAD='{}'", a.shim.display()),
+        "export VRAMCAP_LIMIT='4GiB'",
+        "export VRAMCAP_LOG='info'",
+    ]);
+}
