@@ -2,7 +2,7 @@
 # bench.sh DIR — overhead of the vramcap shim, measured side by side (a benchmark, not a test).
 #
 # DIR holds libvramcap.so (e.g. .gpu/). Builds scripts/gpu/bench_alloc.cu with nvcc and
-# runs, interleaved (without shim, with shim, without, with, ...):
+# runs, interleaved in ABBA order (without, with; with, without; ...):
 #   - bench_alloc: cuMemAlloc_v2+cuMemFree_v2 and cudaMalloc+cudaFree pairs at
 #     4 KiB, 1 MiB, 64 MiB, 1 GiB ($ROUNDS rounds of each variant, default 5)
 #   - bench_torch.py: MLP training step ($TORCH_ROUNDS rounds of each variant, default 3)
@@ -31,8 +31,8 @@ SHIM=$ART/libvramcap.so
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
 GPU_SRC=$SCRIPT_DIR/gpu
-ROUNDS=${ROUNDS:-5}
-TORCH_ROUNDS=${TORCH_ROUNDS:-3}
+ROUNDS=${ROUNDS:-6}
+TORCH_ROUNDS=${TORCH_ROUNDS:-4}
 PYTHON=${PYTHON:-python3}
 CUDA_ARCH=${CUDA_ARCH:-sm_90}
 OUT=${OUT:-/tmp}
@@ -217,17 +217,25 @@ collect_info() { # variant
 }
 
 if [ -n "$BENCH_ALLOC" ]; then
+    # ABBA order: odd rounds start without the shim, even rounds with it, so
+    # whatever favours the first (or second) process of a pair cancels out.
     for ((r = 1; r <= ROUNDS; r++)); do
-        run_one "bench_alloc round $r without shim" 120 "${V_BASE[@]}" "$BENCH_ALLOC"
-        if [ "$RC" = 0 ]; then collect_alloc base "$r"; collect_info base; else NFAILRUN=$((NFAILRUN + 1)); fi
-        run_one "bench_alloc round $r with shim" 120 "${V_SHIM[@]}" "$BENCH_ALLOC"
-        if [ "$RC" = 0 ]; then collect_alloc shim "$r"; collect_info shim; else NFAILRUN=$((NFAILRUN + 1)); fi
+        if ((r % 2)); then order=(base shim); else order=(shim base); fi
+        for variant in "${order[@]}"; do
+            if [ "$variant" = base ]; then
+                run_one "bench_alloc round $r without shim" 120 "${V_BASE[@]}" "$BENCH_ALLOC"
+            else
+                run_one "bench_alloc round $r with shim" 120 "${V_SHIM[@]}" "$BENCH_ALLOC"
+            fi
+            if [ "$RC" = 0 ]; then collect_alloc "$variant" "$r"; collect_info "$variant"; else NFAILRUN=$((NFAILRUN + 1)); fi
+        done
     done
 fi
 
 if command -v "$PYTHON" >/dev/null 2>&1 && [ -r "$GPU_SRC/bench_torch.py" ]; then
     for ((r = 1; r <= TORCH_ROUNDS; r++)); do
-        for variant in base shim; do
+        if ((r % 2)); then order=(base shim); else order=(shim base); fi
+        for variant in "${order[@]}"; do
             if [ "$variant" = base ]; then
                 run_one "bench_torch round $r without shim" 180 "${V_BASE[@]}" "$PYTHON" "$GPU_SRC/bench_torch.py"
             else
@@ -300,7 +308,7 @@ MISSING=0
     done
     echo
     echo "Rounds: bench_alloc $(nrounds base cuMemAlloc 4096) without / $(nrounds shim cuMemAlloc 4096) with shim (interleaved);" \
-        "PyTorch $(awk -F'\t' '$1 == "base"' "$TDATA" | wc -l | tr -d ' ') without / $(awk -F'\t' '$1 == "shim"' "$TDATA" | wc -l | tr -d ' ') with."
+        "PyTorch (ABBA order) $(awk -F'\t' '$1 == "base"' "$TDATA" | wc -l | tr -d ' ') without / $(awk -F'\t' '$1 == "shim"' "$TDATA" | wc -l | tr -d ' ') with."
     for v in base shim torch-base torch-shim; do
         t=$(awk -F'\t' -v v="$v" '$1 == v { print $2 }' "$INFO" | sort -u | tr '\n' ' ')
         echo "cudaMemGetInfo total seen by $v runs: ${t:-none}"
