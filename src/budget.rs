@@ -24,7 +24,9 @@ const UNRESOLVED: u64 = 0;
 /// `limit` of a device without a cap.
 pub const NO_CAP: u64 = u64::MAX;
 
+/// Three words, in this order, inside the statistics page (see `page`).
 #[derive(Debug)]
+#[repr(C)]
 pub struct DeviceBudget {
     limit: AtomicU64,
     used: AtomicU64,

@@ -3,6 +3,8 @@
 
 pub mod budget;
 pub mod limit;
+pub mod page;
+pub mod scan;
 pub mod settings;
 pub mod size;
 

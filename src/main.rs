@@ -1,8 +1,12 @@
-//! `vramcap`: run programs under the shim.
+//! `vramcap`: run programs under the shim and read their counters.
 //!
-//! Exit codes: the command's own status for `run`; 2 for bad arguments or
-//! settings; 127 when the command or the shim cannot be found; 126 when the
-//! command cannot be executed.
+//! Exit codes: `run` exits with the command's own status (127 when the
+//! command or the shim cannot be found, 126 when the command cannot be
+//! executed); every subcommand exits 2 for bad arguments or settings;
+//! `stat` exits 1 when the statistics directory cannot be read; `doctor`
+//! exits 1 when it found a problem; otherwise 0.
+
+mod cli;
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -48,6 +52,30 @@ enum Command {
     Env {
         #[command(flatten)]
         opts: ShimOptions,
+    },
+    /// Show the memory of every process under the shim (one row per process and GPU)
+    Stat {
+        /// Print JSON (schema vramcap.stat version 1, documented in the README)
+        #[arg(long)]
+        json: bool,
+        /// Refresh every SECONDS until interrupted
+        #[arg(short = 'l', long = "loop", value_name = "SECONDS", value_parser = cli::stat::parse_interval)]
+        interval: Option<std::time::Duration>,
+        /// With --loop, stop after N refreshes
+        #[arg(long, value_name = "N", requires = "interval", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+        /// Only these processes (repeatable)
+        #[arg(long = "pid", value_name = "PID")]
+        pids: Vec<u32>,
+        /// Only these GPUs, by index as the processes see them (repeatable)
+        #[arg(long = "gpu", value_name = "INDEX")]
+        gpus: Vec<u32>,
+    },
+    /// Check the installation: shim, driver, and that interposition works
+    Doctor {
+        /// Internal: the check that runs under the shim
+        #[arg(long, hide = true)]
+        probe: bool,
     },
 }
 
@@ -109,7 +137,17 @@ fn shell_quote(s: &str) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
     let result = match cli.command {
+        Command::Stat { json, interval, count, pids, gpus } => cli::stat::stats_dir(uid).map(|dir| {
+            let args = cli::stat::StatArgs { json, interval, count, pids, gpus, dir };
+            ExitCode::from(cli::stat::run(&args, uid))
+        }),
+        Command::Doctor { probe: true } => Ok(ExitCode::from(cli::doctor::probe())),
+        Command::Doctor { probe: false } => {
+            Ok(ExitCode::from(cli::doctor::run(find_library(), cli::stat::stats_dir(uid))))
+        }
         Command::Run { opts, command } => shim_env(&opts).map(|vars| {
             let err = std::process::Command::new(&command[0])
                 .args(&command[1..])

@@ -12,6 +12,13 @@ use crate::limit::{LIMIT_VAR, LimitError, LimitSpec, parse_limit};
 pub const LOG_VAR: &str = "VRAMCAP_LOG";
 pub const CUDA_LIBRARY_VAR: &str = "VRAMCAP_CUDA_LIBRARY";
 pub const DISABLE_VAR: &str = "VRAMCAP_DISABLE";
+pub const STATS_VAR: &str = "VRAMCAP_STATS";
+pub const STATS_DIR_VAR: &str = "VRAMCAP_STATS_DIR";
+
+/// Where pages go when `VRAMCAP_STATS_DIR` is unset.
+pub fn default_stats_dir(uid: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/vramcap-{uid}"))
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
@@ -50,6 +57,10 @@ pub struct Settings {
     pub cuda_library: Option<PathBuf>,
     /// `VRAMCAP_DISABLE=1`: the shim passes every call straight through.
     pub disabled: bool,
+    /// `VRAMCAP_STATS=off`: no statistics page (the cap still holds).
+    pub stats: bool,
+    /// `VRAMCAP_STATS_DIR`: where pages go, instead of [`default_stats_dir`].
+    pub stats_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,11 +138,35 @@ impl Settings {
                 });
             }
         };
+        let stats = match get(STATS_VAR).as_deref().map(str::trim) {
+            None | Some("on") | Some("1") => true,
+            Some("off") | Some("0") => false,
+            Some(v) => {
+                return Err(SettingsError::Other {
+                    var: STATS_VAR,
+                    value: v.to_string(),
+                    expected: "on or off (off: no statistics page; the cap still holds)",
+                });
+            }
+        };
+        let stats_dir = match get(STATS_DIR_VAR) {
+            None => None,
+            Some(v) if v.starts_with('/') => Some(PathBuf::from(v)),
+            Some(v) => {
+                return Err(SettingsError::Other {
+                    var: STATS_DIR_VAR,
+                    value: v,
+                    expected: "an absolute directory path (e.g. VRAMCAP_STATS_DIR=/dev/shm/vramcap-jobs)",
+                });
+            }
+        };
         Ok(Settings {
             limit,
             log,
             cuda_library,
             disabled,
+            stats,
+            stats_dir,
         })
     }
 
@@ -163,6 +198,8 @@ mod tests {
         assert_eq!(s.log, LogLevel::Warn);
         assert_eq!(s.cuda_library, None);
         assert!(!s.disabled);
+        assert!(s.stats);
+        assert_eq!(s.stats_dir, None);
     }
 
     #[test]
@@ -194,6 +231,13 @@ mod tests {
             e.starts_with("VRAMCAP_CUDA_LIBRARY=\" \" is not valid"),
             "{e}"
         );
+        let e = read(&[("VRAMCAP_STATS_DIR", "relative/dir")]).unwrap_err().to_string();
+        assert!(e.starts_with("VRAMCAP_STATS_DIR=\"relative/dir\" is not valid: expected an absolute"), "{e}");
+        let e = read(&[("VRAMCAP_STATS", "maybe")]).unwrap_err().to_string();
+        assert!(e.starts_with("VRAMCAP_STATS=\"maybe\" is not valid: expected on or off"), "{e}");
+        let s = read(&[("VRAMCAP_STATS", "off"), ("VRAMCAP_STATS_DIR", "/tmp/x")]).unwrap();
+        assert!(!s.stats);
+        assert_eq!(s.stats_dir, Some(PathBuf::from("/tmp/x")));
         let e = read(&[("VRAMCAP_LIMIT", "8XB")]).unwrap_err().to_string();
         assert!(
             e.starts_with("VRAMCAP_LIMIT=\"8XB\" is not a valid limit: unknown unit"),

@@ -13,7 +13,8 @@ use vramcap_core::budget::NO_CAP;
 use crate::cuda::*;
 use crate::log::{log_at, log_once};
 use crate::real::{DynFn, call_real};
-use crate::state::{DISABLED, Record, budget, limit_of, table};
+use crate::state::{DISABLED, Record, budget, limit_of, slot, table};
+use vramcap_core::page::DeviceSlot;
 
 /// The driver functions the shim calls, by exact (versioned) name.
 pub struct RealFns {
@@ -182,7 +183,7 @@ fn capped_alloc(
         // No current context: the driver's own answer, whatever it is.
         return alloc();
     };
-    let Some(budget) = budget(device) else {
+    let Some(slot) = slot(device) else {
         log_once!(
             Error,
             "device {device} is beyond the {} devices vramcap tracks; refusing its allocations",
@@ -190,10 +191,12 @@ fn capped_alloc(
         );
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
+    let budget = &slot.budget;
     let Some(limit) = limit_of(device) else {
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     if let Err(r) = budget.try_reserve(estimate, limit) {
+        DeviceSlot::add(&slot.refusals, 1);
         refused(what, device, estimate, r.used, limit);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -209,12 +212,14 @@ fn capped_alloc(
         if let Err(r) = budget.try_reserve(bytes - estimate, limit) {
             let _ = call_real!(REAL.cuMemFree_v2, fn(CUdeviceptr) -> CUresult, ptr);
             budget.release(estimate);
+            DeviceSlot::add(&slot.refusals, 1);
             refused(what, device, bytes, r.used, limit);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     } else {
         budget.release(estimate - bytes);
     }
+    DeviceSlot::add(&slot.allocs, 1);
     let record = Record {
         device: device as u16,
         bytes,
@@ -222,7 +227,7 @@ fn capped_alloc(
     if let Some(stale) = table().insert(ptr, record) {
         // The driver handed out an address the shim still thought was live:
         // it was released behind the shim's back (a destroyed context).
-        if let Some(b) = budget_of(stale.device) {
+        if let Some(b) = crate::state::budget(CUdevice::from(stale.device)) {
             b.release(stale.bytes);
         }
         log_once!(
@@ -237,9 +242,6 @@ fn capped_alloc(
     rc
 }
 
-fn budget_of(device: u16) -> Option<&'static vramcap_core::budget::DeviceBudget> {
-    budget(CUdevice::from(device))
-}
 
 fn refused(what: &str, device: CUdevice, bytes: u64, used: u64, limit: u64) {
     log_once!(
@@ -351,10 +353,9 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         let rc = real();
         if let Some(r) = record {
             if rc == CUDA_SUCCESS {
-                if let Some(b) = budget_of(r.device)
-                    && !b.release(r.bytes)
-                {
-                    {
+                if let Some(s) = slot(CUdevice::from(r.device)) {
+                    DeviceSlot::add(&s.frees, 1);
+                    if !s.budget.release(r.bytes) {
                         log_once!(
                             Error,
                             "device {} gave back more bytes than it held; the count is clamped at zero",

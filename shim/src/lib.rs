@@ -42,6 +42,7 @@ mod hooks;
 mod log;
 mod real;
 mod state;
+mod stats;
 
 use std::ffi::{CStr, c_char, c_void};
 
@@ -120,4 +121,10 @@ unsafe fn init() {
         real::driver_path(),
         if s.disabled { "; DISABLED" } else { "" }
     );
+}
+
+/// Runs at normal exit: removes the statistics page.
+#[ctor::dtor]
+unsafe fn fini() {
+    stats::remove_at_exit();
 }

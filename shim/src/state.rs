@@ -1,5 +1,5 @@
-//! Per-process state: settings, per-device budgets and the table of live
-//! allocations.
+//! Per-process state: settings, per-device budgets (which live in the
+//! statistics page, see `stats`) and the table of live allocations.
 //!
 //! Concurrency (see also the crate docs):
 //! - Budgets are atomics only ([`vramcap_core::budget`]).
@@ -11,7 +11,7 @@
 //!   shard lock at the moment of `fork`. The child handler therefore never
 //!   touches the old table: it swaps in a fresh empty one (leaking the old,
 //!   which the child cannot use anyway: CUDA allocations do not survive fork)
-//!   and resets every budget. Settings are kept.
+//!   and starts a page of its own (budgets included). Settings are kept.
 
 use std::hash::{BuildHasher, Hasher};
 use std::ptr;
@@ -19,8 +19,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use dashmap::DashMap;
-use vramcap_core::MAX_DEVICES;
 use vramcap_core::budget::{DeviceBudget, NO_CAP};
+use vramcap_core::page::DeviceSlot;
 use vramcap_core::limit::Amount;
 use vramcap_core::settings::Settings;
 
@@ -52,8 +52,6 @@ pub fn settings() -> &'static Settings {
         }
     })
 }
-
-static BUDGETS: [DeviceBudget; MAX_DEVICES] = [const { DeviceBudget::new() }; MAX_DEVICES];
 
 /// What the shim knows about a live allocation.
 #[derive(Debug, Clone, Copy)]
@@ -114,8 +112,15 @@ pub fn table() -> &'static Table {
     }
 }
 
+/// The counters of `device` in the statistics page.
+pub fn slot(device: CUdevice) -> Option<&'static DeviceSlot> {
+    usize::try_from(device)
+        .ok()
+        .and_then(|d| crate::stats::page().slots.get(d))
+}
+
 pub fn budget(device: CUdevice) -> Option<&'static DeviceBudget> {
-    usize::try_from(device).ok().and_then(|d| BUDGETS.get(d))
+    slot(device).map(|s| &s.budget)
 }
 
 /// The cap of `device` in bytes ([`NO_CAP`] for none), worked out on first
@@ -123,44 +128,35 @@ pub fn budget(device: CUdevice) -> Option<&'static DeviceBudget> {
 /// the device is or what its UUID is): callers then refuse, keeping the cap
 /// conservative.
 pub fn limit_of(device: CUdevice) -> Option<u64> {
-    let b = budget(device)?;
-    if let Some(l) = b.limit() {
+    let s = slot(device)?;
+    if let Some(l) = s.budget.limit() {
         return Some(l);
     }
-    let l = compute_limit(device)?;
-    b.set_limit(l);
+    let l = compute_limit(device, s)?;
+    s.budget.set_limit(l);
+    s.mark_active();
     Some(l)
 }
 
-fn compute_limit(device: CUdevice) -> Option<u64> {
+fn compute_limit(device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
     let spec = &settings().limit;
+    // The UUID is published in the page whenever the driver gives it; it is
+    // required only when a UUID entry of the limit must be matched.
+    let mut u = CUuuid::default();
+    let mut rc = call_real!(REAL.cuDeviceGetUuid_v2, fn(*mut CUuuid, CUdevice) -> i32, &mut u, device);
+    if rc != CUDA_SUCCESS {
+        rc = call_real!(REAL.cuDeviceGetUuid, fn(*mut CUuuid, CUdevice) -> i32, &mut u, device);
+    }
+    if rc == CUDA_SUCCESS {
+        slot.set_uuid(u.bytes);
+    }
     if spec.is_unlimited() {
         return Some(NO_CAP);
     }
     let mut text = [0u8; 40];
     let uuid = if spec.needs_uuid() {
-        let mut u = CUuuid::default();
-        let rc = call_real!(
-            REAL.cuDeviceGetUuid_v2,
-            fn(*mut CUuuid, CUdevice) -> i32,
-            &mut u,
-            device
-        );
-        let rc = if rc == CUDA_SUCCESS {
-            rc
-        } else {
-            call_real!(
-                REAL.cuDeviceGetUuid,
-                fn(*mut CUuuid, CUdevice) -> i32,
-                &mut u,
-                device
-            )
-        };
         if rc != CUDA_SUCCESS {
-            log_once!(
-                Error,
-                "cannot read the UUID of device {device} (error {rc}) to match VRAMCAP_LIMIT; refusing its allocations"
-            );
+            log_once!(Error, "cannot read the UUID of device {device} (error {rc}) to match VRAMCAP_LIMIT; refusing its allocations");
             return None;
         }
         u.write_canonical(&mut text);
@@ -202,7 +198,5 @@ fn compute_limit(device: CUdevice) -> Option<u64> {
 /// Resets all per-process state in a child after `fork`.
 pub fn reset_after_fork() {
     TABLE.store(ptr::null_mut(), Ordering::Release);
-    for b in &BUDGETS {
-        b.reset();
-    }
+    crate::stats::reset_after_fork();
 }

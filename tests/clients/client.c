@@ -43,6 +43,9 @@
  *   total N               cuDeviceTotalMem_v2 -> "total N -> RC bytes=B"
  *   standin               per device: "standin dev=N used=U peak=P"
  *   counts                "counts alloc=A free=F getprocaddress=G alias=X"
+ *   wait                  print "wait", block until a line or EOF arrives on
+ *                         stdin, then print "resumed" (lets a test look at
+ *                         the process while it holds memory, without sleeps)
  *   threads T ITERS MAX   T threads allocating and freeing 1M..MAX
  *                         -> "threads -> ok=A oom=O other=E"
  *   resolve NAME VER FLAGS    -> "resolve NAME VER FLAGS -> RC status=S lib=L"
@@ -787,6 +790,16 @@ static int command(int argc, char **argv, bool run)
     if (strcmp(cmd, "standin") == 0) {
         if (run)
             cmd_standin();
+        return 1;
+    }
+    if (strcmp(cmd, "wait") == 0) {
+        if (run) {
+            out("wait");
+            int c;
+            while ((c = getchar()) != EOF && c != '\n') {
+            }
+            out("resumed");
+        }
         return 1;
     }
     if (strcmp(cmd, "counts") == 0) {

@@ -1,0 +1,264 @@
+//! `vramcap doctor`: where the shim and the driver are, whether the driver
+//! answers, and proof that interposition works, with a fix for each problem.
+//!
+//! The proof runs `vramcap doctor --probe` as a child under the shim (with a
+//! 1 GiB cap and no statistics page): the child asks the driver for its
+//! functions the ways programs do and checks, with `dladdr`, that the
+//! answers are the shim's. With a usable GPU it also checks that
+//! `cuMemGetInfo` reports the cap.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Report {
+    problems: u32,
+}
+
+impl Report {
+    fn ok(&self, what: &str, detail: impl AsRef<str>) {
+        println!("ok    {what}: {}", detail.as_ref());
+    }
+    fn bad(&mut self, what: &str, detail: impl AsRef<str>, fix: impl AsRef<str>) {
+        self.problems += 1;
+        println!("FAIL  {what}: {}\n      fix: {}", detail.as_ref(), fix.as_ref());
+    }
+    fn note(&self, what: &str, detail: impl AsRef<str>) {
+        println!("note  {what}: {}", detail.as_ref());
+    }
+}
+
+type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
+
+/// The driver's path as the dynamic loader resolved it.
+fn object_of(p: *const c_void) -> Option<PathBuf> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: zeroed Dl_info is a valid out-buffer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr accepts any address.
+    if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    Some(PathBuf::from(name.to_string_lossy().into_owned()))
+}
+
+fn driver_name() -> CString {
+    std::env::var("VRAMCAP_CUDA_LIBRARY")
+        .ok()
+        .and_then(|v| CString::new(v).ok())
+        .unwrap_or_else(|| c"libcuda.so.1".into())
+}
+
+fn dlerror_text() -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated thread-local string.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown error".into()
+    } else {
+        // SAFETY: see above.
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+struct Driver {
+    handle: *mut c_void,
+}
+
+impl Driver {
+    fn open() -> Result<Driver, String> {
+        let name = driver_name();
+        // SAFETY: a valid NUL-terminated name.
+        let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW) };
+        if h.is_null() { Err(dlerror_text()) } else { Ok(Driver { handle: h }) }
+    }
+
+    fn sym(&self, name: &CStr) -> *mut c_void {
+        // SAFETY: a valid handle and name.
+        unsafe { libc::dlsym(self.handle, name.as_ptr()) }
+    }
+
+    /// Calls `name` as `fn(args) -> CUresult` via the given transmuted type.
+    fn call_i32(&self, name: &CStr, f: impl FnOnce(*mut c_void) -> c_int) -> Option<c_int> {
+        let p = self.sym(name);
+        (!p.is_null()).then(|| f(p))
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Initialises the driver and makes device 0's primary context current.
+/// Returns the number of devices, or why not.
+fn init_driver(d: &Driver) -> Result<c_int, String> {
+    // SAFETY (all transmutes below): each pointer is the driver's function of
+    // that exact name, whose C signature is the one written.
+    let rc = d
+        .call_i32(c"cuInit", |p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(u32) -> c_int>(p)(0) })
+        .ok_or("the driver has no cuInit")?;
+    if rc != 0 {
+        return Err(format!("cuInit returned {rc} (100 means no CUDA-capable device is visible)"));
+    }
+    let mut count: c_int = 0;
+    d.call_i32(c"cuDeviceGetCount", |p| unsafe {
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_int) -> c_int>(p)(&mut count)
+    });
+    let mut ctx: *mut c_void = std::ptr::null_mut();
+    let rc = d
+        .call_i32(c"cuDevicePrimaryCtxRetain", |p| unsafe {
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int>(p)(&mut ctx, 0)
+        })
+        .unwrap_or(-1);
+    if rc != 0 {
+        return Err(format!("cuDevicePrimaryCtxRetain returned {rc}"));
+    }
+    d.call_i32(c"cuCtxSetCurrent", |p| unsafe {
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(p)(ctx)
+    });
+    Ok(count)
+}
+
+pub fn run(lib: Result<PathBuf, String>, stats_dir: Result<PathBuf, String>) -> u8 {
+    let mut r = Report { problems: 0 };
+    println!("vramcap {} doctor", env!("CARGO_PKG_VERSION"));
+
+    let lib = match lib {
+        Ok(p) => {
+            r.ok("shim", p.display().to_string());
+            Some(p)
+        }
+        Err(e) => {
+            r.bad("shim", e, "run `cargo build --release` and use target/release/vramcap, or set VRAMCAP_LIBRARY");
+            None
+        }
+    };
+
+    match vramcap_core::settings::Settings::from_env() {
+        Ok(s) => r.ok("settings in this environment", format!("limit: {}; log {}", s.limit, s.log.name())),
+        Err(e) => r.bad("settings in this environment", e.to_string(), "correct or unset that variable"),
+    }
+
+    match stats_dir {
+        Ok(d) => r.ok("statistics directory", format!("{} ({})", d.display(), if d.is_dir() { "exists" } else { "created on first use" })),
+        Err(e) => r.bad("statistics directory", e, "set VRAMCAP_STATS_DIR to an absolute path or unset it"),
+    }
+
+    let driver = match Driver::open() {
+        Ok(d) => {
+            let at = object_of(d.sym(c"cuInit")).map(|p| p.display().to_string()).unwrap_or_else(|| "?".into());
+            r.ok("CUDA driver", format!("{} at {at}", driver_name().to_string_lossy()));
+            Some(d)
+        }
+        Err(e) => {
+            r.bad(
+                "CUDA driver",
+                format!("cannot load {}: {e}", driver_name().to_string_lossy()),
+                "install the NVIDIA driver, or set VRAMCAP_CUDA_LIBRARY to the real libcuda.so.1",
+            );
+            None
+        }
+    };
+    let mut gpu = false;
+    if let Some(d) = &driver {
+        let mut version: c_int = 0;
+        // SAFETY: the driver's cuDriverGetVersion(int*).
+        d.call_i32(c"cuDriverGetVersion", |p| unsafe {
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_int) -> c_int>(p)(&mut version)
+        });
+        match init_driver(d) {
+            Ok(n) => {
+                gpu = true;
+                r.ok("driver reachable", format!("CUDA {}.{}, {n} device(s)", version / 1000, version % 1000 / 10));
+            }
+            Err(e) => r.note("driver reachable", format!("no usable GPU here ({e}); the interposition check runs without one")),
+        }
+    }
+
+    if let (Some(lib), Some(_)) = (&lib, &driver) {
+        let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("vramcap"));
+        let out = Command::new(exe)
+            .args(["doctor", "--probe"])
+            .env("LD_PRELOAD", lib)
+            .env("VRAMCAP_LIMIT", "1GiB")
+            .env("VRAMCAP_STATS", "off")
+            .env_remove("VRAMCAP_DISABLE")
+            .env("VRAMCAP_PROBE_GPU", if gpu { "1" } else { "0" })
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                r.ok("interposition", String::from_utf8_lossy(&o.stdout).trim().replace('\n', "; "))
+            }
+            Ok(o) => r.bad(
+                "interposition",
+                format!(
+                    "the check under the shim failed ({}): {}{}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stdout).trim().replace('\n', "; "),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ),
+                "make sure LD_PRELOAD reaches the program (setuid programs ignore it) and that VRAMCAP_CUDA_LIBRARY, if set, is the driver the program loads; report a bug with `VRAMCAP_LOG=debug vramcap doctor` attached",
+            ),
+            Err(e) => r.bad("interposition", format!("cannot run the check: {e}"), "check that this binary can execute itself"),
+        }
+    }
+
+    if r.problems == 0 {
+        println!("no problems found");
+        0
+    } else {
+        println!("{} problem(s) found", r.problems);
+        1
+    }
+}
+
+/// The child side of the interposition check, run under the shim.
+pub fn probe() -> u8 {
+    let d = match Driver::open() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("cannot load the driver: {e}");
+            return 1;
+        }
+    };
+    let mut failed = false;
+    let mut check = |what: &str, p: *const c_void| {
+        let lib = object_of(p).map(|p| file_name(&p)).unwrap_or_else(|| "nothing".into());
+        let good = lib.starts_with("libvramcap");
+        failed |= !good;
+        println!("{what} -> {lib}{}", if good { "" } else { " (expected libvramcap.so)" });
+    };
+    let gpa = d.sym(c"cuGetProcAddress_v2");
+    check("dlsym cuGetProcAddress_v2", gpa);
+    check("dlsym cuMemAlloc_v2", d.sym(c"cuMemAlloc_v2"));
+    if !gpa.is_null() {
+        // SAFETY: the resolver has the CUDA 12+ signature GetProc.
+        let gpa: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(gpa) };
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid name, out-pointer and a null status.
+        unsafe { gpa(c"cuMemAlloc".as_ptr(), &mut p, 3020, 0, std::ptr::null_mut()) };
+        check("cuGetProcAddress cuMemAlloc@3020", p);
+    }
+    if std::env::var("VRAMCAP_PROBE_GPU").as_deref() == Ok("1") {
+        match init_driver(&d) {
+            Ok(_) => {
+                let (mut free, mut total) = (0usize, 0usize);
+                // SAFETY: cuMemGetInfo_v2(size_t*, size_t*).
+                d.call_i32(c"cuMemGetInfo_v2", |p| unsafe {
+                    std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut usize, *mut usize) -> c_int>(p)(&mut free, &mut total)
+                });
+                let good = total == 1 << 30;
+                failed |= !good;
+                println!("cuMemGetInfo total under a 1 GiB cap -> {total}{}", if good { "" } else { " (expected 1073741824)" });
+            }
+            Err(e) => {
+                failed = true;
+                println!("driver init under the shim failed: {e}");
+            }
+        }
+    }
+    u8::from(failed)
+}

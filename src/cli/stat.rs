@@ -1,0 +1,244 @@
+//! `vramcap stat`: the pages of live processes as a table or as JSON.
+//!
+//! JSON schema `vramcap.stat` version 1 (one document per refresh; with
+//! `--loop`, one per line):
+//!
+//! ```text
+//! { "schema": "vramcap.stat", "version": 1, "time_unix_ns": u64, "dir": str,
+//!   "processes": [ { "pid": u32, "start_time_ticks": u64, "command": str,
+//!       "group": str|null,
+//!       "devices": [ { "gpu": u32, "uuid": str|null, "limit_bytes": u64|null,
+//!           "used_bytes": u64, "peak_bytes": u64, "cached_bytes": u64,
+//!           "spilled_bytes": u64, "allocations": u64, "frees": u64,
+//!           "refusals": u64, "cache_hits": u64, "cache_misses": u64,
+//!           "evictions": u64, "trims": u64, "spill_allocations": u64,
+//!           "promotions": u64 } ] } ],
+//!   "skipped": [ { "file": str, "reason": str } ] }
+//! ```
+//! Fields are only ever added within a version; `limit_bytes` is null for a
+//! device without a cap.
+
+use std::collections::HashSet;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use vramcap_core::human_bytes;
+use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
+use vramcap_core::scan::{Scan, scan};
+
+pub struct StatArgs {
+    pub json: bool,
+    pub interval: Option<Duration>,
+    pub count: Option<u64>,
+    pub pids: Vec<u32>,
+    pub gpus: Vec<u32>,
+    pub dir: PathBuf,
+}
+
+fn filtered(scan: &Scan, a: &StatArgs) -> Vec<(PageSnapshot, Vec<SlotSnapshot>)> {
+    scan.pages
+        .iter()
+        .filter(|p| a.pids.is_empty() || a.pids.contains(&p.pid))
+        .map(|p| {
+            let devs = p
+                .devices
+                .iter()
+                .filter(|d| a.gpus.is_empty() || a.gpus.contains(&d.device))
+                .copied()
+                .collect();
+            (p.clone(), devs)
+        })
+        .filter(|(_, devs): &(PageSnapshot, Vec<SlotSnapshot>)| a.gpus.is_empty() || !devs.is_empty())
+        .collect()
+}
+
+fn device_json(d: &SlotSnapshot) -> Value {
+    json!({
+        "gpu": d.device,
+        "uuid": uuid_text(&d.uuid),
+        "limit_bytes": d.limit,
+        "used_bytes": d.used,
+        "peak_bytes": d.peak,
+        "cached_bytes": d.cached,
+        "spilled_bytes": d.spilled,
+        "allocations": d.allocs,
+        "frees": d.frees,
+        "refusals": d.refusals,
+        "cache_hits": d.cache_hits,
+        "cache_misses": d.cache_misses,
+        "evictions": d.evictions,
+        "trims": d.trims,
+        "spill_allocations": d.spill_allocs,
+        "promotions": d.promotions,
+    })
+}
+
+pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let processes: Vec<Value> = filtered(scan, a)
+        .iter()
+        .map(|(p, devs)| {
+            json!({
+                "pid": p.pid,
+                "start_time_ticks": p.start_time,
+                "command": p.command,
+                "group": if p.group.is_empty() { Value::Null } else { Value::from(p.group.clone()) },
+                "devices": devs.iter().map(device_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "schema": "vramcap.stat",
+        "version": 1,
+        "time_unix_ns": now,
+        "dir": a.dir.display().to_string(),
+        "processes": processes,
+        "skipped": scan.skipped.iter().map(|s| json!({"file": s.path.display().to_string(), "reason": s.reason})).collect::<Vec<_>>(),
+    })
+}
+
+struct Style {
+    colour: bool,
+}
+
+impl Style {
+    fn paint(&self, code: &str, text: String) -> String {
+        if self.colour { format!("\x1b[{code}m{text}\x1b[0m") } else { text }
+    }
+}
+
+pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
+    let style = Style { colour: style_colour };
+    let head = ["GPU", "PID", "LIMIT", "USED", "PEAK", "CACHED", "SPILLED", "%LIMIT", "OOM", "COMMAND"];
+    let mut rows: Vec<(Vec<String>, Option<&str>)> = Vec::new();
+    for (p, devs) in filtered(scan, a) {
+        for d in devs {
+            let pct = d.limit.map(|l| d.used as f64 * 100.0 / l.max(1) as f64);
+            let colour = if d.refusals > 0 {
+                Some("31")
+            } else if pct.is_some_and(|p| p >= 90.0) {
+                Some("33")
+            } else {
+                None
+            };
+            rows.push((
+                vec![
+                    d.device.to_string(),
+                    p.pid.to_string(),
+                    d.limit.map(human_bytes).unwrap_or_else(|| "-".into()),
+                    human_bytes(d.used),
+                    human_bytes(d.peak),
+                    human_bytes(d.cached),
+                    human_bytes(d.spilled),
+                    pct.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "-".into()),
+                    d.refusals.to_string(),
+                    p.command.clone(),
+                ],
+                colour,
+            ));
+        }
+    }
+    let mut width = head.map(str::len);
+    for (r, _) in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                // Numbers right-aligned, except the GPU and PID columns.
+                let pad = width[i] - c.chars().count();
+                if i >= 2 {
+                    s.push_str(&" ".repeat(pad));
+                    s.push_str(c);
+                } else {
+                    s.push_str(c);
+                    s.push_str(&" ".repeat(pad));
+                }
+                s.push_str("  ");
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = line(&head.map(String::from)) + "\n";
+    for (r, colour) in &rows {
+        let l = line(r);
+        out.push_str(&match colour {
+            Some(c) => style.paint(c, l),
+            None => l,
+        });
+        out.push('\n');
+    }
+    if rows.is_empty() {
+        out.push_str(&format!("(no processes under vramcap in {})\n", a.dir.display()));
+    }
+    out
+}
+
+/// Runs `stat`; returns the exit code.
+pub fn run(a: &StatArgs, uid: u32) -> u8 {
+    let mut warned: HashSet<PathBuf> = HashSet::new();
+    let tty = std::io::stdout().is_terminal();
+    let colour = tty && std::env::var_os("NO_COLOR").is_none();
+    let mut n = 0u64;
+    loop {
+        let s = match scan(&a.dir, uid) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("vramcap: cannot read the stats directory {}: {e}", a.dir.display());
+                return 1;
+            }
+        };
+        for sk in &s.skipped {
+            if warned.insert(sk.path.clone()) {
+                eprintln!("vramcap: skipping {}: {}", sk.path.display(), sk.reason);
+            }
+        }
+        let mut stdout = std::io::stdout().lock();
+        let text = if a.json {
+            format!("{}\n", to_json(&s, a))
+        } else {
+            let clear = if a.interval.is_some() && tty { "\x1b[H\x1b[2J" } else { "" };
+            format!("{clear}{}", to_table(&s, a, colour))
+        };
+        if stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
+            return 0; // a closed pipe ends the loop quietly
+        }
+        drop(stdout);
+        n += 1;
+        match a.interval {
+            Some(d) if a.count.is_none_or(|c| n < c) => std::thread::sleep(d),
+            _ => return 0,
+        }
+    }
+}
+
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!(
+            "\"{text}\" is not a refresh interval: expected seconds, greater than 0 (e.g. --loop 1 or --loop 0.5)"
+        )),
+    }
+}
+
+/// The directory pages are read from: `VRAMCAP_STATS_DIR`, else the default.
+pub fn stats_dir(uid: u32) -> Result<PathBuf, String> {
+    match std::env::var_os("VRAMCAP_STATS_DIR") {
+        Some(d) if Path::new(&d).is_absolute() => Ok(PathBuf::from(d)),
+        Some(d) => Err(format!(
+            "VRAMCAP_STATS_DIR=\"{}\" is not valid: expected an absolute directory path",
+            d.to_string_lossy()
+        )),
+        None => Ok(vramcap_core::settings::default_stats_dir(uid)),
+    }
+}

@@ -1,0 +1,467 @@
+//! The per-process statistics page: one shared-memory file per process under
+//! the shim, written by the shim and read by the CLI.
+//!
+//! # Layout (version 1)
+//! A [`Header`] of 1024 bytes, then [`SLOTS`] [`DeviceSlot`]s of 256 bytes,
+//! one per device index the process sees. Every number is little-endian
+//! native `u64`/`u32` at a fixed offset (pinned by a test); `reserved` fields
+//! are zero and leave room for growth without a version change. A reader
+//! checks magic, version and sizes before trusting anything else.
+//!
+//! # Why per-field atomics and no seqlock
+//! The device slot's `limit`/`used`/`peak` *are* the shim's budget (see
+//! [`crate::budget`]): the cap is decided on the page itself, so the page can
+//! never disagree with the cap. Every field is an `AtomicU64` updated with one
+//! atomic instruction, so a reader never sees a torn value. Fields are not a
+//! consistent snapshot of one instant (a reader may see an allocation counted
+//! in `allocs` a few nanoseconds before its bytes reach `used`); for a
+//! monitor that is harmless, while a seqlock would add two stores and fences
+//! to every allocation and make readers retry under load. The one cross-field
+//! rule a reader relies on, `peak >= used`, is restored by the reader taking
+//! `max(peak, used)`, since `peak` is raised just after `used`.
+//!
+//! # Lifecycle
+//! The shim creates the page on its first CUDA call (not at load, so the
+//! thousand non-CUDA processes of a shell session leave no pages), marks it
+//! ready after filling the header, and removes it at normal exit. A killed
+//! process leaves it behind; the CLI recognises it by a dead PID or a start
+//! time that differs from the live process's and removes it.
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::budget::{DeviceBudget, NO_CAP};
+
+pub const MAGIC: [u8; 8] = *b"vramcap\0";
+pub const VERSION: u32 = 1;
+/// Device slots per page; device indices past this are not tracked.
+pub const SLOTS: usize = crate::limit::MAX_DEVICES;
+pub const HEADER_SIZE: usize = 1024;
+pub const SLOT_SIZE: usize = 256;
+pub const PAGE_SIZE: usize = HEADER_SIZE + SLOTS * SLOT_SIZE;
+pub const COMMAND_LEN: usize = 512;
+pub const GROUP_LEN: usize = 64;
+
+/// `Header::state` before the header is complete.
+pub const STATE_INITIALISING: u32 = 0;
+/// `Header::state` once the header is complete.
+pub const STATE_READY: u32 = 1;
+
+/// The file name of a process's page in the stats directory.
+pub fn file_name(pid: u32) -> String {
+    format!("{pid}.page")
+}
+
+#[repr(C)]
+pub struct Header {
+    pub magic: [u8; 8],
+    pub version: u32,
+    pub header_size: u32,
+    pub page_size: u32,
+    pub slot_size: u32,
+    pub slot_count: u32,
+    pub pid: u32,
+    pub uid: u32,
+    pub state: AtomicU32,
+    /// Process start time in clock ticks after boot (field 22 of /proc/PID/stat).
+    pub start_time: u64,
+    /// When the page was created, nanoseconds since the Unix epoch.
+    pub created_unix_ns: u64,
+    pub reserved0: [u64; 10],
+    /// `VRAMCAP_GROUP`, NUL-padded (empty when none).
+    pub group: [u8; GROUP_LEN],
+    /// The command line, arguments joined by spaces, NUL-padded, cut to fit.
+    pub command: [u8; COMMAND_LEN],
+    pub reserved: [u8; 312],
+}
+
+/// Counters of one device. `budget` holds `limit`, `used` and `peak`.
+#[repr(C)]
+pub struct DeviceSlot {
+    pub budget: DeviceBudget,
+    /// Bit 0: the process has used this device.
+    pub flags: AtomicU64,
+    pub cached: AtomicU64,
+    pub spilled: AtomicU64,
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    /// Allocations answered with out-of-memory because of the cap.
+    pub refusals: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    pub evictions: AtomicU64,
+    pub trims: AtomicU64,
+    pub spill_allocs: AtomicU64,
+    pub promotions: AtomicU64,
+    /// The device UUID's 16 bytes (two native-endian words), zero if unknown.
+    pub uuid: [AtomicU64; 2],
+    pub reserved: [AtomicU64; 15],
+}
+
+pub const FLAG_ACTIVE: u64 = 1;
+
+#[repr(C)]
+pub struct Page {
+    pub header: Header,
+    pub slots: [DeviceSlot; SLOTS],
+}
+
+const _: () = assert!(size_of::<Header>() == HEADER_SIZE);
+const _: () = assert!(size_of::<DeviceSlot>() == SLOT_SIZE);
+const _: () = assert!(size_of::<Page>() == PAGE_SIZE);
+const _: () = assert!(offset_of!(Page, slots) == HEADER_SIZE);
+
+impl DeviceSlot {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn mark_active(&self) {
+        if self.flags.load(Ordering::Relaxed) & FLAG_ACTIVE == 0 {
+            self.flags.fetch_or(FLAG_ACTIVE, Ordering::Relaxed);
+        }
+    }
+
+    pub fn set_uuid(&self, bytes: [u8; 16]) {
+        let (a, b) = bytes.split_at(8);
+        // Both halves are exactly 8 bytes by construction.
+        self.uuid[0].store(u64::from_ne_bytes(a.try_into().unwrap_or_default()), Ordering::Relaxed);
+        self.uuid[1].store(u64::from_ne_bytes(b.try_into().unwrap_or_default()), Ordering::Relaxed);
+    }
+
+    pub fn uuid_bytes(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.uuid[0].load(Ordering::Relaxed).to_ne_bytes());
+        out[8..].copy_from_slice(&self.uuid[1].load(Ordering::Relaxed).to_ne_bytes());
+        out
+    }
+
+    /// Zeroes every counter (a fresh page, or a child after fork).
+    pub fn reset(&self) {
+        self.budget.reset();
+        for c in [
+            &self.flags,
+            &self.cached,
+            &self.spilled,
+            &self.allocs,
+            &self.frees,
+            &self.refusals,
+            &self.cache_hits,
+            &self.cache_misses,
+            &self.evictions,
+            &self.trims,
+            &self.spill_allocs,
+            &self.promotions,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+        for c in &self.uuid {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Copies `text` into a NUL-padded field, cut at a character boundary.
+pub fn put_text(field: &mut [u8], text: &str) {
+    field.fill(0);
+    let mut end = text.len().min(field.len() - 1);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    field[..end].copy_from_slice(&text.as_bytes()[..end]);
+}
+
+/// The text of a NUL-padded field (lossy: a foreign page may hold anything).
+pub fn get_text(field: &[u8]) -> String {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end]).into_owned()
+}
+
+impl Header {
+    /// Fills every field but `state`, which the writer sets to
+    /// [`STATE_READY`] last.
+    pub fn fill(&mut self, pid: u32, uid: u32, start_time: u64, created_unix_ns: u64, command: &str, group: &str) {
+        self.magic = MAGIC;
+        self.version = VERSION;
+        self.header_size = HEADER_SIZE as u32;
+        self.page_size = PAGE_SIZE as u32;
+        self.slot_size = SLOT_SIZE as u32;
+        self.slot_count = SLOTS as u32;
+        self.pid = pid;
+        self.uid = uid;
+        self.start_time = start_time;
+        self.created_unix_ns = created_unix_ns;
+        self.reserved0 = [0; 10];
+        put_text(&mut self.group, group);
+        put_text(&mut self.command, command);
+        self.reserved = [0; 312];
+    }
+}
+
+/// Why a file in the stats directory is not a page this reader can show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageProblem {
+    Truncated { len: u64 },
+    ForeignMagic,
+    OtherVersion { version: u32 },
+    BadSizes,
+    OtherUser { uid: u32 },
+    Initialising,
+}
+
+impl std::fmt::Display for PageProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PageProblem::Truncated { len } => {
+                write!(f, "truncated ({len} bytes, a version-{VERSION} page has {PAGE_SIZE})")
+            }
+            PageProblem::ForeignMagic => write!(f, "not a vramcap page (wrong magic)"),
+            PageProblem::OtherVersion { version } => write!(
+                f,
+                "page layout version {version}, this vramcap reads version {VERSION} (use the vramcap that matches the library)"
+            ),
+            PageProblem::BadSizes => write!(f, "corrupt page (sizes in the header do not match the layout)"),
+            PageProblem::OtherUser { uid } => write!(f, "written by another user (uid {uid})"),
+            PageProblem::Initialising => write!(f, "still being created"),
+        }
+    }
+}
+
+/// Checks the fixed part of a page's header. `len` is the file's length;
+/// `head` its first [`HEADER_SIZE`] bytes (or fewer when the file is shorter).
+pub fn check_header(len: u64, head: &[u8], expected_uid: u32) -> Result<(), PageProblem> {
+    if head.len() < 16 || head[..8] != MAGIC {
+        if head.len() >= 8 && head[..8] != MAGIC {
+            return Err(PageProblem::ForeignMagic);
+        }
+        return Err(PageProblem::Truncated { len });
+    }
+    let word = |at: usize| u32::from_ne_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    let version = word(offset_of!(Header, version));
+    if version != VERSION {
+        return Err(PageProblem::OtherVersion { version });
+    }
+    if len < PAGE_SIZE as u64 || head.len() < HEADER_SIZE {
+        return Err(PageProblem::Truncated { len });
+    }
+    if word(offset_of!(Header, header_size)) as usize != HEADER_SIZE
+        || word(offset_of!(Header, page_size)) as usize != PAGE_SIZE
+        || word(offset_of!(Header, slot_size)) as usize != SLOT_SIZE
+        || word(offset_of!(Header, slot_count)) as usize != SLOTS
+    {
+        return Err(PageProblem::BadSizes);
+    }
+    let uid = word(offset_of!(Header, uid));
+    if uid != expected_uid {
+        return Err(PageProblem::OtherUser { uid });
+    }
+    if word(offset_of!(Header, state)) != STATE_READY {
+        return Err(PageProblem::Initialising);
+    }
+    Ok(())
+}
+
+/// Plain values read from one device slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SlotSnapshot {
+    pub device: u32,
+    /// `None` when the device has no cap (or it is not worked out yet).
+    pub limit: Option<u64>,
+    pub used: u64,
+    pub peak: u64,
+    pub cached: u64,
+    pub spilled: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub refusals: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub evictions: u64,
+    pub trims: u64,
+    pub spill_allocs: u64,
+    pub promotions: u64,
+    pub uuid: [u8; 16],
+}
+
+/// Plain values read from a page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageSnapshot {
+    pub pid: u32,
+    pub uid: u32,
+    pub start_time: u64,
+    pub created_unix_ns: u64,
+    pub command: String,
+    pub group: String,
+    /// The devices the process has used, in index order.
+    pub devices: Vec<SlotSnapshot>,
+}
+
+impl Page {
+    /// Reads every value with atomic loads. Call only after
+    /// [`check_header`] accepted the page.
+    pub fn snapshot(&self) -> PageSnapshot {
+        let h = &self.header;
+        let devices = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.flags.load(Ordering::Relaxed) & FLAG_ACTIVE != 0)
+            .map(|(i, s)| {
+                let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
+                let used = s.budget.used();
+                SlotSnapshot {
+                    device: i as u32,
+                    limit: s.budget.limit().filter(|&l| l != NO_CAP),
+                    used,
+                    peak: s.budget.peak().max(used),
+                    cached: ld(&s.cached),
+                    spilled: ld(&s.spilled),
+                    allocs: ld(&s.allocs),
+                    frees: ld(&s.frees),
+                    refusals: ld(&s.refusals),
+                    cache_hits: ld(&s.cache_hits),
+                    cache_misses: ld(&s.cache_misses),
+                    evictions: ld(&s.evictions),
+                    trims: ld(&s.trims),
+                    spill_allocs: ld(&s.spill_allocs),
+                    promotions: ld(&s.promotions),
+                    uuid: s.uuid_bytes(),
+                }
+            })
+            .collect();
+        PageSnapshot {
+            pid: h.pid,
+            uid: h.uid,
+            start_time: h.start_time,
+            created_unix_ns: h.created_unix_ns,
+            command: get_text(&h.command),
+            group: get_text(&h.group),
+            devices,
+        }
+    }
+}
+
+/// The canonical `GPU-…` text of a UUID, or `None` for all zeroes.
+pub fn uuid_text(bytes: &[u8; 16]) -> Option<String> {
+    if bytes.iter().all(|&b| b == 0) {
+        return None;
+    }
+    let mut s = String::from("GPU-");
+    for (i, b) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout is an interface between builds: these numbers never change
+    /// within a version.
+    #[test]
+    fn layout_is_pinned() {
+        assert_eq!(size_of::<Header>(), 1024);
+        assert_eq!(size_of::<DeviceSlot>(), 256);
+        assert_eq!(size_of::<Page>(), 1024 + 64 * 256);
+        let h = [
+            (offset_of!(Header, magic), 0),
+            (offset_of!(Header, version), 8),
+            (offset_of!(Header, header_size), 12),
+            (offset_of!(Header, page_size), 16),
+            (offset_of!(Header, slot_size), 20),
+            (offset_of!(Header, slot_count), 24),
+            (offset_of!(Header, pid), 28),
+            (offset_of!(Header, uid), 32),
+            (offset_of!(Header, state), 36),
+            (offset_of!(Header, start_time), 40),
+            (offset_of!(Header, created_unix_ns), 48),
+            (offset_of!(Header, reserved0), 56),
+            (offset_of!(Header, group), 136),
+            (offset_of!(Header, command), 200),
+            (offset_of!(Header, reserved), 712),
+        ];
+        for (got, want) in h {
+            assert_eq!(got, want);
+        }
+        let s = [
+            (offset_of!(DeviceSlot, budget), 0),
+            (offset_of!(DeviceSlot, flags), 24),
+            (offset_of!(DeviceSlot, cached), 32),
+            (offset_of!(DeviceSlot, spilled), 40),
+            (offset_of!(DeviceSlot, allocs), 48),
+            (offset_of!(DeviceSlot, frees), 56),
+            (offset_of!(DeviceSlot, refusals), 64),
+            (offset_of!(DeviceSlot, cache_hits), 72),
+            (offset_of!(DeviceSlot, cache_misses), 80),
+            (offset_of!(DeviceSlot, evictions), 88),
+            (offset_of!(DeviceSlot, trims), 96),
+            (offset_of!(DeviceSlot, spill_allocs), 104),
+            (offset_of!(DeviceSlot, promotions), 112),
+            (offset_of!(DeviceSlot, uuid), 120),
+            (offset_of!(DeviceSlot, reserved), 136),
+        ];
+        for (got, want) in s {
+            assert_eq!(got, want);
+        }
+        // The budget's three words, in this order.
+        assert_eq!(size_of::<DeviceBudget>(), 24);
+    }
+
+    fn page_bytes() -> Vec<u8> {
+        let mut h: Header = unsafe_zeroed_header();
+        h.fill(42, 1000, 7, 9, "python train.py", "");
+        h.state = AtomicU32::new(STATE_READY);
+        // SAFETY: Header is repr(C) plain data; viewing it as bytes is sound.
+        let bytes = unsafe { std::slice::from_raw_parts((&h as *const Header).cast::<u8>(), HEADER_SIZE) };
+        bytes.to_vec()
+    }
+
+    fn unsafe_zeroed_header() -> Header {
+        // SAFETY: every field of Header is an integer, array of integers or
+        // atomic integer, for which all-zero bytes are valid.
+        unsafe { std::mem::zeroed() }
+    }
+
+    #[test]
+    fn header_checks() {
+        let head = page_bytes();
+        let len = PAGE_SIZE as u64;
+        assert_eq!(check_header(len, &head, 1000), Ok(()));
+        assert_eq!(check_header(len, &head, 1001), Err(PageProblem::OtherUser { uid: 1000 }));
+        assert_eq!(check_header(100, &head[..100], 1000), Err(PageProblem::Truncated { len: 100 }));
+        assert_eq!(check_header(4, &head[..4], 1000), Err(PageProblem::Truncated { len: 4 }));
+        let mut bad = head.clone();
+        bad[0] = b'X';
+        assert_eq!(check_header(len, &bad, 1000), Err(PageProblem::ForeignMagic));
+        let mut bad = head.clone();
+        bad[8] = 2;
+        assert_eq!(check_header(len, &bad, 1000), Err(PageProblem::OtherVersion { version: 2 }));
+        let mut bad = head.clone();
+        bad[16] = 0;
+        bad[17] = 0;
+        assert_eq!(check_header(len, &bad, 1000), Err(PageProblem::BadSizes));
+        let mut bad = head.clone();
+        bad[36] = 0;
+        assert_eq!(check_header(len, &bad, 1000), Err(PageProblem::Initialising));
+    }
+
+    #[test]
+    fn text_fields() {
+        let mut f = [0u8; 8];
+        put_text(&mut f, "abcdefghij");
+        assert_eq!(get_text(&f), "abcdefg");
+        put_text(&mut f, "añb");
+        assert_eq!(get_text(&f), "añb");
+        put_text(&mut f, "aaaaaañ");
+        assert_eq!(get_text(&f), "aaaaaa");
+        assert_eq!(uuid_text(&[0; 16]), None);
+        let mut u = [0u8; 16];
+        u[0] = 0x5c;
+        u[15] = 1;
+        assert_eq!(uuid_text(&u).unwrap(), "GPU-5c000000-0000-0000-0000-000000000001");
+    }
+}

@@ -1,0 +1,159 @@
+//! Finding and reading the statistics pages of live processes.
+//!
+//! A reader trusts nothing in the directory: each file is opened without
+//! following links, must be a regular file of the reading user, and its
+//! header is checked (magic, version, sizes, uid, ready) before the page is
+//! mapped read-only and read with atomic loads. Writers never shrink a page
+//! (they publish new pages by rename), so a mapped page cannot fault.
+//! Pages of dead processes, or of an earlier process whose PID was reused
+//! (start time differs), are removed and never reported.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use crate::page::{self, HEADER_SIZE, PAGE_SIZE, Page, PageSnapshot};
+
+/// Start time of a process in clock ticks after boot (field 22 of
+/// /proc/PID/stat), or `None` when there is no such process.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.get(stat.rfind(')')? + 2..)?;
+    after.split(' ').nth(19)?.parse().ok()
+}
+
+/// True when a process with this PID exists (whoever owns it).
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists.
+    if unsafe { libc::kill(pid, 0) } == 0 {
+        return true;
+    }
+    io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// A file that was not shown, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Live processes, by PID.
+    pub pages: Vec<PageSnapshot>,
+    /// Files that look like pages but cannot be shown.
+    pub skipped: Vec<Skipped>,
+    /// Pages of dead processes that were removed.
+    pub pruned: Vec<PathBuf>,
+}
+
+enum Outcome {
+    Live(PageSnapshot),
+    Dead,
+    Skip(String),
+    /// Still being created, or gone between listing and opening.
+    Ignore,
+}
+
+/// Reads every page in `dir` as user `uid`. A missing directory is an empty
+/// scan; an unreadable one is an error.
+pub fn scan(dir: &Path, uid: u32) -> io::Result<Scan> {
+    let mut out = Scan::default();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    let mut names: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "page"))
+        .collect();
+    names.sort();
+    for path in names {
+        match read_one(&path, uid) {
+            Outcome::Live(p) => out.pages.push(p),
+            Outcome::Dead => {
+                if std::fs::remove_file(&path).is_ok() {
+                    out.pruned.push(path);
+                }
+            }
+            Outcome::Skip(reason) => out.skipped.push(Skipped { path, reason }),
+            Outcome::Ignore => {}
+        }
+    }
+    out.pages.sort_by_key(|p| p.pid);
+    Ok(out)
+}
+
+fn read_one(path: &Path, uid: u32) -> Outcome {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return Outcome::Skip("the name holds a NUL byte".into());
+    };
+    // SAFETY: a valid NUL-terminated path; O_NOFOLLOW refuses symbolic links.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Outcome::Ignore,
+            Some(libc::ELOOP) => Outcome::Skip("a symbolic link, not a page".into()),
+            _ => Outcome::Skip(format!("cannot open: {e}")),
+        };
+    }
+    // SAFETY: fd is an open descriptor this function owns from here on.
+    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Outcome::Skip(format!("cannot inspect: {e}")),
+    };
+    if !meta.is_file() {
+        return Outcome::Skip("not a regular file".into());
+    }
+    if meta.uid() != uid {
+        return Outcome::Skip(format!("owned by another user (uid {})", meta.uid()));
+    }
+    let mut head = vec![0u8; HEADER_SIZE];
+    let n = match file.read_at(&mut head, 0) {
+        Ok(n) => n,
+        Err(e) => return Outcome::Skip(format!("cannot read: {e}")),
+    };
+    head.truncate(n);
+    match page::check_header(meta.len(), &head, uid) {
+        Ok(()) => {}
+        Err(page::PageProblem::Initialising) => return Outcome::Ignore,
+        Err(p) => return Outcome::Skip(p.to_string()),
+    }
+    // SAFETY: the file is at least PAGE_SIZE long (checked) and writers never
+    // shrink a page, so every byte of the read-only mapping stays backed.
+    let map = unsafe {
+        libc::mmap(std::ptr::null_mut(), PAGE_SIZE, libc::PROT_READ, libc::MAP_SHARED, fd, 0)
+    };
+    if map == libc::MAP_FAILED {
+        return Outcome::Skip(format!("cannot map: {}", io::Error::last_os_error()));
+    }
+    // SAFETY: the mapping holds a checked page; it is only read, with atomic
+    // loads for the live counters, and unmapped right after.
+    let snap = unsafe { (*map.cast::<Page>()).snapshot() };
+    // SAFETY: unmapping what was mapped above.
+    unsafe { libc::munmap(map, PAGE_SIZE) };
+    let expected = page::file_name(snap.pid);
+    if path.file_name().is_none_or(|n| n.as_bytes() != expected.as_bytes()) {
+        return Outcome::Skip(format!("corrupt page (it names pid {}, the file name does not)", snap.pid));
+    }
+    if !pid_alive(snap.pid) {
+        return Outcome::Dead;
+    }
+    match start_time(snap.pid) {
+        Some(t) if snap.start_time != 0 && t != snap.start_time => Outcome::Dead,
+        _ => Outcome::Live(snap),
+    }
+}
