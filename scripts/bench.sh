@@ -108,6 +108,8 @@ progress "$HEADER"
 UNSET=(-u LD_PRELOAD -u VRAMCAP_LIMIT -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLOC_CONF)
 V_BASE=(env "${UNSET[@]}")
 V_SHIM=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT")
+# The shim with its counters in private memory instead of the shared page.
+V_NOSTATS=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT" "VRAMCAP_STATS=off")
 
 # run_one NAME TIMEOUT CMD... -> RC, OUTF; raw output goes to the log
 RC=0
@@ -220,13 +222,13 @@ if [ -n "$BENCH_ALLOC" ]; then
     # ABBA order: odd rounds start without the shim, even rounds with it, so
     # whatever favours the first (or second) process of a pair cancels out.
     for ((r = 1; r <= ROUNDS; r++)); do
-        if ((r % 2)); then order=(base shim); else order=(shim base); fi
+        if ((r % 2)); then order=(base shim nostats); else order=(nostats shim base); fi
         for variant in "${order[@]}"; do
-            if [ "$variant" = base ]; then
-                run_one "bench_alloc round $r without shim" 120 "${V_BASE[@]}" "$BENCH_ALLOC"
-            else
-                run_one "bench_alloc round $r with shim" 120 "${V_SHIM[@]}" "$BENCH_ALLOC"
-            fi
+            case $variant in
+                base) run_one "bench_alloc round $r without shim" 120 "${V_BASE[@]}" "$BENCH_ALLOC" ;;
+                shim) run_one "bench_alloc round $r with shim" 120 "${V_SHIM[@]}" "$BENCH_ALLOC" ;;
+                nostats) run_one "bench_alloc round $r with shim, VRAMCAP_STATS=off" 120 "${V_NOSTATS[@]}" "$BENCH_ALLOC" ;;
+            esac
             if [ "$RC" = 0 ]; then collect_alloc "$variant" "$r"; collect_info "$variant"; else NFAILRUN=$((NFAILRUN + 1)); fi
         done
     done
@@ -295,6 +297,18 @@ MISSING=0
     { [ "$ta" = NA ] || [ "$tb" = NA ]; } && MISSING=$((MISSING + 1))
     echo "| PyTorch MLP training step, ms | 8×Linear(4096), batch 256, AdamW, fp32 | $(fmt "$ta" 3) | $(fmt "$tb" 3) | $(ratio "$ta" "$tb") | $(delta "$ta" "$tb" 1000) |"
     echo
+    echo "Counters: the shim publishing them in its shared page vs keeping them in private memory (VRAMCAP_STATS=off), median µs:"
+    echo
+    echo "| what | size | stats off | stats on | ratio (on/off) | delta µs |"
+    echo "|---|---|---|---|---|---|"
+    for api in cuMemAlloc cudaMalloc; do
+        for size in 4096 1048576 67108864 1073741824; do
+            a=$(col nostats "$api" "$size" 4)
+            b=$(col shim "$api" "$size" 4)
+            echo "| $api pair | $(sizename "$size") | $(fmt "$a" 1) | $(fmt "$b" 1) | $(ratio "$a" "$b") | $(delta "$a" "$b") |"
+        done
+    done
+    echo
     echo "Means (median over rounds of each run's mean, µs):"
     echo
     echo "| what | size | without shim | with shim | ratio (with/without) | delta µs |"
@@ -309,7 +323,7 @@ MISSING=0
     echo
     echo "Rounds: bench_alloc $(nrounds base cuMemAlloc 4096) without / $(nrounds shim cuMemAlloc 4096) with shim (interleaved);" \
         "PyTorch (ABBA order) $(awk -F'\t' '$1 == "base"' "$TDATA" | wc -l | tr -d ' ') without / $(awk -F'\t' '$1 == "shim"' "$TDATA" | wc -l | tr -d ' ') with."
-    for v in base shim torch-base torch-shim; do
+    for v in base shim nostats torch-base torch-shim; do
         t=$(awk -F'\t' -v v="$v" '$1 == v { print $2 }' "$INFO" | sort -u | tr '\n' ' ')
         echo "cudaMemGetInfo total seen by $v runs: ${t:-none}"
     done

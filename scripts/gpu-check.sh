@@ -518,6 +518,28 @@ else
     add_row "torch" "$exp" "python ($PYTHON) or check_torch.py not found" FAIL
 fi
 
+# b2. PyTorch under `vramcap run`, counters read with `vramcap stat --json` while it runs
+exp="stat USED >= torch.cuda.memory_reserved(), extra (USED - reserved) <= 256 MiB, limit=CAP"
+if [ "$PY_OK" = 1 ] && [ -r "$GPU_SRC/check_torch_stat.py" ]; then
+    run_cmd torch-stat "$PY_TIMEOUT" env -u LD_PRELOAD -u VRAMCAP_LIMIT -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLOC_CONF \
+        "VRAMCAP_STATS_DIR=$WORK/stats" "$CLI" run --limit "$CAP" -- "$PYTHON" "$GPU_SRC/check_torch_stat.py" "$CLI"
+    line=$(result_line "$OUTF" RESULTKV)
+    note=$(py_note)
+    u=$(kv used "$line")
+    rv=$(kv reserved "$line")
+    x=$(kv extra "$line")
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    isint "$u" && isint "$rv" && ((u >= rv)) || ok=0
+    isint "$x" && ((x <= 256 * MiB)) || ok=0
+    [ "$(kv limit "$line")" = "$CAP_BYTES" ] || ok=0
+    [ "$(kv cmd_ok "$line")" = 1 ] || ok=0
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "torch under vramcap run + vramcap stat" "$exp" "${note:+$note; }used=$(mib "$u") reserved=$(mib "$rv") allocated=$(mib "$(kv allocated "$line")") extra=$((${x:-0} / 1024)) KiB allocs=$(kv allocs "$line")" "$res"
+else
+    add_row "torch under vramcap run + vramcap stat" "$exp" "python ($PYTHON) or check_torch_stat.py not found" FAIL
+fi
+
 # d. CuPy
 exp="memGetInfo total=CAP, OutOfMemoryError, CAP-1GiB <= bytes <= CAP, compute ok"
 if [ "$PY_OK" = 1 ] && [ -r "$GPU_SRC/check_cupy.py" ]; then

@@ -140,14 +140,28 @@ fn main() -> ExitCode {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     let result = match cli.command {
-        Command::Stat { json, interval, count, pids, gpus } => cli::stat::stats_dir(uid).map(|dir| {
-            let args = cli::stat::StatArgs { json, interval, count, pids, gpus, dir };
+        Command::Stat {
+            json,
+            interval,
+            count,
+            pids,
+            gpus,
+        } => cli::stat::stats_dir(uid).map(|dir| {
+            let args = cli::stat::StatArgs {
+                json,
+                interval,
+                count,
+                pids,
+                gpus,
+                dir,
+            };
             ExitCode::from(cli::stat::run(&args, uid))
         }),
         Command::Doctor { probe: true } => Ok(ExitCode::from(cli::doctor::probe())),
-        Command::Doctor { probe: false } => {
-            Ok(ExitCode::from(cli::doctor::run(find_library(), cli::stat::stats_dir(uid))))
-        }
+        Command::Doctor { probe: false } => Ok(ExitCode::from(cli::doctor::run(
+            find_library(),
+            cli::stat::stats_dir(uid),
+        ))),
         Command::Run { opts, command } => shim_env(&opts).map(|vars| {
             let err = std::process::Command::new(&command[0])
                 .args(&command[1..])

@@ -125,8 +125,14 @@ impl DeviceSlot {
     pub fn set_uuid(&self, bytes: [u8; 16]) {
         let (a, b) = bytes.split_at(8);
         // Both halves are exactly 8 bytes by construction.
-        self.uuid[0].store(u64::from_ne_bytes(a.try_into().unwrap_or_default()), Ordering::Relaxed);
-        self.uuid[1].store(u64::from_ne_bytes(b.try_into().unwrap_or_default()), Ordering::Relaxed);
+        self.uuid[0].store(
+            u64::from_ne_bytes(a.try_into().unwrap_or_default()),
+            Ordering::Relaxed,
+        );
+        self.uuid[1].store(
+            u64::from_ne_bytes(b.try_into().unwrap_or_default()),
+            Ordering::Relaxed,
+        );
     }
 
     pub fn uuid_bytes(&self) -> [u8; 16] {
@@ -180,7 +186,15 @@ pub fn get_text(field: &[u8]) -> String {
 impl Header {
     /// Fills every field but `state`, which the writer sets to
     /// [`STATE_READY`] last.
-    pub fn fill(&mut self, pid: u32, uid: u32, start_time: u64, created_unix_ns: u64, command: &str, group: &str) {
+    pub fn fill(
+        &mut self,
+        pid: u32,
+        uid: u32,
+        start_time: u64,
+        created_unix_ns: u64,
+        command: &str,
+        group: &str,
+    ) {
         self.magic = MAGIC;
         self.version = VERSION;
         self.header_size = HEADER_SIZE as u32;
@@ -213,14 +227,20 @@ impl std::fmt::Display for PageProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PageProblem::Truncated { len } => {
-                write!(f, "truncated ({len} bytes, a version-{VERSION} page has {PAGE_SIZE})")
+                write!(
+                    f,
+                    "truncated ({len} bytes, a version-{VERSION} page has {PAGE_SIZE})"
+                )
             }
             PageProblem::ForeignMagic => write!(f, "not a vramcap page (wrong magic)"),
             PageProblem::OtherVersion { version } => write!(
                 f,
                 "page layout version {version}, this vramcap reads version {VERSION} (use the vramcap that matches the library)"
             ),
-            PageProblem::BadSizes => write!(f, "corrupt page (sizes in the header do not match the layout)"),
+            PageProblem::BadSizes => write!(
+                f,
+                "corrupt page (sizes in the header do not match the layout)"
+            ),
             PageProblem::OtherUser { uid } => write!(f, "written by another user (uid {uid})"),
             PageProblem::Initialising => write!(f, "still being created"),
         }
@@ -416,7 +436,8 @@ mod tests {
         h.fill(42, 1000, 7, 9, "python train.py", "");
         h.state = AtomicU32::new(STATE_READY);
         // SAFETY: Header is repr(C) plain data; viewing it as bytes is sound.
-        let bytes = unsafe { std::slice::from_raw_parts((&h as *const Header).cast::<u8>(), HEADER_SIZE) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&h as *const Header).cast::<u8>(), HEADER_SIZE) };
         bytes.to_vec()
     }
 
@@ -431,22 +452,40 @@ mod tests {
         let head = page_bytes();
         let len = PAGE_SIZE as u64;
         assert_eq!(check_header(len, &head, 1000), Ok(()));
-        assert_eq!(check_header(len, &head, 1001), Err(PageProblem::OtherUser { uid: 1000 }));
-        assert_eq!(check_header(100, &head[..100], 1000), Err(PageProblem::Truncated { len: 100 }));
-        assert_eq!(check_header(4, &head[..4], 1000), Err(PageProblem::Truncated { len: 4 }));
+        assert_eq!(
+            check_header(len, &head, 1001),
+            Err(PageProblem::OtherUser { uid: 1000 })
+        );
+        assert_eq!(
+            check_header(100, &head[..100], 1000),
+            Err(PageProblem::Truncated { len: 100 })
+        );
+        assert_eq!(
+            check_header(4, &head[..4], 1000),
+            Err(PageProblem::Truncated { len: 4 })
+        );
         let mut bad = head.clone();
         bad[0] = b'X';
-        assert_eq!(check_header(len, &bad, 1000), Err(PageProblem::ForeignMagic));
+        assert_eq!(
+            check_header(len, &bad, 1000),
+            Err(PageProblem::ForeignMagic)
+        );
         let mut bad = head.clone();
         bad[8] = 2;
-        assert_eq!(check_header(len, &bad, 1000), Err(PageProblem::OtherVersion { version: 2 }));
+        assert_eq!(
+            check_header(len, &bad, 1000),
+            Err(PageProblem::OtherVersion { version: 2 })
+        );
         let mut bad = head.clone();
         bad[16] = 0;
         bad[17] = 0;
         assert_eq!(check_header(len, &bad, 1000), Err(PageProblem::BadSizes));
         let mut bad = head.clone();
         bad[36] = 0;
-        assert_eq!(check_header(len, &bad, 1000), Err(PageProblem::Initialising));
+        assert_eq!(
+            check_header(len, &bad, 1000),
+            Err(PageProblem::Initialising)
+        );
     }
 
     #[test]
@@ -462,6 +501,9 @@ mod tests {
         let mut u = [0u8; 16];
         u[0] = 0x5c;
         u[15] = 1;
-        assert_eq!(uuid_text(&u).unwrap(), "GPU-5c000000-0000-0000-0000-000000000001");
+        assert_eq!(
+            uuid_text(&u).unwrap(),
+            "GPU-5c000000-0000-0000-0000-000000000001"
+        );
     }
 }

@@ -100,7 +100,12 @@ fn read_one(path: &Path, uid: u32) -> Outcome {
         return Outcome::Skip("the name holds a NUL byte".into());
     };
     // SAFETY: a valid NUL-terminated path; O_NOFOLLOW refuses symbolic links.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    };
     if fd < 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
@@ -135,7 +140,14 @@ fn read_one(path: &Path, uid: u32) -> Outcome {
     // SAFETY: the file is at least PAGE_SIZE long (checked) and writers never
     // shrink a page, so every byte of the read-only mapping stays backed.
     let map = unsafe {
-        libc::mmap(std::ptr::null_mut(), PAGE_SIZE, libc::PROT_READ, libc::MAP_SHARED, fd, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE_SIZE,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
     };
     if map == libc::MAP_FAILED {
         return Outcome::Skip(format!("cannot map: {}", io::Error::last_os_error()));
@@ -146,8 +158,14 @@ fn read_one(path: &Path, uid: u32) -> Outcome {
     // SAFETY: unmapping what was mapped above.
     unsafe { libc::munmap(map, PAGE_SIZE) };
     let expected = page::file_name(snap.pid);
-    if path.file_name().is_none_or(|n| n.as_bytes() != expected.as_bytes()) {
-        return Outcome::Skip(format!("corrupt page (it names pid {}, the file name does not)", snap.pid));
+    if path
+        .file_name()
+        .is_none_or(|n| n.as_bytes() != expected.as_bytes())
+    {
+        return Outcome::Skip(format!(
+            "corrupt page (it names pid {}, the file name does not)",
+            snap.pid
+        ));
     }
     if !pid_alive(snap.pid) {
         return Outcome::Dead;

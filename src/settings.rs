@@ -231,10 +231,18 @@ mod tests {
             e.starts_with("VRAMCAP_CUDA_LIBRARY=\" \" is not valid"),
             "{e}"
         );
-        let e = read(&[("VRAMCAP_STATS_DIR", "relative/dir")]).unwrap_err().to_string();
-        assert!(e.starts_with("VRAMCAP_STATS_DIR=\"relative/dir\" is not valid: expected an absolute"), "{e}");
+        let e = read(&[("VRAMCAP_STATS_DIR", "relative/dir")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("VRAMCAP_STATS_DIR=\"relative/dir\" is not valid: expected an absolute"),
+            "{e}"
+        );
         let e = read(&[("VRAMCAP_STATS", "maybe")]).unwrap_err().to_string();
-        assert!(e.starts_with("VRAMCAP_STATS=\"maybe\" is not valid: expected on or off"), "{e}");
+        assert!(
+            e.starts_with("VRAMCAP_STATS=\"maybe\" is not valid: expected on or off"),
+            "{e}"
+        );
         let s = read(&[("VRAMCAP_STATS", "off"), ("VRAMCAP_STATS_DIR", "/tmp/x")]).unwrap();
         assert!(!s.stats);
         assert_eq!(s.stats_dir, Some(PathBuf::from("/tmp/x")));

@@ -242,7 +242,6 @@ fn capped_alloc(
     rc
 }
 
-
 fn refused(what: &str, device: CUdevice, bytes: u64, used: u64, limit: u64) {
     log_once!(
         Warn,

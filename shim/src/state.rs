@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use dashmap::DashMap;
 use vramcap_core::budget::{DeviceBudget, NO_CAP};
-use vramcap_core::page::DeviceSlot;
 use vramcap_core::limit::Amount;
+use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Settings;
 
 use crate::cuda::{CUDA_SUCCESS, CUdevice, CUdeviceptr, CUuuid};
@@ -143,9 +143,19 @@ fn compute_limit(device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
     // The UUID is published in the page whenever the driver gives it; it is
     // required only when a UUID entry of the limit must be matched.
     let mut u = CUuuid::default();
-    let mut rc = call_real!(REAL.cuDeviceGetUuid_v2, fn(*mut CUuuid, CUdevice) -> i32, &mut u, device);
+    let mut rc = call_real!(
+        REAL.cuDeviceGetUuid_v2,
+        fn(*mut CUuuid, CUdevice) -> i32,
+        &mut u,
+        device
+    );
     if rc != CUDA_SUCCESS {
-        rc = call_real!(REAL.cuDeviceGetUuid, fn(*mut CUuuid, CUdevice) -> i32, &mut u, device);
+        rc = call_real!(
+            REAL.cuDeviceGetUuid,
+            fn(*mut CUuuid, CUdevice) -> i32,
+            &mut u,
+            device
+        );
     }
     if rc == CUDA_SUCCESS {
         slot.set_uuid(u.bytes);
@@ -156,7 +166,10 @@ fn compute_limit(device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
     let mut text = [0u8; 40];
     let uuid = if spec.needs_uuid() {
         if rc != CUDA_SUCCESS {
-            log_once!(Error, "cannot read the UUID of device {device} (error {rc}) to match VRAMCAP_LIMIT; refusing its allocations");
+            log_once!(
+                Error,
+                "cannot read the UUID of device {device} (error {rc}) to match VRAMCAP_LIMIT; refusing its allocations"
+            );
             return None;
         }
         u.write_canonical(&mut text);

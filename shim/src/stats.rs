@@ -59,7 +59,10 @@ fn create() -> &'static Page {
             Ok(p) => p,
             Err(why) => {
                 if let Some(why) = why {
-                    log_once!(Warn, "{why}; counters are not published (the cap still holds)");
+                    log_once!(
+                        Warn,
+                        "{why}; counters are not published (the cap still holds)"
+                    );
                 }
                 private()
             }
@@ -104,7 +107,8 @@ fn command_line() -> String {
 }
 
 fn cstring(p: &Path) -> Result<CString, Option<String>> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| Some(format!("stats path {p:?} contains a NUL byte")))
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| Some(format!("stats path {p:?} contains a NUL byte")))
 }
 
 fn errno_text() -> String {
@@ -120,17 +124,24 @@ fn prepare_dir(dir: &Path, uid: u32, is_default: bool) -> Result<(), Option<Stri
     if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EEXIST) {
-            return Err(Some(format!("cannot create the stats directory {dir:?}: {e}")));
+            return Err(Some(format!(
+                "cannot create the stats directory {dir:?}: {e}"
+            )));
         }
     }
     // SAFETY: zeroed stat is a valid out-buffer.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid path and out-buffer.
     if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
-        return Err(Some(format!("cannot inspect the stats directory {dir:?}: {}", errno_text())));
+        return Err(Some(format!(
+            "cannot inspect the stats directory {dir:?}: {}",
+            errno_text()
+        )));
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-        return Err(Some(format!("the stats directory {dir:?} is not a directory (or is a symbolic link)")));
+        return Err(Some(format!(
+            "the stats directory {dir:?} is not a directory (or is a symbolic link)"
+        )));
     }
     if is_default && (st.st_uid != uid || st.st_mode & 0o077 != 0) {
         return Err(Some(format!(
@@ -167,7 +178,10 @@ fn open_shared() -> Result<*mut Page, Option<String>> {
         )
     };
     if fd < 0 {
-        return Err(Some(format!("cannot create a page in {dir:?}: {}", errno_text())));
+        return Err(Some(format!(
+            "cannot create a page in {dir:?}: {}",
+            errno_text()
+        )));
     }
     let fail = |what: &str| -> Result<*mut Page, Option<String>> {
         let e = errno_text();
@@ -184,7 +198,14 @@ fn open_shared() -> Result<*mut Page, Option<String>> {
     }
     // SAFETY: mapping PAGE_SIZE bytes of a file that is PAGE_SIZE long.
     let map = unsafe {
-        libc::mmap(ptr::null_mut(), PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        libc::mmap(
+            ptr::null_mut(),
+            PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
     };
     if map == libc::MAP_FAILED {
         return fail("map");
@@ -196,7 +217,14 @@ fn open_shared() -> Result<*mut Page, Option<String>> {
     // it mapped yet (its name is private until the rename below).
     let header = unsafe { &mut (*p).header };
     let group = std::env::var("VRAMCAP_GROUP").unwrap_or_default();
-    header.fill(pid, uid, vramcap_core::scan::start_time(pid).unwrap_or(0), now_unix_ns(), &command_line(), &group);
+    header.fill(
+        pid,
+        uid,
+        vramcap_core::scan::start_time(pid).unwrap_or(0),
+        now_unix_ns(),
+        &command_line(),
+        &group,
+    );
     header.state.store(STATE_READY, Ordering::Release);
     // SAFETY: two valid paths in the same directory.
     if unsafe { libc::rename(tmp.as_ptr(), fin.as_ptr()) } != 0 {

@@ -21,14 +21,19 @@ impl Report {
     }
     fn bad(&mut self, what: &str, detail: impl AsRef<str>, fix: impl AsRef<str>) {
         self.problems += 1;
-        println!("FAIL  {what}: {}\n      fix: {}", detail.as_ref(), fix.as_ref());
+        println!(
+            "FAIL  {what}: {}\n      fix: {}",
+            detail.as_ref(),
+            fix.as_ref()
+        );
     }
     fn note(&self, what: &str, detail: impl AsRef<str>) {
         println!("note  {what}: {}", detail.as_ref());
     }
 }
 
-type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
+type GetProc =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
 
 /// The driver's path as the dynamic loader resolved it.
 fn object_of(p: *const c_void) -> Option<PathBuf> {
@@ -73,7 +78,11 @@ impl Driver {
         let name = driver_name();
         // SAFETY: a valid NUL-terminated name.
         let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW) };
-        if h.is_null() { Err(dlerror_text()) } else { Ok(Driver { handle: h }) }
+        if h.is_null() {
+            Err(dlerror_text())
+        } else {
+            Ok(Driver { handle: h })
+        }
     }
 
     fn sym(&self, name: &CStr) -> *mut c_void {
@@ -81,44 +90,63 @@ impl Driver {
         unsafe { libc::dlsym(self.handle, name.as_ptr()) }
     }
 
-    /// Calls `name` as `fn(args) -> CUresult` via the given transmuted type.
-    fn call_i32(&self, name: &CStr, f: impl FnOnce(*mut c_void) -> c_int) -> Option<c_int> {
+    /// The driver's function `name`, typed as `F`.
+    ///
+    /// # Safety
+    /// `F` must be the C signature of that driver function.
+    unsafe fn func<F: Copy>(&self, name: &CStr) -> Option<F> {
+        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
         let p = self.sym(name);
-        (!p.is_null()).then(|| f(p))
+        // SAFETY: F is a function pointer type of pointer size (asserted) and
+        // the caller guarantees it is the function's signature.
+        (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
     }
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Initialises the driver and makes device 0's primary context current.
 /// Returns the number of devices, or why not.
 fn init_driver(d: &Driver) -> Result<c_int, String> {
-    // SAFETY (all transmutes below): each pointer is the driver's function of
-    // that exact name, whose C signature is the one written.
-    let rc = d
-        .call_i32(c"cuInit", |p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(u32) -> c_int>(p)(0) })
-        .ok_or("the driver has no cuInit")?;
-    if rc != 0 {
-        return Err(format!("cuInit returned {rc} (100 means no CUDA-capable device is visible)"));
-    }
+    type Init = unsafe extern "C" fn(u32) -> c_int;
+    type Count = unsafe extern "C" fn(*mut c_int) -> c_int;
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
+    type SetCurrent = unsafe extern "C" fn(*mut c_void) -> c_int;
+    // SAFETY: each type above is the cuda.h signature of the function named.
+    let (init, count_fn, retain, set_current) = unsafe {
+        (
+            d.func::<Init>(c"cuInit"),
+            d.func::<Count>(c"cuDeviceGetCount"),
+            d.func::<Retain>(c"cuDevicePrimaryCtxRetain"),
+            d.func::<SetCurrent>(c"cuCtxSetCurrent"),
+        )
+    };
+    let (Some(init), Some(count_fn), Some(retain), Some(set_current)) =
+        (init, count_fn, retain, set_current)
+    else {
+        return Err("the driver lacks cuInit, cuDeviceGetCount, cuDevicePrimaryCtxRetain or cuCtxSetCurrent".into());
+    };
     let mut count: c_int = 0;
-    d.call_i32(c"cuDeviceGetCount", |p| unsafe {
-        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_int) -> c_int>(p)(&mut count)
-    });
     let mut ctx: *mut c_void = std::ptr::null_mut();
-    let rc = d
-        .call_i32(c"cuDevicePrimaryCtxRetain", |p| unsafe {
-            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int>(p)(&mut ctx, 0)
-        })
-        .unwrap_or(-1);
-    if rc != 0 {
-        return Err(format!("cuDevicePrimaryCtxRetain returned {rc}"));
+    // SAFETY: driver calls with valid out-pointers, in the documented order.
+    unsafe {
+        let rc = init(0);
+        if rc != 0 {
+            return Err(format!(
+                "cuInit returned {rc} (100 means no CUDA-capable device is visible)"
+            ));
+        }
+        count_fn(&mut count);
+        let rc = retain(&mut ctx, 0);
+        if rc != 0 {
+            return Err(format!("cuDevicePrimaryCtxRetain returned {rc}"));
+        }
+        set_current(ctx);
     }
-    d.call_i32(c"cuCtxSetCurrent", |p| unsafe {
-        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(p)(ctx)
-    });
     Ok(count)
 }
 
@@ -138,19 +166,46 @@ pub fn run(lib: Result<PathBuf, String>, stats_dir: Result<PathBuf, String>) -> 
     };
 
     match vramcap_core::settings::Settings::from_env() {
-        Ok(s) => r.ok("settings in this environment", format!("limit: {}; log {}", s.limit, s.log.name())),
-        Err(e) => r.bad("settings in this environment", e.to_string(), "correct or unset that variable"),
+        Ok(s) => r.ok(
+            "settings in this environment",
+            format!("limit: {}; log {}", s.limit, s.log.name()),
+        ),
+        Err(e) => r.bad(
+            "settings in this environment",
+            e.to_string(),
+            "correct or unset that variable",
+        ),
     }
 
     match stats_dir {
-        Ok(d) => r.ok("statistics directory", format!("{} ({})", d.display(), if d.is_dir() { "exists" } else { "created on first use" })),
-        Err(e) => r.bad("statistics directory", e, "set VRAMCAP_STATS_DIR to an absolute path or unset it"),
+        Ok(d) => r.ok(
+            "statistics directory",
+            format!(
+                "{} ({})",
+                d.display(),
+                if d.is_dir() {
+                    "exists"
+                } else {
+                    "created on first use"
+                }
+            ),
+        ),
+        Err(e) => r.bad(
+            "statistics directory",
+            e,
+            "set VRAMCAP_STATS_DIR to an absolute path or unset it",
+        ),
     }
 
     let driver = match Driver::open() {
         Ok(d) => {
-            let at = object_of(d.sym(c"cuInit")).map(|p| p.display().to_string()).unwrap_or_else(|| "?".into());
-            r.ok("CUDA driver", format!("{} at {at}", driver_name().to_string_lossy()));
+            let at = object_of(d.sym(c"cuInit"))
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "?".into());
+            r.ok(
+                "CUDA driver",
+                format!("{} at {at}", driver_name().to_string_lossy()),
+            );
             Some(d)
         }
         Err(e) => {
@@ -165,16 +220,28 @@ pub fn run(lib: Result<PathBuf, String>, stats_dir: Result<PathBuf, String>) -> 
     let mut gpu = false;
     if let Some(d) = &driver {
         let mut version: c_int = 0;
-        // SAFETY: the driver's cuDriverGetVersion(int*).
-        d.call_i32(c"cuDriverGetVersion", |p| unsafe {
-            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_int) -> c_int>(p)(&mut version)
-        });
+        type Version = unsafe extern "C" fn(*mut c_int) -> c_int;
+        // SAFETY: cuDriverGetVersion(int*) in cuda.h.
+        if let Some(f) = unsafe { d.func::<Version>(c"cuDriverGetVersion") } {
+            // SAFETY: a valid out-pointer.
+            unsafe { f(&mut version) };
+        }
         match init_driver(d) {
             Ok(n) => {
                 gpu = true;
-                r.ok("driver reachable", format!("CUDA {}.{}, {n} device(s)", version / 1000, version % 1000 / 10));
+                r.ok(
+                    "driver reachable",
+                    format!(
+                        "CUDA {}.{}, {n} device(s)",
+                        version / 1000,
+                        version % 1000 / 10
+                    ),
+                );
             }
-            Err(e) => r.note("driver reachable", format!("no usable GPU here ({e}); the interposition check runs without one")),
+            Err(e) => r.note(
+                "driver reachable",
+                format!("no usable GPU here ({e}); the interposition check runs without one"),
+            ),
         }
     }
 
@@ -226,10 +293,19 @@ pub fn probe() -> u8 {
     };
     let mut failed = false;
     let mut check = |what: &str, p: *const c_void| {
-        let lib = object_of(p).map(|p| file_name(&p)).unwrap_or_else(|| "nothing".into());
+        let lib = object_of(p)
+            .map(|p| file_name(&p))
+            .unwrap_or_else(|| "nothing".into());
         let good = lib.starts_with("libvramcap");
         failed |= !good;
-        println!("{what} -> {lib}{}", if good { "" } else { " (expected libvramcap.so)" });
+        println!(
+            "{what} -> {lib}{}",
+            if good {
+                ""
+            } else {
+                " (expected libvramcap.so)"
+            }
+        );
     };
     let gpa = d.sym(c"cuGetProcAddress_v2");
     check("dlsym cuGetProcAddress_v2", gpa);
@@ -239,20 +315,33 @@ pub fn probe() -> u8 {
         let gpa: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(gpa) };
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid name, out-pointer and a null status.
-        unsafe { gpa(c"cuMemAlloc".as_ptr(), &mut p, 3020, 0, std::ptr::null_mut()) };
+        unsafe {
+            gpa(
+                c"cuMemAlloc".as_ptr(),
+                &mut p,
+                3020,
+                0,
+                std::ptr::null_mut(),
+            )
+        };
         check("cuGetProcAddress cuMemAlloc@3020", p);
     }
     if std::env::var("VRAMCAP_PROBE_GPU").as_deref() == Ok("1") {
         match init_driver(&d) {
             Ok(_) => {
                 let (mut free, mut total) = (0usize, 0usize);
-                // SAFETY: cuMemGetInfo_v2(size_t*, size_t*).
-                d.call_i32(c"cuMemGetInfo_v2", |p| unsafe {
-                    std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut usize, *mut usize) -> c_int>(p)(&mut free, &mut total)
-                });
+                type Info = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
+                // SAFETY: cuMemGetInfo_v2(size_t*, size_t*) in cuda.h.
+                if let Some(f) = unsafe { d.func::<Info>(c"cuMemGetInfo_v2") } {
+                    // SAFETY: valid out-pointers.
+                    unsafe { f(&mut free, &mut total) };
+                }
                 let good = total == 1 << 30;
                 failed |= !good;
-                println!("cuMemGetInfo total under a 1 GiB cap -> {total}{}", if good { "" } else { " (expected 1073741824)" });
+                println!(
+                    "cuMemGetInfo total under a 1 GiB cap -> {total}{}",
+                    if good { "" } else { " (expected 1073741824)" }
+                );
             }
             Err(e) => {
                 failed = true;

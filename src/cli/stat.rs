@@ -50,7 +50,9 @@ fn filtered(scan: &Scan, a: &StatArgs) -> Vec<(PageSnapshot, Vec<SlotSnapshot>)>
                 .collect();
             (p.clone(), devs)
         })
-        .filter(|(_, devs): &(PageSnapshot, Vec<SlotSnapshot>)| a.gpus.is_empty() || !devs.is_empty())
+        .filter(|(_, devs): &(PageSnapshot, Vec<SlotSnapshot>)| {
+            a.gpus.is_empty() || !devs.is_empty()
+        })
         .collect()
 }
 
@@ -108,13 +110,21 @@ struct Style {
 
 impl Style {
     fn paint(&self, code: &str, text: String) -> String {
-        if self.colour { format!("\x1b[{code}m{text}\x1b[0m") } else { text }
+        if self.colour {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text
+        }
     }
 }
 
 pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
-    let style = Style { colour: style_colour };
-    let head = ["GPU", "PID", "LIMIT", "USED", "PEAK", "CACHED", "SPILLED", "%LIMIT", "OOM", "COMMAND"];
+    let style = Style {
+        colour: style_colour,
+    };
+    let head = [
+        "GPU", "PID", "LIMIT", "USED", "PEAK", "CACHED", "SPILLED", "%LIMIT", "OOM", "COMMAND",
+    ];
     let mut rows: Vec<(Vec<String>, Option<&str>)> = Vec::new();
     for (p, devs) in filtered(scan, a) {
         for d in devs {
@@ -135,7 +145,8 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
                     human_bytes(d.peak),
                     human_bytes(d.cached),
                     human_bytes(d.spilled),
-                    pct.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "-".into()),
+                    pct.map(|p| format!("{p:.1}%"))
+                        .unwrap_or_else(|| "-".into()),
                     d.refusals.to_string(),
                     p.command.clone(),
                 ],
@@ -179,7 +190,10 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
         out.push('\n');
     }
     if rows.is_empty() {
-        out.push_str(&format!("(no processes under vramcap in {})\n", a.dir.display()));
+        out.push_str(&format!(
+            "(no processes under vramcap in {})\n",
+            a.dir.display()
+        ));
     }
     out
 }
@@ -194,7 +208,10 @@ pub fn run(a: &StatArgs, uid: u32) -> u8 {
         let s = match scan(&a.dir, uid) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("vramcap: cannot read the stats directory {}: {e}", a.dir.display());
+                eprintln!(
+                    "vramcap: cannot read the stats directory {}: {e}",
+                    a.dir.display()
+                );
                 return 1;
             }
         };
@@ -207,10 +224,18 @@ pub fn run(a: &StatArgs, uid: u32) -> u8 {
         let text = if a.json {
             format!("{}\n", to_json(&s, a))
         } else {
-            let clear = if a.interval.is_some() && tty { "\x1b[H\x1b[2J" } else { "" };
+            let clear = if a.interval.is_some() && tty {
+                "\x1b[H\x1b[2J"
+            } else {
+                ""
+            };
             format!("{clear}{}", to_table(&s, a, colour))
         };
-        if stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
+        if stdout
+            .write_all(text.as_bytes())
+            .and_then(|_| stdout.flush())
+            .is_err()
+        {
             return 0; // a closed pipe ends the loop quietly
         }
         drop(stdout);

@@ -2,8 +2,11 @@
 //! and the clients once per test binary, then run each case in a fresh
 //! process with a clean environment and print everything when it fails.
 
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 use std::sync::OnceLock;
 
 pub struct Artefacts {
@@ -83,7 +86,84 @@ pub fn bare(program: &Path) -> Command {
         }
     }
     cmd.env("LD_LIBRARY_PATH", &a.standin_lib);
+    // Pages of tests that do not look at them stay out of /dev/shm.
+    cmd.env("VRAMCAP_STATS_DIR", target_dir().join("test-pages"));
     cmd
+}
+
+/// A fresh, empty directory for one test's pages.
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let d = target_dir().join("test-dirs").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create test dir");
+    d
+}
+
+/// A running client that stops at `wait` until told to go on: lets a test
+/// look at a process while it holds memory, with no sleeps.
+pub struct Held {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    pub lines: Vec<String>,
+}
+
+impl Held {
+    pub fn spawn(mut cmd: Command) -> Held {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Held {
+            child,
+            stdin,
+            stdout,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Reads stdout until the line `want` (panics at end of output).
+    pub fn until(&mut self, want: &str) {
+        loop {
+            let mut l = String::new();
+            let n = self.stdout.read_line(&mut l).expect("read child stdout");
+            assert!(
+                n > 0,
+                "child ended before {want:?}; it printed {:?}",
+                self.lines
+            );
+            let l = l.trim_end().to_string();
+            self.lines.push(l.clone());
+            if l == want {
+                return;
+            }
+        }
+    }
+
+    /// Lets the child go on past one `wait`.
+    pub fn resume(&mut self) {
+        if let Some(s) = self.stdin.as_mut() {
+            let _ = s.write_all(b"\n").and_then(|_| s.flush());
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the child; returns the rest of stdout's lines and the output.
+    pub fn finish(mut self) -> (Vec<String>, Output) {
+        drop(self.stdin.take()); // end of input releases every later `wait`
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).expect("read child stdout");
+        let out = self.child.wait_with_output().expect("wait for child");
+        self.lines.extend(rest.lines().map(str::to_string));
+        (self.lines, out)
+    }
 }
 
 /// `bare`, with the shim preloaded.

@@ -1,0 +1,400 @@
+//! Live counters: the statistics page written by the shim and read by
+//! `vramcap stat`, against the stand-in driver. No sleeps: a client stops at
+//! `wait` while the test looks at it.
+
+mod util;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use util::*;
+
+fn held_client(dir: &Path, limit: &str, args: &[&str]) -> Held {
+    let a = artefacts();
+    let mut cmd = shimmed(&a.client);
+    cmd.env("VRAMCAP_LIMIT", limit)
+        .env("VRAMCAP_STATS_DIR", dir)
+        .arg("procaddr")
+        .args(args);
+    let mut h = Held::spawn(cmd);
+    h.until("wait");
+    h
+}
+
+fn stat(dir: &Path, args: &[&str]) -> Ran {
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", dir).arg("stat").args(args);
+    run(cmd)
+}
+
+fn stat_json(dir: &Path, args: &[&str]) -> Value {
+    let ran = stat(dir, &[&["--json"], args].concat());
+    let text = ran.ok_lines().join("\n");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON ({e}): {text}"))
+}
+
+fn pages_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_held_allocation_shows_with_exact_bytes_and_goes_at_exit() {
+    let dir = fresh_dir("held");
+    let h = held_client(
+        &dir,
+        "1GiB",
+        &[
+            "init", "alloc", "300M", "ctx", "1", "alloc", "1G", "alloc", "1G", "wait",
+        ],
+    );
+    let pid = h.pid();
+    let j = stat_json(&dir, &[]);
+    assert_eq!(j["schema"], "vramcap.stat");
+    assert_eq!(j["version"], 1);
+    assert_eq!(j["skipped"], serde_json::json!([]));
+    let procs = j["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{j}");
+    let p = &procs[0];
+    assert_eq!(p["pid"], pid);
+    assert!(
+        p["command"]
+            .as_str()
+            .unwrap()
+            .contains("client procaddr init alloc 300M"),
+        "{p}"
+    );
+    assert_eq!(p["group"], Value::Null);
+    let d0 = &p["devices"][0];
+    let d1 = &p["devices"][1];
+    assert_eq!(p["devices"].as_array().unwrap().len(), 2);
+    let mib = 1u64 << 20;
+    assert_eq!(
+        (
+            d0["gpu"].as_u64(),
+            d0["limit_bytes"].as_u64(),
+            d0["used_bytes"].as_u64(),
+            d0["peak_bytes"].as_u64()
+        ),
+        (Some(0), Some(1 << 30), Some(300 * mib), Some(300 * mib))
+    );
+    assert_eq!(
+        (
+            d0["allocations"].as_u64(),
+            d0["frees"].as_u64(),
+            d0["refusals"].as_u64()
+        ),
+        (Some(1), Some(0), Some(0))
+    );
+    assert_eq!(d0["uuid"], "GPU-5ca1ab1e-0000-4000-8000-000000000000");
+    assert_eq!(
+        (
+            d1["gpu"].as_u64(),
+            d1["used_bytes"].as_u64(),
+            d1["peak_bytes"].as_u64(),
+            d1["allocations"].as_u64(),
+            d1["refusals"].as_u64()
+        ),
+        (Some(1), Some(1 << 30), Some(1 << 30), Some(1), Some(1))
+    );
+    for k in [
+        "cached_bytes",
+        "spilled_bytes",
+        "cache_hits",
+        "cache_misses",
+        "evictions",
+        "trims",
+        "spill_allocations",
+        "promotions",
+    ] {
+        assert_eq!(d1[k], 0, "{k}");
+    }
+
+    let table = stat(&dir, &[]).ok_lines();
+    assert_eq!(
+        table[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "GPU", "PID", "LIMIT", "USED", "PEAK", "CACHED", "SPILLED", "%LIMIT", "OOM", "COMMAND"
+        ]
+    );
+    assert_eq!(table.len(), 3, "{table:?}");
+    assert!(
+        table[1].starts_with(&format!(
+            "0    {pid}  1.00 GiB   300 MiB   300 MiB     0 B      0 B   29.3%    0  "
+        )),
+        "{table:?}"
+    );
+    assert!(
+        table[2].starts_with(&format!(
+            "1    {pid}  1.00 GiB  1.00 GiB  1.00 GiB     0 B      0 B  100.0%    1  "
+        )),
+        "{table:?}"
+    );
+
+    // Filters.
+    let j = stat_json(&dir, &["--gpu", "1"]);
+    assert_eq!(j["processes"][0]["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(j["processes"][0]["devices"][0]["gpu"], 1);
+    let j = stat_json(&dir, &["--pid", "1"]);
+    assert_eq!(j["processes"], serde_json::json!([]));
+    let j = stat_json(&dir, &["--gpu", "5"]);
+    assert_eq!(j["processes"], serde_json::json!([]));
+
+    assert_eq!(pages_in(&dir), [format!("{pid}.page")]);
+    let (lines, out) = h.finish();
+    assert!(out.status.success());
+    assert_eq!(lines.last().map(String::as_str), Some("resumed"));
+    assert_eq!(
+        pages_in(&dir),
+        Vec::<String>::new(),
+        "the page goes at normal exit"
+    );
+    assert_eq!(stat_json(&dir, &[])["processes"], serde_json::json!([]));
+}
+
+#[test]
+fn page_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = fresh_dir("private");
+    let h = held_client(&dir, "1GiB", &["init", "alloc", "1M", "wait"]);
+    let meta = std::fs::metadata(dir.join(format!("{}.page", h.pid()))).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(meta.len(), 17408);
+    h.finish();
+
+    // A directory the shim creates itself is 0700.
+    let parent = fresh_dir("private-created");
+    let made = parent.join("sub");
+    let h = held_client(&made, "1GiB", &["init", "alloc", "1M", "wait"]);
+    let meta = std::fs::metadata(&made).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    h.finish();
+}
+
+#[test]
+fn stats_off_publishes_nothing_and_still_caps() {
+    let dir = fresh_dir("off");
+    let a = artefacts();
+    let mut cmd = shimmed(&a.client);
+    cmd.env("VRAMCAP_LIMIT", "1GiB")
+        .env("VRAMCAP_STATS", "off")
+        .env("VRAMCAP_STATS_DIR", &dir)
+        .args(["procaddr", "init", "fill", "256M"]);
+    run(cmd).expect_lines(&[
+        "init -> 0",
+        "fill 268435456 -> 4 allocs 1073741824 bytes rc=2",
+    ]);
+    assert_eq!(pages_in(&dir), Vec::<String>::new());
+}
+
+/// A killed process's page is recognised and removed, never shown; so is a
+/// page naming a live PID whose start time differs (a reused PID).
+#[test]
+fn pages_of_killed_processes_are_pruned() {
+    let dir = fresh_dir("killed");
+    let mut h = held_client(&dir, "1GiB", &["init", "alloc", "64M", "wait"]);
+    let pid = h.pid();
+    let page = dir.join(format!("{pid}.page"));
+    let mut bytes = std::fs::read(&page).unwrap();
+    h.child.kill().unwrap();
+    h.child.wait().unwrap();
+    assert!(page.exists(), "SIGKILL leaves the page behind");
+
+    // The same page claiming to be this (live) test process: wrong start time.
+    let me = std::process::id();
+    bytes[28..32].copy_from_slice(&me.to_ne_bytes());
+    let reused = dir.join(format!("{me}.page"));
+    std::fs::write(&reused, &bytes).unwrap();
+
+    let ran = stat(&dir, &["--json"]);
+    let j: Value = serde_json::from_str(&ran.ok_lines().join("")).unwrap();
+    assert_eq!(j["processes"], serde_json::json!([]), "{j}");
+    assert_eq!(ran.stderr(), "");
+    assert!(
+        !page.exists() && !reused.exists(),
+        "both pruned: {:?}",
+        pages_in(&dir)
+    );
+}
+
+#[test]
+fn corrupt_foreign_and_other_version_pages_are_skipped_with_one_warning_each() {
+    let dir = fresh_dir("foreign");
+    let h = held_client(&dir, "1GiB", &["init", "alloc", "64M", "wait"]);
+    let pid = h.pid();
+    let good = std::fs::read(dir.join(format!("{pid}.page"))).unwrap();
+    let me = std::process::id();
+    let with_pid = |p: u32| {
+        let mut b = good.clone();
+        b[28..32].copy_from_slice(&p.to_ne_bytes());
+        b
+    };
+    std::fs::write(dir.join("1.page"), b"hello, not a page at all").unwrap();
+    std::fs::write(dir.join("2.page"), &good[..100]).unwrap();
+    let mut v = with_pid(me);
+    v[8..12].copy_from_slice(&99u32.to_ne_bytes());
+    std::fs::write(dir.join("3.page"), v).unwrap();
+    let mut u = with_pid(me);
+    u[32..36].copy_from_slice(&4242u32.to_ne_bytes());
+    std::fs::write(dir.join("4.page"), u).unwrap();
+    std::fs::write(dir.join("5.page"), []).unwrap();
+    std::fs::write(dir.join("notes.txt"), b"ignored: not a .page file").unwrap();
+
+    let ran = stat(&dir, &["--json", "--loop", "0.001", "--count", "3"]);
+    let docs = ran.ok_lines();
+    assert_eq!(docs.len(), 3, "one JSON document per refresh");
+    for d in &docs {
+        let j: Value = serde_json::from_str(d).unwrap();
+        let procs = j["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1);
+        assert_eq!(procs[0]["pid"], pid);
+        assert_eq!(j["skipped"].as_array().unwrap().len(), 5, "{j}");
+    }
+    let err = ran.stderr();
+    let lines: Vec<&str> = err.lines().collect();
+    let d = dir.display();
+    assert_eq!(
+        lines,
+        [
+            format!("vramcap: skipping {d}/1.page: not a vramcap page (wrong magic)"),
+            format!(
+                "vramcap: skipping {d}/2.page: truncated (100 bytes, a version-1 page has 17408)"
+            ),
+            format!(
+                "vramcap: skipping {d}/3.page: page layout version 99, this vramcap reads version 1 (use the vramcap that matches the library)"
+            ),
+            format!("vramcap: skipping {d}/4.page: written by another user (uid 4242)"),
+            format!(
+                "vramcap: skipping {d}/5.page: truncated (0 bytes, a version-1 page has 17408)"
+            ),
+        ],
+        "one warning per file, not per refresh"
+    );
+    h.finish();
+}
+
+/// Counters read while 16 threads allocate and free are never torn (every
+/// byte count is whole MiB, as allocated) and peak never goes down.
+#[test]
+fn concurrent_updates_never_show_torn_or_decreasing_values() {
+    let dir = fresh_dir("concurrent");
+    let mut h = held_client(
+        &dir,
+        "256MiB",
+        &[
+            "init", "alloc", "1M", "wait", "threads", "16", "20000", "16M", "wait",
+        ],
+    );
+    let pid = h.pid();
+    h.resume();
+    let ran = stat(
+        &dir,
+        &[
+            "--json",
+            "--loop",
+            "0.0005",
+            "--count",
+            "200",
+            "--pid",
+            &pid.to_string(),
+        ],
+    );
+    let mut last_peak = 0;
+    let mut last_allocs = 0;
+    let mut seen = 0;
+    let mut distinct = std::collections::BTreeSet::new();
+    for doc in ran.ok_lines() {
+        let j: Value = serde_json::from_str(&doc).unwrap();
+        let Some(d) = j["processes"].get(0).map(|p| &p["devices"][0]) else {
+            continue;
+        };
+        seen += 1;
+        let used = d["used_bytes"].as_u64().unwrap();
+        let peak = d["peak_bytes"].as_u64().unwrap();
+        let allocs = d["allocations"].as_u64().unwrap();
+        assert_eq!(used % (1 << 20), 0, "torn used: {used}");
+        assert_eq!(peak % (1 << 20), 0, "torn peak: {peak}");
+        assert!(
+            used <= 256 << 20 && peak <= 256 << 20 && used <= peak,
+            "{d}"
+        );
+        assert!(
+            peak >= last_peak && allocs >= last_allocs,
+            "went backwards: {d}"
+        );
+        last_peak = peak;
+        last_allocs = allocs;
+        distinct.insert(allocs);
+    }
+    assert_eq!(seen, 200);
+    eprintln!("distinct allocation counts seen: {}", distinct.len());
+    assert!(
+        distinct.len() > 10,
+        "the reads must overlap the threads' work: {distinct:?}"
+    );
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+}
+
+#[test]
+fn stat_refuses_bad_arguments() {
+    let dir = fresh_dir("badargs");
+    let ran = stat(&dir, &["--loop", "0"]);
+    ran.expect_code(2);
+    assert!(
+        ran.stderr()
+            .contains("\"0\" is not a refresh interval: expected seconds, greater than 0"),
+        "{}",
+        ran.stderr()
+    );
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", "relative/dir").arg("stat");
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: VRAMCAP_STATS_DIR=\"relative/dir\" is not valid: expected an absolute directory path\n"
+    );
+    let ran = stat(&dir, &["--count", "2"]);
+    ran.expect_code(2);
+}
+
+#[test]
+fn doctor_finds_everything_with_the_stand_in() {
+    let dir = fresh_dir("doctor");
+    let mut cmd: Command = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", &dir).arg("doctor");
+    let lines = run(cmd).ok_lines();
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("no problems found"),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l
+            == "ok    interposition: dlsym cuGetProcAddress_v2 -> libvramcap.so; dlsym cuMemAlloc_v2 -> libvramcap.so; cuGetProcAddress cuMemAlloc@3020 -> libvramcap.so; cuMemGetInfo total under a 1 GiB cap -> 1073741824"),
+        "{lines:?}"
+    );
+
+    // Without a driver, doctor says so and how to fix it.
+    let mut cmd: Command = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", &dir)
+        .env("LD_LIBRARY_PATH", "/nonexistent")
+        .arg("doctor");
+    let ran = run(cmd);
+    ran.expect_code(1);
+    let out = ran.stdout();
+    assert!(
+        out.contains("FAIL  CUDA driver: cannot load libcuda.so.1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("fix: install the NVIDIA driver, or set VRAMCAP_CUDA_LIBRARY"),
+        "{out}"
+    );
+}
