@@ -195,7 +195,42 @@ else
     progress "nvcc ($NVCC_BIN) or bench_alloc.cu not found"
 fi
 
+BENCH_AB=""
+if [ -n "$NVCC_BIN" ] && [ -x "$NVCC_BIN" ] && [ -r "$GPU_SRC/bench_ab.cu" ]; then
+    progress "building bench_ab"
+    if timeout 300 "$NVCC_BIN" -O2 -o "$WORK/bench_ab" "$GPU_SRC/bench_ab.cu" -ldl >>"$LOG" 2>&1; then
+        BENCH_AB=$WORK/bench_ab
+    else
+        progress "bench_ab build failed (see $LOG)"
+    fi
+fi
+
 # ---------------------------------------------------------------- runs
+
+# In-process A/B first: the shim's hooks against the driver's own functions
+# in the same process (see bench_ab.cu), with the shim (counters in the
+# shared page, and with VRAMCAP_STATS=off) and without it (noise floor).
+ABDATA=$WORK/ab.tsv # variant size hooked_median real_median round
+: >"$ABDATA"
+if [ -n "$BENCH_AB" ]; then
+    for ((r = 1; r <= 3; r++)); do
+        for variant in shim nostats base; do
+            case $variant in
+                base) run_one "bench_ab round $r without shim" 120 "${V_BASE[@]}" "$BENCH_AB" ;;
+                shim) run_one "bench_ab round $r with shim" 120 "${V_SHIM[@]}" "$BENCH_AB" ;;
+                nostats) run_one "bench_ab round $r with shim, VRAMCAP_STATS=off" 120 "${V_NOSTATS[@]}" "$BENCH_AB" ;;
+            esac
+            if [ "$RC" = 0 ]; then
+                awk -v var="$variant" -v rnd="$r" '/^AB / {
+                    for (i = 2; i <= NF; i++) { p = index($i, "="); if (p > 0) m[substr($i, 1, p - 1)] = substr($i, p + 1) }
+                    print var "\t" m["size"] "\t" m["hooked_median_us"] "\t" m["real_median_us"] "\t" rnd
+                }' "$OUTF" >>"$ABDATA"
+            else
+                NFAILRUN=$((NFAILRUN + 1))
+            fi
+        done
+    done
+fi
 
 DATA=$WORK/data.tsv  # variant  api  size  median_us  mean_us  round
 TDATA=$WORK/torch.tsv # variant  ms_per_step  round
@@ -277,9 +312,31 @@ sizename() {
     esac
 }
 
+abcol() { awk -F'\t' -v v="$1" -v s="$2" -v f="$3" '$1 == v && $2 == s { print $f }' "$ABDATA" | median; }
+
 MISSING=0
 {
     echo "$HEADER"
+    echo
+    echo "In one process, alternating pair by pair: cuMemAlloc_v2+cuMemFree_v2 through the shim's hooks vs the driver's own functions (median µs, median of 3 runs). Without the shim both columns are the driver's (noise floor)."
+    echo
+    echo "| variant | size | driver's own | through the hooks | ratio | delta µs |"
+    echo "|---|---|---|---|---|---|"
+    for variant in shim nostats base; do
+        case $variant in
+            shim) vlabel="shim, counters in the shared page" ;;
+            nostats) vlabel="shim, VRAMCAP_STATS=off" ;;
+            base) vlabel="no shim (A/A)" ;;
+        esac
+        for size in 4096 1048576 67108864 1073741824; do
+            rl=$(abcol "$variant" "$size" 4)
+            hk=$(abcol "$variant" "$size" 3)
+            [ "$variant" = shim ] && { [ "$rl" = NA ] || [ "$hk" = NA ]; } && MISSING=$((MISSING + 1))
+            echo "| $vlabel | $(sizename "$size") | $(fmt "$rl" 2) | $(fmt "$hk" 2) | $(ratio "$rl" "$hk") | $(delta "$rl" "$hk") |"
+        done
+    done
+    echo
+    echo "Separate processes (each figure the median over rounds of one process's median; this machine's per-process variation is large, see the A/B table for the shim's own cost):"
     echo
     echo "| what | size | without shim | with shim | ratio (with/without) | delta µs |"
     echo "|---|---|---|---|---|---|"
@@ -335,6 +392,8 @@ cp "$WORK/table.md" "$MD" 2>/dev/null || true
     echo
     echo "=== per-run data (variant api size median_us mean_us round) ==="
     cat "$DATA"
+    echo "=== in-process A/B (variant size hooked_median_us real_median_us round) ==="
+    cat "$ABDATA"
     echo "=== torch (variant ms_per_step round) ==="
     cat "$TDATA"
     echo "=== summary ==="
