@@ -109,7 +109,9 @@ UNSET=(-u LD_PRELOAD -u VRAMCAP_LIMIT -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLO
 V_BASE=(env "${UNSET[@]}")
 V_SHIM=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT")
 # The shim with its counters in private memory instead of the shared page.
-V_NOSTATS=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT" "VRAMCAP_STATS=off")
+V_NOSTATS=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT" "VRAMCAP_STATS=off" "VRAMCAP_CACHE=off")
+# The shim without its freed-block cache (V_SHIM has the default settings: cache on).
+V_NOCACHE=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT" "VRAMCAP_CACHE=off")
 
 # run_one NAME TIMEOUT CMD... -> RC, OUTF; raw output goes to the log
 RC=0
@@ -214,11 +216,12 @@ ABDATA=$WORK/ab.tsv # variant size hooked_median real_median round
 : >"$ABDATA"
 if [ -n "$BENCH_AB" ]; then
     for ((r = 1; r <= 3; r++)); do
-        for variant in shim nostats base; do
+        for variant in shim nocache nostats base; do
             case $variant in
                 base) run_one "bench_ab round $r without shim" 120 "${V_BASE[@]}" "$BENCH_AB" ;;
-                shim) run_one "bench_ab round $r with shim" 120 "${V_SHIM[@]}" "$BENCH_AB" ;;
-                nostats) run_one "bench_ab round $r with shim, VRAMCAP_STATS=off" 120 "${V_NOSTATS[@]}" "$BENCH_AB" ;;
+                shim) run_one "bench_ab round $r with shim (cache on)" 120 "${V_SHIM[@]}" "$BENCH_AB" ;;
+                nocache) run_one "bench_ab round $r with shim, VRAMCAP_CACHE=off" 120 "${V_NOCACHE[@]}" "$BENCH_AB" ;;
+                nostats) run_one "bench_ab round $r with shim, cache and stats off" 120 "${V_NOSTATS[@]}" "$BENCH_AB" ;;
             esac
             if [ "$RC" = 0 ]; then
                 awk -v var="$variant" -v rnd="$r" '/^AB / {
@@ -257,12 +260,12 @@ if [ -n "$BENCH_ALLOC" ]; then
     # ABBA order: odd rounds start without the shim, even rounds with it, so
     # whatever favours the first (or second) process of a pair cancels out.
     for ((r = 1; r <= ROUNDS; r++)); do
-        if ((r % 2)); then order=(base shim nostats); else order=(nostats shim base); fi
+        if ((r % 2)); then order=(base nocache shim); else order=(shim nocache base); fi
         for variant in "${order[@]}"; do
             case $variant in
                 base) run_one "bench_alloc round $r without shim" 120 "${V_BASE[@]}" "$BENCH_ALLOC" ;;
                 shim) run_one "bench_alloc round $r with shim" 120 "${V_SHIM[@]}" "$BENCH_ALLOC" ;;
-                nostats) run_one "bench_alloc round $r with shim, VRAMCAP_STATS=off" 120 "${V_NOSTATS[@]}" "$BENCH_ALLOC" ;;
+                nocache) run_one "bench_alloc round $r with shim, VRAMCAP_CACHE=off" 120 "${V_NOCACHE[@]}" "$BENCH_ALLOC" ;;
             esac
             if [ "$RC" = 0 ]; then collect_alloc "$variant" "$r"; collect_info "$variant"; else NFAILRUN=$((NFAILRUN + 1)); fi
         done
@@ -322,10 +325,11 @@ MISSING=0
     echo
     echo "| variant | size | driver's own | through the hooks | ratio | delta µs |"
     echo "|---|---|---|---|---|---|"
-    for variant in shim nostats base; do
+    for variant in shim nocache nostats base; do
         case $variant in
-            shim) vlabel="shim, counters in the shared page" ;;
-            nostats) vlabel="shim, VRAMCAP_STATS=off" ;;
+            shim) vlabel="shim, defaults (cache on: hooked pairs are cache hits)" ;;
+            nocache) vlabel="shim, VRAMCAP_CACHE=off (counters in the shared page)" ;;
+            nostats) vlabel="shim, VRAMCAP_CACHE=off VRAMCAP_STATS=off" ;;
             base) vlabel="no shim (A/A)" ;;
         esac
         for size in 4096 1048576 67108864 1073741824; do
@@ -338,33 +342,25 @@ MISSING=0
     echo
     echo "Separate processes (each figure the median over rounds of one process's median; this machine's per-process variation is large, see the A/B table for the shim's own cost):"
     echo
-    echo "| what | size | without shim | with shim | ratio (with/without) | delta µs |"
-    echo "|---|---|---|---|---|---|"
+    echo "| what | size | without shim | shim, cache off | shim, cache on | cache off / without | cache on / without |"
+    echo "|---|---|---|---|---|---|---|"
     for api in cuMemAlloc cudaMalloc; do
         if [ "$api" = cuMemAlloc ]; then label="cuMemAlloc_v2+cuMemFree_v2 pair, median µs"; else label="cudaMalloc+cudaFree pair, median µs"; fi
         for size in 4096 1048576 67108864 1073741824; do
             a=$(col base "$api" "$size" 4)
+            n=$(col nocache "$api" "$size" 4)
             b=$(col shim "$api" "$size" 4)
-            { [ "$a" = NA ] || [ "$b" = NA ]; } && MISSING=$((MISSING + 1))
-            echo "| $label | $(sizename "$size") | $(fmt "$a" 1) | $(fmt "$b" 1) | $(ratio "$a" "$b") | $(delta "$a" "$b") |"
+            { [ "$a" = NA ] || [ "$b" = NA ] || [ "$n" = NA ]; } && MISSING=$((MISSING + 1))
+            echo "| $label | $(sizename "$size") | $(fmt "$a" 1) | $(fmt "$n" 1) | $(fmt "$b" 1) | $(ratio "$a" "$n") | $(ratio "$a" "$b") |"
         done
     done
     ta=$(awk -F'\t' '$1 == "base" { print $2 }' "$TDATA" | median)
     tb=$(awk -F'\t' '$1 == "shim" { print $2 }' "$TDATA" | median)
     { [ "$ta" = NA ] || [ "$tb" = NA ]; } && MISSING=$((MISSING + 1))
-    echo "| PyTorch MLP training step, ms | 8×Linear(4096), batch 256, AdamW, fp32 | $(fmt "$ta" 3) | $(fmt "$tb" 3) | $(ratio "$ta" "$tb") | $(delta "$ta" "$tb" 1000) |"
     echo
-    echo "Counters: the shim publishing them in its shared page vs keeping them in private memory (VRAMCAP_STATS=off), median µs:"
-    echo
-    echo "| what | size | stats off | stats on | ratio (on/off) | delta µs |"
-    echo "|---|---|---|---|---|---|"
-    for api in cuMemAlloc cudaMalloc; do
-        for size in 4096 1048576 67108864 1073741824; do
-            a=$(col nostats "$api" "$size" 4)
-            b=$(col shim "$api" "$size" 4)
-            echo "| $api pair | $(sizename "$size") | $(fmt "$a" 1) | $(fmt "$b" 1) | $(ratio "$a" "$b") | $(delta "$a" "$b") |"
-        done
-    done
+    echo "| what | without shim | with shim (defaults) | ratio | delta µs |"
+    echo "|---|---|---|---|---|"
+    echo "| PyTorch MLP training step (8×Linear(4096), batch 256, AdamW, fp32), ms | $(fmt "$ta" 3) | $(fmt "$tb" 3) | $(ratio "$ta" "$tb") | $(delta "$ta" "$tb" 1000) |"
     echo
     echo "Means (median over rounds of each run's mean, µs):"
     echo
@@ -380,7 +376,7 @@ MISSING=0
     echo
     echo "Rounds: bench_alloc $(nrounds base cuMemAlloc 4096) without / $(nrounds shim cuMemAlloc 4096) with shim (interleaved);" \
         "PyTorch (ABBA order) $(awk -F'\t' '$1 == "base"' "$TDATA" | wc -l | tr -d ' ') without / $(awk -F'\t' '$1 == "shim"' "$TDATA" | wc -l | tr -d ' ') with."
-    for v in base shim nostats torch-base torch-shim; do
+    for v in base nocache shim torch-base torch-shim; do
         t=$(awk -F'\t' -v v="$v" '$1 == v { print $2 }' "$INFO" | sort -u | tr '\n' ' ')
         echo "cudaMemGetInfo total seen by $v runs: ${t:-none}"
     done

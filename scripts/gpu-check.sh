@@ -600,6 +600,66 @@ else
     add_row "jax XLA_PYTHON_CLIENT_ALLOCATOR=platform" "$exp" "python ($PYTHON) or check_jax.py not found" FAIL
 fi
 
+# ---------------------------------------------------------------- cache (freed-block cache)
+
+CACHE_SAFETY=""
+CHURN=""
+if [ -n "$NVCC_BIN" ] && [ -x "$NVCC_BIN" ]; then
+    build_cu "$GPU_SRC/cache_safety.cu" "$WORK/cache_safety" && CACHE_SAFETY=$WORK/cache_safety
+    build_cu "$GPU_SRC/churn.cu" "$WORK/churn" && CHURN=$WORK/churn
+fi
+
+# The control: a program that itself reuses a block still being written, with
+# no wait, must see clobbering, or this check could not detect anything.
+exp="clobbered > 0 (the check detects a reuse without waiting)"
+if [ -n "$CACHE_SAFETY" ]; then
+    run_cmd cache-safety-naive "$CU_TIMEOUT" "${NOSHIM[@]}" "$CACHE_SAFETY" naive
+    line=$(result_line "$OUTF" RESULT)
+    c=$(kv clobbered "$line")
+    if [ "$RC" = 0 ] && isint "$c" && ((c > 0)); then res=PASS; else res=FAIL; fi
+    add_row "cache safety control (program reuses without waiting, no shim)" "$exp" "${line:-no RESULT line} rc=$RC" "$res"
+    for variant in on off; do
+        exp="reused=1 with the cache, clobbered=0"
+        [ "$variant" = off ] && exp="clobbered=0"
+        run_cmd "cache-safety-$variant" "$CU_TIMEOUT" "${WITHSHIM[@]}" "VRAMCAP_CACHE=$([ "$variant" = on ] && echo 25% || echo off)" "$CACHE_SAFETY" cuda
+        line=$(result_line "$OUTF" RESULT)
+        c=$(kv clobbered "$line")
+        ok=1
+        [ "$RC" = 0 ] && isint "$c" && ((c == 0)) || ok=0
+        if [ "$variant" = on ] && [ "$(kv reused "$line")" != 1 ]; then ok=0; fi
+        if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+        add_row "cache safety: free while a kernel writes, reuse on another stream (cache $variant)" "$exp" "${line:-no RESULT line} rc=$RC" "$res"
+    done
+else
+    add_row "cache safety" "builds and runs" "cache_safety.cu did not build (see log)" FAIL
+fi
+
+# A malloc/free-heavy program: identical results with and without the cache,
+# and how much faster the cache makes it.
+exp="same checksum without shim, cache off, cache on; speed-up reported"
+if [ -n "$CHURN" ]; then
+    declare -A CH_MS CH_SUM
+    for variant in base off on; do
+        case $variant in
+            base) run_cmd churn-base "$CU_TIMEOUT" "${NOSHIM[@]}" "$CHURN" 5000 ;;
+            off) run_cmd churn-cache-off "$CU_TIMEOUT" "${WITHSHIM[@]}" VRAMCAP_CACHE=off "$CHURN" 5000 ;;
+            on) run_cmd churn-cache-on "$CU_TIMEOUT" "${WITHSHIM[@]}" "$CHURN" 5000 ;;
+        esac
+        line=$(result_line "$OUTF" RESULT)
+        CH_MS[$variant]=$(printf '%s\n' "$line" | sed -n 's/.*ms=\([0-9.]*\).*/\1/p')
+        CH_SUM[$variant]=$(kv checksum "$line")
+    done
+    ok=1
+    for v in base off on; do isint "${CH_SUM[$v]}" || ok=0; done
+    [ "${CH_SUM[base]}" = "${CH_SUM[off]}" ] && [ "${CH_SUM[base]}" = "${CH_SUM[on]}" ] || ok=0
+    speed=$(awk -v a="${CH_MS[base]:-0}" -v b="${CH_MS[on]:-0}" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "NA" }')
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "churn.cu 5000 iterations (2 cudaMalloc+cudaFree, 3 kernels each)" "$exp" \
+        "checksums ${CH_SUM[base]:-?}/${CH_SUM[off]:-?}/${CH_SUM[on]:-?}; ms without shim ${CH_MS[base]:-?}, cache off ${CH_MS[off]:-?}, cache on ${CH_MS[on]:-?} (speed-up $speed)" "$res"
+else
+    add_row "churn.cu" "$exp" "churn.cu did not build (see log)" FAIL
+fi
+
 # ---------------------------------------------------------------- report
 
 if [ -n "$NVSMI" ]; then

@@ -2,6 +2,7 @@
 //! and of FFI so it can be tested as plain Rust.
 
 pub mod budget;
+pub mod cache;
 pub mod limit;
 pub mod page;
 pub mod scan;

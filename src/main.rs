@@ -4,7 +4,8 @@
 //! command or the shim cannot be found, 126 when the command cannot be
 //! executed); every subcommand exits 2 for bad arguments or settings;
 //! `stat` exits 1 when the statistics directory cannot be read; `doctor`
-//! exits 1 when it found a problem; otherwise 0.
+//! exits 1 when it found a problem; `trim` exits 1 when a process could not
+//! be reached or did not answer in time; otherwise 0.
 
 mod cli;
 
@@ -70,6 +71,22 @@ enum Command {
         /// Only these GPUs, by index as the processes see them (repeatable)
         #[arg(long = "gpu", value_name = "INDEX")]
         gpus: Vec<u32>,
+    },
+    /// Make processes give their cached blocks back to the driver now
+    Trim {
+        /// Processes to trim
+        #[arg(
+            value_name = "PID",
+            required_unless_present = "all",
+            conflicts_with = "all"
+        )]
+        pids: Vec<u32>,
+        /// Every process under the shim
+        #[arg(long)]
+        all: bool,
+        /// How long to wait for each process to answer
+        #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_interval)]
+        timeout: std::time::Duration,
     },
     /// Check the installation: shim, driver, and that interposition works
     Doctor {
@@ -157,6 +174,8 @@ fn main() -> ExitCode {
             };
             ExitCode::from(cli::stat::run(&args, uid))
         }),
+        Command::Trim { pids, all, timeout } => cli::stat::stats_dir(uid)
+            .map(|dir| ExitCode::from(cli::trim::run(&dir, uid, &pids, all, timeout))),
         Command::Doctor { probe: true } => Ok(ExitCode::from(cli::doctor::probe())),
         Command::Doctor { probe: false } => Ok(ExitCode::from(cli::doctor::run(
             find_library(),

@@ -67,7 +67,11 @@ pub struct Header {
     pub start_time: u64,
     /// When the page was created, nanoseconds since the Unix epoch.
     pub created_unix_ns: u64,
-    pub reserved0: [u64; 10],
+    /// Raised by `vramcap trim`; the process empties its cache and then sets
+    /// `trim_acks` to the value it saw.
+    pub trim_requests: AtomicU64,
+    pub trim_acks: AtomicU64,
+    pub reserved0: [u64; 8],
     /// `VRAMCAP_GROUP`, NUL-padded (empty when none).
     pub group: [u8; GROUP_LEN],
     /// The command line, arguments joined by spaces, NUL-padded, cut to fit.
@@ -205,7 +209,9 @@ impl Header {
         self.uid = uid;
         self.start_time = start_time;
         self.created_unix_ns = created_unix_ns;
-        self.reserved0 = [0; 10];
+        self.trim_requests = AtomicU64::new(0);
+        self.trim_acks = AtomicU64::new(0);
+        self.reserved0 = [0; 8];
         put_text(&mut self.group, group);
         put_text(&mut self.command, command);
         self.reserved = [0; 312];
@@ -399,7 +405,9 @@ mod tests {
             (offset_of!(Header, state), 36),
             (offset_of!(Header, start_time), 40),
             (offset_of!(Header, created_unix_ns), 48),
-            (offset_of!(Header, reserved0), 56),
+            (offset_of!(Header, trim_requests), 56),
+            (offset_of!(Header, trim_acks), 64),
+            (offset_of!(Header, reserved0), 72),
             (offset_of!(Header, group), 136),
             (offset_of!(Header, command), 200),
             (offset_of!(Header, reserved), 712),

@@ -175,3 +175,76 @@ fn read_one(path: &Path, uid: u32) -> Outcome {
         _ => Outcome::Live(snap),
     }
 }
+
+/// A live process's page mapped for writing (to ask it to trim its cache).
+pub struct PageMap {
+    ptr: *mut libc::c_void,
+}
+
+impl PageMap {
+    pub fn page(&self) -> &Page {
+        // SAFETY: the mapping holds a checked page for as long as self lives.
+        unsafe { &*self.ptr.cast::<Page>() }
+    }
+}
+
+impl Drop for PageMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `map_for_write` mapped.
+        unsafe { libc::munmap(self.ptr, PAGE_SIZE) };
+    }
+}
+
+/// Maps the page of `pid` in `dir` read-write, after the same checks as a scan.
+pub fn map_for_write(dir: &Path, pid: u32, uid: u32) -> Result<PageMap, String> {
+    let path = dir.join(page::file_name(pid));
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| "bad path".to_string())?;
+    // SAFETY: valid path; no symbolic links followed.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::ENOENT) {
+            format!("no process {pid} under vramcap in {}", dir.display())
+        } else {
+            format!("cannot open {}: {e}", path.display())
+        });
+    }
+    // SAFETY: fd is open and owned from here on.
+    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+    if !meta.is_file() || meta.uid() != uid {
+        return Err(format!("{} is not a page of this user", path.display()));
+    }
+    let mut head = vec![0u8; HEADER_SIZE];
+    let n = file
+        .read_at(&mut head, 0)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    head.truncate(n);
+    page::check_header(meta.len(), &head, uid).map_err(|p| format!("{}: {p}", path.display()))?;
+    // SAFETY: the file is at least PAGE_SIZE long and never shrinks.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(format!(
+            "cannot map {}: {}",
+            path.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    Ok(PageMap { ptr })
+}

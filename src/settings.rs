@@ -13,6 +13,53 @@ pub const LOG_VAR: &str = "VRAMCAP_LOG";
 pub const CUDA_LIBRARY_VAR: &str = "VRAMCAP_CUDA_LIBRARY";
 pub const DISABLE_VAR: &str = "VRAMCAP_DISABLE";
 pub const STATS_VAR: &str = "VRAMCAP_STATS";
+pub const CACHE_VAR: &str = "VRAMCAP_CACHE";
+pub const CACHE_IDLE_VAR: &str = "VRAMCAP_CACHE_IDLE";
+
+/// How much freed memory the shim may keep per device for reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheBound {
+    Off,
+    Bytes(u64),
+    /// Of the device's cap, or of its memory when it has no cap.
+    Percent(crate::size::Percent),
+}
+
+impl CacheBound {
+    /// The default: a quarter of the cap.
+    pub const DEFAULT: CacheBound = CacheBound::Percent(crate::size::Percent::QUARTER);
+
+    /// The bound in bytes for a device whose cap (or memory) is `base`.
+    pub fn resolve(self, base: u64) -> u64 {
+        match self {
+            CacheBound::Off => 0,
+            CacheBound::Bytes(b) => b,
+            CacheBound::Percent(p) => p.of(base),
+        }
+    }
+}
+
+/// Parses a duration: `500ms`, `5s`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1
+    {
+        return None;
+    }
+    let v: f64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "" | "s" => v,
+        "ms" => v / 1000.0,
+        "m" | "min" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return None,
+    };
+    (secs > 0.0 && secs <= 86_400.0 * 365.0).then(|| std::time::Duration::from_secs_f64(secs))
+}
 pub const STATS_DIR_VAR: &str = "VRAMCAP_STATS_DIR";
 
 /// Where pages go when `VRAMCAP_STATS_DIR` is unset.
@@ -61,6 +108,10 @@ pub struct Settings {
     pub stats: bool,
     /// `VRAMCAP_STATS_DIR`: where pages go, instead of [`default_stats_dir`].
     pub stats_dir: Option<PathBuf>,
+    /// `VRAMCAP_CACHE`: the freed-block cache's bound per device.
+    pub cache: CacheBound,
+    /// `VRAMCAP_CACHE_IDLE`: cached blocks unused this long go back to the driver.
+    pub cache_idle: std::time::Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +152,27 @@ pub fn parse_log_level(value: &str) -> Result<LogLevel, SettingsError> {
         value: value.to_string(),
         expected: "one of error, warn, info, debug (e.g. VRAMCAP_LOG=info)",
     })
+}
+
+/// Parses a `VRAMCAP_CACHE` value with the standard error.
+pub fn parse_cache(value: &str) -> Result<CacheBound, SettingsError> {
+    let err = || SettingsError::Other {
+        var: CACHE_VAR,
+        value: value.to_string(),
+        expected: "a size (e.g. 2GiB), a percentage of each GPU's cap (e.g. 25%), or off",
+    };
+    let t = value.trim();
+    if t.eq_ignore_ascii_case("off") {
+        return Ok(CacheBound::Off);
+    }
+    if let Some(n) = t.strip_suffix('%') {
+        return crate::size::Percent::parse_number(n)
+            .map(CacheBound::Percent)
+            .map_err(|_| err());
+    }
+    crate::size::parse_size(t)
+        .map(CacheBound::Bytes)
+        .map_err(|_| err())
 }
 
 impl Settings {
@@ -160,6 +232,18 @@ impl Settings {
                 });
             }
         };
+        let cache = match get(CACHE_VAR) {
+            None => CacheBound::DEFAULT,
+            Some(v) => parse_cache(&v)?,
+        };
+        let cache_idle = match get(CACHE_IDLE_VAR) {
+            None => std::time::Duration::from_secs(5),
+            Some(v) => parse_duration(&v).ok_or_else(|| SettingsError::Other {
+                var: CACHE_IDLE_VAR,
+                value: v.clone(),
+                expected: "a duration greater than zero, e.g. 5s, 500ms, 2m (a bare number is seconds)",
+            })?,
+        };
         Ok(Settings {
             limit,
             log,
@@ -167,6 +251,8 @@ impl Settings {
             disabled,
             stats,
             stats_dir,
+            cache,
+            cache_idle,
         })
     }
 
@@ -200,6 +286,66 @@ mod tests {
         assert!(!s.disabled);
         assert!(s.stats);
         assert_eq!(s.stats_dir, None);
+        assert_eq!(s.cache, CacheBound::DEFAULT);
+        assert_eq!(s.cache.resolve(4000), 1000);
+        assert_eq!(s.cache_idle, std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn cache_values() {
+        let s = read(&[("VRAMCAP_CACHE", "off"), ("VRAMCAP_CACHE_IDLE", "250ms")]).unwrap();
+        assert_eq!(s.cache, CacheBound::Off);
+        assert_eq!(s.cache.resolve(1000), 0);
+        assert_eq!(s.cache_idle, std::time::Duration::from_millis(250));
+        assert_eq!(
+            read(&[("VRAMCAP_CACHE", "2GiB")]).unwrap().cache,
+            CacheBound::Bytes(2 << 30)
+        );
+        assert_eq!(
+            read(&[("VRAMCAP_CACHE", "10%")])
+                .unwrap()
+                .cache
+                .resolve(1000),
+            100
+        );
+        for (v, d) in [
+            ("1", 1.0),
+            ("1.5s", 1.5),
+            ("2m", 120.0),
+            ("1h", 3600.0),
+            ("100ms", 0.1),
+        ] {
+            assert_eq!(
+                parse_duration(v),
+                Some(std::time::Duration::from_secs_f64(d)),
+                "{v}"
+            );
+        }
+        for v in [
+            "",
+            "0",
+            "0s",
+            "-1s",
+            "5x",
+            "s",
+            ".5s",
+            "1.2.3s",
+            "5 parsecs",
+        ] {
+            assert_eq!(parse_duration(v), None, "{v}");
+        }
+        let e = read(&[("VRAMCAP_CACHE", "lots")]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "VRAMCAP_CACHE=\"lots\" is not valid: expected a size (e.g. 2GiB), a percentage of each GPU's cap (e.g. 25%), or off"
+        );
+        let e = read(&[("VRAMCAP_CACHE_IDLE", "soon")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("VRAMCAP_CACHE_IDLE=\"soon\" is not valid: expected a duration"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -102,11 +102,14 @@ fn a_held_allocation_shows_with_exact_bytes_and_goes_at_exit() {
         ),
         (Some(1), Some(1 << 30), Some(1 << 30), Some(1), Some(1))
     );
+    assert_eq!(
+        (d0["cache_misses"].as_u64(), d1["cache_misses"].as_u64()),
+        (Some(1), Some(2))
+    );
     for k in [
         "cached_bytes",
         "spilled_bytes",
         "cache_hits",
-        "cache_misses",
         "evictions",
         "trims",
         "spill_allocations",

@@ -13,6 +13,7 @@ pub type CUdeviceptr = u64;
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
 
 /// `CUuuid`: 16 raw bytes.
 #[repr(C)]

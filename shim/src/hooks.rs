@@ -4,17 +4,15 @@
 
 #![allow(non_snake_case)]
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
-
-use vramcap_core::budget::NO_CAP;
 
 use crate::cuda::*;
 use crate::log::{log_at, log_once};
 use crate::real::{DynFn, call_real};
-use crate::state::{DISABLED, Record, budget, limit_of, slot, table};
-use vramcap_core::page::DeviceSlot;
+use crate::state::DISABLED;
+use crate::{alloc, lifecycle};
 
 /// The driver functions the shim calls, by exact (versioned) name.
 pub struct RealFns {
@@ -27,8 +25,28 @@ pub struct RealFns {
     pub cuMemGetInfo_v2: DynFn,
     pub cuDeviceTotalMem_v2: DynFn,
     pub cuCtxGetDevice: DynFn,
+    pub cuCtxGetCurrent: DynFn,
+    pub cuCtxSynchronize: DynFn,
+    pub cuCtxPushCurrent_v2: DynFn,
+    pub cuCtxPopCurrent_v2: DynFn,
+    pub cuCtxDestroy_v2: DynFn,
+    pub cuDevicePrimaryCtxRetain: DynFn,
+    pub cuDevicePrimaryCtxRelease_v2: DynFn,
+    pub cuDevicePrimaryCtxReset_v2: DynFn,
+    pub cuDevicePrimaryCtxGetState: DynFn,
     pub cuDeviceGetUuid: DynFn,
     pub cuDeviceGetUuid_v2: DynFn,
+    pub cuIpcGetMemHandle: DynFn,
+    pub cuStreamIsCapturing: DynFn,
+    pub cuStreamIsCapturing_ptsz: DynFn,
+    pub cuStreamBeginCapture: DynFn,
+    pub cuStreamBeginCapture_ptsz: DynFn,
+    pub cuStreamBeginCapture_v2: DynFn,
+    pub cuStreamBeginCapture_v2_ptsz: DynFn,
+    pub cuStreamBeginCaptureToGraph: DynFn,
+    pub cuStreamBeginCaptureToGraph_ptsz: DynFn,
+    pub cuStreamEndCapture: DynFn,
+    pub cuStreamEndCapture_ptsz: DynFn,
 }
 
 pub static REAL: RealFns = RealFns {
@@ -41,8 +59,28 @@ pub static REAL: RealFns = RealFns {
     cuMemGetInfo_v2: DynFn::new(c"cuMemGetInfo_v2"),
     cuDeviceTotalMem_v2: DynFn::new(c"cuDeviceTotalMem_v2"),
     cuCtxGetDevice: DynFn::new(c"cuCtxGetDevice"),
+    cuCtxGetCurrent: DynFn::new(c"cuCtxGetCurrent"),
+    cuCtxSynchronize: DynFn::new(c"cuCtxSynchronize"),
+    cuCtxPushCurrent_v2: DynFn::new(c"cuCtxPushCurrent_v2"),
+    cuCtxPopCurrent_v2: DynFn::new(c"cuCtxPopCurrent_v2"),
+    cuCtxDestroy_v2: DynFn::new(c"cuCtxDestroy_v2"),
+    cuDevicePrimaryCtxRetain: DynFn::new(c"cuDevicePrimaryCtxRetain"),
+    cuDevicePrimaryCtxRelease_v2: DynFn::new(c"cuDevicePrimaryCtxRelease_v2"),
+    cuDevicePrimaryCtxReset_v2: DynFn::new(c"cuDevicePrimaryCtxReset_v2"),
+    cuDevicePrimaryCtxGetState: DynFn::new(c"cuDevicePrimaryCtxGetState"),
     cuDeviceGetUuid: DynFn::new(c"cuDeviceGetUuid"),
     cuDeviceGetUuid_v2: DynFn::new(c"cuDeviceGetUuid_v2"),
+    cuIpcGetMemHandle: DynFn::new(c"cuIpcGetMemHandle"),
+    cuStreamIsCapturing: DynFn::new(c"cuStreamIsCapturing"),
+    cuStreamIsCapturing_ptsz: DynFn::new(c"cuStreamIsCapturing_ptsz"),
+    cuStreamBeginCapture: DynFn::new(c"cuStreamBeginCapture"),
+    cuStreamBeginCapture_ptsz: DynFn::new(c"cuStreamBeginCapture_ptsz"),
+    cuStreamBeginCapture_v2: DynFn::new(c"cuStreamBeginCapture_v2"),
+    cuStreamBeginCapture_v2_ptsz: DynFn::new(c"cuStreamBeginCapture_v2_ptsz"),
+    cuStreamBeginCaptureToGraph: DynFn::new(c"cuStreamBeginCaptureToGraph"),
+    cuStreamBeginCaptureToGraph_ptsz: DynFn::new(c"cuStreamBeginCaptureToGraph_ptsz"),
+    cuStreamEndCapture: DynFn::new(c"cuStreamEndCapture"),
+    cuStreamEndCapture_ptsz: DynFn::new(c"cuStreamEndCapture_ptsz"),
 };
 
 /// One intercepted variant.
@@ -56,6 +94,9 @@ pub struct Hook {
     /// back a pointer that is not its exported symbol (see [`substitute`]).
     pub since: c_int,
     pub until: c_int,
+    /// For functions with a per-thread-default-stream twin: whether this is
+    /// the per-thread (`_ptsz`) variant. `None`: no twin, `flags` is moot.
+    pub per_thread: Option<bool>,
     pub hook: *const c_void,
     pub real: &'static DynFn,
 }
@@ -69,16 +110,21 @@ const NAME_MATCH_MAX_VERSION: c_int = 13999;
 
 const OPEN: c_int = c_int::MAX;
 
-/// Every hooked variant. None of them has a per-thread-default-stream
-/// (`_ptsz`/`_ptds`) twin, so `flags` never changes which one applies; a hook
-/// for a stream-taking function must add a column for that.
-pub static HOOKS: [Hook; 8] = [
+/// `cuGetProcAddress` flags.
+const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+
+/// Every hooked variant: the single list the exports, the `dlsym` answers and
+/// the `cuGetProcAddress` answers come from (a test compares it with the
+/// library's dynamic symbols).
+pub static HOOKS: [Hook; 20] = [
     Hook {
         name: c"cuGetProcAddress",
         base: "cuGetProcAddress",
         since: 11030,
         until: 12000,
-        hook: cuGetProcAddress as *const c_void,
+        per_thread: None,
+        hook: crate::hooks::cuGetProcAddress as *const c_void,
         real: &REAL.cuGetProcAddress,
     },
     Hook {
@@ -86,7 +132,8 @@ pub static HOOKS: [Hook; 8] = [
         base: "cuGetProcAddress",
         since: 12000,
         until: OPEN,
-        hook: cuGetProcAddress_v2 as *const c_void,
+        per_thread: None,
+        hook: crate::hooks::cuGetProcAddress_v2 as *const c_void,
         real: &REAL.cuGetProcAddress_v2,
     },
     Hook {
@@ -94,7 +141,8 @@ pub static HOOKS: [Hook; 8] = [
         base: "cuMemAlloc",
         since: 3020,
         until: OPEN,
-        hook: cuMemAlloc_v2 as *const c_void,
+        per_thread: None,
+        hook: alloc::cuMemAlloc_v2 as *const c_void,
         real: &REAL.cuMemAlloc_v2,
     },
     Hook {
@@ -102,7 +150,8 @@ pub static HOOKS: [Hook; 8] = [
         base: "cuMemAllocPitch",
         since: 3020,
         until: OPEN,
-        hook: cuMemAllocPitch_v2 as *const c_void,
+        per_thread: None,
+        hook: alloc::cuMemAllocPitch_v2 as *const c_void,
         real: &REAL.cuMemAllocPitch_v2,
     },
     Hook {
@@ -110,7 +159,8 @@ pub static HOOKS: [Hook; 8] = [
         base: "cuMemAllocManaged",
         since: 6000,
         until: OPEN,
-        hook: cuMemAllocManaged as *const c_void,
+        per_thread: None,
+        hook: alloc::cuMemAllocManaged as *const c_void,
         real: &REAL.cuMemAllocManaged,
     },
     Hook {
@@ -118,7 +168,8 @@ pub static HOOKS: [Hook; 8] = [
         base: "cuMemFree",
         since: 3020,
         until: OPEN,
-        hook: cuMemFree_v2 as *const c_void,
+        per_thread: None,
+        hook: alloc::cuMemFree_v2 as *const c_void,
         real: &REAL.cuMemFree_v2,
     },
     Hook {
@@ -126,7 +177,8 @@ pub static HOOKS: [Hook; 8] = [
         base: "cuMemGetInfo",
         since: 3020,
         until: OPEN,
-        hook: cuMemGetInfo_v2 as *const c_void,
+        per_thread: None,
+        hook: alloc::cuMemGetInfo_v2 as *const c_void,
         real: &REAL.cuMemGetInfo_v2,
     },
     Hook {
@@ -134,8 +186,117 @@ pub static HOOKS: [Hook; 8] = [
         base: "cuDeviceTotalMem",
         since: 3020,
         until: OPEN,
-        hook: cuDeviceTotalMem_v2 as *const c_void,
+        per_thread: None,
+        hook: alloc::cuDeviceTotalMem_v2 as *const c_void,
         real: &REAL.cuDeviceTotalMem_v2,
+    },
+    Hook {
+        name: c"cuCtxDestroy_v2",
+        base: "cuCtxDestroy",
+        since: 4000,
+        until: OPEN,
+        per_thread: None,
+        hook: lifecycle::cuCtxDestroy_v2 as *const c_void,
+        real: &REAL.cuCtxDestroy_v2,
+    },
+    Hook {
+        name: c"cuDevicePrimaryCtxRelease_v2",
+        base: "cuDevicePrimaryCtxRelease",
+        since: 11000,
+        until: OPEN,
+        per_thread: None,
+        hook: lifecycle::cuDevicePrimaryCtxRelease_v2 as *const c_void,
+        real: &REAL.cuDevicePrimaryCtxRelease_v2,
+    },
+    Hook {
+        name: c"cuDevicePrimaryCtxReset_v2",
+        base: "cuDevicePrimaryCtxReset",
+        since: 11000,
+        until: OPEN,
+        per_thread: None,
+        hook: lifecycle::cuDevicePrimaryCtxReset_v2 as *const c_void,
+        real: &REAL.cuDevicePrimaryCtxReset_v2,
+    },
+    Hook {
+        name: c"cuIpcGetMemHandle",
+        base: "cuIpcGetMemHandle",
+        since: 4010,
+        until: OPEN,
+        per_thread: None,
+        hook: lifecycle::cuIpcGetMemHandle as *const c_void,
+        real: &REAL.cuIpcGetMemHandle,
+    },
+    Hook {
+        name: c"cuStreamBeginCapture",
+        base: "cuStreamBeginCapture",
+        since: 10000,
+        until: 10010,
+        per_thread: Some(false),
+        hook: lifecycle::cuStreamBeginCapture as *const c_void,
+        real: &REAL.cuStreamBeginCapture,
+    },
+    Hook {
+        name: c"cuStreamBeginCapture_ptsz",
+        base: "cuStreamBeginCapture",
+        since: 10000,
+        until: 10010,
+        per_thread: Some(true),
+        hook: lifecycle::cuStreamBeginCapture_ptsz as *const c_void,
+        real: &REAL.cuStreamBeginCapture_ptsz,
+    },
+    Hook {
+        name: c"cuStreamBeginCapture_v2",
+        base: "cuStreamBeginCapture",
+        since: 10010,
+        until: OPEN,
+        per_thread: Some(false),
+        hook: lifecycle::cuStreamBeginCapture_v2 as *const c_void,
+        real: &REAL.cuStreamBeginCapture_v2,
+    },
+    Hook {
+        name: c"cuStreamBeginCapture_v2_ptsz",
+        base: "cuStreamBeginCapture",
+        since: 10010,
+        until: OPEN,
+        per_thread: Some(true),
+        hook: lifecycle::cuStreamBeginCapture_v2_ptsz as *const c_void,
+        real: &REAL.cuStreamBeginCapture_v2_ptsz,
+    },
+    Hook {
+        name: c"cuStreamBeginCaptureToGraph",
+        base: "cuStreamBeginCaptureToGraph",
+        since: 12030,
+        until: OPEN,
+        per_thread: Some(false),
+        hook: lifecycle::cuStreamBeginCaptureToGraph as *const c_void,
+        real: &REAL.cuStreamBeginCaptureToGraph,
+    },
+    Hook {
+        name: c"cuStreamBeginCaptureToGraph_ptsz",
+        base: "cuStreamBeginCaptureToGraph",
+        since: 12030,
+        until: OPEN,
+        per_thread: Some(true),
+        hook: lifecycle::cuStreamBeginCaptureToGraph_ptsz as *const c_void,
+        real: &REAL.cuStreamBeginCaptureToGraph_ptsz,
+    },
+    Hook {
+        name: c"cuStreamEndCapture",
+        base: "cuStreamEndCapture",
+        since: 10000,
+        until: OPEN,
+        per_thread: Some(false),
+        hook: lifecycle::cuStreamEndCapture as *const c_void,
+        real: &REAL.cuStreamEndCapture,
+    },
+    Hook {
+        name: c"cuStreamEndCapture_ptsz",
+        base: "cuStreamEndCapture",
+        since: 10000,
+        until: OPEN,
+        per_thread: Some(true),
+        hook: lifecycle::cuStreamEndCapture_ptsz as *const c_void,
+        real: &REAL.cuStreamEndCapture_ptsz,
     },
 ];
 
@@ -154,278 +315,8 @@ pub fn boundary<R>(name: &'static str, on_panic: R, body: impl FnOnce() -> R) ->
     }
 }
 
-fn disabled() -> bool {
+pub fn disabled() -> bool {
     DISABLED.load(Ordering::Relaxed)
-}
-
-/// The device of the calling thread's current context.
-fn current_device() -> Option<CUdevice> {
-    let mut dev: CUdevice = 0;
-    let rc = call_real!(REAL.cuCtxGetDevice, fn(*mut CUdevice) -> CUresult, &mut dev);
-    (rc == CUDA_SUCCESS).then_some(dev)
-}
-
-/// The allocation path shared by every allocating hook: reserve `estimate`
-/// bytes on the current device, call the driver, then settle the reservation
-/// to the `actual` size the driver chose. `free` releases a pointer for real
-/// if the settled size no longer fits.
-fn capped_alloc(
-    what: &'static str,
-    dptr: *mut CUdeviceptr,
-    estimate: u64,
-    alloc: impl FnOnce() -> CUresult,
-    actual: impl FnOnce() -> u64,
-) -> CUresult {
-    if disabled() || dptr.is_null() || estimate == 0 {
-        return alloc();
-    }
-    let Some(device) = current_device() else {
-        // No current context: the driver's own answer, whatever it is.
-        return alloc();
-    };
-    let Some(slot) = slot(device) else {
-        log_once!(
-            Error,
-            "device {device} is beyond the {} devices vramcap tracks; refusing its allocations",
-            vramcap_core::MAX_DEVICES
-        );
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    };
-    let budget = &slot.budget;
-    let Some(limit) = limit_of(device) else {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    };
-    if let Err(r) = budget.try_reserve(estimate, limit) {
-        DeviceSlot::add(&slot.refusals, 1);
-        refused(what, device, estimate, r.used, limit);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let rc = alloc();
-    if rc != CUDA_SUCCESS {
-        budget.release(estimate);
-        return rc;
-    }
-    // SAFETY: the driver succeeded, so it wrote the pointer through `dptr`.
-    let ptr = unsafe { *dptr };
-    let bytes = actual();
-    if bytes > estimate {
-        if let Err(r) = budget.try_reserve(bytes - estimate, limit) {
-            let _ = call_real!(REAL.cuMemFree_v2, fn(CUdeviceptr) -> CUresult, ptr);
-            budget.release(estimate);
-            DeviceSlot::add(&slot.refusals, 1);
-            refused(what, device, bytes, r.used, limit);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    } else {
-        budget.release(estimate - bytes);
-    }
-    DeviceSlot::add(&slot.allocs, 1);
-    let record = Record {
-        device: device as u16,
-        bytes,
-    };
-    if let Some(stale) = table().insert(ptr, record) {
-        // The driver handed out an address the shim still thought was live:
-        // it was released behind the shim's back (a destroyed context).
-        if let Some(b) = crate::state::budget(CUdevice::from(stale.device)) {
-            b.release(stale.bytes);
-        }
-        log_once!(
-            Warn,
-            "address {ptr:#x} was reused by the driver while vramcap still counted it; counting it once"
-        );
-    }
-    log_at!(
-        Debug,
-        "{what}: {bytes} bytes at {ptr:#x} on device {device}"
-    );
-    rc
-}
-
-fn refused(what: &str, device: CUdevice, bytes: u64, used: u64, limit: u64) {
-    log_once!(
-        Warn,
-        "{what}: refused {bytes} bytes on device {device}: {used} of the {limit}-byte cap in use (VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
-    );
-    log_at!(
-        Info,
-        "{what}: refused {bytes} bytes on device {device} ({used} of {limit} in use)"
-    );
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    boundary("cuMemAlloc_v2", CUDA_ERROR_OUT_OF_MEMORY, || {
-        capped_alloc(
-            "cuMemAlloc",
-            dptr,
-            bytesize as u64,
-            || {
-                call_real!(
-                    REAL.cuMemAlloc_v2,
-                    fn(*mut CUdeviceptr, usize) -> CUresult,
-                    dptr,
-                    bytesize
-                )
-            },
-            || bytesize as u64,
-        )
-    })
-}
-
-/// The pitch the driver picks is not known before the call: reserve for a
-/// row rounded up to 512 bytes (what current drivers use), then settle to
-/// the real `pitch × height`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocPitch_v2(
-    dptr: *mut CUdeviceptr,
-    pitch: *mut usize,
-    width: usize,
-    height: usize,
-    element_size: c_uint,
-) -> CUresult {
-    boundary("cuMemAllocPitch_v2", CUDA_ERROR_OUT_OF_MEMORY, || {
-        let estimate = (width as u64)
-            .checked_next_multiple_of(512)
-            .and_then(|w| w.checked_mul(height as u64))
-            .unwrap_or(u64::MAX);
-        let estimate = if pitch.is_null() { 0 } else { estimate };
-        capped_alloc(
-            "cuMemAllocPitch",
-            dptr,
-            estimate,
-            || {
-                call_real!(
-                    REAL.cuMemAllocPitch_v2,
-                    fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult,
-                    dptr,
-                    pitch,
-                    width,
-                    height,
-                    element_size
-                )
-            },
-            // SAFETY: on success the driver wrote the pitch; `pitch` is non-null here.
-            || unsafe { *pitch as u64 }.saturating_mul(height as u64),
-        )
-    })
-}
-
-/// Managed memory is counted against the current device's cap: it can
-/// occupy that device in full.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    flags: c_uint,
-) -> CUresult {
-    boundary("cuMemAllocManaged", CUDA_ERROR_OUT_OF_MEMORY, || {
-        capped_alloc(
-            "cuMemAllocManaged",
-            dptr,
-            bytesize as u64,
-            || {
-                call_real!(
-                    REAL.cuMemAllocManaged,
-                    fn(*mut CUdeviceptr, usize, c_uint) -> CUresult,
-                    dptr,
-                    bytesize,
-                    flags
-                )
-            },
-            || bytesize as u64,
-        )
-    })
-}
-
-/// The record leaves the table before the real free: once the driver has
-/// freed the address, another thread may be handed it and record it anew.
-/// The bytes return to the budget only after the driver has released them.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    let real = || call_real!(REAL.cuMemFree_v2, fn(CUdeviceptr) -> CUresult, dptr);
-    boundary("cuMemFree_v2", CUDA_ERROR_NOT_FOUND, || {
-        if dptr == 0 || disabled() {
-            return real();
-        }
-        let record = table().remove(&dptr).map(|(_, r)| r);
-        let rc = real();
-        if let Some(r) = record {
-            if rc == CUDA_SUCCESS {
-                if let Some(s) = slot(CUdevice::from(r.device)) {
-                    DeviceSlot::add(&s.frees, 1);
-                    if !s.budget.release(r.bytes) {
-                        log_once!(
-                            Error,
-                            "device {} gave back more bytes than it held; the count is clamped at zero",
-                            r.device
-                        );
-                    }
-                }
-            } else {
-                table().insert(dptr, r);
-            }
-        }
-        rc
-    })
-}
-
-/// Free and total as the cap sees them: total = min(cap, real total), free =
-/// min(real free, cap − held), never below zero.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    boundary("cuMemGetInfo_v2", CUDA_ERROR_NOT_FOUND, || {
-        let rc = call_real!(
-            REAL.cuMemGetInfo_v2,
-            fn(*mut usize, *mut usize) -> CUresult,
-            free,
-            total
-        );
-        if rc != CUDA_SUCCESS || disabled() || free.is_null() || total.is_null() {
-            return rc;
-        }
-        let Some(device) = current_device() else {
-            return rc;
-        };
-        let (Some(b), Some(limit)) = (budget(device), limit_of(device)) else {
-            return rc;
-        };
-        if limit == NO_CAP {
-            return rc;
-        }
-        let cap = usize::try_from(limit).unwrap_or(usize::MAX);
-        let room = usize::try_from(limit.saturating_sub(b.used())).unwrap_or(usize::MAX);
-        // SAFETY: both pointers are non-null and the driver just wrote them.
-        unsafe {
-            *total = (*total).min(cap);
-            *free = (*free).min(room).min(*total);
-        }
-        rc
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    boundary("cuDeviceTotalMem_v2", CUDA_ERROR_NOT_FOUND, || {
-        let rc = call_real!(
-            REAL.cuDeviceTotalMem_v2,
-            fn(*mut usize, CUdevice) -> CUresult,
-            bytes,
-            dev
-        );
-        if rc != CUDA_SUCCESS || disabled() || bytes.is_null() {
-            return rc;
-        }
-        if let Some(limit) = limit_of(dev)
-            && limit != NO_CAP
-        {
-            {
-                // SAFETY: non-null and just written by the driver.
-                unsafe { *bytes = (*bytes).min(usize::try_from(limit).unwrap_or(usize::MAX)) };
-            }
-        }
-        rc
-    })
 }
 
 /// Replaces a driver function pointer handed out by `cuGetProcAddress*` with
@@ -437,7 +328,12 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 /// # Safety
 /// `pfn` is non-null and holds what the real resolver wrote; `symbol` is the
 /// caller's NUL-terminated name.
-unsafe fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int) {
+unsafe fn substitute(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) {
     if disabled() {
         return;
     }
@@ -456,10 +352,16 @@ unsafe fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version:
     }
     // SAFETY: the real resolver accepted it as a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if let Some(h) = HOOKS
-        .iter()
-        .find(|h| h.base.as_bytes() == name && (h.since..h.until).contains(&cuda_version))
-    {
+    let flavour_ok = |h: &Hook| match h.per_thread {
+        None => true,
+        Some(true) => flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+        // With the default flags the driver picks by how the caller was
+        // built, which the shim cannot know: no substitution by name then.
+        Some(false) => flags == CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+    };
+    if let Some(h) = HOOKS.iter().find(|h| {
+        h.base.as_bytes() == name && (h.since..h.until).contains(&cuda_version) && flavour_ok(h)
+    }) {
         log_at!(
             Debug,
             "cuGetProcAddress({}, {cuda_version}): internal driver pointer, matched {:?} by version",
@@ -491,7 +393,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         );
         if rc == CUDA_SUCCESS && !pfn.is_null() {
             // SAFETY: pfn is non-null and the resolver filled it.
-            unsafe { substitute(symbol, pfn, cuda_version) };
+            unsafe { substitute(symbol, pfn, cuda_version, flags) };
         }
         rc
     })
@@ -515,7 +417,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
         );
         if rc == CUDA_SUCCESS && !pfn.is_null() {
             // SAFETY: pfn is non-null and the resolver filled it.
-            unsafe { substitute(symbol, pfn, cuda_version) };
+            unsafe { substitute(symbol, pfn, cuda_version, flags) };
         }
         rc
     })

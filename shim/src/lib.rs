@@ -37,8 +37,11 @@
 // CUDA or glibc documentation of the function of the same name.
 #![allow(clippy::missing_safety_doc)]
 
+mod alloc;
+mod cache;
 mod cuda;
 mod hooks;
+mod lifecycle;
 mod log;
 mod real;
 mod state;

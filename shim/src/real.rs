@@ -159,7 +159,7 @@ impl DynFn {
             .unwrap_or(ptr::null_mut());
         if p.is_null() {
             self.ptr.store(MISSING, Ordering::Release);
-            log_at!(Warn, "the CUDA driver has no {:?}", self.name);
+            log_at!(Debug, "the CUDA driver has no {:?}", self.name);
             None
         } else {
             self.ptr.store(p, Ordering::Release);

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use dashmap::DashMap;
-use vramcap_core::budget::{DeviceBudget, NO_CAP};
+use vramcap_core::budget::NO_CAP;
 use vramcap_core::limit::Amount;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Settings;
@@ -57,7 +57,19 @@ pub fn settings() -> &'static Settings {
 #[derive(Debug, Clone, Copy)]
 pub struct Record {
     pub device: u16,
+    /// Exported with `cuIpcGetMemHandle`: never cached.
+    pub exported: bool,
     pub bytes: u64,
+    /// The context that allocated it.
+    pub ctx: usize,
+    pub kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Device memory the cache may keep (`cuMemAlloc_v2`, `cuMemAllocPitch_v2`).
+    Device(vramcap_core::cache::Shape),
+    Managed,
 }
 
 /// Device pointers are 512-byte aligned and spread over a wide range; a
@@ -119,10 +131,6 @@ pub fn slot(device: CUdevice) -> Option<&'static DeviceSlot> {
         .and_then(|d| crate::stats::page().slots.get(d))
 }
 
-pub fn budget(device: CUdevice) -> Option<&'static DeviceBudget> {
-    slot(device).map(|s| &s.budget)
-}
-
 /// The cap of `device` in bytes ([`NO_CAP`] for none), worked out on first
 /// use. `None` when it cannot be worked out (the driver would not say how big
 /// the device is or what its UUID is): callers then refuse, keeping the cap
@@ -135,7 +143,24 @@ pub fn limit_of(device: CUdevice) -> Option<u64> {
     let l = compute_limit(device, s)?;
     s.budget.set_limit(l);
     s.mark_active();
+    let base = if l == NO_CAP {
+        device_total(device).unwrap_or(0)
+    } else {
+        l
+    };
+    crate::cache::set_bound(device as u16, base);
     Some(l)
+}
+
+fn device_total(device: CUdevice) -> Option<u64> {
+    let mut total: usize = 0;
+    let rc = call_real!(
+        REAL.cuDeviceTotalMem_v2,
+        fn(*mut usize, CUdevice) -> i32,
+        &mut total,
+        device
+    );
+    (rc == CUDA_SUCCESS).then_some(total as u64)
 }
 
 fn compute_limit(device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
@@ -212,4 +237,5 @@ fn compute_limit(device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
 pub fn reset_after_fork() {
     TABLE.store(ptr::null_mut(), Ordering::Release);
     crate::stats::reset_after_fork();
+    crate::cache::reset_after_fork();
 }

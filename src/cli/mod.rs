@@ -1,2 +1,3 @@
 pub mod doctor;
 pub mod stat;
+pub mod trim;

@@ -42,7 +42,8 @@
  *   info                  cuMemGetInfo_v2 -> "info -> RC free=F total=T"
  *   total N               cuDeviceTotalMem_v2 -> "total N -> RC bytes=B"
  *   standin               per device: "standin dev=N used=U peak=P"
- *   counts                "counts alloc=A free=F getprocaddress=G alias=X"
+ *   counts                "counts alloc=A free=F getprocaddress=G alias=X
+ *                         sync=S capture=C ipc=I" (one line)
  *   wait                  print "wait", block until a line or EOF arrives on
  *                         stdin, then print "resumed" (lets a test look at
  *                         the process while it holds memory, without sleeps)
@@ -57,6 +58,32 @@
  *   default NAME          dlsym(RTLD_DEFAULT) -> "default NAME -> lib=L"
  *   call-resolved cuMemAlloc  resolve now and allocate 1 MiB through it
  *                         -> "call-resolved cuMemAlloc -> RC #SLOT"
+ *   pairs N SIZE          N times cuMemAlloc_v2 then cuMemFree_v2 of it,
+ *                         stopping at the first error (slots are not used)
+ *                         -> "pairs N BYTES -> ok=K rc=RC" (K pairs done,
+ *                            RC the first error or 0)
+ *   ptr SLOT              -> "ptr #SLOT = 0xHEX" (the slot's address)
+ *   ipc SLOT              cuIpcGetMemHandle of the slot's pointer
+ *                         -> "ipc #SLOT -> RC"
+ *   sync                  cuCtxSynchronize            -> "sync -> RC"
+ *   stream                cuStreamCreate(flags 0), remembered as the
+ *                         client's stream (NULL until then) -> "stream -> RC"
+ *   capture-begin         cuStreamBeginCapture_v2(client's stream,
+ *                         CU_STREAM_CAPTURE_MODE_RELAXED)
+ *                         -> "capture-begin -> RC"
+ *   capture-end           cuStreamEndCapture(client's stream)
+ *                         -> "capture-end -> RC"
+ *   ctxcreate             cuCtxCreate_v4(NULL params, flags 0, device 0),
+ *                         which also makes it current; remembered
+ *                         -> "ctxcreate -> RC"
+ *   ctxdestroy            cuCtxDestroy_v2 of the remembered context (NULL
+ *                         if none; again if already destroyed)
+ *                         -> "ctxdestroy -> RC"
+ *   release N             cuDevicePrimaryCtxRelease_v2(N) -> "release N -> RC"
+ *   reset N               cuDevicePrimaryCtxReset_v2(N)   -> "reset N -> RC"
+ *                         (neither touches the client's own record of
+ *                         retained primary contexts: "ctx N" does not
+ *                         retain device N's again)
  *
  * lib=L is the basename of the object containing the pointer: "null" for
  * NULL, "?" if dladdr does not know it.
@@ -130,6 +157,16 @@ struct api {
     CUresult (*mem_free)(CUdeviceptr);
     CUresult (*mem_get_info)(size_t *, size_t *);
     CUresult (*device_total_mem)(size_t *, CUdevice);
+    CUresult (*ctx_synchronize)(void);
+    CUresult (*stream_create)(CUstream *, unsigned int);
+    CUresult (*stream_begin_capture)(CUstream, CUstreamCaptureMode);
+    CUresult (*stream_end_capture)(CUstream, CUgraph *);
+    CUresult (*ipc_get_mem_handle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*ctx_create)(CUcontext *, CUctxCreateParams *, unsigned int,
+                           CUdevice);
+    CUresult (*ctx_destroy)(CUcontext);
+    CUresult (*primary_ctx_release)(CUdevice);
+    CUresult (*primary_ctx_reset)(CUdevice);
 };
 static struct api api;
 
@@ -162,6 +199,24 @@ static const struct {
       offsetof(struct api, mem_get_info) },
     { "cuDeviceTotalMem", "cuDeviceTotalMem_v2", 3020,
       offsetof(struct api, device_total_mem) },
+    { "cuCtxSynchronize", "cuCtxSynchronize", 2000,
+      offsetof(struct api, ctx_synchronize) },
+    { "cuStreamCreate", "cuStreamCreate", 2000,
+      offsetof(struct api, stream_create) },
+    { "cuStreamBeginCapture", "cuStreamBeginCapture_v2", 10010,
+      offsetof(struct api, stream_begin_capture) },
+    { "cuStreamEndCapture", "cuStreamEndCapture", 10000,
+      offsetof(struct api, stream_end_capture) },
+    { "cuIpcGetMemHandle", "cuIpcGetMemHandle", 4010,
+      offsetof(struct api, ipc_get_mem_handle) },
+    { "cuCtxCreate", "cuCtxCreate_v4", 12050,
+      offsetof(struct api, ctx_create) },
+    { "cuCtxDestroy", "cuCtxDestroy_v2", 4000,
+      offsetof(struct api, ctx_destroy) },
+    { "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", 11000,
+      offsetof(struct api, primary_ctx_release) },
+    { "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", 11000,
+      offsetof(struct api, primary_ctx_reset) },
 };
 
 _Static_assert(sizeof(void *) == sizeof(void (*)(void)),
@@ -226,6 +281,37 @@ static CUresult l_device_total_mem(size_t *b, CUdevice d)
 {
     return cuDeviceTotalMem_v2(b, d);
 }
+static CUresult l_ctx_synchronize(void) { return cuCtxSynchronize(); }
+static CUresult l_stream_create(CUstream *s, unsigned int f)
+{
+    return cuStreamCreate(s, f);
+}
+static CUresult l_stream_begin_capture(CUstream s, CUstreamCaptureMode m)
+{
+    return cuStreamBeginCapture_v2(s, m);
+}
+static CUresult l_stream_end_capture(CUstream s, CUgraph *g)
+{
+    return cuStreamEndCapture(s, g);
+}
+static CUresult l_ipc_get_mem_handle(CUipcMemHandle *h, CUdeviceptr p)
+{
+    return cuIpcGetMemHandle(h, p);
+}
+static CUresult l_ctx_create(CUcontext *c, CUctxCreateParams *p,
+                             unsigned int f, CUdevice d)
+{
+    return cuCtxCreate_v4(c, p, f, d);
+}
+static CUresult l_ctx_destroy(CUcontext c) { return cuCtxDestroy_v2(c); }
+static CUresult l_primary_ctx_release(CUdevice d)
+{
+    return cuDevicePrimaryCtxRelease_v2(d);
+}
+static CUresult l_primary_ctx_reset(CUdevice d)
+{
+    return cuDevicePrimaryCtxReset_v2(d);
+}
 
 static void setup_linked(void)
 {
@@ -241,6 +327,15 @@ static void setup_linked(void)
         .mem_free = l_mem_free,
         .mem_get_info = l_mem_get_info,
         .device_total_mem = l_device_total_mem,
+        .ctx_synchronize = l_ctx_synchronize,
+        .stream_create = l_stream_create,
+        .stream_begin_capture = l_stream_begin_capture,
+        .stream_end_capture = l_stream_end_capture,
+        .ipc_get_mem_handle = l_ipc_get_mem_handle,
+        .ctx_create = l_ctx_create,
+        .ctx_destroy = l_ctx_destroy,
+        .primary_ctx_release = l_primary_ctx_release,
+        .primary_ctx_reset = l_primary_ctx_reset,
     };
 }
 #endif
@@ -409,10 +504,29 @@ static size_t add_slot(CUdeviceptr ptr)
     return g_nslots++;
 }
 
+/* A slot number, "N" or "#N"; its existence is checked when run. */
+static size_t parse_slot(const char *arg)
+{
+    const char *s = arg[0] == '#' ? arg + 1 : arg;
+    return (size_t)parse_uint(s, 1L << 40, "slot");
+}
+
+/* Slot n, which must exist by now (else a usage error). */
+static struct slot *slot(size_t n)
+{
+    if (n >= g_nslots)
+        die(EXIT_USAGE, "no slot #%zu", n);
+    return &g_slots[n];
+}
+
 /* ---- Contexts ------------------------------------------------------------ */
 
 /* Primary contexts retained so far, by device ordinal. */
 static CUcontext g_ctx[MAX_CACHED_DEVICES];
+
+/* The context from the last "ctxcreate" and the stream from "stream". */
+static CUcontext g_created_ctx;
+static CUstream g_stream;
 
 /* Device ordinal's primary context, retained once; CUDA_SUCCESS or error. */
 static CUresult primary_ctx(int ordinal, CUcontext *ctx)
@@ -560,9 +674,10 @@ static void cmd_counts(void)
     }
     unsigned long (*count)(const char *);
     memcpy(&count, &p, sizeof p);
-    out("counts alloc=%lu free=%lu getprocaddress=%lu alias=%lu",
+    out("counts alloc=%lu free=%lu getprocaddress=%lu alias=%lu sync=%lu "
+        "capture=%lu ipc=%lu",
         count("alloc"), count("free"), count("getprocaddress"),
-        count("alias"));
+        count("alias"), count("sync"), count("capture"), count("ipc"));
 }
 
 static bool have_resolver(void)
@@ -636,6 +751,9 @@ static void usage(void)
           "  info | total N | standin | counts | threads T ITERS MAXSIZE |\n"
           "  resolve NAME VERSION FLAGS | resolve4 NAME VERSION FLAGS |\n"
           "  dlsym NAME | next NAME | default NAME | call-resolved cuMemAlloc\n"
+          "  | pairs N SIZE | ptr SLOT | ipc SLOT | sync | stream |\n"
+          "  capture-begin | capture-end | ctxcreate | ctxdestroy |\n"
+          "  release N | reset N\n"
           "SIZE: bytes, or a number with K, M or G (powers of 1024)\n",
           stderr);
     exit(EXIT_USAGE);
@@ -852,6 +970,87 @@ static int command(int argc, char **argv, bool run)
                 argv[1]);
         if (run)
             cmd_call_resolved(argv[1]);
+        return 2;
+    }
+    if (strcmp(cmd, "pairs") == 0) {
+        NEED(2);
+        long n = parse_uint(argv[1], 1L << 40, "pair count");
+        size_t size = parse_size(argv[2]);
+        if (!run)
+            return 3;
+        long ok = 0;
+        CUresult rc = CUDA_SUCCESS;
+        while (ok < n) {
+            CUdeviceptr ptr;
+            rc = api.mem_alloc(&ptr, size);
+            if (rc != CUDA_SUCCESS)
+                break;
+            rc = api.mem_free(ptr);
+            if (rc != CUDA_SUCCESS)
+                break;
+            ok++;
+        }
+        out("pairs %ld %zu -> ok=%ld rc=%d", n, size, ok, rc);
+        return 3;
+    }
+    if (strcmp(cmd, "ptr") == 0) {
+        NEED(1);
+        size_t n = parse_slot(argv[1]);
+        if (run)
+            out("ptr #%zu = 0x%llx", n, slot(n)->ptr);
+        return 2;
+    }
+    if (strcmp(cmd, "ipc") == 0) {
+        NEED(1);
+        size_t n = parse_slot(argv[1]);
+        if (!run)
+            return 2;
+        CUipcMemHandle handle;
+        out("ipc #%zu -> %d", n, api.ipc_get_mem_handle(&handle, slot(n)->ptr));
+        return 2;
+    }
+    if (strcmp(cmd, "sync") == 0) {
+        if (run)
+            out("sync -> %d", api.ctx_synchronize());
+        return 1;
+    }
+    if (strcmp(cmd, "stream") == 0) {
+        if (run)
+            out("stream -> %d", api.stream_create(&g_stream, 0));
+        return 1;
+    }
+    if (strcmp(cmd, "capture-begin") == 0) {
+        if (run)
+            out("capture-begin -> %d",
+                api.stream_begin_capture(g_stream,
+                                         CU_STREAM_CAPTURE_MODE_RELAXED));
+        return 1;
+    }
+    if (strcmp(cmd, "capture-end") == 0) {
+        if (run) {
+            CUgraph graph = NULL;
+            out("capture-end -> %d", api.stream_end_capture(g_stream, &graph));
+        }
+        return 1;
+    }
+    if (strcmp(cmd, "ctxcreate") == 0) {
+        if (run)
+            out("ctxcreate -> %d", api.ctx_create(&g_created_ctx, NULL, 0, 0));
+        return 1;
+    }
+    if (strcmp(cmd, "ctxdestroy") == 0) {
+        if (run)
+            out("ctxdestroy -> %d", api.ctx_destroy(g_created_ctx));
+        return 1;
+    }
+    if (strcmp(cmd, "release") == 0 || strcmp(cmd, "reset") == 0) {
+        NEED(1);
+        int n = (int)parse_uint(argv[1], 1000000, "device");
+        if (!run)
+            return 2;
+        CUresult rc = strcmp(cmd, "release") == 0 ? api.primary_ctx_release(n)
+                                                  : api.primary_ctx_reset(n);
+        out("%s %d -> %d", cmd, n, rc);
         return 2;
     }
 #undef NEED

@@ -4,10 +4,12 @@
  *
  * It exports a small part of the CUDA 13 driver API with the real ABI and
  * models what vramcap cares about: devices with a fixed amount of memory,
- * primary contexts, a thread-local current context, exact per-device
- * accounting of allocations, and cuGetProcAddress's versioned lookup of
- * driver entry points. Device memory is never real: the addresses handed
- * out are fake and must never be dereferenced.
+ * primary and created contexts that own their allocations, a thread-local
+ * context stack, exact per-device accounting of allocations, streams with
+ * stream capture (state only: nothing ever runs), IPC handles, and
+ * cuGetProcAddress's versioned lookup of driver entry points. Device memory
+ * is never real: the addresses handed out are fake and must never be
+ * dereferenced.
  *
  * Environment (read once, when the library is loaded):
  *   STANDIN_DEVICES          number of devices, 0..8 (default 2)
@@ -27,6 +29,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +42,10 @@
 #define DEFAULT_TOTAL_MIB 16384
 #define MAX_TOTAL_MIB (256 * 1024)    /* keeps live memory well inside a window */
 #define MIB ((size_t)1 << 20)
+#define CTX_STACK_DEPTH 16            /* per-thread context stack */
+#define MAX_CREATED_CTX 64            /* live contexts from cuCtxCreate */
+#define CTX_SLOTS 1024                /* handles cycle through these */
+#define STREAM_SLOTS 1024             /* live streams */
 
 /*
  * Fake address layout: device N hands out addresses from its own 1 TiB
@@ -62,19 +69,51 @@ static struct {
 } g_cfg;
 static pthread_once_t g_cfg_once = PTHREAD_ONCE_INIT;
 
-/* A context object; the stand-in only has one primary context per device. */
+/*
+ * A context object: one primary context per device (g_ctx, permanent
+ * handles; active while retained) and up to MAX_CREATED_CTX live contexts
+ * from cuCtxCreate (g_created). Created handles are taken round-robin from
+ * CTX_SLOTS slots, so a destroyed handle stays invalid for a long time
+ * before its slot is reused. live is only used by created contexts and is
+ * protected by g_lock.
+ */
 struct CUctx_st {
     CUdevice dev;
+    bool live;
 };
 static struct CUctx_st g_ctx[MAX_DEVICES];
+static struct CUctx_st g_created[CTX_SLOTS];
+static size_t g_created_next;  /* where the search for a free slot starts */
+static int g_created_live;     /* live created contexts */
 
 /* One allocation. */
 struct block {
     CUdeviceptr addr;     /* start address (512-aligned) */
     size_t span;          /* address space reserved: bytes rounded up to 512 */
     size_t bytes;         /* bytes accounted against the device */
+    CUcontext owner;      /* the context current when it was allocated */
+    bool ipc;             /* cuMemAlloc_v2 / cuMemAllocPitch_v2: exportable */
     bool live;            /* false: freed, awaiting removal from the array */
 };
+
+/*
+ * A stream from cuStreamCreate, owned by the context current at creation;
+ * ctx == NULL marks a free slot. Protected by g_lock. Handles are taken
+ * round-robin like those of created contexts.
+ */
+struct CUstream_st {
+    CUcontext ctx;
+    unsigned int flags;
+    CUstreamCaptureStatus capture;
+};
+static struct CUstream_st g_streams[STREAM_SLOTS];
+static size_t g_streams_next;
+
+/* What cuStreamEndCapture hands out: a graph that is never looked at. */
+struct CUgraph_st {
+    int unused;
+};
+static struct CUgraph_st g_graph;
 
 /*
  * Per-device bookkeeping, protected by g_lock.
@@ -103,9 +142,16 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool g_initialized;          /* cuInit succeeded */
 static atomic_ulong g_getprocaddress_calls; /* calls of either resolver */
 static atomic_ulong g_alias_calls;         /* calls through alias pointers */
+static atomic_ulong g_sync_calls;          /* cuCtxSynchronize calls */
+static atomic_ulong g_captures;            /* stream captures begun */
+static atomic_ulong g_ipc_calls;           /* cuIpcGetMemHandle calls */
 
-/* The calling thread's current context (NULL: none). */
-static _Thread_local CUcontext t_current;
+/*
+ * The calling thread's context stack; the top (t_stack[t_depth - 1]) is its
+ * current context, none when t_depth is 0.
+ */
+static _Thread_local CUcontext t_stack[CTX_STACK_DEPTH];
+static _Thread_local int t_depth;
 
 /* ---- Configuration -------------------------------------------------------- */
 
@@ -195,10 +241,89 @@ static bool valid_device(CUdevice dev)
     return dev >= 0 && dev < g_cfg.devices;
 }
 
+/* The calling thread's current context, or NULL if there is none. */
+static CUcontext current_ctx(void)
+{
+    return t_depth > 0 ? t_stack[t_depth - 1] : NULL;
+}
+
 /* Device of the calling thread's current context, or -1 if there is none. */
 static int current_device(void)
 {
-    return t_current != NULL ? t_current->dev : -1;
+    CUcontext ctx = current_ctx();
+    return ctx != NULL ? ctx->dev : -1;
+}
+
+/*
+ * Index of p in the array base of n elements of size elem, or -1 if p does
+ * not point at one of them (compared as integers: p may be any value).
+ */
+static long array_index(const void *p, const void *base, size_t n, size_t elem)
+{
+    uintptr_t u = (uintptr_t)p, b = (uintptr_t)base;
+    if (u < b || u - b >= n * elem || (u - b) % elem != 0)
+        return -1;
+    return (long)((u - b) / elem);
+}
+
+/* True if ctx is the primary context handle of a simulated device. */
+static bool is_primary(CUcontext ctx)
+{
+    long i = array_index(ctx, g_ctx, MAX_DEVICES, sizeof g_ctx[0]);
+    return i >= 0 && i < g_cfg.devices;
+}
+
+/* True if ctx is a created context handle (live or destroyed). */
+static bool is_created(CUcontext ctx)
+{
+    return array_index(ctx, g_created, CTX_SLOTS, sizeof g_created[0]) >= 0;
+}
+
+/*
+ * True if ctx names a context that exists: a primary context (active or not)
+ * or a created context not yet destroyed. Caller holds g_lock.
+ */
+static bool ctx_exists_locked(CUcontext ctx)
+{
+    return is_primary(ctx) || (is_created(ctx) && ctx->live);
+}
+
+static bool ctx_exists(CUcontext ctx)
+{
+    if (is_primary(ctx))
+        return true;
+    pthread_mutex_lock(&g_lock);
+    bool exists = ctx_exists_locked(ctx);
+    pthread_mutex_unlock(&g_lock);
+    return exists;
+}
+
+/*
+ * The calling thread's current context for an entry point that needs one:
+ * CUDA_ERROR_INVALID_CONTEXT if there is none, CUDA_ERROR_CONTEXT_IS_DESTROYED
+ * if it is a created context that was destroyed since it was made current
+ * (by another thread, or lower in this thread's stack).
+ */
+static CUresult check_current(CUcontext *out)
+{
+    CUcontext ctx = current_ctx();
+    if (ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx_exists(ctx))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    *out = ctx;
+    return CUDA_SUCCESS;
+}
+
+/*
+ * Whether ctx can allocate: a created context that still exists, or a
+ * primary context that is active (retained). Caller holds g_lock.
+ */
+static bool ctx_usable_locked(CUcontext ctx)
+{
+    if (is_primary(ctx))
+        return g_dev[ctx->dev].primary_refs > 0;
+    return is_created(ctx) && ctx->live;
 }
 
 /* Index of the first block of d that ends after addr (d->nblocks if none). */
@@ -295,25 +420,64 @@ static void compact_blocks(struct device_state *d)
     d->ndead = 0;
 }
 
+/* Mark block i of d freed (counted as a free). Caller holds g_lock. */
+static void free_block_locked(struct device_state *d, size_t i)
+{
+    d->blocks[i].live = false;
+    d->ndead++;
+    d->used -= d->blocks[i].bytes;
+    d->frees++;
+}
+
+/* Compact d->blocks once dead blocks are most of it. Caller holds g_lock. */
+static void maybe_compact(struct device_state *d)
+{
+    if (d->ndead > 64 && d->ndead > d->nblocks / 2)
+        compact_blocks(d);
+}
+
 /*
- * Account bytes (reserving span bytes of address space) on device dev and
- * return the new block's address. Returns CUDA_SUCCESS or
- * CUDA_ERROR_OUT_OF_MEMORY.
+ * Release everything ctx owns: its live allocations (each counted as a free)
+ * and its streams (ending any capture on them). Used when a context is
+ * destroyed and when a primary context is deactivated or reset. Caller holds
+ * g_lock.
  */
-static CUresult account_alloc(int dev, size_t bytes, size_t span,
-                              CUdeviceptr *out)
+static void release_ctx_locked(CUcontext ctx)
+{
+    struct device_state *d = &g_dev[ctx->dev];
+    for (size_t i = 0; i < d->nblocks; i++)
+        if (d->blocks[i].live && d->blocks[i].owner == ctx)
+            free_block_locked(d, i);
+    maybe_compact(d);
+    for (size_t i = 0; i < STREAM_SLOTS; i++)
+        if (g_streams[i].ctx == ctx)
+            g_streams[i] = (struct CUstream_st){ 0 };
+}
+
+/*
+ * Account bytes (reserving span bytes of address space) on the device of
+ * context ctx, owned by ctx, and return the new block's address. Returns
+ * CUDA_SUCCESS, CUDA_ERROR_CONTEXT_IS_DESTROYED (ctx destroyed, or an
+ * inactive primary context) or CUDA_ERROR_OUT_OF_MEMORY.
+ */
+static CUresult account_alloc(CUcontext ctx, size_t bytes, size_t span,
+                              bool ipc, CUdeviceptr *out)
 {
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    int dev = ctx->dev;
     struct device_state *d = &g_dev[dev];
     CUdeviceptr addr;
     size_t first, last;
 
     pthread_mutex_lock(&g_lock);
-    if (bytes <= g_cfg.total_bytes - d->used &&
+    if (!ctx_usable_locked(ctx)) {
+        rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    } else if (bytes <= g_cfg.total_bytes - d->used &&
         find_address(dev, span, &addr, &first, &last) &&
         insert_block(d, first, last,
                      (struct block){ .addr = addr, .span = span,
-                                     .bytes = bytes, .live = true })) {
+                                     .bytes = bytes, .owner = ctx,
+                                     .ipc = ipc, .live = true })) {
         d->next = addr + span;
         d->used += bytes;
         if (d->used > d->peak)
@@ -326,15 +490,19 @@ static CUresult account_alloc(int dev, size_t bytes, size_t span,
     return rc;
 }
 
-/* Common path of every allocation entry point. */
-static CUresult alloc_common(CUdeviceptr *dptr, size_t bytes, size_t span)
+/*
+ * Common path of every allocation entry point; ipc: the block may be
+ * exported with cuIpcGetMemHandle.
+ */
+static CUresult alloc_common(CUdeviceptr *dptr, size_t bytes, size_t span,
+                             bool ipc)
 {
-    int dev = current_device();
-    if (dev < 0)
+    CUcontext ctx = current_ctx();
+    if (ctx == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    return account_alloc(dev, bytes, span, dptr);
+    return account_alloc(ctx, bytes, span, ipc, dptr);
 }
 
 static size_t round_up(size_t n, size_t align)
@@ -482,9 +650,12 @@ LOCAL(cuDeviceGetAttribute)
 /* ---- Contexts ------------------------------------------------------------- */
 
 /*
- * Primary contexts are static objects that live as long as the library;
- * retain/release only maintain a reference count (releasing the last
- * reference does not free the device's memory, unlike the real driver).
+ * Primary contexts are static objects that live as long as the library, so a
+ * primary context keeps its handle. Retain counts a reference and activates
+ * it; releasing the last reference (or cuDevicePrimaryCtxReset_v2)
+ * deactivates it and releases everything it owns, like the real driver. An
+ * inactive primary context may still be current; allocating in it gives
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED until it is retained again.
  */
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
@@ -510,28 +681,174 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         return CUDA_ERROR_INVALID_DEVICE;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_lock);
-    if (g_dev[dev].primary_refs > 0)
-        g_dev[dev].primary_refs--;
-    else
+    if (g_dev[dev].primary_refs > 0) {
+        if (--g_dev[dev].primary_refs == 0)
+            release_ctx_locked(&g_ctx[dev]);
+    } else {
         rc = CUDA_ERROR_INVALID_CONTEXT;
+    }
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
 LOCAL(cuDevicePrimaryCtxRelease_v2)
 
+/* Flags are always 0 (cuDevicePrimaryCtxSetFlags is a stub). */
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
+                                    int *active)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (flags == NULL || active == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    *active = g_dev[dev].primary_refs > 0;
+    pthread_mutex_unlock(&g_lock);
+    *flags = 0;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDevicePrimaryCtxGetState)
+
+/* Releases everything the primary context owns and deactivates it. */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    release_ctx_locked(&g_ctx[dev]);
+    g_dev[dev].primary_refs = 0;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDevicePrimaryCtxReset_v2)
+
+/*
+ * A new context, pushed onto the calling thread's stack. Execution affinity
+ * and CIG parameters are not modelled (CUDA_ERROR_NOT_SUPPORTED); a full
+ * context stack gives CUDA_ERROR_INVALID_VALUE and MAX_CREATED_CTX live
+ * contexts CUDA_ERROR_OUT_OF_MEMORY.
+ */
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                        unsigned int flags, CUdevice dev)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pctx == NULL || (flags & ~(unsigned int)CU_CTX_FLAGS_MASK) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ctxCreateParams != NULL &&
+        (ctxCreateParams->numExecAffinityParams != 0 ||
+         ctxCreateParams->execAffinityParams != NULL ||
+         ctxCreateParams->cigParams != NULL))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (t_depth == CTX_STACK_DEPTH)
+        return CUDA_ERROR_INVALID_VALUE;
+
+    CUcontext ctx = NULL;
+    pthread_mutex_lock(&g_lock);
+    if (g_created_live < MAX_CREATED_CTX) {
+        for (size_t n = 0; n < CTX_SLOTS; n++) {
+            size_t i = (g_created_next + n) % CTX_SLOTS;
+            if (!g_created[i].live) {
+                ctx = &g_created[i];
+                ctx->dev = dev;
+                ctx->live = true;
+                g_created_live++;
+                g_created_next = (i + 1) % CTX_SLOTS;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (ctx == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    t_stack[t_depth++] = ctx;
+    *pctx = ctx;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuCtxCreate_v4)
+
+/*
+ * Destroys a created context and releases everything it owns. It is removed
+ * from the calling thread's stack (every occurrence, so it can not become
+ * current again here); threads where it is still current get
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED.
+ */
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (is_primary(ctx))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&g_lock);
+    if (is_created(ctx) && ctx->live) {
+        release_ctx_locked(ctx);
+        ctx->live = false;
+        g_created_live--;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == CUDA_SUCCESS) {
+        int n = 0;
+        for (int i = 0; i < t_depth; i++)
+            if (t_stack[i] != ctx)
+                t_stack[n++] = t_stack[i];
+        t_depth = n;
+    }
+    return rc;
+}
+LOCAL(cuCtxDestroy_v2)
+
+/* A full stack (CTX_STACK_DEPTH) gives CUDA_ERROR_INVALID_VALUE. */
+CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx == NULL || !ctx_exists(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth == CTX_STACK_DEPTH)
+        return CUDA_ERROR_INVALID_VALUE;
+    t_stack[t_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuCtxPushCurrent_v2)
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (t_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext ctx = t_stack[--t_depth];
+    if (pctx != NULL)
+        *pctx = ctx;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuCtxPopCurrent_v2)
+
+/*
+ * Like the real driver: replaces the top of the stack (pushes onto an empty
+ * one); NULL pops the top (nothing to do on an empty stack).
+ */
 CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     if (!initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (ctx != NULL) {
-        /* Only the primary contexts exist. */
-        bool known = false;
-        for (int i = 0; i < g_cfg.devices; i++)
-            known = known || ctx == &g_ctx[i];
-        if (!known)
-            return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx == NULL) {
+        if (t_depth > 0)
+            t_depth--;
+        return CUDA_SUCCESS;
     }
-    t_current = ctx;
+    if (!ctx_exists(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth == 0)
+        t_depth = 1;
+    t_stack[t_depth - 1] = ctx;
     return CUDA_SUCCESS;
 }
 LOCAL(cuCtxSetCurrent)
@@ -542,7 +859,7 @@ CUresult cuCtxGetCurrent(CUcontext *pctx)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (pctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *pctx = t_current;
+    *pctx = current_ctx();
     return CUDA_SUCCESS;
 }
 LOCAL(cuCtxGetCurrent)
@@ -553,22 +870,283 @@ CUresult cuCtxGetDevice(CUdevice *device)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (device == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    int dev = current_device();
-    if (dev < 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    *device = dev;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *device = ctx->dev;
     return CUDA_SUCCESS;
 }
 LOCAL(cuCtxGetDevice)
 
-/* There is no work to wait for; only the context is checked. */
+/* True if a stream capture is active (not invalidated). Caller holds g_lock. */
+static bool capture_active_locked(void)
+{
+    for (size_t i = 0; i < STREAM_SLOTS; i++)
+        if (g_streams[i].ctx != NULL &&
+            g_streams[i].capture == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+            return true;
+    return false;
+}
+
+/*
+ * There is no work to wait for; only the context is checked. While any
+ * stream capture is active, synchronizing is illegal: like the real driver
+ * this fails and invalidates every active capture.
+ */
 CUresult cuCtxSynchronize(void)
+{
+    atomic_fetch_add_explicit(&g_sync_calls, 1, memory_order_relaxed);
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < STREAM_SLOTS; i++) {
+        if (g_streams[i].ctx != NULL &&
+            g_streams[i].capture == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+            g_streams[i].capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuCtxSynchronize)
+
+/* ---- Streams and stream capture ------------------------------------------- */
+
+/*
+ * Streams only carry capture state. A handle is CU_STREAM_LEGACY,
+ * CU_STREAM_PER_THREAD, NULL (the legacy stream, or the per-thread stream in
+ * the _ptsz variants) or a stream from cuStreamCreate. Capturing either
+ * default stream is not modelled: it gives
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (the real driver refuses it for the
+ * legacy stream). Other handles that are not live streams give
+ * CUDA_ERROR_INVALID_HANDLE.
+ */
+enum stream_kind { STREAM_LEGACY, STREAM_PER_THREAD, STREAM_CREATED };
+
+static enum stream_kind stream_kind(CUstream h, bool ptsz)
+{
+    if (h == NULL)
+        return ptsz ? STREAM_PER_THREAD : STREAM_LEGACY;
+    if (h == CU_STREAM_LEGACY)
+        return STREAM_LEGACY;
+    if (h == CU_STREAM_PER_THREAD)
+        return STREAM_PER_THREAD;
+    return STREAM_CREATED;
+}
+
+/* The live created stream h, or NULL. Caller holds g_lock. */
+static struct CUstream_st *live_stream_locked(CUstream h)
+{
+    if (array_index(h, g_streams, STREAM_SLOTS, sizeof g_streams[0]) < 0 ||
+        h->ctx == NULL)
+        return NULL;
+    return h;
+}
+
+/* Flags: CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING. */
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
     if (!initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    return current_device() < 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+    if (phStream == NULL ||
+        (Flags != CU_STREAM_DEFAULT && Flags != CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    for (size_t n = 0; n < STREAM_SLOTS; n++) {
+        size_t i = (g_streams_next + n) % STREAM_SLOTS;
+        if (g_streams[i].ctx == NULL) {
+            g_streams[i] = (struct CUstream_st){
+                .ctx = ctx, .flags = Flags,
+                .capture = CU_STREAM_CAPTURE_STATUS_NONE };
+            g_streams_next = (i + 1) % STREAM_SLOTS;
+            *phStream = &g_streams[i];
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
 }
-LOCAL(cuCtxSynchronize)
+LOCAL(cuStreamCreate)
+
+/* Destroying a capturing stream ends its capture. */
+CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    struct CUstream_st *s = live_stream_locked(hStream);
+    if (s != NULL) {
+        *s = (struct CUstream_st){ 0 };
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuStreamDestroy_v2)
+
+/* Common part of the four cuStreamBeginCapture variants. */
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+        mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (stream_kind(h, ptsz) != STREAM_CREATED)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    struct CUstream_st *s = live_stream_locked(h);
+    if (s != NULL && s->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    } else if (s != NULL) {
+        s->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        atomic_fetch_add_explicit(&g_captures, 1, memory_order_relaxed);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* CUDA 10.0 ABI: no mode argument, global mode. */
+CUresult cuStreamBeginCapture(CUstream hStream)
+{
+    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
+}
+LOCAL(cuStreamBeginCapture)
+
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, true);
+}
+LOCAL(cuStreamBeginCapture_ptsz)
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    return begin_capture(hStream, mode, false);
+}
+LOCAL(cuStreamBeginCapture_v2)
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream,
+                                      CUstreamCaptureMode mode)
+{
+    return begin_capture(hStream, mode, true);
+}
+LOCAL(cuStreamBeginCapture_v2_ptsz)
+
+/*
+ * Ends the capture either way: a dummy graph if it was still active,
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and NULL if it was invalidated.
+ * Streams that are not capturing give CUDA_ERROR_ILLEGAL_STATE.
+ */
+static CUresult end_capture(CUstream h, CUgraph *phGraph, bool ptsz)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (phGraph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *phGraph = NULL;
+    if (stream_kind(h, ptsz) != STREAM_CREATED)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    struct CUstream_st *s = live_stream_locked(h);
+    if (s != NULL) {
+        switch (s->capture) {
+        case CU_STREAM_CAPTURE_STATUS_ACTIVE:
+            *phGraph = &g_graph;
+            rc = CUDA_SUCCESS;
+            break;
+        case CU_STREAM_CAPTURE_STATUS_INVALIDATED:
+            rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+            break;
+        default:
+            rc = CUDA_ERROR_ILLEGAL_STATE;
+            break;
+        }
+        s->capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    return end_capture(hStream, phGraph, false);
+}
+LOCAL(cuStreamEndCapture)
+
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+    return end_capture(hStream, phGraph, true);
+}
+LOCAL(cuStreamEndCapture_ptsz)
+
+/*
+ * A created stream reports its own status. The legacy stream would depend on
+ * any capturing stream: while a capture is active anywhere in the process it
+ * gives CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, otherwise NONE. The per-thread
+ * stream is never capturing.
+ */
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status,
+                             bool ptsz)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (status == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    switch (stream_kind(h, ptsz)) {
+    case STREAM_LEGACY:
+        if (capture_active_locked())
+            rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        else
+            *status = CU_STREAM_CAPTURE_STATUS_NONE;
+        break;
+    case STREAM_PER_THREAD:
+        *status = CU_STREAM_CAPTURE_STATUS_NONE;
+        break;
+    case STREAM_CREATED: {
+        struct CUstream_st *s = live_stream_locked(h);
+        if (s != NULL)
+            *status = s->capture;
+        else
+            rc = CUDA_ERROR_INVALID_HANDLE;
+        break;
+    }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream,
+                             CUstreamCaptureStatus *captureStatus)
+{
+    return is_capturing(hStream, captureStatus, false);
+}
+LOCAL(cuStreamIsCapturing)
+
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream,
+                                  CUstreamCaptureStatus *captureStatus)
+{
+    return is_capturing(hStream, captureStatus, true);
+}
+LOCAL(cuStreamIsCapturing_ptsz)
 
 /* ---- Memory --------------------------------------------------------------- */
 
@@ -583,7 +1161,7 @@ CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
     if (dptr == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr addr;
-    CUresult rc = alloc_common(&addr, bytesize, span_for(bytesize));
+    CUresult rc = alloc_common(&addr, bytesize, span_for(bytesize), false);
     if (rc == CUDA_SUCCESS)
         *dptr = (CUdeviceptr_v1)addr;
     return rc;
@@ -596,7 +1174,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (dptr == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_common(dptr, bytesize, span_for(bytesize));
+    return alloc_common(dptr, bytesize, span_for(bytesize), true);
 }
 LOCAL(cuMemAlloc_v2)
 
@@ -622,7 +1200,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch,
     if (Height > g_cfg.total_bytes / pitch)
         return CUDA_ERROR_OUT_OF_MEMORY;
     size_t bytes = pitch * Height;
-    CUresult rc = alloc_common(dptr, bytes, bytes);
+    CUresult rc = alloc_common(dptr, bytes, bytes, true);
     if (rc == CUDA_SUCCESS)
         *pPitch = pitch;
     return rc;
@@ -641,40 +1219,50 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
         return CUDA_ERROR_INVALID_CONTEXT;
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_common(dptr, bytesize, span_for(bytesize));
+    return alloc_common(dptr, bytesize, span_for(bytesize), false);
 }
 LOCAL(cuMemAllocManaged)
 
 /*
- * Frees a block of any device (the owner is found from the address window).
- * 0 is accepted like the real driver; any other address that is not the start
- * of a live block is CUDA_ERROR_INVALID_VALUE.
+ * The live block that starts at dptr: its device and index, or false.
+ * Caller holds g_lock.
+ */
+static bool find_block_locked(CUdeviceptr dptr, int *dev, size_t *index)
+{
+    if (dptr < ADDR_BASE ||
+        dptr - ADDR_BASE >= (CUdeviceptr)g_cfg.devices * ADDR_WINDOW)
+        return false;
+    *dev = (int)((dptr - ADDR_BASE) / ADDR_WINDOW);
+    const struct device_state *d = &g_dev[*dev];
+    *index = first_block_ending_after(d, dptr);
+    return *index < d->nblocks && d->blocks[*index].addr == dptr &&
+           d->blocks[*index].live;
+}
+
+/*
+ * Frees a block of any device and context (the device is found from the
+ * address window); a current context is needed all the same. 0 is accepted
+ * like the real driver; any other address that is not the start of a live
+ * block is CUDA_ERROR_INVALID_VALUE.
  */
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     if (!initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (current_device() < 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (dptr == 0)
         return CUDA_SUCCESS;
-    if (dptr < ADDR_BASE ||
-        dptr - ADDR_BASE >= (CUdeviceptr)g_cfg.devices * ADDR_WINDOW)
-        return CUDA_ERROR_INVALID_VALUE;
 
-    int dev = (int)((dptr - ADDR_BASE) / ADDR_WINDOW);
-    struct device_state *d = &g_dev[dev];
-    CUresult rc = CUDA_ERROR_INVALID_VALUE;
-
+    int dev;
+    size_t i;
+    rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
-    size_t i = first_block_ending_after(d, dptr);
-    if (i < d->nblocks && d->blocks[i].addr == dptr && d->blocks[i].live) {
-        d->blocks[i].live = false;
-        d->ndead++;
-        d->used -= d->blocks[i].bytes;
-        d->frees++;
-        if (d->ndead > 64 && d->ndead > d->nblocks / 2)
-            compact_blocks(d);
+    if (find_block_locked(dptr, &dev, &i)) {
+        free_block_locked(&g_dev[dev], i);
+        maybe_compact(&g_dev[dev]);
         rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
@@ -688,16 +1276,47 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (free == NULL || total == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    int dev = current_device();
-    if (dev < 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     pthread_mutex_lock(&g_lock);
-    *free = g_cfg.total_bytes - g_dev[dev].used;
+    *free = g_cfg.total_bytes - g_dev[ctx->dev].used;
     pthread_mutex_unlock(&g_lock);
     *total = g_cfg.total_bytes;
     return CUDA_SUCCESS;
 }
 LOCAL(cuMemGetInfo_v2)
+
+/*
+ * Only the start of a live cuMemAlloc_v2 or cuMemAllocPitch_v2 block can be
+ * exported (anything else is CUDA_ERROR_INVALID_VALUE); the handle holds the
+ * address in its first bytes, the rest is zero. Every call is counted.
+ */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    atomic_fetch_add_explicit(&g_ipc_calls, 1, memory_order_relaxed);
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pHandle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int dev;
+    size_t i;
+    rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (find_block_locked(dptr, &dev, &i) && g_dev[dev].blocks[i].ipc) {
+        memset(pHandle, 0, sizeof *pHandle);
+        memcpy(pHandle->reserved, &dptr, sizeof dptr);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuIpcGetMemHandle)
 
 /*
  * Two distinct no-op functions, so tests can see whether the legacy-stream or
@@ -743,9 +1362,24 @@ static const struct {
       "invalid device ordinal" },
     { CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT",
       "invalid device context" },
+    { CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE",
+      "invalid resource handle" },
+    { CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE",
+      "the operation cannot be performed in the present state" },
     { CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found" },
+    { CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+      "context is destroyed" },
     { CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
       "operation not supported" },
+    { CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+      "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+      "operation not permitted when stream is capturing" },
+    { CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+      "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+      "operation failed due to a previous error during capture" },
+    { CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+      "operation would make the legacy stream depend on a capturing blocking "
+      "stream" },
     { CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error" },
 };
 
@@ -805,10 +1439,31 @@ ALIAS(cuDeviceGetAttribute, (int *p, CUdevice_attribute a, CUdevice d),
       (p, a, d))
 ALIAS(cuDevicePrimaryCtxRetain, (CUcontext *c, CUdevice d), (c, d))
 ALIAS(cuDevicePrimaryCtxRelease_v2, (CUdevice d), (d))
+ALIAS(cuDevicePrimaryCtxGetState, (CUdevice d, unsigned int *f, int *a),
+      (d, f, a))
+ALIAS(cuDevicePrimaryCtxReset_v2, (CUdevice d), (d))
+ALIAS(cuCtxCreate_v4,
+      (CUcontext *c, CUctxCreateParams *p, unsigned int f, CUdevice d),
+      (c, p, f, d))
+ALIAS(cuCtxDestroy_v2, (CUcontext c), (c))
+ALIAS(cuCtxPushCurrent_v2, (CUcontext c), (c))
+ALIAS(cuCtxPopCurrent_v2, (CUcontext *c), (c))
 ALIAS(cuCtxSetCurrent, (CUcontext c), (c))
 ALIAS(cuCtxGetCurrent, (CUcontext *c), (c))
 ALIAS(cuCtxGetDevice, (CUdevice *d), (d))
 ALIAS(cuCtxSynchronize, (void), ())
+ALIAS(cuStreamCreate, (CUstream *s, unsigned int f), (s, f))
+ALIAS(cuStreamDestroy_v2, (CUstream s), (s))
+ALIAS(cuStreamBeginCapture, (CUstream s), (s))
+ALIAS(cuStreamBeginCapture_ptsz, (CUstream s), (s))
+ALIAS(cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode m), (s, m))
+ALIAS(cuStreamBeginCapture_v2_ptsz, (CUstream s, CUstreamCaptureMode m),
+      (s, m))
+ALIAS(cuStreamEndCapture, (CUstream s, CUgraph *g), (s, g))
+ALIAS(cuStreamEndCapture_ptsz, (CUstream s, CUgraph *g), (s, g))
+ALIAS(cuStreamIsCapturing, (CUstream s, CUstreamCaptureStatus *c), (s, c))
+ALIAS(cuStreamIsCapturing_ptsz, (CUstream s, CUstreamCaptureStatus *c),
+      (s, c))
 ALIAS(cuMemAlloc, (CUdeviceptr_v1 *p, unsigned int n), (p, n))
 ALIAS(cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n))
 ALIAS(cuMemAllocPitch_v2,
@@ -817,6 +1472,7 @@ ALIAS(cuMemAllocPitch_v2,
 ALIAS(cuMemAllocManaged, (CUdeviceptr *p, size_t n, unsigned int f), (p, n, f))
 ALIAS(cuMemFree_v2, (CUdeviceptr p), (p))
 ALIAS(cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
+ALIAS(cuIpcGetMemHandle, (CUipcMemHandle *h, CUdeviceptr p), (h, p))
 ALIAS(cuMemsetD8Async,
       (CUdeviceptr p, unsigned char c, size_t n, CUstream s), (p, c, n, s))
 ALIAS(cuMemsetD8Async_ptsz,
@@ -848,39 +1504,62 @@ struct variant {
 struct proc_entry {
     const char *base;
     struct variant v[2];
-    struct variant ptsz; /* per-thread default stream variant, if any */
+    /* Per-thread default stream twins, if any, oldest first. */
+    struct variant ptsz[2];
 };
 
 #define V(since, name) { since, #name, (any_fn)local_##name, (any_fn)alias_##name }
 
 static const struct proc_entry g_procs[] = {
-    { "cuInit", { V(2000, cuInit) }, { 0 } },
-    { "cuDriverGetVersion", { V(2020, cuDriverGetVersion) }, { 0 } },
-    { "cuDeviceGet", { V(2000, cuDeviceGet) }, { 0 } },
-    { "cuDeviceGetCount", { V(2000, cuDeviceGetCount) }, { 0 } },
-    { "cuDeviceGetName", { V(2000, cuDeviceGetName) }, { 0 } },
+    { "cuInit", { V(2000, cuInit) }, { { 0 } } },
+    { "cuDriverGetVersion", { V(2020, cuDriverGetVersion) }, { { 0 } } },
+    { "cuDeviceGet", { V(2000, cuDeviceGet) }, { { 0 } } },
+    { "cuDeviceGetCount", { V(2000, cuDeviceGetCount) }, { { 0 } } },
+    { "cuDeviceGetName", { V(2000, cuDeviceGetName) }, { { 0 } } },
     { "cuDeviceGetUuid",
-      { V(9020, cuDeviceGetUuid), V(11040, cuDeviceGetUuid_v2) }, { 0 } },
-    { "cuDeviceTotalMem", { V(3020, cuDeviceTotalMem_v2) }, { 0 } },
-    { "cuDeviceGetAttribute", { V(2000, cuDeviceGetAttribute) }, { 0 } },
-    { "cuDevicePrimaryCtxRetain", { V(7000, cuDevicePrimaryCtxRetain) }, { 0 } },
+      { V(9020, cuDeviceGetUuid), V(11040, cuDeviceGetUuid_v2) }, { { 0 } } },
+    { "cuDeviceTotalMem", { V(3020, cuDeviceTotalMem_v2) }, { { 0 } } },
+    { "cuDeviceGetAttribute", { V(2000, cuDeviceGetAttribute) }, { { 0 } } },
+    { "cuDevicePrimaryCtxRetain",
+      { V(7000, cuDevicePrimaryCtxRetain) }, { { 0 } } },
     { "cuDevicePrimaryCtxRelease",
-      { V(11000, cuDevicePrimaryCtxRelease_v2) }, { 0 } },
-    { "cuCtxSetCurrent", { V(4000, cuCtxSetCurrent) }, { 0 } },
-    { "cuCtxGetCurrent", { V(4000, cuCtxGetCurrent) }, { 0 } },
-    { "cuCtxGetDevice", { V(2000, cuCtxGetDevice) }, { 0 } },
-    { "cuCtxSynchronize", { V(2000, cuCtxSynchronize) }, { 0 } },
-    { "cuMemAlloc", { V(2000, cuMemAlloc), V(3020, cuMemAlloc_v2) }, { 0 } },
-    { "cuMemAllocPitch", { V(3020, cuMemAllocPitch_v2) }, { 0 } },
-    { "cuMemAllocManaged", { V(6000, cuMemAllocManaged) }, { 0 } },
-    { "cuMemFree", { V(3020, cuMemFree_v2) }, { 0 } },
-    { "cuMemGetInfo", { V(3020, cuMemGetInfo_v2) }, { 0 } },
+      { V(11000, cuDevicePrimaryCtxRelease_v2) }, { { 0 } } },
+    { "cuDevicePrimaryCtxGetState",
+      { V(7000, cuDevicePrimaryCtxGetState) }, { { 0 } } },
+    { "cuDevicePrimaryCtxReset",
+      { V(11000, cuDevicePrimaryCtxReset_v2) }, { { 0 } } },
+    { "cuCtxCreate", { V(12050, cuCtxCreate_v4) }, { { 0 } } },
+    { "cuCtxDestroy", { V(4000, cuCtxDestroy_v2) }, { { 0 } } },
+    { "cuCtxPushCurrent", { V(4000, cuCtxPushCurrent_v2) }, { { 0 } } },
+    { "cuCtxPopCurrent", { V(4000, cuCtxPopCurrent_v2) }, { { 0 } } },
+    { "cuCtxSetCurrent", { V(4000, cuCtxSetCurrent) }, { { 0 } } },
+    { "cuCtxGetCurrent", { V(4000, cuCtxGetCurrent) }, { { 0 } } },
+    { "cuCtxGetDevice", { V(2000, cuCtxGetDevice) }, { { 0 } } },
+    { "cuCtxSynchronize", { V(2000, cuCtxSynchronize) }, { { 0 } } },
+    { "cuStreamCreate", { V(2000, cuStreamCreate) }, { { 0 } } },
+    { "cuStreamDestroy", { V(4000, cuStreamDestroy_v2) }, { { 0 } } },
+    { "cuStreamBeginCapture",
+      { V(10000, cuStreamBeginCapture), V(10010, cuStreamBeginCapture_v2) },
+      { V(10000, cuStreamBeginCapture_ptsz),
+        V(10010, cuStreamBeginCapture_v2_ptsz) } },
+    { "cuStreamEndCapture", { V(10000, cuStreamEndCapture) },
+      { V(10000, cuStreamEndCapture_ptsz) } },
+    { "cuStreamIsCapturing", { V(10000, cuStreamIsCapturing) },
+      { V(10000, cuStreamIsCapturing_ptsz) } },
+    { "cuMemAlloc",
+      { V(2000, cuMemAlloc), V(3020, cuMemAlloc_v2) }, { { 0 } } },
+    { "cuMemAllocPitch", { V(3020, cuMemAllocPitch_v2) }, { { 0 } } },
+    { "cuMemAllocManaged", { V(6000, cuMemAllocManaged) }, { { 0 } } },
+    { "cuMemFree", { V(3020, cuMemFree_v2) }, { { 0 } } },
+    { "cuMemGetInfo", { V(3020, cuMemGetInfo_v2) }, { { 0 } } },
     { "cuMemsetD8Async", { V(3020, cuMemsetD8Async) },
-      V(7000, cuMemsetD8Async_ptsz) },
+      { V(7000, cuMemsetD8Async_ptsz) } },
+    { "cuIpcGetMemHandle", { V(4010, cuIpcGetMemHandle) }, { { 0 } } },
     { "cuGetProcAddress",
-      { V(11030, cuGetProcAddress), V(12000, cuGetProcAddress_v2) }, { 0 } },
-    { "cuGetErrorString", { V(6000, cuGetErrorString) }, { 0 } },
-    { "cuGetErrorName", { V(6000, cuGetErrorName) }, { 0 } },
+      { V(11030, cuGetProcAddress), V(12000, cuGetProcAddress_v2) },
+      { { 0 } } },
+    { "cuGetErrorString", { V(6000, cuGetErrorString) }, { { 0 } } },
+    { "cuGetErrorName", { V(6000, cuGetErrorName) }, { { 0 } } },
 };
 
 /*
@@ -916,9 +1595,10 @@ static CUresult resolve(const char *symbol, void **pfn, int cudaVersion,
     for (size_t i = 0; i < 2; i++)
         if (e->v[i].fn != NULL && e->v[i].since <= cudaVersion)
             chosen = &e->v[i];
-    if (flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM &&
-        e->ptsz.fn != NULL && e->ptsz.since <= cudaVersion)
-        chosen = &e->ptsz;
+    if (flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+        for (size_t i = 0; i < 2; i++)
+            if (e->ptsz[i].fn != NULL && e->ptsz[i].since <= cudaVersion)
+                chosen = &e->ptsz[i];
 
     if (chosen == NULL) {
         *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
@@ -995,6 +1675,12 @@ unsigned long vramcap_standin_count(const char *what)
         return atomic_load(&g_getprocaddress_calls);
     if (strcmp(what, "alias") == 0)
         return atomic_load(&g_alias_calls);
+    if (strcmp(what, "sync") == 0)
+        return atomic_load(&g_sync_calls);
+    if (strcmp(what, "capture") == 0)
+        return atomic_load(&g_captures);
+    if (strcmp(what, "ipc") == 0)
+        return atomic_load(&g_ipc_calls);
 
     bool allocs = strcmp(what, "alloc") == 0;
     if (!allocs && strcmp(what, "free") != 0)

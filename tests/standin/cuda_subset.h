@@ -24,13 +24,37 @@ typedef unsigned long long CUdeviceptr;  /* 64-bit device address (v2 ABI) */
 typedef unsigned int CUdeviceptr_v1;   /* 32-bit device address (v1 ABI) */
 typedef struct CUctx_st *CUcontext;    /* opaque context handle */
 typedef struct CUstream_st *CUstream;  /* opaque stream handle */
+typedef struct CUgraph_st *CUgraph;    /* opaque graph handle */
 typedef uint64_t cuuint64_t;
 typedef int CUdevice_attribute;        /* enum CUdevice_attribute_enum */
 typedef int CUdriverProcAddressQueryResult; /* enum in cuda.h */
+typedef int CUstreamCaptureMode;       /* enum CUstreamCaptureMode_enum */
+typedef int CUstreamCaptureStatus;     /* enum CUstreamCaptureStatus_enum */
 
 typedef struct CUuuid_st {
     char bytes[16];
 } CUuuid;
+
+/* Opaque to the stand-in: only CUctxCreateParams points at them. */
+struct CUexecAffinityParam_st;
+struct CUctxCigParam_st;
+
+/* cuCtxCreate_v4's optional parameters (CUDA 12.5). */
+typedef struct CUctxCreateParams_st {
+    struct CUexecAffinityParam_st *execAffinityParams;
+    int numExecAffinityParams;
+    struct CUctxCigParam_st *cigParams;
+} CUctxCreateParams;
+
+#define CU_IPC_HANDLE_SIZE 64
+
+typedef struct CUipcMemHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+
+/* Special stream handles (cuda.h defines them the same way). */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 /* ---- CUresult values used by the stand-in ------------------------------ */
 
@@ -43,8 +67,14 @@ enum {
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
     CUDA_ERROR_UNKNOWN = 999
 };
 
@@ -52,6 +82,31 @@ enum {
 enum {
     CU_MEM_ATTACH_GLOBAL = 1,
     CU_MEM_ATTACH_HOST = 2
+};
+
+/* cuCtxCreate flags (CUctx_flags): every defined bit is within this mask. */
+enum {
+    CU_CTX_FLAGS_MASK = 0xff
+};
+
+/* cuStreamCreate flags (CUstream_flags). */
+enum {
+    CU_STREAM_DEFAULT = 0,
+    CU_STREAM_NON_BLOCKING = 1
+};
+
+/* CUstreamCaptureMode values. */
+enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+};
+
+/* CUstreamCaptureStatus values. */
+enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
 };
 
 /* cuGetProcAddress flags (CUdriverProcAddress_flags). */
@@ -88,10 +143,32 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
+                                    int *active);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                        unsigned int flags, CUdevice dev);
+CUresult cuCtxDestroy_v2(CUcontext ctx);
+CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
 CUresult cuCtxGetDevice(CUdevice *device);
 CUresult cuCtxSynchronize(void);
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
+CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuStreamBeginCapture(CUstream hStream);
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream,
+                                      CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamIsCapturing(CUstream hStream,
+                             CUstreamCaptureStatus *captureStatus);
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream,
+                                  CUstreamCaptureStatus *captureStatus);
 
 CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
@@ -102,6 +179,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
                            unsigned int flags);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                          CUstream hStream);
 CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
@@ -132,7 +210,11 @@ int vramcap_standin_devices(void);
 size_t vramcap_standin_used(int dev);
 /* High-water mark of vramcap_standin_used(dev). */
 size_t vramcap_standin_peak(int dev);
-/* Event counters: "alloc", "free", "getprocaddress", "alias"; 0 otherwise. */
+/*
+ * Event counters: "alloc", "free", "getprocaddress", "alias", "sync"
+ * (cuCtxSynchronize calls), "capture" (captures begun), "ipc"
+ * (cuIpcGetMemHandle calls); 0 otherwise.
+ */
 unsigned long vramcap_standin_count(const char *what);
 
 #endif /* VRAMCAP_CUDA_SUBSET_H */

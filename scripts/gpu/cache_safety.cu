@@ -1,0 +1,64 @@
+// cache_safety: a kernel still writing block A on stream s1 while the
+// program frees A, allocates the same size (which the cache may hand back as
+// the same block) and writes it on stream s2. Correct behaviour: every
+// element ends as s2 wrote it. Modes:
+//   cuda   cudaFree + cudaMalloc (what a program does; run with and without the cache)
+//   naive  the program itself reuses A without waiting: the control that
+//          shows this check detects clobbering
+// Prints "RESULT mode=M reused=0|1 clobbered=N total=T". Exit 1 on CUDA errors.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CHECK(x)                                                                            \
+    do {                                                                                    \
+        cudaError_t e_ = (x);                                                               \
+        if (e_ != cudaSuccess) {                                                            \
+            printf("ERROR %s: %s\n", #x, cudaGetErrorName(e_));                             \
+            return 1;                                                                       \
+        }                                                                                   \
+    } while (0)
+
+__global__ void slow_fill(int *p, size_t n, int v, long long spin) {
+    long long t0 = clock64();
+    while (clock64() - t0 < spin) {
+    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
+}
+
+__global__ void fill(int *p, size_t n, int v) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "cuda";
+    const size_t bytes = 64ull << 20, n = bytes / sizeof(int);
+    cudaStream_t s1, s2;
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    int *a = NULL, *b = NULL;
+    CHECK(cudaMalloc(&a, bytes));
+    CHECK(cudaMemset(a, 0, bytes));
+    CHECK(cudaDeviceSynchronize());
+    int clock_khz = 0;
+    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    long long spin = (long long)clock_khz * 300;  // about 300 ms
+    slow_fill<<<264, 256, 0, s1>>>(a, n, 1, spin);
+    CHECK(cudaGetLastError());
+    if (strcmp(mode, "naive") == 0) {
+        b = a;
+    } else {
+        CHECK(cudaFree(a));
+        CHECK(cudaMalloc(&b, bytes));
+    }
+    fill<<<264, 256, 0, s2>>>(b, n, 2);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    std::vector<int> host(n);
+    CHECK(cudaMemcpy(host.data(), b, bytes, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += host[i] != 2;
+    printf("RESULT mode=%s reused=%d clobbered=%zu total=%zu\n", mode, (int)(a == b), bad, n);
+    return 0;
+}
