@@ -20,9 +20,17 @@
         }                                                                                   \
     } while (0)
 
-__global__ void slow_fill(int *p, size_t n, int v, long long spin) {
-    long long t0 = clock64();
-    while (clock64() - t0 < spin) {
+__device__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Waits `spin_ns` of wall time (the global timer, not the SM clock, whose
+// rate attribute CUDA 13 no longer reports), then writes.
+__global__ void slow_fill(int *p, size_t n, int v, unsigned long long spin_ns) {
+    unsigned long long t0 = now_ns();
+    while (now_ns() - t0 < spin_ns) {
     }
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
 }
@@ -41,10 +49,7 @@ int main(int argc, char **argv) {
     CHECK(cudaMalloc(&a, bytes));
     CHECK(cudaMemset(a, 0, bytes));
     CHECK(cudaDeviceSynchronize());
-    int clock_khz = 0;
-    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
-    long long spin = (long long)clock_khz * 300;  // about 300 ms
-    slow_fill<<<264, 256, 0, s1>>>(a, n, 1, spin);
+    slow_fill<<<264, 256, 0, s1>>>(a, n, 1, 300ull * 1000 * 1000);  // 300 ms
     CHECK(cudaGetLastError());
     if (strcmp(mode, "naive") == 0) {
         b = a;
