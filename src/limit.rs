@@ -246,6 +246,33 @@ impl fmt::Display for LimitSpec {
     }
 }
 
+/// The CUDA ordinal of the GPU that NVML calls `nvml_index`, given
+/// `CUDA_VISIBLE_DEVICES` (`cvd`): its position among the visible devices,
+/// which are listed by index or UUID prefix; CUDA ignores entries after the
+/// first it cannot read. `None` when the process cannot see the device.
+/// Without the variable, devices are assumed to keep NVML's order.
+pub fn cuda_ordinal(nvml_index: u32, uuid: &str, cvd: Option<&str>) -> Option<u32> {
+    let Some(cvd) = cvd else {
+        return Some(nvml_index);
+    };
+    let uuid = uuid.to_ascii_lowercase();
+    for (k, entry) in cvd.split(',').enumerate() {
+        let e = entry.trim();
+        if let Ok(i) = e.parse::<u32>() {
+            if i == nvml_index {
+                return u32::try_from(k).ok();
+            }
+        } else if e.len() > 4 && e[..4].eq_ignore_ascii_case("gpu-") {
+            if uuid.starts_with(&e.to_ascii_lowercase()) {
+                return u32::try_from(k).ok();
+            }
+        } else {
+            return None;
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,6 +378,26 @@ mod tests {
                 .resolve(1000)
                 == 500
         );
+    }
+
+    #[test]
+    fn ordinals_after_cuda_visible_devices() {
+        let u = "GPU-5ca1ab1e-0000-4000-8000-000000000001";
+        assert_eq!(cuda_ordinal(1, u, None), Some(1));
+        assert_eq!(cuda_ordinal(1, u, Some("1,0")), Some(0));
+        assert_eq!(cuda_ordinal(0, "GPU-aa", Some("1,0")), Some(1));
+        assert_eq!(cuda_ordinal(2, "GPU-aa", Some("1,0")), None);
+        assert_eq!(
+            cuda_ordinal(1, u, Some("GPU-5CA1AB1E-0000-4000-8000-000000000001")),
+            Some(0)
+        );
+        assert_eq!(cuda_ordinal(1, u, Some("0,GPU-5ca1")), Some(1));
+        assert_eq!(
+            cuda_ordinal(1, u, Some("0,x,1")),
+            None,
+            "CUDA stops at an unreadable entry"
+        );
+        assert_eq!(cuda_ordinal(0, u, Some("")), None);
     }
 
     mod props {

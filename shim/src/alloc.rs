@@ -34,7 +34,7 @@ pub fn current() -> Option<(usize, CUdevice)> {
 
 /// What an allocating hook asks for.
 #[derive(Clone, Copy)]
-enum Request {
+pub(crate) enum Request {
     Plain,
     Pitch {
         width: u64,
@@ -43,45 +43,111 @@ enum Request {
         pitch_out: *mut usize,
     },
     Managed,
+    Async,
 }
 
-/// The allocation path shared by every allocating hook:
-/// 1. reuse a cached block when the request may have one (a hit costs no
-///    driver allocation and no reservation: its bytes are still reserved);
-/// 2. reserve `estimate` bytes on the current device, releasing cached
-///    blocks when the cap would refuse;
-/// 3. call the driver (once more after releasing the cache if the driver
-///    itself is out of memory);
-/// 4. settle the reservation to the `actual` size the driver chose and
-///    record the allocation.
-fn capped_alloc(
-    what: &'static str,
-    dptr: *mut CUdeviceptr,
+/// Reserves `estimate` bytes on `device`, releasing cached blocks of the
+/// device when the cap would refuse. On refusal counts it, logs it and
+/// returns `CUDA_ERROR_OUT_OF_MEMORY`.
+pub fn reserve(
+    what: &str,
+    device: CUdevice,
     estimate: u64,
-    request: Request,
-    mut alloc: impl FnMut() -> CUresult,
-    actual: impl FnOnce() -> u64,
-) -> CUresult {
-    if disabled() || dptr.is_null() || estimate == 0 {
-        return alloc();
-    }
-    let Some((ctx, device)) = current() else {
-        // No current context: the driver's own answer, whatever it is.
-        return alloc();
-    };
+) -> Result<(&'static DeviceSlot, u64), CUresult> {
     let Some(slot) = slot(device) else {
         log_once!(
             Error,
             "device {device} is beyond the {} devices vramcap tracks; refusing its allocations",
             vramcap_core::MAX_DEVICES
         );
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    let Some(limit) = limit_of(device) else {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    loop {
+        match slot.budget.try_reserve(estimate, limit) {
+            Ok(()) => return Ok((slot, limit)),
+            Err(r) => {
+                let need = r.used.saturating_add(estimate).saturating_sub(limit);
+                if cache::evict(device as u16, need) == 0 {
+                    DeviceSlot::add(&slot.refusals, 1);
+                    refused(what, device, estimate, r.used, limit);
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+            }
+        }
+    }
+}
+
+/// Settles a reservation of `estimate` to the `actual` size the driver
+/// chose. When the extra bytes do not fit, returns the refusal and leaves
+/// the whole reservation released; the caller frees what it got.
+pub fn settle(
+    what: &str,
+    device: CUdevice,
+    slot: &DeviceSlot,
+    limit: u64,
+    estimate: u64,
+    actual: u64,
+) -> Result<(), CUresult> {
+    if actual > estimate {
+        if let Err(r) = slot.budget.try_reserve(actual - estimate, limit) {
+            slot.budget.release(estimate);
+            DeviceSlot::add(&slot.refusals, 1);
+            refused(what, device, actual, r.used, limit);
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+    } else {
+        slot.budget.release(estimate - actual);
+    }
+    Ok(())
+}
+
+/// Runs a driver allocation, once more after releasing the device's cache
+/// when the driver itself is out of memory with blocks parked there.
+pub fn call_with_retry(device: CUdevice, mut alloc: impl FnMut() -> CUresult) -> CUresult {
+    let rc = alloc();
+    if rc == CUDA_ERROR_OUT_OF_MEMORY && cache::evict(device as u16, u64::MAX) > 0 {
+        return alloc();
+    }
+    rc
+}
+
+/// The allocation path shared by the hooks that return a device address:
+/// 1. reuse a cached block when the request may have one (a hit costs no
+///    driver allocation and no reservation: its bytes are still reserved);
+/// 2. reserve `estimate` bytes on `target`'s device, releasing cached
+///    blocks when the cap would refuse;
+/// 3. call the driver (once more after releasing the cache if the driver
+///    itself is out of memory);
+/// 4. settle the reservation to the `actual` size the driver chose and
+///    record the allocation.
+///
+/// `target` is the (context, device) the memory comes from; `None` (no
+/// current context) passes the call to the driver unchanged.
+pub(crate) fn capped_alloc(
+    what: &'static str,
+    dptr: *mut CUdeviceptr,
+    estimate: u64,
+    request: Request,
+    target: Option<(usize, CUdevice)>,
+    alloc: impl FnMut() -> CUresult,
+    actual: impl FnOnce() -> u64,
+) -> CUresult {
+    let mut alloc = alloc;
+    if disabled() || dptr.is_null() || estimate == 0 {
+        return alloc();
+    }
+    let Some((ctx, device)) = target else {
+        // No current context: the driver's own answer, whatever it is.
+        return alloc();
     };
     let dev16 = device as u16;
-    let Some(limit) = limit_of(device) else {
+    // Working out the cap also sets the device's cache bound.
+    if limit_of(device).is_none() {
         return CUDA_ERROR_OUT_OF_MEMORY;
-    };
-
+    }
     let want = match request {
         Request::Plain => Some(Want::Plain { bytes: estimate }),
         Request::Pitch {
@@ -94,9 +160,11 @@ fn capped_alloc(
             height,
             elem,
         }),
-        Request::Managed => None,
+        Request::Managed | Request::Async => None,
     };
-    if let Some(want) = want.filter(|_| cache::caching(dev16)) {
+    if let Some(want) = want.filter(|_| cache::caching(dev16))
+        && let Some(slot) = slot(device)
+    {
         if let Some(b) = cache::reuse(dev16, ctx, want) {
             // SAFETY: `dptr` is non-null (checked above); `pitch_out` was
             // checked non-null by the pitch hook.
@@ -132,43 +200,21 @@ fn capped_alloc(
         DeviceSlot::add(&slot.cache_misses, 1);
     }
 
-    let budget = &slot.budget;
-    loop {
-        match budget.try_reserve(estimate, limit) {
-            Ok(()) => break,
-            Err(r) => {
-                let need = r.used.saturating_add(estimate).saturating_sub(limit);
-                if cache::evict(dev16, need) == 0 {
-                    DeviceSlot::add(&slot.refusals, 1);
-                    refused(what, device, estimate, r.used, limit);
-                    return CUDA_ERROR_OUT_OF_MEMORY;
-                }
-            }
-        }
-    }
-    let mut rc = alloc();
-    if rc == CUDA_ERROR_OUT_OF_MEMORY && cache::evict(dev16, u64::MAX) > 0 {
-        // The driver ran out with blocks parked in the cache: give them back
-        // and try once more.
-        rc = alloc();
-    }
+    let (slot, limit) = match reserve(what, device, estimate) {
+        Ok(x) => x,
+        Err(rc) => return rc,
+    };
+    let rc = call_with_retry(device, alloc);
     if rc != CUDA_SUCCESS {
-        budget.release(estimate);
+        slot.budget.release(estimate);
         return rc;
     }
     // SAFETY: the driver succeeded, so it wrote the pointer through `dptr`.
     let ptr = unsafe { *dptr };
     let bytes = actual();
-    if bytes > estimate {
-        if let Err(r) = budget.try_reserve(bytes - estimate, limit) {
-            let _ = call_real!(REAL.cuMemFree_v2, fn(CUdeviceptr) -> CUresult, ptr);
-            budget.release(estimate);
-            DeviceSlot::add(&slot.refusals, 1);
-            refused(what, device, bytes, r.used, limit);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    } else {
-        budget.release(estimate - bytes);
+    if let Err(rc) = settle(what, device, slot, limit, estimate, bytes) {
+        let _ = call_real!(REAL.cuMemFree_v2, fn(CUdeviceptr) -> CUresult, ptr);
+        return rc;
     }
     DeviceSlot::add(&slot.allocs, 1);
     let kind = match request {
@@ -186,6 +232,7 @@ fn capped_alloc(
             pitch: unsafe { *pitch_out } as u64,
         }),
         Request::Managed => Kind::Managed,
+        Request::Async => Kind::Async,
     };
     insert(
         ptr,
@@ -204,7 +251,7 @@ fn capped_alloc(
     rc
 }
 
-fn insert(ptr: CUdeviceptr, record: Record) {
+pub(crate) fn insert(ptr: CUdeviceptr, record: Record) {
     if let Some(stale) = table().insert(ptr, record) {
         // The driver handed out an address the shim still thought was live:
         // it was released behind the shim's back.
@@ -218,7 +265,7 @@ fn insert(ptr: CUdeviceptr, record: Record) {
     }
 }
 
-fn refused(what: &str, device: CUdevice, bytes: u64, used: u64, limit: u64) {
+pub(crate) fn refused(what: &str, device: CUdevice, bytes: u64, used: u64, limit: u64) {
     log_once!(
         Warn,
         "{what}: refused {bytes} bytes on device {device}: {used} of the {limit}-byte cap in use (VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
@@ -237,6 +284,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
             dptr,
             bytesize as u64,
             Request::Plain,
+            current(),
             || {
                 call_real!(
                     REAL.cuMemAlloc_v2,
@@ -290,6 +338,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
                 elem: element_size,
                 pitch_out: pitch,
             },
+            current(),
             real,
             // SAFETY: on success the driver wrote the pitch; `pitch` is non-null.
             || unsafe { *pitch as u64 }.saturating_mul(height as u64),
@@ -311,6 +360,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
             dptr,
             bytesize as u64,
             Request::Managed,
+            current(),
             || {
                 call_real!(
                     REAL.cuMemAllocManaged,

@@ -12,10 +12,33 @@ use crate::cuda::*;
 use crate::log::{log_at, log_once};
 use crate::real::{DynFn, call_real};
 use crate::state::DISABLED;
-use crate::{alloc, lifecycle};
+use crate::{alloc, lifecycle, nvml, paths};
 
 /// The driver functions the shim calls, by exact (versioned) name.
 pub struct RealFns {
+    pub cuStreamGetDevice: DynFn,
+    pub cuStreamGetDevice_ptsz: DynFn,
+    pub cuMemAllocAsync: DynFn,
+    pub cuMemAllocAsync_ptsz: DynFn,
+    pub cuMemAllocFromPoolAsync: DynFn,
+    pub cuMemAllocFromPoolAsync_ptsz: DynFn,
+    pub cuMemFreeAsync: DynFn,
+    pub cuMemFreeAsync_ptsz: DynFn,
+    pub cuMemCreate: DynFn,
+    pub cuMemRelease: DynFn,
+    pub cuMemRetainAllocationHandle: DynFn,
+    pub cuMemImportFromShareableHandle: DynFn,
+    pub cuArrayCreate_v2: DynFn,
+    pub cuArray3DCreate_v2: DynFn,
+    pub cuMipmappedArrayCreate: DynFn,
+    pub cuArrayDestroy: DynFn,
+    pub cuMipmappedArrayDestroy: DynFn,
+    pub cuArrayGetMemoryRequirements: DynFn,
+    pub cuMipmappedArrayGetMemoryRequirements: DynFn,
+    pub nvmlDeviceGetMemoryInfo: DynFn,
+    pub nvmlDeviceGetMemoryInfo_v2: DynFn,
+    pub nvmlDeviceGetUUID: DynFn,
+    pub nvmlDeviceGetIndex: DynFn,
     pub cuGetProcAddress: DynFn,
     pub cuGetProcAddress_v2: DynFn,
     pub cuMemAlloc_v2: DynFn,
@@ -50,6 +73,29 @@ pub struct RealFns {
 }
 
 pub static REAL: RealFns = RealFns {
+    cuStreamGetDevice: DynFn::new(c"cuStreamGetDevice"),
+    cuStreamGetDevice_ptsz: DynFn::new(c"cuStreamGetDevice_ptsz"),
+    cuMemAllocAsync: DynFn::new(c"cuMemAllocAsync"),
+    cuMemAllocAsync_ptsz: DynFn::new(c"cuMemAllocAsync_ptsz"),
+    cuMemAllocFromPoolAsync: DynFn::new(c"cuMemAllocFromPoolAsync"),
+    cuMemAllocFromPoolAsync_ptsz: DynFn::new(c"cuMemAllocFromPoolAsync_ptsz"),
+    cuMemFreeAsync: DynFn::new(c"cuMemFreeAsync"),
+    cuMemFreeAsync_ptsz: DynFn::new(c"cuMemFreeAsync_ptsz"),
+    cuMemCreate: DynFn::new(c"cuMemCreate"),
+    cuMemRelease: DynFn::new(c"cuMemRelease"),
+    cuMemRetainAllocationHandle: DynFn::new(c"cuMemRetainAllocationHandle"),
+    cuMemImportFromShareableHandle: DynFn::new(c"cuMemImportFromShareableHandle"),
+    cuArrayCreate_v2: DynFn::new(c"cuArrayCreate_v2"),
+    cuArray3DCreate_v2: DynFn::new(c"cuArray3DCreate_v2"),
+    cuMipmappedArrayCreate: DynFn::new(c"cuMipmappedArrayCreate"),
+    cuArrayDestroy: DynFn::new(c"cuArrayDestroy"),
+    cuMipmappedArrayDestroy: DynFn::new(c"cuMipmappedArrayDestroy"),
+    cuArrayGetMemoryRequirements: DynFn::new(c"cuArrayGetMemoryRequirements"),
+    cuMipmappedArrayGetMemoryRequirements: DynFn::new(c"cuMipmappedArrayGetMemoryRequirements"),
+    nvmlDeviceGetMemoryInfo: DynFn::nvml(c"nvmlDeviceGetMemoryInfo"),
+    nvmlDeviceGetMemoryInfo_v2: DynFn::nvml(c"nvmlDeviceGetMemoryInfo_v2"),
+    nvmlDeviceGetUUID: DynFn::nvml(c"nvmlDeviceGetUUID"),
+    nvmlDeviceGetIndex: DynFn::nvml(c"nvmlDeviceGetIndex"),
     cuGetProcAddress: DynFn::new(c"cuGetProcAddress"),
     cuGetProcAddress_v2: DynFn::new(c"cuGetProcAddress_v2"),
     cuMemAlloc_v2: DynFn::new(c"cuMemAlloc_v2"),
@@ -117,7 +163,7 @@ const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 /// Every hooked variant: the single list the exports, the `dlsym` answers and
 /// the `cuGetProcAddress` answers come from (a test compares it with the
 /// library's dynamic symbols).
-pub static HOOKS: [Hook; 20] = [
+pub static HOOKS: [Hook; 37] = [
     Hook {
         name: c"cuGetProcAddress",
         base: "cuGetProcAddress",
@@ -298,6 +344,159 @@ pub static HOOKS: [Hook; 20] = [
         hook: lifecycle::cuStreamEndCapture_ptsz as *const c_void,
         real: &REAL.cuStreamEndCapture_ptsz,
     },
+    Hook {
+        name: c"cuMemAllocAsync",
+        base: "cuMemAllocAsync",
+        since: 11020,
+        until: OPEN,
+        per_thread: Some(false),
+        hook: paths::cuMemAllocAsync as *const c_void,
+        real: &REAL.cuMemAllocAsync,
+    },
+    Hook {
+        name: c"cuMemAllocAsync_ptsz",
+        base: "cuMemAllocAsync",
+        since: 11020,
+        until: OPEN,
+        per_thread: Some(true),
+        hook: paths::cuMemAllocAsync_ptsz as *const c_void,
+        real: &REAL.cuMemAllocAsync_ptsz,
+    },
+    Hook {
+        name: c"cuMemAllocFromPoolAsync",
+        base: "cuMemAllocFromPoolAsync",
+        since: 11020,
+        until: OPEN,
+        per_thread: Some(false),
+        hook: paths::cuMemAllocFromPoolAsync as *const c_void,
+        real: &REAL.cuMemAllocFromPoolAsync,
+    },
+    Hook {
+        name: c"cuMemAllocFromPoolAsync_ptsz",
+        base: "cuMemAllocFromPoolAsync",
+        since: 11020,
+        until: OPEN,
+        per_thread: Some(true),
+        hook: paths::cuMemAllocFromPoolAsync_ptsz as *const c_void,
+        real: &REAL.cuMemAllocFromPoolAsync_ptsz,
+    },
+    Hook {
+        name: c"cuMemFreeAsync",
+        base: "cuMemFreeAsync",
+        since: 11020,
+        until: OPEN,
+        per_thread: Some(false),
+        hook: paths::cuMemFreeAsync as *const c_void,
+        real: &REAL.cuMemFreeAsync,
+    },
+    Hook {
+        name: c"cuMemFreeAsync_ptsz",
+        base: "cuMemFreeAsync",
+        since: 11020,
+        until: OPEN,
+        per_thread: Some(true),
+        hook: paths::cuMemFreeAsync_ptsz as *const c_void,
+        real: &REAL.cuMemFreeAsync_ptsz,
+    },
+    Hook {
+        name: c"cuMemCreate",
+        base: "cuMemCreate",
+        since: 10020,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuMemCreate as *const c_void,
+        real: &REAL.cuMemCreate,
+    },
+    Hook {
+        name: c"cuMemRelease",
+        base: "cuMemRelease",
+        since: 10020,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuMemRelease as *const c_void,
+        real: &REAL.cuMemRelease,
+    },
+    Hook {
+        name: c"cuMemRetainAllocationHandle",
+        base: "cuMemRetainAllocationHandle",
+        since: 11000,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuMemRetainAllocationHandle as *const c_void,
+        real: &REAL.cuMemRetainAllocationHandle,
+    },
+    Hook {
+        name: c"cuMemImportFromShareableHandle",
+        base: "cuMemImportFromShareableHandle",
+        since: 10020,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuMemImportFromShareableHandle as *const c_void,
+        real: &REAL.cuMemImportFromShareableHandle,
+    },
+    Hook {
+        name: c"cuArrayCreate_v2",
+        base: "cuArrayCreate",
+        since: 3020,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuArrayCreate_v2 as *const c_void,
+        real: &REAL.cuArrayCreate_v2,
+    },
+    Hook {
+        name: c"cuArray3DCreate_v2",
+        base: "cuArray3DCreate",
+        since: 3020,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuArray3DCreate_v2 as *const c_void,
+        real: &REAL.cuArray3DCreate_v2,
+    },
+    Hook {
+        name: c"cuMipmappedArrayCreate",
+        base: "cuMipmappedArrayCreate",
+        since: 5000,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuMipmappedArrayCreate as *const c_void,
+        real: &REAL.cuMipmappedArrayCreate,
+    },
+    Hook {
+        name: c"cuArrayDestroy",
+        base: "cuArrayDestroy",
+        since: 2000,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuArrayDestroy as *const c_void,
+        real: &REAL.cuArrayDestroy,
+    },
+    Hook {
+        name: c"cuMipmappedArrayDestroy",
+        base: "cuMipmappedArrayDestroy",
+        since: 5000,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuMipmappedArrayDestroy as *const c_void,
+        real: &REAL.cuMipmappedArrayDestroy,
+    },
+    Hook {
+        name: c"nvmlDeviceGetMemoryInfo",
+        base: "",
+        since: 0,
+        until: 0,
+        per_thread: None,
+        hook: nvml::nvmlDeviceGetMemoryInfo as *const c_void,
+        real: &REAL.nvmlDeviceGetMemoryInfo,
+    },
+    Hook {
+        name: c"nvmlDeviceGetMemoryInfo_v2",
+        base: "",
+        since: 0,
+        until: 0,
+        per_thread: None,
+        hook: nvml::nvmlDeviceGetMemoryInfo_v2 as *const c_void,
+        real: &REAL.nvmlDeviceGetMemoryInfo_v2,
+    },
 ];
 
 /// Runs a hook body; a panic is caught (it must never unwind into C), logged
@@ -342,7 +541,14 @@ unsafe fn substitute(
     if p.is_null() {
         return;
     }
-    if let Some(h) = HOOKS.iter().find(|h| h.real.get() == Some(p)) {
+    // NVML functions are never handed out by the CUDA resolver; looking
+    // them up here would load NVML as a side effect.
+    let cuda_hooks = || {
+        HOOKS
+            .iter()
+            .filter(|h| h.real.lib == crate::real::Lib::Cuda)
+    };
+    if let Some(h) = cuda_hooks().find(|h| h.real.get() == Some(p)) {
         // SAFETY: guaranteed by the caller.
         unsafe { *pfn = h.hook.cast_mut() };
         return;
@@ -427,7 +633,8 @@ pub unsafe extern "C" fn cuGetProcAddress(
 /// answer `found`: the hook when `found` is the driver's own symbol of a
 /// hooked name, else `found` unchanged.
 pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
-    if found.is_null() || disabled() || !name.to_bytes().starts_with(b"cu") {
+    let n = name.to_bytes();
+    if found.is_null() || disabled() || !(n.starts_with(b"cu") || n.starts_with(b"nvml")) {
         return found;
     }
     let Some(h) = HOOKS.iter().find(|h| h.name == name) else {

@@ -43,6 +43,8 @@ mod cuda;
 mod hooks;
 mod lifecycle;
 mod log;
+mod nvml;
+mod paths;
 mod real;
 mod state;
 mod stats;

@@ -128,12 +128,46 @@ pub fn driver() -> Option<*mut c_void> {
     Some(h)
 }
 
+static NVML: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
+static NVML_STATE: AtomicU8 = AtomicU8::new(DRIVER_UNTRIED);
+
+/// NVML's handle (`libnvidia-ml.so.1`), opened on first use.
+pub fn nvml() -> Option<*mut c_void> {
+    match NVML_STATE.load(Ordering::Acquire) {
+        DRIVER_LOADED => return Some(NVML.load(Ordering::Acquire)),
+        DRIVER_MISSING => return None,
+        _ => {}
+    }
+    // SAFETY: dlopen takes a NUL-terminated path and flags; reference-counted.
+    let h = unsafe {
+        libc::dlopen(
+            c"libnvidia-ml.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        )
+    };
+    if h.is_null() {
+        NVML_STATE.store(DRIVER_MISSING, Ordering::Release);
+        return None;
+    }
+    NVML.store(h, Ordering::Release);
+    NVML_STATE.store(DRIVER_LOADED, Ordering::Release);
+    Some(h)
+}
+
+/// Which library a [`DynFn`] comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Lib {
+    Cuda,
+    Nvml,
+}
+
 /// "Looked up, not there".
 const MISSING: *mut c_void = std::ptr::dangling_mut::<c_void>();
 
-/// A driver function resolved on first use.
+/// A driver (or NVML) function resolved on first use.
 pub struct DynFn {
     pub name: &'static CStr,
+    pub lib: Lib,
     ptr: AtomicPtr<c_void>,
 }
 
@@ -141,11 +175,20 @@ impl DynFn {
     pub const fn new(name: &'static CStr) -> DynFn {
         DynFn {
             name,
+            lib: Lib::Cuda,
             ptr: AtomicPtr::new(ptr::null_mut()),
         }
     }
 
-    /// The driver's own pointer for this exact name, or `None`.
+    pub const fn nvml(name: &'static CStr) -> DynFn {
+        DynFn {
+            name,
+            lib: Lib::Nvml,
+            ptr: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// The library's own pointer for this exact name, or `None`.
     pub fn get(&self) -> Option<*mut c_void> {
         let p = self.ptr.load(Ordering::Acquire);
         if p == MISSING {
@@ -154,23 +197,21 @@ impl DynFn {
         if !p.is_null() {
             return Some(p);
         }
-        let p = driver()
+        let handle = match self.lib {
+            Lib::Cuda => driver(),
+            Lib::Nvml => nvml(),
+        };
+        let p = handle
             .map(|h| real_dlsym(h, self.name))
             .unwrap_or(ptr::null_mut());
         if p.is_null() {
             self.ptr.store(MISSING, Ordering::Release);
-            log_at!(Debug, "the CUDA driver has no {:?}", self.name);
+            log_at!(Debug, "the library has no {:?}", self.name);
             None
         } else {
             self.ptr.store(p, Ordering::Release);
             Some(p)
         }
-    }
-
-    /// Forgets the pointer (after `fork`, nothing to do: pointers stay valid).
-    #[allow(dead_code)]
-    pub fn peek(&self) -> *mut c_void {
-        self.ptr.load(Ordering::Acquire)
     }
 }
 

@@ -70,6 +70,8 @@ pub enum Kind {
     /// Device memory the cache may keep (`cuMemAlloc_v2`, `cuMemAllocPitch_v2`).
     Device(vramcap_core::cache::Shape),
     Managed,
+    /// Stream-ordered (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
+    Async,
 }
 
 /// Device pointers are 512-byte aligned and spread over a wide range; a
@@ -100,29 +102,70 @@ impl BuildHasher for PtrHash {
     }
 }
 
-type Table = DashMap<CUdeviceptr, Record, PtrHash>;
+/// A map from a driver handle or address to what the shim knows of it,
+/// created on first use and replaced (never touched) in a child after fork.
+pub struct Registry<V: 'static> {
+    map: AtomicPtr<DashMap<u64, V, PtrHash>>,
+}
 
-static TABLE: AtomicPtr<Table> = AtomicPtr::new(ptr::null_mut());
-
-pub fn table() -> &'static Table {
-    let p = TABLE.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: a non-null TABLE points at a leaked, never-freed Table.
-        return unsafe { &*p };
+impl<V: 'static> Registry<V> {
+    pub const fn new() -> Registry<V> {
+        Registry {
+            map: AtomicPtr::new(ptr::null_mut()),
+        }
     }
-    let fresh = Box::into_raw(Box::new(Table::with_hasher(PtrHash)));
-    match TABLE.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-        // SAFETY: we just published `fresh`, which is leaked for good.
-        Ok(_) => unsafe { &*fresh },
-        Err(existing) => {
-            // SAFETY: `fresh` was never shared; `existing` is leaked for good.
-            unsafe {
-                drop(Box::from_raw(fresh));
-                &*existing
+
+    pub fn get(&self) -> &'static DashMap<u64, V, PtrHash> {
+        let p = self.map.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: a published map is leaked and never freed.
+            return unsafe { &*p };
+        }
+        let fresh = Box::into_raw(Box::new(DashMap::with_hasher(PtrHash)));
+        match self
+            .map
+            .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // SAFETY: we just published `fresh`, which is leaked for good.
+            Ok(_) => unsafe { &*fresh },
+            Err(existing) => {
+                // SAFETY: `fresh` was never shared; `existing` is leaked for good.
+                unsafe {
+                    drop(Box::from_raw(fresh));
+                    &*existing
+                }
             }
         }
     }
+
+    /// In a child after fork: forget the map without touching it (a parent
+    /// thread may have held one of its shard locks at the fork).
+    pub fn reset(&self) {
+        self.map.store(ptr::null_mut(), Ordering::Release);
+    }
 }
+
+/// Live allocations by device address.
+static TABLE: Registry<Record> = Registry::new();
+
+pub fn table() -> &'static DashMap<CUdeviceptr, Record, PtrHash> {
+    TABLE.get()
+}
+
+/// Something other than an address that holds device memory: a VMM
+/// allocation handle or an array.
+#[derive(Debug, Clone, Copy)]
+pub struct Object {
+    pub device: u16,
+    pub bytes: u64,
+    /// Handles that refer to it (VMM: create, retain and import each add one).
+    pub refs: u32,
+}
+
+/// `cuMemCreate` allocations by handle.
+pub static VMM: Registry<Object> = Registry::new();
+/// Arrays and mipmapped arrays by handle.
+pub static ARRAYS: Registry<Object> = Registry::new();
 
 /// The counters of `device` in the statistics page.
 pub fn slot(device: CUdevice) -> Option<&'static DeviceSlot> {
@@ -235,7 +278,9 @@ fn compute_limit(device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
 
 /// Resets all per-process state in a child after `fork`.
 pub fn reset_after_fork() {
-    TABLE.store(ptr::null_mut(), Ordering::Release);
+    TABLE.reset();
+    VMM.reset();
+    ARRAYS.reset();
     crate::stats::reset_after_fork();
     crate::cache::reset_after_fork();
 }
