@@ -16,7 +16,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use vramcap_core::limit::parse_limit;
-use vramcap_core::settings::{LOG_VAR, parse_log_level};
+use vramcap_core::settings::{
+    CACHE_IDLE_VAR, CACHE_VAR, LOG_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR, Settings,
+    parse_log_level,
+};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +40,21 @@ struct ShimOptions {
     /// error, warn, info or debug (sets VRAMCAP_LOG)
     #[arg(long, value_name = "LEVEL")]
     log: Option<String>,
+    /// Freed-block cache bound per GPU: a size, a percentage of the cap, or off (sets VRAMCAP_CACHE)
+    #[arg(long, value_name = "SIZE|PERCENT|off")]
+    cache: Option<String>,
+    /// Return cached blocks idle this long, e.g. 5s (sets VRAMCAP_CACHE_IDLE)
+    #[arg(long, value_name = "DURATION")]
+    cache_idle: Option<String>,
+    /// Past the cap, spill to host memory: off, managed or host (sets VRAMCAP_SPILL)
+    #[arg(long, value_name = "MODE")]
+    spill: Option<String>,
+    /// Host memory spill may take: a size or a percentage of RAM (sets VRAMCAP_SPILL_LIMIT)
+    #[arg(long, value_name = "SIZE|PERCENT")]
+    spill_limit: Option<String>,
+    /// Directory for statistics pages (sets VRAMCAP_STATS_DIR)
+    #[arg(long, value_name = "DIR")]
+    stats_dir: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -144,6 +162,20 @@ fn shim_env(opts: &ShimOptions) -> Result<Vec<(String, OsString)>, String> {
     if let Some(level) = &opts.log {
         parse_log_level(level).map_err(|e| e.to_string())?;
         vars.push((LOG_VAR.into(), level.into()));
+    }
+    // Every other option: checked exactly as the shim will read it.
+    let others = [
+        (CACHE_VAR, &opts.cache),
+        (CACHE_IDLE_VAR, &opts.cache_idle),
+        (SPILL_VAR, &opts.spill),
+        (SPILL_LIMIT_VAR, &opts.spill_limit),
+        (STATS_DIR_VAR, &opts.stats_dir),
+    ];
+    for (var, value) in others {
+        if let Some(v) = value {
+            Settings::from_lookup(|k| (k == var).then(|| v.clone())).map_err(|e| e.to_string())?;
+            vars.push((var.into(), v.into()));
+        }
     }
     Ok(vars)
 }

@@ -14,6 +14,80 @@ pub const CUDA_LIBRARY_VAR: &str = "VRAMCAP_CUDA_LIBRARY";
 pub const DISABLE_VAR: &str = "VRAMCAP_DISABLE";
 pub const STATS_VAR: &str = "VRAMCAP_STATS";
 pub const CACHE_VAR: &str = "VRAMCAP_CACHE";
+pub const SPILL_VAR: &str = "VRAMCAP_SPILL";
+pub const SPILL_LIMIT_VAR: &str = "VRAMCAP_SPILL_LIMIT";
+
+/// Where allocations go once the cap is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spill {
+    Off,
+    /// Managed memory advised to live on the host and be read by the device.
+    Managed,
+    /// Pinned host memory mapped into the device's address space.
+    Host,
+}
+
+impl Spill {
+    pub fn name(self) -> &'static str {
+        match self {
+            Spill::Off => "off",
+            Spill::Managed => "managed",
+            Spill::Host => "host",
+        }
+    }
+}
+
+/// The most host memory spill may take per process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpillLimit {
+    Bytes(u64),
+    /// Of the machine's physical memory.
+    Percent(crate::size::Percent),
+}
+
+impl SpillLimit {
+    /// The default: a quarter of the machine's memory.
+    pub const DEFAULT: SpillLimit = SpillLimit::Percent(crate::size::Percent::QUARTER);
+
+    pub fn resolve(self, host_bytes: u64) -> u64 {
+        match self {
+            SpillLimit::Bytes(b) => b,
+            SpillLimit::Percent(p) => p.of(host_bytes),
+        }
+    }
+}
+
+/// Parses `VRAMCAP_SPILL` with the standard error.
+pub fn parse_spill(value: &str) -> Result<Spill, SettingsError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "off" => Ok(Spill::Off),
+        "managed" => Ok(Spill::Managed),
+        "host" => Ok(Spill::Host),
+        _ => Err(SettingsError::Other {
+            var: SPILL_VAR,
+            value: value.to_string(),
+            expected: "off, managed or host (e.g. VRAMCAP_SPILL=managed)",
+        }),
+    }
+}
+
+/// Parses `VRAMCAP_SPILL_LIMIT` with the standard error.
+pub fn parse_spill_limit(value: &str) -> Result<SpillLimit, SettingsError> {
+    let err = || SettingsError::Other {
+        var: SPILL_LIMIT_VAR,
+        value: value.to_string(),
+        expected: "a size (e.g. 8GiB) or a percentage of the machine's memory (e.g. 25%)",
+    };
+    let t = value.trim();
+    if let Some(n) = t.strip_suffix('%') {
+        return crate::size::Percent::parse_number(n)
+            .map(SpillLimit::Percent)
+            .map_err(|_| err());
+    }
+    crate::size::parse_size(t)
+        .map(SpillLimit::Bytes)
+        .map_err(|_| err())
+}
 pub const CACHE_IDLE_VAR: &str = "VRAMCAP_CACHE_IDLE";
 
 /// How much freed memory the shim may keep per device for reuse.
@@ -112,6 +186,10 @@ pub struct Settings {
     pub cache: CacheBound,
     /// `VRAMCAP_CACHE_IDLE`: cached blocks unused this long go back to the driver.
     pub cache_idle: std::time::Duration,
+    /// `VRAMCAP_SPILL`: where allocations go past the cap.
+    pub spill: Spill,
+    /// `VRAMCAP_SPILL_LIMIT`: host memory spill may take per process.
+    pub spill_limit: SpillLimit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,6 +322,14 @@ impl Settings {
                 expected: "a duration greater than zero, e.g. 5s, 500ms, 2m (a bare number is seconds)",
             })?,
         };
+        let spill = match get(SPILL_VAR) {
+            None => Spill::Off,
+            Some(v) => parse_spill(&v)?,
+        };
+        let spill_limit = match get(SPILL_LIMIT_VAR) {
+            None => SpillLimit::DEFAULT,
+            Some(v) => parse_spill_limit(&v)?,
+        };
         Ok(Settings {
             limit,
             log,
@@ -253,6 +339,8 @@ impl Settings {
             stats_dir,
             cache,
             cache_idle,
+            spill,
+            spill_limit,
         })
     }
 
@@ -289,6 +377,45 @@ mod tests {
         assert_eq!(s.cache, CacheBound::DEFAULT);
         assert_eq!(s.cache.resolve(4000), 1000);
         assert_eq!(s.cache_idle, std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn spill_values() {
+        let s = read(&[]).unwrap();
+        assert_eq!((s.spill, s.spill_limit), (Spill::Off, SpillLimit::DEFAULT));
+        assert_eq!(s.spill_limit.resolve(4000), 1000);
+        let s = read(&[
+            ("VRAMCAP_SPILL", "Managed"),
+            ("VRAMCAP_SPILL_LIMIT", "6GiB"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (s.spill, s.spill_limit),
+            (Spill::Managed, SpillLimit::Bytes(6 << 30))
+        );
+        assert_eq!(
+            read(&[("VRAMCAP_SPILL", "host")]).unwrap().spill,
+            Spill::Host
+        );
+        assert_eq!(
+            read(&[("VRAMCAP_SPILL_LIMIT", "10%")])
+                .unwrap()
+                .spill_limit
+                .resolve(1000),
+            100
+        );
+        let e = read(&[("VRAMCAP_SPILL", "disk")]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "VRAMCAP_SPILL=\"disk\" is not valid: expected off, managed or host (e.g. VRAMCAP_SPILL=managed)"
+        );
+        let e = read(&[("VRAMCAP_SPILL_LIMIT", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("VRAMCAP_SPILL_LIMIT=\"0\" is not valid: expected a size"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -9,12 +9,12 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::cache::{Block, Shape, Want};
 use vramcap_core::page::DeviceSlot;
 
-use crate::cache;
 use crate::cuda::*;
 use crate::hooks::{REAL, boundary, disabled};
 use crate::log::{log_at, log_once};
 use crate::real::call_real;
 use crate::state::{Kind, Record, limit_of, slot, table};
+use crate::{cache, spill};
 
 /// The calling thread's current context and its device.
 pub fn current() -> Option<(usize, CUdevice)> {
@@ -46,24 +46,28 @@ pub(crate) enum Request {
     Async,
 }
 
+/// Why a reservation did not fit.
+pub struct NoRoom {
+    used: u64,
+    limit: u64,
+}
+
 /// Reserves `estimate` bytes on `device`, releasing cached blocks of the
-/// device when the cap would refuse. On refusal counts it, logs it and
-/// returns `CUDA_ERROR_OUT_OF_MEMORY`.
-pub fn reserve(
-    what: &str,
+/// device when the cap would refuse.
+fn try_reserve_evicting(
     device: CUdevice,
     estimate: u64,
-) -> Result<(&'static DeviceSlot, u64), CUresult> {
+) -> Result<(&'static DeviceSlot, u64), Option<NoRoom>> {
     let Some(slot) = slot(device) else {
         log_once!(
             Error,
             "device {device} is beyond the {} devices vramcap tracks; refusing its allocations",
             vramcap_core::MAX_DEVICES
         );
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        return Err(None);
     };
     let Some(limit) = limit_of(device) else {
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        return Err(None);
     };
     loop {
         match slot.budget.try_reserve(estimate, limit) {
@@ -71,13 +75,32 @@ pub fn reserve(
             Err(r) => {
                 let need = r.used.saturating_add(estimate).saturating_sub(limit);
                 if cache::evict(device as u16, need) == 0 {
-                    DeviceSlot::add(&slot.refusals, 1);
-                    refused(what, device, estimate, r.used, limit);
-                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                    return Err(Some(NoRoom {
+                        used: r.used,
+                        limit,
+                    }));
                 }
             }
         }
     }
+}
+
+/// Counts and logs a refusal; the out-of-memory code to return.
+fn refuse(what: &str, device: CUdevice, bytes: u64, why: Option<NoRoom>) -> CUresult {
+    if let (Some(s), Some(n)) = (slot(device), why) {
+        DeviceSlot::add(&s.refusals, 1);
+        refused(what, device, bytes, n.used, n.limit);
+    }
+    CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// [`try_reserve_evicting`], refusing with out-of-memory when it does not fit.
+pub fn reserve(
+    what: &str,
+    device: CUdevice,
+    estimate: u64,
+) -> Result<(&'static DeviceSlot, u64), CUresult> {
+    try_reserve_evicting(device, estimate).map_err(|why| refuse(what, device, estimate, why))
 }
 
 /// Settles a reservation of `estimate` to the `actual` size the driver
@@ -134,6 +157,21 @@ pub(crate) fn capped_alloc(
     target: Option<(usize, CUdevice)>,
     alloc: impl FnMut() -> CUresult,
     actual: impl FnOnce() -> u64,
+) -> CUresult {
+    capped_alloc_flags(what, dptr, estimate, request, target, alloc, actual, 1)
+}
+
+/// [`capped_alloc`] with the flags of a managed request (used if it spills).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn capped_alloc_flags(
+    what: &'static str,
+    dptr: *mut CUdeviceptr,
+    estimate: u64,
+    request: Request,
+    target: Option<(usize, CUdevice)>,
+    alloc: impl FnMut() -> CUresult,
+    actual: impl FnOnce() -> u64,
+    managed_flags: c_uint,
 ) -> CUresult {
     let mut alloc = alloc;
     if disabled() || dptr.is_null() || estimate == 0 {
@@ -200,9 +238,35 @@ pub(crate) fn capped_alloc(
         DeviceSlot::add(&slot.cache_misses, 1);
     }
 
-    let (slot, limit) = match reserve(what, device, estimate) {
+    let (slot, limit) = match try_reserve_evicting(device, estimate) {
         Ok(x) => x,
-        Err(rc) => return rc,
+        Err(why) => {
+            // Past the cap: spill, if on, else refuse.
+            let (bytes, managed_flags) = match request {
+                Request::Pitch { width, height, .. } => {
+                    (width.next_multiple_of(512).saturating_mul(height), None)
+                }
+                Request::Managed => (estimate, Some(managed_flags)),
+                _ => (estimate, None),
+            };
+            if why.is_some()
+                && let Some((ptr, record)) = spill::place(what, device, ctx, bytes, managed_flags)
+            {
+                // SAFETY: `dptr` is non-null; `pitch_out` checked by the pitch hook.
+                unsafe {
+                    *dptr = ptr;
+                    if let Request::Pitch {
+                        width, pitch_out, ..
+                    } = request
+                    {
+                        *pitch_out = width.next_multiple_of(512) as usize;
+                    }
+                }
+                insert(ptr, record);
+                return CUDA_SUCCESS;
+            }
+            return refuse(what, device, estimate, why);
+        }
     };
     let rc = call_with_retry(device, alloc);
     if rc != CUDA_SUCCESS {
@@ -355,7 +419,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     flags: c_uint,
 ) -> CUresult {
     boundary("cuMemAllocManaged", CUDA_ERROR_OUT_OF_MEMORY, || {
-        capped_alloc(
+        capped_alloc_flags(
             "cuMemAllocManaged",
             dptr,
             bytesize as u64,
@@ -371,6 +435,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
                 )
             },
             || bytesize as u64,
+            flags,
         )
     })
 }
@@ -390,6 +455,13 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         let Some((_, r)) = table().remove(&dptr) else {
             return real();
         };
+        if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+            let rc = spill::free(dptr, &r);
+            if rc != CUDA_SUCCESS {
+                table().insert(dptr, r);
+            }
+            return rc;
+        }
         if let (Kind::Device(shape), false) = (r.kind, r.exported) {
             let block = Block {
                 ptr: dptr,

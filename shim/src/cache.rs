@@ -367,7 +367,7 @@ extern "C" fn stop_thread_at_exit() {
     }
 }
 
-fn start_thread() {
+pub fn start_thread() {
     if THREAD.load(Ordering::Relaxed) || THREAD.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -410,6 +410,7 @@ fn background() {
             log_at!(Info, "trim: released {bytes} cached bytes");
         }
         release_idle(idle);
+        crate::spill::reap();
         BUSY.store(false, Ordering::SeqCst);
     }
 }

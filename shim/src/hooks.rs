@@ -16,6 +16,17 @@ use crate::{alloc, lifecycle, nvml, paths};
 
 /// The driver functions the shim calls, by exact (versioned) name.
 pub struct RealFns {
+    pub cuDeviceGetAttribute: DynFn,
+    pub cuMemAdvise: DynFn,
+    pub cuMemAdvise_v2: DynFn,
+    pub cuMemHostAlloc: DynFn,
+    pub cuMemHostGetDevicePointer_v2: DynFn,
+    pub cuMemFreeHost: DynFn,
+    pub cuEventCreate: DynFn,
+    pub cuEventRecord: DynFn,
+    pub cuEventRecord_ptsz: DynFn,
+    pub cuEventQuery: DynFn,
+    pub cuEventDestroy_v2: DynFn,
     pub cuStreamGetDevice: DynFn,
     pub cuStreamGetDevice_ptsz: DynFn,
     pub cuMemAllocAsync: DynFn,
@@ -73,6 +84,17 @@ pub struct RealFns {
 }
 
 pub static REAL: RealFns = RealFns {
+    cuDeviceGetAttribute: DynFn::new(c"cuDeviceGetAttribute"),
+    cuMemAdvise: DynFn::new(c"cuMemAdvise"),
+    cuMemAdvise_v2: DynFn::new(c"cuMemAdvise_v2"),
+    cuMemHostAlloc: DynFn::new(c"cuMemHostAlloc"),
+    cuMemHostGetDevicePointer_v2: DynFn::new(c"cuMemHostGetDevicePointer_v2"),
+    cuMemFreeHost: DynFn::new(c"cuMemFreeHost"),
+    cuEventCreate: DynFn::new(c"cuEventCreate"),
+    cuEventRecord: DynFn::new(c"cuEventRecord"),
+    cuEventRecord_ptsz: DynFn::new(c"cuEventRecord_ptsz"),
+    cuEventQuery: DynFn::new(c"cuEventQuery"),
+    cuEventDestroy_v2: DynFn::new(c"cuEventDestroy_v2"),
     cuStreamGetDevice: DynFn::new(c"cuStreamGetDevice"),
     cuStreamGetDevice_ptsz: DynFn::new(c"cuStreamGetDevice_ptsz"),
     cuMemAllocAsync: DynFn::new(c"cuMemAllocAsync"),

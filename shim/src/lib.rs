@@ -46,6 +46,7 @@ mod log;
 mod nvml;
 mod paths;
 mod real;
+mod spill;
 mod state;
 mod stats;
 

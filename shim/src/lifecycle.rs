@@ -12,7 +12,7 @@ use crate::cuda::*;
 use crate::hooks::{REAL, boundary, disabled};
 use crate::log::log_at;
 use crate::real::call_real;
-use crate::state::{slot, table};
+use crate::state::{Kind, slot, table};
 
 /// Drops the records of every allocation of a context the driver destroyed
 /// and gives their bytes back.
@@ -28,7 +28,9 @@ fn forget_ctx(ctx: usize) {
         }
     });
     for (_, r) in &gone {
-        if let Some(s) = slot(CUdevice::from(r.device)) {
+        if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+            crate::spill::forget(r);
+        } else if let Some(s) = slot(CUdevice::from(r.device)) {
             s.budget.release(r.bytes);
             s.frees.fetch_add(1, Ordering::Relaxed);
         }

@@ -34,7 +34,7 @@ use crate::cuda::*;
 use crate::hooks::{REAL, boundary, disabled};
 use crate::log::log_at;
 use crate::real::call_real;
-use crate::state::{ARRAYS, Object, VMM, slot, table};
+use crate::state::{ARRAYS, Kind, Object, VMM, slot, table};
 
 // ---------------------------------------------------------------- stream-ordered
 
@@ -161,13 +161,27 @@ macro_rules! alloc_pool_hook {
 alloc_pool_hook!(cuMemAllocFromPoolAsync, false);
 alloc_pool_hook!(cuMemAllocFromPoolAsync_ptsz, true);
 
-fn free_async(dptr: CUdeviceptr, real: impl FnOnce() -> CUresult) -> CUresult {
+fn free_async(
+    dptr: CUdeviceptr,
+    stream: *mut c_void,
+    per_thread: bool,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
     if dptr == 0 || disabled() {
         return real();
     }
     let Some((_, r)) = table().remove(&dptr) else {
         return real();
     };
+    if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+        // The driver refuses stream-ordered frees of such memory: free it
+        // for real once the stream gets there.
+        let rc = crate::spill::free_when_reached(dptr, r, stream, per_thread);
+        if rc != CUDA_SUCCESS {
+            table().insert(dptr, r);
+        }
+        return rc;
+    }
     let rc = real();
     if rc == CUDA_SUCCESS {
         if let Some(s) = slot(CUdevice::from(r.device)) {
@@ -181,11 +195,11 @@ fn free_async(dptr: CUdeviceptr, real: impl FnOnce() -> CUresult) -> CUresult {
 }
 
 macro_rules! free_async_hook {
-    ($name:ident) => {
+    ($name:ident, $per_thread:expr) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: *mut c_void) -> CUresult {
             boundary(stringify!($name), CUDA_ERROR_NOT_FOUND, || {
-                free_async(dptr, || {
+                free_async(dptr, stream, $per_thread, || {
                     call_real!(
                         REAL.$name,
                         fn(CUdeviceptr, *mut c_void) -> CUresult,
@@ -198,8 +212,8 @@ macro_rules! free_async_hook {
     };
 }
 
-free_async_hook!(cuMemFreeAsync);
-free_async_hook!(cuMemFreeAsync_ptsz);
+free_async_hook!(cuMemFreeAsync, false);
+free_async_hook!(cuMemFreeAsync_ptsz, true);
 
 // ---------------------------------------------------------------- VMM
 

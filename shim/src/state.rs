@@ -72,6 +72,10 @@ pub enum Kind {
     Managed,
     /// Stream-ordered (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
     Async,
+    /// Past the cap, in managed memory kept on the host (see `spill`).
+    SpillManaged,
+    /// Past the cap, in pinned host memory (the host address).
+    SpillHost(u64),
 }
 
 /// Device pointers are 512-byte aligned and spread over a wide range; a
@@ -283,4 +287,5 @@ pub fn reset_after_fork() {
     ARRAYS.reset();
     crate::stats::reset_after_fork();
     crate::cache::reset_after_fork();
+    crate::spill::reset_after_fork();
 }
