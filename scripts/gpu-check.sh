@@ -248,7 +248,8 @@ HEADER="vramcap gpu-check — $DATE_UTC — commit $COMMIT — GPU $GPU_NAME, dr
 progress "$HEADER"
 
 UNSET=(-u LD_PRELOAD -u VRAMCAP_LIMIT -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLOC_CONF
-    -u XLA_PYTHON_CLIENT_PREALLOCATE -u XLA_PYTHON_CLIENT_MEM_FRACTION -u XLA_PYTHON_CLIENT_ALLOCATOR)
+    -u XLA_PYTHON_CLIENT_PREALLOCATE -u XLA_PYTHON_CLIENT_MEM_FRACTION -u XLA_PYTHON_CLIENT_ALLOCATOR
+    -u XLA_CLIENT_MEM_FRACTION -u CUPY_GPU_MEMORY_LIMIT)
 NOSHIM=(env "${UNSET[@]}")
 WITHSHIM=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$CAP")
 NOLIMIT=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM")
@@ -464,6 +465,98 @@ for mode in cudaMalloc cuMemAlloc cudaMallocPitch cudaMallocManaged; do
     add_row "$rowname" "$exp" "${note:+$note; }${extra}${line:+$(alloc_obs "$line") }verify=$vs rc=$RC" "$res"
 done
 
+# ---------------------------------------------------------------- a2. more allocation paths
+
+# TOUCH state of the last process: ok, bad (a bad or error line) or none.
+touch_state() {
+    if grep -aq '^TOUCH \(bad\|error\)' "$OUTF"; then
+        echo bad
+    elif grep -aq '^TOUCH ok' "$OUTF"; then
+        echo ok
+    else
+        echo none
+    fi
+}
+# Modes that also write and read back the memory they got (TOUCH line).
+has_touch() { case $1 in cuMemCreate | cudaMallocArray | cudaMalloc3DArray) return 0 ;; esac; return 1; }
+is_array() { case $1 in cudaMallocArray | cudaMalloc3DArray) return 0 ;; esac; return 1; }
+# Mode-specific figures for the observed column.
+mode_extra() {
+    local mode=$1 line=$2
+    case $mode in
+        cudaMallocAsync | cudaMemPool) printf 'pool_reserved=%s errat=%s ' "$(mib "$(kv pool_reserved "$line")")" "$(kv errat "$line")" ;;
+        cuMemCreate) printf 'granularity=%s mapped=%s ' "$(mib "$(kv granularity "$line")")" "$(kv mapped "$line")" ;;
+        cudaMallocArray | cudaMalloc3DArray) printf 'first_delta=%s ' "$(mib "$(kv first_delta "$line")")" ;;
+    esac
+}
+
+NEW_MODES=(cudaMallocAsync cudaMemPool cuMemCreate cudaMallocArray cudaMalloc3DArray)
+
+# Without the shim each new path must reach a 1 GiB hard stop: shows that the
+# program itself works, so a failure with the shim is the shim's. For arrays,
+# first_delta is the driver's real size of one array (drop of free memory).
+for mode in "${NEW_MODES[@]}"; do
+    rowname="capcheck $mode, no shim, stop 1 GiB"
+    exp="bytes=1024 MiB (hard stop)"
+    has_touch "$mode" && exp="$exp, TOUCH ok"
+    exp="$exp, VERIFY ok, rc=0"
+    if [ -z "$CAPCHECK" ]; then
+        add_row "$rowname" "$exp" "not built" FAIL
+        continue
+    fi
+    run_cmd "capcheck-$mode-noshim" "$CU_TIMEOUT" "${NOSHIM[@]}" "$CAPCHECK" "$mode" "$GiB"
+    line=$(result_line "$OUTF" RESULT)
+    note=$(rc_note)
+    b=$(kv bytes "$line")
+    vs=$(verify_state)
+    ts=$(touch_state)
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    [ -n "$line" ] || ok=0
+    [ "$b" = "$GiB" ] || ok=0
+    [ "$(kv stop "$line")" = limit ] || ok=0
+    [ "$vs" = ok ] || ok=0
+    if has_touch "$mode" && [ "$ts" != ok ]; then ok=0; fi
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    tobs=""
+    has_touch "$mode" && tobs="touch=$ts "
+    add_row "$rowname" "$exp" "${note:+$note; }${line:+$(mode_extra "$mode" "$line")$(alloc_obs "$line") }${tobs}verify=$vs rc=$RC" "$res"
+done
+
+# With the cap: stop within one chunk below CAP (arrays: two chunks, as the
+# driver's real array size may be a bit more than the 256 MiB counted), refused
+# with err 2, and the process still healthy.
+for mode in "${NEW_MODES[@]}"; do
+    lo=$((CAP_BYTES - CHUNK))
+    is_array "$mode" && lo=$((CAP_BYTES - 2 * CHUNK))
+    rowname="capcheck $mode, CAP"
+    exp="$(mib "$lo") < bytes <= $(mib "$CAP_BYTES"), err=2 (stop=refused)"
+    has_touch "$mode" && exp="$exp, TOUCH ok"
+    exp="$exp, VERIFY ok, rc=0"
+    if [ -z "$CAPCHECK" ]; then
+        add_row "$rowname" "$exp" "not built" FAIL
+        continue
+    fi
+    run_cmd "capcheck-$mode-cap" "$CU_TIMEOUT" "${WITHSHIM[@]}" "$CAPCHECK" "$mode" $((CAP_BYTES + GiB))
+    line=$(result_line "$OUTF" RESULT)
+    note=$(rc_note)
+    b=$(kv bytes "$line")
+    vs=$(verify_state)
+    ts=$(touch_state)
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    [ -n "$line" ] || ok=0
+    isint "$b" && ((b > lo && b <= CAP_BYTES)) || ok=0
+    [ "$(kv err "$line")" = 2 ] || ok=0
+    [ "$(kv stop "$line")" = refused ] || ok=0
+    [ "$vs" = ok ] || ok=0
+    if has_touch "$mode" && [ "$ts" != ok ]; then ok=0; fi
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    tobs=""
+    has_touch "$mode" && tobs="touch=$ts "
+    add_row "$rowname" "$exp" "${note:+$note; }${line:+$(mode_extra "$mode" "$line")$(alloc_obs "$line") }${tobs}verify=$vs rc=$RC" "$res"
+done
+
 # ---------------------------------------------------------------- b/c/d. Python frameworks
 
 PY_OK=1
@@ -478,7 +571,7 @@ py_obs() {
     for k in "$@"; do
         v=$(kv "$k" "$line")
         case "$k" in
-            total | bytes | allocated | reserved | bytes_limit | bytes_reserved | pool_used_bytes | pool_total_bytes | total_at_oom | free_at_oom)
+            total | bytes | allocated | reserved | bytes_limit | bytes_reserved | pool_used_bytes | pool_total_bytes | total_at_oom | free_at_oom | used | free | torch_total | total_v2 | used_v2)
                 v=$(mib "$v")
                 ;;
         esac
@@ -598,6 +691,127 @@ if [ "$PY_OK" = 1 ] && [ -r "$GPU_SRC/check_jax.py" ]; then
         "${note:+$note; }$(py_obs "$line" exception_raised exception_resource_exhausted bytes compute_ok)" "$res"
 else
     add_row "jax XLA_PYTHON_CLIENT_ALLOCATOR=platform" "$exp" "python ($PYTHON) or check_jax.py not found" FAIL
+fi
+
+# ---------------------------------------------------------------- b2/c2/d2. more framework allocators
+
+# b3. PyTorch with another allocator configuration (PYTORCH_CUDA_ALLOC_CONF):
+# same pass criteria as the torch row, plus a sign that the setting took effect.
+torch_variant() {
+    local rowname=$1 runname=$2 conf=$3 exp a ok
+    exp="total=CAP, OutOfMemoryError, CAP-1GiB <= allocated <= CAP, matmul ok"
+    case $conf in
+        *expandable_segments*) exp="$exp, segments expandable (expandable_seen != 0)" ;;
+        *cudaMallocAsync*) exp="$exp, allocator backend cudaMallocAsync" ;;
+    esac
+    if [ "$PY_OK" != 1 ] || [ ! -r "$GPU_SRC/check_torch.py" ]; then
+        add_row "$rowname" "$exp" "python ($PYTHON) or check_torch.py not found" FAIL
+        return
+    fi
+    run_cmd "$runname" "$PY_TIMEOUT" "${WITHSHIM[@]}" "PYTORCH_CUDA_ALLOC_CONF=$conf" \
+        "$PYTHON" "$GPU_SRC/check_torch.py" --max-bytes $((CAP_BYTES + GiB))
+    line=$(result_line "$OUTF" RESULTKV)
+    note=$(py_note)
+    a=$(kv allocated "$line")
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    [ "$(kv total "$line")" = "$CAP_BYTES" ] || ok=0
+    [ "$(kv oom "$line")" = 1 ] || ok=0
+    isint "$a" && ((a <= CAP_BYTES && a >= LOW)) || ok=0
+    [ "$(kv matmul_ok "$line")" = 1 ] || ok=0
+    case $conf in
+        *expandable_segments*) [ "$(kv expandable_seen "$line")" != 0 ] || ok=0 ;;
+        *cudaMallocAsync*) [ "$(kv alloc_backend_async "$line")" = 1 ] || ok=0 ;;
+    esac
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "$rowname" "$exp" \
+        "${note:+$note; }$(py_obs "$line" total oom allocated reserved matmul_ok alloc_backend_async expandable_seen expandable_segments)" "$res"
+}
+torch_variant "torch PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" torch-expandable "expandable_segments:True"
+torch_variant "torch PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync" torch-async "backend:cudaMallocAsync"
+
+# d2. CuPy with the stream-ordered allocator (MemoryAsyncPool)
+exp="memGetInfo total=CAP, OutOfMemoryError, CAP-1GiB <= bytes <= CAP, compute ok"
+if [ "$PY_OK" = 1 ] && [ -r "$GPU_SRC/check_cupy.py" ]; then
+    run_cmd cupy-async "$PY_TIMEOUT" "${WITHSHIM[@]}" "$PYTHON" "$GPU_SRC/check_cupy.py" --mode async --max-bytes $((CAP_BYTES + GiB))
+    line=$(result_line "$OUTF" RESULTKV)
+    note=$(py_note)
+    b=$(kv bytes "$line")
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    [ "$(kv async_pool "$line")" = 1 ] || ok=0
+    [ "$(kv total "$line")" = "$CAP_BYTES" ] || ok=0
+    [ "$(kv oom "$line")" = 1 ] || ok=0
+    isint "$b" && ((b <= CAP_BYTES && b >= LOW)) || ok=0
+    [ "$(kv compute_ok "$line")" = 1 ] || ok=0
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "cupy MemoryAsyncPool" "$exp" "${note:+$note; }$(py_obs "$line" total oom bytes pool_total_bytes other_error_status roundtrip_ok kernel_ok compute_ok)" "$res"
+else
+    add_row "cupy MemoryAsyncPool" "$exp" "python ($PYTHON) or check_cupy.py not found" FAIL
+fi
+
+# c2. JAX, default BFC allocator without preallocation (grows on demand).
+# MEM_FRACTION=1.0 makes the BFC limit the whole (capped) total: with the
+# default 0.75 XLA itself would stop at 0.75*CAP, below CAP-1GiB.
+exp="XLA_PYTHON_CLIENT_PREALLOCATE=false seen, exception with RESOURCE_EXHAUSTED/out of memory, CAP-1GiB <= bytes <= CAP, compute ok"
+if [ "$PY_OK" = 1 ] && [ -r "$GPU_SRC/check_jax.py" ]; then
+    run_cmd jax-growth "$PY_TIMEOUT" "${WITHSHIM[@]}" XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=1.0 \
+        "$PYTHON" "$GPU_SRC/check_jax.py" growth --max-bytes $((CAP_BYTES + GiB))
+    line=$(result_line "$OUTF" RESULTKV)
+    note=$(py_note)
+    b=$(kv bytes "$line")
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    [ "$(kv env_preallocate_is_false "$line")" = 1 ] || ok=0
+    [ "$(kv exception_raised "$line")" = 1 ] || ok=0
+    [ "$(kv exception_resource_exhausted "$line")" = 1 ] || ok=0
+    isint "$b" && ((b <= CAP_BYTES && b >= LOW)) || ok=0
+    [ "$(kv compute_ok "$line")" = 1 ] || ok=0
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "jax XLA_PYTHON_CLIENT_PREALLOCATE=false (BFC grows, MEM_FRACTION=1.0)" "$exp" \
+        "${note:+$note; }$(py_obs "$line" exception_raised exception_resource_exhausted bytes bytes_limit compute_ok)" "$res"
+else
+    add_row "jax XLA_PYTHON_CLIENT_PREALLOCATE=false (BFC grows, MEM_FRACTION=1.0)" "$exp" "python ($PYTHON) or check_jax.py not found" FAIL
+fi
+
+# e2. numba-cuda device arrays
+exp="exception with CUDA_ERROR_OUT_OF_MEMORY (2), CAP-1GiB <= bytes <= CAP, round trip and @cuda.jit kernel ok"
+if [ "$PY_OK" = 1 ] && [ -r "$GPU_SRC/check_numba.py" ]; then
+    run_cmd numba "$PY_TIMEOUT" "${WITHSHIM[@]}" "$PYTHON" "$GPU_SRC/check_numba.py" --max-bytes $((CAP_BYTES + GiB))
+    line=$(result_line "$OUTF" RESULTKV)
+    note=$(py_note)
+    b=$(kv bytes "$line")
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    [ "$(kv exception_raised "$line")" = 1 ] || ok=0
+    [ "$(kv oom_error "$line")" = 1 ] || ok=0
+    isint "$b" && ((b <= CAP_BYTES && b >= LOW)) || ok=0
+    [ "$(kv compute_ok "$line")" = 1 ] || ok=0
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "numba-cuda device_array" "$exp" \
+        "${note:+$note; }$(py_obs "$line" total exception_raised exception_code oom_error bytes roundtrip_ok kernel_ok compute_ok)" "$res"
+else
+    add_row "numba-cuda device_array" "$exp" "python ($PYTHON) or check_numba.py not found" FAIL
+fi
+
+# f2. NVML memory info of a capped process (CUDA initialised by torch, 1 GiB held)
+exp="nvmlDeviceGetMemoryInfo(0): total=CAP, 1 GiB <= used <= CAP; torch mem_get_info total = NVML total"
+if [ "$PY_OK" = 1 ] && [ -r "$GPU_SRC/check_nvml.py" ]; then
+    run_cmd nvml "$PY_TIMEOUT" "${WITHSHIM[@]}" "$PYTHON" "$GPU_SRC/check_nvml.py" --hold-bytes "$GiB"
+    line=$(result_line "$OUTF" RESULTKV)
+    note=$(py_note)
+    t=$(kv total "$line")
+    u=$(kv used "$line")
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    [ "$t" = "$CAP_BYTES" ] || ok=0
+    isint "$u" && ((u >= GiB && u <= CAP_BYTES)) || ok=0
+    [ -n "$t" ] && [ "$(kv torch_total "$line")" = "$t" ] || ok=0
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "NVML nvmlDeviceGetMemoryInfo" "$exp" \
+        "${note:+$note; }nvml_via=$(grep -a '^RESULT ' "$OUTF" | tail -n 1 | sed -n 's/.*"nvml_via": "\([a-z]*\)".*/\1/p') $(py_obs "$line" total used free torch_total total_v2 used_v2)" "$res"
+else
+    add_row "NVML nvmlDeviceGetMemoryInfo" "$exp" "python ($PYTHON) or check_nvml.py not found" FAIL
 fi
 
 # ---------------------------------------------------------------- cache (freed-block cache)

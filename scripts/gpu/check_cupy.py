@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """CuPy check for vramcap (run under LD_PRELOAD=libvramcap.so VRAMCAP_LIMIT=...).
 
-With CuPy's default memory pool, allocates 256 MiB cupy.empty arrays until
-cupy.cuda.memory.OutOfMemoryError (or a hard stop), reports
-cupy.cuda.runtime.memGetInfo() and the pool's figures, frees everything and
-verifies a small computation.
+With CuPy's default memory pool (--mode default) or the stream-ordered
+allocator (--mode async: cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc),
+which allocates with cudaMallocAsync / cudaMallocFromPoolAsync), allocates
+256 MiB cupy.empty arrays until cupy.cuda.memory.OutOfMemoryError (or a hard
+stop), reports cupy.cuda.runtime.memGetInfo() and the pool's figures, frees
+everything and verifies a small computation (through the same allocator).
 
 Prints `RESULT {json}` and a flat `RESULTKV key=value ...` line on stdout.
 Exit status: 0 when it ran to the end, 1 on an unexpected error, 3 when cupy
 could not be imported.
 
-Usage: check_cupy.py [--max-bytes N]
+Usage: check_cupy.py [--mode default|async] [--max-bytes N]
 """
 import argparse
 import json
@@ -35,12 +37,15 @@ def emit(res):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["default", "async"], default="default",
+                    help="default: CuPy's MemoryPool; async: MemoryAsyncPool")
     ap.add_argument("--max-bytes", type=int, default=6 << 30,
                     help="hard stop for the allocation loop (bytes)")
     args = ap.parse_args()
 
-    res = {"check": "cupy", "chunk": CHUNK, "max_bytes": args.max_bytes,
-           "oom": False, "compute_ok": False, "completed": False}
+    res = {"check": "cupy", "mode": args.mode, "chunk": CHUNK, "max_bytes": args.max_bytes,
+           "oom": False, "compute_ok": False, "completed": False,
+           "async_pool": False}
     rc = 1
     try:
         try:
@@ -54,7 +59,13 @@ def main():
         free, total = cupy.cuda.runtime.memGetInfo()
         res["total"] = int(total)
         res["free_before"] = int(free)
-        pool = cupy.get_default_memory_pool()
+        if args.mode == "async":
+            pool = cupy.cuda.MemoryAsyncPool()
+            cupy.cuda.set_allocator(pool.malloc)
+            res["async_pool"] = True
+        else:
+            pool = cupy.get_default_memory_pool()
+        res["pool_type"] = type(pool).__name__
 
         arrays = []
         t0 = time.time()
@@ -65,11 +76,19 @@ def main():
                 res["oom"] = True
                 res["oom_message"] = " ".join(str(e).split())[:400]
                 break
+            except Exception as e:  # noqa: BLE001
+                # Some other error (e.g. a raw CUDARuntimeError): recorded, loop ends.
+                res["other_error"] = ("%s: %s" % (type(e).__name__, " ".join(str(e).split())))[:400]
+                res["other_error_status"] = getattr(e, "status", None)
+                break
         res["alloc_seconds"] = round(time.time() - t0, 3)
         res["chunks"] = len(arrays)
         res["bytes"] = len(arrays) * CHUNK
-        res["pool_used_bytes"] = int(pool.used_bytes())
-        res["pool_total_bytes"] = int(pool.total_bytes())
+        try:
+            res["pool_used_bytes"] = int(pool.used_bytes())
+            res["pool_total_bytes"] = int(pool.total_bytes())
+        except Exception as e:  # noqa: BLE001
+            res["pool_stats_error"] = repr(e)[:300]
         try:
             f2, t2 = cupy.cuda.runtime.memGetInfo()
             res["free_at_oom"] = int(f2)
@@ -78,8 +97,12 @@ def main():
             res["memgetinfo_error"] = repr(e)[:300]
 
         del arrays
-        pool.free_all_blocks()
-        res["pool_total_after_free"] = int(pool.total_bytes())
+        try:
+            cupy.cuda.Device(0).synchronize()
+            pool.free_all_blocks()
+            res["pool_total_after_free"] = int(pool.total_bytes())
+        except Exception as e:  # noqa: BLE001
+            res["pool_free_error"] = repr(e)[:300]
 
         n = 1 << 20
         # Copy round trip first (needs no kernel compilation), then kernels.

@@ -9,13 +9,17 @@ Modes:
             environment (the caller sets it). Allocates 256 MiB arrays
             (jnp.zeros + block_until_ready, references kept) until an exception
             or the hard stop, then frees them and checks a small computation.
+  growth    The same loop, meant to be run with XLA_PYTHON_CLIENT_PREALLOCATE=false
+            (the default BFC allocator, growing on demand) and usually
+            XLA_PYTHON_CLIENT_MEM_FRACTION set by the caller; reports
+            env_preallocate_is_false and the BFC bytes_limit.
 
 This script never sets XLA_PYTHON_CLIENT_* itself.
 Prints `RESULT {json}` and a flat `RESULTKV key=value ...` line on stdout.
 Exit status: 0 when it ran to the end, 1 on an unexpected error, 3 when jax
 could not be imported or no GPU backend came up.
 
-Usage: check_jax.py default|platform [--max-bytes N]
+Usage: check_jax.py default|platform|growth [--max-bytes N]
 """
 import argparse
 import json
@@ -75,9 +79,9 @@ def stats_of(dev):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["default", "platform"])
+    ap.add_argument("mode", choices=["default", "platform", "growth"])
     ap.add_argument("--max-bytes", type=int, default=6 << 30,
-                    help="hard stop for the platform-mode allocation loop (bytes)")
+                    help="hard stop for the platform/growth allocation loop (bytes)")
     args = ap.parse_args()
 
     res = {"check": "jax", "mode": args.mode, "chunk": CHUNK, "max_bytes": args.max_bytes,
@@ -85,7 +89,9 @@ def main():
            "env_allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR"),
            "env_preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
            "env_mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
-           "env_allocator_is_platform": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR") == "platform"}
+           "env_allocator_is_platform": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR") == "platform",
+           "env_preallocate_is_false": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower()
+           in ("false", "0")}
     rc = 1
     try:
         try:
@@ -146,6 +152,11 @@ def main():
             res["memory_stats"] = st
             if err:
                 res["memory_stats_error"] = err
+            if st:
+                for k in ("bytes_limit", "bytes_reserved", "bytes_in_use", "peak_bytes_in_use",
+                          "pool_bytes"):
+                    if k in st:
+                        res[k] = st[k]
             for a in arrays:
                 try:
                     a.delete()

@@ -5,6 +5,12 @@ Allocates 256 MiB uint8 tensors until torch.OutOfMemoryError (or a hard stop),
 records memory_allocated / memory_reserved at that point, frees everything, then
 runs a 2048x2048 float32 matmul on the GPU and compares it with the CPU result.
 
+The caller may set PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True or
+backend:cudaMallocAsync); the script reports the allocator backend torch uses
+(alloc_backend_async=1 for cudaMallocAsync) and, with the native backend, how
+many of the segments at the out-of-memory point are expandable
+(expandable_seen=1 when any is).
+
 Prints one line `RESULT {json}` and one flat line `RESULTKV key=value ...` on
 stdout (the shell script parses the flat line). Exit status: 0 when the script
 ran to the end (whatever it measured), 1 on an unexpected error, 3 when torch
@@ -14,6 +20,7 @@ Usage: check_torch.py [--max-bytes N]
 """
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -40,7 +47,9 @@ def main():
     args = ap.parse_args()
 
     res = {"check": "torch", "chunk": CHUNK, "max_bytes": args.max_bytes,
-           "oom": False, "matmul_ok": False, "completed": False}
+           "oom": False, "matmul_ok": False, "completed": False,
+           "env_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+           "env_alloc_conf2": os.environ.get("PYTORCH_ALLOC_CONF")}
     rc = 1
     try:
         try:
@@ -74,6 +83,23 @@ def main():
                 res["oom_message"] = str(e).strip().splitlines()[0][:400] if str(e).strip() else ""
                 break
         res["alloc_seconds"] = round(time.time() - t0, 3)
+        try:
+            backend = str(torch.cuda.get_allocator_backend())
+        except Exception as e:  # noqa: BLE001
+            backend = "unknown"
+            res["alloc_backend_error"] = repr(e)[:300]
+        res["alloc_backend"] = backend
+        res["alloc_backend_async"] = backend == "cudaMallocAsync"
+        res["expandable_seen"] = None
+        if backend == "native":
+            try:
+                segs = torch.cuda.memory_snapshot()
+                res["segments"] = len(segs)
+                res["expandable_segments"] = sum(1 for sg in segs if sg.get("is_expandable"))
+                if segs and "is_expandable" in segs[0]:
+                    res["expandable_seen"] = res["expandable_segments"] > 0
+            except Exception as e:  # noqa: BLE001
+                res["snapshot_error"] = repr(e)[:300]
         res["chunks"] = len(chunks)
         res["bytes"] = len(chunks) * CHUNK
         res["allocated"] = int(torch.cuda.memory_allocated(0))

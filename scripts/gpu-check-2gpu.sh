@@ -1,0 +1,504 @@
+#!/usr/bin/env bash
+# gpu-check-2gpu.sh DIR — per-device caps on a machine with two GPUs.
+#
+# DIR holds the built libvramcap.so (e.g. .gpu/). Builds scripts/gpu/capcheck.cu
+# with nvcc and runs its `twodev` modes (cudaMalloc 256 MiB chunks on device 0,
+# then device 1; `twodev-thread`: a second thread fills device 1 meanwhile)
+# under per-device limits:
+#   VRAMCAP_LIMIT="0=2GiB,1=3GiB"                       caps follow the visible order,
+#   the same with CUDA_VISIBLE_DEVICES swapped,         also when that order is swapped,
+#   VRAMCAP_LIMIT="GPU-<uuid prefix of 1>=1GiB,2GiB"    the UUID names the physical GPU.
+# Every process has CUDA_DEVICE_ORDER=PCI_BUS_ID (so CUDA's order is nvidia-smi's).
+# Prints a markdown table at the end; the full log goes to
+# ${OUT:-/tmp}/gpu-check-2gpu.log (the table also to ${OUT:-/tmp}/gpu-check-2gpu.md).
+# Exits 1 if any check fails; a check that could not run counts as a failure.
+#
+# Environment:
+#   NVCC        nvcc to use (default /usr/local/cuda/bin/nvcc, else nvcc on PATH)
+#   CUDA_ARCH   default sm_90
+#   OUT         output folder (default /tmp)
+#   CU_TIMEOUT  per-process timeout (default 120 s)
+#   BUDGET_S    stop starting new checks after this many seconds (default 540)
+#   KEEP_WORK=1 keep the temp build/output folder
+
+set -u
+
+if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+fi
+if [ ! -d "$1" ]; then
+    echo "gpu-check-2gpu: '$1' is not a directory" >&2
+    exit 2
+fi
+
+ART=$(realpath "$1")
+SHIM=$ART/libvramcap.so
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
+GPU_SRC=$SCRIPT_DIR/gpu
+OUT=${OUT:-/tmp}
+CUDA_ARCH=${CUDA_ARCH:-sm_90}
+CU_TIMEOUT=${CU_TIMEOUT:-120}
+BUDGET_S=${BUDGET_S:-540}
+
+MiB=1048576
+GiB=1073741824
+CHUNK=$((256 * MiB))
+CAP0=$((2 * GiB)) # "0=2GiB,1=3GiB"
+CAP1=$((3 * GiB))
+UCAP=$((1 * GiB)) # "GPU-<prefix of device 1>=1GiB,2GiB"
+UDEF=$((2 * GiB))
+MAXB=$((4 * GiB)) # hard stop per device: above every cap here, never reached when capped
+
+mkdir -p "$OUT" || { echo "gpu-check-2gpu: cannot create OUT=$OUT" >&2; exit 2; }
+LOG=$OUT/gpu-check-2gpu.log
+MD=$OUT/gpu-check-2gpu.md
+: >"$LOG" || { echo "gpu-check-2gpu: cannot write $LOG" >&2; exit 2; }
+
+progress() { echo "[gpu-check-2gpu] $*" >&2; echo "[gpu-check-2gpu] $*" >>"$LOG"; }
+
+for v in CU_TIMEOUT BUDGET_S; do
+    if ! [[ ${!v} =~ ^[0-9]+$ ]]; then
+        echo "gpu-check-2gpu: $v='${!v}' is not a whole number of seconds" >&2
+        exit 2
+    fi
+done
+command -v timeout >/dev/null 2>&1 || { echo "gpu-check-2gpu: 'timeout' (coreutils) not found" >&2; exit 2; }
+
+# ---------------------------------------------------------------- helpers (as in gpu-check.sh)
+
+isint() { [[ ${1:-} =~ ^[0-9]+$ ]]; }
+
+mib() {
+    local b=${1:-}
+    if ! isint "$b"; then
+        printf '%s' "${b:-?}"
+    elif ((b % MiB == 0)); then
+        printf '%d MiB' $((b / MiB))
+    else
+        awk -v b="$b" 'BEGIN { printf "%.1f MiB", b / 1048576 }'
+    fi
+}
+
+kv() {
+    local key=$1 line=" ${2:-} "
+    local re=" ${key}=([^ ]*) "
+    if [[ $line =~ $re ]]; then printf '%s' "${BASH_REMATCH[1]}"; fi
+}
+
+ROWS_NAME=()
+ROWS_EXP=()
+ROWS_OBS=()
+ROWS_RES=()
+NFAIL=0
+add_row() {
+    ROWS_NAME+=("$1")
+    ROWS_EXP+=("$2")
+    ROWS_OBS+=("$3")
+    ROWS_RES+=("$4")
+    [ "$4" = PASS ] || NFAIL=$((NFAIL + 1))
+    echo "RESULT-ROW | $1 | $2 | $3 | $4" >>"$LOG"
+    echo "[gpu-check-2gpu]   -> $4: $3" >&2
+}
+
+time_left() {
+    local left=$((BUDGET_S - SECONDS))
+    ((left > 0)) && echo "$left" || echo 0
+}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-2gpu.XXXXXX") || { echo "gpu-check-2gpu: mktemp failed" >&2; exit 2; }
+# shellcheck disable=SC2317  # called through trap
+cleanup() { if [ "${KEEP_WORK:-0}" != 1 ]; then rm -rf "$WORK"; fi; }
+trap cleanup EXIT
+
+RC=0
+OUTF=/dev/null
+ERRF=/dev/null
+NOTRUN=0
+run_cmd() {
+    local name=$1 to=$2 left t0
+    shift 2
+    OUTF=$WORK/$name.out
+    ERRF=$WORK/$name.err
+    : >"$OUTF"
+    : >"$ERRF"
+    NOTRUN=0
+    left=$(time_left)
+    if ((left < 5)); then
+        NOTRUN=1
+        RC=125
+        progress "$name: not run (time budget of ${BUDGET_S}s spent)"
+        return
+    fi
+    ((to > left)) && to=$left
+    progress "running $name (timeout ${to}s)"
+    {
+        echo
+        echo "=== $name ==="
+        echo "start: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        printf 'cmd:'
+        printf ' %q' "$@"
+        echo
+    } >>"$LOG"
+    t0=$SECONDS
+    timeout -k 10 "$to" "$@" >"$OUTF" 2>"$ERRF" </dev/null
+    RC=$?
+    {
+        echo "rc: $RC (wall $((SECONDS - t0)) s)"
+        echo "--- stdout ---"
+        head -c 1000000 "$OUTF"
+        echo "--- stderr ---"
+        head -c 1000000 "$ERRF"
+        echo "--- end $name ---"
+    } >>"$LOG"
+}
+
+rc_note() {
+    if [ "$NOTRUN" = 1 ]; then
+        echo "not run: time budget spent"
+    elif [ "$RC" = 124 ] || [ "$RC" = 137 ]; then
+        echo "TIMEOUT (rc=$RC)"
+    elif [ "$RC" = 127 ] || [ "$RC" = 126 ]; then
+        echo "could not execute (rc=$RC)"
+    elif ((RC > 128)); then
+        echo "killed by signal $((RC - 128))"
+    fi
+}
+
+lower() { printf '%s' "${1,,}"; }
+
+# ---------------------------------------------------------------- setup
+
+COMMIT=""
+if command -v git >/dev/null 2>&1 && git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
+    COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)
+    if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | head -n 1)" ]; then
+        COMMIT="$COMMIT+dirty"
+    fi
+fi
+if [ -z "$COMMIT" ] && [ -r "$ART/COMMIT" ]; then
+    COMMIT=$(head -n 1 "$ART/COMMIT" | tr -d '\r' | cut -c1-60)
+fi
+[ -n "$COMMIT" ] || COMMIT=unknown
+
+NVSMI=$(command -v nvidia-smi 2>/dev/null || true)
+[ -n "$NVSMI" ] || for c in /usr/local/nvidia/bin/nvidia-smi /usr/bin/nvidia-smi; do
+    [ -x "$c" ] && NVSMI=$c && break
+done
+GPU_NAME=unknown
+GPU_DRIVER=unknown
+SMI_UUIDS=() # index order of nvidia-smi (PCI bus order)
+if [ -n "$NVSMI" ]; then
+    q=$(timeout 30 "$NVSMI" --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+    if [ -n "$q" ]; then
+        GPU_NAME=$(echo "${q%,*}" | sed 's/^ *//; s/ *$//')
+        GPU_DRIVER=$(echo "${q##*,}" | sed 's/^ *//; s/ *$//')
+    fi
+    while IFS= read -r u; do
+        u=$(printf '%s' "$u" | tr -d ' \r')
+        [ -n "$u" ] && SMI_UUIDS+=("$u")
+    done < <(timeout 30 "$NVSMI" --query-gpu=uuid --format=csv,noheader 2>/dev/null)
+fi
+DATE_UTC=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+HEADER="vramcap gpu-check-2gpu — $DATE_UTC — commit $COMMIT — GPU $GPU_NAME x ${#SMI_UUIDS[@]}, driver $GPU_DRIVER"
+
+# CUDA_VISIBLE_DEVICES as inherited (most machines: unset) and its swap.
+BASE_CVD_SET=0
+BASE_CVD=""
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+    BASE_CVD_SET=1
+    BASE_CVD=$CUDA_VISIBLE_DEVICES
+fi
+if [ "$BASE_CVD_SET" = 1 ] && [ -n "$BASE_CVD" ]; then
+    IFS=, read -r cvd_a cvd_b _ <<<"$BASE_CVD"
+    SWAP_CVD="${cvd_b:-1},${cvd_a:-0}"
+else
+    SWAP_CVD="1,0"
+fi
+
+{
+    echo "$HEADER"
+    echo "artefacts: $ART"
+    ls -l "$ART" 2>&1
+    echo "host: $(uname -a)"
+    echo "nvidia-smi UUIDs: ${SMI_UUIDS[*]:-none}"
+    echo "inherited CUDA_VISIBLE_DEVICES: $([ "$BASE_CVD_SET" = 1 ] && echo "'$BASE_CVD'" || echo unset); swapped: $SWAP_CVD"
+    if [ -n "$NVSMI" ]; then timeout 30 "$NVSMI" 2>&1; else echo "nvidia-smi not found"; fi
+} >>"$LOG"
+progress "$HEADER"
+
+UNSET=(-u LD_PRELOAD -u VRAMCAP_LIMIT -u CUDA_DEVICE_ORDER)
+NOSHIM=(env "${UNSET[@]}" CUDA_DEVICE_ORDER=PCI_BUS_ID)
+WITHSHIM=(env "${UNSET[@]}" CUDA_DEVICE_ORDER=PCI_BUS_ID "LD_PRELOAD=$SHIM") # + VRAMCAP_LIMIT=...
+
+HAVE_SHIM=0
+[ -f "$SHIM" ] && [ -r "$SHIM" ] && HAVE_SHIM=1
+add_row "artefacts present" "libvramcap.so in DIR" \
+    "libvramcap.so: $([ "$HAVE_SHIM" = 1 ] && echo yes || echo MISSING)" \
+    "$([ "$HAVE_SHIM" = 1 ] && echo PASS || echo FAIL)"
+
+if ((${#SMI_UUIDS[@]} >= 2)); then res=PASS; else res=FAIL; fi
+add_row "two GPUs (nvidia-smi --query-gpu=uuid)" ">= 2 GPUs" \
+    "${#SMI_UUIDS[@]} GPU(s): ${SMI_UUIDS[*]:-none}${NVSMI:+ }$([ -n "$NVSMI" ] || echo '(nvidia-smi not found)')" "$res"
+
+# ---------------------------------------------------------------- build
+
+NVCC_BIN=${NVCC:-}
+if [ -z "$NVCC_BIN" ]; then
+    if [ -x /usr/local/cuda/bin/nvcc ]; then
+        NVCC_BIN=/usr/local/cuda/bin/nvcc
+    else
+        NVCC_BIN=$(command -v nvcc 2>/dev/null || true)
+    fi
+fi
+
+build_cu() {
+    local src=$1 out=$2 cudadir alt
+    local -a link
+    cudadir=$(dirname "$(dirname "$NVCC_BIN")")
+    local alts=(
+        "-lcuda"
+        "-L$cudadir/lib64/stubs -lcuda"
+        "-L$cudadir/targets/x86_64-linux/lib/stubs -lcuda"
+        "-L/usr/local/nvidia/lib64 -l:libcuda.so.1"
+        "-L/usr/lib/x86_64-linux-gnu -l:libcuda.so.1"
+    )
+    for alt in "${alts[@]}"; do
+        read -r -a link <<<"$alt"
+        echo "build: $NVCC_BIN -O2 -arch=$CUDA_ARCH -o $out $src ${link[*]}" >>"$LOG"
+        if timeout 300 "$NVCC_BIN" -O2 -arch="$CUDA_ARCH" -o "$out" "$src" "${link[@]}" >>"$LOG" 2>&1; then
+            echo "build ok: $out" >>"$LOG"
+            (ldd "$out" 2>&1 || true) >>"$LOG"
+            return 0
+        fi
+    done
+    return 1
+}
+
+CAPCHECK=""
+if [ -z "$NVCC_BIN" ] || [ ! -x "$NVCC_BIN" ]; then
+    add_row "build capcheck.cu" "nvcc builds it" "nvcc not found (set NVCC)" FAIL
+elif [ ! -r "$GPU_SRC/capcheck.cu" ]; then
+    add_row "build capcheck.cu" "nvcc builds it" "$GPU_SRC/capcheck.cu missing" FAIL
+else
+    progress "building capcheck with $NVCC_BIN"
+    if build_cu "$GPU_SRC/capcheck.cu" "$WORK/capcheck"; then
+        CAPCHECK=$WORK/capcheck
+        add_row "build capcheck.cu" "nvcc builds it" "ok ($CUDA_ARCH)" PASS
+    else
+        add_row "build capcheck.cu" "nvcc builds it" "build failed (see log)" FAIL
+    fi
+fi
+
+# ---------------------------------------------------------------- checks
+
+# dev_line D : the RESULTDEV line of device D from the last process
+dev_line() { grep -a "^RESULTDEV dev=$1 " "$OUTF" 2>/dev/null | tail -n 1; }
+verify_dev() {
+    if grep -aq "^VERIFYDEV dev=$1 ok\$" "$OUTF"; then
+        echo ok
+    elif grep -aq "^VERIFYDEV dev=$1 " "$OUTF"; then
+        echo bad
+    else
+        echo none
+    fi
+}
+dev_obs() {
+    local d=$1 line
+    line=$(dev_line "$d")
+    if [ -z "$line" ]; then
+        printf 'dev%s: no RESULTDEV line; ' "$d"
+        return
+    fi
+    printf 'dev%s: bytes=%s err=%s total=%s again_err=%s verify=%s uuid=%s; ' "$d" \
+        "$(mib "$(kv bytes "$line")")" "$(kv err "$line")" "$(mib "$(kv total "$line")")" \
+        "$(kv again_err "$line")" "$(verify_dev "$d")" "$(kv uuid "$line")"
+}
+
+# capped_ok D CAPBYTES : device D stopped within one chunk below CAPBYTES,
+# refused with 2, reports CAPBYTES as its total, refuses one more chunk later,
+# and its vector add is right.
+capped_ok() {
+    local d=$1 cap=$2 line b
+    line=$(dev_line "$d")
+    [ -n "$line" ] || return 1
+    b=$(kv bytes "$line")
+    isint "$b" && ((b > cap - CHUNK && b <= cap)) || return 1
+    [ "$(kv err "$line")" = 2 ] || return 1
+    [ "$(kv stop "$line")" = refused ] || return 1
+    [ "$(kv total "$line")" = "$cap" ] || return 1
+    [ "$(kv again_err "$line")" = 2 ] || return 1
+    [ "$(verify_dev "$d")" = ok ] || return 1
+    return 0
+}
+
+# The devices as this script sees them without CUDA_VISIBLE_DEVICES changes
+# (from the baseline run): their UUIDs define "physical 0" and "physical 1".
+P0=""
+P1=""
+
+# 1. baseline without the shim: both devices reach a 1 GiB hard stop.
+exp="each device: bytes=1024 MiB (hard stop), VERIFYDEV ok; rc=0"
+if [ -n "$CAPCHECK" ]; then
+    run_cmd twodev-noshim "$CU_TIMEOUT" "${NOSHIM[@]}" "$CAPCHECK" twodev "$GiB"
+    note=$(rc_note)
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    for d in 0 1; do
+        line=$(dev_line "$d")
+        [ "$(kv bytes "$line")" = "$GiB" ] || ok=0
+        [ "$(kv stop "$line")" = limit ] || ok=0
+        [ "$(verify_dev "$d")" = ok ] || ok=0
+    done
+    P0=$(kv uuid "$(dev_line 0)")
+    P1=$(kv uuid "$(dev_line 1)")
+    order="CUDA order vs nvidia-smi: unknown"
+    if ((${#SMI_UUIDS[@]} >= 2)) && [ "$BASE_CVD_SET" = 0 ]; then
+        if [ "$(lower "$P0")" = "$(lower "${SMI_UUIDS[0]}")" ] && [ "$(lower "$P1")" = "$(lower "${SMI_UUIDS[1]}")" ]; then
+            order="CUDA order = nvidia-smi order"
+        else
+            order="CUDA order differs from nvidia-smi order"
+        fi
+    fi
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "twodev, no shim, stop 1 GiB per device" "$exp" \
+        "${note:+$note; }$(dev_obs 0)$(dev_obs 1)$order; rc=$RC" "$res"
+else
+    add_row "twodev, no shim, stop 1 GiB per device" "$exp" "not built" FAIL
+fi
+
+# The physical GPU 1 for the UUID rows: the baseline's device 1, else
+# nvidia-smi's second UUID.
+PHYS1=$P1
+if [[ $PHYS1 != GPU-* ]] && ((${#SMI_UUIDS[@]} >= 2)); then PHYS1=${SMI_UUIDS[1]}; fi
+PHYS0=$P0
+if [[ $PHYS0 != GPU-* ]] && ((${#SMI_UUIDS[@]} >= 2)); then PHYS0=${SMI_UUIDS[0]}; fi
+# Key: the first group of hex digits (GPU-xxxxxxxx), or the whole UUID when
+# that would also match the other GPU.
+UKEY=""
+if [[ $PHYS1 == GPU-* ]]; then
+    UKEY="GPU-$(printf '%s' "${PHYS1#GPU-}" | cut -d- -f1)"
+    if [ -n "$PHYS0" ] && [[ $(lower "$PHYS0") == $(lower "$UKEY")* ]]; then UKEY=$PHYS1; fi
+fi
+
+# run_twodev NAME MODE LIMIT CVD(or "-" for inherited) : runs capcheck MODE under the shim
+run_twodev() {
+    local name=$1 mode=$2 limit=$3 cvd=$4
+    local -a cmd=("${WITHSHIM[@]}" "VRAMCAP_LIMIT=$limit")
+    [ "$cvd" != - ] && cmd+=("CUDA_VISIBLE_DEVICES=$cvd")
+    run_cmd "$name" "$CU_TIMEOUT" "${cmd[@]}" "$CAPCHECK" "$mode" "$MAXB"
+}
+
+# 2/3. ordinal limits, one thread and two threads.
+for mode in twodev twodev-thread; do
+    rowname="$mode, VRAMCAP_LIMIT=0=2GiB,1=3GiB"
+    exp="dev0: $(mib $((CAP0 - CHUNK))) < bytes <= $(mib $CAP0), dev1: $(mib $((CAP1 - CHUNK))) < bytes <= $(mib $CAP1); each err=2, total=its cap, one more chunk refused (again_err=2), VERIFYDEV ok; rc=0"
+    if [ -z "$CAPCHECK" ] || [ "$HAVE_SHIM" != 1 ]; then
+        add_row "$rowname" "$exp" "capcheck not built or shim missing" FAIL
+        continue
+    fi
+    run_twodev "$mode-ordinal" "$mode" "0=2GiB,1=3GiB" -
+    note=$(rc_note)
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    capped_ok 0 "$CAP0" || ok=0
+    capped_ok 1 "$CAP1" || ok=0
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "$rowname" "$exp" "${note:+$note; }$(dev_obs 0)$(dev_obs 1)rc=$RC" "$res"
+done
+
+# 4. ordinal limits with the visible order swapped: the caps follow the order
+# the process sees (its device 0 is physical 1 and gets 2 GiB).
+rowname="twodev, VRAMCAP_LIMIT=0=2GiB,1=3GiB, CUDA_VISIBLE_DEVICES=$SWAP_CVD"
+exp="visible dev0 is physical 1 (uuid), dev0 capped at $(mib $CAP0), dev1 at $(mib $CAP1) (criteria as above)"
+if [ -z "$CAPCHECK" ] || [ "$HAVE_SHIM" != 1 ]; then
+    add_row "$rowname" "$exp" "capcheck not built or shim missing" FAIL
+else
+    run_twodev twodev-ordinal-swapped twodev "0=2GiB,1=3GiB" "$SWAP_CVD"
+    note=$(rc_note)
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    u0=$(kv uuid "$(dev_line 0)")
+    swapped=no
+    if [[ $PHYS1 == GPU-* ]] && [ "$(lower "$u0")" = "$(lower "$PHYS1")" ]; then swapped=yes; fi
+    [ "$swapped" = yes ] || ok=0
+    capped_ok 0 "$CAP0" || ok=0
+    capped_ok 1 "$CAP1" || ok=0
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "$rowname" "$exp" "${note:+$note; }dev0 is physical 1: $swapped; $(dev_obs 0)$(dev_obs 1)rc=$RC" "$res"
+fi
+
+# 5/6. UUID key: physical GPU 1 gets 1 GiB whatever its visible index; the
+# other one the default 2 GiB.
+for cvd in - "$SWAP_CVD"; do
+    if [ "$cvd" = - ]; then
+        rowname="twodev, VRAMCAP_LIMIT=<uuid prefix of physical 1>=1GiB,2GiB"
+        name=twodev-uuid
+    else
+        rowname="twodev, VRAMCAP_LIMIT=<uuid prefix of physical 1>=1GiB,2GiB, CUDA_VISIBLE_DEVICES=$cvd"
+        name=twodev-uuid-swapped
+    fi
+    exp="the device whose uuid is physical 1's capped at $(mib $UCAP), the other at $(mib $UDEF) (criteria as above)"
+    if [ -z "$CAPCHECK" ] || [ "$HAVE_SHIM" != 1 ]; then
+        add_row "$rowname" "$exp" "capcheck not built or shim missing" FAIL
+        continue
+    fi
+    if [ -z "$UKEY" ]; then
+        add_row "$rowname" "$exp" "no UUID for physical GPU 1 (baseline and nvidia-smi gave none)" FAIL
+        continue
+    fi
+    run_twodev "$name" twodev "$UKEY=1GiB,2GiB" "$cvd"
+    note=$(rc_note)
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    seen1=none
+    for d in 0 1; do
+        u=$(kv uuid "$(dev_line "$d")")
+        if [ "$(lower "$u")" = "$(lower "$PHYS1")" ]; then
+            want=$UCAP
+            seen1=dev$d
+        else
+            want=$UDEF
+        fi
+        capped_ok "$d" "$want" || ok=0
+    done
+    [ "$seen1" != none ] || ok=0
+    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
+    add_row "$rowname" "$exp" "${note:+$note; }key $UKEY; physical 1 is $seen1; $(dev_obs 0)$(dev_obs 1)rc=$RC" "$res"
+done
+
+# ---------------------------------------------------------------- report
+
+if [ -n "$NVSMI" ]; then
+    {
+        echo
+        echo "=== nvidia-smi at the end ==="
+        timeout 30 "$NVSMI" 2>&1
+    } >>"$LOG"
+fi
+
+esc() { printf '%s' "$1" | sed 's/|/\\|/g'; }
+{
+    echo "$HEADER"
+    echo
+    echo "| check | expected | observed | PASS/FAIL |"
+    echo "|---|---|---|---|"
+    for i in "${!ROWS_NAME[@]}"; do
+        echo "| $(esc "${ROWS_NAME[$i]}") | $(esc "${ROWS_EXP[$i]}") | $(esc "${ROWS_OBS[$i]}") | ${ROWS_RES[$i]} |"
+    done
+    echo
+    echo "${#ROWS_NAME[@]} checks, $((${#ROWS_NAME[@]} - NFAIL)) passed, $NFAIL failed (${SECONDS}s). Full log: $LOG"
+} >"$WORK/table.md"
+
+cp "$WORK/table.md" "$MD" 2>/dev/null || true
+{
+    echo
+    echo "=== summary ==="
+    cat "$WORK/table.md"
+} >>"$LOG"
+echo
+cat "$WORK/table.md"
+
+[ "$NFAIL" = 0 ] && exit 0
+exit 1
