@@ -775,7 +775,7 @@ else
 fi
 
 # e2. numba-cuda device arrays
-exp="exception with CUDA_ERROR_OUT_OF_MEMORY (2), CAP-1GiB <= bytes <= CAP, round trip and @cuda.jit kernel ok"
+exp="exception with CUDA_ERROR_OUT_OF_MEMORY (2), CAP-1GiB <= bytes <= CAP, round trip and @cuda.jit kernel ok (a device-to-device copy where numba's JIT cannot load)"
 if [ "$PY_OK" = 1 ] && [ -r "$GPU_SRC/check_numba.py" ]; then
     run_cmd numba "$PY_TIMEOUT" "${WITHSHIM[@]}" "$PYTHON" "$GPU_SRC/check_numba.py" --max-bytes $((CAP_BYTES + GiB))
     line=$(result_line "$OUTF" RESULTKV)
@@ -789,7 +789,7 @@ if [ "$PY_OK" = 1 ] && [ -r "$GPU_SRC/check_numba.py" ]; then
     [ "$(kv compute_ok "$line")" = 1 ] || ok=0
     if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
     add_row "numba-cuda device_array" "$exp" \
-        "${note:+$note; }$(py_obs "$line" total exception_raised exception_code oom_error bytes roundtrip_ok kernel_ok compute_ok)" "$res"
+        "${note:+$note; }$(py_obs "$line" total exception_raised exception_code oom_error bytes roundtrip_ok kernel_ok jit_unavailable d2d_ok compute_ok)" "$res"
 else
     add_row "numba-cuda device_array" "$exp" "python ($PYTHON) or check_numba.py not found" FAIL
 fi

@@ -16,10 +16,12 @@
  *
  * The whole command line is checked first; then the driver functions are
  * obtained and the commands run left to right. Each prints exactly one line
- * to stdout (flushed), except "standin", which prints one per device. RC is
- * the driver's CUresult in decimal; SIZE is a byte count, optionally with a
- * K, M or G suffix (powers of 1024), printed back in bytes; slots number the
- * allocations the client remembers, from 0.
+ * to stdout (flushed), except "standin" and "nvml", which print one per
+ * device. RC is the driver's CUresult in decimal; SIZE is a byte count,
+ * optionally with a K, M or G suffix (powers of 1024), printed back in
+ * bytes; slots number the allocations the client remembers, from 0: device
+ * pointers (#SLOT), cuMemCreate handles (%SLOT) and arrays (@SLOT), each
+ * numbered separately.
  *
  *   init                  cuInit(0), device 0's primary context current
  *                         -> "init -> RC"
@@ -43,7 +45,8 @@
  *   total N               cuDeviceTotalMem_v2 -> "total N -> RC bytes=B"
  *   standin               per device: "standin dev=N used=U peak=P"
  *   counts                "counts alloc=A free=F getprocaddress=G alias=X
- *                         sync=S capture=C ipc=I" (one line)
+ *                         sync=S capture=C ipc=I async=Y vmm=V vmm_host=H
+ *                         array=R" (one line)
  *   wait                  print "wait", block until a line or EOF arrives on
  *                         stdin, then print "resumed" (lets a test look at
  *                         the process while it holds memory, without sleeps)
@@ -84,6 +87,72 @@
  *                         (neither touches the client's own record of
  *                         retained primary contexts: "ctx N" does not
  *                         retain device N's again)
+ *   allocasync SIZE       cuMemAllocAsync on the client's stream (NULL
+ *                         until "stream") -> "allocasync BYTES -> RC #SLOT"
+ *                         ("allocasync BYTES -> RC" on failure)
+ *   freeasync SLOT        cuMemFreeAsync of the slot's pointer on the
+ *                         client's stream -> "freeasync #SLOT -> RC"
+ *                         (free, freeall use cuMemFree_v2 on any slot;
+ *                         freeall skips slots freed either way)
+ *   pool                  cuMemPoolCreate(pinned, device 0), remembered as
+ *                         the client's pool (NULL until then) -> "pool -> RC"
+ *   poolalloc SIZE        cuMemAllocFromPoolAsync from the client's pool on
+ *                         the client's stream
+ *                         -> "poolalloc BYTES -> RC #SLOT" (no #SLOT on
+ *                            failure)
+ *   vmm SIZE [host]       cuMemCreate(pinned, POSIX fd handle type requested,
+ *                         location device 0, or the host with "host")
+ *                         -> "vmm BYTES -> RC %HSLOT" (no %HSLOT on failure;
+ *                            "host" is not printed)
+ *   vmmmap HSLOT          cuMemAddressReserve of the handle's size,
+ *                         cuMemMap of the handle there, cuMemSetAccess
+ *                         (device 0, read-write); the address is remembered
+ *                         (on failure what was done is undone)
+ *                         -> "vmmmap %HSLOT -> RC" (the first failure)
+ *   vmmunmap HSLOT        cuMemUnmap and cuMemAddressFree of the remembered
+ *                         address -> "vmmunmap %HSLOT -> RC"
+ *   vmmretain HSLOT       cuMemRetainAllocationHandle(the remembered
+ *                         address); the handle goes into a new handle slot
+ *                         -> "vmmretain %HSLOT -> RC %NEW" (no %NEW on
+ *                            failure)
+ *   vmmexport HSLOT       cuMemExportToShareableHandle(POSIX fd); the fd is
+ *                         remembered -> "vmmexport %HSLOT -> RC"
+ *   vmmimport             cuMemImportFromShareableHandle(the last exported
+ *                         fd, -1 if none) into a new handle slot
+ *                         -> "vmmimport -> RC %NEW" (no %NEW on failure)
+ *   vmmrelease HSLOT      cuMemRelease -> "vmmrelease %HSLOT -> RC"
+ *   array W H F C         cuArrayCreate_v2 (width, height, CUarray_format F
+ *                         in hex like 0x20 or decimal, channels)
+ *                         -> "array W H 0xF C -> RC @ASLOT" (no @ASLOT on
+ *                            failure)
+ *   array3d W H D F C     cuArray3DCreate_v2 (flags 0)
+ *                         -> "array3d W H D 0xF C -> RC @ASLOT"
+ *   mipmap W H D F C L    cuMipmappedArrayCreate (flags 0, L levels)
+ *                         -> "mipmap W H D 0xF C L -> RC @ASLOT"
+ *   arraydestroy ASLOT    cuArrayDestroy or cuMipmappedArrayDestroy
+ *                         -> "arraydestroy @ASLOT -> RC"
+ *   arraysize ASLOT       cuArrayGetMemoryRequirements or
+ *                         cuMipmappedArrayGetMemoryRequirements for the
+ *                         current context's device (0 if none)
+ *                         -> "arraysize @ASLOT -> RC size=S" (S 0 on failure)
+ *   nvml                  dlopen("libnvidia-ml.so.1") (in every method),
+ *                         nvmlInit_v2, nvmlDeviceGetCount_v2, then per device
+ *                         nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetUUID,
+ *                         nvmlDeviceGetMemoryInfo and _v2, nvmlShutdown
+ *                         -> per device "nvml dev=N uuid=U total=T free=F
+ *                            used=U2 v2total=T2 v2free=F2 v2used=U3
+ *                            v2reserved=R" or, on an error,
+ *                            "nvml dev=N -> RC"; "nvml -> RC" if init or
+ *                            the count fails, "nvml -> unavailable" if the
+ *                            library or a function is missing (RC is the
+ *                            nvmlReturn_t)
+ *
+ * The driver functions of the commands from allocasync to arraysize are
+ * obtained only when the command line uses one of them (the procaddr
+ * methods ask cuGetProcAddress for them with the CUDA versions that
+ * introduced them: cuMemAllocAsync 11020, cuMemCreate 10020,
+ * cuMemRetainAllocationHandle 11000, cuArrayCreate 3020, cuArrayDestroy
+ * 2000, cuMipmappedArrayCreate 5000, cu*GetMemoryRequirements 11060...).
  *
  * lib=L is the basename of the object containing the pointer: "null" for
  * NULL, "?" if dladdr does not know it.
@@ -96,12 +165,14 @@
  */
 #define _GNU_SOURCE /* RTLD_NEXT, RTLD_DEFAULT, dladdr */
 #include "cuda_subset.h"
+#include "nvml_subset.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,20 +238,54 @@ struct api {
     CUresult (*ctx_destroy)(CUcontext);
     CUresult (*primary_ctx_release)(CUdevice);
     CUresult (*primary_ctx_reset)(CUdevice);
+    /* Obtained only when a command needs them (see g_ext_functions). */
+    CUresult (*mem_alloc_async)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*mem_free_async)(CUdeviceptr, CUstream);
+    CUresult (*mem_pool_create)(CUmemoryPool *, const CUmemPoolProps *);
+    CUresult (*mem_alloc_from_pool_async)(CUdeviceptr *, size_t, CUmemoryPool,
+                                          CUstream);
+    CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t,
+                           const CUmemAllocationProp *, unsigned long long);
+    CUresult (*mem_release)(CUmemGenericAllocationHandle);
+    CUresult (*mem_retain_allocation_handle)(CUmemGenericAllocationHandle *,
+                                             void *);
+    CUresult (*mem_address_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                                    unsigned long long);
+    CUresult (*mem_address_free)(CUdeviceptr, size_t);
+    CUresult (*mem_map)(CUdeviceptr, size_t, size_t,
+                        CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*mem_unmap)(CUdeviceptr, size_t);
+    CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *,
+                               size_t);
+    CUresult (*mem_export)(void *, CUmemGenericAllocationHandle,
+                           CUmemAllocationHandleType, unsigned long long);
+    CUresult (*mem_import)(CUmemGenericAllocationHandle *, void *,
+                           CUmemAllocationHandleType);
+    CUresult (*array_create)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+    CUresult (*array3d_create)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+    CUresult (*array_destroy)(CUarray);
+    CUresult (*mipmap_create)(CUmipmappedArray *,
+                              const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+    CUresult (*mipmap_destroy)(CUmipmappedArray);
+    CUresult (*array_requirements)(CUDA_ARRAY_MEMORY_REQUIREMENTS *, CUarray,
+                                   CUdevice);
+    CUresult (*mipmap_requirements)(CUDA_ARRAY_MEMORY_REQUIREMENTS *,
+                                    CUmipmappedArray, CUdevice);
 };
 static struct api api;
 
 /*
  * How each function is looked up: its exact exported name (dlsym method) and
- * its base name with the version cudart asks cuGetProcAddress for. (No
- * command calls cuCtxGetDevice; it is looked up like cudart does.)
+ * its base name with the version cudart asks cuGetProcAddress for.
+ * (cuCtxGetDevice is looked up like cudart does; only arraysize calls it.)
  */
-static const struct {
+struct function {
     const char *base;
     const char *versioned;
     int version;
     size_t offset; /* of the function pointer in struct api */
-} g_functions[] = {
+};
+static const struct function g_functions[] = {
     { "cuInit", "cuInit", 2000, offsetof(struct api, init) },
     { "cuDeviceGet", "cuDeviceGet", 2000, offsetof(struct api, device_get) },
     { "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 7000,
@@ -218,6 +323,58 @@ static const struct {
     { "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", 11000,
       offsetof(struct api, primary_ctx_reset) },
 };
+
+/*
+ * The functions of the newer commands (allocasync .. arraysize), obtained
+ * only when the command line uses one (g_need_ext), so that the lookups of
+ * other command lines stay as they were. Versions: those that introduced
+ * each function.
+ */
+static const struct function g_ext_functions[] = {
+    { "cuMemAllocAsync", "cuMemAllocAsync", 11020,
+      offsetof(struct api, mem_alloc_async) },
+    { "cuMemFreeAsync", "cuMemFreeAsync", 11020,
+      offsetof(struct api, mem_free_async) },
+    { "cuMemPoolCreate", "cuMemPoolCreate", 11020,
+      offsetof(struct api, mem_pool_create) },
+    { "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", 11020,
+      offsetof(struct api, mem_alloc_from_pool_async) },
+    { "cuMemCreate", "cuMemCreate", 10020, offsetof(struct api, mem_create) },
+    { "cuMemRelease", "cuMemRelease", 10020,
+      offsetof(struct api, mem_release) },
+    { "cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", 11000,
+      offsetof(struct api, mem_retain_allocation_handle) },
+    { "cuMemAddressReserve", "cuMemAddressReserve", 10020,
+      offsetof(struct api, mem_address_reserve) },
+    { "cuMemAddressFree", "cuMemAddressFree", 10020,
+      offsetof(struct api, mem_address_free) },
+    { "cuMemMap", "cuMemMap", 10020, offsetof(struct api, mem_map) },
+    { "cuMemUnmap", "cuMemUnmap", 10020, offsetof(struct api, mem_unmap) },
+    { "cuMemSetAccess", "cuMemSetAccess", 10020,
+      offsetof(struct api, mem_set_access) },
+    { "cuMemExportToShareableHandle", "cuMemExportToShareableHandle", 10020,
+      offsetof(struct api, mem_export) },
+    { "cuMemImportFromShareableHandle", "cuMemImportFromShareableHandle",
+      10020, offsetof(struct api, mem_import) },
+    { "cuArrayCreate", "cuArrayCreate_v2", 3020,
+      offsetof(struct api, array_create) },
+    { "cuArray3DCreate", "cuArray3DCreate_v2", 3020,
+      offsetof(struct api, array3d_create) },
+    { "cuArrayDestroy", "cuArrayDestroy", 2000,
+      offsetof(struct api, array_destroy) },
+    { "cuMipmappedArrayCreate", "cuMipmappedArrayCreate", 5000,
+      offsetof(struct api, mipmap_create) },
+    { "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", 5000,
+      offsetof(struct api, mipmap_destroy) },
+    { "cuArrayGetMemoryRequirements", "cuArrayGetMemoryRequirements", 11060,
+      offsetof(struct api, array_requirements) },
+    { "cuMipmappedArrayGetMemoryRequirements",
+      "cuMipmappedArrayGetMemoryRequirements", 11060,
+      offsetof(struct api, mipmap_requirements) },
+};
+
+/* Whether the command line uses a command of g_ext_functions. */
+static bool g_need_ext;
 
 _Static_assert(sizeof(void *) == sizeof(void (*)(void)),
                "function pointers must fit in void *");
@@ -312,6 +469,99 @@ static CUresult l_primary_ctx_reset(CUdevice d)
 {
     return cuDevicePrimaryCtxReset_v2(d);
 }
+static CUresult l_mem_alloc_async(CUdeviceptr *p, size_t n, CUstream s)
+{
+    return cuMemAllocAsync(p, n, s);
+}
+static CUresult l_mem_free_async(CUdeviceptr p, CUstream s)
+{
+    return cuMemFreeAsync(p, s);
+}
+static CUresult l_mem_pool_create(CUmemoryPool *m, const CUmemPoolProps *p)
+{
+    return cuMemPoolCreate(m, p);
+}
+static CUresult l_mem_alloc_from_pool_async(CUdeviceptr *p, size_t n,
+                                            CUmemoryPool m, CUstream s)
+{
+    return cuMemAllocFromPoolAsync(p, n, m, s);
+}
+static CUresult l_mem_create(CUmemGenericAllocationHandle *h, size_t n,
+                             const CUmemAllocationProp *p, unsigned long long f)
+{
+    return cuMemCreate(h, n, p, f);
+}
+static CUresult l_mem_release(CUmemGenericAllocationHandle h)
+{
+    return cuMemRelease(h);
+}
+static CUresult l_mem_retain_allocation_handle(CUmemGenericAllocationHandle *h,
+                                               void *a)
+{
+    return cuMemRetainAllocationHandle(h, a);
+}
+static CUresult l_mem_address_reserve(CUdeviceptr *p, size_t n, size_t a,
+                                      CUdeviceptr h, unsigned long long f)
+{
+    return cuMemAddressReserve(p, n, a, h, f);
+}
+static CUresult l_mem_address_free(CUdeviceptr p, size_t n)
+{
+    return cuMemAddressFree(p, n);
+}
+static CUresult l_mem_map(CUdeviceptr p, size_t n, size_t o,
+                          CUmemGenericAllocationHandle h, unsigned long long f)
+{
+    return cuMemMap(p, n, o, h, f);
+}
+static CUresult l_mem_unmap(CUdeviceptr p, size_t n)
+{
+    return cuMemUnmap(p, n);
+}
+static CUresult l_mem_set_access(CUdeviceptr p, size_t n,
+                                 const CUmemAccessDesc *d, size_t c)
+{
+    return cuMemSetAccess(p, n, d, c);
+}
+static CUresult l_mem_export(void *s, CUmemGenericAllocationHandle h,
+                             CUmemAllocationHandleType t, unsigned long long f)
+{
+    return cuMemExportToShareableHandle(s, h, t, f);
+}
+static CUresult l_mem_import(CUmemGenericAllocationHandle *h, void *o,
+                             CUmemAllocationHandleType t)
+{
+    return cuMemImportFromShareableHandle(h, o, t);
+}
+static CUresult l_array_create(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    return cuArrayCreate_v2(a, d);
+}
+static CUresult l_array3d_create(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    return cuArray3DCreate_v2(a, d);
+}
+static CUresult l_array_destroy(CUarray a) { return cuArrayDestroy(a); }
+static CUresult l_mipmap_create(CUmipmappedArray *a,
+                                const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                unsigned int l)
+{
+    return cuMipmappedArrayCreate(a, d, l);
+}
+static CUresult l_mipmap_destroy(CUmipmappedArray a)
+{
+    return cuMipmappedArrayDestroy(a);
+}
+static CUresult l_array_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *r,
+                                     CUarray a, CUdevice d)
+{
+    return cuArrayGetMemoryRequirements(r, a, d);
+}
+static CUresult l_mipmap_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *r,
+                                      CUmipmappedArray a, CUdevice d)
+{
+    return cuMipmappedArrayGetMemoryRequirements(r, a, d);
+}
 
 static void setup_linked(void)
 {
@@ -336,19 +586,48 @@ static void setup_linked(void)
         .ctx_destroy = l_ctx_destroy,
         .primary_ctx_release = l_primary_ctx_release,
         .primary_ctx_reset = l_primary_ctx_reset,
+        .mem_alloc_async = l_mem_alloc_async,
+        .mem_free_async = l_mem_free_async,
+        .mem_pool_create = l_mem_pool_create,
+        .mem_alloc_from_pool_async = l_mem_alloc_from_pool_async,
+        .mem_create = l_mem_create,
+        .mem_release = l_mem_release,
+        .mem_retain_allocation_handle = l_mem_retain_allocation_handle,
+        .mem_address_reserve = l_mem_address_reserve,
+        .mem_address_free = l_mem_address_free,
+        .mem_map = l_mem_map,
+        .mem_unmap = l_mem_unmap,
+        .mem_set_access = l_mem_set_access,
+        .mem_export = l_mem_export,
+        .mem_import = l_mem_import,
+        .array_create = l_array_create,
+        .array3d_create = l_array3d_create,
+        .array_destroy = l_array_destroy,
+        .mipmap_create = l_mipmap_create,
+        .mipmap_destroy = l_mipmap_destroy,
+        .array_requirements = l_array_requirements,
+        .mipmap_requirements = l_mipmap_requirements,
     };
 }
 #endif
 
+#define COUNT(table) (sizeof(table) / sizeof(table)[0])
+
+static void dlsym_functions(const struct function *fns, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        void *p = dlsym(libcuda(), fns[i].versioned);
+        if (p == NULL)
+            die(EXIT_UNAVAILABLE, "dlsym %s: %s", fns[i].versioned, dlerror());
+        set_fn(fns[i].offset, p);
+    }
+}
+
 static void setup_dlsym(void)
 {
-    for (size_t i = 0; i < sizeof g_functions / sizeof g_functions[0]; i++) {
-        void *p = dlsym(libcuda(), g_functions[i].versioned);
-        if (p == NULL)
-            die(EXIT_UNAVAILABLE, "dlsym %s: %s", g_functions[i].versioned,
-                dlerror());
-        set_fn(g_functions[i].offset, p);
-    }
+    dlsym_functions(g_functions, COUNT(g_functions));
+    if (g_need_ext)
+        dlsym_functions(g_ext_functions, COUNT(g_ext_functions));
 }
 
 /*
@@ -361,6 +640,25 @@ static CUresult lookup(const char *base, void **pfn, int version,
     if (g_method == M_PROCADDR)
         return g_resolver_v2(base, pfn, version, flags, status);
     return g_resolver_v1(base, pfn, version, flags);
+}
+
+/* Look fns up; alternate NULL and non-NULL symbolStatus. */
+static void resolve_functions(const struct function *fns, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        bool want_status = i % 2 == 0;
+        CUdriverProcAddressQueryResult status = -1;
+        void *p = NULL;
+        CUresult rc = lookup(fns[i].base, &p, fns[i].version, 0,
+                             want_status ? &status : NULL);
+        if (rc != CUDA_SUCCESS || p == NULL ||
+            (want_status && g_method == M_PROCADDR &&
+             status != CU_GET_PROC_ADDRESS_SUCCESS))
+            die(EXIT_UNAVAILABLE,
+                "cuGetProcAddress(\"%s\", %d): rc=%d status=%d ptr=%p",
+                fns[i].base, fns[i].version, rc, status, p);
+        set_fn(fns[i].offset, p);
+    }
 }
 
 static void setup_procaddr(void)
@@ -391,21 +689,9 @@ static void setup_procaddr(void)
         die(EXIT_UNAVAILABLE, "resolving cuGetProcAddress itself: rc=%d status=%d",
             rc, status);
 
-    /* Every other function; alternate NULL and non-NULL symbolStatus. */
-    for (size_t i = 0; i < sizeof g_functions / sizeof g_functions[0]; i++) {
-        bool want_status = i % 2 == 0;
-        status = -1;
-        p = NULL;
-        rc = lookup(g_functions[i].base, &p, g_functions[i].version, 0,
-                    want_status ? &status : NULL);
-        if (rc != CUDA_SUCCESS || p == NULL ||
-            (want_status && g_method == M_PROCADDR &&
-             status != CU_GET_PROC_ADDRESS_SUCCESS))
-            die(EXIT_UNAVAILABLE,
-                "cuGetProcAddress(\"%s\", %d): rc=%d status=%d ptr=%p",
-                g_functions[i].base, g_functions[i].version, rc, status, p);
-        set_fn(g_functions[i].offset, p);
-    }
+    resolve_functions(g_functions, COUNT(g_functions));
+    if (g_need_ext)
+        resolve_functions(g_ext_functions, COUNT(g_ext_functions));
 }
 
 /* ---- Helpers ------------------------------------------------------------- */
@@ -519,6 +805,76 @@ static struct slot *slot(size_t n)
     return &g_slots[n];
 }
 
+/* cuMemCreate handles (%SLOT), with what vmmmap did with them. */
+struct hslot {
+    CUmemGenericAllocationHandle handle;
+    size_t size; /* of the allocation, as far as the client knows */
+    CUdeviceptr va; /* where vmmmap mapped it; 0 if not mapped */
+};
+static struct hslot *g_hslots;
+static size_t g_nhslots, g_hslots_cap;
+
+/* Remember handle h of size bytes in the next handle slot; its number. */
+static size_t add_hslot(CUmemGenericAllocationHandle h, size_t size)
+{
+    if (g_nhslots == g_hslots_cap) {
+        size_t cap = g_hslots_cap ? g_hslots_cap * 2 : 64;
+        struct hslot *s = realloc(g_hslots, cap * sizeof *s);
+        if (s == NULL)
+            die(EXIT_SOFTWARE, "out of memory");
+        g_hslots = s;
+        g_hslots_cap = cap;
+    }
+    g_hslots[g_nhslots] = (struct hslot){ .handle = h, .size = size };
+    return g_nhslots++;
+}
+
+/* Handle slot n, which must exist by now (else a usage error). */
+static struct hslot *hslot(size_t n)
+{
+    if (n >= g_nhslots)
+        die(EXIT_USAGE, "no handle slot %%%zu", n);
+    return &g_hslots[n];
+}
+
+/* Arrays and mipmapped arrays (@SLOT). */
+struct aslot {
+    bool mipmap;
+    CUarray array;
+    CUmipmappedArray mip;
+};
+static struct aslot *g_aslots;
+static size_t g_naslots, g_aslots_cap;
+
+static size_t add_aslot(struct aslot a)
+{
+    if (g_naslots == g_aslots_cap) {
+        size_t cap = g_aslots_cap ? g_aslots_cap * 2 : 64;
+        struct aslot *s = realloc(g_aslots, cap * sizeof *s);
+        if (s == NULL)
+            die(EXIT_SOFTWARE, "out of memory");
+        g_aslots = s;
+        g_aslots_cap = cap;
+    }
+    g_aslots[g_naslots] = a;
+    return g_naslots++;
+}
+
+/* Array slot n, which must exist by now (else a usage error). */
+static struct aslot *aslot(size_t n)
+{
+    if (n >= g_naslots)
+        die(EXIT_USAGE, "no array slot @%zu", n);
+    return &g_aslots[n];
+}
+
+/* A slot number with an optional one-character prefix ('#', '%' or '@'). */
+static size_t parse_prefixed(const char *arg, char prefix, const char *what)
+{
+    const char *s = arg[0] == prefix ? arg + 1 : arg;
+    return (size_t)parse_uint(s, 1L << 40, what);
+}
+
 /* ---- Contexts ------------------------------------------------------------ */
 
 /* Primary contexts retained so far, by device ordinal. */
@@ -527,6 +883,11 @@ static CUcontext g_ctx[MAX_CACHED_DEVICES];
 /* The context from the last "ctxcreate" and the stream from "stream". */
 static CUcontext g_created_ctx;
 static CUstream g_stream;
+
+/* The pool from "pool"; the fd and size from the last "vmmexport". */
+static CUmemoryPool g_pool;
+static int g_exported_fd = -1;
+static size_t g_exported_size;
 
 /* Device ordinal's primary context, retained once; CUDA_SUCCESS or error. */
 static CUresult primary_ctx(int ordinal, CUcontext *ctx)
@@ -675,9 +1036,85 @@ static void cmd_counts(void)
     unsigned long (*count)(const char *);
     memcpy(&count, &p, sizeof p);
     out("counts alloc=%lu free=%lu getprocaddress=%lu alias=%lu sync=%lu "
-        "capture=%lu ipc=%lu",
+        "capture=%lu ipc=%lu async=%lu vmm=%lu vmm_host=%lu array=%lu",
         count("alloc"), count("free"), count("getprocaddress"),
-        count("alias"), count("sync"), count("capture"), count("ipc"));
+        count("alias"), count("sync"), count("capture"), count("ipc"),
+        count("async"), count("vmm"), count("vmm_host"), count("array"));
+}
+
+/* ---- nvml ------------------------------------------------------------- */
+
+/* The NVML functions "nvml" calls, always found with dlsym. */
+struct nvml_api {
+    nvmlReturn_t (*init)(void);
+    nvmlReturn_t (*shutdown)(void);
+    nvmlReturn_t (*get_count)(unsigned int *);
+    nvmlReturn_t (*get_handle)(unsigned int, nvmlDevice_t *);
+    nvmlReturn_t (*get_uuid)(nvmlDevice_t, char *, unsigned int);
+    nvmlReturn_t (*get_memory)(nvmlDevice_t, nvmlMemory_t *);
+    nvmlReturn_t (*get_memory_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
+};
+
+static const struct {
+    const char *name;
+    size_t offset; /* of the function pointer in struct nvml_api */
+} g_nvml_functions[] = {
+    { "nvmlInit_v2", offsetof(struct nvml_api, init) },
+    { "nvmlShutdown", offsetof(struct nvml_api, shutdown) },
+    { "nvmlDeviceGetCount_v2", offsetof(struct nvml_api, get_count) },
+    { "nvmlDeviceGetHandleByIndex_v2", offsetof(struct nvml_api, get_handle) },
+    { "nvmlDeviceGetUUID", offsetof(struct nvml_api, get_uuid) },
+    { "nvmlDeviceGetMemoryInfo", offsetof(struct nvml_api, get_memory) },
+    { "nvmlDeviceGetMemoryInfo_v2", offsetof(struct nvml_api, get_memory_v2) },
+};
+
+/* One line per device; see the top of the file. */
+static void cmd_nvml(void)
+{
+    static void *lib;
+    if (lib == NULL)
+        lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    struct nvml_api nv;
+    for (size_t i = 0; lib != NULL && i < COUNT(g_nvml_functions); i++) {
+        void *p = dlsym(lib, g_nvml_functions[i].name);
+        if (p == NULL)
+            lib = NULL;
+        memcpy((char *)&nv + g_nvml_functions[i].offset, &p, sizeof p);
+    }
+    if (lib == NULL) {
+        out("nvml -> unavailable");
+        return;
+    }
+    nvmlReturn_t rc = nv.init();
+    if (rc != NVML_SUCCESS) {
+        out("nvml -> %d", rc);
+        return;
+    }
+    unsigned int count = 0;
+    rc = nv.get_count(&count);
+    if (rc != NVML_SUCCESS)
+        out("nvml -> %d", rc);
+    for (unsigned int i = 0; rc == NVML_SUCCESS && i < count; i++) {
+        nvmlDevice_t dev;
+        char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+        nvmlMemory_t mem;
+        nvmlMemory_v2_t mem2 = { .version = nvmlMemory_v2 };
+        nvmlReturn_t drc = nv.get_handle(i, &dev);
+        if (drc == NVML_SUCCESS)
+            drc = nv.get_uuid(dev, uuid, sizeof uuid);
+        if (drc == NVML_SUCCESS)
+            drc = nv.get_memory(dev, &mem);
+        if (drc == NVML_SUCCESS)
+            drc = nv.get_memory_v2(dev, &mem2);
+        if (drc != NVML_SUCCESS)
+            out("nvml dev=%u -> %d", i, drc);
+        else
+            out("nvml dev=%u uuid=%s total=%llu free=%llu used=%llu "
+                "v2total=%llu v2free=%llu v2used=%llu v2reserved=%llu",
+                i, uuid, mem.total, mem.free, mem.used, mem2.total, mem2.free,
+                mem2.used, mem2.reserved);
+    }
+    nv.shutdown();
 }
 
 static bool have_resolver(void)
@@ -753,7 +1190,13 @@ static void usage(void)
           "  dlsym NAME | next NAME | default NAME | call-resolved cuMemAlloc\n"
           "  | pairs N SIZE | ptr SLOT | ipc SLOT | sync | stream |\n"
           "  capture-begin | capture-end | ctxcreate | ctxdestroy |\n"
-          "  release N | reset N\n"
+          "  release N | reset N | allocasync SIZE | freeasync SLOT | pool |\n"
+          "  poolalloc SIZE | vmm SIZE [host] | vmmmap HSLOT |\n"
+          "  vmmunmap HSLOT | vmmretain HSLOT | vmmexport HSLOT | vmmimport |\n"
+          "  vmmrelease HSLOT |\n"
+          "  array W H FORMAT CHANNELS | array3d W H D FORMAT CHANNELS |\n"
+          "  mipmap W H D FORMAT CHANNELS LEVELS | arraydestroy ASLOT |\n"
+          "  arraysize ASLOT | nvml\n"
           "SIZE: bytes, or a number with K, M or G (powers of 1024)\n",
           stderr);
     exit(EXIT_USAGE);
@@ -1052,6 +1495,213 @@ static int command(int argc, char **argv, bool run)
                                                   : api.primary_ctx_reset(n);
         out("%s %d -> %d", cmd, n, rc);
         return 2;
+    }
+    if (strcmp(cmd, "allocasync") == 0 || strcmp(cmd, "poolalloc") == 0) {
+        NEED(1);
+        size_t size = parse_size(argv[1]);
+        g_need_ext = true;
+        if (!run)
+            return 2;
+        CUdeviceptr ptr = 0;
+        CUresult rc = cmd[0] == 'a'
+                          ? api.mem_alloc_async(&ptr, size, g_stream)
+                          : api.mem_alloc_from_pool_async(&ptr, size, g_pool,
+                                                          g_stream);
+        snprintf(prefix, sizeof prefix, "%s %zu", cmd, size);
+        report_alloc(prefix, rc, ptr);
+        return 2;
+    }
+    if (strcmp(cmd, "freeasync") == 0) {
+        NEED(1);
+        size_t n = parse_slot(argv[1]);
+        g_need_ext = true;
+        if (!run)
+            return 2;
+        CUresult rc = api.mem_free_async(slot(n)->ptr, g_stream);
+        if (rc == CUDA_SUCCESS)
+            slot(n)->live = false;
+        out("freeasync #%zu -> %d", n, rc);
+        return 2;
+    }
+    if (strcmp(cmd, "pool") == 0) {
+        g_need_ext = true;
+        if (run) {
+            CUmemPoolProps props = {
+                .allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                .handleTypes = CU_MEM_HANDLE_TYPE_NONE,
+                .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 } };
+            out("pool -> %d", api.mem_pool_create(&g_pool, &props));
+        }
+        return 1;
+    }
+    if (strcmp(cmd, "vmm") == 0) {
+        NEED(1);
+        size_t size = parse_size(argv[1]);
+        bool host = argc > 2 && strcmp(argv[2], "host") == 0;
+        g_need_ext = true;
+        if (!run)
+            return host ? 3 : 2;
+        CUmemAllocationProp prop = {
+            .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+            .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            .location = { .type = host ? CU_MEM_LOCATION_TYPE_HOST
+                                       : CU_MEM_LOCATION_TYPE_DEVICE,
+                          .id = 0 } };
+        CUmemGenericAllocationHandle h = 0;
+        CUresult rc = api.mem_create(&h, size, &prop, 0);
+        if (rc == CUDA_SUCCESS)
+            out("vmm %zu -> %d %%%zu", size, rc, add_hslot(h, size));
+        else
+            out("vmm %zu -> %d", size, rc);
+        return host ? 3 : 2;
+    }
+    if (strcmp(cmd, "vmmmap") == 0 || strcmp(cmd, "vmmunmap") == 0 ||
+        strcmp(cmd, "vmmretain") == 0 || strcmp(cmd, "vmmexport") == 0 ||
+        strcmp(cmd, "vmmrelease") == 0) {
+        NEED(1);
+        size_t n = parse_prefixed(argv[1], '%', "handle slot");
+        g_need_ext = true;
+        if (!run)
+            return 2;
+        struct hslot *hs = hslot(n);
+        CUresult rc;
+        if (strcmp(cmd, "vmmmap") == 0) {
+            CUdeviceptr va = 0;
+            rc = api.mem_address_reserve(&va, hs->size, 0, 0, 0);
+            if (rc == CUDA_SUCCESS) {
+                rc = api.mem_map(va, hs->size, 0, hs->handle, 0);
+                if (rc == CUDA_SUCCESS) {
+                    CUmemAccessDesc desc = {
+                        .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE,
+                                      .id = 0 },
+                        .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+                    rc = api.mem_set_access(va, hs->size, &desc, 1);
+                    if (rc != CUDA_SUCCESS)
+                        api.mem_unmap(va, hs->size);
+                }
+                if (rc != CUDA_SUCCESS)
+                    api.mem_address_free(va, hs->size);
+            }
+            if (rc == CUDA_SUCCESS)
+                hs->va = va;
+        } else if (strcmp(cmd, "vmmunmap") == 0) {
+            rc = api.mem_unmap(hs->va, hs->size);
+            if (rc == CUDA_SUCCESS) {
+                rc = api.mem_address_free(hs->va, hs->size);
+                hs->va = 0;
+            }
+        } else if (strcmp(cmd, "vmmretain") == 0) {
+            CUmemGenericAllocationHandle h = 0;
+            rc = api.mem_retain_allocation_handle(&h,
+                                                  (void *)(uintptr_t)hs->va);
+            if (rc == CUDA_SUCCESS) {
+                size_t size = hs->size; /* hs may move */
+                out("vmmretain %%%zu -> %d %%%zu", n, rc, add_hslot(h, size));
+                return 2;
+            }
+        } else if (strcmp(cmd, "vmmexport") == 0) {
+            int fd = -1;
+            rc = api.mem_export(&fd, hs->handle,
+                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            if (rc == CUDA_SUCCESS) {
+                g_exported_fd = fd;
+                g_exported_size = hs->size;
+            }
+        } else {
+            rc = api.mem_release(hs->handle);
+        }
+        out("%s %%%zu -> %d", cmd, n, rc);
+        return 2;
+    }
+    if (strcmp(cmd, "vmmimport") == 0) {
+        g_need_ext = true;
+        if (!run)
+            return 1;
+        CUmemGenericAllocationHandle h = 0;
+        CUresult rc = api.mem_import(&h, (void *)(intptr_t)g_exported_fd,
+                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (rc == CUDA_SUCCESS)
+            out("vmmimport -> %d %%%zu", rc, add_hslot(h, g_exported_size));
+        else
+            out("vmmimport -> %d", rc);
+        return 1;
+    }
+    if (strcmp(cmd, "array") == 0 || strcmp(cmd, "array3d") == 0 ||
+        strcmp(cmd, "mipmap") == 0) {
+        bool is_2d = strcmp(cmd, "array") == 0;
+        bool mip = strcmp(cmd, "mipmap") == 0;
+        int nargs = is_2d ? 4 : mip ? 6 : 5;
+        NEED(nargs);
+        int a = 1;
+        CUDA_ARRAY3D_DESCRIPTOR desc = { 0 };
+        desc.Width = (size_t)parse_uint(argv[a++], 1L << 40, "width");
+        desc.Height = (size_t)parse_uint(argv[a++], 1L << 40, "height");
+        if (!is_2d)
+            desc.Depth = (size_t)parse_uint(argv[a++], 1L << 40, "depth");
+        unsigned long long format = parse_ull(argv[a++], 0, "format");
+        if (format > 0x7fffffff)
+            die(EXIT_USAGE, "bad format '%s'", argv[a - 1]);
+        desc.Format = (CUarray_format)format;
+        desc.NumChannels = (unsigned)parse_uint(argv[a++], 1000000, "channels");
+        unsigned levels =
+            mip ? (unsigned)parse_uint(argv[a++], 1000000, "levels") : 1;
+        g_need_ext = true;
+        if (!run)
+            return nargs + 1;
+        struct aslot slot_value = { .mipmap = mip };
+        CUresult rc;
+        if (is_2d) {
+            CUDA_ARRAY_DESCRIPTOR d2 = {
+                .Width = desc.Width, .Height = desc.Height,
+                .Format = desc.Format, .NumChannels = desc.NumChannels };
+            rc = api.array_create(&slot_value.array, &d2);
+            snprintf(prefix, sizeof prefix, "array %zu %zu 0x%x %u",
+                     desc.Width, desc.Height, (unsigned)desc.Format,
+                     desc.NumChannels);
+        } else if (!mip) {
+            rc = api.array3d_create(&slot_value.array, &desc);
+            snprintf(prefix, sizeof prefix, "array3d %zu %zu %zu 0x%x %u",
+                     desc.Width, desc.Height, desc.Depth,
+                     (unsigned)desc.Format, desc.NumChannels);
+        } else {
+            rc = api.mipmap_create(&slot_value.mip, &desc, levels);
+            snprintf(prefix, sizeof prefix, "mipmap %zu %zu %zu 0x%x %u %u",
+                     desc.Width, desc.Height, desc.Depth,
+                     (unsigned)desc.Format, desc.NumChannels, levels);
+        }
+        if (rc == CUDA_SUCCESS)
+            out("%s -> %d @%zu", prefix, rc, add_aslot(slot_value));
+        else
+            out("%s -> %d", prefix, rc);
+        return nargs + 1;
+    }
+    if (strcmp(cmd, "arraydestroy") == 0 || strcmp(cmd, "arraysize") == 0) {
+        NEED(1);
+        size_t n = parse_prefixed(argv[1], '@', "array slot");
+        g_need_ext = true;
+        if (!run)
+            return 2;
+        struct aslot *as = aslot(n);
+        if (strcmp(cmd, "arraydestroy") == 0) {
+            CUresult rc = as->mipmap ? api.mipmap_destroy(as->mip)
+                                     : api.array_destroy(as->array);
+            out("arraydestroy @%zu -> %d", n, rc);
+            return 2;
+        }
+        CUdevice dev = 0;
+        if (api.ctx_get_device(&dev) != CUDA_SUCCESS)
+            dev = 0;
+        CUDA_ARRAY_MEMORY_REQUIREMENTS req = { 0 };
+        CUresult rc = as->mipmap ? api.mipmap_requirements(&req, as->mip, dev)
+                                 : api.array_requirements(&req, as->array, dev);
+        out("arraysize @%zu -> %d size=%zu", n, rc,
+            rc == CUDA_SUCCESS ? req.size : 0);
+        return 2;
+    }
+    if (strcmp(cmd, "nvml") == 0) {
+        if (run)
+            cmd_nvml();
+        return 1;
     }
 #undef NEED
     die(EXIT_USAGE, "unknown command '%s'", cmd);

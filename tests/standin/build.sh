@@ -4,6 +4,8 @@
 # Produces:
 #   OUTDIR/lib/libcuda.so.1       the stand-in driver (soname libcuda.so.1)
 #   OUTDIR/lib/libcuda.so         symlink to libcuda.so.1
+#   OUTDIR/lib/libnvidia-ml.so.1  the stand-in NVML (soname libnvidia-ml.so.1)
+#   OUTDIR/lib/libnvidia-ml.so    symlink to libnvidia-ml.so.1
 #   OUTDIR/bin/client             test client; loads the driver at run time
 #   OUTDIR/bin/client-linked      same client, also linked against -lcuda
 #                                 (no rpath: run it with
@@ -47,7 +49,15 @@ $CC $CFLAGS -fPIC -shared -Wl,-soname,libcuda.so.1 -Wl,-z,defs \
     "$here/cuda_standin.c" "$tmp/stubs.c" -ldl
 ln -s libcuda.so.1 "$tmp/lib/libcuda.so"
 
-# The clients, built in parallel; both need only the headers and libcuda.so.
+# The NVML stand-in. It finds the driver's inspection exports at run time
+# (dlopen/dlsym), so it does not link against it.
+# shellcheck disable=SC2086
+$CC $CFLAGS -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -Wl,-z,defs \
+    -I "$here" -o "$tmp/lib/libnvidia-ml.so.1" "$here/nvml_standin.c" -ldl
+ln -s libnvidia-ml.so.1 "$tmp/lib/libnvidia-ml.so"
+
+# The clients, built in parallel; both need only the headers and libcuda.so
+# (NVML is always loaded with dlopen).
 # shellcheck disable=SC2086
 $CC $CFLAGS -I "$here" -o "$tmp/bin/client" "$clients/client.c" -ldl &
 runtime=$!
@@ -59,8 +69,10 @@ wait "$runtime" || status=$?
 [ "$status" -eq 0 ] || exit "$status"
 
 # Rename into place; each rename replaces its target atomically. The
-# library goes first so that a client never appears before its driver.
+# libraries go first so that a client never appears before its driver.
 mv -f "$tmp/lib/libcuda.so.1" "$out/lib/libcuda.so.1"
 mv -fT "$tmp/lib/libcuda.so" "$out/lib/libcuda.so"
+mv -f "$tmp/lib/libnvidia-ml.so.1" "$out/lib/libnvidia-ml.so.1"
+mv -fT "$tmp/lib/libnvidia-ml.so" "$out/lib/libnvidia-ml.so"
 mv -f "$tmp/bin/client" "$out/bin/client"
 mv -f "$tmp/bin/client-linked" "$out/bin/client-linked"

@@ -5,7 +5,9 @@
  * It exports a small part of the CUDA 13 driver API with the real ABI and
  * models what vramcap cares about: devices with a fixed amount of memory,
  * primary and created contexts that own their allocations, a thread-local
- * context stack, exact per-device accounting of allocations, streams with
+ * context stack, exact per-device accounting of every way to allocate that
+ * it implements (cuMemAlloc and friends, stream-ordered allocation from
+ * memory pools, virtual memory management, CUDA arrays), streams with
  * stream capture (state only: nothing ever runs), IPC handles, and
  * cuGetProcAddress's versioned lookup of driver entry points. Device memory
  * is never real: the addresses handed out are fake and must never be
@@ -46,6 +48,11 @@
 #define MAX_CREATED_CTX 64            /* live contexts from cuCtxCreate */
 #define CTX_SLOTS 1024                /* handles cycle through these */
 #define STREAM_SLOTS 1024             /* live streams */
+#define POOL_SLOTS 256                /* created memory pools */
+#define ARRAY_SLOTS 4096              /* live arrays, and mipmapped arrays */
+#define VMM_GRANULARITY ((size_t)2 << 20) /* cuMemGetAllocationGranularity */
+#define VMM_HANDLE_BASE 0x1000ULL     /* first CUmemGenericAllocationHandle */
+#define ARRAY_PITCH_ALIGN 512         /* array rows, and their alignment */
 
 /*
  * Fake address layout: device N hands out addresses from its own 1 TiB
@@ -57,6 +64,18 @@
 #define ADDR_BASE 0x7f0000000000ULL
 #define ADDR_WINDOW (1ULL << 40)
 #define ADDR_ALIGN 512
+
+/*
+ * Two more windows, below the devices' ones (so cuMemFree_v2 never takes
+ * their addresses for blocks): virtual address ranges from
+ * cuMemAddressReserve, and the pointers that stream-ordered allocation hands
+ * out during a stream capture (graph allocations, never backed). Both are
+ * handed out in increasing order and never reused.
+ */
+#define VA_BASE 0x400000000000ULL
+#define VA_WINDOW (1ULL << 44)
+#define GRAPH_BASE 0x600000000000ULL
+#define GRAPH_WINDOW (1ULL << 40)
 
 /* ---- State ---------------------------------------------------------------- */
 
@@ -86,15 +105,98 @@ static struct CUctx_st g_created[CTX_SLOTS];
 static size_t g_created_next;  /* where the search for a free slot starts */
 static int g_created_live;     /* live created contexts */
 
+/*
+ * A memory pool: one default pool per device (g_default_pools, permanent,
+ * always the device's current pool) and up to POOL_SLOTS pools from
+ * cuMemPoolCreate (g_pools). A pool holds no memory of its own: its
+ * allocations are blocks of its device that count at once and go back at
+ * once when freed (a pool with release threshold 0 whose frees have
+ * completed). A destroyed pool's slot is reused only once its last
+ * allocation is freed. Protected by g_lock.
+ */
+struct CUmemPoolHandle_st {
+    int dev;
+    bool live;            /* created and not destroyed (default: always) */
+    size_t used;          /* bytes of its live allocations */
+    size_t peak;          /* high-water mark of used since the last reset */
+    size_t max_size;      /* CUmemPoolProps.maxSize; 0: only the device's */
+    int reuse[3];         /* CU_MEMPOOL_ATTR_REUSE_* (attributes 1..3) */
+    cuuint64_t release_threshold;
+};
+static struct CUmemPoolHandle_st g_default_pools[MAX_DEVICES];
+static struct CUmemPoolHandle_st g_pools[POOL_SLOTS];
+static size_t g_pools_next;
+
 /* One allocation. */
 struct block {
     CUdeviceptr addr;     /* start address (512-aligned) */
     size_t span;          /* address space reserved: bytes rounded up to 512 */
     size_t bytes;         /* bytes accounted against the device */
-    CUcontext owner;      /* the context current when it was allocated */
+    CUcontext owner;      /* the context current when it was allocated;
+                             NULL for pool allocations (the device's) */
+    CUmemoryPool pool;    /* stream-ordered: the pool it came from */
     bool ipc;             /* cuMemAlloc_v2 / cuMemAllocPitch_v2: exportable */
+    bool managed;         /* cuMemAllocManaged */
     bool live;            /* false: freed, awaiting removal from the array */
 };
+
+/*
+ * A CUDA array or mipmapped array, owned by the context current when it was
+ * created. size is what cu*GetMemoryRequirements report, bytes what counts
+ * against the device (0 for sparse and deferred-mapping arrays, which have
+ * no backing memory of their own). Slots are taken round-robin like stream
+ * handles. Protected by g_lock.
+ */
+struct array_state {
+    CUcontext owner;
+    size_t size;
+    size_t bytes;
+    bool live;
+};
+struct CUarray_st {
+    struct array_state a;
+};
+struct CUmipmappedArray_st {
+    struct array_state a;
+};
+static struct CUarray_st g_arrays[ARRAY_SLOTS];
+static struct CUmipmappedArray_st g_mipmaps[ARRAY_SLOTS];
+static size_t g_arrays_next, g_mipmaps_next;
+
+/*
+ * Virtual memory management, protected by g_lock. An allocation from
+ * cuMemCreate (g_vmm_allocs, never reused) counts against its device (or
+ * nothing, on the host) until no handle references it and no mapping uses
+ * it. Handle values are VMM_HANDLE_BASE + index into g_vmm_handles; each
+ * names one allocation (several may: cuMemImportFromShareableHandle). A
+ * handle is valid while its allocation's reference count is above 0.
+ */
+struct vmm_alloc {
+    int dev;              /* -1: host memory, counted against nothing */
+    size_t size;
+    long refs;            /* create, retain, import: +1; release: -1 */
+    long maps;            /* live mappings of it */
+    bool live;            /* false: its memory went back */
+};
+struct vmm_map {          /* a cuMemMap'ed range */
+    CUdeviceptr va;
+    size_t size;
+    CUmemGenericAllocationHandle handle; /* the handle it was mapped with */
+};
+struct va_range {         /* a cuMemAddressReserve'd range */
+    CUdeviceptr va;
+    size_t size;
+};
+static struct vmm_alloc *g_vmm_allocs;
+static size_t g_vmm_nallocs, g_vmm_allocs_cap;
+static size_t *g_vmm_handles;             /* handle index -> allocation */
+static size_t g_vmm_nhandles, g_vmm_handles_cap;
+static struct vmm_map *g_vmm_maps;        /* live mappings, unordered */
+static size_t g_vmm_nmaps, g_vmm_maps_cap;
+static struct va_range *g_va_ranges;      /* live reservations, unordered */
+static size_t g_va_nranges, g_va_ranges_cap;
+static CUdeviceptr g_va_next = VA_BASE;   /* next reservation address */
+static CUdeviceptr g_graph_next = GRAPH_BASE; /* next graph allocation */
 
 /*
  * A stream from cuStreamCreate, owned by the context current at creation;
@@ -145,6 +247,10 @@ static atomic_ulong g_alias_calls;         /* calls through alias pointers */
 static atomic_ulong g_sync_calls;          /* cuCtxSynchronize calls */
 static atomic_ulong g_captures;            /* stream captures begun */
 static atomic_ulong g_ipc_calls;           /* cuIpcGetMemHandle calls */
+static atomic_ulong g_async_allocs;        /* stream-ordered allocations */
+static atomic_ulong g_vmm_creates;         /* cuMemCreate on a device */
+static atomic_ulong g_vmm_host_creates;    /* cuMemCreate on the host */
+static atomic_ulong g_array_creates;       /* arrays of all three kinds */
 
 /*
  * The calling thread's context stack; the top (t_stack[t_depth - 1]) is its
@@ -198,6 +304,8 @@ static void config_init(void)
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_ctx[i].dev = i;
         g_dev[i].next = ADDR_BASE + (CUdeviceptr)i * ADDR_WINDOW;
+        g_default_pools[i] = (struct CUmemPoolHandle_st){
+            .dev = i, .live = true, .reuse = { 1, 1, 1 } };
     }
 }
 
@@ -420,13 +528,20 @@ static void compact_blocks(struct device_state *d)
     d->ndead = 0;
 }
 
-/* Mark block i of d freed (counted as a free). Caller holds g_lock. */
+/*
+ * Mark block i of d freed: a pool allocation goes back to its pool, any
+ * other block counts as a free. Caller holds g_lock.
+ */
 static void free_block_locked(struct device_state *d, size_t i)
 {
-    d->blocks[i].live = false;
+    struct block *b = &d->blocks[i];
+    b->live = false;
     d->ndead++;
-    d->used -= d->blocks[i].bytes;
-    d->frees++;
+    d->used -= b->bytes;
+    if (b->pool != NULL)
+        b->pool->used -= b->bytes;
+    else
+        d->frees++;
 }
 
 /* Compact d->blocks once dead blocks are most of it. Caller holds g_lock. */
@@ -436,11 +551,21 @@ static void maybe_compact(struct device_state *d)
         compact_blocks(d);
 }
 
+/* Destroy a live array owned by ctx, returning its bytes. Holds g_lock. */
+static void release_array_locked(struct array_state *a, CUcontext ctx)
+{
+    if (a->live && a->owner == ctx) {
+        g_dev[ctx->dev].used -= a->bytes;
+        a->live = false;
+    }
+}
+
 /*
- * Release everything ctx owns: its live allocations (each counted as a free)
- * and its streams (ending any capture on them). Used when a context is
- * destroyed and when a primary context is deactivated or reset. Caller holds
- * g_lock.
+ * Release everything ctx owns: its live allocations (each counted as a
+ * free), its arrays and its streams (ending any capture on them). Pool
+ * allocations and cuMemCreate memory belong to the device, not a context,
+ * and stay. Used when a context is destroyed and when a primary context is
+ * deactivated or reset. Caller holds g_lock.
  */
 static void release_ctx_locked(CUcontext ctx)
 {
@@ -449,9 +574,49 @@ static void release_ctx_locked(CUcontext ctx)
         if (d->blocks[i].live && d->blocks[i].owner == ctx)
             free_block_locked(d, i);
     maybe_compact(d);
+    for (size_t i = 0; i < ARRAY_SLOTS; i++) {
+        release_array_locked(&g_arrays[i].a, ctx);
+        release_array_locked(&g_mipmaps[i].a, ctx);
+    }
     for (size_t i = 0; i < STREAM_SLOTS; i++)
         if (g_streams[i].ctx == ctx)
             g_streams[i] = (struct CUstream_st){ 0 };
+}
+
+/* Whether bytes more fit on device dev. Caller holds g_lock. */
+static bool fits_locked(int dev, size_t bytes)
+{
+    return bytes <= g_cfg.total_bytes - g_dev[dev].used;
+}
+
+/* Count bytes (known to fit) against device dev. Caller holds g_lock. */
+static void charge_locked(int dev, size_t bytes)
+{
+    struct device_state *d = &g_dev[dev];
+    d->used += bytes;
+    if (d->used > d->peak)
+        d->peak = d->used;
+}
+
+/*
+ * Give block b (its bytes, span, owner and kind set) an address in device
+ * dev's window and count it, storing the address in *out. False if it does
+ * not fit. Caller holds g_lock.
+ */
+static bool place_block_locked(int dev, struct block b, CUdeviceptr *out)
+{
+    struct device_state *d = &g_dev[dev];
+    size_t first, last;
+    if (!fits_locked(dev, b.bytes) ||
+        !find_address(dev, b.span, &b.addr, &first, &last))
+        return false;
+    b.live = true;
+    if (!insert_block(d, first, last, b))
+        return false;
+    d->next = b.addr + b.span;
+    charge_locked(dev, b.bytes);
+    *out = b.addr;
+    return true;
 }
 
 /*
@@ -461,29 +626,19 @@ static void release_ctx_locked(CUcontext ctx)
  * inactive primary context) or CUDA_ERROR_OUT_OF_MEMORY.
  */
 static CUresult account_alloc(CUcontext ctx, size_t bytes, size_t span,
-                              bool ipc, CUdeviceptr *out)
+                              bool ipc, bool managed, CUdeviceptr *out)
 {
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
-    int dev = ctx->dev;
-    struct device_state *d = &g_dev[dev];
-    CUdeviceptr addr;
-    size_t first, last;
 
     pthread_mutex_lock(&g_lock);
     if (!ctx_usable_locked(ctx)) {
         rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    } else if (bytes <= g_cfg.total_bytes - d->used &&
-        find_address(dev, span, &addr, &first, &last) &&
-        insert_block(d, first, last,
-                     (struct block){ .addr = addr, .span = span,
-                                     .bytes = bytes, .owner = ctx,
-                                     .ipc = ipc, .live = true })) {
-        d->next = addr + span;
-        d->used += bytes;
-        if (d->used > d->peak)
-            d->peak = d->used;
-        d->allocs++;
-        *out = addr;
+    } else if (place_block_locked(ctx->dev,
+                                  (struct block){ .span = span, .bytes = bytes,
+                                                  .owner = ctx, .ipc = ipc,
+                                                  .managed = managed },
+                                  out)) {
+        g_dev[ctx->dev].allocs++;
         rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
@@ -491,18 +646,18 @@ static CUresult account_alloc(CUcontext ctx, size_t bytes, size_t span,
 }
 
 /*
- * Common path of every allocation entry point; ipc: the block may be
- * exported with cuIpcGetMemHandle.
+ * Common path of the cuMemAlloc family; ipc: the block may be exported with
+ * cuIpcGetMemHandle; managed: from cuMemAllocManaged.
  */
 static CUresult alloc_common(CUdeviceptr *dptr, size_t bytes, size_t span,
-                             bool ipc)
+                             bool ipc, bool managed)
 {
     CUcontext ctx = current_ctx();
     if (ctx == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    return account_alloc(ctx, bytes, span, ipc, dptr);
+    return account_alloc(ctx, bytes, span, ipc, managed, dptr);
 }
 
 static size_t round_up(size_t n, size_t align)
@@ -1161,7 +1316,8 @@ CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
     if (dptr == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr addr;
-    CUresult rc = alloc_common(&addr, bytesize, span_for(bytesize), false);
+    CUresult rc = alloc_common(&addr, bytesize, span_for(bytesize), false,
+                               false);
     if (rc == CUDA_SUCCESS)
         *dptr = (CUdeviceptr_v1)addr;
     return rc;
@@ -1174,7 +1330,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (dptr == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_common(dptr, bytesize, span_for(bytesize), true);
+    return alloc_common(dptr, bytesize, span_for(bytesize), true, false);
 }
 LOCAL(cuMemAlloc_v2)
 
@@ -1200,7 +1356,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch,
     if (Height > g_cfg.total_bytes / pitch)
         return CUDA_ERROR_OUT_OF_MEMORY;
     size_t bytes = pitch * Height;
-    CUresult rc = alloc_common(dptr, bytes, bytes, true);
+    CUresult rc = alloc_common(dptr, bytes, bytes, true, false);
     if (rc == CUDA_SUCCESS)
         *pPitch = pitch;
     return rc;
@@ -1219,7 +1375,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
         return CUDA_ERROR_INVALID_CONTEXT;
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_common(dptr, bytesize, span_for(bytesize), false);
+    return alloc_common(dptr, bytesize, span_for(bytesize), false, true);
 }
 LOCAL(cuMemAllocManaged)
 
@@ -1241,7 +1397,8 @@ static bool find_block_locked(CUdeviceptr dptr, int *dev, size_t *index)
 
 /*
  * Frees a block of any device and context (the device is found from the
- * address window); a current context is needed all the same. 0 is accepted
+ * address window), stream-ordered allocations included (the driver allows
+ * it); a current context is needed all the same. 0 is accepted
  * like the real driver; any other address that is not the start of a live
  * block is CUDA_ERROR_INVALID_VALUE.
  */
@@ -1337,6 +1494,1197 @@ CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
     return initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 LOCAL(cuMemsetD8Async_ptsz)
+
+/* ---- Stream-ordered allocation and memory pools --------------------------- */
+
+/*
+ * A stream-ordered call works in the stream's context: a created stream's
+ * own (the one current when it was created), the calling thread's current
+ * context for the legacy and per-thread streams. Those two never capture
+ * here; legacy-stream implicit synchronisation with capturing streams is not
+ * modelled.
+ *
+ * First step, without g_lock: the current context for the default streams
+ * (*ctx stays NULL for created streams).
+ */
+static CUresult stream_current(CUstream h, bool ptsz, CUcontext *ctx)
+{
+    *ctx = NULL;
+    if (stream_kind(h, ptsz) == STREAM_CREATED)
+        return CUDA_SUCCESS;
+    return check_current(ctx);
+}
+
+/*
+ * Second step, holding g_lock: a created stream's context and capture
+ * status (CUDA_ERROR_INVALID_HANDLE if it is not a live stream).
+ */
+static CUresult stream_target_locked(CUstream h, bool ptsz, CUcontext *ctx,
+                                     CUstreamCaptureStatus *capture)
+{
+    *capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (stream_kind(h, ptsz) != STREAM_CREATED)
+        return CUDA_SUCCESS;
+    struct CUstream_st *s = live_stream_locked(h);
+    if (s == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *ctx = s->ctx;
+    *capture = s->capture;
+    return CUDA_SUCCESS;
+}
+
+/*
+ * pool if it names a pool that can be used: a simulated device's default
+ * pool or a created pool not yet destroyed; NULL otherwise. Caller holds
+ * g_lock.
+ */
+static struct CUmemPoolHandle_st *pool_locked(CUmemoryPool pool)
+{
+    long i = array_index(pool, g_default_pools, MAX_DEVICES,
+                         sizeof g_default_pools[0]);
+    if (i >= 0)
+        return i < g_cfg.devices ? pool : NULL;
+    if (array_index(pool, g_pools, POOL_SLOTS, sizeof g_pools[0]) < 0)
+        return NULL;
+    return pool->live ? pool : NULL;
+}
+
+/*
+ * The allocation of cuMemAllocAsync (pool NULL: the current pool of the
+ * stream's device, which is always its default pool) and
+ * cuMemAllocFromPoolAsync. The bytes count against the pool's device at
+ * once. On a capturing stream the allocation becomes part of the graph: a
+ * pointer from the graph window that counts nothing (*counted stays false).
+ * Caller holds g_lock.
+ */
+static CUresult alloc_async_locked(CUdeviceptr *dptr, size_t bytes,
+                                   CUmemoryPool pool, CUcontext ctx,
+                                   CUstreamCaptureStatus capture,
+                                   bool *counted)
+{
+    struct CUmemPoolHandle_st *p =
+        pool != NULL ? pool_locked(pool) : &g_default_pools[ctx->dev];
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx_usable_locked(ctx))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    size_t span = span_for(bytes);
+    if (capture == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+        if (span == 0 || span > GRAPH_BASE + GRAPH_WINDOW - g_graph_next)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        *dptr = g_graph_next;
+        g_graph_next += span;
+        return CUDA_SUCCESS;
+    }
+    if (p->max_size != 0 && bytes > p->max_size - p->used)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!place_block_locked(p->dev,
+                            (struct block){ .span = span, .bytes = bytes,
+                                            .pool = p },
+                            dptr))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->used += bytes;
+    if (p->used > p->peak)
+        p->peak = p->used;
+    *counted = true;
+    return CUDA_SUCCESS;
+}
+
+/* Common part of the four stream-ordered allocation entry points. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize,
+                            CUmemoryPool pool, bool from_pool,
+                            CUstream hStream, bool ptsz)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dptr == NULL || bytesize == 0 || (from_pool && pool == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx;
+    CUresult rc = stream_current(hStream, ptsz, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUstreamCaptureStatus capture;
+    bool counted = false;
+    pthread_mutex_lock(&g_lock);
+    rc = stream_target_locked(hStream, ptsz, &ctx, &capture);
+    if (rc == CUDA_SUCCESS)
+        rc = alloc_async_locked(dptr, bytesize, from_pool ? pool : NULL, ctx,
+                                capture, &counted);
+    pthread_mutex_unlock(&g_lock);
+    if (counted)
+        atomic_fetch_add_explicit(&g_async_allocs, 1, memory_order_relaxed);
+    return rc;
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, NULL, false, hStream, false);
+}
+LOCAL(cuMemAllocAsync)
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                              CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, NULL, false, hStream, true);
+}
+LOCAL(cuMemAllocAsync_ptsz)
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
+                                 CUmemoryPool pool, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, pool, true, hStream, false);
+}
+LOCAL(cuMemAllocFromPoolAsync)
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                      CUmemoryPool pool, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, pool, true, hStream, true);
+}
+LOCAL(cuMemAllocFromPoolAsync_ptsz)
+
+/*
+ * Frees at once, whatever the stream. 0 is accepted like by cuMemFree_v2;
+ * any live block can be freed (the driver frees cuMemAlloc memory this way
+ * too) except managed memory (CUDA_ERROR_NOT_SUPPORTED, as the real driver
+ * says). Graph allocations (the graph window) are accepted and count
+ * nothing; during a capture nothing else can be freed (a graph's free node
+ * may only free the graph's own allocations): CUDA_ERROR_INVALID_VALUE.
+ * Caller holds g_lock.
+ */
+static CUresult free_async_locked(CUdeviceptr dptr,
+                                  CUstreamCaptureStatus capture)
+{
+    if (capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (dptr == 0 || (dptr >= GRAPH_BASE && dptr < g_graph_next))
+        return CUDA_SUCCESS;
+    if (capture == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    size_t i;
+    if (!find_block_locked(dptr, &dev, &i))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (g_dev[dev].blocks[i].managed)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    free_block_locked(&g_dev[dev], i);
+    maybe_compact(&g_dev[dev]);
+    return CUDA_SUCCESS;
+}
+
+static CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext ctx;
+    CUresult rc = stream_current(hStream, ptsz, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUstreamCaptureStatus capture;
+    pthread_mutex_lock(&g_lock);
+    rc = stream_target_locked(hStream, ptsz, &ctx, &capture);
+    if (rc == CUDA_SUCCESS)
+        rc = free_async_locked(dptr, capture);
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_async(dptr, hStream, false);
+}
+LOCAL(cuMemFreeAsync)
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_async(dptr, hStream, true);
+}
+LOCAL(cuMemFreeAsync_ptsz)
+
+/*
+ * Only pinned device pools: any other allocation type or location (host,
+ * managed pools) is CUDA_ERROR_INVALID_VALUE here. maxSize, if not 0, caps
+ * the pool's live bytes; the other properties are not looked at. Too many
+ * live pools give CUDA_ERROR_OUT_OF_MEMORY.
+ */
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pool == NULL || poolProps == NULL ||
+        poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_device(poolProps->location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    for (size_t n = 0; n < POOL_SLOTS; n++) {
+        size_t i = (g_pools_next + n) % POOL_SLOTS;
+        if (!g_pools[i].live && g_pools[i].used == 0) {
+            g_pools[i] = (struct CUmemPoolHandle_st){
+                .dev = poolProps->location.id, .live = true,
+                .max_size = poolProps->maxSize, .reuse = { 1, 1, 1 } };
+            g_pools_next = (i + 1) % POOL_SLOTS;
+            *pool = &g_pools[i];
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemPoolCreate)
+
+/*
+ * A default pool can not be destroyed (CUDA_ERROR_INVALID_VALUE). Like the
+ * real driver, destroying a pool with live allocations succeeds; they stay
+ * valid and counted until freed.
+ */
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct CUmemPoolHandle_st *p = pool_locked(pool);
+    if (p != NULL &&
+        array_index(p, g_pools, POOL_SLOTS, sizeof g_pools[0]) >= 0) {
+        p->live = false;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemPoolDestroy)
+
+/* Pools hold nothing beyond their live allocations: nothing to trim. */
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    (void)minBytesToKeep;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&g_lock);
+    bool valid = pool_locked(pool) != NULL;
+    pthread_mutex_unlock(&g_lock);
+    return valid ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+LOCAL(cuMemPoolTrimTo)
+
+/*
+ * The reuse attributes (int) and the release threshold (cuuint64_t) are
+ * stored and read back (the threshold changes nothing: memory always goes
+ * back at once). The current amounts are read-only; the high-water marks
+ * can only be reset, with 0, to the current amount. Reserved and used
+ * amounts are the same here: the pool's live bytes.
+ */
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                               void *value)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    int i;
+    cuuint64_t u;
+    memcpy(&i, value, sizeof i);
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    struct CUmemPoolHandle_st *p = pool_locked(pool);
+    if (p == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+            p->reuse[attr - 1] = i;
+            break;
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            memcpy(&p->release_threshold, value, sizeof p->release_threshold);
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+            memcpy(&u, value, sizeof u);
+            if (u == 0)
+                p->peak = p->used;
+            else
+                rc = CUDA_ERROR_INVALID_VALUE;
+            break;
+        default:
+            rc = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemPoolSetAttribute)
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                               void *value)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    cuuint64_t u = 0;
+    pthread_mutex_lock(&g_lock);
+    struct CUmemPoolHandle_st *p = pool_locked(pool);
+    if (p == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+            memcpy(value, &p->reuse[attr - 1], sizeof p->reuse[0]);
+            break;
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            u = p->release_threshold;
+            memcpy(value, &u, sizeof u);
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+            u = p->used;
+            memcpy(value, &u, sizeof u);
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+            u = p->peak;
+            memcpy(value, &u, sizeof u);
+            break;
+        default:
+            rc = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemPoolGetAttribute)
+
+static CUresult device_pool(CUmemoryPool *pool, CUdevice dev)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pool == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *pool = &g_default_pools[dev];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    return device_pool(pool_out, dev);
+}
+LOCAL(cuDeviceGetDefaultMemPool)
+
+/* cuDeviceSetMemPool is a stub, so the current pool is the default one. */
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    return device_pool(pool, dev);
+}
+LOCAL(cuDeviceGetMemPool)
+
+static CUresult stream_get_device(CUstream h, CUdevice *device, bool ptsz)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx;
+    CUresult rc = stream_current(h, ptsz, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUstreamCaptureStatus capture;
+    pthread_mutex_lock(&g_lock);
+    rc = stream_target_locked(h, ptsz, &ctx, &capture);
+    pthread_mutex_unlock(&g_lock);
+    if (rc == CUDA_SUCCESS)
+        *device = ctx->dev;
+    return rc;
+}
+
+CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
+{
+    return stream_get_device(hStream, device, false);
+}
+LOCAL(cuStreamGetDevice)
+
+CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device)
+{
+    return stream_get_device(hStream, device, true);
+}
+LOCAL(cuStreamGetDevice_ptsz)
+
+/* ---- Virtual memory management -------------------------------------------- */
+
+/*
+ * Validate cuMemCreate-style properties: pinned memory on a device (*dev its
+ * ordinal) or on the host (*dev = -1; any of the three host location types).
+ */
+static CUresult check_alloc_prop(const CUmemAllocationProp *prop, int *dev)
+{
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        if (!valid_device(prop->location.id))
+            return CUDA_ERROR_INVALID_DEVICE;
+        *dev = prop->location.id;
+        return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        *dev = -1;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/*
+ * array (of *cap elements of elem bytes) reallocated to twice the capacity,
+ * *cap updated; NULL (array and *cap unchanged) if out of memory.
+ */
+static void *grow_array(void *array, size_t *cap, size_t elem)
+{
+    size_t new_cap = *cap != 0 ? *cap * 2 : 64;
+    void *grown = realloc(array, new_cap * elem);
+    if (grown != NULL)
+        *cap = new_cap;
+    return grown;
+}
+
+/* The allocation behind handle value h, valid or not (NULL if unknown). */
+static struct vmm_alloc *vmm_alloc_of_locked(CUmemGenericAllocationHandle h)
+{
+    if (h < VMM_HANDLE_BASE || h - VMM_HANDLE_BASE >= g_vmm_nhandles)
+        return NULL;
+    return &g_vmm_allocs[g_vmm_handles[h - VMM_HANDLE_BASE]];
+}
+
+/* The allocation behind a valid handle, or NULL. Caller holds g_lock. */
+static struct vmm_alloc *vmm_handle_locked(CUmemGenericAllocationHandle h)
+{
+    struct vmm_alloc *a = vmm_alloc_of_locked(h);
+    return a != NULL && a->refs > 0 ? a : NULL;
+}
+
+/* A new handle value for allocation index alloc; 0 if out of memory. */
+static CUmemGenericAllocationHandle vmm_new_handle_locked(size_t alloc)
+{
+    if (g_vmm_nhandles == g_vmm_handles_cap) {
+        size_t *grown = grow_array(g_vmm_handles, &g_vmm_handles_cap,
+                                   sizeof *grown);
+        if (grown == NULL)
+            return 0;
+        g_vmm_handles = grown;
+    }
+    g_vmm_handles[g_vmm_nhandles] = alloc;
+    return VMM_HANDLE_BASE + g_vmm_nhandles++;
+}
+
+/* Give a's memory back once no handle references it and nothing maps it. */
+static void vmm_maybe_free_locked(struct vmm_alloc *a)
+{
+    if (a->live && a->refs == 0 && a->maps == 0) {
+        a->live = false;
+        if (a->dev >= 0)
+            g_dev[a->dev].used -= a->size;
+    }
+}
+
+/* Whether [a, a + an) and [b, b + bn) overlap. */
+static bool ranges_overlap(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn)
+{
+    return a < b + bn && b < a + an;
+}
+
+/* Whether [inner, inner + in) lies within [outer, outer + on). */
+static bool range_within(CUdeviceptr inner, size_t in, CUdeviceptr outer,
+                         size_t on)
+{
+    return inner >= outer && in <= on && inner - outer <= on - in;
+}
+
+/* Both options give 2 MiB, for device and host memory alike. */
+CUresult cuMemGetAllocationGranularity(size_t *granularity,
+                                       const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (granularity == NULL || prop == NULL ||
+        (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+         option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult rc = check_alloc_prop(prop, &dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *granularity = VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuMemGetAllocationGranularity)
+
+/*
+ * Device memory counts against prop->location.id at once; host memory
+ * against nothing. No context is needed. requestedHandleTypes and allocFlags
+ * are not looked at.
+ */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (handle == NULL || prop == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult rc = check_alloc_prop(prop, &dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (size == 0 || size % VMM_GRANULARITY != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    if (g_vmm_nallocs == g_vmm_allocs_cap) {
+        struct vmm_alloc *grown = grow_array(g_vmm_allocs, &g_vmm_allocs_cap,
+                                             sizeof *grown);
+        if (grown != NULL)
+            g_vmm_allocs = grown;
+    }
+    if (g_vmm_nallocs < g_vmm_allocs_cap &&
+        (dev < 0 || fits_locked(dev, size))) {
+        CUmemGenericAllocationHandle h = vmm_new_handle_locked(g_vmm_nallocs);
+        if (h != 0) {
+            g_vmm_allocs[g_vmm_nallocs++] = (struct vmm_alloc){
+                .dev = dev, .size = size, .refs = 1, .live = true };
+            if (dev >= 0)
+                charge_locked(dev, size);
+            *handle = h;
+            rc = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == CUDA_SUCCESS)
+        atomic_fetch_add_explicit(dev >= 0 ? &g_vmm_creates
+                                           : &g_vmm_host_creates,
+                                  1, memory_order_relaxed);
+    return rc;
+}
+LOCAL(cuMemCreate)
+
+/*
+ * Drops one reference; the handle is invalid once there are none, and the
+ * memory goes back once it is also unmapped everywhere.
+ */
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct vmm_alloc *a = vmm_handle_locked(handle);
+    if (a != NULL) {
+        a->refs--;
+        vmm_maybe_free_locked(a);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemRelease)
+
+/*
+ * The handle value that the mapping containing addr was made with (the real
+ * driver guarantees the same value), with one more reference.
+ */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+                                     void *addr)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < g_vmm_nmaps; i++) {
+        if (range_within(p, 1, g_vmm_maps[i].va, g_vmm_maps[i].size)) {
+            vmm_alloc_of_locked(g_vmm_maps[i].handle)->refs++;
+            *handle = g_vmm_maps[i].handle;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemRetainAllocationHandle)
+
+/*
+ * A fresh range from the VA window, aligned to the granularity or to
+ * alignment if larger (a power of two, or 0); the addr hint is ignored.
+ * size must be a multiple of the granularity; flags must be 0.
+ */
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                             CUdeviceptr addr, unsigned long long flags)
+{
+    (void)addr;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ptr == NULL || size == 0 || size % VMM_GRANULARITY != 0 || flags != 0 ||
+        (alignment & (alignment - 1)) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t align = alignment > VMM_GRANULARITY ? alignment : VMM_GRANULARITY;
+    if (align > VA_WINDOW || size > VA_WINDOW)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    CUdeviceptr va = (g_va_next + align - 1) / align * align;
+    if (g_va_nranges == g_va_ranges_cap) {
+        struct va_range *grown = grow_array(g_va_ranges, &g_va_ranges_cap,
+                                            sizeof *grown);
+        if (grown != NULL)
+            g_va_ranges = grown;
+    }
+    if (g_va_nranges < g_va_ranges_cap &&
+        range_within(va, size, VA_BASE, VA_WINDOW)) {
+        g_va_ranges[g_va_nranges++] =
+            (struct va_range){ .va = va, .size = size };
+        g_va_next = va + size;
+        *ptr = va;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemAddressReserve)
+
+/*
+ * ptr and size must be exactly a reservation's. A reservation that still has
+ * mappings in it can not be freed here (CUDA_ERROR_INVALID_VALUE).
+ */
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < g_va_nranges; i++) {
+        if (g_va_ranges[i].va != ptr || g_va_ranges[i].size != size)
+            continue;
+        bool mapped = false;
+        for (size_t m = 0; m < g_vmm_nmaps; m++)
+            mapped |= ranges_overlap(ptr, size, g_vmm_maps[m].va,
+                                     g_vmm_maps[m].size);
+        if (!mapped) {
+            g_va_ranges[i] = g_va_ranges[--g_va_nranges];
+            rc = CUDA_SUCCESS;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemAddressFree)
+
+/*
+ * Maps the first size bytes of the handle's allocation at ptr: offset must be
+ * 0 (as documented), ptr and size multiples of the granularity, the range
+ * inside one reservation and not overlapping another mapping.
+ */
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                  CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (size == 0 || size % VMM_GRANULARITY != 0 ||
+        ptr % VMM_GRANULARITY != 0 || offset != 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct vmm_alloc *a = vmm_handle_locked(handle);
+    bool reserved = false, overlaps = false;
+    for (size_t i = 0; i < g_va_nranges; i++)
+        reserved |= range_within(ptr, size, g_va_ranges[i].va,
+                                 g_va_ranges[i].size);
+    for (size_t i = 0; i < g_vmm_nmaps; i++)
+        overlaps |= ranges_overlap(ptr, size, g_vmm_maps[i].va,
+                                   g_vmm_maps[i].size);
+    if (a != NULL && size <= a->size && reserved && !overlaps) {
+        if (g_vmm_nmaps == g_vmm_maps_cap) {
+            struct vmm_map *grown = grow_array(g_vmm_maps, &g_vmm_maps_cap,
+                                               sizeof *grown);
+            if (grown != NULL)
+                g_vmm_maps = grown;
+        }
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        if (g_vmm_nmaps < g_vmm_maps_cap) {
+            g_vmm_maps[g_vmm_nmaps++] = (struct vmm_map){
+                .va = ptr, .size = size, .handle = handle };
+            a->maps++;
+            rc = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemMap)
+
+/*
+ * Removes the mappings inside [ptr, ptr + size), which must contain at least
+ * one and cut none in part. An allocation whose handles were all released
+ * goes back with its last mapping.
+ */
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    size_t inside = 0;
+    bool cut = false;
+    for (size_t i = 0; i < g_vmm_nmaps; i++) {
+        const struct vmm_map *m = &g_vmm_maps[i];
+        if (range_within(m->va, m->size, ptr, size))
+            inside++;
+        else if (ranges_overlap(m->va, m->size, ptr, size))
+            cut = true;
+    }
+    if (inside > 0 && !cut) {
+        for (size_t i = 0; i < g_vmm_nmaps;) {
+            if (range_within(g_vmm_maps[i].va, g_vmm_maps[i].size, ptr, size)) {
+                struct vmm_alloc *a = vmm_alloc_of_locked(g_vmm_maps[i].handle);
+                a->maps--;
+                vmm_maybe_free_locked(a);
+                g_vmm_maps[i] = g_vmm_maps[--g_vmm_nmaps];
+            } else {
+                i++;
+            }
+        }
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemUnmap)
+
+/*
+ * Nothing is enforced: the descriptors are checked (device or host
+ * locations, PROT_NONE / READ / READWRITE) and the range must be mapped
+ * completely.
+ */
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
+                        const CUmemAccessDesc *desc, size_t count)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (desc == NULL || count == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        CUmemAccess_flags f = desc[i].flags;
+        if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+            f != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+        switch (desc[i].location.type) {
+        case CU_MEM_LOCATION_TYPE_DEVICE:
+            if (!valid_device(desc[i].location.id))
+                return CUDA_ERROR_INVALID_DEVICE;
+            break;
+        case CU_MEM_LOCATION_TYPE_HOST:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+            break;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    /* Mappings never overlap, so their overlaps with the range add up. */
+    size_t covered = 0;
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < g_vmm_nmaps; i++) {
+        const struct vmm_map *m = &g_vmm_maps[i];
+        if (!ranges_overlap(m->va, m->size, ptr, size))
+            continue;
+        CUdeviceptr lo = m->va > ptr ? m->va : ptr;
+        CUdeviceptr hi = m->va + m->size < ptr + size ? m->va + m->size
+                                                      : ptr + size;
+        covered += hi - lo;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return covered == size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+LOCAL(cuMemSetAccess)
+
+/*
+ * Only POSIX file descriptors: other real types give
+ * CUDA_ERROR_NOT_SUPPORTED, anything else CUDA_ERROR_INVALID_VALUE.
+ */
+static CUresult check_shareable_type(CUmemAllocationHandleType type)
+{
+    switch (type) {
+    case CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR:
+        return CUDA_SUCCESS;
+    case CU_MEM_HANDLE_TYPE_WIN32:
+    case CU_MEM_HANDLE_TYPE_WIN32_KMT:
+    case CU_MEM_HANDLE_TYPE_FABRIC:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/*
+ * The "file descriptor" is (int)handle: not a real descriptor, and it holds
+ * no reference (importing it works while the allocation's memory is there).
+ */
+CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                      CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType,
+                                      unsigned long long flags)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (shareableHandle == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = check_shareable_type(handleType);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&g_lock);
+    bool valid = vmm_handle_locked(handle) != NULL;
+    pthread_mutex_unlock(&g_lock);
+    if (!valid)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = (int)handle;
+    memcpy(shareableHandle, &fd, sizeof fd);
+    return CUDA_SUCCESS;
+}
+LOCAL(cuMemExportToShareableHandle)
+
+/* osHandle is the descriptor cast to a pointer, as for the real driver. */
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                        void *osHandle,
+                                        CUmemAllocationHandleType shHandleType)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = check_shareable_type(shHandleType);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int fd = (int)(intptr_t)osHandle;
+    rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct vmm_alloc *a =
+        fd >= 0 ? vmm_alloc_of_locked((CUmemGenericAllocationHandle)fd) : NULL;
+    if (a != NULL && a->live) {
+        CUmemGenericAllocationHandle h =
+            vmm_new_handle_locked(g_vmm_handles[fd - VMM_HANDLE_BASE]);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        if (h != 0) {
+            a->refs++;
+            *handle = h;
+            rc = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemImportFromShareableHandle)
+
+/* ---- Arrays --------------------------------------------------------------- */
+
+/* Bytes per channel of an array format; 0 for formats not modelled. */
+static size_t format_bytes(CUarray_format format)
+{
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+        return 4;
+    default:
+        return 0;
+    }
+}
+
+/*
+ * Bytes of one level of w x h x d elements of elem bytes: rows rounded up to
+ * ARRAY_PITCH_ALIGN, times max(h, 1) and max(d, 1). False on overflow.
+ */
+static bool level_bytes(size_t w, size_t h, size_t d, size_t elem, size_t *out)
+{
+    size_t row;
+    if (__builtin_mul_overflow(w, elem, &row) ||
+        row > SIZE_MAX - (ARRAY_PITCH_ALIGN - 1))
+        return false;
+    row = round_up(row, ARRAY_PITCH_ALIGN);
+    return !__builtin_mul_overflow(row, h != 0 ? h : 1, out) &&
+           !__builtin_mul_overflow(*out, d != 0 ? d : 1, out);
+}
+
+/*
+ * The size of an array with levels levels (1 unless mipmapped), each level
+ * halving width, height and depth (at least 1; a layered array's depth
+ * counts layers and is not halved). SIZE_MAX if it overflows. Descriptors
+ * the model does not take give CUDA_ERROR_INVALID_VALUE: width 0, a format
+ * not modelled, 1, 2 or 4 channels, unknown flags, no levels or more levels
+ * than halving the largest extent down to 1 gives. Layered, cubemap and
+ * other flag-specific extent rules are not checked.
+ */
+static CUresult array_size(const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                           unsigned int levels, size_t *size)
+{
+    size_t elem = format_bytes(desc->Format);
+    unsigned int ch = desc->NumChannels;
+    if (desc->Width == 0 || elem == 0 || (ch != 1 && ch != 2 && ch != 4) ||
+        (desc->Flags & ~0x1ffu) != 0 || levels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    elem *= ch;
+    bool layered = (desc->Flags & CUDA_ARRAY3D_LAYERED) != 0;
+    size_t largest = desc->Width;
+    if (desc->Height > largest)
+        largest = desc->Height;
+    if (!layered && desc->Depth > largest)
+        largest = desc->Depth;
+    unsigned int max_levels = 1;
+    while (max_levels < 64 && (largest >> max_levels) != 0)
+        max_levels++;
+    if (levels > max_levels)
+        return CUDA_ERROR_INVALID_VALUE;
+
+    size_t total = 0;
+    for (unsigned int l = 0; l < levels; l++) {
+        size_t w = desc->Width >> l, h = desc->Height >> l;
+        size_t d = layered ? desc->Depth : desc->Depth >> l;
+        size_t bytes;
+        if (!level_bytes(w != 0 ? w : 1, h != 0 ? h : 1, d != 0 ? d : 1, elem,
+                         &bytes) ||
+            bytes > SIZE_MAX - total) {
+            *size = SIZE_MAX;
+            return CUDA_SUCCESS;
+        }
+        total += bytes;
+    }
+    *size = total;
+    return CUDA_SUCCESS;
+}
+
+/* Slot i of the arrays (mip false) or the mipmapped arrays. */
+static struct array_state *array_at(bool mip, size_t i)
+{
+    return mip ? &g_mipmaps[i].a : &g_arrays[i].a;
+}
+
+/*
+ * Create an array of size bytes in the current context, counted against its
+ * device unless it has no backing memory (backed false); its slot in *index.
+ * Too many live arrays give CUDA_ERROR_OUT_OF_MEMORY.
+ */
+static CUresult array_create(bool mip, size_t size, bool backed, size_t *index)
+{
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (size == SIZE_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t bytes = backed ? size : 0;
+    size_t *next = mip ? &g_mipmaps_next : &g_arrays_next;
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    if (!ctx_usable_locked(ctx)) {
+        rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    } else if (fits_locked(ctx->dev, bytes)) {
+        for (size_t n = 0; n < ARRAY_SLOTS; n++) {
+            size_t i = (*next + n) % ARRAY_SLOTS;
+            struct array_state *a = array_at(mip, i);
+            if (!a->live) {
+                *a = (struct array_state){ .owner = ctx, .size = size,
+                                           .bytes = bytes, .live = true };
+                *next = (i + 1) % ARRAY_SLOTS;
+                charge_locked(ctx->dev, bytes);
+                *index = i;
+                rc = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == CUDA_SUCCESS)
+        atomic_fetch_add_explicit(&g_array_creates, 1, memory_order_relaxed);
+    return rc;
+}
+
+/* A 1D (Height 0) or 2D array. */
+CUresult cuArrayCreate_v2(CUarray *pHandle,
+                          const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pHandle == NULL || pAllocateArray == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR desc = {
+        .Width = pAllocateArray->Width, .Height = pAllocateArray->Height,
+        .Format = pAllocateArray->Format,
+        .NumChannels = pAllocateArray->NumChannels };
+    size_t size, i;
+    CUresult rc = array_size(&desc, 1, &size);
+    if (rc == CUDA_SUCCESS)
+        rc = array_create(false, size, true, &i);
+    if (rc == CUDA_SUCCESS)
+        *pHandle = &g_arrays[i];
+    return rc;
+}
+LOCAL(cuArrayCreate_v2)
+
+/* Sparse and deferred-mapping arrays have no memory of their own. */
+static bool backed(const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    return (desc->Flags &
+            (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) == 0;
+}
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle,
+                            const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pHandle == NULL || pAllocateArray == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t size, i;
+    CUresult rc = array_size(pAllocateArray, 1, &size);
+    if (rc == CUDA_SUCCESS)
+        rc = array_create(false, size, backed(pAllocateArray), &i);
+    if (rc == CUDA_SUCCESS)
+        *pHandle = &g_arrays[i];
+    return rc;
+}
+LOCAL(cuArray3DCreate_v2)
+
+CUresult cuMipmappedArrayCreate(
+    CUmipmappedArray *pHandle,
+    const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+    unsigned int numMipmapLevels)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pHandle == NULL || pMipmappedArrayDesc == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t size, i;
+    CUresult rc = array_size(pMipmappedArrayDesc, numMipmapLevels, &size);
+    if (rc == CUDA_SUCCESS)
+        rc = array_create(true, size, backed(pMipmappedArrayDesc), &i);
+    if (rc == CUDA_SUCCESS)
+        *pHandle = &g_mipmaps[i];
+    return rc;
+}
+LOCAL(cuMipmappedArrayCreate)
+
+/*
+ * a is NULL for a handle that is no array at all. Like cuMemFree_v2 this
+ * needs a current context, of any device.
+ */
+static CUresult array_destroy(struct array_state *a)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    if (a != NULL && a->live) {
+        g_dev[a->owner->dev].used -= a->bytes;
+        a->live = false;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUresult cuArrayDestroy(CUarray hArray)
+{
+    bool known =
+        array_index(hArray, g_arrays, ARRAY_SLOTS, sizeof g_arrays[0]) >= 0;
+    return array_destroy(known ? &hArray->a : NULL);
+}
+LOCAL(cuArrayDestroy)
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    bool known = array_index(hMipmappedArray, g_mipmaps, ARRAY_SLOTS,
+                             sizeof g_mipmaps[0]) >= 0;
+    return array_destroy(known ? &hMipmappedArray->a : NULL);
+}
+LOCAL(cuMipmappedArrayDestroy)
+
+/*
+ * The modelled size and 512-byte alignment, for every array. (The real
+ * driver documents CUDA_ERROR_INVALID_VALUE for arrays created without
+ * CUDA_ARRAY3D_DEFERRED_MAPPING; the stand-in answers for all of them.)
+ */
+static CUresult array_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req,
+                                   const struct array_state *a, CUdevice dev)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (req == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (a != NULL && a->live) {
+        memset(req, 0, sizeof *req);
+        req->size = a->size;
+        req->alignment = ARRAY_PITCH_ALIGN;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUresult cuArrayGetMemoryRequirements(
+    CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUarray array,
+    CUdevice device)
+{
+    bool known =
+        array_index(array, g_arrays, ARRAY_SLOTS, sizeof g_arrays[0]) >= 0;
+    return array_requirements(memoryRequirements, known ? &array->a : NULL,
+                              device);
+}
+LOCAL(cuArrayGetMemoryRequirements)
+
+CUresult cuMipmappedArrayGetMemoryRequirements(
+    CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements,
+    CUmipmappedArray mipmap, CUdevice device)
+{
+    bool known = array_index(mipmap, g_mipmaps, ARRAY_SLOTS,
+                             sizeof g_mipmaps[0]) >= 0;
+    return array_requirements(memoryRequirements, known ? &mipmap->a : NULL,
+                              device);
+}
+LOCAL(cuMipmappedArrayGetMemoryRequirements)
 
 /* ---- Error strings -------------------------------------------------------- */
 
@@ -1477,6 +2825,68 @@ ALIAS(cuMemsetD8Async,
       (CUdeviceptr p, unsigned char c, size_t n, CUstream s), (p, c, n, s))
 ALIAS(cuMemsetD8Async_ptsz,
       (CUdeviceptr p, unsigned char c, size_t n, CUstream s), (p, c, n, s))
+ALIAS(cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s))
+ALIAS(cuMemAllocAsync_ptsz, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s))
+ALIAS(cuMemAllocFromPoolAsync,
+      (CUdeviceptr *p, size_t n, CUmemoryPool m, CUstream s), (p, n, m, s))
+ALIAS(cuMemAllocFromPoolAsync_ptsz,
+      (CUdeviceptr *p, size_t n, CUmemoryPool m, CUstream s), (p, n, m, s))
+ALIAS(cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s))
+ALIAS(cuMemFreeAsync_ptsz, (CUdeviceptr p, CUstream s), (p, s))
+ALIAS(cuMemPoolCreate, (CUmemoryPool *m, const CUmemPoolProps *p), (m, p))
+ALIAS(cuMemPoolDestroy, (CUmemoryPool m), (m))
+ALIAS(cuMemPoolTrimTo, (CUmemoryPool m, size_t n), (m, n))
+ALIAS(cuMemPoolSetAttribute, (CUmemoryPool m, CUmemPool_attribute a, void *v),
+      (m, a, v))
+ALIAS(cuMemPoolGetAttribute, (CUmemoryPool m, CUmemPool_attribute a, void *v),
+      (m, a, v))
+ALIAS(cuDeviceGetDefaultMemPool, (CUmemoryPool *m, CUdevice d), (m, d))
+ALIAS(cuDeviceGetMemPool, (CUmemoryPool *m, CUdevice d), (m, d))
+ALIAS(cuStreamGetDevice, (CUstream s, CUdevice *d), (s, d))
+ALIAS(cuStreamGetDevice_ptsz, (CUstream s, CUdevice *d), (s, d))
+ALIAS(cuMemCreate,
+      (CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *p,
+       unsigned long long f),
+      (h, n, p, f))
+ALIAS(cuMemRelease, (CUmemGenericAllocationHandle h), (h))
+ALIAS(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *h, void *a),
+      (h, a))
+ALIAS(cuMemAddressReserve,
+      (CUdeviceptr *p, size_t n, size_t a, CUdeviceptr h, unsigned long long f),
+      (p, n, a, h, f))
+ALIAS(cuMemAddressFree, (CUdeviceptr p, size_t n), (p, n))
+ALIAS(cuMemMap,
+      (CUdeviceptr p, size_t n, size_t o, CUmemGenericAllocationHandle h,
+       unsigned long long f),
+      (p, n, o, h, f))
+ALIAS(cuMemUnmap, (CUdeviceptr p, size_t n), (p, n))
+ALIAS(cuMemSetAccess,
+      (CUdeviceptr p, size_t n, const CUmemAccessDesc *d, size_t c),
+      (p, n, d, c))
+ALIAS(cuMemGetAllocationGranularity,
+      (size_t *g, const CUmemAllocationProp *p,
+       CUmemAllocationGranularity_flags o),
+      (g, p, o))
+ALIAS(cuMemExportToShareableHandle,
+      (void *s, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
+       unsigned long long f),
+      (s, h, t, f))
+ALIAS(cuMemImportFromShareableHandle,
+      (CUmemGenericAllocationHandle *h, void *o, CUmemAllocationHandleType t),
+      (h, o, t))
+ALIAS(cuArrayCreate_v2, (CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d), (a, d))
+ALIAS(cuArray3DCreate_v2, (CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d),
+      (a, d))
+ALIAS(cuArrayDestroy, (CUarray a), (a))
+ALIAS(cuMipmappedArrayCreate,
+      (CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int l),
+      (a, d, l))
+ALIAS(cuMipmappedArrayDestroy, (CUmipmappedArray a), (a))
+ALIAS(cuArrayGetMemoryRequirements,
+      (CUDA_ARRAY_MEMORY_REQUIREMENTS *r, CUarray a, CUdevice d), (r, a, d))
+ALIAS(cuMipmappedArrayGetMemoryRequirements,
+      (CUDA_ARRAY_MEMORY_REQUIREMENTS *r, CUmipmappedArray a, CUdevice d),
+      (r, a, d))
 ALIAS(cuGetErrorString, (CUresult e, const char **s), (e, s))
 ALIAS(cuGetErrorName, (CUresult e, const char **s), (e, s))
 /* The two resolvers are defined below; their aliases come after them. */
@@ -1555,6 +2965,48 @@ static const struct proc_entry g_procs[] = {
     { "cuMemsetD8Async", { V(3020, cuMemsetD8Async) },
       { V(7000, cuMemsetD8Async_ptsz) } },
     { "cuIpcGetMemHandle", { V(4010, cuIpcGetMemHandle) }, { { 0 } } },
+    { "cuMemAllocAsync", { V(11020, cuMemAllocAsync) },
+      { V(11020, cuMemAllocAsync_ptsz) } },
+    { "cuMemAllocFromPoolAsync", { V(11020, cuMemAllocFromPoolAsync) },
+      { V(11020, cuMemAllocFromPoolAsync_ptsz) } },
+    { "cuMemFreeAsync", { V(11020, cuMemFreeAsync) },
+      { V(11020, cuMemFreeAsync_ptsz) } },
+    { "cuMemPoolCreate", { V(11020, cuMemPoolCreate) }, { { 0 } } },
+    { "cuMemPoolDestroy", { V(11020, cuMemPoolDestroy) }, { { 0 } } },
+    { "cuMemPoolTrimTo", { V(11020, cuMemPoolTrimTo) }, { { 0 } } },
+    { "cuMemPoolSetAttribute", { V(11020, cuMemPoolSetAttribute) }, { { 0 } } },
+    { "cuMemPoolGetAttribute", { V(11020, cuMemPoolGetAttribute) }, { { 0 } } },
+    { "cuDeviceGetDefaultMemPool",
+      { V(11020, cuDeviceGetDefaultMemPool) }, { { 0 } } },
+    { "cuDeviceGetMemPool", { V(11020, cuDeviceGetMemPool) }, { { 0 } } },
+    { "cuStreamGetDevice", { V(12080, cuStreamGetDevice) },
+      { V(12080, cuStreamGetDevice_ptsz) } },
+    { "cuMemCreate", { V(10020, cuMemCreate) }, { { 0 } } },
+    { "cuMemRelease", { V(10020, cuMemRelease) }, { { 0 } } },
+    { "cuMemRetainAllocationHandle",
+      { V(11000, cuMemRetainAllocationHandle) }, { { 0 } } },
+    { "cuMemAddressReserve", { V(10020, cuMemAddressReserve) }, { { 0 } } },
+    { "cuMemAddressFree", { V(10020, cuMemAddressFree) }, { { 0 } } },
+    { "cuMemMap", { V(10020, cuMemMap) }, { { 0 } } },
+    { "cuMemUnmap", { V(10020, cuMemUnmap) }, { { 0 } } },
+    { "cuMemSetAccess", { V(10020, cuMemSetAccess) }, { { 0 } } },
+    { "cuMemGetAllocationGranularity",
+      { V(10020, cuMemGetAllocationGranularity) }, { { 0 } } },
+    { "cuMemExportToShareableHandle",
+      { V(10020, cuMemExportToShareableHandle) }, { { 0 } } },
+    { "cuMemImportFromShareableHandle",
+      { V(10020, cuMemImportFromShareableHandle) }, { { 0 } } },
+    { "cuArrayCreate", { V(3020, cuArrayCreate_v2) }, { { 0 } } },
+    { "cuArray3DCreate", { V(3020, cuArray3DCreate_v2) }, { { 0 } } },
+    { "cuArrayDestroy", { V(2000, cuArrayDestroy) }, { { 0 } } },
+    { "cuMipmappedArrayCreate",
+      { V(5000, cuMipmappedArrayCreate) }, { { 0 } } },
+    { "cuMipmappedArrayDestroy",
+      { V(5000, cuMipmappedArrayDestroy) }, { { 0 } } },
+    { "cuArrayGetMemoryRequirements",
+      { V(11060, cuArrayGetMemoryRequirements) }, { { 0 } } },
+    { "cuMipmappedArrayGetMemoryRequirements",
+      { V(11060, cuMipmappedArrayGetMemoryRequirements) }, { { 0 } } },
     { "cuGetProcAddress",
       { V(11030, cuGetProcAddress), V(12000, cuGetProcAddress_v2) },
       { { 0 } } },
@@ -1681,6 +3133,14 @@ unsigned long vramcap_standin_count(const char *what)
         return atomic_load(&g_captures);
     if (strcmp(what, "ipc") == 0)
         return atomic_load(&g_ipc_calls);
+    if (strcmp(what, "async") == 0)
+        return atomic_load(&g_async_allocs);
+    if (strcmp(what, "vmm") == 0)
+        return atomic_load(&g_vmm_creates);
+    if (strcmp(what, "vmm_host") == 0)
+        return atomic_load(&g_vmm_host_creates);
+    if (strcmp(what, "array") == 0)
+        return atomic_load(&g_array_creates);
 
     bool allocs = strcmp(what, "alloc") == 0;
     if (!allocs && strcmp(what, "free") != 0)

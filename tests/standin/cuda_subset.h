@@ -30,6 +30,17 @@ typedef int CUdevice_attribute;        /* enum CUdevice_attribute_enum */
 typedef int CUdriverProcAddressQueryResult; /* enum in cuda.h */
 typedef int CUstreamCaptureMode;       /* enum CUstreamCaptureMode_enum */
 typedef int CUstreamCaptureStatus;     /* enum CUstreamCaptureStatus_enum */
+typedef struct CUmemPoolHandle_st *CUmemoryPool; /* opaque memory pool */
+typedef struct CUarray_st *CUarray;    /* opaque CUDA array */
+typedef struct CUmipmappedArray_st *CUmipmappedArray; /* opaque */
+typedef unsigned long long CUmemGenericAllocationHandle; /* _v1 */
+typedef int CUmemPool_attribute;       /* enum CUmemPool_attribute_enum */
+typedef int CUmemLocationType;         /* enum CUmemLocationType_enum */
+typedef int CUmemAllocationType;       /* enum CUmemAllocationType_enum */
+typedef int CUmemAllocationHandleType; /* enum CUmemAllocationHandleType_enum */
+typedef int CUmemAccess_flags;         /* enum CUmemAccess_flags_enum */
+typedef int CUmemAllocationGranularity_flags; /* enum ..._flags_enum */
+typedef int CUarray_format;            /* enum CUarray_format_enum */
 
 typedef struct CUuuid_st {
     char bytes[16];
@@ -51,6 +62,79 @@ typedef struct CUctxCreateParams_st {
 typedef struct CUipcMemHandle_st {
     char reserved[CU_IPC_HANDLE_SIZE];
 } CUipcMemHandle;
+
+/* A memory location (CUmemLocation_v1). */
+typedef struct CUmemLocation_st {
+    CUmemLocationType type;
+    int id;
+} CUmemLocation;
+
+/* cuMemCreate's properties (CUmemAllocationProp_v1). */
+typedef struct CUmemAllocationProp_st {
+    CUmemAllocationType type;
+    CUmemAllocationHandleType requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+
+/* cuMemPoolCreate's properties (CUmemPoolProps_v1, CUDA 13 layout). */
+typedef struct CUmemPoolProps_st {
+    CUmemAllocationType allocType;
+    CUmemAllocationHandleType handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+/* cuMemSetAccess's descriptors (CUmemAccessDesc_v1). */
+typedef struct CUmemAccessDesc_st {
+    CUmemLocation location;
+    CUmemAccess_flags flags;
+} CUmemAccessDesc;
+
+/* cuArrayCreate_v2's descriptor (CUDA_ARRAY_DESCRIPTOR_v2). */
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+/* cuArray3DCreate_v2's and cuMipmappedArrayCreate's descriptor (_v2). */
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+/* What cu(Mipmapped)ArrayGetMemoryRequirements fill in (_v1). */
+typedef struct CUDA_ARRAY_MEMORY_REQUIREMENTS_st {
+    size_t size;
+    size_t alignment;
+    unsigned int reserved[4];
+} CUDA_ARRAY_MEMORY_REQUIREMENTS;
+
+/* The sizes of the real structures on LP64 (x86_64, aarch64). */
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc ABI");
+_Static_assert(sizeof(CUDA_ARRAY_DESCRIPTOR) == 24,
+               "CUDA_ARRAY_DESCRIPTOR ABI");
+_Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40,
+               "CUDA_ARRAY3D_DESCRIPTOR ABI");
+_Static_assert(sizeof(CUDA_ARRAY_MEMORY_REQUIREMENTS) == 32,
+               "CUDA_ARRAY_MEMORY_REQUIREMENTS ABI");
 
 /* Special stream handles (cuda.h defines them the same way). */
 #define CU_STREAM_LEGACY ((CUstream)0x1)
@@ -107,6 +191,81 @@ enum {
     CU_STREAM_CAPTURE_STATUS_NONE = 0,
     CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
     CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+};
+
+/* CUmemPool_attribute values. */
+enum {
+    CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,  /* int */
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,        /* int */
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3, /* int */
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,                /* cuuint64_t */
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,             /* cuuint64_t */
+    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,                /* cuuint64_t */
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,                 /* cuuint64_t */
+    CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8                     /* cuuint64_t */
+};
+
+/* CUmemLocationType values. */
+enum {
+    CU_MEM_LOCATION_TYPE_INVALID = 0,
+    CU_MEM_LOCATION_TYPE_DEVICE = 1,
+    CU_MEM_LOCATION_TYPE_HOST = 2,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA = 3,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4
+};
+
+/* CUmemAllocationType values. */
+enum {
+    CU_MEM_ALLOCATION_TYPE_INVALID = 0,
+    CU_MEM_ALLOCATION_TYPE_PINNED = 1,
+    CU_MEM_ALLOCATION_TYPE_MANAGED = 2
+};
+
+/* CUmemAllocationHandleType values (bits). */
+enum {
+    CU_MEM_HANDLE_TYPE_NONE = 0,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+    CU_MEM_HANDLE_TYPE_WIN32 = 2,
+    CU_MEM_HANDLE_TYPE_WIN32_KMT = 4,
+    CU_MEM_HANDLE_TYPE_FABRIC = 8
+};
+
+/* CUmemAccess_flags values. */
+enum {
+    CU_MEM_ACCESS_FLAGS_PROT_NONE = 0,
+    CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+};
+
+/* CUmemAllocationGranularity_flags values. */
+enum {
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
+    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+};
+
+/* The CUarray_format values the stand-in knows (cuda.h has more). */
+enum {
+    CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+    CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+    CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+    CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+    CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+    CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+    CU_AD_FORMAT_HALF = 0x10,
+    CU_AD_FORMAT_FLOAT = 0x20
+};
+
+/* CUDA_ARRAY3D_DESCRIPTOR.Flags bits. */
+enum {
+    CUDA_ARRAY3D_LAYERED = 0x01,
+    CUDA_ARRAY3D_SURFACE_LDST = 0x02,
+    CUDA_ARRAY3D_CUBEMAP = 0x04,
+    CUDA_ARRAY3D_TEXTURE_GATHER = 0x08,
+    CUDA_ARRAY3D_DEPTH_TEXTURE = 0x10,
+    CUDA_ARRAY3D_COLOR_ATTACHMENT = 0x20,
+    CUDA_ARRAY3D_SPARSE = 0x40,
+    CUDA_ARRAY3D_DEFERRED_MAPPING = 0x80,
+    CUDA_ARRAY3D_VIDEO_ENCODE_DECODE = 0x100
 };
 
 /* cuGetProcAddress flags (CUdriverProcAddress_flags). */
@@ -185,6 +344,73 @@ CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
 CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
                               size_t N, CUstream hStream);
 
+/* Stream-ordered allocation and memory pools. */
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                              CUstream hStream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
+                                 CUmemoryPool pool, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                      CUmemoryPool pool, CUstream hStream);
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                               void *value);
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                               void *value);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device);
+CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device);
+
+/* Virtual memory management. */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop,
+                     unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+                                     void *addr);
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                             CUdeviceptr addr, unsigned long long flags);
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                  CUmemGenericAllocationHandle handle,
+                  unsigned long long flags);
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
+                        const CUmemAccessDesc *desc, size_t count);
+CUresult cuMemGetAllocationGranularity(size_t *granularity,
+                                       const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option);
+CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                      CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType,
+                                      unsigned long long flags);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                        void *osHandle,
+                                        CUmemAllocationHandleType shHandleType);
+
+/* Arrays. */
+CUresult cuArrayCreate_v2(CUarray *pHandle,
+                          const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+CUresult cuArray3DCreate_v2(CUarray *pHandle,
+                            const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+CUresult cuArrayDestroy(CUarray hArray);
+CUresult cuMipmappedArrayCreate(
+    CUmipmappedArray *pHandle,
+    const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+    unsigned int numMipmapLevels);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
+CUresult cuArrayGetMemoryRequirements(
+    CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUarray array,
+    CUdevice device);
+CUresult cuMipmappedArrayGetMemoryRequirements(
+    CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements,
+    CUmipmappedArray mipmap, CUdevice device);
+
 CUresult cuGetErrorString(CUresult error, const char **pStr);
 CUresult cuGetErrorName(CUresult error, const char **pStr);
 
@@ -211,9 +437,13 @@ size_t vramcap_standin_used(int dev);
 /* High-water mark of vramcap_standin_used(dev). */
 size_t vramcap_standin_peak(int dev);
 /*
- * Event counters: "alloc", "free", "getprocaddress", "alias", "sync"
- * (cuCtxSynchronize calls), "capture" (captures begun), "ipc"
- * (cuIpcGetMemHandle calls); 0 otherwise.
+ * Event counters: "alloc", "free" (cuMemAlloc, cuMemAlloc_v2,
+ * cuMemAllocPitch_v2 and cuMemAllocManaged blocks made / freed),
+ * "getprocaddress", "alias", "sync" (cuCtxSynchronize calls), "capture"
+ * (captures begun), "ipc" (cuIpcGetMemHandle calls), "async" (stream-ordered
+ * allocations made, from any pool; graph allocations during capture are not
+ * counted), "vmm" / "vmm_host" (cuMemCreate on a device / on the host),
+ * "array" (CUDA arrays, 3D arrays and mipmapped arrays created); 0 otherwise.
  */
 unsigned long vramcap_standin_count(const char *what);
 

@@ -1,0 +1,65 @@
+/*
+ * nvml_subset.h - the slice of NVML (nvml.h) that the vramcap stand-in NVML
+ * implements and the test client calls.
+ *
+ * The types and prototypes are written from the public NVML documentation
+ * so that the stand-in exports the same ABI as libnvidia-ml.so.1. Both
+ * nvml_standin.c and tests/clients/client.c include this header, so the
+ * compiler checks that the stand-in's definitions match these prototypes.
+ */
+#ifndef VRAMCAP_NVML_SUBSET_H
+#define VRAMCAP_NVML_SUBSET_H
+
+typedef int nvmlReturn_t;                 /* enum nvmlReturn_enum */
+typedef struct nvmlDevice_st *nvmlDevice_t; /* opaque device handle */
+
+/* nvmlReturn_t values used by the stand-in. */
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999
+};
+
+#define NVML_DEVICE_UUID_BUFFER_SIZE 80
+#define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
+
+/* nvmlDeviceGetMemoryInfo's result. */
+typedef struct nvmlMemory_st {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+/* nvmlDeviceGetMemoryInfo_v2's result; version must be nvmlMemory_v2. */
+typedef struct nvmlMemory_v2_st {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+/* NVML_STRUCT_VERSION(Memory, 2) */
+#define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+
+/* ---- Entry points implemented by the stand-in -------------------------- */
+
+nvmlReturn_t nvmlInit_v2(void);
+nvmlReturn_t nvmlInit(void);
+nvmlReturn_t nvmlShutdown(void);
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount);
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
+                                           nvmlDevice_t *device);
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid,
+                               unsigned int length);
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device,
+                                     nvmlMemory_t *memory);
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
+                                        nvmlMemory_v2_t *memory);
+const char *nvmlErrorString(nvmlReturn_t result);
+
+#endif /* VRAMCAP_NVML_SUBSET_H */
