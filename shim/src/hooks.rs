@@ -16,6 +16,7 @@ use crate::{alloc, lifecycle, nvml, paths};
 
 /// The driver functions the shim calls, by exact (versioned) name.
 pub struct RealFns {
+    pub cuMemExportToShareableHandle: DynFn,
     pub cuDeviceGetAttribute: DynFn,
     pub cuMemAdvise: DynFn,
     pub cuMemAdvise_v2: DynFn,
@@ -84,6 +85,7 @@ pub struct RealFns {
 }
 
 pub static REAL: RealFns = RealFns {
+    cuMemExportToShareableHandle: DynFn::new(c"cuMemExportToShareableHandle"),
     cuDeviceGetAttribute: DynFn::new(c"cuDeviceGetAttribute"),
     cuMemAdvise: DynFn::new(c"cuMemAdvise"),
     cuMemAdvise_v2: DynFn::new(c"cuMemAdvise_v2"),
@@ -185,7 +187,7 @@ const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 /// Every hooked variant: the single list the exports, the `dlsym` answers and
 /// the `cuGetProcAddress` answers come from (a test compares it with the
 /// library's dynamic symbols).
-pub static HOOKS: [Hook; 37] = [
+pub static HOOKS: [Hook; 38] = [
     Hook {
         name: c"cuGetProcAddress",
         base: "cuGetProcAddress",
@@ -518,6 +520,15 @@ pub static HOOKS: [Hook; 37] = [
         per_thread: None,
         hook: nvml::nvmlDeviceGetMemoryInfo_v2 as *const c_void,
         real: &REAL.nvmlDeviceGetMemoryInfo_v2,
+    },
+    Hook {
+        name: c"cuMemExportToShareableHandle",
+        base: "cuMemExportToShareableHandle",
+        since: 10020,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuMemExportToShareableHandle as *const c_void,
+        real: &REAL.cuMemExportToShareableHandle,
     },
 ];
 

@@ -34,7 +34,7 @@ use crate::cuda::*;
 use crate::hooks::{REAL, boundary, disabled};
 use crate::log::log_at;
 use crate::real::call_real;
-use crate::state::{ARRAYS, Kind, Object, VMM, slot, table};
+use crate::state::{ARRAYS, EXPORTS, Kind, Object, VMM, slot, table};
 
 // ---------------------------------------------------------------- stream-ordered
 
@@ -274,6 +274,7 @@ pub unsafe extern "C" fn cuMemCreate(
                 device: device as u16,
                 bytes: size as u64,
                 refs: 1,
+                alias_of: 0,
             },
         );
         log_at!(
@@ -284,11 +285,35 @@ pub unsafe extern "C" fn cuMemCreate(
     })
 }
 
-/// Another reference to a handle the shim counts (retain, or an import of
-/// this process's own export that yields the same handle).
+/// Another reference to a handle the shim counts (a retain yields the same
+/// handle value).
 fn add_ref(h: u64) {
     if let Some(mut o) = VMM.get().get_mut(&h) {
         o.refs += 1;
+    }
+}
+
+/// Drops one reference to the allocation behind `handle`; gives its bytes
+/// back with the last one.
+fn drop_ref(handle: u64) {
+    let vmm = VMM.get();
+    let target = match vmm.get(&handle).map(|o| o.alias_of) {
+        None => return,
+        Some(0) => handle,
+        Some(original) => {
+            vmm.remove(&handle);
+            original
+        }
+    };
+    let gone = vmm.remove_if_mut(&target, |_, o| {
+        o.refs = o.refs.saturating_sub(1);
+        o.refs == 0
+    });
+    if let Some((_, o)) = gone
+        && let Some(s) = slot(CUdevice::from(o.device))
+    {
+        DeviceSlot::add(&s.frees, 1);
+        s.budget.release(o.bytes);
     }
 }
 
@@ -297,18 +322,8 @@ pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CUresult {
     let real = || call_real!(REAL.cuMemRelease, fn(u64) -> CUresult, handle);
     boundary("cuMemRelease", CUDA_ERROR_NOT_FOUND, || {
         let rc = real();
-        if rc != CUDA_SUCCESS || disabled() {
-            return rc;
-        }
-        let gone = VMM.get().remove_if_mut(&handle, |_, o| {
-            o.refs = o.refs.saturating_sub(1);
-            o.refs == 0
-        });
-        if let Some((_, o)) = gone
-            && let Some(s) = slot(CUdevice::from(o.device))
-        {
-            DeviceSlot::add(&s.frees, 1);
-            s.budget.release(o.bytes);
+        if rc == CUDA_SUCCESS && !disabled() {
+            drop_ref(handle);
         }
         rc
     })
@@ -334,6 +349,42 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     })
 }
 
+const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
+
+/// Remembers which handle a POSIX descriptor exports, so an import of it in
+/// this process is known to be the same allocation.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: u64,
+    kind: c_int,
+    flags: u64,
+) -> CUresult {
+    boundary("cuMemExportToShareableHandle", CUDA_ERROR_NOT_FOUND, || {
+        let rc = call_real!(
+            REAL.cuMemExportToShareableHandle,
+            fn(*mut c_void, u64, c_int, u64) -> CUresult,
+            shareable,
+            handle,
+            kind,
+            flags
+        );
+        if rc == CUDA_SUCCESS
+            && kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            && !shareable.is_null()
+            && VMM.get().contains_key(&handle)
+        {
+            // SAFETY: for this handle type the driver wrote an int.
+            let fd = unsafe { *shareable.cast::<c_int>() };
+            EXPORTS.get().insert(fd as u64, handle);
+        }
+        rc
+    })
+}
+
+/// An import of this process's own export refers to an allocation already
+/// counted: the new handle becomes another reference to it. Imports of
+/// other processes' exports are their memory and are not counted.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemImportFromShareableHandle(
     handle: *mut u64,
@@ -351,9 +402,27 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
                 os_handle,
                 kind
             );
-            if rc == CUDA_SUCCESS && !handle.is_null() {
-                // SAFETY: written by the driver on success.
-                add_ref(unsafe { *handle });
+            if rc != CUDA_SUCCESS || handle.is_null() || disabled() {
+                return rc;
+            }
+            // SAFETY: written by the driver on success.
+            let h = unsafe { *handle };
+            let vmm = VMM.get();
+            if vmm.contains_key(&h) {
+                add_ref(h);
+            } else if kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                && let Some(original) = EXPORTS.get().get(&(os_handle as usize as u64)).map(|o| *o)
+                && let Some(o) = vmm.get(&original).map(|o| *o)
+            {
+                add_ref(original);
+                vmm.insert(
+                    h,
+                    Object {
+                        refs: 0,
+                        alias_of: original,
+                        ..o
+                    },
+                );
             }
             rc
         },
@@ -455,6 +524,7 @@ fn capped_array(
             device: device as u16,
             bytes,
             refs: 1,
+            alias_of: 0,
         },
     );
     log_at!(Debug, "{what}: {bytes} bytes on device {device}");

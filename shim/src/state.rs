@@ -164,12 +164,17 @@ pub struct Object {
     pub bytes: u64,
     /// Handles that refer to it (VMM: create, retain and import each add one).
     pub refs: u32,
+    /// VMM: this handle is another handle to the allocation counted under
+    /// `alias_of` (an import of this process's own export); 0 otherwise.
+    pub alias_of: u64,
 }
 
 /// `cuMemCreate` allocations by handle.
 pub static VMM: Registry<Object> = Registry::new();
 /// Arrays and mipmapped arrays by handle.
 pub static ARRAYS: Registry<Object> = Registry::new();
+/// POSIX file descriptors this process exported VMM handles as, by fd.
+pub static EXPORTS: Registry<u64> = Registry::new();
 
 /// The counters of `device` in the statistics page.
 pub fn slot(device: CUdevice) -> Option<&'static DeviceSlot> {
@@ -285,6 +290,7 @@ pub fn reset_after_fork() {
     TABLE.reset();
     VMM.reset();
     ARRAYS.reset();
+    EXPORTS.reset();
     crate::stats::reset_after_fork();
     crate::cache::reset_after_fork();
     crate::spill::reset_after_fork();

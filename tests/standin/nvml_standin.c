@@ -166,6 +166,17 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    int dev = device_index(device);
+    if (dev < 0 || index == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned int)dev;
+    return NVML_SUCCESS;
+}
+
 /* GPU-5ca1ab1e-0000-4000-8000-00000000000N, as cuDeviceGetUuid gives it. */
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid,
                                unsigned int length)
