@@ -17,8 +17,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use vramcap_core::limit::parse_limit;
 use vramcap_core::settings::{
-    CACHE_IDLE_VAR, CACHE_VAR, LOG_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR, Settings,
-    parse_log_level,
+    CACHE_IDLE_VAR, CACHE_VAR, GROUP_VAR, LOG_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR,
+    Settings, parse_log_level,
 };
 
 #[derive(Parser)]
@@ -55,6 +55,9 @@ struct ShimOptions {
     /// Directory for statistics pages (sets VRAMCAP_STATS_DIR)
     #[arg(long, value_name = "DIR")]
     stats_dir: Option<String>,
+    /// Share one budget per GPU with every process of this group (sets VRAMCAP_GROUP)
+    #[arg(long, value_name = "NAME")]
+    group: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -170,6 +173,7 @@ fn shim_env(opts: &ShimOptions) -> Result<Vec<(String, OsString)>, String> {
         (SPILL_VAR, &opts.spill),
         (SPILL_LIMIT_VAR, &opts.spill_limit),
         (STATS_DIR_VAR, &opts.stats_dir),
+        (GROUP_VAR, &opts.group),
     ];
     for (var, value) in others {
         if let Some(v) = value {
@@ -196,7 +200,8 @@ fn main() -> ExitCode {
             pids,
             gpus,
         } => cli::stat::stats_dir(uid).map(|dir| {
-            let args = cli::stat::StatArgs {
+            let mut args = cli::stat::StatArgs {
+                groups: Vec::new(),
                 json,
                 interval,
                 count,
@@ -204,7 +209,7 @@ fn main() -> ExitCode {
                 gpus,
                 dir,
             };
-            ExitCode::from(cli::stat::run(&args, uid))
+            ExitCode::from(cli::stat::run(&mut args, uid))
         }),
         Command::Trim { pids, all, timeout } => cli::stat::stats_dir(uid)
             .map(|dir| ExitCode::from(cli::trim::run(&dir, uid, &pids, all, timeout))),

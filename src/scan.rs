@@ -248,3 +248,145 @@ pub fn map_for_write(dir: &Path, pid: u32, uid: u32) -> Result<PageMap, String> 
     }
     Ok(PageMap { ptr })
 }
+
+/// One GPU of a group, as read from its page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupDeviceSnapshot {
+    pub uuid: [u8; 16],
+    /// `None`: no cap.
+    pub limit: Option<u64>,
+    pub used: u64,
+    pub peak: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberSnapshot {
+    pub pid: u32,
+    pub start_time: u64,
+    /// Bytes held, per entry of `GroupSnapshot::devices`.
+    pub held: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSnapshot {
+    pub name: String,
+    pub limit_text: String,
+    pub devices: Vec<GroupDeviceSnapshot>,
+    pub members: Vec<MemberSnapshot>,
+}
+
+/// Reads every group page in `dir`, returning the bytes of members that
+/// died to their group's budget on the way (the same reclaim the members
+/// do). Files that cannot be read are reported like pages.
+pub fn scan_groups(dir: &Path, uid: u32) -> io::Result<(Vec<GroupSnapshot>, Vec<Skipped>)> {
+    use crate::group::{GROUP_PAGE_SIZE, GroupPage};
+    use std::sync::atomic::Ordering;
+    let mut groups = Vec::new();
+    let mut skipped = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((groups, skipped)),
+        Err(e) => return Err(e),
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "grp"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        let skip = |reason: String| Skipped {
+            path: path.clone(),
+            reason,
+        };
+        let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+            continue;
+        };
+        // SAFETY: a valid path; no symbolic links followed.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        };
+        if fd < 0 {
+            skipped.push(skip(format!("cannot open: {}", io::Error::last_os_error())));
+            continue;
+        }
+        // SAFETY: fd is open and owned here.
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let Ok(meta) = file.metadata() else { continue };
+        if !meta.is_file() || meta.uid() != uid {
+            skipped.push(skip(format!("owned by another user (uid {})", meta.uid())));
+            continue;
+        }
+        let mut head = vec![0u8; crate::group::GROUP_HEADER_SIZE];
+        let n = file.read_at(&mut head, 0).unwrap_or(0);
+        head.truncate(n);
+        if let Err(p) = crate::group::check_group_header(meta.len(), &head, uid) {
+            if p != page::PageProblem::Initialising {
+                skipped.push(skip(p.to_string()));
+            }
+            continue;
+        }
+        // SAFETY: a checked group page, at least GROUP_PAGE_SIZE long, never shrunk.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                GROUP_PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            skipped.push(skip(format!("cannot map: {}", io::Error::last_os_error())));
+            continue;
+        }
+        // SAFETY: the mapping holds a checked group page until unmapped below.
+        let g = unsafe { &*map.cast::<GroupPage>() };
+        let alive = |pid: u32, start: u64| {
+            pid_alive(pid) && (start == 0 || start_time(pid).is_none_or(|t| t == start))
+        };
+        for i in 0..g.members.len() {
+            let _ = g.reclaim_if_dead(i, alive);
+        }
+        let ready: Vec<usize> = (0..g.devices.len())
+            .filter(|&i| g.devices[i].state.load(Ordering::Acquire) == crate::group::DEVICE_READY)
+            .collect();
+        let devices = ready
+            .iter()
+            .map(|&i| {
+                let d = &g.devices[i];
+                let limit = d.limit.load(Ordering::Acquire);
+                GroupDeviceSnapshot {
+                    uuid: d.uuid_bytes(),
+                    limit: (limit != u64::MAX).then_some(limit),
+                    used: d.used.load(Ordering::Acquire),
+                    peak: d.peak.load(Ordering::Relaxed),
+                }
+            })
+            .collect();
+        let members = g
+            .live_members()
+            .map(|(_, m)| MemberSnapshot {
+                pid: m.pid.load(Ordering::Acquire),
+                start_time: m.start_time.load(Ordering::Acquire),
+                held: ready
+                    .iter()
+                    .map(|&i| m.held[i].load(Ordering::Acquire))
+                    .collect(),
+            })
+            .collect();
+        groups.push(GroupSnapshot {
+            name: page::get_text(&g.header.name),
+            limit_text: page::get_text(&g.header.limit_text),
+            devices,
+            members,
+        });
+        // SAFETY: unmapping what was mapped above.
+        unsafe { libc::munmap(map, GROUP_PAGE_SIZE) };
+    }
+    Ok((groups, skipped))
+}

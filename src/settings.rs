@@ -15,6 +15,7 @@ pub const DISABLE_VAR: &str = "VRAMCAP_DISABLE";
 pub const STATS_VAR: &str = "VRAMCAP_STATS";
 pub const CACHE_VAR: &str = "VRAMCAP_CACHE";
 pub const SPILL_VAR: &str = "VRAMCAP_SPILL";
+pub const GROUP_VAR: &str = "VRAMCAP_GROUP";
 pub const SPILL_LIMIT_VAR: &str = "VRAMCAP_SPILL_LIMIT";
 
 /// Where allocations go once the cap is reached.
@@ -190,6 +191,10 @@ pub struct Settings {
     pub spill: Spill,
     /// `VRAMCAP_SPILL_LIMIT`: host memory spill may take per process.
     pub spill_limit: SpillLimit,
+    /// `VRAMCAP_GROUP`: share one budget per GPU with this group's members.
+    pub group: Option<String>,
+    /// `VRAMCAP_LIMIT` as given (a group's first member records it).
+    pub limit_text: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -330,6 +335,17 @@ impl Settings {
             None => SpillLimit::DEFAULT,
             Some(v) => parse_spill_limit(&v)?,
         };
+        let group = match get(GROUP_VAR) {
+            None => None,
+            Some(v) if crate::group::valid_name(&v) => Some(v),
+            Some(v) => {
+                return Err(SettingsError::Other {
+                    var: GROUP_VAR,
+                    value: v,
+                    expected: "1 to 63 letters, digits, '.', '_' or '-', not starting with '.' (e.g. VRAMCAP_GROUP=train-42)",
+                });
+            }
+        };
         Ok(Settings {
             limit,
             log,
@@ -341,6 +357,8 @@ impl Settings {
             cache_idle,
             spill,
             spill_limit,
+            group,
+            limit_text: get(LIMIT_VAR).unwrap_or_default(),
         })
     }
 
@@ -377,6 +395,27 @@ mod tests {
         assert_eq!(s.cache, CacheBound::DEFAULT);
         assert_eq!(s.cache.resolve(4000), 1000);
         assert_eq!(s.cache_idle, std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn group_values() {
+        assert_eq!(read(&[]).unwrap().group, None);
+        assert_eq!(
+            read(&[("VRAMCAP_GROUP", "train-42")])
+                .unwrap()
+                .group
+                .as_deref(),
+            Some("train-42")
+        );
+        let e = read(&[("VRAMCAP_GROUP", "a b")]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("VRAMCAP_GROUP=\"a b\" is not valid: expected 1 to 63 letters"),
+            "{e}"
+        );
+        assert_eq!(
+            read(&[("VRAMCAP_LIMIT", "4GiB")]).unwrap().limit_text,
+            "4GiB"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::hooks::{REAL, boundary, disabled};
 use crate::log::{log_at, log_once};
 use crate::real::call_real;
 use crate::state::{Kind, Record, limit_of, slot, table};
+use crate::state::{held_on, release_on, reserve_on};
 use crate::{cache, spill};
 
 /// The calling thread's current context and its device.
@@ -70,7 +71,7 @@ fn try_reserve_evicting(
         return Err(None);
     };
     loop {
-        match slot.budget.try_reserve(estimate, limit) {
+        match reserve_on(slot, device, estimate, limit) {
             Ok(()) => return Ok((slot, limit)),
             Err(r) => {
                 let need = r.used.saturating_add(estimate).saturating_sub(limit);
@@ -115,14 +116,14 @@ pub fn settle(
     actual: u64,
 ) -> Result<(), CUresult> {
     if actual > estimate {
-        if let Err(r) = slot.budget.try_reserve(actual - estimate, limit) {
-            slot.budget.release(estimate);
+        if let Err(r) = reserve_on(slot, device, actual - estimate, limit) {
+            release_on(slot, device, estimate);
             DeviceSlot::add(&slot.refusals, 1);
             refused(what, device, actual, r.used, limit);
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
     } else {
-        slot.budget.release(estimate - actual);
+        release_on(slot, device, estimate - actual);
     }
     Ok(())
 }
@@ -270,7 +271,7 @@ pub(crate) fn capped_alloc_flags(
     };
     let rc = call_with_retry(device, alloc);
     if rc != CUDA_SUCCESS {
-        slot.budget.release(estimate);
+        release_on(slot, device, estimate);
         return rc;
     }
     // SAFETY: the driver succeeded, so it wrote the pointer through `dptr`.
@@ -320,7 +321,7 @@ pub(crate) fn insert(ptr: CUdeviceptr, record: Record) {
         // The driver handed out an address the shim still thought was live:
         // it was released behind the shim's back.
         if let Some(s) = slot(CUdevice::from(stale.device)) {
-            s.budget.release(stale.bytes);
+            release_on(s, CUdevice::from(stale.device), stale.bytes);
         }
         log_once!(
             Warn,
@@ -330,10 +331,16 @@ pub(crate) fn insert(ptr: CUdeviceptr, record: Record) {
 }
 
 pub(crate) fn refused(what: &str, device: CUdevice, bytes: u64, used: u64, limit: u64) {
-    log_once!(
-        Warn,
-        "{what}: refused {bytes} bytes on device {device}: {used} of the {limit}-byte cap in use (VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
-    );
+    match crate::state::settings().group.as_deref() {
+        Some(g) => log_once!(
+            Warn,
+            "{what}: refused {bytes} bytes on device {device}: group {g:?} holds {used} of its {limit}-byte budget (VRAMCAP_GROUP, VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
+        ),
+        None => log_once!(
+            Warn,
+            "{what}: refused {bytes} bytes on device {device}: {used} of the {limit}-byte cap in use (VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
+        ),
+    }
     log_at!(
         Info,
         "{what}: refused {bytes} bytes on device {device} ({used} of {limit} in use)"
@@ -482,7 +489,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         if rc == CUDA_SUCCESS {
             if let Some(s) = slot(CUdevice::from(r.device)) {
                 DeviceSlot::add(&s.frees, 1);
-                if !s.budget.release(r.bytes) {
+                if !release_on(s, CUdevice::from(r.device), r.bytes) {
                     log_once!(
                         Error,
                         "device {} gave back more bytes than it held; the count is clamped at zero",
@@ -524,7 +531,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             let mut f = (*free).saturating_add(cached).min(*total);
             if limit != NO_CAP {
                 let cap = usize::try_from(limit).unwrap_or(usize::MAX);
-                let held = s.budget.used().saturating_sub(cached as u64);
+                let held = held_on(s, device).saturating_sub(cached as u64);
                 let room = usize::try_from(limit.saturating_sub(held)).unwrap_or(usize::MAX);
                 *total = (*total).min(cap);
                 f = f.min(room);

@@ -56,6 +56,7 @@ use crate::cuda::*;
 use crate::hooks::REAL;
 use crate::log::{log_at, log_once};
 use crate::real::call_real;
+use crate::state::release_on;
 use crate::state::{settings, slot};
 
 #[derive(Default)]
@@ -261,7 +262,7 @@ pub fn forget_ctx(ctx: usize) {
         for b in out {
             if let Some(s) = slot(dev as i32) {
                 s.cached.fetch_sub(b.bytes, Ordering::Relaxed);
-                s.budget.release(b.bytes);
+                release_on(s, dev as i32, b.bytes);
             }
         }
     }
@@ -288,7 +289,7 @@ fn release(dev: u16, blocks: Vec<Block>, why: Why) -> u64 {
         }
         if let Some(s) = slot(i32::from(dev)) {
             s.cached.fetch_sub(b.bytes, Ordering::Relaxed);
-            s.budget.release(b.bytes);
+            release_on(s, i32::from(dev), b.bytes);
             match why {
                 Why::Evicted | Why::Idle => DeviceSlot::add(&s.evictions, 1),
                 Why::Trimmed => {}
@@ -411,6 +412,7 @@ fn background() {
         }
         release_idle(idle);
         crate::spill::reap();
+        crate::group::tick();
         BUSY.store(false, Ordering::SeqCst);
     }
 }

@@ -40,6 +40,7 @@
 mod alloc;
 mod cache;
 mod cuda;
+mod group;
 mod hooks;
 mod lifecycle;
 mod log;
@@ -132,5 +133,6 @@ unsafe fn init() {
 /// Runs at normal exit: removes the statistics page.
 #[ctor::dtor]
 unsafe fn fini() {
+    group::leave();
     stats::remove_at_exit();
 }

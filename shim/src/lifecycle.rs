@@ -12,6 +12,7 @@ use crate::cuda::*;
 use crate::hooks::{REAL, boundary, disabled};
 use crate::log::log_at;
 use crate::real::call_real;
+use crate::state::release_on;
 use crate::state::{Kind, slot, table};
 
 /// Drops the records of every allocation of a context the driver destroyed
@@ -31,7 +32,7 @@ fn forget_ctx(ctx: usize) {
         if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
             crate::spill::forget(r);
         } else if let Some(s) = slot(CUdevice::from(r.device)) {
-            s.budget.release(r.bytes);
+            release_on(s, CUdevice::from(r.device), r.bytes);
             s.frees.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -61,14 +61,19 @@ fn view(device: *mut c_void, real_total: u64) -> Option<(u64, u64, u64)> {
         .to_string_lossy()
         .into_owned();
     let page = crate::stats::page();
-    for s in page.slots.iter() {
+    for (i, s) in page.slots.iter().enumerate() {
         if s.flags.load(Ordering::Relaxed) == 0 {
             continue;
         }
         if uuid_text(&s.uuid_bytes()).is_some_and(|u| u.eq_ignore_ascii_case(&uuid)) {
             let limit = s.budget.limit()?;
-            return (limit != NO_CAP)
-                .then(|| (limit, s.budget.used(), s.cached.load(Ordering::Relaxed)));
+            return (limit != NO_CAP).then(|| {
+                (
+                    limit,
+                    crate::state::held_on(s, i as i32),
+                    s.cached.load(Ordering::Relaxed),
+                )
+            });
         }
     }
     // CUDA not used on this device yet: work the cap out from the limit.

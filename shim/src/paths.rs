@@ -34,6 +34,7 @@ use crate::cuda::*;
 use crate::hooks::{REAL, boundary, disabled};
 use crate::log::log_at;
 use crate::real::call_real;
+use crate::state::release_on;
 use crate::state::{ARRAYS, EXPORTS, Kind, Object, VMM, slot, table};
 
 // ---------------------------------------------------------------- stream-ordered
@@ -186,7 +187,7 @@ fn free_async(
     if rc == CUDA_SUCCESS {
         if let Some(s) = slot(CUdevice::from(r.device)) {
             DeviceSlot::add(&s.frees, 1);
-            s.budget.release(r.bytes);
+            release_on(s, CUdevice::from(r.device), r.bytes);
         }
     } else {
         table().insert(dptr, r);
@@ -262,7 +263,7 @@ pub unsafe extern "C" fn cuMemCreate(
         };
         let rc = call_with_retry(device, real);
         if rc != CUDA_SUCCESS {
-            slot.budget.release(size as u64);
+            release_on(slot, device, size as u64);
             return rc;
         }
         DeviceSlot::add(&slot.allocs, 1);
@@ -313,7 +314,7 @@ fn drop_ref(handle: u64) {
         && let Some(s) = slot(CUdevice::from(o.device))
     {
         DeviceSlot::add(&s.frees, 1);
-        s.budget.release(o.bytes);
+        release_on(s, CUdevice::from(o.device), o.bytes);
     }
 }
 
@@ -507,7 +508,7 @@ fn capped_array(
     };
     let rc = call_with_retry(device, real);
     if rc != CUDA_SUCCESS {
-        slot.budget.release(estimate);
+        release_on(slot, device, estimate);
         return rc;
     }
     // SAFETY: written by the driver on success.
@@ -651,7 +652,7 @@ fn release_array(h: *mut c_void) {
         && let Some(s) = slot(CUdevice::from(o.device))
     {
         DeviceSlot::add(&s.frees, 1);
-        s.budget.release(o.bytes);
+        release_on(s, CUdevice::from(o.device), o.bytes);
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use dashmap::DashMap;
-use vramcap_core::budget::NO_CAP;
+use vramcap_core::budget::{NO_CAP, Refused};
 use vramcap_core::limit::Amount;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Settings;
@@ -176,6 +176,34 @@ pub static ARRAYS: Registry<Object> = Registry::new();
 /// POSIX file descriptors this process exported VMM handles as, by fd.
 pub static EXPORTS: Registry<u64> = Registry::new();
 
+/// Reserves `bytes` on `device`: in the process's own budget against
+/// `limit` and, in a group, in the group's budget for that GPU.
+pub fn reserve_on(
+    slot: &DeviceSlot,
+    device: CUdevice,
+    bytes: u64,
+    limit: u64,
+) -> Result<(), Refused> {
+    slot.budget.try_reserve(bytes, limit)?;
+    if let Err(used) = crate::group::reserve(device, bytes) {
+        slot.budget.release(bytes);
+        return Err(Refused { used, limit });
+    }
+    Ok(())
+}
+
+/// Gives `bytes` on `device` back (group first, then the process's own
+/// budget). False when the process's budget held less (a bookkeeping bug).
+pub fn release_on(slot: &DeviceSlot, device: CUdevice, bytes: u64) -> bool {
+    crate::group::release(device, bytes);
+    slot.budget.release(bytes)
+}
+
+/// Bytes held against the cap of `device`: the group's, in a group.
+pub fn held_on(slot: &DeviceSlot, device: CUdevice) -> u64 {
+    crate::group::used(device).unwrap_or_else(|| slot.budget.used())
+}
+
 /// The counters of `device` in the statistics page.
 pub fn slot(device: CUdevice) -> Option<&'static DeviceSlot> {
     usize::try_from(device)
@@ -216,7 +244,12 @@ fn device_total(device: CUdevice) -> Option<u64> {
 }
 
 fn compute_limit(device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
-    let spec = &settings().limit;
+    // In a group, its first member's limit applies (joining happens here).
+    let spec = if settings().group.is_some() {
+        crate::group::group_spec()?
+    } else {
+        &settings().limit
+    };
     // The UUID is published in the page whenever the driver gives it; it is
     // required only when a UUID entry of the limit must be matched.
     let mut u = CUuuid::default();
@@ -237,7 +270,7 @@ fn compute_limit(device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
     if rc == CUDA_SUCCESS {
         slot.set_uuid(u.bytes);
     }
-    if spec.is_unlimited() {
+    if spec.is_unlimited() && settings().group.is_none() {
         return Some(NO_CAP);
     }
     let mut text = [0u8; 40];
@@ -277,6 +310,11 @@ fn compute_limit(device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
             a.resolve(total as u64)
         }
     };
+    let limit = match crate::group::attach(device, (rc == CUDA_SUCCESS).then_some(u.bytes), limit) {
+        Ok(Some(group_limit)) => group_limit,
+        Ok(None) => limit,
+        Err(()) => return None,
+    };
     if limit == NO_CAP {
         log_at!(Info, "device {device}: no cap");
     } else {
@@ -294,4 +332,5 @@ pub fn reset_after_fork() {
     crate::stats::reset_after_fork();
     crate::cache::reset_after_fork();
     crate::spill::reset_after_fork();
+    crate::group::reset_after_fork();
 }

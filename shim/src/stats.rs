@@ -89,7 +89,7 @@ fn private() -> *mut Page {
     Box::into_raw(b)
 }
 
-fn now_unix_ns() -> u64 {
+pub fn now_unix_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -106,19 +106,19 @@ fn command_line() -> String {
     parts.join(" ")
 }
 
-fn cstring(p: &Path) -> Result<CString, Option<String>> {
+pub fn cstring(p: &Path) -> Result<CString, Option<String>> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| Some(format!("stats path {p:?} contains a NUL byte")))
 }
 
-fn errno_text() -> String {
+pub fn errno_text() -> String {
     std::io::Error::last_os_error().to_string()
 }
 
 /// Makes sure `dir` exists and may hold pages. The default directory must
 /// be ours and closed to others; a directory the user named only has to be
 /// a directory.
-fn prepare_dir(dir: &Path, uid: u32, is_default: bool) -> Result<(), Option<String>> {
+pub fn prepare_dir(dir: &Path, uid: u32, is_default: bool) -> Result<(), Option<String>> {
     let c = cstring(dir)?;
     // SAFETY: a valid NUL-terminated path and a mode.
     if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {

@@ -13,6 +13,11 @@
 //!           "refusals": u64, "cache_hits": u64, "cache_misses": u64,
 //!           "evictions": u64, "trims": u64, "spill_allocations": u64,
 //!           "promotions": u64 } ] } ],
+//!   "groups": [ { "name": str, "limit": str,
+//!       "devices": [ { "uuid": str|null, "limit_bytes": u64|null,
+//!           "used_bytes": u64, "peak_bytes": u64 } ],
+//!       "members": [ { "pid": u32, "start_time_ticks": u64,
+//!           "held_bytes": [u64, one per group device] } ] } ],
 //!   "skipped": [ { "file": str, "reason": str } ] }
 //! ```
 //! Fields are only ever added within a version; `limit_bytes` is null for a
@@ -26,9 +31,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use vramcap_core::human_bytes;
 use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
-use vramcap_core::scan::{Scan, scan};
+use vramcap_core::scan::{GroupSnapshot, Scan, scan, scan_groups};
 
 pub struct StatArgs {
+    /// Filled in on each refresh.
+    pub groups: Vec<GroupSnapshot>,
     pub json: bool,
     pub interval: Option<Duration>,
     pub count: Option<u64>,
@@ -77,6 +84,99 @@ fn device_json(d: &SlotSnapshot) -> Value {
     })
 }
 
+fn groups_json(groups: &[GroupSnapshot]) -> Vec<Value> {
+    groups
+        .iter()
+        .map(|g| {
+            json!({
+                "name": g.name,
+                "limit": g.limit_text,
+                "devices": g.devices.iter().map(|d| json!({
+                    "uuid": uuid_text(&d.uuid),
+                    "limit_bytes": d.limit,
+                    "used_bytes": d.used,
+                    "peak_bytes": d.peak,
+                })).collect::<Vec<_>>(),
+                "members": g.members.iter().map(|m| json!({
+                    "pid": m.pid,
+                    "start_time_ticks": m.start_time,
+                    "held_bytes": m.held,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+fn groups_table(groups: &[GroupSnapshot]) -> String {
+    if groups.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![[
+        "GROUP".to_string(),
+        "GPU".into(),
+        "LIMIT".into(),
+        "USED".into(),
+        "PEAK".into(),
+        "MEMBERS".into(),
+    ]];
+    for g in groups {
+        let pids: Vec<String> = g.members.iter().map(|m| m.pid.to_string()).collect();
+        let members = if pids.is_empty() {
+            "0".to_string()
+        } else {
+            format!("{} ({})", pids.len(), pids.join(", "))
+        };
+        if g.devices.is_empty() {
+            rows.push([
+                g.name.clone(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                members.clone(),
+            ]);
+        }
+        for d in &g.devices {
+            rows.push([
+                g.name.clone(),
+                uuid_text(&d.uuid).unwrap_or_else(|| "?".into()),
+                d.limit.map(human_bytes).unwrap_or_else(|| "-".into()),
+                human_bytes(d.used),
+                human_bytes(d.peak),
+                members.clone(),
+            ]);
+        }
+    }
+    let mut width = [0usize; 6];
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::from("\n");
+    for r in rows {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            let pad = width[i] - c.chars().count();
+            if (2..5).contains(&i) {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(c);
+            } else {
+                line.push_str(c);
+                if i + 1 < r.len() {
+                    line.push_str(&" ".repeat(pad));
+                }
+            }
+            if i + 1 < r.len() {
+                line.push_str("  ");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -100,6 +200,7 @@ pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
         "time_unix_ns": now,
         "dir": a.dir.display().to_string(),
         "processes": processes,
+        "groups": groups_json(&a.groups),
         "skipped": scan.skipped.iter().map(|s| json!({"file": s.path.display().to_string(), "reason": s.reason})).collect::<Vec<_>>(),
     })
 }
@@ -195,26 +296,30 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
             a.dir.display()
         ));
     }
+    out.push_str(&groups_table(&a.groups));
     out
 }
 
 /// Runs `stat`; returns the exit code.
-pub fn run(a: &StatArgs, uid: u32) -> u8 {
+pub fn run(a: &mut StatArgs, uid: u32) -> u8 {
     let mut warned: HashSet<PathBuf> = HashSet::new();
     let tty = std::io::stdout().is_terminal();
     let colour = tty && std::env::var_os("NO_COLOR").is_none();
     let mut n = 0u64;
     loop {
-        let s = match scan(&a.dir, uid) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!(
-                    "vramcap: cannot read the stats directory {}: {e}",
-                    a.dir.display()
-                );
-                return 1;
-            }
-        };
+        let (mut s, (groups, group_skips)) =
+            match scan(&a.dir, uid).and_then(|s| scan_groups(&a.dir, uid).map(|g| (s, g))) {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!(
+                        "vramcap: cannot read the stats directory {}: {e}",
+                        a.dir.display()
+                    );
+                    return 1;
+                }
+            };
+        a.groups = groups;
+        s.skipped.extend(group_skips);
         for sk in &s.skipped {
             if warned.insert(sk.path.clone()) {
                 eprintln!("vramcap: skipping {}: {}", sk.path.display(), sk.reason);
