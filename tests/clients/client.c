@@ -17,7 +17,7 @@
  * The whole command line is checked first; then the driver functions are
  * obtained and the commands run left to right. Each prints exactly one line
  * to stdout (flushed), except "standin" and "nvml", which print one per
- * device. RC is the driver's CUresult in decimal; SIZE is a byte count,
+ * device, and "kinds", which prints one per device and one more. RC is the driver's CUresult in decimal; SIZE is a byte count,
  * optionally with a K, M or G suffix (powers of 1024), printed back in
  * bytes; slots number the allocations the client remembers, from 0: device
  * pointers (#SLOT), cuMemCreate handles (%SLOT) and arrays (@SLOT), each
@@ -46,7 +46,15 @@
  *   standin               per device: "standin dev=N used=U peak=P"
  *   counts                "counts alloc=A free=F getprocaddress=G alias=X
  *                         sync=S capture=C ipc=I async=Y vmm=V vmm_host=H
- *                         array=R" (one line)
+ *                         array=R host_bytes=B managed_host_bytes=M
+ *                         event=E" (one line)
+ *   kinds                 per device "kinds dev=N device=D managed_host=M"
+ *                         (D: vramcap_standin_used, M: the device's managed
+ *                         bytes preferring the host), then "kinds host=H"
+ *                         (live pinned host bytes)
+ *   ptrkind SLOT          -> "ptrkind #SLOT = K", K the stand-in's view of
+ *                         the slot's pointer: device, managed, managed-host,
+ *                         host or unknown
  *   wait                  print "wait", block until a line or EOF arrives on
  *                         stdin, then print "resumed" (lets a test look at
  *                         the process while it holds memory, without sleeps)
@@ -1036,10 +1044,51 @@ static void cmd_counts(void)
     unsigned long (*count)(const char *);
     memcpy(&count, &p, sizeof p);
     out("counts alloc=%lu free=%lu getprocaddress=%lu alias=%lu sync=%lu "
-        "capture=%lu ipc=%lu async=%lu vmm=%lu vmm_host=%lu array=%lu",
+        "capture=%lu ipc=%lu async=%lu vmm=%lu vmm_host=%lu array=%lu "
+        "host_bytes=%lu managed_host_bytes=%lu event=%lu",
         count("alloc"), count("free"), count("getprocaddress"),
         count("alias"), count("sync"), count("capture"), count("ipc"),
-        count("async"), count("vmm"), count("vmm_host"), count("array"));
+        count("async"), count("vmm"), count("vmm_host"), count("array"),
+        count("host_bytes"), count("managed_host_bytes"), count("event"));
+}
+
+/* Where the stand-in accounts memory: per device, then pinned host memory. */
+static void cmd_kinds(void)
+{
+    void *h = libcuda();
+    void *p_devices = dlsym(h, "vramcap_standin_devices");
+    void *p_used = dlsym(h, "vramcap_standin_used");
+    void *p_managed_host = dlsym(h, "vramcap_standin_managed_host");
+    void *p_count = dlsym(h, "vramcap_standin_count");
+    if (p_devices == NULL || p_used == NULL || p_managed_host == NULL ||
+        p_count == NULL) {
+        out("kinds -> unavailable");
+        return;
+    }
+    int (*devices)(void);
+    size_t (*used)(int), (*managed_host)(int);
+    unsigned long (*count)(const char *);
+    memcpy(&devices, &p_devices, sizeof p_devices);
+    memcpy(&used, &p_used, sizeof p_used);
+    memcpy(&managed_host, &p_managed_host, sizeof p_managed_host);
+    memcpy(&count, &p_count, sizeof p_count);
+    for (int i = 0; i < devices(); i++)
+        out("kinds dev=%d device=%zu managed_host=%zu", i, used(i),
+            managed_host(i));
+    out("kinds host=%lu", count("host_bytes"));
+}
+
+/* The stand-in's view of slot n's pointer. */
+static void cmd_ptrkind(size_t n)
+{
+    void *p = dlsym(libcuda(), "vramcap_standin_kind");
+    if (p == NULL) {
+        out("ptrkind -> unavailable");
+        return;
+    }
+    const char *(*kind)(CUdeviceptr);
+    memcpy(&kind, &p, sizeof p);
+    out("ptrkind #%zu = %s", n, kind(slot(n)->ptr));
 }
 
 /* ---- nvml ------------------------------------------------------------- */
@@ -1185,7 +1234,8 @@ static void usage(void)
           "dlsym procaddr procaddr-legacy\n"
           "commands: init | ctx N | noctx | alloc SIZE | pitch W H ELEM |\n"
           "  managed SIZE | free SLOT | freeraw HEX | fill SIZE | freeall |\n"
-          "  info | total N | standin | counts | threads T ITERS MAXSIZE |\n"
+          "  info | total N | standin | counts | kinds | ptrkind SLOT |\n"
+          "  threads T ITERS MAXSIZE |\n"
           "  resolve NAME VERSION FLAGS | resolve4 NAME VERSION FLAGS |\n"
           "  dlsym NAME | next NAME | default NAME | call-resolved cuMemAlloc\n"
           "  | pairs N SIZE | ptr SLOT | ipc SLOT | sync | stream |\n"
@@ -1367,6 +1417,18 @@ static int command(int argc, char **argv, bool run)
         if (run)
             cmd_counts();
         return 1;
+    }
+    if (strcmp(cmd, "kinds") == 0) {
+        if (run)
+            cmd_kinds();
+        return 1;
+    }
+    if (strcmp(cmd, "ptrkind") == 0) {
+        NEED(1);
+        size_t n = parse_slot(argv[1]);
+        if (run)
+            cmd_ptrkind(n);
+        return 2;
     }
     if (strcmp(cmd, "threads") == 0) {
         NEED(3);

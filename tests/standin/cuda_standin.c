@@ -6,12 +6,13 @@
  * models what vramcap cares about: devices with a fixed amount of memory,
  * primary and created contexts that own their allocations, a thread-local
  * context stack, exact per-device accounting of every way to allocate that
- * it implements (cuMemAlloc and friends, stream-ordered allocation from
- * memory pools, virtual memory management, CUDA arrays), streams with
- * stream capture (state only: nothing ever runs), IPC handles, and
- * cuGetProcAddress's versioned lookup of driver entry points. Device memory
- * is never real: the addresses handed out are fake and must never be
- * dereferenced.
+ * it implements (cuMemAlloc and friends, managed memory with advice about
+ * its preferred location, stream-ordered allocation from memory pools,
+ * virtual memory management, CUDA arrays), pinned host memory, streams with
+ * stream capture and events (state only: nothing ever runs), IPC handles,
+ * and cuGetProcAddress's versioned lookup of driver entry points. Device
+ * memory is never real: the addresses handed out are fake and must never be
+ * dereferenced. Pinned host memory is real up to 64 MiB per allocation.
  *
  * Environment (read once, when the library is loaded):
  *   STANDIN_DEVICES          number of devices, 0..8 (default 2)
@@ -20,6 +21,10 @@
  *                            internal forwarding functions instead of the
  *                            exported ones, as real drivers may do
  *   STANDIN_REPORT           =1: print per-device usage to stderr at exit
+ *   STANDIN_CONCURRENT_MANAGED
+ *                            0 or 1: what cuDeviceGetAttribute reports for
+ *                            CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
+ *                            (default 1)
  *
  * The other driver names that cudarc loads eagerly are exported as stubs
  * returning CUDA_ERROR_NOT_SUPPORTED; build.sh generates them from
@@ -50,6 +55,7 @@
 #define STREAM_SLOTS 1024             /* live streams */
 #define POOL_SLOTS 256                /* created memory pools */
 #define ARRAY_SLOTS 4096              /* live arrays, and mipmapped arrays */
+#define EVENT_SLOTS 4096              /* live events */
 #define VMM_GRANULARITY ((size_t)2 << 20) /* cuMemGetAllocationGranularity */
 #define VMM_HANDLE_BASE 0x1000ULL     /* first CUmemGenericAllocationHandle */
 #define ARRAY_PITCH_ALIGN 512         /* array rows, and their alignment */
@@ -66,14 +72,20 @@
 #define ADDR_ALIGN 512
 
 /*
- * Two more windows, below the devices' ones (so cuMemFree_v2 never takes
+ * Three more windows, below the devices' ones (so cuMemFree_v2 never takes
  * their addresses for blocks): virtual address ranges from
- * cuMemAddressReserve, and the pointers that stream-ordered allocation hands
- * out during a stream capture (graph allocations, never backed). Both are
+ * cuMemAddressReserve, pinned host allocations too large to back with real
+ * memory (above HOST_BACKED_MAX; their addresses must never be
+ * dereferenced), and the pointers that stream-ordered allocation hands out
+ * during a stream capture (graph allocations, never backed). All three are
  * handed out in increasing order and never reused.
  */
 #define VA_BASE 0x400000000000ULL
 #define VA_WINDOW (1ULL << 44)
+#define HOST_BASE 0x500000000000ULL
+#define HOST_WINDOW (1ULL << 40)
+#define HOST_ALIGN 4096               /* fake host addresses: page-aligned */
+#define HOST_BACKED_MAX (64 * MIB)    /* larger host allocations are fake */
 #define GRAPH_BASE 0x600000000000ULL
 #define GRAPH_WINDOW (1ULL << 40)
 
@@ -85,6 +97,7 @@ static struct {
     size_t total_bytes;   /* per device */
     bool aliases;         /* STANDIN_PROCADDR_ALIASES=1 */
     bool report;          /* STANDIN_REPORT=1 */
+    int concurrent_managed; /* STANDIN_CONCURRENT_MANAGED */
 } g_cfg;
 static pthread_once_t g_cfg_once = PTHREAD_ONCE_INIT;
 
@@ -137,6 +150,10 @@ struct block {
     CUmemoryPool pool;    /* stream-ordered: the pool it came from */
     bool ipc;             /* cuMemAlloc_v2 / cuMemAllocPitch_v2: exportable */
     bool managed;         /* cuMemAllocManaged */
+    bool on_host;         /* managed, advised to prefer the host: its bytes
+                             count in managed_host, not used */
+    unsigned int accessed_by; /* managed: advised accessors, bit N device N,
+                                 bit MAX_DEVICES the host */
     bool live;            /* false: freed, awaiting removal from the array */
 };
 
@@ -211,6 +228,36 @@ struct CUstream_st {
 static struct CUstream_st g_streams[STREAM_SLOTS];
 static size_t g_streams_next;
 
+/*
+ * An event from cuEventCreate, owned by the context current at creation;
+ * ctx == NULL marks a free slot. Nothing runs on streams, so a recorded
+ * event is complete at once, and so is one never recorded. Protected by
+ * g_lock; handles are taken round-robin like stream handles.
+ */
+struct CUevent_st {
+    CUcontext ctx;
+    unsigned int flags;   /* CUevent_flags, only stored */
+};
+static struct CUevent_st g_events[EVENT_SLOTS];
+static size_t g_events_next;
+
+/*
+ * Pinned host allocations (cuMemHostAlloc, cuMemAllocHost_v2), live ones
+ * only, unordered; protected by g_lock. They count against no device and
+ * belong to the process, not a context. Up to HOST_BACKED_MAX bytes they are
+ * real (calloc); larger ones get a fake address from the host window.
+ */
+struct host_alloc {
+    uintptr_t addr;
+    size_t bytes;
+    unsigned int flags;   /* CU_MEMHOSTALLOC_* */
+    bool backed;          /* addr is calloc'ed memory */
+};
+static struct host_alloc *g_host_allocs;
+static size_t g_host_nallocs, g_host_allocs_cap;
+static size_t g_host_bytes;               /* sum of their bytes */
+static uintptr_t g_host_next = HOST_BASE; /* next fake host address */
+
 /* What cuStreamEndCapture hands out: a graph that is never looked at. */
 struct CUgraph_st {
     int unused;
@@ -232,8 +279,10 @@ struct device_state {
     size_t ndead;         /* dead entries in blocks */
     size_t cap;
     CUdeviceptr next;     /* where the next address search starts */
-    size_t used;          /* sum of live blocks' bytes */
+    size_t used;          /* sum of live blocks' bytes (not those of managed
+                             blocks preferring the host) */
     size_t peak;          /* high-water mark of used */
+    size_t managed_host;  /* live managed bytes preferring the host */
     unsigned long allocs; /* successful allocations */
     unsigned long frees;  /* successful frees */
     int primary_refs;     /* primary context retain count */
@@ -251,6 +300,7 @@ static atomic_ulong g_async_allocs;        /* stream-ordered allocations */
 static atomic_ulong g_vmm_creates;         /* cuMemCreate on a device */
 static atomic_ulong g_vmm_host_creates;    /* cuMemCreate on the host */
 static atomic_ulong g_array_creates;       /* arrays of all three kinds */
+static atomic_ulong g_event_records;       /* successful cuEventRecord(_ptsz) */
 
 /*
  * The calling thread's context stack; the top (t_stack[t_depth - 1]) is its
@@ -301,6 +351,8 @@ static void config_init(void)
                                          1, MAX_TOTAL_MIB) * MIB;
     g_cfg.aliases = env_flag("STANDIN_PROCADDR_ALIASES");
     g_cfg.report = env_flag("STANDIN_REPORT");
+    g_cfg.concurrent_managed = (int)env_long("STANDIN_CONCURRENT_MANAGED", 1,
+                                             0, 1);
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_ctx[i].dev = i;
         g_dev[i].next = ADDR_BASE + (CUdeviceptr)i * ADDR_WINDOW;
@@ -530,14 +582,18 @@ static void compact_blocks(struct device_state *d)
 
 /*
  * Mark block i of d freed: a pool allocation goes back to its pool, any
- * other block counts as a free. Caller holds g_lock.
+ * other block counts as a free; managed memory preferring the host leaves
+ * managed_host instead of used. Caller holds g_lock.
  */
 static void free_block_locked(struct device_state *d, size_t i)
 {
     struct block *b = &d->blocks[i];
     b->live = false;
     d->ndead++;
-    d->used -= b->bytes;
+    if (b->on_host)
+        d->managed_host -= b->bytes;
+    else
+        d->used -= b->bytes;
     if (b->pool != NULL)
         b->pool->used -= b->bytes;
     else
@@ -562,10 +618,11 @@ static void release_array_locked(struct array_state *a, CUcontext ctx)
 
 /*
  * Release everything ctx owns: its live allocations (each counted as a
- * free), its arrays and its streams (ending any capture on them). Pool
- * allocations and cuMemCreate memory belong to the device, not a context,
- * and stay. Used when a context is destroyed and when a primary context is
- * deactivated or reset. Caller holds g_lock.
+ * free), its arrays, its streams (ending any capture on them) and its
+ * events. Pool allocations and cuMemCreate memory belong to the device, not
+ * a context, and pinned host memory to the process; they stay. Used when a
+ * context is destroyed and when a primary context is deactivated or reset.
+ * Caller holds g_lock.
  */
 static void release_ctx_locked(CUcontext ctx)
 {
@@ -581,6 +638,9 @@ static void release_ctx_locked(CUcontext ctx)
     for (size_t i = 0; i < STREAM_SLOTS; i++)
         if (g_streams[i].ctx == ctx)
             g_streams[i] = (struct CUstream_st){ 0 };
+    for (size_t i = 0; i < EVENT_SLOTS; i++)
+        if (g_events[i].ctx == ctx)
+            g_events[i] = (struct CUevent_st){ 0 };
 }
 
 /* Whether bytes more fit on device dev. Caller holds g_lock. */
@@ -787,17 +847,21 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 }
 LOCAL(cuDeviceTotalMem_v2)
 
-/* Every attribute of every device reads as 1. */
+/*
+ * Every attribute of every device reads as 1, except
+ * CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: STANDIN_CONCURRENT_MANAGED.
+ */
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
-    (void)attrib;
     if (!initialized())
         return CUDA_ERROR_NOT_INITIALIZED;
     if (pi == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    *pi = 1;
+    *pi = attrib == CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
+              ? g_cfg.concurrent_managed
+              : 1;
     return CUDA_SUCCESS;
 }
 LOCAL(cuDeviceGetAttribute)
@@ -1363,7 +1427,10 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch,
 }
 LOCAL(cuMemAllocPitch_v2)
 
-/* Managed memory is accounted against the current context's device. */
+/*
+ * Managed memory is accounted against the current context's device, until
+ * cuMemAdvise makes the host its preferred location.
+ */
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
                            unsigned int flags)
 {
@@ -1396,11 +1463,43 @@ static bool find_block_locked(CUdeviceptr dptr, int *dev, size_t *index)
 }
 
 /*
+ * The live block whose address range (its span) contains p: its device and
+ * index, or false. Caller holds g_lock.
+ */
+static bool find_containing_locked(CUdeviceptr p, int *dev, size_t *index)
+{
+    if (p < ADDR_BASE ||
+        p - ADDR_BASE >= (CUdeviceptr)g_cfg.devices * ADDR_WINDOW)
+        return false;
+    *dev = (int)((p - ADDR_BASE) / ADDR_WINDOW);
+    const struct device_state *d = &g_dev[*dev];
+    *index = first_block_ending_after(d, p);
+    return *index < d->nblocks && d->blocks[*index].addr <= p &&
+           d->blocks[*index].live;
+}
+
+/*
+ * Index in g_host_allocs of the live pinned host allocation that starts at
+ * p (inside: that contains p), or -1. Real host addresses may lie in a
+ * device's address window, so the frees look here first. Caller holds
+ * g_lock.
+ */
+static long host_index_locked(uintptr_t p, bool inside)
+{
+    for (size_t i = 0; i < g_host_nallocs; i++) {
+        const struct host_alloc *h = &g_host_allocs[i];
+        if (p == h->addr || (inside && p > h->addr && p - h->addr < h->bytes))
+            return (long)i;
+    }
+    return -1;
+}
+
+/*
  * Frees a block of any device and context (the device is found from the
  * address window), stream-ordered allocations included (the driver allows
  * it); a current context is needed all the same. 0 is accepted
  * like the real driver; any other address that is not the start of a live
- * block is CUDA_ERROR_INVALID_VALUE.
+ * block (pinned host memory included) is CUDA_ERROR_INVALID_VALUE.
  */
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
@@ -1417,7 +1516,8 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
     size_t i;
     rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
-    if (find_block_locked(dptr, &dev, &i)) {
+    if (host_index_locked((uintptr_t)dptr, false) < 0 &&
+        find_block_locked(dptr, &dev, &i)) {
         free_block_locked(&g_dev[dev], i);
         maybe_compact(&g_dev[dev]);
         rc = CUDA_SUCCESS;
@@ -1649,10 +1749,10 @@ LOCAL(cuMemAllocFromPoolAsync_ptsz)
  * Frees at once, whatever the stream. 0 is accepted like by cuMemFree_v2;
  * any live block can be freed (the driver frees cuMemAlloc memory this way
  * too) except managed memory (CUDA_ERROR_NOT_SUPPORTED, as the real driver
- * says). Graph allocations (the graph window) are accepted and count
- * nothing; during a capture nothing else can be freed (a graph's free node
- * may only free the graph's own allocations): CUDA_ERROR_INVALID_VALUE.
- * Caller holds g_lock.
+ * says); pinned host memory is no block (CUDA_ERROR_INVALID_VALUE). Graph
+ * allocations (the graph window) are accepted and count nothing; during a
+ * capture nothing else can be freed (a graph's free node may only free the
+ * graph's own allocations): CUDA_ERROR_INVALID_VALUE. Caller holds g_lock.
  */
 static CUresult free_async_locked(CUdeviceptr dptr,
                                   CUstreamCaptureStatus capture)
@@ -1665,7 +1765,8 @@ static CUresult free_async_locked(CUdeviceptr dptr,
         return CUDA_ERROR_INVALID_VALUE;
     int dev;
     size_t i;
-    if (!find_block_locked(dptr, &dev, &i))
+    if (host_index_locked((uintptr_t)dptr, false) >= 0 ||
+        !find_block_locked(dptr, &dev, &i))
         return CUDA_ERROR_INVALID_VALUE;
     if (g_dev[dev].blocks[i].managed)
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -2686,6 +2787,421 @@ CUresult cuMipmappedArrayGetMemoryRequirements(
 }
 LOCAL(cuMipmappedArrayGetMemoryRequirements)
 
+/* ---- Pinned host memory --------------------------------------------------- */
+
+#define HOST_ALLOC_FLAGS                                  \
+    ((unsigned int)(CU_MEMHOSTALLOC_PORTABLE |            \
+                    CU_MEMHOSTALLOC_DEVICEMAP |           \
+                    CU_MEMHOSTALLOC_WRITECOMBINED))
+
+/*
+ * The common part of cuMemHostAlloc and cuMemAllocHost_v2 (flags 0). A
+ * current context is needed, as for the real driver; the memory belongs to
+ * the process all the same (destroying the context leaves it). Up to
+ * HOST_BACKED_MAX bytes it is real zeroed memory; a larger allocation gets
+ * a fake, page-aligned address from the host window and no memory, so tests
+ * can "allocate" GiBs. Size 0 or unknown flags give CUDA_ERROR_INVALID_VALUE.
+ */
+static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pp == NULL || bytesize == 0 || (flags & ~HOST_ALLOC_FLAGS) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    bool backed = bytesize <= HOST_BACKED_MAX;
+    void *mem = NULL;
+    if (backed && (mem = calloc(1, bytesize)) == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t span = backed ? 0
+                  : bytesize <= HOST_WINDOW ? round_up(bytesize, HOST_ALIGN)
+                                            : SIZE_MAX;
+
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    if (g_host_nallocs == g_host_allocs_cap) {
+        struct host_alloc *grown = grow_array(g_host_allocs,
+                                              &g_host_allocs_cap,
+                                              sizeof *grown);
+        if (grown != NULL)
+            g_host_allocs = grown;
+    }
+    if (g_host_nallocs < g_host_allocs_cap &&
+        (backed || span <= HOST_BASE + HOST_WINDOW - g_host_next)) {
+        uintptr_t addr = (uintptr_t)mem;
+        if (!backed) {
+            addr = g_host_next;
+            g_host_next += span;
+        }
+        g_host_allocs[g_host_nallocs++] = (struct host_alloc){
+            .addr = addr, .bytes = bytesize, .flags = flags,
+            .backed = backed };
+        g_host_bytes += bytesize;
+        *pp = (void *)addr;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc != CUDA_SUCCESS)
+        free(mem);
+    return rc;
+}
+
+/* Flags: any of PORTABLE, DEVICEMAP and WRITECOMBINED (only stored). */
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    return host_alloc(pp, bytesize, Flags);
+}
+LOCAL(cuMemHostAlloc)
+
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    return host_alloc(pp, bytesize, 0);
+}
+LOCAL(cuMemAllocHost_v2)
+
+/*
+ * With unified addressing the device address of pinned host memory is its
+ * host address. p may point anywhere inside a live allocation made with
+ * CU_MEMHOSTALLOC_DEVICEMAP (cuMemAllocHost_v2 memory is not: a stand-in
+ * choice); anything else, or Flags other than 0, gives
+ * CUDA_ERROR_INVALID_VALUE. A current context is needed.
+ */
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
+                                      unsigned int Flags)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pdptr == NULL || Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    long i = host_index_locked((uintptr_t)p, true);
+    if (i >= 0 && (g_host_allocs[i].flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0) {
+        *pdptr = (CUdeviceptr)(uintptr_t)p;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemHostGetDevicePointer_v2)
+
+/*
+ * p must be the start of a live pinned host allocation, else
+ * CUDA_ERROR_INVALID_VALUE (NULL too: a guess). No current context is
+ * needed: the memory belongs to the process.
+ */
+CUresult cuMemFreeHost(void *p)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    void *mem = NULL;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    long i = p != NULL ? host_index_locked((uintptr_t)p, false) : -1;
+    if (i >= 0) {
+        if (g_host_allocs[i].backed)
+            mem = p;
+        g_host_bytes -= g_host_allocs[i].bytes;
+        g_host_allocs[i] = g_host_allocs[--g_host_nallocs];
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    free(mem);
+    return rc;
+}
+LOCAL(cuMemFreeHost)
+
+/* ---- Managed memory advice ------------------------------------------------ */
+
+/* Where the location argument of advice points. */
+enum target_kind { TARGET_DEVICE, TARGET_HOST, TARGET_BAD };
+struct advice_target {
+    enum target_kind kind;
+    CUdevice dev;         /* TARGET_DEVICE: the ordinal, not yet checked */
+};
+
+/*
+ * The checks that do not depend on the range: a known advice value
+ * (CUDA_ERROR_INVALID_VALUE), and for the advice that use the location a
+ * valid one: the host, or a device (CUDA_ERROR_INVALID_DEVICE) that has
+ * concurrent managed access for SET_PREFERRED_LOCATION and SET_ACCESSED_BY
+ * (as documented; only STANDIN_CONCURRENT_MANAGED=0 takes it away); other
+ * location types give CUDA_ERROR_INVALID_VALUE.
+ */
+static CUresult check_advice(CUmem_advise advice, struct advice_target t)
+{
+    switch (advice) {
+    case CU_MEM_ADVISE_SET_READ_MOSTLY:
+    case CU_MEM_ADVISE_UNSET_READ_MOSTLY:
+    case CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION:
+        return CUDA_SUCCESS;
+    case CU_MEM_ADVISE_SET_PREFERRED_LOCATION:
+    case CU_MEM_ADVISE_SET_ACCESSED_BY:
+    case CU_MEM_ADVISE_UNSET_ACCESSED_BY:
+        if (t.kind == TARGET_BAD)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (t.kind == TARGET_HOST)
+            return CUDA_SUCCESS;
+        if (!valid_device(t.dev) ||
+            (advice != CU_MEM_ADVISE_UNSET_ACCESSED_BY &&
+             g_cfg.concurrent_managed == 0))
+            return CUDA_ERROR_INVALID_DEVICE;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* The accessed_by bit of a checked target. */
+static unsigned int target_bit(struct advice_target t)
+{
+    return 1u << (t.kind == TARGET_HOST ? MAX_DEVICES : t.dev);
+}
+
+/*
+ * Let managed block b of device dev count in host memory (to_host) or
+ * against the device again. Moving back must fit the device
+ * (CUDA_ERROR_OUT_OF_MEMORY otherwise: the stand-in never oversubscribes a
+ * device). Caller holds g_lock.
+ */
+static CUresult move_managed_locked(int dev, struct block *b, bool to_host)
+{
+    struct device_state *d = &g_dev[dev];
+    if (b->on_host == to_host)
+        return CUDA_SUCCESS;
+    if (to_host) {
+        d->used -= b->bytes;
+        d->managed_host += b->bytes;
+    } else {
+        if (!fits_locked(dev, b->bytes))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        d->managed_host -= b->bytes;
+        charge_locked(dev, b->bytes);
+    }
+    b->on_host = to_host;
+    return CUDA_SUCCESS;
+}
+
+/*
+ * Both forms of cuMemAdvise. [devPtr, devPtr + count) must lie inside one
+ * live managed allocation (else CUDA_ERROR_INVALID_VALUE); no context is
+ * needed. The model is per allocation, not per page: advice on part of an
+ * allocation applies to all of it. Its preferred location decides where
+ * its bytes count: the host (managed_host, not the device's used and peak)
+ * or, for any device and after UNSET_PREFERRED_LOCATION, its own device as
+ * before. Accessed-by advice is only recorded; read-mostly changes nothing.
+ */
+static CUresult advise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                       struct advice_target t)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = check_advice(advice, t);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int dev;
+    size_t i;
+    rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (count != 0 && find_containing_locked(devPtr, &dev, &i)) {
+        struct block *b = &g_dev[dev].blocks[i];
+        CUdeviceptr off = devPtr - b->addr;
+        if (b->managed && off < b->bytes && count <= b->bytes - off) {
+            rc = CUDA_SUCCESS;
+            switch (advice) {
+            case CU_MEM_ADVISE_SET_PREFERRED_LOCATION:
+                rc = move_managed_locked(dev, b, t.kind == TARGET_HOST);
+                break;
+            case CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION:
+                rc = move_managed_locked(dev, b, false);
+                break;
+            case CU_MEM_ADVISE_SET_ACCESSED_BY:
+                b->accessed_by |= target_bit(t);
+                break;
+            case CU_MEM_ADVISE_UNSET_ACCESSED_BY:
+                b->accessed_by &= ~target_bit(t);
+                break;
+            default: /* read-mostly */
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* CUDA 8.0 ABI: a device ordinal, CU_DEVICE_CPU for the host. */
+CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                     CUdevice device)
+{
+    struct advice_target t = {
+        device == CU_DEVICE_CPU ? TARGET_HOST : TARGET_DEVICE, device };
+    return advise(devPtr, count, advice, t);
+}
+LOCAL(cuMemAdvise)
+
+/*
+ * CUDA 12.2 ABI: a location, passed by value. The three host types all mean
+ * the host (the NUMA node is not looked at).
+ */
+CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                        CUmemLocation location)
+{
+    struct advice_target t = { TARGET_BAD, location.id };
+    switch (location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        t.kind = TARGET_DEVICE;
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        t.kind = TARGET_HOST;
+        break;
+    default:
+        break;
+    }
+    return advise(devPtr, count, advice, t);
+}
+LOCAL(cuMemAdvise_v2)
+
+/* ---- Events --------------------------------------------------------------- */
+
+/* The live event h, or NULL. Caller holds g_lock. */
+static struct CUevent_st *live_event_locked(CUevent h)
+{
+    if (array_index(h, g_events, EVENT_SLOTS, sizeof g_events[0]) < 0 ||
+        h->ctx == NULL)
+        return NULL;
+    return h;
+}
+
+/*
+ * An event of the current context. Flags: any of BLOCKING_SYNC,
+ * DISABLE_TIMING and INTERPROCESS, which needs DISABLE_TIMING (as
+ * documented); they are only stored. Too many live events give
+ * CUDA_ERROR_OUT_OF_MEMORY.
+ */
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    const unsigned int known = CU_EVENT_BLOCKING_SYNC |
+                               CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (phEvent == NULL || (Flags & ~known) != 0 ||
+        ((Flags & CU_EVENT_INTERPROCESS) != 0 &&
+         (Flags & CU_EVENT_DISABLE_TIMING) == 0))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    for (size_t n = 0; n < EVENT_SLOTS; n++) {
+        size_t i = (g_events_next + n) % EVENT_SLOTS;
+        if (g_events[i].ctx == NULL) {
+            g_events[i] = (struct CUevent_st){ .ctx = ctx, .flags = Flags };
+            g_events_next = (i + 1) % EVENT_SLOTS;
+            *phEvent = &g_events[i];
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuEventCreate)
+
+/*
+ * The stream is checked like by the stream-ordered calls (the default
+ * streams need a current context, other handles must be live streams; on an
+ * invalidated capture CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). Nothing runs
+ * on the stream, so the event is complete at once. Each successful record
+ * is counted.
+ */
+static CUresult event_record(CUevent hEvent, CUstream hStream, bool ptsz)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext ctx;
+    CUresult rc = stream_current(hStream, ptsz, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    pthread_mutex_lock(&g_lock);
+    if (live_event_locked(hEvent) == NULL)
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    else
+        rc = stream_target_locked(hStream, ptsz, &ctx, &capture);
+    if (rc == CUDA_SUCCESS && capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    pthread_mutex_unlock(&g_lock);
+    if (rc == CUDA_SUCCESS)
+        atomic_fetch_add_explicit(&g_event_records, 1, memory_order_relaxed);
+    return rc;
+}
+
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    return event_record(hEvent, hStream, false);
+}
+LOCAL(cuEventRecord)
+
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
+{
+    return event_record(hEvent, hStream, true);
+}
+LOCAL(cuEventRecord_ptsz)
+
+/*
+ * Nothing is ever pending: a live event is complete whether it was recorded
+ * or not. Other handles give CUDA_ERROR_INVALID_HANDLE. No context needed.
+ */
+static CUresult event_complete(CUevent hEvent)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&g_lock);
+    bool live = live_event_locked(hEvent) != NULL;
+    pthread_mutex_unlock(&g_lock);
+    return live ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuEventQuery(CUevent hEvent)
+{
+    return event_complete(hEvent);
+}
+LOCAL(cuEventQuery)
+
+CUresult cuEventSynchronize(CUevent hEvent)
+{
+    return event_complete(hEvent);
+}
+LOCAL(cuEventSynchronize)
+
+CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    struct CUevent_st *e = live_event_locked(hEvent);
+    if (e != NULL) {
+        *e = (struct CUevent_st){ 0 };
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuEventDestroy_v2)
+
 /* ---- Error strings -------------------------------------------------------- */
 
 /*
@@ -2887,6 +3403,21 @@ ALIAS(cuArrayGetMemoryRequirements,
 ALIAS(cuMipmappedArrayGetMemoryRequirements,
       (CUDA_ARRAY_MEMORY_REQUIREMENTS *r, CUmipmappedArray a, CUdevice d),
       (r, a, d))
+ALIAS(cuMemHostAlloc, (void **p, size_t n, unsigned int f), (p, n, f))
+ALIAS(cuMemAllocHost_v2, (void **p, size_t n), (p, n))
+ALIAS(cuMemHostGetDevicePointer_v2, (CUdeviceptr *d, void *p, unsigned int f),
+      (d, p, f))
+ALIAS(cuMemFreeHost, (void *p), (p))
+ALIAS(cuMemAdvise, (CUdeviceptr p, size_t n, CUmem_advise a, CUdevice d),
+      (p, n, a, d))
+ALIAS(cuMemAdvise_v2,
+      (CUdeviceptr p, size_t n, CUmem_advise a, CUmemLocation l), (p, n, a, l))
+ALIAS(cuEventCreate, (CUevent *e, unsigned int f), (e, f))
+ALIAS(cuEventRecord, (CUevent e, CUstream s), (e, s))
+ALIAS(cuEventRecord_ptsz, (CUevent e, CUstream s), (e, s))
+ALIAS(cuEventQuery, (CUevent e), (e))
+ALIAS(cuEventSynchronize, (CUevent e), (e))
+ALIAS(cuEventDestroy_v2, (CUevent e), (e))
 ALIAS(cuGetErrorString, (CUresult e, const char **s), (e, s))
 ALIAS(cuGetErrorName, (CUresult e, const char **s), (e, s))
 /* The two resolvers are defined below; their aliases come after them. */
@@ -3007,6 +3538,19 @@ static const struct proc_entry g_procs[] = {
       { V(11060, cuArrayGetMemoryRequirements) }, { { 0 } } },
     { "cuMipmappedArrayGetMemoryRequirements",
       { V(11060, cuMipmappedArrayGetMemoryRequirements) }, { { 0 } } },
+    { "cuMemHostAlloc", { V(2020, cuMemHostAlloc) }, { { 0 } } },
+    { "cuMemAllocHost", { V(3020, cuMemAllocHost_v2) }, { { 0 } } },
+    { "cuMemHostGetDevicePointer",
+      { V(3020, cuMemHostGetDevicePointer_v2) }, { { 0 } } },
+    { "cuMemFreeHost", { V(2000, cuMemFreeHost) }, { { 0 } } },
+    { "cuMemAdvise",
+      { V(8000, cuMemAdvise), V(12020, cuMemAdvise_v2) }, { { 0 } } },
+    { "cuEventCreate", { V(2000, cuEventCreate) }, { { 0 } } },
+    { "cuEventRecord", { V(2000, cuEventRecord) },
+      { V(7000, cuEventRecord_ptsz) } },
+    { "cuEventQuery", { V(2000, cuEventQuery) }, { { 0 } } },
+    { "cuEventSynchronize", { V(2000, cuEventSynchronize) }, { { 0 } } },
+    { "cuEventDestroy", { V(4000, cuEventDestroy_v2) }, { { 0 } } },
     { "cuGetProcAddress",
       { V(11030, cuGetProcAddress), V(12000, cuGetProcAddress_v2) },
       { { 0 } } },
@@ -3118,6 +3662,34 @@ size_t vramcap_standin_peak(int dev)
     return peak;
 }
 
+size_t vramcap_standin_managed_host(int dev)
+{
+    config();
+    if (!valid_device(dev))
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    size_t bytes = g_dev[dev].managed_host;
+    pthread_mutex_unlock(&g_lock);
+    return bytes;
+}
+
+const char *vramcap_standin_kind(CUdeviceptr ptr)
+{
+    config();
+    const char *kind = "unknown";
+    int dev;
+    size_t i;
+    pthread_mutex_lock(&g_lock);
+    if (host_index_locked((uintptr_t)ptr, true) >= 0) {
+        kind = "host";
+    } else if (find_containing_locked(ptr, &dev, &i)) {
+        const struct block *b = &g_dev[dev].blocks[i];
+        kind = !b->managed ? "device" : b->on_host ? "managed-host" : "managed";
+    }
+    pthread_mutex_unlock(&g_lock);
+    return kind;
+}
+
 unsigned long vramcap_standin_count(const char *what)
 {
     config();
@@ -3141,6 +3713,22 @@ unsigned long vramcap_standin_count(const char *what)
         return atomic_load(&g_vmm_host_creates);
     if (strcmp(what, "array") == 0)
         return atomic_load(&g_array_creates);
+    if (strcmp(what, "event") == 0)
+        return atomic_load(&g_event_records);
+    if (strcmp(what, "host_bytes") == 0) {
+        pthread_mutex_lock(&g_lock);
+        unsigned long bytes = g_host_bytes;
+        pthread_mutex_unlock(&g_lock);
+        return bytes;
+    }
+    if (strcmp(what, "managed_host_bytes") == 0) {
+        unsigned long bytes = 0;
+        pthread_mutex_lock(&g_lock);
+        for (int i = 0; i < g_cfg.devices; i++)
+            bytes += g_dev[i].managed_host;
+        pthread_mutex_unlock(&g_lock);
+        return bytes;
+    }
 
     bool allocs = strcmp(what, "alloc") == 0;
     if (!allocs && strcmp(what, "free") != 0)

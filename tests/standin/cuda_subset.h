@@ -41,6 +41,8 @@ typedef int CUmemAllocationHandleType; /* enum CUmemAllocationHandleType_enum */
 typedef int CUmemAccess_flags;         /* enum CUmemAccess_flags_enum */
 typedef int CUmemAllocationGranularity_flags; /* enum ..._flags_enum */
 typedef int CUarray_format;            /* enum CUarray_format_enum */
+typedef struct CUevent_st *CUevent;    /* opaque event handle */
+typedef int CUmem_advise;              /* enum CUmem_advise_enum */
 
 typedef struct CUuuid_st {
     char bytes[16];
@@ -140,6 +142,14 @@ _Static_assert(sizeof(CUDA_ARRAY_MEMORY_REQUIREMENTS) == 32,
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
+/* The host as a device ordinal (cuMemAdvise, cuMemPrefetchAsync). */
+#define CU_DEVICE_CPU ((CUdevice)-1)
+
+/* cuMemHostAlloc flags (macros in cuda.h too). */
+#define CU_MEMHOSTALLOC_PORTABLE 0x01
+#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
+#define CU_MEMHOSTALLOC_WRITECOMBINED 0x04
+
 /* ---- CUresult values used by the stand-in ------------------------------ */
 
 enum {
@@ -177,6 +187,29 @@ enum {
 enum {
     CU_STREAM_DEFAULT = 0,
     CU_STREAM_NON_BLOCKING = 1
+};
+
+/* cuEventCreate flags (CUevent_flags). */
+enum {
+    CU_EVENT_DEFAULT = 0,
+    CU_EVENT_BLOCKING_SYNC = 1,
+    CU_EVENT_DISABLE_TIMING = 2,
+    CU_EVENT_INTERPROCESS = 4
+};
+
+/* The CUdevice_attribute values the stand-in tells apart. */
+enum {
+    CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89
+};
+
+/* CUmem_advise values. */
+enum {
+    CU_MEM_ADVISE_SET_READ_MOSTLY = 1,
+    CU_MEM_ADVISE_UNSET_READ_MOSTLY = 2,
+    CU_MEM_ADVISE_SET_PREFERRED_LOCATION = 3,
+    CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION = 4,
+    CU_MEM_ADVISE_SET_ACCESSED_BY = 5,
+    CU_MEM_ADVISE_UNSET_ACCESSED_BY = 6
 };
 
 /* CUstreamCaptureMode values. */
@@ -344,6 +377,27 @@ CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
 CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
                               size_t N, CUstream hStream);
 
+/* Pinned host memory. */
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
+                                      unsigned int Flags);
+CUresult cuMemFreeHost(void *p);
+
+/* Managed memory advice: the device-ordinal form and the location form. */
+CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                     CUdevice device);
+CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                        CUmemLocation location);
+
+/* Events. */
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+CUresult cuEventQuery(CUevent hEvent);
+CUresult cuEventSynchronize(CUevent hEvent);
+CUresult cuEventDestroy_v2(CUevent hEvent);
+
 /* Stream-ordered allocation and memory pools. */
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
@@ -437,13 +491,30 @@ size_t vramcap_standin_used(int dev);
 /* High-water mark of vramcap_standin_used(dev). */
 size_t vramcap_standin_peak(int dev);
 /*
+ * Bytes of device dev's live managed allocations whose preferred location is
+ * the host (advised with cuMemAdvise); they are not in
+ * vramcap_standin_used(dev). 0 if dev is invalid.
+ */
+size_t vramcap_standin_managed_host(int dev);
+/*
+ * What the stand-in knows ptr (any address inside an allocation) to be:
+ * "device" (cuMemAlloc family, stream-ordered), "managed", "managed-host"
+ * (managed, preferred location the host), "host" (cuMemHostAlloc,
+ * cuMemAllocHost_v2) or "unknown" (anything else, freed memory, VMM ranges
+ * and graph allocations included).
+ */
+const char *vramcap_standin_kind(CUdeviceptr ptr);
+/*
  * Event counters: "alloc", "free" (cuMemAlloc, cuMemAlloc_v2,
  * cuMemAllocPitch_v2 and cuMemAllocManaged blocks made / freed),
  * "getprocaddress", "alias", "sync" (cuCtxSynchronize calls), "capture"
  * (captures begun), "ipc" (cuIpcGetMemHandle calls), "async" (stream-ordered
  * allocations made, from any pool; graph allocations during capture are not
  * counted), "vmm" / "vmm_host" (cuMemCreate on a device / on the host),
- * "array" (CUDA arrays, 3D arrays and mipmapped arrays created); 0 otherwise.
+ * "array" (CUDA arrays, 3D arrays and mipmapped arrays created), "event"
+ * (successful cuEventRecord / _ptsz calls); and two amounts: "host_bytes"
+ * (live pinned host bytes), "managed_host_bytes" (live managed bytes whose
+ * preferred location is the host, all devices); 0 otherwise.
  */
 unsigned long vramcap_standin_count(const char *what);
 
