@@ -459,6 +459,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         if dptr == 0 || disabled() {
             return real();
         }
+        spill::reap();
         let Some((_, r)) = table().remove(&dptr) else {
             return real();
         };

@@ -300,7 +300,8 @@ fn release(dev: u16, blocks: Vec<Block>, why: Why) -> u64 {
     total
 }
 
-fn free_in_ctx(ptr: CUdeviceptr, ctx: usize) -> CUresult {
+/// Frees `ptr` with `ctx` current (pushed for the call when it is not).
+pub fn free_in_ctx(ptr: CUdeviceptr, ctx: usize) -> CUresult {
     let mut cur: *mut c_void = ptr::null_mut();
     let rc = call_real!(
         REAL.cuCtxGetCurrent,

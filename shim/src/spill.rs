@@ -36,6 +36,8 @@ use crate::real::call_real;
 use crate::state::{Kind, Record, settings, slot};
 
 static USED: AtomicU64 = AtomicU64::new(0);
+/// Deferred frees waiting (checked without a lock on every call that may reap).
+static PENDING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 fn limit() -> u64 {
     static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -298,7 +300,9 @@ pub fn free(ptr: CUdeviceptr, r: &Record) -> CUresult {
             fn(*mut c_void) -> CUresult,
             h as *mut c_void
         ),
-        _ => call_real!(REAL.cuMemFree_v2, fn(CUdeviceptr) -> CUresult, ptr),
+        // In its own context: the background thread, which frees deferred
+        // stream-ordered frees, has none.
+        _ => crate::cache::free_in_ctx(ptr, r.ctx),
     };
     if rc == CUDA_SUCCESS {
         forget(r);
@@ -389,12 +393,16 @@ pub fn free_when_reached(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push((ev as usize, ptr, r));
+    PENDING.fetch_add(1, Ordering::AcqRel);
     crate::cache::start_thread();
     CUDA_SUCCESS
 }
 
 /// Frees the deferred spilled pointers whose streams have passed the free.
 pub fn reap() {
+    if PENDING.load(Ordering::Acquire) == 0 {
+        return;
+    }
     let ready: Vec<(usize, CUdeviceptr, Record)> = {
         let mut g = deferred().lock().unwrap_or_else(|e| e.into_inner());
         if g.is_empty() {
@@ -416,6 +424,7 @@ pub fn reap() {
         });
         ready
     };
+    PENDING.fetch_sub(ready.len(), Ordering::AcqRel);
     for (ev, ptr, r) in ready {
         let _ = call_real!(
             REAL.cuEventDestroy_v2,
@@ -433,6 +442,7 @@ pub fn reap() {
 /// In a child after fork: nothing spilled, nothing deferred.
 pub fn reset_after_fork() {
     USED.store(0, Ordering::Release);
+    PENDING.store(0, Ordering::Release);
     // The parent's list (and a lock a parent thread may hold) is left alone.
     DEFERRED.store(std::ptr::null_mut(), Ordering::Release);
 }

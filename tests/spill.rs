@@ -1,0 +1,277 @@
+//! Spill past the cap into host memory, against the stand-in driver: the
+//! device never holds more than the cap, spilled memory is where the mode
+//! says, everything comes back on free, and the spill limit holds.
+
+mod util;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use util::*;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn env(mode: &str) -> Vec<(&str, &str)> {
+    vec![
+        ("VRAMCAP_LIMIT", "1GiB"),
+        ("VRAMCAP_SPILL", mode),
+        ("VRAMCAP_SPILL_LIMIT", "1GiB"),
+        ("VRAMCAP_CACHE", "off"),
+    ]
+}
+
+#[test]
+fn managed_spill_fills_the_cap_then_the_host() {
+    client(
+        "procaddr",
+        &env("managed"),
+        &[
+            "init", "fill", "128M", "kinds", "info", "ptrkind", "0", "ptrkind", "15", "freeall",
+            "kinds",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        // 8 chunks on the device, 8 spilled, then the spill limit.
+        &format!("fill 134217728 -> 16 allocs {} bytes rc=2", 2 * GIB),
+        &format!("kinds dev=0 device={GIB} managed_host={GIB}"),
+        "kinds dev=1 device=0 managed_host=0",
+        "kinds host=0",
+        // The device reports its cap, not the spill.
+        &format!("info -> 0 free=0 total={GIB}"),
+        "ptrkind #0 = device",
+        "ptrkind #15 = managed-host",
+        "freeall -> 16 freed rc=0",
+        "kinds dev=0 device=0 managed_host=0",
+        "kinds dev=1 device=0 managed_host=0",
+        "kinds host=0",
+    ]);
+}
+
+#[test]
+fn host_spill_uses_pinned_mapped_memory() {
+    client(
+        "linked",
+        &env("host"),
+        &[
+            "init", "fill", "128M", "kinds", "ptrkind", "8", "freeall", "kinds",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        &format!("fill 134217728 -> 16 allocs {} bytes rc=2", 2 * GIB),
+        &format!("kinds dev=0 device={GIB} managed_host=0"),
+        "kinds dev=1 device=0 managed_host=0",
+        &format!("kinds host={GIB}"),
+        "ptrkind #8 = host",
+        "freeall -> 16 freed rc=0",
+        "kinds dev=0 device=0 managed_host=0",
+        "kinds dev=1 device=0 managed_host=0",
+        "kinds host=0",
+    ]);
+}
+
+#[test]
+fn off_spills_nothing() {
+    client("procaddr", &env("off"), &["init", "fill", "128M", "kinds"]).expect_lines(&[
+        "init -> 0",
+        &format!("fill 134217728 -> 8 allocs {GIB} bytes rc=2"),
+        &format!("kinds dev=0 device={GIB} managed_host=0"),
+        "kinds dev=1 device=0 managed_host=0",
+        "kinds host=0",
+    ]);
+}
+
+#[test]
+fn other_paths_spill_or_refuse_as_documented() {
+    client(
+        "procaddr",
+        &env("managed"),
+        &[
+            "init",
+            "alloc",
+            "1G",
+            "pitch",
+            "1000",
+            "1024",
+            "4",
+            "managed",
+            "64M",
+            "stream",
+            "allocasync",
+            "64M",
+            "vmm",
+            "64M",
+            "array",
+            "1000",
+            "64",
+            "0x20",
+            "4",
+            "kinds",
+            "freeasync",
+            "3",
+            "free",
+            "1",
+            "free",
+            "2",
+            "kinds",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "alloc 1073741824 -> 0 #0",
+        // Pitched, managed and stream-ordered requests spill...
+        "pitch 1000 1024 4 -> 0 pitch=1024 #1",
+        "managed 67108864 -> 0 #2",
+        "stream -> 0",
+        "allocasync 67108864 -> 0 #3",
+        // ...VMM handles and arrays cannot.
+        "vmm 67108864 -> 2",
+        "array 1000 64 0x20 4 -> 2",
+        &format!("kinds dev=0 device={GIB} managed_host={}", MIB + 128 * MIB),
+        "kinds dev=1 device=0 managed_host=0",
+        "kinds host=0",
+        // A stream-ordered free of spilled memory is done when the stream
+        // gets there (the driver refuses cuMemFreeAsync on managed memory).
+        "freeasync #3 -> 0",
+        "free #1 -> 0",
+        "free #2 -> 0",
+        &format!("kinds dev=0 device={GIB} managed_host=0"),
+        "kinds dev=1 device=0 managed_host=0",
+        "kinds host=0",
+    ]);
+}
+
+#[test]
+fn no_spill_without_concurrent_managed_access() {
+    let mut e = env("managed");
+    e.push(("STANDIN_CONCURRENT_MANAGED", "0"));
+    let ran = client("procaddr", &e, &["init", "fill", "512M"]);
+    assert_eq!(
+        ran.ok_lines(),
+        [
+            "init -> 0",
+            "fill 536870912 -> 2 allocs 1073741824 bytes rc=2"
+        ]
+    );
+    assert!(
+        ran.stderr().contains(
+            "device 0 has no concurrent managed access; VRAMCAP_SPILL=managed cannot spill there"
+        ),
+        "{}",
+        ran.stderr()
+    );
+}
+
+#[test]
+fn bad_spill_settings_are_refused() {
+    for (var, value, msg) in [
+        (
+            "VRAMCAP_SPILL",
+            "disk",
+            "VRAMCAP_SPILL=\"disk\" is not valid: expected off, managed or host (e.g. VRAMCAP_SPILL=managed)",
+        ),
+        (
+            "VRAMCAP_SPILL_LIMIT",
+            "lots",
+            "VRAMCAP_SPILL_LIMIT=\"lots\" is not valid: expected a size (e.g. 8GiB) or a percentage of the machine's memory (e.g. 25%)",
+        ),
+        (
+            "VRAMCAP_SPILL_LIMIT",
+            "150%",
+            "VRAMCAP_SPILL_LIMIT=\"150%\" is not valid",
+        ),
+    ] {
+        let ran = client("procaddr", &[(var, value)], &["init"]);
+        ran.expect_code(2);
+        assert!(ran.stderr().contains(msg), "{}", ran.stderr());
+    }
+}
+
+fn stat_device0(dir: &Path, pid: u32) -> Value {
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", dir)
+        .args(["stat", "--json", "--pid", &pid.to_string()]);
+    let j: Value = serde_json::from_str(&run(cmd).ok_lines().join("")).unwrap();
+    j["processes"][0]["devices"][0].clone()
+}
+
+#[test]
+fn spilled_bytes_show_in_stat() {
+    let dir = fresh_dir("spill-stat");
+    let mut cmd = shimmed(&artefacts().client);
+    cmd.env("VRAMCAP_STATS_DIR", &dir).envs(env("host")).args([
+        "procaddr", "init", "fill", "256M", "wait", "freeall", "wait",
+    ]);
+    let mut h = Held::spawn(cmd);
+    h.until("wait");
+    let d = stat_device0(&dir, h.pid());
+    assert_eq!(
+        (
+            d["used_bytes"].as_u64(),
+            d["spilled_bytes"].as_u64(),
+            d["spill_allocations"].as_u64()
+        ),
+        (Some(GIB), Some(GIB), Some(4)),
+        "{d}"
+    );
+    assert_eq!(d["allocations"], 8);
+    h.resume();
+    h.until("wait");
+    let d = stat_device0(&dir, h.pid());
+    assert_eq!(
+        (
+            d["used_bytes"].as_u64(),
+            d["spilled_bytes"].as_u64(),
+            d["frees"].as_u64()
+        ),
+        (Some(0), Some(0), Some(8)),
+        "{d}"
+    );
+    h.finish();
+}
+
+/// The deferred stream-ordered free of spilled memory happens from the
+/// background thread even when the program makes no more CUDA calls.
+#[test]
+fn deferred_frees_complete_in_a_quiet_process() {
+    let dir = fresh_dir("spill-deferred");
+    let mut cmd = shimmed(&artefacts().client);
+    cmd.env("VRAMCAP_STATS_DIR", &dir)
+        .envs(env("managed"))
+        .args([
+            "procaddr",
+            "init",
+            "alloc",
+            "1G",
+            "stream",
+            "allocasync",
+            "256M",
+            "freeasync",
+            "1",
+            "wait",
+            "kinds",
+        ]);
+    let mut h = Held::spawn(cmd);
+    h.until("wait");
+    let start = Instant::now();
+    loop {
+        let d = stat_device0(&dir, h.pid());
+        if d["spilled_bytes"] == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the deferred free never happened: {d}"
+        );
+        std::thread::yield_now();
+    }
+    let (lines, _) = h.finish();
+    assert_eq!(
+        lines[lines.len() - 3],
+        format!("kinds dev=0 device={GIB} managed_host=0"),
+        "{lines:?}"
+    );
+}
