@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v cc >/dev/null || command -v gcc >/dev/null || missing+=(gcc)
 command -v nm >/dev/null || missing+=(binutils)
+command -v tmux >/dev/null || missing+=(tmux)
 if [ ${#missing[@]} -gt 0 ]; then
     if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
         echo "test.sh: installing ${missing[*]}" >&2

@@ -5,7 +5,10 @@
 //! executed); every subcommand exits 2 for bad arguments or settings;
 //! `stat` exits 1 when the statistics directory cannot be read; `doctor`
 //! exits 1 when it found a problem; `trim` exits 1 when a process could not
-//! be reached or did not answer in time; otherwise 0.
+//! be reached or did not answer in time; `top` exits 1 when the terminal
+//! cannot be set up or drawn to, 128 + the signal after SIGTERM, SIGHUP or
+//! SIGINT; `exporter` serves until killed and exits 2 when it cannot listen;
+//! otherwise 0.
 
 mod cli;
 
@@ -93,6 +96,29 @@ enum Command {
         #[arg(long = "gpu", value_name = "INDEX")]
         gpus: Vec<u32>,
     },
+    /// Live view of every process under the shim: memory bars, history and groups
+    ///
+    /// Keys: u, p, g, o sort by used bytes, PID, GPU or refusals; r reverses;
+    /// q, Esc or Ctrl-C quits. Without a terminal, prints the `stat` table
+    /// every interval instead.
+    Top {
+        /// Refresh every SECONDS
+        #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = cli::top::parse_interval)]
+        interval: std::time::Duration,
+        /// Stop after N refreshes
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+    },
+    /// Serve the counters of every process under the shim as Prometheus metrics
+    ///
+    /// `GET /metrics` answers in the text exposition format; one sample per
+    /// process and GPU, labelled gpu, UUID, pid, command, group (and pod,
+    /// namespace, container from the process's environment). Runs until killed.
+    Exporter {
+        /// Address to listen on: IP:PORT, [IPv6]:PORT, HOST:PORT or :PORT (all interfaces); port 0 picks a free one
+        #[arg(long, value_name = "ADDRESS:PORT", default_value = cli::exporter::DEFAULT_LISTEN)]
+        listen: String,
+    },
     /// Make processes give their cached blocks back to the driver now
     Trim {
         /// Processes to trim
@@ -125,6 +151,14 @@ fn find_library() -> Result<PathBuf, String> {
         && let Some(dir) = exe.parent()
     {
         tried.push(dir.join("libvramcap.so"));
+    }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(prefix) = exe.parent().and_then(Path::parent)
+    {
+        // PREFIX/bin/vramcap beside PREFIX/lib/…/vramcap/libvramcap.so (the
+        // .deb's layout under any prefix, and the tarball's).
+        tried.push(prefix.join("lib/x86_64-linux-gnu/vramcap/libvramcap.so"));
+        tried.push(prefix.join("lib/vramcap/libvramcap.so"));
     }
     if let Some(p) = std::env::var_os("VRAMCAP_LIBRARY") {
         tried.push(PathBuf::from(p));
@@ -211,6 +245,11 @@ fn main() -> ExitCode {
             };
             ExitCode::from(cli::stat::run(&mut args, uid))
         }),
+        Command::Top { interval, count } => cli::stat::stats_dir(uid)
+            .map(|dir| ExitCode::from(cli::top::run(&dir, uid, interval, count))),
+        Command::Exporter { listen } => cli::stat::stats_dir(uid)
+            .and_then(|dir| cli::exporter::run(&listen, dir, uid))
+            .map(ExitCode::from),
         Command::Trim { pids, all, timeout } => cli::stat::stats_dir(uid)
             .map(|dir| ExitCode::from(cli::trim::run(&dir, uid, &pids, all, timeout))),
         Command::Doctor { probe: true } => Ok(ExitCode::from(cli::doctor::probe())),

@@ -1,3 +1,5 @@
 pub mod doctor;
+pub mod exporter;
 pub mod stat;
+pub mod top;
 pub mod trim;
