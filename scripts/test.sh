@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: every test, no GPU needed. Installs what the tests need
-# (a C compiler for the stand-in driver, nm from binutils) when missing.
+# The test command: every test, no GPU needed, then the release packages
+# built and inspected. Installs what the tests need (a C compiler for the
+# stand-in driver, binutils, tmux for the terminal UI test, dpkg) when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,6 +9,8 @@ missing=()
 command -v cc >/dev/null || command -v gcc >/dev/null || missing+=(gcc)
 command -v nm >/dev/null || missing+=(binutils)
 command -v tmux >/dev/null || missing+=(tmux)
+command -v dpkg-deb >/dev/null || missing+=(dpkg)
+command -v objdump >/dev/null || missing+=(binutils)
 if [ ${#missing[@]} -gt 0 ]; then
     if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
         echo "test.sh: installing ${missing[*]}" >&2
@@ -19,3 +22,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 cargo test --workspace --locked "$@"
+
+# Release packages: glibc 2.17 floor, .deb contents, doctor from a staged
+# install (installs cargo-zigbuild, zig and cargo-deb when missing).
+bash scripts/check-package.sh
