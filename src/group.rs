@@ -50,6 +50,13 @@ pub const DEVICE_FREE: u32 = 0;
 pub const DEVICE_CLAIMING: u32 = 1;
 pub const DEVICE_READY: u32 = 2;
 
+/// The byte of the group file a live member keeps a lock on (an
+/// open-file-description lock, released by the kernel when the process
+/// dies, and visible across PID namespaces, unlike a PID).
+pub fn member_lock_offset(i: usize) -> u64 {
+    (offset_of!(GroupPage, members) + i * MEMBER_SIZE) as u64
+}
+
 /// The group file's name in the statistics directory.
 pub fn file_name(group: &str) -> String {
     format!("group-{group}.grp")
@@ -182,17 +189,22 @@ impl Member {
 }
 
 impl GroupPage {
-    /// Reclaims the slot of member `i` if it holds `pid` and that process is
-    /// gone (`alive` says whether a pid with a start time still runs).
-    /// Returns the bytes given back, or `None` if the slot was not reclaimed.
-    pub fn reclaim_if_dead(&self, i: usize, alive: impl Fn(u32, u64) -> bool) -> Option<u64> {
+    /// Reclaims the slot of member `i` if its process is gone (`alive` says
+    /// whether slot `i` with this pid and start time is still held; members
+    /// hold a lock on [`member_lock_offset`] while they live). Returns the
+    /// bytes given back, or `None` if the slot was not reclaimed.
+    pub fn reclaim_if_dead(
+        &self,
+        i: usize,
+        alive: impl Fn(usize, u32, u64) -> bool,
+    ) -> Option<u64> {
         let m = self.members.get(i)?;
         let pid = m.pid.load(Ordering::Acquire);
         if pid == 0 || pid == RECLAIMING {
             return None;
         }
         let start = m.start_time.load(Ordering::Acquire);
-        if alive(pid, start) {
+        if alive(i, pid, start) {
             return None;
         }
         m.pid
@@ -205,13 +217,26 @@ impl GroupPage {
     }
 
     /// Claims a free member slot for `pid`; `None` when all are taken.
-    pub fn join(&self, pid: u32, start_time: u64) -> Option<usize> {
+    /// `lock(i)` takes the slot's liveness lock first (false: someone holds
+    /// it) and `unlock(i)` gives it back when the slot was taken meanwhile,
+    /// so a slot is never claimed without its lock held.
+    pub fn join(
+        &self,
+        pid: u32,
+        start_time: u64,
+        mut lock: impl FnMut(usize) -> bool,
+        mut unlock: impl FnMut(usize),
+    ) -> Option<usize> {
         for (i, m) in self.members.iter().enumerate() {
-            if m.pid.load(Ordering::Relaxed) == 0
-                && m.pid
-                    .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
+            if m.pid.load(Ordering::Relaxed) != 0 || !lock(i) {
+                continue;
+            }
+            if m.pid
+                .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
             {
+                unlock(i);
+            } else {
                 m.start_time.store(start_time, Ordering::Release);
                 for h in &m.held {
                     h.store(0, Ordering::Relaxed);
@@ -384,8 +409,8 @@ mod tests {
             "found, limit untouched"
         );
         assert_eq!(g.devices[d].limit.load(Ordering::Relaxed), 1000);
-        let a = g.join(10, 1).unwrap();
-        let b = g.join(20, 2).unwrap();
+        let a = g.join(10, 1, |_| true, |_| {}).unwrap();
+        let b = g.join(20, 2, |_| true, |_| {}).unwrap();
         assert_ne!(a, b);
         g.devices[d].try_reserve(768).unwrap();
         g.members[a].held[d].fetch_add(768, Ordering::Relaxed);
@@ -393,14 +418,23 @@ mod tests {
         g.devices[d].try_reserve(232).unwrap();
         g.members[b].held[d].fetch_add(232, Ordering::Relaxed);
         // Member 10 dies: its 768 bytes come back exactly once.
-        let alive = |pid: u32, _| pid != 10;
+        let alive = |_, pid: u32, _| pid != 10;
         assert_eq!(g.reclaim_if_dead(a, alive), Some(768));
         assert_eq!(g.reclaim_if_dead(a, alive), None);
         assert_eq!(g.reclaim_if_dead(b, alive), None);
         assert_eq!(g.devices[d].used.load(Ordering::Relaxed), 232);
         assert_eq!(g.devices[d].peak.load(Ordering::Relaxed), 1000);
         assert_eq!(g.live_members().count(), 1);
-        assert_eq!(g.join(30, 3), Some(a), "the slot is free again");
+        assert_eq!(
+            g.join(30, 3, |_| true, |_| {}),
+            Some(a),
+            "the slot is free again"
+        );
+        assert_eq!(
+            g.join(40, 4, |_| false, |_| {}),
+            None,
+            "no slot without its lock"
+        );
     }
 
     #[test]
@@ -410,7 +444,7 @@ mod tests {
         let handles: Vec<_> = (0..16u32)
             .map(|t| {
                 std::thread::spawn(move || {
-                    let me = g.join(100 + t, 0).unwrap();
+                    let me = g.join(100 + t, 0, |_| true, |_| {}).unwrap();
                     let mut x = u64::from(t) * 2654435761 + 1;
                     for _ in 0..20_000 {
                         x ^= x << 13;

@@ -39,6 +39,38 @@ pub fn pid_alive(pid: u32) -> bool {
     io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Whether some process holds a lock (open-file-description lock) on
+/// `len` bytes at `start` of the open file `fd`. Such locks are released by
+/// the kernel when their holder dies and are visible from any PID namespace,
+/// which makes them the liveness test: PIDs from containers mean nothing
+/// outside them.
+pub fn ofd_locked(fd: libc::c_int, start: u64, len: u64) -> bool {
+    // SAFETY: zeroed flock is a valid argument.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start as libc::off_t;
+    fl.l_len = len as libc::off_t;
+    // SAFETY: fd is open; fl is a valid flock for F_OFD_GETLK.
+    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl) };
+    // If the question cannot be asked, assume the holder lives: never
+    // reclaim or prune on doubt.
+    rc != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
+}
+
+/// Takes an open-file-description write lock on `len` bytes at `start` of
+/// `fd` without waiting; false when another holds it.
+pub fn ofd_lock(fd: libc::c_int, start: u64, len: u64, lock: bool) -> bool {
+    // SAFETY: zeroed flock is a valid argument.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start as libc::off_t;
+    fl.l_len = len as libc::off_t;
+    // SAFETY: fd is open; fl is a valid flock for F_OFD_SETLK.
+    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) == 0 }
+}
+
 /// A file that was not shown, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
@@ -167,12 +199,12 @@ fn read_one(path: &Path, uid: u32) -> Outcome {
             snap.pid
         ));
     }
-    if !pid_alive(snap.pid) {
-        return Outcome::Dead;
-    }
-    match start_time(snap.pid) {
-        Some(t) if snap.start_time != 0 && t != snap.start_time => Outcome::Dead,
-        _ => Outcome::Live(snap),
+    // The shim holds a lock on the page's first byte while the process
+    // lives (see the shim's stats module).
+    if ofd_locked(fd, 0, 1) {
+        Outcome::Live(snap)
+    } else {
+        Outcome::Dead
     }
 }
 
@@ -346,8 +378,8 @@ pub fn scan_groups(dir: &Path, uid: u32) -> io::Result<(Vec<GroupSnapshot>, Vec<
         }
         // SAFETY: the mapping holds a checked group page until unmapped below.
         let g = unsafe { &*map.cast::<GroupPage>() };
-        let alive = |pid: u32, start: u64| {
-            pid_alive(pid) && (start == 0 || start_time(pid).is_none_or(|t| t == start))
+        let alive = |i: usize, _pid: u32, _start: u64| {
+            ofd_locked(fd, crate::group::member_lock_offset(i), 1)
         };
         for i in 0..g.members.len() {
             let _ = g.reclaim_if_dead(i, alive);

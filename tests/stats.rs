@@ -401,3 +401,29 @@ fn doctor_finds_everything_with_the_stand_in() {
         "{out}"
     );
 }
+
+/// Liveness is the page's lock, not its PID: a page whose PID means nothing
+/// to the reader (as from another PID namespace) is shown while its process
+/// holds it, and pruned once that process is gone.
+#[test]
+fn liveness_follows_the_lock_not_the_pid() {
+    use std::os::unix::fs::FileExt;
+    let dir = fresh_dir("lock-liveness");
+    let h = held_client(&dir, "1GiB", &["init", "alloc", "64M", "wait"]);
+    let page = dir.join(format!("{}.page", h.pid()));
+    let foreign = 999_999u32;
+    let moved = dir.join(format!("{foreign}.page"));
+    std::fs::rename(&page, &moved).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&moved)
+        .unwrap()
+        .write_all_at(&foreign.to_ne_bytes(), 28)
+        .unwrap();
+    let j = stat_json(&dir, &[]);
+    assert_eq!(j["processes"][0]["pid"], foreign, "{j}");
+    assert_eq!(j["processes"][0]["devices"][0]["used_bytes"], 64u64 << 20);
+    h.finish();
+    assert_eq!(stat_json(&dir, &[])["processes"], serde_json::json!([]));
+    assert!(!moved.exists(), "pruned once its process is gone");
+}

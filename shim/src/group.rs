@@ -28,7 +28,7 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::group::{self, GROUP_HEADER_SIZE, GROUP_PAGE_SIZE, GroupPage};
 use vramcap_core::limit::{LimitSpec, parse_limit};
 use vramcap_core::page::get_text;
-use vramcap_core::scan::{pid_alive, start_time};
+use vramcap_core::scan::{ofd_lock, ofd_locked, start_time};
 use vramcap_core::settings::default_stats_dir;
 
 use crate::cuda::CUdevice;
@@ -44,6 +44,8 @@ const FAILED: u8 = 3;
 static PAGE: AtomicPtr<GroupPage> = AtomicPtr::new(ptr::null_mut());
 static STATE: AtomicU8 = AtomicU8::new(UNTRIED);
 static MEMBER: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// The group file's descriptor, holding this member's liveness lock (-1: none).
+static FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 /// CUDA ordinal → group device entry + 1 (0: not attached yet).
 static DEVICES: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(0) }; MAX_DEVICES];
 
@@ -122,7 +124,7 @@ fn map(fd: i32) -> Result<&'static GroupPage, String> {
     Ok(unsafe { &*p.cast::<GroupPage>() })
 }
 
-fn open_existing(path: &CString, uid: u32) -> Result<Option<&'static GroupPage>, String> {
+fn open_existing(path: &CString, uid: u32) -> Result<Option<(&'static GroupPage, i32)>, String> {
     // SAFETY: a valid path; no symbolic links followed.
     let fd = unsafe {
         libc::open(
@@ -157,7 +159,8 @@ fn open_existing(path: &CString, uid: u32) -> Result<Option<&'static GroupPage>,
     group::check_group_header(meta.len(), &head, uid).map_err(|p| {
         format!("the group page {path:?} is unusable: {p} (remove it when no member runs)")
     })?;
-    map(fd).map(Some)
+    let page = map(fd)?;
+    Ok(Some((page, std::os::fd::IntoRawFd::into_raw_fd(file))))
 }
 
 fn create(dir: &std::path::Path, path: &CString, name: &str, uid: u32) -> Result<(), String> {
@@ -229,7 +232,7 @@ fn join() -> Result<(&'static GroupPage, usize), String> {
     prepare_dir(&dir, uid, is_default)
         .map_err(|e| e.unwrap_or_else(|| "the statistics directory is unusable".into()))?;
     let path = cstring(&dir.join(group::file_name(name))).map_err(|e| e.unwrap_or_default())?;
-    let page = match open_existing(&path, uid)? {
+    let (page, fd) = match open_existing(&path, uid)? {
         Some(p) => p,
         None => {
             create(&dir, &path, name, uid)?;
@@ -246,14 +249,19 @@ fn join() -> Result<(&'static GroupPage, usize), String> {
         );
     }
     let me = start_time(pid).unwrap_or(0);
-    let slot = match page.join(pid, me) {
+    let lock = |i: usize| ofd_lock(fd, group::member_lock_offset(i), 1, true);
+    let unlock = |i: usize| {
+        ofd_lock(fd, group::member_lock_offset(i), 1, false);
+    };
+    let slot = match page.join(pid, me, lock, unlock) {
         Some(i) => i,
         None => {
-            reclaim_dead(page);
-            page.join(pid, me)
+            reclaim_dead(page, fd);
+            page.join(pid, me, lock, unlock)
                 .ok_or_else(|| format!("group {name:?} has no free member slot (1024 members)"))?
         }
     };
+    FD.store(fd, Ordering::Release);
     Ok((page, slot))
 }
 
@@ -328,7 +336,7 @@ pub fn reserve(device: CUdevice, bytes: u64) -> Result<(), u64> {
     };
     let dev = &page.devices[i];
     if let Err(used) = dev.try_reserve(bytes) {
-        if reclaim_dead(page) == 0 {
+        if reclaim_dead(page, FD.load(Ordering::Acquire)) == 0 {
             return Err(used);
         }
         dev.try_reserve(bytes)?;
@@ -356,16 +364,21 @@ pub fn used(device: CUdevice) -> Option<u64> {
     entry(device).map(|(p, i)| p.devices[i].used.load(Ordering::Acquire))
 }
 
-fn alive(pid: u32, start: u64) -> bool {
-    pid_alive(pid) && (start == 0 || start_time(pid).is_none_or(|t| t == start))
+/// A member lives while its lock on its slot's byte is held (the kernel
+/// drops it when the process dies; PIDs would not do across containers).
+/// Our own slot is alive by definition: a lock query through our own
+/// descriptor does not see the lock that descriptor holds.
+fn alive(fd: i32) -> impl Fn(usize, u32, u64) -> bool {
+    let me = MEMBER.load(Ordering::Acquire);
+    move |i, _, _| i == me || ofd_locked(fd, group::member_lock_offset(i), 1)
 }
 
 /// Returns the bytes of members whose processes are gone. Returns how many
 /// bytes came back.
-fn reclaim_dead(page: &GroupPage) -> u64 {
+fn reclaim_dead(page: &GroupPage, fd: i32) -> u64 {
     let mut total = 0;
     for i in 0..page.members.len() {
-        if let Some(b) = page.reclaim_if_dead(i, alive) {
+        if let Some(b) = page.reclaim_if_dead(i, alive(fd)) {
             log_at!(
                 Info,
                 "group: a dead member's {b} bytes are back in the budget"
@@ -390,7 +403,10 @@ pub fn tick() {
     }
     LAST.store(now, Ordering::Relaxed);
     // SAFETY: joined: the page stays mapped.
-    reclaim_dead(unsafe { &*PAGE.load(Ordering::Acquire) });
+    reclaim_dead(
+        unsafe { &*PAGE.load(Ordering::Acquire) },
+        FD.load(Ordering::Acquire),
+    );
 }
 
 /// At normal exit: give this member's bytes back and free its slot.
@@ -419,6 +435,13 @@ pub fn leave() {
 
 /// In a child after fork: not a member yet (the parent's slot is the parent's).
 pub fn reset_after_fork() {
+    // The inherited descriptor shares the parent's member lock: drop it, or
+    // the parent would look alive for as long as this child runs.
+    let fd = FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: closing our copy; the parent keeps its own descriptor.
+        unsafe { libc::close(fd) };
+    }
     STATE.store(UNTRIED, Ordering::Release);
     MEMBER.store(usize::MAX, Ordering::Release);
     for d in &DEVICES {

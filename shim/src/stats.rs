@@ -35,6 +35,8 @@ static PAGE: AtomicPtr<Page> = AtomicPtr::new(ptr::null_mut());
 static STATE: AtomicU8 = AtomicU8::new(NONE);
 /// The page's path when it is a shared file (leaked, NUL-terminated).
 static PATH: AtomicPtr<CString> = AtomicPtr::new(ptr::null_mut());
+/// The page's descriptor, holding the liveness lock (-1: none).
+static PAGE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 /// The pid that created the shared page (its owner removes it at exit).
 static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
@@ -210,8 +212,14 @@ fn open_shared() -> Result<*mut Page, Option<String>> {
     if map == libc::MAP_FAILED {
         return fail("map");
     }
-    // SAFETY: the mapping stays valid after the descriptor is closed.
-    unsafe { libc::close(fd) };
+    // The descriptor stays open for the life of the process: its lock on the
+    // first byte is how readers tell a live page from a dead process's, in
+    // any PID namespace (the kernel drops the lock when the process dies;
+    // the descriptor is close-on-exec, so exec drops it too).
+    if !vramcap_core::scan::ofd_lock(fd, 0, 1, true) {
+        return fail("lock");
+    }
+    PAGE_FD.store(fd, Ordering::Release);
     let p = map.cast::<Page>();
     // SAFETY: the fresh file reads as zeroes, a valid Page; nobody else has
     // it mapped yet (its name is private until the rename below).
@@ -257,6 +265,13 @@ pub fn remove_at_exit() {
 
 /// In a child after fork: forget the parent's page without touching it.
 pub fn reset_after_fork() {
+    // The inherited descriptor shares the parent's lock: drop it, or the
+    // parent's page would look alive for as long as this child runs.
+    let fd = PAGE_FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: closing our copy of the descriptor; the parent keeps its own.
+        unsafe { libc::close(fd) };
+    }
     let p = PAGE.swap(ptr::null_mut(), Ordering::AcqRel);
     if !p.is_null() && !PATH.load(Ordering::Acquire).is_null() {
         // SAFETY: only this thread exists in the child; the parent's shared
