@@ -104,58 +104,49 @@ fn still_active(dev: CUdevice) -> bool {
     rc != CUDA_SUCCESS || active != 0
 }
 
-/// Releasing the last reference destroys the primary context: cached blocks
-/// are freed before (they might be the last use), records dropped after if
-/// the context is gone.
+/// Around a call that may destroy `dev`'s primary context (releasing its
+/// last reference, or a reset): cached blocks are freed before (they might
+/// be the last use), records dropped after if the context is gone.
+fn around_primary_teardown(dev: CUdevice, real: impl FnOnce() -> CUresult) -> CUresult {
+    if disabled() {
+        return real();
+    }
+    let primary = active_primary(dev);
+    if let Some(ctx) = primary {
+        cache::drain_ctx(ctx);
+    }
+    let rc = real();
+    if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
+        && !still_active(dev)
+    {
+        forget_ctx(ctx);
+    }
+    rc
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    let real = || {
-        call_real!(
-            REAL.cuDevicePrimaryCtxRelease_v2,
-            fn(CUdevice) -> CUresult,
-            dev
-        )
-    };
     boundary("cuDevicePrimaryCtxRelease_v2", CUDA_ERROR_NOT_FOUND, || {
-        if disabled() {
-            return real();
-        }
-        let primary = active_primary(dev);
-        if let Some(ctx) = primary {
-            cache::drain_ctx(ctx);
-        }
-        let rc = real();
-        if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
-            && !still_active(dev)
-        {
-            forget_ctx(ctx);
-        }
-        rc
+        around_primary_teardown(dev, || {
+            call_real!(
+                REAL.cuDevicePrimaryCtxRelease_v2,
+                fn(CUdevice) -> CUresult,
+                dev
+            )
+        })
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    let real = || {
-        call_real!(
-            REAL.cuDevicePrimaryCtxReset_v2,
-            fn(CUdevice) -> CUresult,
-            dev
-        )
-    };
     boundary("cuDevicePrimaryCtxReset_v2", CUDA_ERROR_NOT_FOUND, || {
-        if disabled() {
-            return real();
-        }
-        let primary = active_primary(dev);
-        if let Some(ctx) = primary {
-            cache::drain_ctx(ctx);
-        }
-        let rc = real();
-        if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary) {
-            forget_ctx(ctx);
-        }
-        rc
+        around_primary_teardown(dev, || {
+            call_real!(
+                REAL.cuDevicePrimaryCtxReset_v2,
+                fn(CUdevice) -> CUresult,
+                dev
+            )
+        })
     })
 }
 

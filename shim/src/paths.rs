@@ -540,10 +540,12 @@ fn destroy_array(what: &str, h: *mut c_void) {
     };
 }
 
-fn array_size(h: *mut c_void, device: CUdevice) -> Option<u64> {
+/// The size the driver reports for an array (`get` is its memory
+/// requirements call for that kind of array).
+fn requirements(get: &crate::real::DynFn, h: *mut c_void, device: CUdevice) -> Option<u64> {
     let mut req = MemoryRequirements::default();
     let rc = call_real!(
-        REAL.cuArrayGetMemoryRequirements,
+        get,
         fn(*mut MemoryRequirements, *mut c_void, CUdevice) -> CUresult,
         &mut req,
         h,
@@ -552,16 +554,12 @@ fn array_size(h: *mut c_void, device: CUdevice) -> Option<u64> {
     (rc == CUDA_SUCCESS && req.size > 0).then_some(req.size as u64)
 }
 
+fn array_size(h: *mut c_void, device: CUdevice) -> Option<u64> {
+    requirements(&REAL.cuArrayGetMemoryRequirements, h, device)
+}
+
 fn mipmapped_size(h: *mut c_void, device: CUdevice) -> Option<u64> {
-    let mut req = MemoryRequirements::default();
-    let rc = call_real!(
-        REAL.cuMipmappedArrayGetMemoryRequirements,
-        fn(*mut MemoryRequirements, *mut c_void, CUdevice) -> CUresult,
-        &mut req,
-        h,
-        device
-    );
-    (rc == CUDA_SUCCESS && req.size > 0).then_some(req.size as u64)
+    requirements(&REAL.cuMipmappedArrayGetMemoryRequirements, h, device)
 }
 
 #[unsafe(no_mangle)]
