@@ -76,8 +76,21 @@ pub struct Header {
     pub group: [u8; GROUP_LEN],
     /// The command line, arguments joined by spaces, NUL-padded, cut to fit.
     pub command: [u8; COMMAND_LEN],
-    pub reserved: [u8; 312],
+    /// Kubernetes identity from the process's environment when it has it
+    /// (`POD_NAME` or `KUBERNETES_POD_NAME`, `POD_NAMESPACE`,
+    /// `CONTAINER_NAME`), so readers outside its PID namespace see it too.
+    pub pod: [u8; 96],
+    pub namespace: [u8; 64],
+    pub container: [u8; 64],
+    pub reserved: [u8; 88],
 }
+
+/// Where the page's identity fields come from, by field.
+pub const IDENTITY_VARS: [(&str, &[&str]); 3] = [
+    ("pod", &["POD_NAME", "KUBERNETES_POD_NAME"]),
+    ("namespace", &["POD_NAMESPACE"]),
+    ("container", &["CONTAINER_NAME"]),
+];
 
 /// Counters of one device. `budget` holds `limit`, `used` and `peak`.
 #[repr(C)]
@@ -214,7 +227,20 @@ impl Header {
         self.reserved0 = [0; 8];
         put_text(&mut self.group, group);
         put_text(&mut self.command, command);
-        self.reserved = [0; 312];
+        self.reserved = [0; 88];
+    }
+
+    /// Fills the identity fields through `get` (an environment lookup).
+    pub fn fill_identity(&mut self, get: impl Fn(&str) -> Option<String>) {
+        let pick = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|n| get(n).filter(|v| !v.is_empty()))
+                .unwrap_or_default()
+        };
+        put_text(&mut self.pod, &pick(IDENTITY_VARS[0].1));
+        put_text(&mut self.namespace, &pick(IDENTITY_VARS[1].1));
+        put_text(&mut self.container, &pick(IDENTITY_VARS[2].1));
     }
 }
 
@@ -318,6 +344,10 @@ pub struct PageSnapshot {
     pub created_unix_ns: u64,
     pub command: String,
     pub group: String,
+    /// Kubernetes identity recorded by the shim ("" when absent).
+    pub pod: String,
+    pub namespace: String,
+    pub container: String,
     /// The devices the process has used, in index order.
     pub devices: Vec<SlotSnapshot>,
 }
@@ -362,6 +392,9 @@ impl Page {
             created_unix_ns: h.created_unix_ns,
             command: get_text(&h.command),
             group: get_text(&h.group),
+            pod: get_text(&h.pod),
+            namespace: get_text(&h.namespace),
+            container: get_text(&h.container),
             devices,
         }
     }
@@ -410,7 +443,10 @@ mod tests {
             (offset_of!(Header, reserved0), 72),
             (offset_of!(Header, group), 136),
             (offset_of!(Header, command), 200),
-            (offset_of!(Header, reserved), 712),
+            (offset_of!(Header, pod), 712),
+            (offset_of!(Header, namespace), 808),
+            (offset_of!(Header, container), 872),
+            (offset_of!(Header, reserved), 936),
         ];
         for (got, want) in h {
             assert_eq!(got, want);

@@ -409,7 +409,15 @@ fn doctor_finds_everything_with_the_stand_in() {
 fn liveness_follows_the_lock_not_the_pid() {
     use std::os::unix::fs::FileExt;
     let dir = fresh_dir("lock-liveness");
-    let h = held_client(&dir, "1GiB", &["init", "alloc", "64M", "wait"]);
+    let a = artefacts();
+    let mut cmd = shimmed(&a.client);
+    cmd.env("VRAMCAP_LIMIT", "1GiB")
+        .env("VRAMCAP_STATS_DIR", &dir)
+        .env("POD_NAME", "trainer-0")
+        .env("POD_NAMESPACE", "ml")
+        .args(["procaddr", "init", "alloc", "64M", "wait"]);
+    let mut h = Held::spawn(cmd);
+    h.until("wait");
     let page = dir.join(format!("{}.page", h.pid()));
     let foreign = 999_999u32;
     let moved = dir.join(format!("{foreign}.page"));
@@ -423,6 +431,12 @@ fn liveness_follows_the_lock_not_the_pid() {
     let j = stat_json(&dir, &[]);
     assert_eq!(j["processes"][0]["pid"], foreign, "{j}");
     assert_eq!(j["processes"][0]["devices"][0]["used_bytes"], 64u64 << 20);
+    // The pod's identity is in the page, readable outside its PID namespace.
+    assert_eq!(
+        (&j["processes"][0]["pod"], &j["processes"][0]["namespace"]),
+        (&Value::from("trainer-0"), &Value::from("ml"))
+    );
+    assert_eq!(j["processes"][0]["container"], Value::Null);
     h.finish();
     assert_eq!(stat_json(&dir, &[])["processes"], serde_json::json!([]));
     assert!(!moved.exists(), "pruned once its process is gone");

@@ -233,6 +233,7 @@ fn open_shared() -> Result<*mut Page, Option<String>> {
         &command_line(),
         &group,
     );
+    header.fill_identity(|name| std::env::var(name).ok());
     header.state.store(STATE_READY, Ordering::Release);
     // SAFETY: two valid paths in the same directory.
     if unsafe { libc::rename(tmp.as_ptr(), fin.as_ptr()) } != 0 {

@@ -43,7 +43,8 @@
 //! - `pid`; `command`: the command line, cut to its first 128 characters;
 //! - `group`: the process's `VRAMCAP_GROUP`, empty when none;
 //! - `pod`, `namespace`, `container`: only when the process's environment
-//!   (read from `/proc/PID/environ`, so the process must be this user's) holds
+//!   holds them, as the shim recorded it in the page (for pages without
+//!   those fields, read from `/proc/PID/environ`); the variables are
 //!   `POD_NAME` (or else `KUBERNETES_POD_NAME`), `POD_NAMESPACE` and
 //!   `CONTAINER_NAME` respectively, non-empty — the names a Kubernetes
 //!   Downward API `env` block would set.
@@ -543,6 +544,20 @@ impl Exporter {
 /// The `pod`, `namespace` and `container` labels from the process's
 /// environment, when it is still the process of the page.
 fn env_labels(page: &PageSnapshot) -> Vec<(&'static str, String)> {
+    // The shim records them in the page: right whatever PID namespace the
+    // process runs in. Older pages have none: fall back to the environment.
+    let recorded: Vec<(&'static str, String)> = [
+        ("pod", &page.pod),
+        ("namespace", &page.namespace),
+        ("container", &page.container),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(k, v)| (k, v.clone()))
+    .collect();
+    if !recorded.is_empty() {
+        return recorded;
+    }
     let Ok(file) = std::fs::File::open(format!("/proc/{}/environ", page.pid)) else {
         return Vec::new();
     };
@@ -935,6 +950,9 @@ mod tests {
             created_unix_ns: 0,
             command: format!("a\"b\\c\n{}", "x".repeat(200)),
             group: String::new(),
+            pod: String::new(),
+            namespace: String::new(),
+            container: String::new(),
             devices: vec![slot(0, Some(100)), slot(3, None)],
         }];
         let env = [vec![("pod", "p\"1".to_string())]];

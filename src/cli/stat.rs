@@ -6,7 +6,8 @@
 //! ```text
 //! { "schema": "vramcap.stat", "version": 1, "time_unix_ns": u64, "dir": str,
 //!   "processes": [ { "pid": u32, "start_time_ticks": u64, "command": str,
-//!       "group": str|null,
+//!       "group": str|null, "pod": str|null, "namespace": str|null,
+//!       "container": str|null,
 //!       "devices": [ { "gpu": u32, "uuid": str|null, "limit_bytes": u64|null,
 //!           "used_bytes": u64, "peak_bytes": u64, "cached_bytes": u64,
 //!           "spilled_bytes": u64, "allocations": u64, "frees": u64,
@@ -190,6 +191,9 @@ pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
                 "start_time_ticks": p.start_time,
                 "command": p.command,
                 "group": if p.group.is_empty() { Value::Null } else { Value::from(p.group.clone()) },
+                "pod": if p.pod.is_empty() { Value::Null } else { Value::from(p.pod.clone()) },
+                "namespace": if p.namespace.is_empty() { Value::Null } else { Value::from(p.namespace.clone()) },
+                "container": if p.container.is_empty() { Value::Null } else { Value::from(p.container.clone()) },
                 "devices": devs.iter().map(device_json).collect::<Vec<_>>(),
             })
         })

@@ -75,13 +75,25 @@ pub fn artefacts() -> &'static Artefacts {
 }
 
 /// A command with an environment that holds nothing of the caller's
-/// `VRAMCAP_*`, `STANDIN_*` or `LD_PRELOAD`, and finds the stand-in driver.
+/// `VRAMCAP_*`, `STANDIN_*`, `LD_PRELOAD` or Kubernetes identity variables,
+/// and finds the stand-in driver.
 pub fn bare(program: &Path) -> Command {
     let a = artefacts();
     let mut cmd = Command::new(program);
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().into_owned();
-        if k.starts_with("VRAMCAP_") || k.starts_with("STANDIN_") || k == "LD_PRELOAD" {
+        // The Kubernetes identity variables end up in pages and labels.
+        let identity = [
+            "POD_NAME",
+            "KUBERNETES_POD_NAME",
+            "POD_NAMESPACE",
+            "CONTAINER_NAME",
+        ];
+        if k.starts_with("VRAMCAP_")
+            || k.starts_with("STANDIN_")
+            || k == "LD_PRELOAD"
+            || identity.contains(&k.as_str())
+        {
             cmd.env_remove(k);
         }
     }
