@@ -210,6 +210,13 @@ impl GroupPage {
         m.pid
             .compare_exchange(pid, RECLAIMING, Ordering::AcqRel, Ordering::Acquire)
             .ok()?;
+        // Between the look and the swap the slot may have been reclaimed by
+        // another and joined by a new member with the same PID (PIDs repeat
+        // across namespaces): look again, now that nobody else can.
+        if alive(i, pid, start) {
+            m.pid.store(pid, Ordering::Release);
+            return None;
+        }
         let bytes = m.return_all(&self.devices);
         m.start_time.store(0, Ordering::Release);
         m.pid.store(0, Ordering::Release);

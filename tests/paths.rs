@@ -374,3 +374,41 @@ fn threads_switching_devices_keep_separate_caps() {
         "{lines:?}"
     );
 }
+
+/// The driver frees VMM memory once it is released *and* unmapped: a mapping
+/// keeps it counted after its last handle is released.
+#[test]
+fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
+    client(
+        "procaddr",
+        &[("VRAMCAP_LIMIT", "64MiB")],
+        &[
+            "init",
+            "vmm",
+            "32M",
+            "vmmmap",
+            "0",
+            "vmmrelease",
+            "0",
+            "info",
+            "vmm",
+            "64M",
+            "vmmunmap",
+            "0",
+            "info",
+            "standin",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "vmm 33554432 -> 0 %0",
+        "vmmmap %0 -> 0",
+        "vmmrelease %0 -> 0",
+        &format!("info -> 0 free={} total=67108864", 32 * MIB),
+        "vmm 67108864 -> 2",
+        "vmmunmap %0 -> 0",
+        "info -> 0 free=67108864 total=67108864",
+        "standin dev=0 used=0 peak=33554432",
+        "standin dev=1 used=0 peak=0",
+    ]);
+}

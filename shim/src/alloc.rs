@@ -320,7 +320,9 @@ pub(crate) fn insert(ptr: CUdeviceptr, record: Record) {
     if let Some(stale) = table().insert(ptr, record) {
         // The driver handed out an address the shim still thought was live:
         // it was released behind the shim's back.
-        if let Some(s) = slot(CUdevice::from(stale.device)) {
+        if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+            spill::forget(&stale);
+        } else if let Some(s) = slot(CUdevice::from(stale.device)) {
             release_on(s, CUdevice::from(stale.device), stale.bytes);
         }
         log_once!(

@@ -214,6 +214,9 @@ fn put_back(dev: u16, c: &DeviceCache, block: Block) {
 /// Keeps a freed block. Returns false when the device is not caching.
 pub fn keep(dev: u16, mut block: Block) -> bool {
     let Some(c) = device(dev) else { return false };
+    if capturing() {
+        return false; // keeping could evict, and evicting frees: not now
+    }
     let bound = c.bound.load(Ordering::Relaxed);
     if bound == 0 {
         return false;
@@ -236,6 +239,9 @@ pub fn keep(dev: u16, mut block: Block) -> bool {
 /// bytes released.
 pub fn evict(dev: u16, need: u64) -> u64 {
     let Some(c) = device(dev) else { return 0 };
+    if capturing() {
+        return 0; // no frees of our own while a capture runs
+    }
     let out = {
         let mut g = c.lock();
         let keep = g.pool.total().saturating_sub(need);
@@ -275,8 +281,16 @@ enum Why {
     Idle,
 }
 
+/// True while a stream capture the hooks saw is in progress: the shim then
+/// makes no driver call of its own that could invalidate it (frees,
+/// synchronisations).
+pub fn capturing() -> bool {
+    CAPTURES.load(Ordering::SeqCst) > 0
+}
+
 /// Frees blocks of device `dev` for real (each in its own context) and
-/// settles the counters.
+/// settles the counters. A block the driver would not free (a capture
+/// began meanwhile, say) goes back to the pool, still counted.
 fn release(dev: u16, blocks: Vec<Block>, why: Why) -> u64 {
     let mut total = 0;
     for b in blocks {
@@ -284,8 +298,12 @@ fn release(dev: u16, blocks: Vec<Block>, why: Why) -> u64 {
         if rc != CUDA_SUCCESS {
             log_once!(
                 Warn,
-                "releasing a cached block failed with {rc}; counting it as released"
+                "releasing a cached block failed with {rc}; keeping it cached"
             );
+            if let Some(c) = device(dev) {
+                let _ = c.lock().pool.put(b, u64::MAX);
+            }
+            continue;
         }
         if let Some(s) = slot(i32::from(dev)) {
             s.cached.fetch_sub(b.bytes, Ordering::Relaxed);
@@ -317,7 +335,9 @@ pub fn free_in_ctx(ptr: CUdeviceptr, ctx: usize) -> CUresult {
         ctx as *mut c_void
     );
     if rc != CUDA_SUCCESS {
-        return call_real!(REAL.cuMemFree_v2, fn(CUdeviceptr) -> CUresult, ptr);
+        // The owning context is gone, and its memory with it: freeing the
+        // address in another context could free someone else's allocation.
+        return rc;
     }
     let out = call_real!(REAL.cuMemFree_v2, fn(CUdeviceptr) -> CUresult, ptr);
     let mut popped: *mut c_void = ptr::null_mut();
@@ -398,6 +418,11 @@ fn background() {
         if EXITING.load(Ordering::SeqCst) {
             BUSY.store(false, Ordering::SeqCst);
             return;
+        }
+        if capturing() {
+            // Frees from this thread could invalidate the capture: wait.
+            BUSY.store(false, Ordering::SeqCst);
+            continue;
         }
         let page = crate::stats::page();
         let asked = page.header.trim_requests.load(Ordering::Acquire);

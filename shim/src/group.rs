@@ -40,6 +40,9 @@ const UNTRIED: u8 = 0;
 const JOINING: u8 = 1;
 const JOINED: u8 = 2;
 const FAILED: u8 = 3;
+/// After `leave` at exit: the member's bytes went back; nothing more is
+/// reserved or released through the group (it would count twice).
+const LEFT: u8 = 4;
 
 static PAGE: AtomicPtr<GroupPage> = AtomicPtr::new(ptr::null_mut());
 static STATE: AtomicU8 = AtomicU8::new(UNTRIED);
@@ -61,7 +64,7 @@ fn joined() -> Result<Option<&'static GroupPage>, ()> {
             // SAFETY: a joined page stays mapped for the life of the process.
             return Ok(Some(unsafe { &*PAGE.load(Ordering::Acquire) }));
         }
-        FAILED => return Err(()),
+        FAILED | LEFT => return Err(()),
         _ => {}
     }
     if !configured() {
@@ -411,6 +414,12 @@ pub fn tick() {
 
 /// At normal exit: give this member's bytes back and free its slot.
 pub fn leave() {
+    if STATE
+        .compare_exchange(JOINED, LEFT, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
     let Some((page, me)) = (STATE.load(Ordering::Acquire) == JOINED).then(|| {
         // SAFETY: joined: the page stays mapped.
         (

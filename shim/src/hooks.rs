@@ -16,6 +16,8 @@ use crate::{alloc, lifecycle, nvml, paths};
 
 /// The driver functions the shim calls, by exact (versioned) name.
 pub struct RealFns {
+    pub cuMemUnmap: DynFn,
+    pub cuMemMap: DynFn,
     pub cuMemExportToShareableHandle: DynFn,
     pub cuDeviceGetAttribute: DynFn,
     pub cuMemAdvise: DynFn,
@@ -85,6 +87,8 @@ pub struct RealFns {
 }
 
 pub static REAL: RealFns = RealFns {
+    cuMemUnmap: DynFn::new(c"cuMemUnmap"),
+    cuMemMap: DynFn::new(c"cuMemMap"),
     cuMemExportToShareableHandle: DynFn::new(c"cuMemExportToShareableHandle"),
     cuDeviceGetAttribute: DynFn::new(c"cuDeviceGetAttribute"),
     cuMemAdvise: DynFn::new(c"cuMemAdvise"),
@@ -187,7 +191,7 @@ const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 /// Every hooked variant: the single list the exports, the `dlsym` answers and
 /// the `cuGetProcAddress` answers come from (a test compares it with the
 /// library's dynamic symbols).
-pub static HOOKS: [Hook; 38] = [
+pub static HOOKS: [Hook; 40] = [
     Hook {
         name: c"cuGetProcAddress",
         base: "cuGetProcAddress",
@@ -529,6 +533,24 @@ pub static HOOKS: [Hook; 38] = [
         per_thread: None,
         hook: paths::cuMemExportToShareableHandle as *const c_void,
         real: &REAL.cuMemExportToShareableHandle,
+    },
+    Hook {
+        name: c"cuMemMap",
+        base: "cuMemMap",
+        since: 10020,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuMemMap as *const c_void,
+        real: &REAL.cuMemMap,
+    },
+    Hook {
+        name: c"cuMemUnmap",
+        base: "cuMemUnmap",
+        since: 10020,
+        until: OPEN,
+        per_thread: None,
+        hook: paths::cuMemUnmap as *const c_void,
+        real: &REAL.cuMemUnmap,
     },
 ];
 

@@ -16,8 +16,9 @@
 //!   count lives with the handle, which may be retained or imported again in
 //!   this process (each adds a reference); the bytes go back when the last
 //!   reference is released. Handles imported from other processes are their
-//!   memory, not counted. Mapping, unmapping and address reservations are
-//!   passed through.
+//!   memory, not counted. Each mapping (`cuMemMap`) holds a reference too,
+//!   until `cuMemUnmap`: the driver frees the memory only when it is both
+//!   released and unmapped. Address reservations are passed through.
 //! - Arrays: reserved from the descriptor, then settled to the size the
 //!   driver reports (`cuArrayGetMemoryRequirements`).
 
@@ -35,7 +36,7 @@ use crate::hooks::{REAL, boundary, disabled};
 use crate::log::log_at;
 use crate::real::call_real;
 use crate::state::release_on;
-use crate::state::{ARRAYS, EXPORTS, Kind, Object, VMM, slot, table};
+use crate::state::{ARRAYS, EXPORTS, Kind, MAPS, Object, VMM, slot, table};
 
 // ---------------------------------------------------------------- stream-ordered
 
@@ -306,7 +307,12 @@ fn drop_ref(handle: u64) {
             original
         }
     };
-    let gone = vmm.remove_if_mut(&target, |_, o| {
+    unref(target);
+}
+
+/// One reference less on a counted allocation (by its own handle).
+fn unref(target: u64) {
+    let gone = VMM.get().remove_if_mut(&target, |_, o| {
         o.refs = o.refs.saturating_sub(1);
         o.refs == 0
     });
@@ -316,6 +322,72 @@ fn drop_ref(handle: u64) {
         DeviceSlot::add(&s.frees, 1);
         release_on(s, CUdevice::from(o.device), o.bytes);
     }
+}
+
+/// The counted allocation behind a handle (itself, or what it aliases).
+fn target_of(handle: u64) -> Option<u64> {
+    VMM.get()
+        .get(&handle)
+        .map(|o| if o.alias_of == 0 { handle } else { o.alias_of })
+}
+
+/// A mapping keeps the allocation's memory alive even after its last handle
+/// is released (the driver frees it once unmapped too): each mapping holds
+/// a reference until `cuMemUnmap`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CUresult {
+    boundary("cuMemMap", CUDA_ERROR_NOT_FOUND, || {
+        let rc = call_real!(
+            REAL.cuMemMap,
+            fn(CUdeviceptr, usize, usize, u64, u64) -> CUresult,
+            ptr,
+            size,
+            offset,
+            handle,
+            flags
+        );
+        if rc == CUDA_SUCCESS
+            && !disabled()
+            && let Some(target) = target_of(handle)
+        {
+            add_ref(target);
+            MAPS.get().insert(ptr, (target, size as u64));
+        }
+        rc
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    boundary("cuMemUnmap", CUDA_ERROR_NOT_FOUND, || {
+        let rc = call_real!(
+            REAL.cuMemUnmap,
+            fn(CUdeviceptr, usize) -> CUresult,
+            ptr,
+            size
+        );
+        if rc == CUDA_SUCCESS && !disabled() {
+            let end = ptr.saturating_add(size as u64);
+            let mut gone = Vec::new();
+            MAPS.get().retain(|start, (target, _)| {
+                let inside = (ptr..end).contains(start);
+                if inside {
+                    gone.push(*target);
+                }
+                !inside
+            });
+            for target in gone {
+                unref(target);
+            }
+        }
+        rc
+    })
 }
 
 #[unsafe(no_mangle)]

@@ -154,6 +154,13 @@ pub fn nvml() -> Option<*mut c_void> {
     Some(h)
 }
 
+fn library_missing(lib: Lib) -> bool {
+    match lib {
+        Lib::Cuda => DRIVER_STATE.load(Ordering::Acquire) == DRIVER_MISSING,
+        Lib::Nvml => NVML_STATE.load(Ordering::Acquire) == DRIVER_MISSING,
+    }
+}
+
 /// Which library a [`DynFn`] comes from.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Lib {
@@ -205,6 +212,11 @@ impl DynFn {
             .map(|h| real_dlsym(h, self.name))
             .unwrap_or(ptr::null_mut());
         if p.is_null() {
+            // A handle not available *yet* (asked while the shim itself is
+            // opening the driver) must not mark the function missing for good.
+            if handle.is_none() && !library_missing(self.lib) {
+                return None;
+            }
             self.ptr.store(MISSING, Ordering::Release);
             log_at!(Debug, "the library has no {:?}", self.name);
             None

@@ -351,7 +351,6 @@ fn deferred() -> &'static Deferred {
 }
 
 const CU_EVENT_DISABLE_TIMING: c_uint = 2;
-const CUDA_ERROR_NOT_READY: CUresult = 600;
 
 /// Frees a spilled pointer once `stream` reaches this point.
 pub fn free_when_reached(
@@ -415,7 +414,9 @@ pub fn reap() {
                 fn(*mut c_void) -> CUresult,
                 *ev as *mut c_void
             );
-            if q == CUDA_ERROR_NOT_READY {
+            // Only a completed event frees; anything else (not ready, an
+            // event recorded in a capture) keeps waiting.
+            if q != CUDA_SUCCESS {
                 true
             } else {
                 ready.push((*ev, *ptr, *r));

@@ -173,6 +173,8 @@ pub struct Object {
 pub static VMM: Registry<Object> = Registry::new();
 /// Arrays and mipmapped arrays by handle.
 pub static ARRAYS: Registry<Object> = Registry::new();
+/// VMM mappings by start address: (the counted handle, size).
+pub static MAPS: Registry<(u64, u64)> = Registry::new();
 /// POSIX file descriptors this process exported VMM handles as, by fd.
 pub static EXPORTS: Registry<u64> = Registry::new();
 
@@ -329,6 +331,7 @@ pub fn reset_after_fork() {
     VMM.reset();
     ARRAYS.reset();
     EXPORTS.reset();
+    MAPS.reset();
     crate::stats::reset_after_fork();
     crate::cache::reset_after_fork();
     crate::spill::reset_after_fork();
