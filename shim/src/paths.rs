@@ -717,33 +717,44 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     })
 }
 
-fn release_array(h: *mut c_void) {
-    if let Some((_, o)) = ARRAYS.get().remove(&(h as u64))
-        && let Some(s) = slot(CUdevice::from(o.device))
-    {
-        DeviceSlot::add(&s.frees, 1);
-        release_on(s, CUdevice::from(o.device), o.bytes);
+/// Destroys an array through `real`, its record taken out *before* the
+/// call: once the driver has destroyed it, another thread may be handed the
+/// same handle value and record it anew. Put back if the call fails.
+fn destroy_counted(h: *mut c_void, real: impl FnOnce() -> CUresult) -> CUresult {
+    if disabled() {
+        return real();
     }
+    let record = ARRAYS.get().remove(&(h as u64)).map(|(_, o)| o);
+    let rc = real();
+    match record {
+        Some(o) if rc == CUDA_SUCCESS => {
+            if let Some(s) = slot(CUdevice::from(o.device)) {
+                DeviceSlot::add(&s.frees, 1);
+                release_on(s, CUdevice::from(o.device), o.bytes);
+            }
+        }
+        Some(o) => {
+            ARRAYS.get().insert(h as u64, o);
+        }
+        None => {}
+    }
+    rc
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayDestroy(h: *mut c_void) -> CUresult {
     boundary("cuArrayDestroy", CUDA_ERROR_NOT_FOUND, || {
-        let rc = call_real!(REAL.cuArrayDestroy, fn(*mut c_void) -> CUresult, h);
-        if rc == CUDA_SUCCESS && !disabled() {
-            release_array(h);
-        }
-        rc
+        destroy_counted(h, || {
+            call_real!(REAL.cuArrayDestroy, fn(*mut c_void) -> CUresult, h)
+        })
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(h: *mut c_void) -> CUresult {
     boundary("cuMipmappedArrayDestroy", CUDA_ERROR_NOT_FOUND, || {
-        let rc = call_real!(REAL.cuMipmappedArrayDestroy, fn(*mut c_void) -> CUresult, h);
-        if rc == CUDA_SUCCESS && !disabled() {
-            release_array(h);
-        }
-        rc
+        destroy_counted(h, || {
+            call_real!(REAL.cuMipmappedArrayDestroy, fn(*mut c_void) -> CUresult, h)
+        })
     })
 }
