@@ -319,7 +319,7 @@ impl GroupPage {
 pub fn check_group_header(
     len: u64,
     head: &[u8],
-    expected_uid: u32,
+    expected_uid: Option<u32>,
 ) -> Result<(), crate::page::PageProblem> {
     use crate::page::PageProblem;
     if head.len() < 16 {
@@ -344,7 +344,7 @@ pub fn check_group_header(
         return Err(PageProblem::BadSizes);
     }
     let uid = word(offset_of!(GroupHeader, uid));
-    if uid != expected_uid {
+    if expected_uid.is_some_and(|e| e != uid) {
         return Err(PageProblem::OtherUser { uid });
     }
     if word(offset_of!(GroupHeader, state)) != crate::page::STATE_READY {

@@ -80,6 +80,8 @@ enum Command {
     },
     /// Show the memory of every process under the shim (one row per process and GPU)
     Stat {
+        #[command(flatten)]
+        read: cli::stat::ReadOptions,
         /// Print JSON (schema vramcap.stat version 1, documented in the README)
         #[arg(long)]
         json: bool,
@@ -102,6 +104,8 @@ enum Command {
     /// q, Esc or Ctrl-C quits. Without a terminal, prints the `stat` table
     /// every interval instead.
     Top {
+        #[command(flatten)]
+        read: cli::stat::ReadOptions,
         /// Refresh every SECONDS
         #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = cli::top::parse_interval)]
         interval: std::time::Duration,
@@ -115,6 +119,8 @@ enum Command {
     /// process and GPU, labelled gpu, UUID, pid, command, group (and pod,
     /// namespace, container from the process's environment). Runs until killed.
     Exporter {
+        #[command(flatten)]
+        read: cli::stat::ReadOptions,
         /// Address to listen on: IP:PORT, [IPv6]:PORT, HOST:PORT or :PORT (all interfaces); port 0 picks a free one
         #[arg(long, value_name = "ADDRESS:PORT", default_value = cli::exporter::DEFAULT_LISTEN)]
         listen: String,
@@ -228,12 +234,13 @@ fn main() -> ExitCode {
     let uid = unsafe { libc::getuid() };
     let result = match cli.command {
         Command::Stat {
+            read,
             json,
             interval,
             count,
             pids,
             gpus,
-        } => cli::stat::stats_dir(uid).map(|dir| {
+        } => cli::stat::Sources::new(&read, uid).map(|sources| {
             let mut args = cli::stat::StatArgs {
                 groups: Vec::new(),
                 json,
@@ -241,14 +248,18 @@ fn main() -> ExitCode {
                 count,
                 pids,
                 gpus,
-                dir,
+                sources,
             };
-            ExitCode::from(cli::stat::run(&mut args, uid))
+            ExitCode::from(cli::stat::run(&mut args))
         }),
-        Command::Top { interval, count } => cli::stat::stats_dir(uid)
-            .map(|dir| ExitCode::from(cli::top::run(&dir, uid, interval, count))),
-        Command::Exporter { listen } => cli::stat::stats_dir(uid)
-            .and_then(|dir| cli::exporter::run(&listen, dir, uid))
+        Command::Top {
+            read,
+            interval,
+            count,
+        } => cli::stat::Sources::new(&read, uid)
+            .map(|sources| ExitCode::from(cli::top::run(sources, interval, count))),
+        Command::Exporter { read, listen } => cli::stat::Sources::new(&read, uid)
+            .and_then(|sources| cli::exporter::run(&listen, sources))
             .map(ExitCode::from),
         Command::Trim { pids, all, timeout } => cli::stat::stats_dir(uid)
             .map(|dir| ExitCode::from(cli::trim::run(&dir, uid, &pids, all, timeout))),

@@ -281,7 +281,7 @@ impl std::fmt::Display for PageProblem {
 
 /// Checks the fixed part of a page's header. `len` is the file's length;
 /// `head` its first [`HEADER_SIZE`] bytes (or fewer when the file is shorter).
-pub fn check_header(len: u64, head: &[u8], expected_uid: u32) -> Result<(), PageProblem> {
+pub fn check_header(len: u64, head: &[u8], expected_uid: Option<u32>) -> Result<(), PageProblem> {
     if head.len() < 16 || head[..8] != MAGIC {
         if head.len() >= 8 && head[..8] != MAGIC {
             return Err(PageProblem::ForeignMagic);
@@ -304,7 +304,7 @@ pub fn check_header(len: u64, head: &[u8], expected_uid: u32) -> Result<(), Page
         return Err(PageProblem::BadSizes);
     }
     let uid = word(offset_of!(Header, uid));
-    if uid != expected_uid {
+    if expected_uid.is_some_and(|e| e != uid) {
         return Err(PageProblem::OtherUser { uid });
     }
     if word(offset_of!(Header, state)) != STATE_READY {
@@ -350,6 +350,9 @@ pub struct PageSnapshot {
     pub container: String,
     /// The devices the process has used, in index order.
     pub devices: Vec<SlotSnapshot>,
+    /// The directory the page was read from (filled in by the scan; empty
+    /// until then).
+    pub dir: std::path::PathBuf,
 }
 
 impl Page {
@@ -396,6 +399,7 @@ impl Page {
             namespace: get_text(&h.namespace),
             container: get_text(&h.container),
             devices,
+            dir: std::path::PathBuf::new(),
         }
     }
 }
@@ -495,39 +499,43 @@ mod tests {
     fn header_checks() {
         let head = page_bytes();
         let len = PAGE_SIZE as u64;
-        assert_eq!(check_header(len, &head, 1000), Ok(()));
+        assert_eq!(check_header(len, &head, Some(1000)), Ok(()));
+        assert_eq!(check_header(len, &head, None), Ok(()), "any user's page");
         assert_eq!(
-            check_header(len, &head, 1001),
+            check_header(len, &head, Some(1001)),
             Err(PageProblem::OtherUser { uid: 1000 })
         );
         assert_eq!(
-            check_header(100, &head[..100], 1000),
+            check_header(100, &head[..100], Some(1000)),
             Err(PageProblem::Truncated { len: 100 })
         );
         assert_eq!(
-            check_header(4, &head[..4], 1000),
+            check_header(4, &head[..4], Some(1000)),
             Err(PageProblem::Truncated { len: 4 })
         );
         let mut bad = head.clone();
         bad[0] = b'X';
         assert_eq!(
-            check_header(len, &bad, 1000),
+            check_header(len, &bad, Some(1000)),
             Err(PageProblem::ForeignMagic)
         );
         let mut bad = head.clone();
         bad[8] = 2;
         assert_eq!(
-            check_header(len, &bad, 1000),
+            check_header(len, &bad, Some(1000)),
             Err(PageProblem::OtherVersion { version: 2 })
         );
         let mut bad = head.clone();
         bad[16] = 0;
         bad[17] = 0;
-        assert_eq!(check_header(len, &bad, 1000), Err(PageProblem::BadSizes));
+        assert_eq!(
+            check_header(len, &bad, Some(1000)),
+            Err(PageProblem::BadSizes)
+        );
         let mut bad = head.clone();
         bad[36] = 0;
         assert_eq!(
-            check_header(len, &bad, 1000),
+            check_header(len, &bad, Some(1000)),
             Err(PageProblem::Initialising)
         );
     }

@@ -71,6 +71,34 @@ pub fn ofd_lock(fd: libc::c_int, start: u64, len: u64, lock: bool) -> bool {
     unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) == 0 }
 }
 
+/// Whose pages and group files a reader shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Users {
+    /// Only files of this user (owner and the uid written inside agree):
+    /// what `stat`, `top` and the exporter read by default.
+    Only(u32),
+    /// Every user's (`--all-users`, for root reading the directories of
+    /// other users or containers, where the uid inside a page may be one
+    /// of the container's user namespace).
+    All,
+}
+
+impl Users {
+    fn accepts_owner(self, owner: u32) -> bool {
+        match self {
+            Users::Only(uid) => uid == owner,
+            Users::All => true,
+        }
+    }
+
+    fn expected(self) -> Option<u32> {
+        match self {
+            Users::Only(uid) => Some(uid),
+            Users::All => None,
+        }
+    }
+}
+
 /// A file that was not shown, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {
@@ -96,9 +124,9 @@ enum Outcome {
     Ignore,
 }
 
-/// Reads every page in `dir` as user `uid`. A missing directory is an empty
-/// scan; an unreadable one is an error.
-pub fn scan(dir: &Path, uid: u32) -> io::Result<Scan> {
+/// Reads every page in `dir` that `users` covers. A missing directory is
+/// an empty scan; an unreadable one is an error.
+pub fn scan(dir: &Path, users: Users) -> io::Result<Scan> {
     let mut out = Scan::default();
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -112,8 +140,11 @@ pub fn scan(dir: &Path, uid: u32) -> io::Result<Scan> {
         .collect();
     names.sort();
     for path in names {
-        match read_one(&path, uid) {
-            Outcome::Live(p) => out.pages.push(p),
+        match read_one(&path, users) {
+            Outcome::Live(mut p) => {
+                p.dir = dir.to_path_buf();
+                out.pages.push(p)
+            }
             Outcome::Dead => {
                 if std::fs::remove_file(&path).is_ok() {
                     out.pruned.push(path);
@@ -127,7 +158,7 @@ pub fn scan(dir: &Path, uid: u32) -> io::Result<Scan> {
     Ok(out)
 }
 
-fn read_one(path: &Path, uid: u32) -> Outcome {
+fn read_one(path: &Path, users: Users) -> Outcome {
     let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
         return Outcome::Skip("the name holds a NUL byte".into());
     };
@@ -155,7 +186,7 @@ fn read_one(path: &Path, uid: u32) -> Outcome {
     if !meta.is_file() {
         return Outcome::Skip("not a regular file".into());
     }
-    if meta.uid() != uid {
+    if !users.accepts_owner(meta.uid()) {
         return Outcome::Skip(format!("owned by another user (uid {})", meta.uid()));
     }
     let mut head = vec![0u8; HEADER_SIZE];
@@ -164,7 +195,7 @@ fn read_one(path: &Path, uid: u32) -> Outcome {
         Err(e) => return Outcome::Skip(format!("cannot read: {e}")),
     };
     head.truncate(n);
-    match page::check_header(meta.len(), &head, uid) {
+    match page::check_header(meta.len(), &head, users.expected()) {
         Ok(()) => {}
         Err(page::PageProblem::Initialising) => return Outcome::Ignore,
         Err(p) => return Outcome::Skip(p.to_string()),
@@ -259,7 +290,8 @@ pub fn map_for_write(dir: &Path, pid: u32, uid: u32) -> Result<PageMap, String> 
         .read_at(&mut head, 0)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     head.truncate(n);
-    page::check_header(meta.len(), &head, uid).map_err(|p| format!("{}: {p}", path.display()))?;
+    page::check_header(meta.len(), &head, Some(uid))
+        .map_err(|p| format!("{}: {p}", path.display()))?;
     // SAFETY: the file is at least PAGE_SIZE long and never shrinks.
     let ptr = unsafe {
         libc::mmap(
@@ -310,7 +342,7 @@ pub struct GroupSnapshot {
 /// Reads every group page in `dir`, returning the bytes of members that
 /// died to their group's budget on the way (the same reclaim the members
 /// do). Files that cannot be read are reported like pages.
-pub fn scan_groups(dir: &Path, uid: u32) -> io::Result<(Vec<GroupSnapshot>, Vec<Skipped>)> {
+pub fn scan_groups(dir: &Path, users: Users) -> io::Result<(Vec<GroupSnapshot>, Vec<Skipped>)> {
     use crate::group::{GROUP_PAGE_SIZE, GroupPage};
     use std::sync::atomic::Ordering;
     let mut groups = Vec::new();
@@ -348,14 +380,14 @@ pub fn scan_groups(dir: &Path, uid: u32) -> io::Result<(Vec<GroupSnapshot>, Vec<
         // SAFETY: fd is open and owned here.
         let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         let Ok(meta) = file.metadata() else { continue };
-        if !meta.is_file() || meta.uid() != uid {
+        if !meta.is_file() || !users.accepts_owner(meta.uid()) {
             skipped.push(skip(format!("owned by another user (uid {})", meta.uid())));
             continue;
         }
         let mut head = vec![0u8; crate::group::GROUP_HEADER_SIZE];
         let n = file.read_at(&mut head, 0).unwrap_or(0);
         head.truncate(n);
-        if let Err(p) = crate::group::check_group_header(meta.len(), &head, uid) {
+        if let Err(p) = crate::group::check_group_header(meta.len(), &head, users.expected()) {
             if p != page::PageProblem::Initialising {
                 skipped.push(skip(p.to_string()));
             }
@@ -421,4 +453,232 @@ pub fn scan_groups(dir: &Path, uid: u32) -> io::Result<(Vec<GroupSnapshot>, Vec<
         unsafe { libc::munmap(map, GROUP_PAGE_SIZE) };
     }
     Ok((groups, skipped))
+}
+
+/// What [`read_sources`] found in every directory it read.
+#[derive(Debug, Default)]
+pub struct Reading {
+    /// Pages of live processes, by PID (the same PID from two directories,
+    /// e.g. two containers, appears twice, in directory order).
+    pub scan: Scan,
+    pub groups: Vec<GroupSnapshot>,
+}
+
+/// Whether a source names directories through `*` components.
+pub fn is_pattern(source: &Path) -> bool {
+    source.components().any(|c| c.as_os_str() == "*")
+}
+
+/// Checks a source as the command line gives it: an absolute path in which
+/// `*`, if any, stands alone as a whole component.
+pub fn check_source(source: &Path) -> Result<(), String> {
+    if !source.is_absolute() {
+        return Err(format!(
+            "--dir {:?} is not valid: expected an absolute directory path, or a pattern such as /run/vramcap/pods/*",
+            source
+        ));
+    }
+    let bad = source.components().find(|c| {
+        let b = c.as_os_str().as_bytes();
+        b != b"*" && b.contains(&b'*')
+    });
+    if let Some(c) = bad {
+        return Err(format!(
+            "--dir {:?} is not valid: `*` must be a whole path component (it stands for every subdirectory there), not part of {:?}",
+            source,
+            c.as_os_str()
+        ));
+    }
+    Ok(())
+}
+
+/// Directories (each with whether a `*` matched it) and the matched ones
+/// that could not be listed.
+type Expanded = (Vec<(PathBuf, bool)>, Vec<Skipped>);
+
+/// The directories `source` names: itself, or for a pattern every match,
+/// where a component that is exactly `*` stands for each subdirectory at
+/// that level (symbolic links are not followed; names starting with `.`
+/// are left out). Each comes with whether a `*` matched it. A directory
+/// matched by a `*` that cannot be listed is reported in the skipped list;
+/// one the pattern names outright is an error.
+fn expand(source: &Path) -> Result<Expanded, (PathBuf, io::Error)> {
+    use std::path::Component;
+    let mut current = vec![(PathBuf::new(), false)];
+    let mut skipped = Vec::new();
+    for comp in source.components() {
+        if comp.as_os_str() != "*" {
+            for (dir, _) in &mut current {
+                if !matches!(comp, Component::CurDir) {
+                    dir.push(comp);
+                }
+            }
+            continue;
+        }
+        let mut next = Vec::new();
+        for (dir, matched) in current {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) if matched => {
+                    skipped.push(Skipped {
+                        path: dir,
+                        reason: format!("cannot list the directory: {e}"),
+                    });
+                    continue;
+                }
+                Err(e) => return Err((dir, e)),
+            };
+            let mut found: Vec<PathBuf> = entries
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter(|e| !e.file_name().as_bytes().starts_with(b"."))
+                .map(|e| e.path())
+                .collect();
+            found.sort();
+            next.extend(found.into_iter().map(|p| (p, true)));
+        }
+        current = next;
+    }
+    Ok((current, skipped))
+}
+
+/// Reads the pages and group files of every directory the sources name
+/// (see [`expand`]), each directory once. A missing directory is empty; a
+/// directory named outright that cannot be read is the error returned,
+/// with its path; one matched by a `*` that cannot be read is reported as
+/// skipped, so one container's directory never hides the others.
+pub fn read_sources(sources: &[PathBuf], users: Users) -> Result<Reading, (PathBuf, io::Error)> {
+    let mut out = Reading::default();
+    let mut seen = std::collections::HashSet::new();
+    for source in sources {
+        let (dirs, skipped) = expand(source)?;
+        out.scan.skipped.extend(skipped);
+        for (dir, matched) in dirs {
+            if !seen.insert(dir.clone()) {
+                continue;
+            }
+            let read = scan(&dir, users).and_then(|s| scan_groups(&dir, users).map(|g| (s, g)));
+            match read {
+                Ok((s, (groups, group_skips))) => {
+                    out.scan.pages.extend(s.pages);
+                    out.scan.skipped.extend(s.skipped);
+                    out.scan.skipped.extend(group_skips);
+                    out.scan.pruned.extend(s.pruned);
+                    out.groups.extend(groups);
+                }
+                Err(e) if matched => out.scan.skipped.push(Skipped {
+                    path: dir,
+                    reason: format!("cannot read the directory: {e}"),
+                }),
+                Err(e) => return Err((dir, e)),
+            }
+        }
+    }
+    out.scan.pages.sort_by_key(|p| p.pid);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn tree(name: &str, dirs: &[&str]) -> PathBuf {
+        let root =
+            std::env::temp_dir().join(format!("vramcap-expand-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in dirs {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        root
+    }
+
+    fn names(root: &Path, found: &[(PathBuf, bool)]) -> Vec<(String, bool)> {
+        found
+            .iter()
+            .map(|(p, m)| (p.strip_prefix(root).unwrap().display().to_string(), *m))
+            .collect()
+    }
+
+    #[test]
+    fn a_plain_directory_is_itself_and_stars_match_each_subdirectory() {
+        let root = tree(
+            "stars",
+            &[
+                "pods/b/v/s",
+                "pods/a/v/s",
+                "pods/c/other",
+                "pods/.hidden/v/s",
+            ],
+        );
+        std::fs::write(root.join("pods/file"), b"not a directory").unwrap();
+        std::os::unix::fs::symlink(root.join("pods/a"), root.join("pods/link")).unwrap();
+
+        let (found, skipped) = expand(&root.join("pods")).unwrap();
+        assert_eq!(names(&root, &found), [("pods".to_string(), false)]);
+        assert!(skipped.is_empty());
+
+        let (found, _) = expand(&root.join("pods/*")).unwrap();
+        let want: Vec<(String, bool)> = ["pods/a", "pods/b", "pods/c"]
+            .iter()
+            .map(|s| (s.to_string(), true))
+            .collect();
+        assert_eq!(names(&root, &found), want);
+
+        let (found, _) = expand(&root.join("pods/*/v/s")).unwrap();
+        let want: Vec<(String, bool)> = ["pods/a/v/s", "pods/b/v/s", "pods/c/v/s"]
+            .iter()
+            .map(|s| (s.to_string(), true))
+            .collect();
+        assert_eq!(names(&root, &found), want, "later components are appended");
+
+        let (found, _) = expand(&root.join("missing/*")).unwrap();
+        assert!(found.is_empty());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn an_unreadable_prefix_is_an_error_an_unreadable_match_is_skipped() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            // Root lists any directory: check the outcome through a file
+            // where a directory is expected instead.
+            let root = tree("unreadable-root", &["pods/a"]);
+            std::fs::write(root.join("flat"), b"x").unwrap();
+            let (p, e) = expand(&root.join("flat/*")).unwrap_err();
+            assert_eq!(p, root.join("flat"));
+            assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR));
+            std::fs::remove_dir_all(&root).unwrap();
+            return;
+        }
+        let root = tree("unreadable", &["pods/a/x", "pods/b/x"]);
+        std::fs::set_permissions(root.join("pods/a"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
+        let (found, skipped) = expand(&root.join("pods/*/*")).unwrap();
+        assert_eq!(names(&root, &found), [("pods/b/x".to_string(), true)]);
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].path, root.join("pods/a"));
+        std::fs::set_permissions(root.join("pods"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
+        let (p, _) = expand(&root.join("pods/*")).unwrap_err();
+        assert_eq!(p, root.join("pods"));
+        std::fs::set_permissions(root.join("pods"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        std::fs::set_permissions(root.join("pods/a"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn sources_are_checked() {
+        assert!(check_source(Path::new("/run/vramcap/pods/*")).is_ok());
+        assert!(check_source(Path::new("/run/vramcap")).is_ok());
+        let e = check_source(Path::new("pods/*")).unwrap_err();
+        assert!(e.contains("expected an absolute directory path"), "{e}");
+        let e = check_source(Path::new("/run/pods/pod-*")).unwrap_err();
+        assert!(e.contains("`*` must be a whole path component"), "{e}");
+        assert!(is_pattern(Path::new("/a/*/b")));
+        assert!(!is_pattern(Path::new("/a/b")));
+    }
 }

@@ -65,9 +65,15 @@ struct Exporter {
 
 impl Exporter {
     fn start(dir: &Path) -> Exporter {
+        Exporter::start_with(dir, &[])
+    }
+
+    /// With `VRAMCAP_STATS_DIR=dir` and these extra arguments.
+    fn start_with(dir: &Path, args: &[&str]) -> Exporter {
         let mut cmd = bare(&artefacts().cli);
         cmd.env("VRAMCAP_STATS_DIR", dir)
             .args(["exporter", "--listen", "127.0.0.1:0"])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -687,6 +693,142 @@ fn http_answers_and_bad_requests_never_stop_the_exporter() {
 
 /// A directory that cannot be read is a server error (Prometheus marks the
 /// target down), said once on stderr; the exporter keeps serving.
+/// The Kubernetes layout (deploy/): every container's shim makes its own
+/// directory under one shared parent, and one exporter reads them all
+/// through `--dir PARENT/*`, labelling each process with its pod.
+#[test]
+fn one_exporter_reads_a_directory_per_container_through_a_pattern() {
+    let root = fresh_dir("exporter-pods");
+    let a_dir = root.join("0b7f-uid-a_main");
+    let b_dir = root.join("91c2-uid-b_main");
+    let a = held(
+        &a_dir,
+        Some("1GiB"),
+        &[
+            ("POD_NAME", "trainer-0"),
+            ("POD_NAMESPACE", "ml"),
+            ("CONTAINER_NAME", "main"),
+        ],
+        &["init", "alloc", "300M", "wait"],
+    );
+    let b = held(
+        &b_dir,
+        Some("2GiB"),
+        &[
+            ("POD_NAME", "infer-1"),
+            ("POD_NAMESPACE", "serve"),
+            ("CONTAINER_NAME", "main"),
+        ],
+        &["init", "alloc", "700M", "wait"],
+    );
+    // The shim made each directory itself, closed to others.
+    for d in [&a_dir, &b_dir] {
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o700, "{}", d.display());
+    }
+    // Neither a hidden directory nor a file is a container's directory, and
+    // an empty one (a container that has not used CUDA yet) is no error.
+    std::fs::create_dir(root.join(".staging")).unwrap();
+    std::fs::write(root.join("README"), b"not a directory").unwrap();
+    std::fs::create_dir(root.join("c3d4-uid-c_main")).unwrap();
+
+    let pattern = format!("{}/*", root.display());
+    // The environment's directory is not read when --dir is given.
+    let elsewhere = fresh_dir("exporter-pods-unused");
+    let ex = Exporter::start_with(&elsewhere, &["--dir", &pattern]);
+    let m = ex.scrape();
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    let mut want = vec![pa.clone(), pb.clone()];
+    want.sort();
+    assert_eq!(m.pids(), want, "{}", m.text);
+    for (pid, pod, ns, used, limit) in [
+        (&pa, "trainer-0", "ml", 300u64 << 20, 1u64 << 30),
+        (&pb, "infer-1", "serve", 700 << 20, 2 << 30),
+    ] {
+        let labels = [
+            ("pid", pid.as_str()),
+            ("gpu", "0"),
+            ("UUID", UUID0),
+            ("pod", pod),
+            ("namespace", ns),
+            ("container", "main"),
+        ];
+        assert_eq!(
+            m.value("vramcap_gpu_memory_used_bytes", &labels),
+            Some(used),
+            "{}",
+            m.text
+        );
+        assert_eq!(
+            m.value("vramcap_gpu_memory_limit_bytes", &labels),
+            Some(limit),
+            "{}",
+            m.text
+        );
+    }
+    assert_eq!(m.value("vramcap_pages_skipped", &[]), Some(0), "{}", m.text);
+
+    // `stat` reads the same way and says where each page was found.
+    let mut cmd: Command = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", &elsewhere)
+        .args(["stat", "--json", "--dir", &pattern]);
+    let j: Json = serde_json::from_str(&run(cmd).ok_lines().join("")).unwrap();
+    assert_eq!(j["dir"], pattern.as_str());
+    assert_eq!(j["dirs"], serde_json::json!([pattern]));
+    let procs = j["processes"].as_array().unwrap();
+    let dir_of = |pid: &str| {
+        procs
+            .iter()
+            .find(|p| p["pid"].as_u64().map(|n| n.to_string()).as_deref() == Some(pid))
+            .map(|p| p["dir"].as_str().unwrap().to_string())
+    };
+    assert_eq!(dir_of(&pa), Some(a_dir.display().to_string()));
+    assert_eq!(dir_of(&pb), Some(b_dir.display().to_string()));
+
+    // A container that ends is gone from the next scrape.
+    let (_, out) = a.finish();
+    assert!(out.status.success());
+    assert_eq!(ex.scrape().pids(), std::slice::from_ref(&pb));
+    b.finish();
+    ex.stop();
+}
+
+/// `--dir` values: absolute, and `*` only as a whole component.
+#[test]
+fn bad_dir_values_exit_2_with_one_line() {
+    let dir = fresh_dir("exporter-bad-dir");
+    for (sub, bad, want) in [
+        (
+            "exporter",
+            "pods/*",
+            "expected an absolute directory path, or a pattern such as /run/vramcap/pods/*",
+        ),
+        (
+            "stat",
+            "/run/vramcap/pod-*",
+            "`*` must be a whole path component (it stands for every subdirectory there), not part of \"pod-*\"",
+        ),
+        (
+            "top",
+            "run/vramcap",
+            "expected an absolute directory path, or a pattern such as /run/vramcap/pods/*",
+        ),
+    ] {
+        let mut cmd = bare(&artefacts().cli);
+        cmd.env("VRAMCAP_STATS_DIR", &dir).args([sub, "--dir", bad]);
+        let ran = run(cmd);
+        ran.expect_code(2);
+        let err = ran.stderr();
+        assert!(
+            err.starts_with(&format!("vramcap: --dir \"{bad}\" is not valid: "))
+                && err.trim_end().ends_with(want)
+                && err.lines().count() == 1,
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn an_unreadable_directory_answers_500() {
     let dir = fresh_dir("exporter-500");

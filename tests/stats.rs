@@ -344,6 +344,46 @@ fn concurrent_updates_never_show_torn_or_decreasing_values() {
     assert!(out.status.success(), "{lines:?}");
 }
 
+/// Without `--all-users` only the reader's own pages show (the owner and
+/// the uid written in the page must both be the reader's); with it, every
+/// user's, as root reading containers' directories needs.
+#[test]
+fn all_users_shows_pages_written_under_another_uid() {
+    use std::os::unix::fs::FileExt;
+    let dir = fresh_dir("all-users");
+    let h = held_client(&dir, "1GiB", &["init", "alloc", "300M", "wait"]);
+    let pid = h.pid();
+    // As a container in its own user namespace would write it: another uid
+    // inside the page (offset 32, pinned by the layout test).
+    let page = dir.join(format!("{pid}.page"));
+    let f = std::fs::OpenOptions::new().write(true).open(&page).unwrap();
+    f.write_all_at(&4242u32.to_ne_bytes(), 32).unwrap();
+    drop(f);
+
+    let ran = stat(&dir, &["--json"]);
+    let j: Value = serde_json::from_str(&ran.ok_lines().join("")).unwrap();
+    assert_eq!(j["processes"], serde_json::json!([]));
+    assert_eq!(
+        j["skipped"],
+        serde_json::json!([{"file": page.display().to_string(), "reason": "written by another user (uid 4242)"}])
+    );
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: skipping {}: written by another user (uid 4242)\n",
+            page.display()
+        )
+    );
+
+    let j = stat_json(&dir, &["--all-users"]);
+    let procs = j["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{j}");
+    assert_eq!(procs[0]["pid"], pid);
+    assert_eq!(procs[0]["devices"][0]["used_bytes"], 300u64 << 20);
+    assert_eq!(j["skipped"], serde_json::json!([]));
+    h.finish();
+}
+
 #[test]
 fn stat_refuses_bad_arguments() {
     let dir = fresh_dir("badargs");

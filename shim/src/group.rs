@@ -159,7 +159,7 @@ fn open_existing(path: &CString, uid: u32) -> Result<Option<(&'static GroupPage,
         .read_at(&mut head, 0)
         .map_err(|e| format!("cannot read the group page {path:?}: {e}"))?;
     head.truncate(n);
-    group::check_group_header(meta.len(), &head, uid).map_err(|p| {
+    group::check_group_header(meta.len(), &head, Some(uid)).map_err(|p| {
         format!("the group page {path:?} is unusable: {p} (remove it when no member runs)")
     })?;
     let page = map(fd)?;

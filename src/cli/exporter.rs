@@ -63,13 +63,14 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
-use vramcap_core::scan::{GroupSnapshot, scan, scan_groups, start_time};
+use vramcap_core::scan::{GroupSnapshot, Reading, start_time};
+
+use super::stat::Sources;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
 
@@ -153,7 +154,7 @@ fn error_text(e: &io::Error) -> String {
 
 /// Binds `listen` and serves until killed. `Err` (exit 2) when `listen` is
 /// not an address or cannot be bound.
-pub fn run(listen: &str, dir: PathBuf, uid: u32) -> Result<u8, String> {
+pub fn run(listen: &str, sources: Sources) -> Result<u8, String> {
     let addrs = parse_listen(listen)?;
     let mut last = None;
     let mut bound = None;
@@ -177,16 +178,14 @@ pub fn run(listen: &str, dir: PathBuf, uid: u32) -> Result<u8, String> {
     serve(
         listener,
         Arc::new(Exporter {
-            dir,
-            uid,
+            sources,
             scrape_lock: Mutex::new(None),
         }),
     )
 }
 
 struct Exporter {
-    dir: PathBuf,
-    uid: u32,
+    sources: Sources,
     /// Serialises scrapes; holds the last error reported, so a lasting
     /// problem is printed once.
     scrape_lock: Mutex<Option<String>>,
@@ -516,21 +515,16 @@ impl Exporter {
             .scrape_lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let read = scan(&self.dir, self.uid)
-            .and_then(|s| scan_groups(&self.dir, self.uid).map(|g| (s, g)));
-        match read {
-            Ok((s, (groups, group_skips))) => {
+        match self.sources.read() {
+            Ok(Reading { scan: s, groups }) => {
                 *last_error = None;
-                let skipped = s.skipped.len() + group_skips.len();
+                let skipped = s.skipped.len();
                 let env: Vec<Vec<(&'static str, String)>> =
                     s.pages.iter().map(env_labels).collect();
                 Ok(render(&s.pages, &env, &groups, skipped))
             }
             Err(e) => {
-                let text = format!(
-                    "vramcap: cannot read the stats directory {}: {e}",
-                    self.dir.display()
-                );
+                let text = format!("vramcap: {e}");
                 if last_error.as_deref() != Some(text.as_str()) {
                     eprintln!("{text}");
                     *last_error = Some(text.clone());
@@ -954,6 +948,7 @@ mod tests {
             namespace: String::new(),
             container: String::new(),
             devices: vec![slot(0, Some(100)), slot(3, None)],
+            dir: std::path::PathBuf::from("/run/vramcap"),
         }];
         let env = [vec![("pod", "p\"1".to_string())]];
         let text = render(&pages, &env, &[], 2);

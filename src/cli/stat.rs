@@ -5,9 +5,10 @@
 //!
 //! ```text
 //! { "schema": "vramcap.stat", "version": 1, "time_unix_ns": u64, "dir": str,
+//!   "dirs": [str],
 //!   "processes": [ { "pid": u32, "start_time_ticks": u64, "command": str,
 //!       "group": str|null, "pod": str|null, "namespace": str|null,
-//!       "container": str|null,
+//!       "container": str|null, "dir": str,
 //!       "devices": [ { "gpu": u32, "uuid": str|null, "limit_bytes": u64|null,
 //!           "used_bytes": u64, "peak_bytes": u64, "cached_bytes": u64,
 //!           "spilled_bytes": u64, "allocations": u64, "frees": u64,
@@ -22,7 +23,10 @@
 //!   "skipped": [ { "file": str, "reason": str } ] }
 //! ```
 //! Fields are only ever added within a version; `limit_bytes` is null for a
-//! device without a cap.
+//! device without a cap. `dirs` lists the directories as given (`--dir`,
+//! patterns unexpanded; else the one from `VRAMCAP_STATS_DIR` or the
+//! default), `dir` is the first of them, and each process's `dir` is the
+//! directory its page was read from.
 
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
@@ -32,7 +36,62 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use vramcap_core::human_bytes;
 use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
-use vramcap_core::scan::{GroupSnapshot, Scan, scan, scan_groups};
+use vramcap_core::scan::{GroupSnapshot, Reading, Scan, Users, check_source, read_sources};
+
+/// `--dir` and `--all-users`, shared by `stat`, `top` and `exporter`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ReadOptions {
+    /// Read pages from DIR instead of VRAMCAP_STATS_DIR or the default;
+    /// repeatable. A `*` component stands for every subdirectory there,
+    /// e.g. --dir '/run/vramcap/pods/*' reads one directory per container
+    #[arg(long = "dir", value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// Show the pages of every user, not only yours (for root reading other
+    /// users' or containers' directories)
+    #[arg(long)]
+    pub all_users: bool,
+}
+
+/// The directories to read and whose pages to show.
+#[derive(Clone, Debug)]
+pub struct Sources {
+    pub dirs: Vec<PathBuf>,
+    pub users: Users,
+}
+
+impl Sources {
+    /// From the options: the `--dir` values (checked), else
+    /// `VRAMCAP_STATS_DIR`, else the default directory.
+    pub fn new(opts: &ReadOptions, uid: u32) -> Result<Sources, String> {
+        let dirs = if opts.dirs.is_empty() {
+            vec![stats_dir(uid)?]
+        } else {
+            for d in &opts.dirs {
+                check_source(d)?;
+            }
+            opts.dirs.clone()
+        };
+        let users = if opts.all_users {
+            Users::All
+        } else {
+            Users::Only(uid)
+        };
+        Ok(Sources { dirs, users })
+    }
+
+    /// Every page and group the directories hold now; the error names the
+    /// directory that could not be read.
+    pub fn read(&self) -> Result<Reading, String> {
+        read_sources(&self.dirs, self.users)
+            .map_err(|(dir, e)| format!("cannot read the stats directory {}: {e}", dir.display()))
+    }
+
+    /// The directories as the user named them, for messages.
+    pub fn describe(&self) -> String {
+        let all: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+        all.join(", ")
+    }
+}
 
 pub struct StatArgs {
     /// Filled in on each refresh.
@@ -42,7 +101,7 @@ pub struct StatArgs {
     pub count: Option<u64>,
     pub pids: Vec<u32>,
     pub gpus: Vec<u32>,
-    pub dir: PathBuf,
+    pub sources: Sources,
 }
 
 fn filtered(scan: &Scan, a: &StatArgs) -> Vec<(PageSnapshot, Vec<SlotSnapshot>)> {
@@ -194,6 +253,7 @@ pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
                 "pod": if p.pod.is_empty() { Value::Null } else { Value::from(p.pod.clone()) },
                 "namespace": if p.namespace.is_empty() { Value::Null } else { Value::from(p.namespace.clone()) },
                 "container": if p.container.is_empty() { Value::Null } else { Value::from(p.container.clone()) },
+                "dir": p.dir.display().to_string(),
                 "devices": devs.iter().map(device_json).collect::<Vec<_>>(),
             })
         })
@@ -202,7 +262,8 @@ pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
         "schema": "vramcap.stat",
         "version": 1,
         "time_unix_ns": now,
-        "dir": a.dir.display().to_string(),
+        "dir": a.sources.dirs[0].display().to_string(),
+        "dirs": a.sources.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>(),
         "processes": processes,
         "groups": groups_json(&a.groups),
         "skipped": scan.skipped.iter().map(|s| json!({"file": s.path.display().to_string(), "reason": s.reason})).collect::<Vec<_>>(),
@@ -297,7 +358,7 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
     if rows.is_empty() {
         out.push_str(&format!(
             "(no processes under vramcap in {})\n",
-            a.dir.display()
+            a.sources.describe()
         ));
     }
     out.push_str(&groups_table(&a.groups));
@@ -305,25 +366,20 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
 }
 
 /// Runs `stat`; returns the exit code.
-pub fn run(a: &mut StatArgs, uid: u32) -> u8 {
+pub fn run(a: &mut StatArgs) -> u8 {
     let mut warned: HashSet<PathBuf> = HashSet::new();
     let tty = std::io::stdout().is_terminal();
     let colour = tty && std::env::var_os("NO_COLOR").is_none();
     let mut n = 0u64;
     loop {
-        let (mut s, (groups, group_skips)) =
-            match scan(&a.dir, uid).and_then(|s| scan_groups(&a.dir, uid).map(|g| (s, g))) {
-                Ok(x) => x,
-                Err(e) => {
-                    eprintln!(
-                        "vramcap: cannot read the stats directory {}: {e}",
-                        a.dir.display()
-                    );
-                    return 1;
-                }
-            };
+        let Reading { scan: s, groups } = match a.sources.read() {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("vramcap: {e}");
+                return 1;
+            }
+        };
         a.groups = groups;
-        s.skipped.extend(group_skips);
         for sk in &s.skipped {
             if warned.insert(sk.path.clone()) {
                 eprintln!("vramcap: skipping {}: {}", sk.path.display(), sk.reason);

@@ -53,7 +53,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IsTerminal, Stdout};
-use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
@@ -72,9 +71,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table};
 use vramcap_core::human_bytes;
 use vramcap_core::page::{SlotSnapshot, uuid_text};
-use vramcap_core::scan::{GroupSnapshot, scan, scan_groups};
+use vramcap_core::scan::GroupSnapshot;
 
-use super::stat::{StatArgs, parse_interval as parse_seconds};
+use super::stat::{Sources, StatArgs, parse_interval as parse_seconds};
 
 /// Samples of `USED` kept per process and GPU for the sparkline.
 pub const HISTORY: usize = 120;
@@ -98,7 +97,7 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
 }
 
 /// Runs `top`; returns the exit code.
-pub fn run(dir: &Path, uid: u32, interval: Duration, count: Option<u64>) -> u8 {
+pub fn run(sources: Sources, interval: Duration, count: Option<u64>) -> u8 {
     if !io::stdout().is_terminal() {
         let mut args = StatArgs {
             groups: Vec::new(),
@@ -107,11 +106,11 @@ pub fn run(dir: &Path, uid: u32, interval: Duration, count: Option<u64>) -> u8 {
             count,
             pids: Vec::new(),
             gpus: Vec::new(),
-            dir: dir.to_path_buf(),
+            sources,
         };
-        return super::stat::run(&mut args, uid);
+        return super::stat::run(&mut args);
     }
-    let mut view = View::new(dir.to_path_buf(), uid);
+    let mut view = View::new(sources);
     let outcome = (|| -> io::Result<Option<i32>> {
         let _guard = TerminalGuard::enter()?;
         let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
@@ -460,8 +459,7 @@ fn clock() -> String {
 }
 
 struct View {
-    dir: PathBuf,
-    uid: u32,
+    sources: Sources,
     rows: Vec<ProcRow>,
     groups: Vec<GroupSnapshot>,
     processes: usize,
@@ -474,10 +472,9 @@ struct View {
 }
 
 impl View {
-    fn new(dir: PathBuf, uid: u32) -> View {
+    fn new(sources: Sources) -> View {
         View {
-            dir,
-            uid,
+            sources,
             rows: Vec::new(),
             groups: Vec::new(),
             processes: 0,
@@ -493,12 +490,10 @@ impl View {
     /// Reads the pages again and extends every row's history.
     fn refresh(&mut self) {
         self.time = clock();
-        let read = scan(&self.dir, self.uid)
-            .and_then(|s| scan_groups(&self.dir, self.uid).map(|g| (s, g)));
-        let (s, (groups, group_skips)) = match read {
-            Ok(x) => x,
+        let (s, groups) = match self.sources.read() {
+            Ok(r) => (r.scan, r.groups),
             Err(e) => {
-                self.error = Some(format!("cannot read {}: {e}", self.dir.display()));
+                self.error = Some(e);
                 self.rows.clear();
                 self.groups.clear();
                 self.processes = 0;
@@ -509,7 +504,7 @@ impl View {
         };
         self.error = None;
         self.processes = s.pages.len();
-        self.skipped = s.skipped.len() + group_skips.len();
+        self.skipped = s.skipped.len();
         self.groups = groups;
         self.rows = s
             .pages
@@ -567,7 +562,7 @@ impl View {
                 "  {}  {} process{plural}  {}",
                 self.time,
                 self.processes,
-                self.dir.display()
+                self.sources.describe()
             )),
         ];
         if self.skipped > 0 {
@@ -698,7 +693,10 @@ impl View {
         if empty && area.height > 1 {
             let text = match &self.error {
                 Some(_) => String::new(),
-                None => format!("(no processes under vramcap in {})", self.dir.display()),
+                None => format!(
+                    "(no processes under vramcap in {})",
+                    self.sources.describe()
+                ),
             };
             let at = Rect {
                 y: area.y + 1,

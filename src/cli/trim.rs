@@ -8,11 +8,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use vramcap_core::human_bytes;
-use vramcap_core::scan::{map_for_write, scan};
+use vramcap_core::scan::{Users, map_for_write, scan};
 
 pub fn run(dir: &Path, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> u8 {
     let targets: Vec<u32> = if all {
-        match scan(dir, uid) {
+        match scan(dir, Users::Only(uid)) {
             Ok(s) => s.pages.iter().map(|p| p.pid).collect(),
             Err(e) => {
                 eprintln!(
