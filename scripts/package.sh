@@ -3,7 +3,8 @@
 # load in old CUDA base images), checked for that floor, then packed as a
 # .deb (cargo-deb) and a tarball under target/package/. Installs the tools it
 # needs (cargo-zigbuild and zig from PyPI into target/zig-venv, cargo-deb
-# from crates.io) when missing.
+# from crates.io) when missing. Also fills target/package/image/, the build
+# context of deploy/Dockerfile.
 #
 #   scripts/package.sh          # build, check, pack
 #   GLIBC_FLOOR=2.17 (default)
@@ -38,4 +39,9 @@ cp "$BUILT/vramcap" "$stage/$name/bin/"
 cp "$BUILT/libvramcap.so" "$stage/$name/lib/vramcap/"
 cp README.md "$stage/$name/"
 tar -C "$stage" -czf "$OUTDIR/$name.tar.gz" "$name"
+
+# The container image's build context (deploy/Dockerfile, for the DaemonSet).
+rm -rf "$OUTDIR/image"
+mkdir -p "$OUTDIR/image"
+cp "$BUILT/vramcap" "$BUILT/libvramcap.so" deploy/Dockerfile deploy/node-setup.sh "$OUTDIR/image/"
 ls -l "$OUTDIR"

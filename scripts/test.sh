@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: every test, no GPU needed, then the release packages
 # built and inspected. Installs what the tests need (a C compiler for the
-# stand-in driver, binutils, tmux for the terminal UI test, dpkg) when missing.
+# stand-in driver, binutils, tmux for the terminal UI test, dpkg, python3's
+# venv for the manifest validator) when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,8 @@ command -v nm >/dev/null || missing+=(binutils)
 command -v tmux >/dev/null || missing+=(tmux)
 command -v dpkg-deb >/dev/null || missing+=(dpkg)
 command -v objdump >/dev/null || missing+=(binutils)
+command -v setpriv >/dev/null || missing+=(util-linux)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
     if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
         echo "test.sh: installing ${missing[*]}" >&2
@@ -26,3 +29,8 @@ cargo test --workspace --locked "$@"
 # Release packages: glibc 2.17 floor, .deb contents, doctor from a staged
 # install (installs cargo-zigbuild, zig and cargo-deb when missing).
 bash scripts/check-package.sh
+
+# The Kubernetes files: manifests validated offline against the schemas, a
+# node, a capped pod and the exporter played out from them (installs
+# kubernetes-validate from PyPI into target/k8s-venv when missing).
+python3 scripts/check-deploy.py
