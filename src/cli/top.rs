@@ -439,6 +439,27 @@ fn slot_bar(width: usize, s: &SlotSnapshot) -> Line<'static> {
     )
 }
 
+/// The command as the view shows it: absolute paths cut to their last
+/// component (`/opt/venv/bin/python3 /src/train.py` is `python3 train.py`),
+/// so rows tell programs apart in the column's width; prefixed with
+/// `POD/CONTAINER:` when the process recorded a Kubernetes identity.
+fn shown_command(command: &str, pod: &str, container: &str) -> String {
+    let short: Vec<&str> = command
+        .split(' ')
+        .map(|w| match w.rsplit_once('/') {
+            Some((_, last)) if w.starts_with('/') && !last.is_empty() => last,
+            _ => w,
+        })
+        .collect();
+    let short = short.join(" ");
+    let text = match (pod, container) {
+        ("", _) => short,
+        (pod, "") => format!("{pod}: {short}"),
+        (pod, container) => format!("{pod}/{container}: {short}"),
+    };
+    printable(&text)
+}
+
 /// Control characters of a command line would drive the terminal: shown as `?`.
 fn printable(text: &str) -> String {
     text.chars()
@@ -513,7 +534,7 @@ impl View {
                 p.devices.iter().map(|d| ProcRow {
                     pid: p.pid,
                     start_time: p.start_time,
-                    command: printable(&p.command),
+                    command: shown_command(&p.command, &p.pod, &p.container),
                     slot: *d,
                 })
             })
@@ -930,6 +951,24 @@ mod tests {
             k(KeyCode::Char('r'), KeyModifiers::NONE),
             Some(Action::Reverse)
         );
+    }
+
+    #[test]
+    fn commands_are_shortened_and_carry_the_pod() {
+        assert_eq!(
+            shown_command(
+                "/opt/torch/.venv/bin/python3 /work/train.py --out /tmp/",
+                "",
+                ""
+            ),
+            "python3 train.py --out /tmp/"
+        );
+        assert_eq!(shown_command("./a.out x/y", "", ""), "./a.out x/y");
+        assert_eq!(
+            shown_command("/usr/bin/python3 t.py", "trainer-0", "main"),
+            "trainer-0/main: python3 t.py"
+        );
+        assert_eq!(shown_command("a\x1b[2Jb", "p", ""), "p: a?[2Jb");
     }
 
     #[test]
