@@ -404,10 +404,12 @@ fn a_scrape_has_the_pages_exact_bytes_and_labels() {
     .chars()
     .take(128)
     .collect();
+    let dir_text = dir.display().to_string();
     let mut want = vec![
         ("UUID", UUID0),
         ("command", command.as_str()),
         ("container", "main"),
+        ("dir", dir_text.as_str()),
         ("gpu", "0"),
         ("group", ""),
         ("namespace", "ml"),
@@ -535,7 +537,11 @@ fn groups_have_their_budget_and_members() {
     for s in m.find("vramcap_group_members", &[]) {
         let mut keys: Vec<&String> = s.labels.keys().collect();
         keys.sort();
-        assert_eq!(keys, ["UUID", "group"]);
+        assert_eq!(keys, ["UUID", "dir", "group"]);
+        assert_eq!(
+            s.labels.get("dir"),
+            Some(dir.display().to_string().as_str())
+        );
     }
     let pa = a.pid().to_string();
     assert_eq!(
@@ -591,8 +597,9 @@ fn label_values_are_escaped() {
     assert_eq!(
         line,
         format!(
-            "vramcap_gpu_memory_used_bytes{{gpu=\"0\",UUID=\"{UUID0}\",pid=\"{}\",command=\"{escaped_command}\",group=\"\",pod=\"p\\\"o\\\\d\\n1\"}} 2097152",
-            h.pid()
+            "vramcap_gpu_memory_used_bytes{{gpu=\"0\",UUID=\"{UUID0}\",pid=\"{}\",command=\"{escaped_command}\",group=\"\",dir=\"{}\",pod=\"p\\\"o\\\\d\\n1\"}} 2097152",
+            h.pid(),
+            pages.display()
         )
     );
     // The escapes keep every sample on one line.
@@ -691,8 +698,6 @@ fn http_answers_and_bad_requests_never_stop_the_exporter() {
     ex.stop();
 }
 
-/// A directory that cannot be read is a server error (Prometheus marks the
-/// target down), said once on stderr; the exporter keeps serving.
 /// The Kubernetes layout (deploy/): every container's shim makes its own
 /// directory under one shared parent, and one exporter reads them all
 /// through `--dir PARENT/*`, labelling each process with its pod.
@@ -829,6 +834,8 @@ fn bad_dir_values_exit_2_with_one_line() {
     }
 }
 
+/// A directory that cannot be read is a server error (Prometheus marks the
+/// target down), said once on stderr; the exporter keeps serving.
 #[test]
 fn an_unreadable_directory_answers_500() {
     let dir = fresh_dir("exporter-500");

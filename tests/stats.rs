@@ -246,6 +246,13 @@ fn corrupt_foreign_and_other_version_pages_are_skipped_with_one_warning_each() {
     u[32..36].copy_from_slice(&4242u32.to_ne_bytes());
     std::fs::write(dir.join("4.page"), u).unwrap();
     std::fs::write(dir.join("5.page"), []).unwrap();
+    // Planted under page names: a FIFO (opening it would block a reader)
+    // and a symbolic link to a real page. Neither is opened.
+    let fifo =
+        std::ffi::CString::new(dir.join("6.page").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a valid path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    std::os::unix::fs::symlink(dir.join(format!("{pid}.page")), dir.join("7.page")).unwrap();
     std::fs::write(dir.join("notes.txt"), b"ignored: not a .page file").unwrap();
 
     let ran = stat(&dir, &["--json", "--loop", "0.001", "--count", "3"]);
@@ -256,7 +263,7 @@ fn corrupt_foreign_and_other_version_pages_are_skipped_with_one_warning_each() {
         let procs = j["processes"].as_array().unwrap();
         assert_eq!(procs.len(), 1);
         assert_eq!(procs[0]["pid"], pid);
-        assert_eq!(j["skipped"].as_array().unwrap().len(), 5, "{j}");
+        assert_eq!(j["skipped"].as_array().unwrap().len(), 7, "{j}");
     }
     let err = ran.stderr();
     let lines: Vec<&str> = err.lines().collect();
@@ -275,6 +282,8 @@ fn corrupt_foreign_and_other_version_pages_are_skipped_with_one_warning_each() {
             format!(
                 "vramcap: skipping {d}/5.page: truncated (0 bytes, a version-1 page has 17408)"
             ),
+            format!("vramcap: skipping {d}/6.page: not a regular file"),
+            format!("vramcap: skipping {d}/7.page: a symbolic link, not a page"),
         ],
         "one warning per file, not per refresh"
     );
@@ -381,6 +390,69 @@ fn all_users_shows_pages_written_under_another_uid() {
     assert_eq!(procs[0]["pid"], pid);
     assert_eq!(procs[0]["devices"][0]["used_bytes"], 300u64 << 20);
     assert_eq!(j["skipped"], serde_json::json!([]));
+
+    // A file another user owns (root can make one): skipped without the
+    // flag; with it, read by copying (its owner could truncate a mapping
+    // under the reader), with the same exact bytes.
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(&page, Some(4242), Some(4242)).unwrap();
+        let j = stat_json(&dir, &[]);
+        assert_eq!(j["processes"], serde_json::json!([]));
+        assert_eq!(
+            j["skipped"][0]["reason"], "owned by another user (uid 4242)",
+            "{j}"
+        );
+        let j = stat_json(&dir, &["--all-users"]);
+        assert_eq!(j["processes"][0]["pid"], pid, "{j}");
+        assert_eq!(j["processes"][0]["devices"][0]["used_bytes"], 300u64 << 20);
+        assert_eq!(j["processes"][0]["devices"][0]["limit_bytes"], 1u64 << 30);
+    } else {
+        eprintln!("not root: the owner half of this test needs chown and did not run");
+    }
+    h.finish();
+}
+
+/// A group file another user owns is read by copying it, not mapping it,
+/// and left as it is; its live members still show (their locks are read
+/// through a read-only descriptor).
+#[test]
+fn all_users_reads_another_users_group_without_writing_it() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: this test needs chown and did not run");
+        return;
+    }
+    let dir = fresh_dir("all-users-group");
+    let a = artefacts();
+    let mut cmd = shimmed(&a.client);
+    cmd.env("VRAMCAP_LIMIT", "1GiB")
+        .env("VRAMCAP_GROUP", "shared")
+        .env("VRAMCAP_STATS_DIR", &dir)
+        .args(["procaddr", "init", "alloc", "100M", "wait"]);
+    let mut h = Held::spawn(cmd);
+    h.until("wait");
+    let grp = dir.join("group-shared.grp");
+    let before = std::fs::read(&grp).unwrap();
+    std::os::unix::fs::chown(&grp, Some(4242), Some(4242)).unwrap();
+
+    let ran = stat(&dir, &["--json"]);
+    let j: Value = serde_json::from_str(&ran.ok_lines().join("")).unwrap();
+    assert_eq!(j["groups"], serde_json::json!([]));
+    assert_eq!(
+        j["skipped"],
+        serde_json::json!([{"file": grp.display().to_string(), "reason": "owned by another user (uid 4242)"}])
+    );
+    let j = stat_json(&dir, &["--all-users"]);
+    let g = &j["groups"][0];
+    assert_eq!(g["name"], "shared", "{j}");
+    assert_eq!(g["devices"][0]["used_bytes"], 100u64 << 20, "{j}");
+    assert_eq!(g["members"][0]["pid"], h.pid(), "{j}");
+    assert_eq!(
+        std::fs::read(&grp).unwrap(),
+        before,
+        "the reader wrote nothing"
+    );
     h.finish();
 }
 

@@ -42,6 +42,9 @@
 //!   queries can join on it; empty when unknown;
 //! - `pid`; `command`: the command line, cut to its first 128 characters;
 //! - `group`: the process's `VRAMCAP_GROUP`, empty when none;
+//! - `dir`: the directory the page was read from. With one directory per
+//!   container (`--dir PARENT/*`) it tells containers apart: their PIDs may
+//!   be equal, and it is the one identity a process cannot choose;
 //! - `pod`, `namespace`, `container`: only when the process's environment
 //!   holds them, as the shim recorded it in the page (for pages without
 //!   those fields, read from `/proc/PID/environ`); the variables are
@@ -49,7 +52,8 @@
 //!   `CONTAINER_NAME` respectively, non-empty — the names a Kubernetes
 //!   Downward API `env` block would set.
 //!
-//! Per group and GPU, labels `group` and `UUID`:
+//! Per group and GPU, labels `group`, `UUID` and `dir` (groups of the same
+//! name in two directories are two groups):
 //! `vramcap_group_memory_limit_bytes` (gauge; no sample without a cap),
 //! `vramcap_group_memory_used_bytes` (gauge) and `vramcap_group_members`
 //! (gauge: the group's live processes, the same on each of its GPUs; a group
@@ -742,6 +746,7 @@ fn render(
                 ("pid", p.pid.to_string()),
                 ("command", command.clone()),
                 ("group", p.group.clone()),
+                ("dir", p.dir.display().to_string()),
             ];
             labels.extend(env.get(i).into_iter().flatten().cloned());
             rows.push((labels, d));
@@ -759,7 +764,13 @@ fn render(
     let mut group_rows: Vec<(Labels, GroupGpu)> = Vec::new();
     for g in groups {
         let members = g.members.len() as u64;
-        let label = |uuid: String| vec![("group", g.name.clone()), ("UUID", uuid)];
+        let label = |uuid: String| {
+            vec![
+                ("group", g.name.clone()),
+                ("UUID", uuid),
+                ("dir", g.dir.display().to_string()),
+            ]
+        };
         if g.devices.is_empty() {
             let none = GroupGpu {
                 limit: None,
@@ -954,7 +965,7 @@ mod tests {
         let text = render(&pages, &env, &[], 2);
         let cmd = format!("a\\\"b\\\\c\\n{}", "x".repeat(122));
         let labels0 = format!(
-            "{{gpu=\"0\",UUID=\"\",pid=\"42\",command=\"{cmd}\",group=\"\",pod=\"p\\\"1\"}}"
+            "{{gpu=\"0\",UUID=\"\",pid=\"42\",command=\"{cmd}\",group=\"\",dir=\"/run/vramcap\",pod=\"p\\\"1\"}}"
         );
         let labels3 = labels0.replace("gpu=\"0\"", "gpu=\"3\"");
         assert!(

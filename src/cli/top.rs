@@ -292,13 +292,20 @@ pub enum SortBy {
 pub struct ProcRow {
     pub pid: u32,
     pub start_time: u64,
+    /// The directory of the page (PIDs of two containers may be equal).
+    pub dir: std::path::PathBuf,
     pub command: String,
     pub slot: SlotSnapshot,
 }
 
 impl ProcRow {
     fn key(&self) -> HistoryKey {
-        (self.pid, self.start_time, self.slot.device)
+        (
+            self.dir.clone(),
+            self.pid,
+            self.start_time,
+            self.slot.device,
+        )
     }
 }
 
@@ -318,8 +325,9 @@ pub fn sort_rows(rows: &mut [ProcRow], by: SortBy, reverse: bool) {
     });
 }
 
-/// (pid, start time, GPU): a reused PID starts a fresh history.
-type HistoryKey = (u32, u64, u32);
+/// (directory, pid, start time, GPU): a reused PID starts a fresh history,
+/// and equal PIDs of two containers keep theirs apart.
+type HistoryKey = (std::path::PathBuf, u32, u64, u32);
 
 /// The last [`HISTORY`] values of one row's `USED`.
 #[derive(Debug, Default, Clone)]
@@ -534,6 +542,7 @@ impl View {
                 p.devices.iter().map(|d| ProcRow {
                     pid: p.pid,
                     start_time: p.start_time,
+                    dir: p.dir.clone(),
                     command: shown_command(&p.command, &p.pod, &p.container),
                     slot: *d,
                 })
@@ -833,6 +842,7 @@ mod tests {
 
     fn row(pid: u32, gpu: u32, used: u64, refusals: u64) -> ProcRow {
         ProcRow {
+            dir: std::path::PathBuf::new(),
             pid,
             start_time: 1,
             command: String::new(),
