@@ -1,11 +1,12 @@
 #!/bin/sh
 # node-setup.sh: run by the vramcap DaemonSet's init container on every GPU
-# node. Puts the shim and the CLI under the node's /opt/vramcap and makes
-# the node's /run/vramcap/pods, where every capped container's shim creates
-# its own statistics directory.
+# node. Puts the shim and the CLI under the node's /opt/vramcap, for the
+# node's own use (`vramcap top` on the node, `vramcap run` of programs
+# started there) and for pods that take the library from the node instead
+# of from the image (docs/kubernetes.md).
 #
-#   HOST  where the node's filesystem is mounted (default /host): the init
-#         container mounts the node's /opt/vramcap and /run/vramcap there
+#   HOST  where the node's /opt/vramcap is mounted, as HOST/opt/vramcap
+#         (default /host)
 #   SRC   where the image holds the files (default /opt/vramcap)
 #
 # Files are replaced by rename, never rewritten in place: a process that has
@@ -29,11 +30,4 @@ for f in lib/libvramcap.so bin/vramcap; do
     chmod 0755 "$tmp"
     mv -f "$tmp" "$dest/$f"
 done
-
-# World-writable and sticky, like /tmp: each container's shim makes its own
-# directory here (mode 700, owned by the container's user), and only that
-# user or root can remove it.
-mkdir -p "$HOST/run/vramcap/pods"
-chmod 1777 "$HOST/run/vramcap/pods"
-
-echo "node-setup: installed $("$dest/bin/vramcap" --version) in $dest; pages go under $HOST/run/vramcap/pods"
+echo "node-setup: installed $("$dest/bin/vramcap" --version) in $dest"

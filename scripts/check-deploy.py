@@ -5,27 +5,29 @@
    the Kubernetes schemas of the oldest and newest versions we document,
    offline, with kubernetes-validate (pinned; installed from PyPI into
    target/k8s-venv when missing).
-2. A node is played out in a temporary directory, from the manifests
-   themselves (nothing below repeats a path the manifests hold):
+2. A node is played out in a temporary directory from the manifests
+   themselves; every container runs as the user its securityContext names,
+   with only the capabilities it adds (setpriv), so a manifest that asks
+   for too little fails here:
    - the image is assembled from target/package/image/ as deploy/Dockerfile's
      COPY lines say (scripts/package.sh fills that directory);
-   - the DaemonSet's init container runs with its HOST and its hostPath
-     mounts mapped into the node directory;
-   - the example pod's container runs the stand-in client (as user nobody
-     when this runs as root, as a non-root container would) with the pod's
-     environment, $(VAR) references expanded the way the kubelet does, and
-     its mounts mapped; it holds 300 MiB;
-   - the DaemonSet's exporter runs with the DaemonSet's arguments (only the
-     listen address changed to a free loopback port) and is scraped: the
-     sample must carry the pod's name, namespace and container and the
-     exact bytes and cap;
-   - the init container runs again while the client has the library mapped
-     (an upgrade): the library is replaced by rename, the client keeps
-     working and is still exported;
-   - the client ends: its samples go.
+   - the DaemonSet's init container installs the library on the node;
+   - two pods are made from deploy/pod-example.yaml (two names, two UIDs):
+     their emptyDir volumes where the kubelet puts them (mode 777, as it
+     makes them), their init container's command run with its mounts, and
+     their main container run as the stand-in client with the pod's
+     environment ($(VAR) references expanded as the kubelet does) and
+     mounts; each holds memory;
+   - the DaemonSet's exporter runs with its arguments and mounts (only the
+     listen address changed to a free loopback port) and is scraped: each
+     pod's samples must carry its directory (with its UID), pod, namespace
+     and container, the exact bytes and the cap;
+   - the init container runs again (an upgrade): the node's library is
+     replaced by rename;
+   - the clients end: their samples go.
 
-Usage: scripts/check-deploy.py (after scripts/package.sh and
-tests/standin/build.sh target/standin-package).
+Usage: scripts/check-deploy.py, as root (it runs containers as other users),
+after scripts/package.sh and tests/standin/build.sh target/standin-package.
 """
 
 import os
@@ -44,12 +46,12 @@ K8S_VERSIONS = ["1.29.0", "1.37.0"]
 MANIFESTS = ["deploy/daemonset.yaml", "deploy/pod-example.yaml"]
 IMAGE_CONTEXT = os.path.join(ROOT, "target", "package", "image")
 STANDIN = os.path.join(ROOT, "target", "standin-package")
-# What the downward API would give the example pod.
-FIELDS = {
-    "metadata.name": None,  # the pod's own name, from the manifest
-    "metadata.namespace": "default",
-    "metadata.uid": "6a1f0c2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b",
-}
+KUBELET_PODS = "/var/lib/kubelet/pods"
+# The two pods made from the example: name, namespace, UID, bytes held.
+PODS = [
+    ("capped-train", "default", "6a1f0c2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b", 300 << 20),
+    ("capped-train-2", "ml", "0d9e8f7a-6b5c-4d3e-9f2a-1b0c9d8e7f6a", 500 << 20),
+]
 
 
 def fail(msg):
@@ -109,47 +111,109 @@ def expand(value, env):
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", sub, value)
 
 
-def container_env(container, pod_name):
+def container_env(container, fields):
     env = {}
     for e in container.get("env", []):
         if "value" in e:
             env[e["name"]] = expand(e["value"], env)
         else:
-            field = e["valueFrom"]["fieldRef"]["fieldPath"]
-            if field not in FIELDS:
-                fail(f"env {e['name']}: no stand-in value for fieldRef {field}")
-            env[e["name"]] = FIELDS[field] or pod_name
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            if path not in fields:
+                fail(f"env {e['name']}: no stand-in value for fieldRef {path}")
+            env[e["name"]] = fields[path]
     return env
 
 
-class Mounts:
-    """A container's view of the node: mountPath -> node path (hostPath
-    volumes only, longest mountPath first)."""
+class Container:
+    """A container of a pod played out on the node directory: its mounts
+    (mountPath -> node path), its image's root, its user and capabilities."""
 
-    def __init__(self, spec, container, node):
+    def __init__(self, spec, container, node, image, pod_uid=None):
+        self.node, self.image, self.name = node, image, container["name"]
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
-        self.map = []
+        self.mounts = []
         for m in container.get("volumeMounts", []):
             v = volumes[m["name"]]
-            if "hostPath" not in v:
-                fail(f"volume {m['name']}: only hostPath volumes are played out")
-            self.map.append((m["mountPath"], node + v["hostPath"]["path"], v["hostPath"].get("type", "")))
-        self.map.sort(key=lambda t: -len(t[0]))
+            if "hostPath" in v:
+                host = node + v["hostPath"]["path"]
+                kind = v["hostPath"].get("type", "")
+                if kind == "DirectoryOrCreate":
+                    os.makedirs(host, exist_ok=True)
+                if kind == "Directory" and not os.path.isdir(host):
+                    fail(f"hostPath {v['hostPath']['path']} (type Directory) is missing for {self.name}")
+                if kind == "File" and not os.path.isfile(host):
+                    fail(f"hostPath {v['hostPath']['path']} (type File) is missing for {self.name}")
+            elif "emptyDir" in v:
+                if pod_uid is None:
+                    fail(f"emptyDir {m['name']} outside a pod")
+                host = f"{node}{KUBELET_PODS}/{pod_uid}/volumes/kubernetes.io~empty-dir/{m['name']}"
+                if not os.path.isdir(host):
+                    os.makedirs(host)
+                    os.chmod(host, 0o777)  # as the kubelet makes emptyDirs
+            else:
+                fail(f"volume {m['name']}: only hostPath and emptyDir volumes are played out")
+            self.mounts.append((m["mountPath"], host))
+        self.mounts.sort(key=lambda t: -len(t[0]))
+        sc = dict(spec.get("securityContext", {}))
+        sc.update(container.get("securityContext", {}))
+        self.uid = sc.get("runAsUser")
+        self.gid = sc.get("runAsGroup", self.uid)
+        if self.uid is None:
+            fail(f"container {self.name}: set runAsUser (the image's user is not played out)")
+        if sc.get("runAsNonRoot") and self.uid == 0:
+            fail(f"container {self.name}: runAsNonRoot with runAsUser 0")
+        caps = sc.get("capabilities", {})
+        if caps.get("drop") != ["ALL"]:
+            fail(f"container {self.name}: drop ALL capabilities, then add what it needs")
+        self.caps = [c.lower() for c in caps.get("add", [])]
+        self.no_new_privs = sc.get("allowPrivilegeEscalation") is False
 
     def to_node(self, path):
-        for mount, host, _ in self.map:
+        """Where a path the container sees is, on this machine."""
+        for mount, host in self.mounts:
             if path == mount or path.startswith(mount.rstrip("/") + "/"):
-                return host + path[len(mount):]
-        fail(f"{path} is on no hostPath mount of the container")
+                return host + path[len(mount) :]
+        return self.image + path
 
-    def check_types(self):
-        for mount, host, kind in self.map:
-            if kind == "File" and not os.path.isfile(host):
-                fail(f"hostPath {host} (type File) is missing for {mount}")
-            if kind == "Directory" and not os.path.isdir(host):
-                fail(f"hostPath {host} (type Directory) is missing for {mount}")
-            if kind == "DirectoryOrCreate":
-                os.makedirs(host, exist_ok=True)
+    def wrap(self, cmd):
+        """cmd as this container's user, with only its capabilities."""
+        bounding = ",".join(["-all"] + [f"+{c}" for c in self.caps])
+        w = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups"]
+        w += [f"--bounding-set={bounding}", "--inh-caps=-all"]
+        if self.no_new_privs:
+            w.append("--no-new-privs")
+        return w + cmd
+
+
+def check_restricted(pod):
+    """The Pod Security "restricted" level's rules that a pod spec can break
+    on its own (https://kubernetes.io/docs/concepts/security/pod-security-standards/)."""
+    spec = pod["spec"]
+    bad = []
+    for v in spec.get("volumes", []):
+        allowed = {"name", "emptyDir", "configMap", "secret", "projected", "downwardAPI",
+                   "persistentVolumeClaim", "ephemeral", "csi"}
+        if set(v) - allowed:
+            bad.append(f"volume {v['name']} is of a type restricted forbids")
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            bad.append(key)
+    psc = spec.get("securityContext", {})
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        sc = c.get("securityContext", {})
+        if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot"))):
+            bad.append(f"{c['name']}: runAsNonRoot is not true")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{c['name']}: allowPrivilegeEscalation is not false")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"] or set(sc.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{c['name']}: capabilities are not drop ALL")
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{c['name']}: no RuntimeDefault seccomp profile")
+        if sc.get("privileged") or c.get("ports") and any(p.get("hostPort") for p in c["ports"]):
+            bad.append(f"{c['name']}: privileged or host port")
+    if bad:
+        fail("deploy/pod-example.yaml does not meet the restricted Pod Security level: " + "; ".join(bad))
 
 
 def build_image(root):
@@ -159,24 +223,35 @@ def build_image(root):
         for line in f:
             words = line.split()
             if words[:1] == ["COPY"]:
-                src, dst = words[1], words[2]
-                target = root + dst
+                target = root + words[2]
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-                shutil.copy2(os.path.join(IMAGE_CONTEXT, src), target)
+                shutil.copy2(os.path.join(IMAGE_CONTEXT, words[1]), target)
             if words[:1] == ["ENTRYPOINT"]:
                 entry = re.findall(r'"([^"]+)"', line)
     if not entry:
         fail("deploy/Dockerfile has no ENTRYPOINT")
+    for d, _, files in os.walk(root):
+        os.chmod(d, 0o755)
     return entry
 
 
-def as_nobody(cmd):
-    if os.geteuid() == 0:
-        return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + cmd
-    return cmd
+def run_setup(c, init):
+    """The DaemonSet's init container: its script, HOST mapped onto the
+    node directory (after checking that its mounts are where HOST says)."""
+    host = container_env(init, {}).get("HOST", "/host")
+    for mount, node_path in c.mounts:
+        if mount != host + node_path[len(c.node) :]:
+            fail(f"init container mounts {node_path[len(c.node):]} at {mount}, not under HOST={host}")
+    env = dict(os.environ, HOST=c.node, SRC=c.image + "/opt/vramcap")
+    r = subprocess.run(c.wrap([c.to_node(init["command"][0])]), env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(f"node-setup failed ({r.returncode}): {r.stderr}")
+    print(r.stdout, end="")
 
 
 def main():
+    if os.geteuid() != 0:
+        fail("run as root: containers are played out as their own users and capabilities (setpriv)")
     for p in [IMAGE_CONTEXT, os.path.join(STANDIN, "bin", "client")]:
         if not os.path.exists(p):
             fail(f"{p} is missing: run scripts/package.sh and tests/standin/build.sh target/standin-package first")
@@ -185,154 +260,150 @@ def main():
         os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
     validate()
 
-    ds_docs = load("deploy/daemonset.yaml")
-    ds = one(ds_docs, "DaemonSet")
-    pod = one(load("deploy/pod-example.yaml"), "Pod")
+    ds = one(load("deploy/daemonset.yaml"), "DaemonSet")
+    pod_manifest = one(load("deploy/pod-example.yaml"), "Pod")
     spec = ds["spec"]["template"]["spec"]
+    check_restricted(pod_manifest)
 
     tmp = tempfile.mkdtemp(prefix="vramcap-deploy-")
-    os.chmod(tmp, 0o755)  # the client runs as nobody
+    os.chmod(tmp, 0o755)  # containers run as other users
+    clients, exporter = [], None
     try:
         image = os.path.join(tmp, "image")
         node = os.path.join(tmp, "node")
-        os.makedirs(node)
+        os.makedirs(node + KUBELET_PODS)
         entry = build_image(image)
 
-        # The init container.
         (init,) = spec["initContainers"]
-        init_env = container_env(init, "")
-        init_mounts = Mounts(spec, init, node)
-        init_mounts.check_types()
-        host = init_env.get("HOST", "/host")
-        for mount, hostpath, _ in init_mounts.map:
-            if mount != host + hostpath[len(node):]:
-                fail(f"init container mounts {hostpath[len(node):]} at {mount}, not under HOST={host}")
-        setup = image + init["command"][0]
+        setup = Container(spec, init, node, image)
+        run_setup(setup, init)
+        node_lib = node + "/opt/vramcap/lib/libvramcap.so"
+        if open(node_lib, "rb").read() != open(image + "/opt/vramcap/lib/libvramcap.so", "rb").read():
+            fail("the node's library is not the image's")
 
-        def run_setup():
-            env = dict(os.environ, HOST=node, SRC=image + "/opt/vramcap")
-            r = subprocess.run([setup], env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                fail(f"node-setup failed ({r.returncode}): {r.stderr}")
-            print(r.stdout, end="")
+        # Two pods from the example.
+        for name, namespace, uid, held in PODS:
+            pspec = pod_manifest["spec"]
+            fields = {"metadata.name": name, "metadata.namespace": namespace, "metadata.uid": uid}
+            for ic in pspec.get("initContainers", []):
+                c = Container(pspec, ic, node, image, uid)
+                cmd = [c.to_node(a) if a.startswith("/") else a for a in ic["command"]]
+                r = subprocess.run(c.wrap(cmd), capture_output=True, text=True, env=container_env(ic, fields))
+                if r.returncode != 0:
+                    fail(f"pod {name}: init container {ic['name']} failed ({r.returncode}): {r.stderr}")
+            (main_ctr,) = pspec["containers"]
+            c = Container(pspec, main_ctr, node, image, uid)
+            env = container_env(main_ctr, fields)
+            lib = c.to_node(env["LD_PRELOAD"])
+            if not os.path.isfile(lib) or not lib.startswith(node) or open(lib, "rb").read() != open(
+                image + "/opt/vramcap/lib/libvramcap.so", "rb"
+            ).read():
+                fail(f"pod {name}: LD_PRELOAD={env['LD_PRELOAD']} is not the library on a volume of the pod")
+            env["LD_PRELOAD"] = lib
+            env["VRAMCAP_STATS_DIR"] = c.to_node(env["VRAMCAP_STATS_DIR"])
+            env["LD_LIBRARY_PATH"] = os.path.join(STANDIN, "lib")
+            env["PATH"] = "/usr/bin:/bin"
+            client = subprocess.Popen(
+                c.wrap([os.path.join(STANDIN, "bin", "client"), "procaddr", "init", "alloc", str(held), "wait"]),
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            clients.append(client)
+            for line in client.stdout:
+                if line.strip() == "wait":
+                    break
+            else:
+                fail(f"pod {name}: the client ended early ({client.wait()}): {client.stderr.read()}")
+            d = env["VRAMCAP_STATS_DIR"]
+            st = os.stat(d)
+            if stat.S_IMODE(st.st_mode) != 0o700 or st.st_uid != c.uid:
+                fail(f"pod {name}: {d} has mode {stat.S_IMODE(st.st_mode):o} and uid {st.st_uid}, expected 700 and {c.uid}")
 
-        run_setup()
-        pages_dir = node + "/run/vramcap/pods"
-        mode = stat.S_IMODE(os.stat(pages_dir).st_mode)
-        if mode != 0o1777:
-            fail(f"{pages_dir} has mode {mode:o}, expected 1777")
-
-        # The pod's container, with the pod's environment and mounts.
-        (ctr,) = pod["spec"]["containers"]
-        env = container_env(ctr, pod["metadata"]["name"])
-        mounts = Mounts(pod["spec"], ctr, node)
-        mounts.check_types()
-        lib = mounts.to_node(env["LD_PRELOAD"])
-        with open(lib, "rb") as a, open(image + "/opt/vramcap/lib/libvramcap.so", "rb") as b:
-            if a.read() != b.read():
-                fail(f"{lib} is not the image's library")
-        stats_dir = mounts.to_node(env["VRAMCAP_STATS_DIR"])
-        want_dir = f"{pages_dir}/{FIELDS['metadata.uid']}_{ctr['name']}"
-        if stats_dir != want_dir:
-            fail(f"the pod's statistics directory is {stats_dir}, expected {want_dir}")
-        cenv = {k: v for k, v in os.environ.items() if not k.startswith(("VRAMCAP_", "POD_", "LD_"))}
-        cenv.pop("CONTAINER_NAME", None)
-        cenv.update(env)
-        cenv["LD_PRELOAD"] = lib
-        cenv["VRAMCAP_STATS_DIR"] = stats_dir
-        cenv["LD_LIBRARY_PATH"] = os.path.join(STANDIN, "lib")
-        client = subprocess.Popen(
-            as_nobody([os.path.join(STANDIN, "bin", "client"), "procaddr", "init", "alloc", "300M", "wait"]),
-            env=cenv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for line in client.stdout:
-            if line.strip() == "wait":
-                break
-        else:
-            fail(f"the pod's client ended early: {client.wait()} {client.stderr.read()}")
-        st = os.stat(stats_dir)
-        if stat.S_IMODE(st.st_mode) != 0o700 or (os.geteuid() == 0 and st.st_uid != 65534):
-            fail(f"{stats_dir}: mode {stat.S_IMODE(st.st_mode):o} uid {st.st_uid}, expected 700 and the container's user")
-
-        # The exporter, with the DaemonSet's arguments.
+        # The exporter, with the DaemonSet's arguments, user and capabilities.
         (exp,) = spec["containers"]
-        exp_mounts = Mounts(spec, exp, node)
+        ec = Container(spec, exp, node, image)
         args = list(exp["args"])
         i = args.index("--listen")
-        if args[i + 1] != f":{exp['ports'][0]['containerPort']}":
-            fail(f"the exporter listens on {args[i + 1]}, the port declared is {exp['ports'][0]['containerPort']}")
-        args[i + 1] = "127.0.0.1:0"
-        args = [exp_mounts.to_node(a) if a.startswith("/") else a for a in args]
-        annotations = ds["spec"]["template"]["metadata"]["annotations"]
-        if annotations.get("prometheus.io/port") != str(exp["ports"][0]["containerPort"]):
+        port = exp["ports"][0]["containerPort"]
+        if args[i + 1] != f":{port}":
+            fail(f"the exporter listens on {args[i + 1]}, the port declared is {port}")
+        if ds["spec"]["template"]["metadata"]["annotations"].get("prometheus.io/port") != str(port):
             fail("the scrape annotation's port is not the exporter's")
+        args[i + 1] = "127.0.0.1:0"
+        args = [ec.to_node(a) if a.startswith("/") else a for a in args]
         exporter = subprocess.Popen(
-            [image + entry[0]] + entry[1:] + args,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            ec.wrap([image + entry[0]] + entry[1:] + args),
+            env={"PATH": "/usr/bin:/bin"},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
-        try:
-            first = exporter.stderr.readline()
-            m = re.match(r"vramcap exporter listening on (http://\S+/metrics)$", first.strip())
-            if not m:
-                fail(f"unexpected exporter start: {first!r}")
-            url = m.group(1)
+        first = exporter.stderr.readline()
+        m = re.match(r"vramcap exporter listening on (http://\S+/metrics)$", first.strip())
+        if not m:
+            fail(f"unexpected exporter start: {first!r}")
+        url = m.group(1)
 
-            def scrape():
-                with urllib.request.urlopen(url, timeout=10) as r:
-                    return r.read().decode()
+        def scrape():
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.read().decode()
 
-            labels = (
-                f'pod="{pod["metadata"]["name"]}",namespace="{FIELDS["metadata.namespace"]}",'
-                f'container="{ctr["name"]}"'
-            )
-            limit = {"8GiB": 8 << 30}.get(env["VRAMCAP_LIMIT"])
-            if limit is None:
-                fail(f"update check-deploy.py for VRAMCAP_LIMIT={env['VRAMCAP_LIMIT']}")
+        container = pod_manifest["spec"]["containers"][0]
+        limit = {"8GiB": 8 << 30}.get(container_env(container, {"metadata.name": "", "metadata.namespace": ""}).get("VRAMCAP_LIMIT"))
+        if limit is None:
+            fail("update check-deploy.py for the example's VRAMCAP_LIMIT")
 
-            def expect_pod(text):
+        def expect_pods(text):
+            for (name, namespace, uid, held), client in zip(PODS, clients):
+                # The exporter was given the node directory's paths.
+                want_dir = f"{node}{KUBELET_PODS}/{uid}/volumes/kubernetes.io~empty-dir/vramcap-pages/{container['name']}"
                 for metric, value in [
-                    ("vramcap_gpu_memory_used_bytes", 300 << 20),
+                    ("vramcap_gpu_memory_used_bytes", held),
                     ("vramcap_gpu_memory_limit_bytes", limit),
                 ]:
-                    pat = rf'^{metric}\{{gpu="0",UUID="[^"]*",pid="{client.pid}",[^}}]*{re.escape(labels)}\}} {value}$'
+                    labels = (
+                        f'group="",dir="{want_dir}",pod="{name}",namespace="{namespace}",container="{container["name"]}"'
+                    )
+                    pat = rf'^{metric}\{{gpu="0",UUID="[^"]*",pid="\d+",command="[^"]*",{re.escape(labels)}\}} {value}$'
                     if not re.search(pat, text, re.M):
-                        fail(f"no {metric} {value} with {labels} for pid {client.pid}:\n{text}")
+                        fail(f"no {metric} {value} with {labels}:\n{text}")
+            if "vramcap_pages_skipped 0" not in text:
+                fail(f"the exporter skipped files:\n{text}")
 
-            expect_pod(scrape())
+        expect_pods(scrape())
 
-            # An upgrade while the pod runs: the library is replaced, not
-            # rewritten; the client is unharmed and still exported.
-            before = os.stat(lib).st_ino
-            run_setup()
-            if os.stat(lib).st_ino == before:
-                fail("node-setup rewrote the library in place instead of replacing it")
-            expect_pod(scrape())
+        # An upgrade: the node's library is replaced, not rewritten.
+        before = os.stat(node_lib).st_ino
+        run_setup(setup, init)
+        if os.stat(node_lib).st_ino == before:
+            fail("node-setup rewrote the library in place instead of replacing it")
 
+        for client in clients:
             client.stdin.write("\n")
             client.stdin.flush()
-            out, err = client.communicate(timeout=60)
+            _, err = client.communicate(timeout=60)
             if client.returncode != 0:
-                fail(f"the pod's client failed after the upgrade ({client.returncode}): {err}")
-            if "vramcap_gpu_memory_used_bytes{" in scrape():
-                fail("the ended container is still exported")
-            if exporter.poll() is not None:
-                fail("the exporter ended")
-        finally:
+                fail(f"a pod's client failed ({client.returncode}): {err}")
+        if "vramcap_gpu_memory_used_bytes{" in scrape():
+            fail("ended containers are still exported")
+        if exporter.poll() is not None:
+            fail("the exporter ended")
+    finally:
+        if exporter is not None:
             exporter.kill()
             exporter.wait()
+        for client in clients:
             if client.poll() is None:
                 client.kill()
                 client.wait()
-    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("check-deploy: manifests valid; node set up, pod capped and exported by pod, upgrade by rename: ok")
+    print(
+        "check-deploy: manifests valid; node set up; two pods capped as their users and exported "
+        "by pod through the exporter's own user and capabilities; upgrade by rename: ok"
+    )
 
 
 if __name__ == "__main__":
