@@ -390,6 +390,22 @@ fn stable_copy<T: AnyBytes>(file: &std::fs::File) -> Result<Box<T>, String> {
     Ok(unsafe { boxed.assume_init() })
 }
 
+/// Maps `len` bytes of `fd` shared (read-only unless `write`), or `None`.
+///
+/// # Safety
+/// `fd` must be an open file at least `len` bytes long that nobody shrinks
+/// while the mapping lives (the reader's own pages and group files).
+unsafe fn map_shared(fd: libc::c_int, len: usize, write: bool) -> Option<*mut libc::c_void> {
+    let prot = if write {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: as the caller promises.
+    let map = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
+    (map != libc::MAP_FAILED).then_some(map)
+}
+
 /// Reads every page in `dir` that `users` covers. A missing directory is
 /// an empty scan; an unreadable one is an error.
 pub fn scan(dir: &Path, users: Users) -> io::Result<Scan> {
@@ -451,19 +467,9 @@ fn read_one(dir: &Dir, name: &OsStr, users: Users) -> Outcome {
         // SAFETY: the file is at least PAGE_SIZE long (checked), is the
         // reader's own, and writers never shrink a page, so every byte of
         // the read-only mapping stays backed.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE_SIZE,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
+        let Some(map) = (unsafe { map_shared(file.as_raw_fd(), PAGE_SIZE, false) }) else {
             return Outcome::Skip(format!("cannot map: {}", last_error()));
-        }
+        };
         // SAFETY: the mapping holds a checked page; it is only read, with
         // atomic loads for the live counters, and unmapped right after.
         let snap = unsafe { (*map.cast::<Page>()).snapshot() };
@@ -546,23 +552,9 @@ pub fn map_for_write(dir: &Path, pid: u32, uid: u32) -> Result<PageMap, String> 
     page::check_header(meta.len(), &head, Some(uid))
         .map_err(|p| format!("{}: {p}", path.display()))?;
     // SAFETY: the file is at least PAGE_SIZE long and never shrinks.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            PAGE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
+    let Some(ptr) = (unsafe { map_shared(fd, PAGE_SIZE, true) }) else {
+        return Err(format!("cannot map {}: {}", path.display(), last_error()));
     };
-    if ptr == libc::MAP_FAILED {
-        return Err(format!(
-            "cannot map {}: {}",
-            path.display(),
-            io::Error::last_os_error()
-        ));
-    }
     Ok(PageMap { ptr })
 }
 
@@ -662,21 +654,11 @@ fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnaps
     }
     // SAFETY: a checked group page of the reader's own, at least
     // GROUP_PAGE_SIZE long and never shrunk.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            GROUP_PAGE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if map == libc::MAP_FAILED {
+    let Some(map) = (unsafe { map_shared(fd, GROUP_PAGE_SIZE, true) }) else {
         // Opened read-only (no write permission): a copy, without reclaim.
         let copy = stable_copy::<GroupPage>(&file)?;
         return Ok(Some(group_snapshot(&copy, alive)));
-    }
+    };
     // SAFETY: the mapping holds a checked group page until unmapped below.
     let g = unsafe { &*map.cast::<GroupPage>() };
     for i in 0..g.members.len() {
