@@ -799,6 +799,41 @@ fn one_exporter_reads_a_directory_per_container_through_a_pattern() {
     ex.stop();
 }
 
+/// A pattern whose fixed part is missing (say, a kubelet that keeps its
+/// pods elsewhere) is said once at start, not left to look like "no
+/// processes".
+#[test]
+fn a_pattern_under_a_missing_directory_is_said_at_start() {
+    let dir = fresh_dir("exporter-missing-prefix");
+    let missing = dir.join("no-such-kubelet/pods");
+    let pattern = format!("{}/*/volumes", missing.display());
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", &dir)
+        .args(["exporter", "--listen", "127.0.0.1:0", "--dir", &pattern])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).unwrap();
+    let mut second = String::new();
+    stderr.read_line(&mut second).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        first.trim_end(),
+        format!(
+            "vramcap: --dir {pattern}: {} is not a directory, so nothing matches the pattern until it is",
+            missing.display()
+        )
+    );
+    assert!(
+        second.starts_with("vramcap exporter listening on http://127.0.0.1:"),
+        "{second}"
+    );
+}
+
 /// `--dir` values: absolute, and `*` only as a whole component.
 #[test]
 fn bad_dir_values_exit_2_with_one_line() {

@@ -178,6 +178,9 @@ pub fn run(listen: &str, sources: Sources) -> Result<u8, String> {
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot listen on {listen}: {}", error_text(&e)))?;
+    for w in sources.warnings() {
+        eprintln!("{w}");
+    }
     eprintln!("vramcap exporter listening on http://{local}/metrics");
     serve(
         listener,

@@ -86,6 +86,27 @@ impl Sources {
             .map_err(|(dir, e)| format!("cannot read the stats directory {}: {e}", dir.display()))
     }
 
+    /// A warning for each pattern whose part before the first `*` is not
+    /// a directory: nothing can match it until it is (a wrong path, such
+    /// as a kubelet that keeps its pods elsewhere, would otherwise read as
+    /// "no processes").
+    pub fn warnings(&self) -> Vec<String> {
+        self.dirs
+            .iter()
+            .filter(|d| vramcap_core::scan::is_pattern(d))
+            .filter_map(|d| {
+                let prefix: PathBuf = d.components().take_while(|c| c.as_os_str() != "*").collect();
+                (!prefix.is_dir()).then(|| {
+                    format!(
+                        "vramcap: --dir {}: {} is not a directory, so nothing matches the pattern until it is",
+                        d.display(),
+                        prefix.display()
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// The directories as the user named them, for messages.
     pub fn describe(&self) -> String {
         let all: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
@@ -367,6 +388,9 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
 
 /// Runs `stat`; returns the exit code.
 pub fn run(a: &mut StatArgs) -> u8 {
+    for w in a.sources.warnings() {
+        eprintln!("{w}");
+    }
     let mut warned: HashSet<PathBuf> = HashSet::new();
     let tty = std::io::stdout().is_terminal();
     let colour = tty && std::env::var_os("NO_COLOR").is_none();
