@@ -13,9 +13,7 @@
 //!   to its own `held[device]`. It gives bytes back in the opposite order:
 //!   first its `held`, then `used`. A member killed between the two steps
 //!   leaves `used` too high by one allocation, never too low: the cap may be
-//!   pessimistic, never exceeded. Once the group has no member left, a
-//!   reader (`vramcap stat`, `top`, the exporter) returns such bytes
-//!   ([`GroupPage::release_leaks_if_empty`]).
+//!   briefly pessimistic, never exceeded.
 //! - Each member slot is claimed by a compare-and-swap of `pid` from 0. A
 //!   member whose process is gone (no such PID, or a PID reused by a process
 //!   with another start time) is reclaimed by whoever notices first: the
@@ -223,44 +221,6 @@ impl GroupPage {
         m.start_time.store(0, Ordering::Release);
         m.pid.store(0, Ordering::Release);
         Some(bytes)
-    }
-
-    /// Returns bytes that no member holds, once the group has no member:
-    /// what members killed between their two steps left in `used` (see the
-    /// module doc). Returns the bytes given back.
-    ///
-    /// Per GPU: read `used`, see every slot free, then swap `used` from the
-    /// value read to zero. A member claims its slot before it reserves, so
-    /// one that reserved before the read has a slot the look sees (its
-    /// reservation, read here with acquire, carries its claim), and one that
-    /// reserved after it changed `used`, so the swap fails. Only a member
-    /// that has since given back all it took can leave `used` at the value
-    /// read, and then zero is right for it too.
-    pub fn release_leaks_if_empty(&self) -> u64 {
-        let mut released = 0;
-        for d in &self.devices {
-            if d.state.load(Ordering::Acquire) != DEVICE_READY {
-                continue;
-            }
-            let used = d.used.load(Ordering::Acquire);
-            if used == 0 {
-                continue;
-            }
-            if self
-                .members
-                .iter()
-                .any(|m| m.pid.load(Ordering::Acquire) != 0)
-            {
-                return released;
-            }
-            if d.used
-                .compare_exchange(used, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                released += used;
-            }
-        }
-        released
     }
 
     /// Claims a free member slot for `pid`; `None` when all are taken.
@@ -513,70 +473,5 @@ mod tests {
         }
         assert_eq!(g.devices[d].used.load(Ordering::Relaxed), 0);
         assert!(g.devices[d].peak.load(Ordering::Relaxed) <= 10_000);
-    }
-
-    #[test]
-    fn leaks_are_returned_only_when_no_member_is_left() {
-        let g = page();
-        let d = g.device_for([3; 16], || 1000).unwrap();
-        let a = g.join(10, 1, |_| true, |_| {}).unwrap();
-        // Killed between its two steps: 100 in `used`, nothing held.
-        g.devices[d].try_reserve(100).unwrap();
-        assert_eq!(g.release_leaks_if_empty(), 0, "a member is there");
-        assert_eq!(g.reclaim_if_dead(a, |_, _, _| false), Some(0));
-        assert_eq!(g.release_leaks_if_empty(), 100);
-        assert_eq!(g.devices[d].used.load(Ordering::Relaxed), 0);
-        assert_eq!(g.release_leaks_if_empty(), 0);
-    }
-
-    /// Members join, reserve, give back and leave while another thread keeps
-    /// returning leaks: no member ever sees `used` below what it holds (a
-    /// wrong reset would show as exactly that), and the budget ends whole.
-    #[test]
-    fn returning_leaks_never_takes_what_a_member_holds() {
-        let g: &'static GroupPage = Box::leak(page());
-        let d = g.device_for([9; 16], || 1 << 40).unwrap();
-        let stop: &'static std::sync::atomic::AtomicBool =
-            Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false)));
-        let resetter = std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += g.release_leaks_if_empty();
-            }
-            n
-        });
-        let handles: Vec<_> = (0..4u32)
-            .map(|t| {
-                std::thread::spawn(move || {
-                    let mut x = u64::from(t) * 2654435761 + 7;
-                    for round in 0..3_000u32 {
-                        let me = g.join(100 + t, u64::from(round), |_| true, |_| {}).unwrap();
-                        for _ in 0..4 {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
-                            let n = x % 1000 + 1;
-                            g.devices[d].try_reserve(n).unwrap();
-                            g.members[me].held[d].fetch_add(n, Ordering::Relaxed);
-                            let used = g.devices[d].used.load(Ordering::Acquire);
-                            assert!(used >= n, "used {used} below the {n} held");
-                            g.members[me].held[d].fetch_sub(n, Ordering::Relaxed);
-                            g.devices[d].release(n);
-                        }
-                        g.members[me].pid.store(0, Ordering::Release);
-                    }
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
-        stop.store(true, Ordering::Relaxed);
-        assert_eq!(
-            resetter.join().unwrap(),
-            0,
-            "nothing leaked, nothing returned"
-        );
-        assert_eq!(g.devices[d].used.load(Ordering::Relaxed), 0);
     }
 }

@@ -664,7 +664,6 @@ fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnaps
     for i in 0..g.members.len() {
         let _ = g.reclaim_if_dead(i, |i, _, _| alive(i));
     }
-    let _ = g.release_leaks_if_empty();
     let snap = group_snapshot(g, alive);
     // SAFETY: unmapping what was mapped above.
     unsafe { libc::munmap(map, GROUP_PAGE_SIZE) };
