@@ -271,8 +271,13 @@ impl Dir {
     /// type before anything else: a device node or FIFO planted under a
     /// page's name is never opened for reading. The inode checked is the
     /// one opened (through /proc/self/fd), whatever happens to the name
-    /// meanwhile.
-    fn open_file(&self, name: &OsStr, write: bool) -> Result<(std::fs::File, FileInfo), NotOpened> {
+    /// meanwhile. `write(info)` says, once the file is known, whether to
+    /// open it for writing.
+    fn open_file(
+        &self,
+        name: &OsStr,
+        write: impl FnOnce(&FileInfo) -> bool,
+    ) -> Result<(std::fs::File, FileInfo), NotOpened> {
         let c = c_name(name.as_bytes())
             .map_err(|_| NotOpened::Skip("the name holds a NUL byte".into()))?;
         // SAFETY: an open directory and a valid name; O_PATH opens nothing
@@ -299,17 +304,6 @@ impl Dir {
             libc::S_IFLNK => return Err(NotOpened::Skip("a symbolic link, not a page".into())),
             _ => return Err(NotOpened::Skip("not a regular file".into())),
         }
-        let again = c_name(format!("/proc/self/fd/{}", path_fd.as_raw_fd()).as_bytes())
-            .map_err(|e| NotOpened::Skip(e.to_string()))?;
-        let mode = if write { libc::O_RDWR } else { libc::O_RDONLY };
-        // SAFETY: a valid path naming the inode held by path_fd.
-        let fd = owned(unsafe {
-            libc::open(
-                again.as_ptr(),
-                mode | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY,
-            )
-        })
-        .map_err(|e| NotOpened::Skip(format!("cannot open: {e}")))?;
         let info = FileInfo {
             id: FileId {
                 dev: st.st_dev,
@@ -318,6 +312,21 @@ impl Dir {
             uid: st.st_uid,
             size: st.st_size as u64,
         };
+        let again = c_name(format!("/proc/self/fd/{}", path_fd.as_raw_fd()).as_bytes())
+            .map_err(|e| NotOpened::Skip(e.to_string()))?;
+        let mode = if write(&info) {
+            libc::O_RDWR
+        } else {
+            libc::O_RDONLY
+        };
+        // SAFETY: a valid path naming the inode held by path_fd.
+        let fd = owned(unsafe {
+            libc::open(
+                again.as_ptr(),
+                mode | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY,
+            )
+        })
+        .map_err(|e| NotOpened::Skip(format!("cannot open: {e}")))?;
         Ok((std::fs::File::from(fd), info))
     }
 
@@ -416,22 +425,29 @@ pub fn scan(dir: &Path, users: Users) -> io::Result<Scan> {
     }
 }
 
+/// The names in `names` with this extension.
+fn with_extension<'a>(names: &'a [OsString], ext: &'a str) -> impl Iterator<Item = &'a OsString> {
+    names
+        .iter()
+        .filter(move |n| Path::new(n).extension().is_some_and(|x| x == ext))
+}
+
 fn scan_dir(dir: &Dir, users: Users) -> io::Result<Scan> {
+    Ok(scan_names(dir, &dir.names()?, users))
+}
+
+/// The pages among `names` (the directory's listing).
+fn scan_names(dir: &Dir, names: &[OsString], users: Users) -> Scan {
     let mut out = Scan::default();
-    let names: Vec<OsString> = dir
-        .names()?
-        .into_iter()
-        .filter(|n| Path::new(n).extension().is_some_and(|x| x == "page"))
-        .collect();
-    for name in names {
-        let path = dir.path.join(&name);
-        match read_one(dir, &name, users) {
+    for name in with_extension(names, "page") {
+        let path = dir.path.join(name);
+        match read_one(dir, name, users) {
             Outcome::Live(mut p) => {
                 p.dir = dir.path.clone();
                 out.pages.push(p)
             }
             Outcome::Dead(id) => {
-                if dir.remove_if_same(&name, id) {
+                if dir.remove_if_same(name, id) {
                     out.pruned.push(path);
                 }
             }
@@ -440,11 +456,11 @@ fn scan_dir(dir: &Dir, users: Users) -> io::Result<Scan> {
         }
     }
     out.pages.sort_by_key(|p| p.pid);
-    Ok(out)
+    out
 }
 
 fn read_one(dir: &Dir, name: &OsStr, users: Users) -> Outcome {
-    let (file, info) = match dir.open_file(name, false) {
+    let (file, info) = match dir.open_file(name, |_| false) {
         Ok(x) => x,
         Err(NotOpened::Gone) => return Outcome::Ignore,
         Err(NotOpened::Skip(why)) => return Outcome::Skip(why),
@@ -600,16 +616,16 @@ pub fn scan_groups(dir: &Path, users: Users) -> io::Result<(Vec<GroupSnapshot>, 
 }
 
 fn scan_groups_dir(dir: &Dir, users: Users) -> io::Result<(Vec<GroupSnapshot>, Vec<Skipped>)> {
+    Ok(groups_names(dir, &dir.names()?, users))
+}
+
+/// The group files among `names` (the directory's listing).
+fn groups_names(dir: &Dir, names: &[OsString], users: Users) -> (Vec<GroupSnapshot>, Vec<Skipped>) {
     let mut groups = Vec::new();
     let mut skipped = Vec::new();
-    let names: Vec<OsString> = dir
-        .names()?
-        .into_iter()
-        .filter(|n| Path::new(n).extension().is_some_and(|x| x == "grp"))
-        .collect();
-    for name in names {
-        let path = dir.path.join(&name);
-        match read_group(dir, &name, users) {
+    for name in with_extension(names, "grp") {
+        let path = dir.path.join(name);
+        match read_group(dir, name, users) {
             Ok(Some(mut g)) => {
                 g.dir = dir.path.clone();
                 groups.push(g)
@@ -618,21 +634,17 @@ fn scan_groups_dir(dir: &Dir, users: Users) -> io::Result<(Vec<GroupSnapshot>, V
             Err(reason) => skipped.push(Skipped { path, reason }),
         }
     }
-    Ok((groups, skipped))
+    (groups, skipped)
 }
 
 /// One group file: `Ok(None)` while it is being created or when it went.
 fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnapshot>, String> {
     use crate::group::{GROUP_PAGE_SIZE, GroupPage, member_lock_offset};
     // The reader's own group files are opened for writing, to reclaim dead
-    // members; a file it cannot open so is read only.
-    let (file, info) = match dir.open_file(name, true) {
+    // members; anyone else's only for reading.
+    let (file, info) = match dir.open_file(name, |i| i.uid == reader_uid()) {
         Ok(x) => x,
-        Err(NotOpened::Skip(_)) => match dir.open_file(name, false) {
-            Ok(x) => x,
-            Err(NotOpened::Skip(why)) => return Err(why),
-            Err(NotOpened::Gone) => return Ok(None),
-        },
+        Err(NotOpened::Skip(why)) => return Err(why),
         Err(NotOpened::Gone) => return Ok(None),
     };
     if !users.accepts_owner(info.uid) {
@@ -655,9 +667,7 @@ fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnaps
     // SAFETY: a checked group page of the reader's own, at least
     // GROUP_PAGE_SIZE long and never shrunk.
     let Some(map) = (unsafe { map_shared(fd, GROUP_PAGE_SIZE, true) }) else {
-        // Opened read-only (no write permission): a copy, without reclaim.
-        let copy = stable_copy::<GroupPage>(&file)?;
-        return Ok(Some(group_snapshot(&copy, alive)));
+        return Err(format!("cannot map: {}", last_error()));
     };
     // SAFETY: the mapping holds a checked group page until unmapped below.
     let g = unsafe { &*map.cast::<GroupPage>() };
@@ -841,8 +851,13 @@ pub fn read_sources(sources: &[PathBuf], users: Users) -> Result<Reading, (PathB
             if !seen.insert(dir.path.clone()) {
                 continue;
             }
-            let read =
-                scan_dir(&dir, users).and_then(|s| scan_groups_dir(&dir, users).map(|g| (s, g)));
+            // One listing serves the pages and the group files.
+            let read = dir.names().map(|names| {
+                (
+                    scan_names(&dir, &names, users),
+                    groups_names(&dir, &names, users),
+                )
+            });
             match read {
                 Ok((s, (groups, group_skips))) => {
                     out.scan.pages.extend(s.pages);
