@@ -89,6 +89,13 @@
 #define GRAPH_BASE 0x600000000000ULL
 #define GRAPH_WINDOW (1ULL << 40)
 
+/* The argument checks that open most entry points, with the driver's codes. */
+#define CHECK(cond, err)                                                      \
+    do {                                                                      \
+        if (!(cond))                                                          \
+            return (err);                                                     \
+    } while (0)
+
 /* ---- State ---------------------------------------------------------------- */
 
 /* Configuration, parsed once from the environment. */
@@ -769,10 +776,8 @@ LOCAL(cuDriverGetVersion)
 
 CUresult cuDeviceGetCount(int *count)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (count == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(count != NULL, CUDA_ERROR_INVALID_VALUE);
     *count = g_cfg.devices;
     return CUDA_SUCCESS;
 }
@@ -780,12 +785,9 @@ LOCAL(cuDeviceGetCount)
 
 CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (device == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(ordinal))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(device != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK(valid_device(ordinal), CUDA_ERROR_INVALID_DEVICE);
     *device = ordinal;
     return CUDA_SUCCESS;
 }
@@ -793,12 +795,10 @@ LOCAL(cuDeviceGet)
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (name == NULL || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     snprintf(name, (size_t)len, "vramcap stand-in %d", dev);
     return CUDA_SUCCESS;
 }
@@ -811,12 +811,9 @@ static CUresult device_uuid(CUuuid *uuid, CUdevice dev)
         0x5c, 0xa1, 0xab, 0x1e, 0x00, 0x00, 0x40, 0x00,
         0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
     };
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (uuid == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(uuid != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     memcpy(uuid->bytes, tmpl, sizeof tmpl);
     uuid->bytes[15] = (char)dev;
     return CUDA_SUCCESS;
@@ -836,12 +833,9 @@ LOCAL(cuDeviceGetUuid_v2)
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (bytes == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(bytes != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     *bytes = g_cfg.total_bytes;
     return CUDA_SUCCESS;
 }
@@ -853,12 +847,9 @@ LOCAL(cuDeviceTotalMem_v2)
  */
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (pi == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(pi != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     *pi = attrib == CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
               ? g_cfg.concurrent_managed
               : 1;
@@ -878,12 +869,9 @@ LOCAL(cuDeviceGetAttribute)
  */
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (pctx == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(pctx != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     pthread_mutex_lock(&g_lock);
     g_dev[dev].primary_refs++;
     pthread_mutex_unlock(&g_lock);
@@ -894,10 +882,8 @@ LOCAL(cuDevicePrimaryCtxRetain)
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_lock);
     if (g_dev[dev].primary_refs > 0) {
@@ -915,12 +901,9 @@ LOCAL(cuDevicePrimaryCtxRelease_v2)
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
                                     int *active)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (flags == NULL || active == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(flags != NULL && active != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     pthread_mutex_lock(&g_lock);
     *active = g_dev[dev].primary_refs > 0;
     pthread_mutex_unlock(&g_lock);
@@ -932,10 +915,8 @@ LOCAL(cuDevicePrimaryCtxGetState)
 /* Releases everything the primary context owns and deactivates it. */
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     pthread_mutex_lock(&g_lock);
     release_ctx_locked(&g_ctx[dev]);
     g_dev[dev].primary_refs = 0;
@@ -953,8 +934,7 @@ LOCAL(cuDevicePrimaryCtxReset_v2)
 CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
                         unsigned int flags, CUdevice dev)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (pctx == NULL || (flags & ~(unsigned int)CU_CTX_FLAGS_MASK) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (ctxCreateParams != NULL &&
@@ -962,8 +942,7 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
          ctxCreateParams->execAffinityParams != NULL ||
          ctxCreateParams->cigParams != NULL))
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     if (t_depth == CTX_STACK_DEPTH)
         return CUDA_ERROR_INVALID_VALUE;
 
@@ -999,8 +978,7 @@ LOCAL(cuCtxCreate_v4)
  */
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (is_primary(ctx))
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = CUDA_ERROR_INVALID_CONTEXT;
@@ -1026,8 +1004,7 @@ LOCAL(cuCtxDestroy_v2)
 /* A full stack (CTX_STACK_DEPTH) gives CUDA_ERROR_INVALID_VALUE. */
 CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (ctx == NULL || !ctx_exists(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     if (t_depth == CTX_STACK_DEPTH)
@@ -1039,8 +1016,7 @@ LOCAL(cuCtxPushCurrent_v2)
 
 CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (t_depth == 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     CUcontext ctx = t_stack[--t_depth];
@@ -1056,8 +1032,7 @@ LOCAL(cuCtxPopCurrent_v2)
  */
 CUresult cuCtxSetCurrent(CUcontext ctx)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (ctx == NULL) {
         if (t_depth > 0)
             t_depth--;
@@ -1074,10 +1049,8 @@ LOCAL(cuCtxSetCurrent)
 
 CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (pctx == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(pctx != NULL, CUDA_ERROR_INVALID_VALUE);
     *pctx = current_ctx();
     return CUDA_SUCCESS;
 }
@@ -1085,10 +1058,8 @@ LOCAL(cuCtxGetCurrent)
 
 CUresult cuCtxGetDevice(CUdevice *device)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (device == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(device != NULL, CUDA_ERROR_INVALID_VALUE);
     CUcontext ctx;
     CUresult rc = check_current(&ctx);
     if (rc != CUDA_SUCCESS)
@@ -1116,8 +1087,7 @@ static bool capture_active_locked(void)
 CUresult cuCtxSynchronize(void)
 {
     atomic_fetch_add_explicit(&g_sync_calls, 1, memory_order_relaxed);
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUcontext ctx;
     CUresult rc = check_current(&ctx);
     if (rc != CUDA_SUCCESS)
@@ -1171,8 +1141,7 @@ static struct CUstream_st *live_stream_locked(CUstream h)
 /* Flags: CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING. */
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (phStream == NULL ||
         (Flags != CU_STREAM_DEFAULT && Flags != CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
@@ -1202,8 +1171,7 @@ LOCAL(cuStreamCreate)
 /* Destroying a capturing stream ends its capture. */
 CUresult cuStreamDestroy_v2(CUstream hStream)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUresult rc = CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&g_lock);
     struct CUstream_st *s = live_stream_locked(hStream);
@@ -1219,8 +1187,7 @@ LOCAL(cuStreamDestroy_v2)
 /* Common part of the four cuStreamBeginCapture variants. */
 static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
         mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
         mode != CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -1274,8 +1241,7 @@ LOCAL(cuStreamBeginCapture_v2_ptsz)
  */
 static CUresult end_capture(CUstream h, CUgraph *phGraph, bool ptsz)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (phGraph == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *phGraph = NULL;
@@ -1324,10 +1290,8 @@ LOCAL(cuStreamEndCapture_ptsz)
 static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status,
                              bool ptsz)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (status == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(status != NULL, CUDA_ERROR_INVALID_VALUE);
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_lock);
     switch (stream_kind(h, ptsz)) {
@@ -1375,10 +1339,8 @@ LOCAL(cuStreamIsCapturing_ptsz)
  */
 CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (dptr == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(dptr != NULL, CUDA_ERROR_INVALID_VALUE);
     CUdeviceptr addr;
     CUresult rc = alloc_common(&addr, bytesize, span_for(bytesize), false,
                                false);
@@ -1390,10 +1352,8 @@ LOCAL(cuMemAlloc)
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (dptr == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(dptr != NULL, CUDA_ERROR_INVALID_VALUE);
     return alloc_common(dptr, bytesize, span_for(bytesize), true, false);
 }
 LOCAL(cuMemAlloc_v2)
@@ -1403,8 +1363,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch,
                             size_t WidthInBytes, size_t Height,
                             unsigned int ElementSizeBytes)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (dptr == NULL || pPitch == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     if (current_device() < 0)
@@ -1434,10 +1393,8 @@ LOCAL(cuMemAllocPitch_v2)
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize,
                            unsigned int flags)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (dptr == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(dptr != NULL, CUDA_ERROR_INVALID_VALUE);
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
@@ -1503,8 +1460,7 @@ static long host_index_locked(uintptr_t p, bool inside)
  */
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUcontext ctx;
     CUresult rc = check_current(&ctx);
     if (rc != CUDA_SUCCESS)
@@ -1529,10 +1485,8 @@ LOCAL(cuMemFree_v2)
 
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (free == NULL || total == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(free != NULL && total != NULL, CUDA_ERROR_INVALID_VALUE);
     CUcontext ctx;
     CUresult rc = check_current(&ctx);
     if (rc != CUDA_SUCCESS)
@@ -1553,8 +1507,7 @@ LOCAL(cuMemGetInfo_v2)
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
     atomic_fetch_add_explicit(&g_ipc_calls, 1, memory_order_relaxed);
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (pHandle == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     CUcontext ctx;
@@ -1664,8 +1617,7 @@ static CUresult alloc_async_locked(CUdeviceptr *dptr, size_t bytes,
 {
     struct CUmemPoolHandle_st *p =
         pool != NULL ? pool_locked(pool) : &g_default_pools[ctx->dev];
-    if (p == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(p != NULL, CUDA_ERROR_INVALID_VALUE);
     if (!ctx_usable_locked(ctx))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
@@ -1697,8 +1649,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize,
                             CUmemoryPool pool, bool from_pool,
                             CUstream hStream, bool ptsz)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (dptr == NULL || bytesize == 0 || (from_pool && pool == NULL))
         return CUDA_ERROR_INVALID_VALUE;
     CUcontext ctx;
@@ -1777,8 +1728,7 @@ static CUresult free_async_locked(CUdeviceptr dptr,
 
 static CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUcontext ctx;
     CUresult rc = stream_current(hStream, ptsz, &ctx);
     if (rc != CUDA_SUCCESS)
@@ -1812,8 +1762,7 @@ LOCAL(cuMemFreeAsync_ptsz)
  */
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (pool == NULL || poolProps == NULL ||
         poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
         poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
@@ -1845,8 +1794,7 @@ LOCAL(cuMemPoolCreate)
  */
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     struct CUmemPoolHandle_st *p = pool_locked(pool);
@@ -1864,8 +1812,7 @@ LOCAL(cuMemPoolDestroy)
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     (void)minBytesToKeep;
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     pthread_mutex_lock(&g_lock);
     bool valid = pool_locked(pool) != NULL;
     pthread_mutex_unlock(&g_lock);
@@ -1883,10 +1830,8 @@ LOCAL(cuMemPoolTrimTo)
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                void *value)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (value == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(value != NULL, CUDA_ERROR_INVALID_VALUE);
     int i;
     cuuint64_t u;
     memcpy(&i, value, sizeof i);
@@ -1926,10 +1871,8 @@ LOCAL(cuMemPoolSetAttribute)
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                void *value)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (value == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(value != NULL, CUDA_ERROR_INVALID_VALUE);
     CUresult rc = CUDA_SUCCESS;
     cuuint64_t u = 0;
     pthread_mutex_lock(&g_lock);
@@ -1969,12 +1912,9 @@ LOCAL(cuMemPoolGetAttribute)
 
 static CUresult device_pool(CUmemoryPool *pool, CUdevice dev)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (pool == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(pool != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     *pool = &g_default_pools[dev];
     return CUDA_SUCCESS;
 }
@@ -1994,10 +1934,8 @@ LOCAL(cuDeviceGetMemPool)
 
 static CUresult stream_get_device(CUstream h, CUdevice *device, bool ptsz)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (device == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(device != NULL, CUDA_ERROR_INVALID_VALUE);
     CUcontext ctx;
     CUresult rc = stream_current(h, ptsz, &ctx);
     if (rc != CUDA_SUCCESS)
@@ -2119,8 +2057,7 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity,
                                        const CUmemAllocationProp *prop,
                                        CUmemAllocationGranularity_flags option)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (granularity == NULL || prop == NULL ||
         (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
          option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
@@ -2142,8 +2079,7 @@ LOCAL(cuMemGetAllocationGranularity)
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                      const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (handle == NULL || prop == NULL || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     int dev;
@@ -2188,8 +2124,7 @@ LOCAL(cuMemCreate)
  */
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     struct vmm_alloc *a = vmm_handle_locked(handle);
@@ -2210,10 +2145,8 @@ LOCAL(cuMemRelease)
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
                                      void *addr)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (handle == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(handle != NULL, CUDA_ERROR_INVALID_VALUE);
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
@@ -2239,8 +2172,7 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
                              CUdeviceptr addr, unsigned long long flags)
 {
     (void)addr;
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (ptr == NULL || size == 0 || size % VMM_GRANULARITY != 0 || flags != 0 ||
         (alignment & (alignment - 1)) != 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2275,8 +2207,7 @@ LOCAL(cuMemAddressReserve)
  */
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     for (size_t i = 0; i < g_va_nranges; i++) {
@@ -2305,8 +2236,7 @@ LOCAL(cuMemAddressFree)
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                   CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (size == 0 || size % VMM_GRANULARITY != 0 ||
         ptr % VMM_GRANULARITY != 0 || offset != 0 || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2347,8 +2277,7 @@ LOCAL(cuMemMap)
  */
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
@@ -2388,8 +2317,7 @@ LOCAL(cuMemUnmap)
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
                         const CUmemAccessDesc *desc, size_t count)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (desc == NULL || count == 0 || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; i++) {
@@ -2455,8 +2383,7 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle,
                                       CUmemAllocationHandleType handleType,
                                       unsigned long long flags)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (shareableHandle == NULL || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = check_shareable_type(handleType);
@@ -2478,10 +2405,8 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
                                         void *osHandle,
                                         CUmemAllocationHandleType shHandleType)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (handle == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(handle != NULL, CUDA_ERROR_INVALID_VALUE);
     CUresult rc = check_shareable_type(shHandleType);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -2639,8 +2564,7 @@ static CUresult array_create(bool mip, size_t size, bool backed, size_t *index)
 CUresult cuArrayCreate_v2(CUarray *pHandle,
                           const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (pHandle == NULL || pAllocateArray == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     CUDA_ARRAY3D_DESCRIPTOR desc = {
@@ -2667,8 +2591,7 @@ static bool backed(const CUDA_ARRAY3D_DESCRIPTOR *desc)
 CUresult cuArray3DCreate_v2(CUarray *pHandle,
                             const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (pHandle == NULL || pAllocateArray == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     size_t size, i;
@@ -2686,8 +2609,7 @@ CUresult cuMipmappedArrayCreate(
     const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
     unsigned int numMipmapLevels)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (pHandle == NULL || pMipmappedArrayDesc == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     size_t size, i;
@@ -2706,8 +2628,7 @@ LOCAL(cuMipmappedArrayCreate)
  */
 static CUresult array_destroy(struct array_state *a)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUcontext ctx;
     CUresult rc = check_current(&ctx);
     if (rc != CUDA_SUCCESS)
@@ -2747,12 +2668,9 @@ LOCAL(cuMipmappedArrayDestroy)
 static CUresult array_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req,
                                    const struct array_state *a, CUdevice dev)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (req == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(req != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     if (a != NULL && a->live) {
@@ -2804,8 +2722,7 @@ LOCAL(cuMipmappedArrayGetMemoryRequirements)
  */
 static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (pp == NULL || bytesize == 0 || (flags & ~HOST_ALLOC_FLAGS) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     CUcontext ctx;
@@ -2872,8 +2789,7 @@ LOCAL(cuMemAllocHost_v2)
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
                                       unsigned int Flags)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (pdptr == NULL || Flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     CUcontext ctx;
@@ -2899,8 +2815,7 @@ LOCAL(cuMemHostGetDevicePointer_v2)
  */
 CUresult cuMemFreeHost(void *p)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     void *mem = NULL;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
@@ -3001,8 +2916,7 @@ static CUresult move_managed_locked(int dev, struct block *b, bool to_host)
 static CUresult advise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
                        struct advice_target t)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUresult rc = check_advice(advice, t);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -3092,8 +3006,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
     const unsigned int known = CU_EVENT_BLOCKING_SYNC |
                                CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     if (phEvent == NULL || (Flags & ~known) != 0 ||
         ((Flags & CU_EVENT_INTERPROCESS) != 0 &&
          (Flags & CU_EVENT_DISABLE_TIMING) == 0))
@@ -3128,8 +3041,7 @@ LOCAL(cuEventCreate)
  */
 static CUresult event_record(CUevent hEvent, CUstream hStream, bool ptsz)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUcontext ctx;
     CUresult rc = stream_current(hStream, ptsz, &ctx);
     if (rc != CUDA_SUCCESS)
@@ -3166,8 +3078,7 @@ LOCAL(cuEventRecord_ptsz)
  */
 static CUresult event_complete(CUevent hEvent)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     pthread_mutex_lock(&g_lock);
     bool live = live_event_locked(hEvent) != NULL;
     pthread_mutex_unlock(&g_lock);
@@ -3188,8 +3099,7 @@ LOCAL(cuEventSynchronize)
 
 CUresult cuEventDestroy_v2(CUevent hEvent)
 {
-    if (!initialized())
-        return CUDA_ERROR_NOT_INITIALIZED;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CUresult rc = CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&g_lock);
     struct CUevent_st *e = live_event_locked(hEvent);
@@ -3567,8 +3477,7 @@ static CUresult resolve(const char *symbol, void **pfn, int cudaVersion,
 {
     config();
     atomic_fetch_add_explicit(&g_getprocaddress_calls, 1, memory_order_relaxed);
-    if (symbol == NULL || pfn == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
+    CHECK(symbol != NULL && pfn != NULL, CUDA_ERROR_INVALID_VALUE);
     *pfn = NULL;
     if (cudaVersion > DRIVER_VERSION ||
         flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
