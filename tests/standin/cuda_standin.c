@@ -36,6 +36,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -3549,37 +3550,31 @@ int vramcap_standin_devices(void)
     return g_cfg.devices;
 }
 
-size_t vramcap_standin_used(int dev)
+/* A size_t field of a device's state, read under the lock (0: no such device). */
+static size_t device_field(int dev, size_t offset)
 {
     config();
     if (!valid_device(dev))
         return 0;
     pthread_mutex_lock(&g_lock);
-    size_t used = g_dev[dev].used;
+    size_t value = *(const size_t *)((const char *)&g_dev[dev] + offset);
     pthread_mutex_unlock(&g_lock);
-    return used;
+    return value;
+}
+
+size_t vramcap_standin_used(int dev)
+{
+    return device_field(dev, offsetof(struct device_state, used));
 }
 
 size_t vramcap_standin_peak(int dev)
 {
-    config();
-    if (!valid_device(dev))
-        return 0;
-    pthread_mutex_lock(&g_lock);
-    size_t peak = g_dev[dev].peak;
-    pthread_mutex_unlock(&g_lock);
-    return peak;
+    return device_field(dev, offsetof(struct device_state, peak));
 }
 
 size_t vramcap_standin_managed_host(int dev)
 {
-    config();
-    if (!valid_device(dev))
-        return 0;
-    pthread_mutex_lock(&g_lock);
-    size_t bytes = g_dev[dev].managed_host;
-    pthread_mutex_unlock(&g_lock);
-    return bytes;
+    return device_field(dev, offsetof(struct device_state, managed_host));
 }
 
 const char *vramcap_standin_kind(CUdeviceptr ptr)
