@@ -185,14 +185,7 @@ fn poll_until(dir: &Path, pid: u32, what: &str, cond: impl Fn(&Value) -> bool) -
 }
 
 fn held(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
-    let mut cmd = shimmed(&artefacts().client);
-    cmd.env("VRAMCAP_STATS_DIR", dir)
-        .envs(env.iter().copied())
-        .arg("procaddr")
-        .args(args);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
-    h
+    held_in(&artefacts().client, dir, env, args)
 }
 
 #[test]

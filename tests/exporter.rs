@@ -49,12 +49,6 @@ const FIELDS: [(&str, &str); 12] = [
     ("vramcap_cache_evictions_total", "evictions"),
     ("vramcap_spill_allocations_total", "spill_allocations"),
 ];
-const ENV_VARS: [&str; 4] = [
-    "POD_NAME",
-    "KUBERNETES_POD_NAME",
-    "POD_NAMESPACE",
-    "CONTAINER_NAME",
-];
 
 /// A running exporter, killed when dropped.
 struct Exporter {
@@ -270,20 +264,8 @@ fn held_program(
     env: &[(&str, &str)],
     args: &[&str],
 ) -> Held {
-    let mut cmd = shimmed(program);
-    for v in ENV_VARS {
-        cmd.env_remove(v);
-    }
-    if let Some(l) = limit {
-        cmd.env("VRAMCAP_LIMIT", l);
-    }
-    cmd.env("VRAMCAP_STATS_DIR", dir)
-        .envs(env.iter().copied())
-        .arg("procaddr")
-        .args(args);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
-    h
+    let limit: Vec<(&str, &str)> = limit.map(|l| ("VRAMCAP_LIMIT", l)).into_iter().collect();
+    held_in(program, dir, &[&limit[..], env].concat(), args)
 }
 
 fn stat_json(dir: &Path) -> Json {

@@ -11,15 +11,7 @@ use serde_json::Value;
 use util::*;
 
 fn held_client(dir: &Path, limit: &str, args: &[&str]) -> Held {
-    let a = artefacts();
-    let mut cmd = shimmed(&a.client);
-    cmd.env("VRAMCAP_LIMIT", limit)
-        .env("VRAMCAP_STATS_DIR", dir)
-        .arg("procaddr")
-        .args(args);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
-    h
+    held_in(&artefacts().client, dir, &[("VRAMCAP_LIMIT", limit)], args)
 }
 
 fn stat(dir: &Path, args: &[&str]) -> Ran {
@@ -424,14 +416,12 @@ fn all_users_reads_another_users_group_without_writing_it() {
         return;
     }
     let dir = fresh_dir("all-users-group");
-    let a = artefacts();
-    let mut cmd = shimmed(&a.client);
-    cmd.env("VRAMCAP_LIMIT", "1GiB")
-        .env("VRAMCAP_GROUP", "shared")
-        .env("VRAMCAP_STATS_DIR", &dir)
-        .args(["procaddr", "init", "alloc", "100M", "wait"]);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
+    let h = held_in(
+        &artefacts().client,
+        &dir,
+        &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_GROUP", "shared")],
+        &["init", "alloc", "100M", "wait"],
+    );
     let grp = dir.join("group-shared.grp");
     let before = std::fs::read(&grp).unwrap();
     std::os::unix::fs::chown(&grp, Some(4242), Some(4242)).unwrap();
@@ -521,15 +511,16 @@ fn doctor_finds_everything_with_the_stand_in() {
 fn liveness_follows_the_lock_not_the_pid() {
     use std::os::unix::fs::FileExt;
     let dir = fresh_dir("lock-liveness");
-    let a = artefacts();
-    let mut cmd = shimmed(&a.client);
-    cmd.env("VRAMCAP_LIMIT", "1GiB")
-        .env("VRAMCAP_STATS_DIR", &dir)
-        .env("POD_NAME", "trainer-0")
-        .env("POD_NAMESPACE", "ml")
-        .args(["procaddr", "init", "alloc", "64M", "wait"]);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
+    let h = held_in(
+        &artefacts().client,
+        &dir,
+        &[
+            ("VRAMCAP_LIMIT", "1GiB"),
+            ("POD_NAME", "trainer-0"),
+            ("POD_NAMESPACE", "ml"),
+        ],
+        &["init", "alloc", "64M", "wait"],
+    );
     let page = dir.join(format!("{}.page", h.pid()));
     let foreign = 999_999u32;
     let moved = dir.join(format!("{foreign}.page"));

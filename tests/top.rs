@@ -14,15 +14,8 @@ use util::*;
 const DEADLINE: Duration = Duration::from_secs(30);
 
 fn held_client(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
-    let mut cmd = shimmed(&artefacts().client);
-    cmd.env("VRAMCAP_LIMIT", "1GiB")
-        .env("VRAMCAP_STATS_DIR", dir)
-        .envs(env.iter().copied())
-        .arg("procaddr")
-        .args(args);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
-    h
+    let env = [&[("VRAMCAP_LIMIT", "1GiB")], env].concat();
+    held_in(&artefacts().client, dir, &env, args)
 }
 
 fn shell_quote(s: &str) -> String {

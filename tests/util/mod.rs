@@ -185,6 +185,21 @@ pub fn shimmed(program: &Path) -> Command {
     cmd
 }
 
+/// `program` (a test client) under the shim, reaching the driver through
+/// `cuGetProcAddress` as the runtime does, publishing its page in `dir`,
+/// with `env` added; running `args` up to its first `wait`, where it holds
+/// what it allocated until told to go on.
+pub fn held_in(program: &Path, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
+    let mut cmd = shimmed(program);
+    cmd.env("VRAMCAP_STATS_DIR", dir)
+        .envs(env.iter().copied())
+        .arg("procaddr")
+        .args(args);
+    let mut h = Held::spawn(cmd);
+    h.until("wait");
+    h
+}
+
 pub struct Ran {
     pub what: String,
     pub out: Output,
