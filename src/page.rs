@@ -426,6 +426,42 @@ mod tests {
     /// The layout is an interface between builds: these numbers never change
     /// within a version.
     #[test]
+    fn identity_takes_the_first_non_empty_variable_of_each() {
+        let fill = |env: &[(&str, &str)]| {
+            // SAFETY: zeroed bytes are a valid header.
+            let mut h: Header = unsafe { std::mem::zeroed() };
+            h.fill_identity(|name| {
+                env.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            });
+            (
+                get_text(&h.pod),
+                get_text(&h.namespace),
+                get_text(&h.container),
+            )
+        };
+        let s = String::from;
+        assert_eq!(
+            fill(&[
+                ("POD_NAMESPACE", "ml"),
+                ("KUBERNETES_POD_NAME", "k8s"),
+                ("CONTAINER_NAME", "")
+            ]),
+            (s("k8s"), s("ml"), s(""))
+        );
+        assert_eq!(
+            fill(&[
+                ("KUBERNETES_POD_NAME", "k8s"),
+                ("POD_NAME", "p"),
+                ("CONTAINER_NAME", "c")
+            ]),
+            (s("p"), s(""), s("c"))
+        );
+        assert_eq!(fill(&[("POD_NAMEX", "no")]), (s(""), s(""), s("")));
+    }
+
+    #[test]
     fn layout_is_pinned() {
         assert_eq!(size_of::<Header>(), 1024);
         assert_eq!(size_of::<DeviceSlot>(), 256);

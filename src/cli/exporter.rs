@@ -46,11 +46,11 @@
 //!   container (`--dir PARENT/*`) it tells containers apart: their PIDs may
 //!   be equal, and it is the one identity a process cannot choose;
 //! - `pod`, `namespace`, `container`: only when the process's environment
-//!   holds them, as the shim recorded it in the page (for pages without
-//!   those fields, read from `/proc/PID/environ`); the variables are
-//!   `POD_NAME` (or else `KUBERNETES_POD_NAME`), `POD_NAMESPACE` and
-//!   `CONTAINER_NAME` respectively, non-empty — the names a Kubernetes
-//!   Downward API `env` block would set.
+//!   held them when its page was made (the shim records them in the page,
+//!   which is right from any PID namespace); the variables are `POD_NAME`
+//!   (or else `KUBERNETES_POD_NAME`), `POD_NAMESPACE` and `CONTAINER_NAME`
+//!   respectively, non-empty — the names a Kubernetes Downward API `env`
+//!   block would set.
 //!
 //! Per group and GPU, labels `group`, `UUID` and `dir` (groups of the same
 //! name in two directories are two groups):
@@ -72,7 +72,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
-use vramcap_core::scan::{GroupSnapshot, Reading, start_time};
+use vramcap_core::scan::{GroupSnapshot, Reading};
 
 use super::stat::Sources;
 
@@ -90,16 +90,6 @@ const MAX_DRAIN: usize = 1 << 20;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 const COMMAND_CHARS: usize = 128;
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-/// The most of `/proc/PID/environ` read.
-const MAX_ENVIRON: u64 = 1 << 20;
-
-/// Environment variables read for labels, in label order; the first present
-/// of each list gives the label.
-const ENV_LABELS: [(&str, &[&str]); 3] = [
-    ("pod", &["POD_NAME", "KUBERNETES_POD_NAME"]),
-    ("namespace", &["POD_NAMESPACE"]),
-    ("container", &["CONTAINER_NAME"]),
-];
 
 /// The addresses `--listen` names: `IP:PORT`, `[IPv6]:PORT`, `HOST:PORT` or
 /// `:PORT` (every IPv4 interface).
@@ -525,10 +515,7 @@ impl Exporter {
         match self.sources.read() {
             Ok(Reading { scan: s, groups }) => {
                 *last_error = None;
-                let skipped = s.skipped.len();
-                let env: Vec<Vec<(&'static str, String)>> =
-                    s.pages.iter().map(env_labels).collect();
-                Ok(render(&s.pages, &env, &groups, skipped))
+                Ok(render(&s.pages, &groups, s.skipped.len()))
             }
             Err(e) => {
                 let text = format!("vramcap: {e}");
@@ -542,12 +529,9 @@ impl Exporter {
     }
 }
 
-/// The `pod`, `namespace` and `container` labels from the process's
-/// environment, when it is still the process of the page.
-fn env_labels(page: &PageSnapshot) -> Vec<(&'static str, String)> {
-    // The shim records them in the page: right whatever PID namespace the
-    // process runs in. Older pages have none: fall back to the environment.
-    let recorded: Vec<(&'static str, String)> = [
+/// The `pod`, `namespace` and `container` labels the page recorded.
+fn identity_labels(page: &PageSnapshot) -> impl Iterator<Item = (&'static str, String)> + '_ {
+    [
         ("pod", &page.pod),
         ("namespace", &page.namespace),
         ("container", &page.container),
@@ -555,35 +539,6 @@ fn env_labels(page: &PageSnapshot) -> Vec<(&'static str, String)> {
     .into_iter()
     .filter(|(_, v)| !v.is_empty())
     .map(|(k, v)| (k, v.clone()))
-    .collect();
-    if !recorded.is_empty() {
-        return recorded;
-    }
-    let Ok(file) = std::fs::File::open(format!("/proc/{}/environ", page.pid)) else {
-        return Vec::new();
-    };
-    let mut raw = Vec::new();
-    if file.take(MAX_ENVIRON).read_to_end(&mut raw).is_err() {
-        return Vec::new();
-    }
-    // The PID may have been reused since the scan.
-    if page.start_time != 0 && start_time(page.pid) != Some(page.start_time) {
-        return Vec::new();
-    }
-    labels_from_environ(&raw)
-}
-
-fn labels_from_environ(raw: &[u8]) -> Vec<(&'static str, String)> {
-    let lookup = |name: &str| {
-        raw.split(|&b| b == 0).find_map(|entry| {
-            let value = entry.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
-            (!value.is_empty()).then(|| String::from_utf8_lossy(value).into_owned())
-        })
-    };
-    ENV_LABELS
-        .iter()
-        .filter_map(|(label, names)| names.iter().find_map(|n| lookup(n)).map(|v| (*label, v)))
-        .collect()
 }
 
 /// A label value escaped for the exposition format.
@@ -731,16 +686,10 @@ const GROUP_FAMILIES: [Family<GroupGpu>; 3] = [
     },
 ];
 
-/// The exposition text for these pages (`env[i]`: the environment labels of
-/// `pages[i]`) and groups.
-fn render(
-    pages: &[PageSnapshot],
-    env: &[Labels],
-    groups: &[GroupSnapshot],
-    skipped: usize,
-) -> String {
+/// The exposition text for these pages and groups.
+fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) -> String {
     let mut rows: Vec<(Labels, &SlotSnapshot)> = Vec::new();
-    for (i, p) in pages.iter().enumerate() {
+    for p in pages {
         let command: String = p.command.chars().take(COMMAND_CHARS).collect();
         for d in &p.devices {
             let mut labels: Labels = vec![
@@ -751,7 +700,7 @@ fn render(
                 ("group", p.group.clone()),
                 ("dir", p.dir.display().to_string()),
             ];
-            labels.extend(env.get(i).into_iter().flatten().cloned());
+            labels.extend(identity_labels(p));
             rows.push((labels, d));
         }
     }
@@ -822,21 +771,6 @@ mod tests {
     fn label_values_are_escaped() {
         assert_eq!(escape("plain ü"), "plain ü");
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-    }
-
-    #[test]
-    fn environment_labels_only_when_present() {
-        let raw = b"PATH=/bin\0POD_NAMESPACE=ml\0KUBERNETES_POD_NAME=k8s\0POD_NAMEX=no\0CONTAINER_NAME=\0";
-        assert_eq!(
-            labels_from_environ(raw),
-            [("pod", "k8s".to_string()), ("namespace", "ml".to_string())]
-        );
-        let raw = b"KUBERNETES_POD_NAME=k8s\0POD_NAME=p\0CONTAINER_NAME=c";
-        assert_eq!(
-            labels_from_environ(raw),
-            [("pod", "p".to_string()), ("container", "c".to_string())]
-        );
-        assert_eq!(labels_from_environ(b""), []);
     }
 
     #[test]
@@ -958,14 +892,13 @@ mod tests {
             created_unix_ns: 0,
             command: format!("a\"b\\c\n{}", "x".repeat(200)),
             group: String::new(),
-            pod: String::new(),
+            pod: "p\"1".to_string(),
             namespace: String::new(),
             container: String::new(),
             devices: vec![slot(0, Some(100)), slot(3, None)],
             dir: std::path::PathBuf::from("/run/vramcap"),
         }];
-        let env = [vec![("pod", "p\"1".to_string())]];
-        let text = render(&pages, &env, &[], 2);
+        let text = render(&pages, &[], 2);
         let cmd = format!("a\\\"b\\\\c\\n{}", "x".repeat(122));
         let labels0 = format!(
             "{{gpu=\"0\",UUID=\"\",pid=\"42\",command=\"{cmd}\",group=\"\",dir=\"/run/vramcap\",pod=\"p\\\"1\"}}"
