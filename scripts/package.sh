@@ -29,7 +29,7 @@ BUILT=target/$TRIPLE/release
 bash scripts/check-glibc.sh "$FLOOR" "$BUILT/libvramcap.so" "$BUILT/vramcap"
 
 mkdir -p "$OUTDIR"
-cargo deb --no-build --target "$TRIPLE" --output "$OUTDIR/vramcap_${VERSION}_amd64.deb"
+cargo deb -p vramcap --no-build --target "$TRIPLE" --output "$OUTDIR/vramcap_${VERSION}_amd64.deb"
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

@@ -2,13 +2,11 @@
 //! driver, the bound, eviction under the cap, idle release, trim, IPC,
 //! capture and contexts going away. Every case is a fresh process.
 
-mod util;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::util::*;
 use serde_json::Value;
-use util::*;
 
 fn counts_line(lines: &[String]) -> &str {
     lines

@@ -3,16 +3,14 @@
 //! against the pages' exact bytes. No sleeps: the exporter is ready once it
 //! prints its address on stderr.
 
-mod util;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, ChildStderr, Command, Stdio};
 
+use crate::util::*;
 use prometheus_parse::{Sample, Scrape, Value};
 use serde_json::Value as Json;
-use util::*;
 
 const UUID0: &str = "GPU-5ca1ab1e-0000-4000-8000-000000000000";
 const UUID1: &str = "GPU-5ca1ab1e-0000-4000-8000-000000000001";

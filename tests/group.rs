@@ -3,13 +3,11 @@
 //! come back, and many processes joining, allocating and dying at random
 //! never pass the budget and end at zero.
 
-mod util;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::util::*;
 use serde_json::Value;
-use util::*;
 
 const MIB: u64 = 1 << 20;
 

@@ -2,9 +2,7 @@
 //! allocation and pools, VMM, arrays, NVML, and several GPUs. Exact bytes,
 //! error codes and memory info, one fresh process per case.
 
-mod util;
-
-use util::*;
+use crate::util::*;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;

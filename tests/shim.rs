@@ -2,9 +2,7 @@
 //! (tests/standin), reached by test clients the ways real programs reach
 //! the driver. Every case is a fresh process; stdout is asserted line by line.
 
-mod util;
-
-use util::*;
+use crate::util::*;
 
 const METHODS: [&str; 4] = ["linked", "dlsym", "procaddr", "procaddr-legacy"];
 
@@ -499,7 +497,7 @@ fn exported_symbols_are_exactly_the_hooks() {
         .collect();
     got.sort();
     // The one table of hooks in the shim's source, plus dlsym itself.
-    let table = std::fs::read_to_string(root().join("shim/src/hooks.rs")).unwrap();
+    let table = std::fs::read_to_string(root().join("crates/shim/src/hooks.rs")).unwrap();
     let start = table.find("pub static HOOKS").expect("HOOKS in hooks.rs");
     let table = &table[start..start + table[start..].find("\n];").expect("end of HOOKS")];
     let mut want: Vec<String> = table

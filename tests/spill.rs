@@ -2,13 +2,11 @@
 //! device never holds more than the cap, spilled memory is where the mode
 //! says, everything comes back on free, and the spill limit holds.
 
-mod util;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::util::*;
 use serde_json::Value;
-use util::*;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;

@@ -2,13 +2,11 @@
 //! `vramcap stat`, against the stand-in driver. No sleeps: a client stops at
 //! `wait` while the test looks at it.
 
-mod util;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::util::*;
 use serde_json::Value;
-use util::*;
 
 fn held_client(dir: &Path, limit: &str, args: &[&str]) -> Held {
     held_in(&artefacts().client, dir, &[("VRAMCAP_LIMIT", limit)], args)

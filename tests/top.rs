@@ -3,13 +3,11 @@
 //! stop at `wait` while the test looks at them; the screen is polled until
 //! what is expected appears, with a deadline, never waited for blindly.
 
-mod util;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use util::*;
+use crate::util::*;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 

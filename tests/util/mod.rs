@@ -1,8 +1,7 @@
-//! Helpers for the integration tests: build the shim, the stand-in driver
-//! and the clients once per test binary, then run each case in a fresh
-//! process with a clean environment and print everything when it fails.
-
-#![allow(dead_code)] // each test binary uses its own subset
+//! Helpers for the integration tests: build the shim and the CLI once per
+//! run (the stand-in driver and the clients come ready from build.rs), then
+//! run each case in a fresh process with a clean environment and print
+//! everything when it fails.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -18,8 +17,12 @@ pub struct Artefacts {
     pub cli: PathBuf,
 }
 
+/// The workspace's root (this package is its `tests/` folder).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lies inside the workspace")
+        .to_path_buf()
 }
 
 fn target_dir() -> PathBuf {
@@ -41,7 +44,7 @@ fn run_checked(cmd: &mut Command) {
     );
 }
 
-/// Builds everything the tests run, once per test binary.
+/// Builds everything the tests run, once per run.
 pub fn artefacts() -> &'static Artefacts {
     static A: OnceLock<Artefacts> = OnceLock::new();
     A.get_or_init(|| {
@@ -56,12 +59,7 @@ pub fn artefacts() -> &'static Artefacts {
             "-p",
             "cudarc-client",
         ]));
-        let standin = target_dir().join("standin-test");
-        run_checked(
-            Command::new("bash")
-                .arg(root().join("tests/standin/build.sh"))
-                .arg(&standin),
-        );
+        let standin = PathBuf::from(env!("STANDIN_DIR"));
         let debug = target_dir().join("debug");
         Artefacts {
             shim: debug.join("libvramcap.so"),

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::scan::{Users, map_for_write, scan};
 use vramcap_core::human_bytes;
-use vramcap_core::scan::{Users, map_for_write, scan};
 
 pub fn run(dir: &Path, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> u8 {
     let targets: Vec<u32> = if all {

@@ -33,10 +33,10 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::scan::{GroupSnapshot, Reading, Scan, Users, check_source, read_sources};
 use serde_json::{Value, json};
 use vramcap_core::human_bytes;
 use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
-use vramcap_core::scan::{GroupSnapshot, Reading, Scan, Users, check_source, read_sources};
 
 /// `--dir` and `--all-users`, shared by `stat`, `top` and `exporter`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -93,7 +93,7 @@ impl Sources {
     pub fn warnings(&self) -> Vec<String> {
         self.dirs
             .iter()
-            .filter(|d| vramcap_core::scan::is_pattern(d))
+            .filter(|d| crate::scan::is_pattern(d))
             .filter_map(|d| {
                 let prefix: PathBuf = d.components().take_while(|c| c.as_os_str() != "*").collect();
                 (!prefix.is_dir()).then(|| {

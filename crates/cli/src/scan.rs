@@ -24,62 +24,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::page::{self, HEADER_SIZE, PAGE_SIZE, Page, PageSnapshot};
-
-/// Start time of a process in clock ticks after boot (field 22 of
-/// /proc/PID/stat), or `None` when there is no such process.
-pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.get(stat.rfind(')')? + 2..)?;
-    after.split(' ').nth(19)?.parse().ok()
-}
-
-/// True when a process with this PID exists (whoever owns it).
-pub fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 only checks that the process exists.
-    if unsafe { libc::kill(pid, 0) } == 0 {
-        return true;
-    }
-    io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-/// Whether some process holds a lock (open-file-description lock) on
-/// `len` bytes at `start` of the open file `fd`. Such locks are released by
-/// the kernel when their holder dies and are visible from any PID namespace,
-/// which makes them the liveness test: PIDs from containers mean nothing
-/// outside them.
-pub fn ofd_locked(fd: libc::c_int, start: u64, len: u64) -> bool {
-    // SAFETY: zeroed flock is a valid argument.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = start as libc::off_t;
-    fl.l_len = len as libc::off_t;
-    // SAFETY: fd is open; fl is a valid flock for F_OFD_GETLK.
-    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl) };
-    // If the question cannot be asked, assume the holder lives: never
-    // reclaim or prune on doubt.
-    rc != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
-}
-
-/// Takes an open-file-description write lock on `len` bytes at `start` of
-/// `fd` without waiting; false when another holds it.
-pub fn ofd_lock(fd: libc::c_int, start: u64, len: u64, lock: bool) -> bool {
-    // SAFETY: zeroed flock is a valid argument.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = start as libc::off_t;
-    fl.l_len = len as libc::off_t;
-    // SAFETY: fd is open; fl is a valid flock for F_OFD_SETLK.
-    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) == 0 }
-}
+use vramcap_core::liveness::ofd_locked;
+use vramcap_core::page::{self, HEADER_SIZE, PAGE_SIZE, Page, PageSnapshot};
 
 /// Whose pages and group files a reader shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,7 +316,7 @@ unsafe trait AnyBytes: Sized {}
 // SAFETY: a page is integers, atomic integers and byte arrays (page.rs).
 unsafe impl AnyBytes for Page {}
 // SAFETY: a group page is integers, atomic integers and byte arrays (group.rs).
-unsafe impl AnyBytes for crate::group::GroupPage {}
+unsafe impl AnyBytes for vramcap_core::group::GroupPage {}
 
 /// A private copy of the `T` at the start of `file`, read with `pread`
 /// until two reads agree (at most 8), so a copy is not torn by a writer in
@@ -602,23 +548,6 @@ pub struct GroupSnapshot {
     pub members: Vec<MemberSnapshot>,
 }
 
-/// Reads every group page in `dir`, returning the bytes of members that
-/// died to their group's budget on the way (the same reclaim the members
-/// do; only for group files the reader owns, which it maps: anyone else's
-/// are copied out and left as they are). Files that cannot be read are
-/// reported like pages.
-pub fn scan_groups(dir: &Path, users: Users) -> io::Result<(Vec<GroupSnapshot>, Vec<Skipped>)> {
-    match Dir::open(dir) {
-        Ok(d) => scan_groups_dir(&d, users),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok((Vec::new(), Vec::new())),
-        Err(e) => Err(e),
-    }
-}
-
-fn scan_groups_dir(dir: &Dir, users: Users) -> io::Result<(Vec<GroupSnapshot>, Vec<Skipped>)> {
-    Ok(groups_names(dir, &dir.names()?, users))
-}
-
 /// The group files among `names` (the directory's listing).
 fn groups_names(dir: &Dir, names: &[OsString], users: Users) -> (Vec<GroupSnapshot>, Vec<Skipped>) {
     let mut groups = Vec::new();
@@ -639,7 +568,7 @@ fn groups_names(dir: &Dir, names: &[OsString], users: Users) -> (Vec<GroupSnapsh
 
 /// One group file: `Ok(None)` while it is being created or when it went.
 fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnapshot>, String> {
-    use crate::group::{GROUP_PAGE_SIZE, GroupPage, member_lock_offset};
+    use vramcap_core::group::{GROUP_PAGE_SIZE, GroupPage, member_lock_offset};
     // The reader's own group files are opened for writing, to reclaim dead
     // members; anyone else's only for reading.
     let (file, info) = match dir.open_file(name, |i| i.uid == reader_uid()) {
@@ -650,10 +579,10 @@ fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnaps
     if !users.accepts_owner(info.uid) {
         return Err(format!("owned by another user (uid {})", info.uid));
     }
-    let mut head = vec![0u8; crate::group::GROUP_HEADER_SIZE];
+    let mut head = vec![0u8; vramcap_core::group::GROUP_HEADER_SIZE];
     let n = file.read_at(&mut head, 0).unwrap_or(0);
     head.truncate(n);
-    match crate::group::check_group_header(info.size, &head, users.expected()) {
+    match vramcap_core::group::check_group_header(info.size, &head, users.expected()) {
         Ok(()) => {}
         Err(page::PageProblem::Initialising) => return Ok(None),
         Err(p) => return Err(p.to_string()),
@@ -681,10 +610,15 @@ fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnaps
 }
 
 /// The group's values; members are those whose lock is held.
-fn group_snapshot(g: &crate::group::GroupPage, alive: impl Fn(usize) -> bool) -> GroupSnapshot {
+fn group_snapshot(
+    g: &vramcap_core::group::GroupPage,
+    alive: impl Fn(usize) -> bool,
+) -> GroupSnapshot {
     use std::sync::atomic::Ordering;
     let ready: Vec<usize> = (0..g.devices.len())
-        .filter(|&i| g.devices[i].state.load(Ordering::Acquire) == crate::group::DEVICE_READY)
+        .filter(|&i| {
+            g.devices[i].state.load(Ordering::Acquire) == vramcap_core::group::DEVICE_READY
+        })
         .collect();
     let devices = ready
         .iter()

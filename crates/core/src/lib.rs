@@ -5,8 +5,8 @@ pub mod budget;
 pub mod cache;
 pub mod group;
 pub mod limit;
+pub mod liveness;
 pub mod page;
-pub mod scan;
 pub mod settings;
 pub mod size;
 

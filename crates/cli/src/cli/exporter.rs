@@ -71,8 +71,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::scan::{GroupSnapshot, Reading};
 use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
-use vramcap_core::scan::{GroupSnapshot, Reading};
 
 use super::stat::Sources;
 

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use vramcap_core::MAX_DEVICES;
 use vramcap_core::group::{self, GROUP_HEADER_SIZE, GROUP_PAGE_SIZE, GroupPage};
 use vramcap_core::limit::{LimitSpec, parse_limit};
+use vramcap_core::liveness::{ofd_lock, ofd_locked, start_time};
 use vramcap_core::page::get_text;
-use vramcap_core::scan::{ofd_lock, ofd_locked, start_time};
 use vramcap_core::settings::default_stats_dir;
 
 use crate::cuda::CUdevice;

@@ -216,7 +216,7 @@ fn open_shared() -> Result<*mut Page, Option<String>> {
     // first byte is how readers tell a live page from a dead process's, in
     // any PID namespace (the kernel drops the lock when the process dies;
     // the descriptor is close-on-exec, so exec drops it too).
-    if !vramcap_core::scan::ofd_lock(fd, 0, 1, true) {
+    if !vramcap_core::liveness::ofd_lock(fd, 0, 1, true) {
         return fail("lock");
     }
     PAGE_FD.store(fd, Ordering::Release);
@@ -228,7 +228,7 @@ fn open_shared() -> Result<*mut Page, Option<String>> {
     header.fill(
         pid,
         uid,
-        vramcap_core::scan::start_time(pid).unwrap_or(0),
+        vramcap_core::liveness::start_time(pid).unwrap_or(0),
         now_unix_ns(),
         &command_line(),
         &group,

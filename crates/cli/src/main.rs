@@ -11,6 +11,7 @@
 //! otherwise 0.
 
 mod cli;
+mod scan;
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;

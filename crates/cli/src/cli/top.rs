@@ -57,6 +57,7 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::scan::GroupSnapshot;
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use crossterm::execute;
 use crossterm::terminal::{
@@ -71,7 +72,6 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table};
 use vramcap_core::human_bytes;
 use vramcap_core::page::{SlotSnapshot, uuid_text};
-use vramcap_core::scan::GroupSnapshot;
 
 use super::stat::{Sources, StatArgs, parse_interval as parse_seconds};
 

@@ -1,0 +1,14 @@
+//! The integration tests, one binary: every case runs the shim or the CLI in
+//! fresh processes against the stand-in driver (see `standin/README.md`
+//! for what the stand-in models and what it does not prove).
+
+mod util;
+
+mod cache;
+mod exporter;
+mod group;
+mod paths;
+mod shim;
+mod spill;
+mod stats;
+mod top;
