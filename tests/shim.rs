@@ -481,36 +481,6 @@ fn cudarc_dynamic_loading_is_capped() {
     ]);
 }
 
-/// The library exports exactly the hooks and dlsym: nothing else can be
-/// interposed by accident.
-#[test]
-fn exported_symbols_are_exactly_the_hooks() {
-    let out = std::process::Command::new("nm")
-        .args(["-D", "--defined-only", "--format=just-symbols"])
-        .arg(&artefacts().shim)
-        .output()
-        .expect("nm (binutils) is needed");
-    assert!(out.status.success());
-    let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    got.sort();
-    // The one table of hooks in the shim's source, plus dlsym itself.
-    let table = std::fs::read_to_string(root().join("crates/shim/src/hooks.rs")).unwrap();
-    let start = table.find("pub static HOOKS").expect("HOOKS in hooks.rs");
-    let table = &table[start..start + table[start..].find("\n];").expect("end of HOOKS")];
-    let mut want: Vec<String> = table
-        .split("name: c\"")
-        .skip(1)
-        .map(|rest| rest.split('"').next().unwrap().to_string())
-        .chain(["dlsym".to_string()])
-        .collect();
-    want.sort();
-    assert!(want.len() > 20, "the table was not found: {want:?}");
-    assert_eq!(got, want);
-}
-
 /// Programs that never touch CUDA run unchanged under the shim.
 #[test]
 fn non_cuda_programs_are_unaffected() {

@@ -73,7 +73,7 @@ macro_rules! log_once {
     ($level:ident, $($arg:tt)*) => {{
         static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !DONE.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            log_at!($level, $($arg)*);
+            $crate::log::log_at!($level, $($arg)*);
         }
     }};
 }

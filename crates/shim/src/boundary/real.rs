@@ -1,4 +1,4 @@
-//! The real `dlsym`, the real driver, and the driver functions the hooks call.
+//! The real `dlsym`, the real driver and NVML, and slots for their functions.
 //!
 //! Everything here is resolved lazily and without locks: a pointer slot is
 //! an `AtomicPtr` that starts null, is filled by whichever thread gets there
@@ -9,6 +9,8 @@
 use std::ffi::{CStr, c_char, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
+use std::marker::PhantomData;
 
 use crate::log::{log_at, log_once};
 
@@ -171,7 +173,8 @@ pub enum Lib {
 /// "Looked up, not there".
 const MISSING: *mut c_void = std::ptr::dangling_mut::<c_void>();
 
-/// A driver (or NVML) function resolved on first use.
+/// A driver (or NVML) function resolved on first use, untyped; [`Slot`]
+/// gives it its C signature.
 pub struct DynFn {
     pub name: &'static CStr,
     pub lib: Lib,
@@ -227,20 +230,31 @@ impl DynFn {
     }
 }
 
-/// Calls a real driver function by slot, returning `CUDA_ERROR_NOT_FOUND`
-/// (500) when the driver lacks it.
-macro_rules! call_real {
-    ($slot:expr, fn($($ty:ty),*) -> $ret:ty, $($arg:expr),*) => {{
-        match $slot.get() {
-            Some(p) => {
-                // SAFETY: the slot holds the driver's function of this exact
-                // name, whose C signature is the one spelled here.
-                let f: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute::<*mut std::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(p) };
-                // SAFETY: the caller's arguments are passed on unchanged.
-                unsafe { f($($arg),*) }
-            }
-            None => $crate::cuda::CUDA_ERROR_NOT_FOUND,
-        }
-    }};
+/// A [`DynFn`] with its C signature `F` (an `unsafe extern "C" fn` type),
+/// declared once in the hook or function list; the only place the untyped
+/// pointer becomes a typed one.
+pub struct Slot<F> {
+    pub raw: DynFn,
+    _f: PhantomData<F>,
 }
-pub(crate) use call_real;
+
+impl<F: Copy> Slot<F> {
+    pub const fn new(raw: DynFn) -> Slot<F> {
+        const {
+            assert!(size_of::<F>() == size_of::<*mut c_void>());
+        }
+        Slot {
+            raw,
+            _f: PhantomData,
+        }
+    }
+
+    /// The function, or `None` when the library lacks it.
+    pub fn get(&self) -> Option<F> {
+        let p = self.raw.get()?;
+        // SAFETY: `p` is the library's symbol of exactly this name, whose C
+        // signature is `F` (declared with the name in one list), and `F` is
+        // a function pointer type of a pointer's size (asserted in `new`).
+        Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+    }
+}

@@ -1,0 +1,251 @@
+//! [`RealDriver`]: the engine's [`Driver`] trait over the real libraries,
+//! one method per function, through the typed slots of `hooks.rs`.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ptr;
+
+use super::hooks::calls as c;
+use super::hooks::real as h;
+use crate::engine::cuda::*;
+use crate::engine::{Driver, Flavour};
+
+/// The real CUDA driver and NVML.
+pub struct RealDriver;
+
+/// `Ok(value)` when `rc` is success.
+fn ok<T>(rc: CUresult, value: T) -> Result<T, CUresult> {
+    if rc == CUDA_SUCCESS {
+        Ok(value)
+    } else {
+        Err(rc)
+    }
+}
+
+fn handle(p: usize) -> *mut c_void {
+    ptr::with_exposed_provenance_mut(p)
+}
+
+// SAFETY (for every call below): each passes valid out-pointers to locals
+// and handles the engine got from the driver; the driver checks the rest.
+impl Driver for RealDriver {
+    fn ctx_get_current(&self) -> Result<usize, CUresult> {
+        let mut ctx: CUcontext = ptr::null_mut();
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuCtxGetCurrent::call(&mut ctx) };
+        ok(rc, ctx as usize)
+    }
+
+    fn ctx_get_device(&self) -> Result<CUdevice, CUresult> {
+        let mut dev: CUdevice = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuCtxGetDevice::call(&mut dev) };
+        ok(rc, dev)
+    }
+
+    fn ctx_synchronize(&self) -> CUresult {
+        // SAFETY: no arguments.
+        unsafe { c::cuCtxSynchronize::call() }
+    }
+
+    fn ctx_push_current(&self, ctx: usize) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuCtxPushCurrent_v2::call(handle(ctx)) }
+    }
+
+    fn ctx_pop_current(&self) -> CUresult {
+        let mut popped: CUcontext = ptr::null_mut();
+        // SAFETY: see the impl.
+        unsafe { c::cuCtxPopCurrent_v2::call(&mut popped) }
+    }
+
+    fn primary_ctx_state(&self, dev: CUdevice) -> Result<(c_uint, bool), CUresult> {
+        let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuDevicePrimaryCtxGetState::call(dev, &mut flags, &mut active) };
+        ok(rc, (flags, active != 0))
+    }
+
+    fn primary_ctx_retain(&self, dev: CUdevice) -> Result<usize, CUresult> {
+        let mut ctx: CUcontext = ptr::null_mut();
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuDevicePrimaryCtxRetain::call(&mut ctx, dev) };
+        ok(rc, ctx as usize)
+    }
+
+    fn primary_ctx_release(&self, dev: CUdevice) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { h::cuDevicePrimaryCtxRelease_v2::call(dev) }
+    }
+
+    fn device_total_mem(&self, dev: CUdevice) -> Result<u64, CUresult> {
+        let mut total: usize = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { h::cuDeviceTotalMem_v2::call(&mut total, dev) };
+        ok(rc, total as u64)
+    }
+
+    fn device_uuid(&self, dev: CUdevice) -> Result<[u8; 16], CUresult> {
+        let mut u = CUuuid::default();
+        // SAFETY: see the impl.
+        let mut rc = unsafe { c::cuDeviceGetUuid_v2::call(&mut u, dev) };
+        if rc != CUDA_SUCCESS {
+            // SAFETY: see the impl.
+            rc = unsafe { c::cuDeviceGetUuid::call(&mut u, dev) };
+        }
+        ok(rc, u.bytes)
+    }
+
+    fn device_attribute(&self, attr: c_int, dev: CUdevice) -> Result<c_int, CUresult> {
+        let mut v: c_int = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuDeviceGetAttribute::call(&mut v, attr, dev) };
+        ok(rc, v)
+    }
+
+    fn stream_is_capturing(&self, stream: usize, flavour: Flavour) -> Result<c_int, CUresult> {
+        let mut status: c_int = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe {
+            match flavour {
+                Flavour::Legacy => c::cuStreamIsCapturing::call(handle(stream), &mut status),
+                Flavour::PerThread => {
+                    c::cuStreamIsCapturing_ptsz::call(handle(stream), &mut status)
+                }
+            }
+        };
+        ok(rc, status)
+    }
+
+    fn stream_get_device(&self, stream: usize, flavour: Flavour) -> Result<CUdevice, CUresult> {
+        let mut dev: CUdevice = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe {
+            match flavour {
+                Flavour::Legacy => c::cuStreamGetDevice::call(handle(stream), &mut dev),
+                Flavour::PerThread => c::cuStreamGetDevice_ptsz::call(handle(stream), &mut dev),
+            }
+        };
+        ok(rc, dev)
+    }
+
+    fn mem_free(&self, ptr: CUdeviceptr) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { h::cuMemFree_v2::call(ptr) }
+    }
+
+    fn mem_alloc_managed(&self, bytes: usize, flags: c_uint) -> Result<CUdeviceptr, CUresult> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { h::cuMemAllocManaged::call(&mut p, bytes, flags) };
+        ok(rc, p)
+    }
+
+    fn has_mem_advise_v2(&self) -> bool {
+        c::cuMemAdvise_v2::SLOT.get().is_some()
+    }
+
+    fn mem_advise_v2(
+        &self,
+        ptr: CUdeviceptr,
+        bytes: usize,
+        advice: c_int,
+        location: CUmemLocation,
+    ) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuMemAdvise_v2::call(ptr, bytes, advice, location) }
+    }
+
+    fn mem_advise(&self, ptr: CUdeviceptr, bytes: usize, advice: c_int, dev: CUdevice) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuMemAdvise::call(ptr, bytes, advice, dev) }
+    }
+
+    fn mem_host_alloc(&self, bytes: usize, flags: c_uint) -> Result<usize, CUresult> {
+        let mut host: *mut c_void = ptr::null_mut();
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuMemHostAlloc::call(&mut host, bytes, flags) };
+        ok(rc, host as usize)
+    }
+
+    fn mem_host_get_device_pointer(&self, host: usize) -> Result<CUdeviceptr, CUresult> {
+        let mut d: CUdeviceptr = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuMemHostGetDevicePointer_v2::call(&mut d, handle(host), 0) };
+        ok(rc, d)
+    }
+
+    fn mem_free_host(&self, host: usize) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuMemFreeHost::call(handle(host)) }
+    }
+
+    fn event_create(&self, flags: c_uint) -> Result<usize, CUresult> {
+        let mut ev: CUevent = ptr::null_mut();
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuEventCreate::call(&mut ev, flags) };
+        ok(rc, ev as usize)
+    }
+
+    fn event_record(&self, event: usize, stream: usize, flavour: Flavour) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe {
+            match flavour {
+                Flavour::Legacy => c::cuEventRecord::call(handle(event), handle(stream)),
+                Flavour::PerThread => c::cuEventRecord_ptsz::call(handle(event), handle(stream)),
+            }
+        }
+    }
+
+    fn event_query(&self, event: usize) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuEventQuery::call(handle(event)) }
+    }
+
+    fn event_destroy(&self, event: usize) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuEventDestroy_v2::call(handle(event)) }
+    }
+
+    fn array_destroy(&self, array: usize, mipmapped: bool) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe {
+            if mipmapped {
+                h::cuMipmappedArrayDestroy::call(handle(array))
+            } else {
+                h::cuArrayDestroy::call(handle(array))
+            }
+        }
+    }
+
+    fn array_size(&self, array: usize, dev: CUdevice, mipmapped: bool) -> Result<u64, CUresult> {
+        let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS::default();
+        // SAFETY: see the impl.
+        let rc = unsafe {
+            if mipmapped {
+                c::cuMipmappedArrayGetMemoryRequirements::call(&mut req, handle(array), dev)
+            } else {
+                c::cuArrayGetMemoryRequirements::call(&mut req, handle(array), dev)
+            }
+        };
+        ok(rc, req.size as u64)
+    }
+
+    fn nvml_device_uuid(&self, device: usize) -> Option<String> {
+        let mut buf = [0 as c_char; 96];
+        // SAFETY: see the impl; the length is the buffer's.
+        let rc = unsafe { c::nvmlDeviceGetUUID::call(handle(device), buf.as_mut_ptr(), 96) };
+        if rc != NVML_SUCCESS {
+            return None;
+        }
+        // SAFETY: NVML wrote a NUL-terminated string into the buffer.
+        let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        Some(text.to_string_lossy().into_owned())
+    }
+
+    fn nvml_device_index(&self, device: usize) -> Option<u32> {
+        let mut index: c_uint = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { c::nvmlDeviceGetIndex::call(handle(device), &mut index) };
+        (rc == NVML_SUCCESS).then_some(index)
+    }
+}

@@ -1,0 +1,270 @@
+//! The hooked driver and NVML functions: the one list. Each entry is the
+//! exported name with its C signature, how `cuGetProcAddress` reaches it
+//! (base name, `cudaVersion` range, stream flavour), what a panic in the
+//! engine answers, and the engine handler (with any extra arguments in
+//! brackets). `hooks!` (in `macros.rs`) makes the export, the typed real
+//! function and the row of [`HOOKS`] from it.
+//!
+//! To hook another function, add its entry here and write its handler in
+//! the engine; see ARCHITECTURE.md for a worked example.
+
+#![allow(non_snake_case)]
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+use super::macros::{c_name, hooks, real_fns};
+use super::real::DynFn;
+use super::resolve;
+use crate::engine::cuda::*;
+use crate::engine::{Engine, Flavour};
+use crate::lookup::Lookup;
+
+/// One hooked variant.
+pub struct Hook {
+    /// The exact exported name, which is also the variant's name in the driver.
+    pub name: &'static CStr,
+    pub lookup: Lookup,
+    /// The export.
+    pub hook: *const c_void,
+    /// The library's own function of the same name.
+    pub real: &'static DynFn,
+}
+
+// SAFETY: the raw pointer is a function address, immutable and valid forever.
+unsafe impl Sync for Hook {}
+
+const OOM: CUresult = CUDA_ERROR_OUT_OF_MEMORY;
+const NOT_FOUND: CUresult = CUDA_ERROR_NOT_FOUND;
+const LEGACY: Flavour = Flavour::Legacy;
+const PTSZ: Flavour = Flavour::PerThread;
+
+hooks! {
+    cuda(new, CUDA_ERROR_NOT_FOUND) {
+        fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> CUresult,
+            Lookup::cuda("cuGetProcAddress", 11030).until(12000), on panic NOT_FOUND
+            => resolve::get_proc_address;
+        fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, symbol_status: *mut c_int) -> CUresult,
+            Lookup::cuda("cuGetProcAddress", 12000), on panic NOT_FOUND
+            => resolve::get_proc_address_v2;
+
+        fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult,
+            Lookup::cuda("cuMemAlloc", 3020), on panic OOM
+            => Engine::mem_alloc;
+        fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) -> CUresult,
+            Lookup::cuda("cuMemAllocPitch", 3020), on panic OOM
+            => Engine::mem_alloc_pitch;
+        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult,
+            Lookup::cuda("cuMemAllocManaged", 6000), on panic OOM
+            => Engine::mem_alloc_managed;
+        fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult,
+            Lookup::cuda("cuMemFree", 3020), on panic NOT_FOUND
+            => Engine::mem_free;
+        fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult,
+            Lookup::cuda("cuMemGetInfo", 3020), on panic NOT_FOUND
+            => Engine::mem_get_info;
+        fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult,
+            Lookup::cuda("cuDeviceTotalMem", 3020), on panic NOT_FOUND
+            => Engine::device_total_mem;
+
+        fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult,
+            Lookup::cuda("cuCtxDestroy", 4000), on panic NOT_FOUND
+            => Engine::ctx_destroy;
+        fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult,
+            Lookup::cuda("cuDevicePrimaryCtxRelease", 11000), on panic NOT_FOUND
+            => Engine::primary_ctx_teardown;
+        fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult,
+            Lookup::cuda("cuDevicePrimaryCtxReset", 11000), on panic NOT_FOUND
+            => Engine::primary_ctx_teardown;
+        fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CUdeviceptr) -> CUresult,
+            Lookup::cuda("cuIpcGetMemHandle", 4010), on panic NOT_FOUND
+            => Engine::ipc_get_mem_handle;
+
+        fn cuStreamBeginCapture(stream: CUstream) -> CUresult,
+            Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).legacy_stream(), on panic NOT_FOUND
+            => Engine::begin_capture;
+        fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult,
+            Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).per_thread_stream(), on panic NOT_FOUND
+            => Engine::begin_capture;
+        fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) -> CUresult,
+            Lookup::cuda("cuStreamBeginCapture", 10010).legacy_stream(), on panic NOT_FOUND
+            => Engine::begin_capture_v2;
+        fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_int) -> CUresult,
+            Lookup::cuda("cuStreamBeginCapture", 10010).per_thread_stream(), on panic NOT_FOUND
+            => Engine::begin_capture_v2;
+        fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: *mut c_void, deps: *const c_void, dep_data: *const c_void, count: usize, mode: c_int) -> CUresult,
+            Lookup::cuda("cuStreamBeginCaptureToGraph", 12030).legacy_stream(), on panic NOT_FOUND
+            => Engine::begin_capture_to_graph;
+        fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: *mut c_void, deps: *const c_void, dep_data: *const c_void, count: usize, mode: c_int) -> CUresult,
+            Lookup::cuda("cuStreamBeginCaptureToGraph", 12030).per_thread_stream(), on panic NOT_FOUND
+            => Engine::begin_capture_to_graph;
+        fn cuStreamEndCapture(stream: CUstream, graph: *mut *mut c_void) -> CUresult,
+            Lookup::cuda("cuStreamEndCapture", 10000).legacy_stream(), on panic NOT_FOUND
+            => Engine::end_capture[LEGACY];
+        fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut *mut c_void) -> CUresult,
+            Lookup::cuda("cuStreamEndCapture", 10000).per_thread_stream(), on panic NOT_FOUND
+            => Engine::end_capture[PTSZ];
+
+        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult,
+            Lookup::cuda("cuMemAllocAsync", 11020).legacy_stream(), on panic OOM
+            => Engine::mem_alloc_async[LEGACY];
+        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult,
+            Lookup::cuda("cuMemAllocAsync", 11020).per_thread_stream(), on panic OOM
+            => Engine::mem_alloc_async[PTSZ];
+        fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult,
+            Lookup::cuda("cuMemAllocFromPoolAsync", 11020).legacy_stream(), on panic OOM
+            => Engine::mem_alloc_from_pool_async[LEGACY];
+        fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult,
+            Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM
+            => Engine::mem_alloc_from_pool_async[PTSZ];
+        fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult,
+            Lookup::cuda("cuMemFreeAsync", 11020).legacy_stream(), on panic NOT_FOUND
+            => Engine::mem_free_async[LEGACY];
+        fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult,
+            Lookup::cuda("cuMemFreeAsync", 11020).per_thread_stream(), on panic NOT_FOUND
+            => Engine::mem_free_async[PTSZ];
+
+        fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult,
+            Lookup::cuda("cuMemCreate", 10020), on panic OOM
+            => Engine::mem_create;
+        fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult,
+            Lookup::cuda("cuMemRelease", 10020), on panic NOT_FOUND
+            => Engine::mem_release;
+        fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult,
+            Lookup::cuda("cuMemRetainAllocationHandle", 11000), on panic NOT_FOUND
+            => Engine::mem_retain_allocation_handle;
+        fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, kind: c_int) -> CUresult,
+            Lookup::cuda("cuMemImportFromShareableHandle", 10020), on panic NOT_FOUND
+            => Engine::mem_import_from_shareable_handle;
+        fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) -> CUresult,
+            Lookup::cuda("cuMemExportToShareableHandle", 10020), on panic NOT_FOUND
+            => Engine::mem_export_to_shareable_handle;
+        fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult,
+            Lookup::cuda("cuMemMap", 10020), on panic NOT_FOUND
+            => Engine::mem_map;
+        fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult,
+            Lookup::cuda("cuMemUnmap", 10020), on panic NOT_FOUND
+            => Engine::mem_unmap;
+
+        fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult,
+            Lookup::cuda("cuArrayCreate", 3020), on panic OOM
+            => Engine::array_create;
+        fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult,
+            Lookup::cuda("cuArray3DCreate", 3020), on panic OOM
+            => Engine::array_3d_create;
+        fn cuMipmappedArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult,
+            Lookup::cuda("cuMipmappedArrayCreate", 5000), on panic OOM
+            => Engine::mipmapped_array_create;
+        fn cuArrayDestroy(array: CUarray) -> CUresult,
+            Lookup::cuda("cuArrayDestroy", 2000), on panic NOT_FOUND
+            => Engine::array_destroy;
+        fn cuMipmappedArrayDestroy(array: CUarray) -> CUresult,
+            Lookup::cuda("cuMipmappedArrayDestroy", 5000), on panic NOT_FOUND
+            => Engine::array_destroy;
+    }
+
+    nvml(nvml, NVML_ERROR_FUNCTION_NOT_FOUND) {
+        fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t,
+            Lookup::NVML, on panic NVML_ERROR_NOT_FOUND
+            => Engine::nvml_memory_info;
+        fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t,
+            Lookup::NVML, on panic NVML_ERROR_NOT_FOUND
+            => Engine::nvml_memory_info_v2;
+    }
+}
+
+/// The other library functions the engine calls (through `RealDriver`).
+pub mod calls {
+    use super::*;
+
+    real_fns! { new, CUDA_ERROR_NOT_FOUND;
+        fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
+        fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
+        fn cuCtxSynchronize() -> CUresult;
+        fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
+        fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
+        fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult;
+        fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+        fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+        fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+        fn cuDeviceGetAttribute(value: *mut c_int, attr: c_int, dev: CUdevice) -> CUresult;
+        fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CUresult;
+        fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_int) -> CUresult;
+        fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
+        fn cuStreamGetDevice_ptsz(stream: CUstream, dev: *mut CUdevice) -> CUresult;
+        fn cuMemAdvise(ptr: CUdeviceptr, bytes: usize, advice: c_int, dev: CUdevice) -> CUresult;
+        fn cuMemAdvise_v2(ptr: CUdeviceptr, bytes: usize, advice: c_int, location: CUmemLocation) -> CUresult;
+        fn cuMemHostAlloc(host: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
+        fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, host: *mut c_void, flags: c_uint) -> CUresult;
+        fn cuMemFreeHost(host: *mut c_void) -> CUresult;
+        fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CUresult;
+        fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
+        fn cuEventRecord_ptsz(event: CUevent, stream: CUstream) -> CUresult;
+        fn cuEventQuery(event: CUevent) -> CUresult;
+        fn cuEventDestroy_v2(event: CUevent) -> CUresult;
+        fn cuArrayGetMemoryRequirements(req: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, dev: CUdevice) -> CUresult;
+        fn cuMipmappedArrayGetMemoryRequirements(req: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, dev: CUdevice) -> CUresult;
+    }
+
+    real_fns! { nvml, NVML_ERROR_FUNCTION_NOT_FOUND;
+        fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
+        fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    /// The built library exports exactly the hooks of this list and
+    /// `dlsym`: nothing else can be interposed by accident, and no hook is
+    /// missing from the exports.
+    #[test]
+    fn exported_symbols_are_exactly_the_hooks() {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = Command::new(cargo)
+            .current_dir(&root)
+            .args(["build", "--quiet", "-p", "vramcap-shim"])
+            .status()
+            .expect("cargo runs");
+        assert!(built.success(), "building the shim failed");
+        let lib = target.join("debug/libvramcap.so");
+        let out = Command::new("nm")
+            .args(["-D", "--defined-only", "--format=just-symbols"])
+            .arg(&lib)
+            .output()
+            .expect("nm (binutils) is needed");
+        assert!(out.status.success(), "nm {lib:?} failed");
+        let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        got.sort();
+        let mut want: Vec<String> = super::HOOKS
+            .iter()
+            .map(|h| h.name.to_string_lossy().into_owned())
+            .chain(["dlsym".to_string()])
+            .collect();
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    /// Each name is hooked once, and every CUDA entry can be reached by
+    /// `cuGetProcAddress` (NVML's by `dlsym` only).
+    #[test]
+    fn one_row_per_variant() {
+        let mut names: Vec<_> = super::HOOKS.iter().map(|h| h.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), super::HOOKS.len());
+        for h in super::HOOKS {
+            let nvml = h.name.to_bytes().starts_with(b"nvml");
+            assert_eq!(h.lookup.base.is_empty(), nvml, "{:?}", h.name);
+            assert_eq!(h.real.name, h.name);
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The two macros that turn a list of C signatures into everything the
+//! boundary needs. Each function's signature is written once, in
+//! `hooks.rs` (the hooked ones) or `real.rs`'s list (the others the engine
+//! calls); everything else is generated from it.
+//!
+//! - [`real_fns!`]: one module per function, `real::NAME`, with its typed
+//!   [`Slot`](super::real::Slot) and `call(args)`, which calls the real
+//!   function or answers the list's "missing" value when the library lacks
+//!   it. No call site casts a pointer.
+//! - [`hooks!`]: for each entry, the real function as above, plus
+//!   - the `#[no_mangle]` export, which passes straight to the real
+//!     function when the shim is disabled and otherwise runs the engine's
+//!     handler inside the panic boundary (a panic answers the entry's
+//!     `on panic` value), handing it the engine, any extra arguments from
+//!     the entry, a closure that makes the real call with the caller's
+//!     exact arguments, and those arguments;
+//!   - a row of [`HOOKS`](super::hooks::HOOKS): the exported name, how
+//!     `cuGetProcAddress` reaches it ([`Lookup`](crate::lookup::Lookup)),
+//!     the export's address and the real function's slot, from which the
+//!     `dlsym` and `cuGetProcAddress` answers are made.
+
+/// A `&'static CStr` of an identifier's text.
+macro_rules! c_name {
+    ($name:ident) => {
+        match ::std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+            Ok(c) => c,
+            Err(_) => panic!("an identifier holds no NUL byte"),
+        }
+    };
+}
+
+/// Typed slots for library functions: `real_fns! { LIB, MISSING; fn NAME(ARGS) -> RET; … }`
+/// where LIB is `new` (the CUDA driver) or `nvml`, and MISSING is returned
+/// when the library lacks the function.
+macro_rules! real_fns {
+    ($lib:ident, $missing:expr; $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty; )*) => {
+        $( real_fns!(@one $lib, $missing, $name ($($arg: $ty),*) -> $ret); )*
+    };
+    (@one $lib:ident, $missing:expr, $name:ident ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
+        #[allow(non_snake_case, dead_code)]
+        pub mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            /// The function's C signature.
+            pub type F = unsafe extern "C" fn($($ty),*) -> $ret;
+
+            pub static SLOT: $crate::boundary::real::Slot<F> =
+                $crate::boundary::real::Slot::new($crate::boundary::real::DynFn::$lib(c_name!($name)));
+
+            /// Calls the real function, or answers "missing" without it.
+            ///
+            /// # Safety
+            /// The function's own C contract.
+            #[inline]
+            pub unsafe fn call($($arg: $ty),*) -> $ret {
+                match SLOT.get() {
+                    // SAFETY: the caller keeps the function's contract.
+                    Some(f) => unsafe { f($($arg),*) },
+                    None => $missing,
+                }
+            }
+        }
+    };
+}
+
+/// The hooked functions; see the module docs and `hooks.rs`.
+macro_rules! hooks {
+    (
+        $(
+            $section:ident ($lib:ident, $missing:expr) {
+                $(
+                    $(#[$meta:meta])*
+                    fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty,
+                        $lookup:expr, on panic $panic:expr
+                        => $handler:path $([ $($extra:expr),* ])? ;
+                )*
+            }
+        )*
+    ) => {
+        /// The real functions of the hooked names.
+        pub mod real {
+            #[allow(unused_imports)]
+            use super::*;
+            $( $( real_fns!(@one $lib, $missing, $name ($($arg: $ty),*) -> $ret); )* )*
+        }
+
+        $( $(
+            $(#[$meta])*
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                // SAFETY: the caller's arguments go to the real function unchanged.
+                let real = move || unsafe { real::$name::call($($arg),*) };
+                if $crate::boundary::disabled() {
+                    return real();
+                }
+                $crate::boundary::boundary(stringify!($name), $panic, move || {
+                    let engine = $crate::boundary::engine();
+                    #[allow(unused_unsafe)]
+                    // SAFETY: the handler's contract is this function's,
+                    // which the caller keeps.
+                    let answer = unsafe { $handler(engine, $($($extra,)*)? real, $($arg),*) };
+                    answer
+                })
+            }
+        )* )*
+
+        /// Every hooked variant: the exports, the `dlsym` answers and the
+        /// `cuGetProcAddress` answers all come from this one list.
+        pub static HOOKS: &[$crate::boundary::hooks::Hook] = &[
+            $( $(
+                $crate::boundary::hooks::Hook {
+                    name: c_name!($name),
+                    lookup: $lookup,
+                    hook: $name as *const ::std::ffi::c_void,
+                    real: &real::$name::SLOT.raw,
+                },
+            )* )*
+        ];
+    };
+}
+
+pub(crate) use {c_name, hooks, real_fns};

@@ -1,0 +1,134 @@
+//! The boundary: everything C sees. The exports (generated from the one
+//! list in `hooks.rs`), the `dlsym` trampoline, the `cuGetProcAddress*`
+//! and `dlsym` answers, the real libraries' functions, the settings read
+//! once, the process's engine, and the panic boundary around every hook.
+//!
+//! A call travels: export (`hooks!`) → [`disabled`]? → real function;
+//! else [`boundary`] → the engine's handler, with a closure for the real
+//! call → engine → [`RealDriver`] for any other driver function it needs.
+
+mod dlsym;
+mod driver;
+pub mod hooks;
+mod macros;
+pub mod real;
+mod resolve;
+
+use std::panic::AssertUnwindSafe;
+use std::ptr;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+
+use vramcap_core::settings::Settings;
+
+pub use self::driver::RealDriver;
+use crate::engine::Engine;
+use crate::log::log_once;
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+/// `VRAMCAP_DISABLE=1`: every hook passes straight through.
+static DISABLED: AtomicBool = AtomicBool::new(false);
+
+/// Reads the settings once. A bad value stops the process with status 2 and
+/// one line naming the variable, so a program never runs uncapped by mistake.
+pub fn settings() -> &'static Settings {
+    SETTINGS.get_or_init(|| match Settings::from_env() {
+        Ok(s) => {
+            crate::log::set_level(s.log);
+            DISABLED.store(s.disabled, Ordering::Relaxed);
+            real::set_driver_path(s.cuda_library.as_deref());
+            s
+        }
+        Err(e) => {
+            crate::log::write_line(format_args!("{e}"));
+            // SAFETY: _exit has no preconditions; no cleanup may run in a
+            // half-initialised process.
+            unsafe { libc::_exit(2) }
+        }
+    })
+}
+
+pub fn disabled() -> bool {
+    DISABLED.load(Ordering::Relaxed)
+}
+
+/// Runs a hook body; a panic is caught (it must never unwind into C), logged
+/// once, and answered with `on_panic`.
+pub fn boundary<R>(name: &'static str, on_panic: R, body: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(_) => {
+            log_once!(
+                Error,
+                "internal error in the {name} hook; answering conservatively (please report this)"
+            );
+            on_panic
+        }
+    }
+}
+
+/// The process's engine (a child after fork gets a fresh one).
+static ENGINE: AtomicPtr<Engine<RealDriver>> = AtomicPtr::new(ptr::null_mut());
+
+/// The process's engine, made on first use.
+pub fn engine() -> &'static Engine<RealDriver> {
+    let p = ENGINE.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: a published engine is leaked, never freed.
+        return unsafe { &*p };
+    }
+    make_engine()
+}
+
+#[cold]
+fn make_engine() -> &'static Engine<RealDriver> {
+    let fresh = Box::into_raw(Box::new(Engine::new(RealDriver, settings())));
+    match ENGINE.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: just published; leaked for good.
+        Ok(_) => unsafe { &*fresh },
+        Err(existing) => {
+            // SAFETY: `fresh` was never shared (and made nothing outside
+            // itself: its page and membership are made on first use);
+            // `existing` is leaked for good.
+            unsafe {
+                drop(Box::from_raw(fresh));
+                &*existing
+            }
+        }
+    }
+}
+
+/// The engine if one was made (for exit, which must not make one).
+fn existing_engine() -> Option<&'static Engine<RealDriver>> {
+    let p = ENGINE.load(Ordering::Acquire);
+    // SAFETY: a published engine is leaked, never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// The `atfork` child handler: the parent's engine is left alone (another
+/// parent thread may have held one of its locks at the fork) but for its
+/// descriptors; the child's first hook makes a new one.
+extern "C" fn after_fork_in_child() {
+    if let Some(e) = existing_engine() {
+        e.forget_after_fork();
+    }
+    ENGINE.store(ptr::null_mut(), Ordering::Release);
+    crate::engine::reset_worker_after_fork();
+}
+
+/// Called by the constructor: reads and checks the settings (exiting with
+/// status 2 on a bad value) and registers the fork handler.
+pub fn init() -> &'static Settings {
+    let s = settings();
+    // SAFETY: registering a handler with no prepare/parent parts is always valid.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    s
+}
+
+/// Called by the destructor at normal exit.
+pub fn fini() {
+    if let Some(e) = existing_engine() {
+        e.at_exit();
+    }
+}

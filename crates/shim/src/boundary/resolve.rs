@@ -1,0 +1,132 @@
+//! The answers to `cuGetProcAddress*` and to `dlsym` on a library handle:
+//! the hook when the library's own answer is the real function of a hooked
+//! variant, else the library's answer unchanged.
+//!
+//! The variant is identified by the pointer itself (the driver's exported
+//! symbol of that exact name). When the driver hands out a pointer that is
+//! none of its exports (an internal entry point), by base name, version and
+//! flags within the CUDA major versions whose signatures the hooks were
+//! written for ([`crate::lookup`]).
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+
+use super::hooks::HOOKS;
+use super::real::{Lib, driver_path};
+use super::{RealDriver, disabled};
+use crate::engine::Engine;
+use crate::engine::cuda::{CUDA_SUCCESS, CUresult};
+use crate::log::{log_at, log_once};
+use crate::lookup;
+
+/// Replaces a function pointer handed out by `cuGetProcAddress*` with the
+/// hook for the same variant.
+///
+/// # Safety
+/// `pfn` is non-null and holds what the real resolver wrote; `symbol` is
+/// null or the caller's NUL-terminated name.
+unsafe fn substitute(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) {
+    // SAFETY: guaranteed by the caller.
+    let p = unsafe { *pfn };
+    if p.is_null() {
+        return;
+    }
+    // NVML functions are never handed out by the CUDA resolver; looking
+    // them up here would load NVML as a side effect.
+    let by_pointer = HOOKS
+        .iter()
+        .filter(|h| h.real.lib == Lib::Cuda)
+        .find(|h| h.real.get() == Some(p));
+    if let Some(h) = by_pointer {
+        // SAFETY: guaranteed by the caller.
+        unsafe { *pfn = h.hook.cast_mut() };
+        return;
+    }
+    if symbol.is_null() {
+        return;
+    }
+    // SAFETY: the real resolver accepted it as a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    if let Some(i) = lookup::by_name(HOOKS.iter().map(|h| &h.lookup), name, cuda_version, flags) {
+        let h = &HOOKS[i];
+        log_at!(
+            Debug,
+            "cuGetProcAddress({}, {cuda_version}): internal driver pointer, matched {:?} by version",
+            h.lookup.base,
+            h.name
+        );
+        // SAFETY: guaranteed by the caller.
+        unsafe { *pfn = h.hook.cast_mut() };
+    }
+}
+
+/// `cuGetProcAddress_v2`: the real resolver with the caller's exact
+/// arguments, then the hook for the variant it found.
+///
+/// # Safety
+/// The driver function's contract.
+pub unsafe fn get_proc_address_v2(
+    _engine: &'static Engine<RealDriver>,
+    mut real: impl FnMut() -> CUresult,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    _symbol_status: *mut c_int,
+) -> CUresult {
+    let rc = real();
+    if rc == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: pfn is non-null and the resolver filled it.
+        unsafe { substitute(symbol, pfn, cuda_version, flags) };
+    }
+    rc
+}
+
+/// `cuGetProcAddress` (CUDA 11.3–11.8): as [`get_proc_address_v2`].
+///
+/// # Safety
+/// The driver function's contract.
+pub unsafe fn get_proc_address(
+    _engine: &'static Engine<RealDriver>,
+    mut real: impl FnMut() -> CUresult,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    let rc = real();
+    if rc == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: pfn is non-null and the resolver filled it.
+        unsafe { substitute(symbol, pfn, cuda_version, flags) };
+    }
+    rc
+}
+
+/// What `dlsym(handle, name)` answers for a real handle, given glibc's own
+/// answer `found`: the hook when `found` is the library's own symbol of a
+/// hooked name, else `found` unchanged.
+pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
+    let n = name.to_bytes();
+    if found.is_null() || disabled() || !(n.starts_with(b"cu") || n.starts_with(b"nvml")) {
+        return found;
+    }
+    let Some(h) = HOOKS.iter().find(|h| h.name == name) else {
+        return found;
+    };
+    match h.real.get() {
+        Some(p) if p == found => h.hook.cast_mut(),
+        _ => {
+            log_once!(
+                Warn,
+                "the program looked up {:?} in a library that is not the driver vramcap uses ({:?}); calls through it are not capped. Set VRAMCAP_CUDA_LIBRARY to the libcuda.so.1 the program loads",
+                name,
+                driver_path()
+            );
+            found
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! Handlers for plain, pitched and managed device memory, its free, and the
+//! memory queries; and the allocation path the other families share.
+//!
+//! The allocation path ([`Engine::capped_alloc`]):
+//! 1. reuse a cached block when the request may have one (a hit costs no
+//!    driver allocation and no reservation: its bytes are still reserved);
+//! 2. reserve the estimate on the target device, releasing cached blocks
+//!    when the cap would refuse;
+//! 3. past the cap: spill, if on, else refuse with out-of-memory;
+//! 4. call the driver (once more after releasing the cache if the driver
+//!    itself is out of memory);
+//! 5. settle the reservation to the size the driver chose and record it.
+
+use std::ffi::c_uint;
+
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::cache::{Block, Shape, Want};
+use vramcap_core::page::DeviceSlot;
+
+use super::Engine;
+use super::cuda::*;
+use super::driver::Driver;
+use super::records::{Kind, Record};
+use crate::log::{log_at, log_once};
+
+/// What an allocating handler asks for.
+#[derive(Clone, Copy)]
+pub enum Request {
+    Plain,
+    Pitch {
+        width: u64,
+        height: u64,
+        elem: u32,
+        pitch_out: *mut usize,
+    },
+    /// Managed memory, with the program's flags (used if it spills).
+    Managed(c_uint),
+    Async,
+}
+
+/// Why a reservation did not fit.
+pub struct NoRoom {
+    used: u64,
+    limit: u64,
+}
+
+/// The pitch the driver picks is not known before the call: reserve for a
+/// row rounded up to 512 bytes (what current drivers use), then settle to
+/// the real `pitch × height`.
+fn pitch_estimate(width: u64, height: u64) -> u64 {
+    width
+        .checked_next_multiple_of(512)
+        .and_then(|w| w.checked_mul(height))
+        .unwrap_or(u64::MAX)
+}
+
+/// Free and total as the cap sees them: total = min(cap, real total); free
+/// = min(real free + cached, cap − (held − cached), total): cached blocks
+/// are this process's to reuse. Without a cap only the cached bytes are
+/// added. Also NVML's picture (`nvml`).
+pub fn capped_info(total: u64, free: u64, limit: u64, held: u64, cached: u64) -> (u64, u64) {
+    let mut f = free.saturating_add(cached).min(total);
+    let mut t = total;
+    if limit != NO_CAP {
+        t = total.min(limit);
+        f = f.min(limit.saturating_sub(held.saturating_sub(cached)));
+    }
+    (t, f.min(t))
+}
+
+impl<D: Driver> Engine<D> {
+    /// Reserves `estimate` bytes on `device`, releasing cached blocks of the
+    /// device when the cap would refuse.
+    fn try_reserve_evicting(
+        &'static self,
+        device: CUdevice,
+        estimate: u64,
+    ) -> Result<(&'static DeviceSlot, u64), Option<NoRoom>> {
+        let Some(slot) = self.slot(device) else {
+            log_once!(
+                Error,
+                "device {device} is beyond the {} devices vramcap tracks; refusing its allocations",
+                vramcap_core::MAX_DEVICES
+            );
+            return Err(None);
+        };
+        let Some(limit) = self.limit_of(device) else {
+            return Err(None);
+        };
+        loop {
+            match self.reserve_on(slot, device, estimate, limit) {
+                Ok(()) => return Ok((slot, limit)),
+                Err(r) => {
+                    let need = r.used.saturating_add(estimate).saturating_sub(limit);
+                    if self.cache.evict(&self.base, device as u16, need) == 0 {
+                        return Err(Some(NoRoom {
+                            used: r.used,
+                            limit,
+                        }));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts and logs a refusal; the out-of-memory code to return.
+    fn refuse(&self, what: &str, device: CUdevice, bytes: u64, why: Option<NoRoom>) -> CUresult {
+        if let (Some(s), Some(n)) = (self.slot(device), why) {
+            DeviceSlot::add(&s.refusals, 1);
+            self.refused(what, device, bytes, n.used, n.limit);
+        }
+        CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// [`Engine::try_reserve_evicting`], refusing with out-of-memory when it
+    /// does not fit.
+    pub(super) fn reserve(
+        &'static self,
+        what: &str,
+        device: CUdevice,
+        estimate: u64,
+    ) -> Result<(&'static DeviceSlot, u64), CUresult> {
+        self.try_reserve_evicting(device, estimate)
+            .map_err(|why| self.refuse(what, device, estimate, why))
+    }
+
+    /// Runs a driver allocation, once more after releasing the device's
+    /// cache when the driver itself is out of memory with blocks parked there.
+    pub(super) fn call_with_retry(
+        &self,
+        device: CUdevice,
+        mut alloc: impl FnMut() -> CUresult,
+    ) -> CUresult {
+        let rc = alloc();
+        if rc == CUDA_ERROR_OUT_OF_MEMORY
+            && self.cache.evict(&self.base, device as u16, u64::MAX) > 0
+        {
+            return alloc();
+        }
+        rc
+    }
+
+    /// The allocation path shared by the handlers that return a device
+    /// address (module docs). `target` is the (context, device) the memory
+    /// comes from; `None` (no current context) passes the call to the
+    /// driver unchanged.
+    ///
+    /// # Safety
+    /// `dptr` is null or writable; for a pitched request `pitch_out` is
+    /// writable.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn capped_alloc(
+        &'static self,
+        what: &'static str,
+        dptr: *mut CUdeviceptr,
+        estimate: u64,
+        request: Request,
+        target: Option<(usize, CUdevice)>,
+        mut alloc: impl FnMut() -> CUresult,
+        actual: impl FnOnce() -> u64,
+    ) -> CUresult {
+        if dptr.is_null() || estimate == 0 {
+            return alloc();
+        }
+        let Some((ctx, device)) = target else {
+            // No current context: the driver's own answer, whatever it is.
+            return alloc();
+        };
+        let dev16 = device as u16;
+        // Working out the cap also sets the device's cache bound.
+        if self.limit_of(device).is_none() {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        let want = match request {
+            Request::Plain => Some(Want::Plain { bytes: estimate }),
+            Request::Pitch {
+                width,
+                height,
+                elem,
+                ..
+            } => Some(Want::Pitch {
+                width,
+                height,
+                elem,
+            }),
+            Request::Managed(_) | Request::Async => None,
+        };
+        if let Some(want) = want.filter(|_| self.cache.caching(dev16))
+            && let Some(slot) = self.slot(device)
+        {
+            if let Some(b) = self.cache.reuse(&self.base, dev16, ctx, want) {
+                // SAFETY: `dptr` is non-null (checked above) and writable,
+                // as is `pitch_out` (the caller's contract).
+                unsafe {
+                    *dptr = b.ptr;
+                    if let (Request::Pitch { pitch_out, .. }, Shape::Pitch { pitch, .. }) =
+                        (request, b.shape)
+                    {
+                        *pitch_out = pitch as usize;
+                    }
+                }
+                slot.cached
+                    .fetch_sub(b.bytes, std::sync::atomic::Ordering::Relaxed);
+                DeviceSlot::add(&slot.cache_hits, 1);
+                DeviceSlot::add(&slot.allocs, 1);
+                self.insert(
+                    b.ptr,
+                    Record {
+                        device: dev16,
+                        exported: false,
+                        bytes: b.bytes,
+                        ctx,
+                        kind: Kind::Device(b.shape),
+                    },
+                );
+                log_at!(
+                    Debug,
+                    "{what}: {} bytes at {:#x} on device {device} from the cache",
+                    b.bytes,
+                    b.ptr
+                );
+                return CUDA_SUCCESS;
+            }
+            DeviceSlot::add(&slot.cache_misses, 1);
+        }
+
+        let (slot, limit) = match self.try_reserve_evicting(device, estimate) {
+            Ok(x) => x,
+            Err(why) => {
+                // SAFETY: `dptr` is non-null (checked above); the rest is
+                // the caller's contract.
+                return unsafe {
+                    self.spill_or_refuse(what, dptr, estimate, request, ctx, device, why)
+                };
+            }
+        };
+        let rc = self.call_with_retry(device, alloc);
+        if rc != CUDA_SUCCESS {
+            self.release_on(slot, device, estimate);
+            return rc;
+        }
+        // SAFETY: the driver succeeded, so it wrote the pointer through `dptr`.
+        let ptr = unsafe { *dptr };
+        let bytes = actual();
+        if let Err(rc) = self.settle(what, device, slot, limit, estimate, bytes) {
+            let _ = self.driver.mem_free(ptr);
+            return rc;
+        }
+        DeviceSlot::add(&slot.allocs, 1);
+        let kind = match request {
+            Request::Plain => Kind::Device(Shape::Plain),
+            Request::Pitch {
+                width,
+                height,
+                elem,
+                pitch_out,
+            } => Kind::Device(Shape::Pitch {
+                width,
+                height,
+                elem,
+                // SAFETY: writable (the caller's contract) and just written.
+                pitch: unsafe { *pitch_out } as u64,
+            }),
+            Request::Managed(_) => Kind::Managed,
+            Request::Async => Kind::Async,
+        };
+        self.insert(
+            ptr,
+            Record {
+                device: dev16,
+                exported: false,
+                bytes,
+                ctx,
+                kind,
+            },
+        );
+        log_at!(
+            Debug,
+            "{what}: {bytes} bytes at {ptr:#x} on device {device}"
+        );
+        rc
+    }
+
+    /// Past the cap: spill, if on, else refuse.
+    ///
+    /// # Safety
+    /// As [`Engine::capped_alloc`]; `dptr` is non-null.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn spill_or_refuse(
+        &self,
+        what: &'static str,
+        dptr: *mut CUdeviceptr,
+        estimate: u64,
+        request: Request,
+        ctx: usize,
+        device: CUdevice,
+        why: Option<NoRoom>,
+    ) -> CUresult {
+        let (bytes, managed_flags) = match request {
+            Request::Pitch { width, height, .. } => {
+                (width.next_multiple_of(512).saturating_mul(height), None)
+            }
+            Request::Managed(flags) => (estimate, Some(flags)),
+            _ => (estimate, None),
+        };
+        if why.is_some()
+            && let Some((ptr, record)) =
+                self.spill
+                    .place(&self.base, what, device, ctx, bytes, managed_flags)
+        {
+            // SAFETY: `dptr` is non-null and writable, as is `pitch_out`.
+            unsafe {
+                *dptr = ptr;
+                if let Request::Pitch {
+                    width, pitch_out, ..
+                } = request
+                {
+                    *pitch_out = width.next_multiple_of(512) as usize;
+                }
+            }
+            self.insert(ptr, record);
+            return CUDA_SUCCESS;
+        }
+        self.refuse(what, device, estimate, why)
+    }
+
+    /// Records a live allocation. An address the engine still thought live
+    /// was released behind its back: its old record is settled first.
+    pub(super) fn insert(&self, ptr: CUdeviceptr, record: Record) {
+        if let Some(stale) = self.table.insert(ptr, record) {
+            if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+                self.spill.forget(&self.base, &stale);
+            } else if let Some(s) = self.slot(CUdevice::from(stale.device)) {
+                self.release_on(s, CUdevice::from(stale.device), stale.bytes);
+            }
+            log_once!(
+                Warn,
+                "address {ptr:#x} was reused by the driver while vramcap still counted it; counting it once"
+            );
+        }
+    }
+
+    /// `cuMemAlloc_v2`.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mem_alloc(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+    ) -> CUresult {
+        let target = self.current();
+        let bytes = bytesize as u64;
+        // SAFETY: the driver function's contract.
+        unsafe {
+            self.capped_alloc(
+                "cuMemAlloc",
+                dptr,
+                bytes,
+                Request::Plain,
+                target,
+                real,
+                || bytes,
+            )
+        }
+    }
+
+    /// `cuMemAllocPitch_v2`: reserved at [`pitch_estimate`], settled to the
+    /// real `pitch × height`.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mem_alloc_pitch(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        dptr: *mut CUdeviceptr,
+        pitch: *mut usize,
+        width: usize,
+        height: usize,
+        element_size: c_uint,
+    ) -> CUresult {
+        if pitch.is_null() {
+            return real();
+        }
+        let (width, height) = (width as u64, height as u64);
+        let request = Request::Pitch {
+            width,
+            height,
+            elem: element_size,
+            pitch_out: pitch,
+        };
+        let target = self.current();
+        // SAFETY: on success the driver wrote the pitch; `pitch` is non-null.
+        let actual = || unsafe { *pitch as u64 }.saturating_mul(height);
+        // SAFETY: the driver function's contract; `pitch` is non-null.
+        unsafe {
+            self.capped_alloc(
+                "cuMemAllocPitch",
+                dptr,
+                pitch_estimate(width, height),
+                request,
+                target,
+                real,
+                actual,
+            )
+        }
+    }
+
+    /// `cuMemAllocManaged`: counted against the current device's cap (it can
+    /// occupy that device in full) and never cached.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mem_alloc_managed(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        flags: c_uint,
+    ) -> CUresult {
+        let target = self.current();
+        let bytes = bytesize as u64;
+        let request = Request::Managed(flags);
+        // SAFETY: the driver function's contract.
+        unsafe {
+            self.capped_alloc(
+                "cuMemAllocManaged",
+                dptr,
+                bytes,
+                request,
+                target,
+                real,
+                || bytes,
+            )
+        }
+    }
+
+    /// `cuMemFree_v2`: a known device block goes to the cache when its
+    /// device caches; anything else is freed for real. The record leaves the
+    /// table before the real free: once the driver has freed the address,
+    /// another thread may be handed it and record it anew. The bytes return
+    /// to the budget only after the driver has released them.
+    pub fn mem_free(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        dptr: CUdeviceptr,
+    ) -> CUresult {
+        if dptr == 0 {
+            return real();
+        }
+        self.spill.reap(&self.base);
+        let Some((_, r)) = self.table.remove(&dptr) else {
+            return real();
+        };
+        if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+            let rc = self.spill.free(&self.base, dptr, &r);
+            if rc != CUDA_SUCCESS {
+                self.table.insert(dptr, r);
+            }
+            return rc;
+        }
+        if let (Kind::Device(shape), false) = (r.kind, r.exported) {
+            let block = Block {
+                ptr: dptr,
+                bytes: r.bytes,
+                ctx: r.ctx,
+                shape,
+                ticket: 0,
+                freed_ns: 0,
+            };
+            if self.cache.keep(&self.base, r.device, block) {
+                if let Some(s) = self.slot(CUdevice::from(r.device)) {
+                    DeviceSlot::add(&s.frees, 1);
+                }
+                self.start_worker(); // releases idle blocks
+                return CUDA_SUCCESS;
+            }
+        }
+        let rc = real();
+        if rc == CUDA_SUCCESS {
+            self.give_back(r.device, r.bytes);
+        } else {
+            self.table.insert(dptr, r);
+        }
+        rc
+    }
+
+    /// `cuMemGetInfo_v2`: [`capped_info`] for the current device.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mem_get_info(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        free: *mut usize,
+        total: *mut usize,
+    ) -> CUresult {
+        let rc = real();
+        if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
+            return rc;
+        }
+        let Some((_, device)) = self.current() else {
+            return rc;
+        };
+        let (Some(s), Some(limit)) = (self.slot(device), self.limit_of(device)) else {
+            return rc;
+        };
+        let cached = s.cached.load(std::sync::atomic::Ordering::Relaxed);
+        let held = if limit == NO_CAP {
+            0
+        } else {
+            self.held_on(s, device)
+        };
+        // SAFETY: both pointers are non-null and the driver just wrote them.
+        unsafe {
+            let (t, f) = capped_info(*total as u64, *free as u64, limit, held, cached);
+            *total = usize::try_from(t).unwrap_or(usize::MAX);
+            *free = usize::try_from(f).unwrap_or(usize::MAX);
+        }
+        rc
+    }
+
+    /// `cuDeviceTotalMem_v2`: at most the cap.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn device_total_mem(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        bytes: *mut usize,
+        dev: CUdevice,
+    ) -> CUresult {
+        let rc = real();
+        if rc != CUDA_SUCCESS || bytes.is_null() {
+            return rc;
+        }
+        if let Some(limit) = self.limit_of(dev)
+            && limit != NO_CAP
+        {
+            // SAFETY: non-null and just written by the driver.
+            unsafe { *bytes = (*bytes).min(usize::try_from(limit).unwrap_or(usize::MAX)) };
+        }
+        rc
+    }
+}

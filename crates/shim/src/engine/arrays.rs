@@ -1,0 +1,181 @@
+//! Handlers for arrays and mipmapped arrays: reserved from the descriptor
+//! (an upper bound), then settled to the size the driver reports
+//! (`cuArrayGetMemoryRequirements`), released on destroy.
+
+use std::ffi::{c_int, c_uint};
+
+use vramcap_core::page::DeviceSlot;
+
+use super::Engine;
+use super::cuda::*;
+use super::driver::Driver;
+use super::records::Object;
+use crate::log::log_at;
+
+/// Bytes per element of a `CUarray_format`; 16 (the widest) for formats
+/// not listed, so the estimate stays an upper bound until settled.
+fn format_bytes(format: c_int) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => 16,
+    }
+}
+
+/// An upper-bound estimate: rows padded to 512 bytes.
+pub fn array_estimate(
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_int,
+    channels: c_uint,
+) -> u64 {
+    let row = (width as u64)
+        .saturating_mul(format_bytes(format))
+        .saturating_mul(u64::from(channels.max(1)))
+        .checked_next_multiple_of(512)
+        .unwrap_or(u64::MAX);
+    row.saturating_mul(height.max(1) as u64)
+        .saturating_mul(depth.max(1) as u64)
+}
+
+impl<D: Driver> Engine<D> {
+    /// Shared by the array handlers: reserve `estimate`, create, settle to
+    /// the driver's reported size, record.
+    ///
+    /// # Safety
+    /// `handle` is null or writable.
+    unsafe fn capped_array(
+        &'static self,
+        what: &'static str,
+        mipmapped: bool,
+        handle: *mut CUarray,
+        estimate: u64,
+        mut real: impl FnMut() -> CUresult,
+    ) -> CUresult {
+        if handle.is_null() || estimate == 0 {
+            return real();
+        }
+        let Some((_, device)) = self.current() else {
+            return real();
+        };
+        let (slot, limit) = match self.reserve(what, device, estimate) {
+            Ok(x) => x,
+            Err(rc) => return rc,
+        };
+        let rc = self.call_with_retry(device, real);
+        if rc != CUDA_SUCCESS {
+            self.release_on(slot, device, estimate);
+            return rc;
+        }
+        // SAFETY: written by the driver on success.
+        let h = unsafe { *handle } as usize;
+        let bytes = self
+            .driver
+            .array_size(h, device, mipmapped)
+            .ok()
+            .filter(|&b| b > 0)
+            .unwrap_or(estimate);
+        if let Err(rc) = self.settle(what, device, slot, limit, estimate, bytes) {
+            let _ = self.driver.array_destroy(h, mipmapped);
+            return rc;
+        }
+        DeviceSlot::add(&slot.allocs, 1);
+        self.arrays.insert(
+            h as u64,
+            Object {
+                device: device as u16,
+                bytes,
+                refs: 1,
+                alias_of: 0,
+            },
+        );
+        log_at!(Debug, "{what}: {bytes} bytes on device {device}");
+        rc
+    }
+
+    /// `cuArrayCreate_v2`.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn array_create(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        handle: *mut CUarray,
+        desc: *const CUDA_ARRAY_DESCRIPTOR,
+    ) -> CUresult {
+        if desc.is_null() {
+            return real();
+        }
+        // SAFETY: a valid descriptor from the caller.
+        let d = unsafe { &*desc };
+        let estimate = array_estimate(d.width, d.height, 1, d.format, d.channels);
+        // SAFETY: the driver function's contract.
+        unsafe { self.capped_array("cuArrayCreate", false, handle, estimate, real) }
+    }
+
+    /// `cuArray3DCreate_v2`.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn array_3d_create(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        handle: *mut CUarray,
+        desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    ) -> CUresult {
+        if desc.is_null() {
+            return real();
+        }
+        // SAFETY: a valid descriptor from the caller.
+        let d = unsafe { &*desc };
+        let estimate = array_estimate(d.width, d.height, d.depth, d.format, d.channels);
+        // SAFETY: the driver function's contract.
+        unsafe { self.capped_array("cuArray3DCreate", false, handle, estimate, real) }
+    }
+
+    /// `cuMipmappedArrayCreate`: all levels together are less than twice
+    /// the first one.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mipmapped_array_create(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        handle: *mut CUarray,
+        desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+        _levels: c_uint,
+    ) -> CUresult {
+        if desc.is_null() {
+            return real();
+        }
+        // SAFETY: a valid descriptor from the caller.
+        let d = unsafe { &*desc };
+        let estimate =
+            array_estimate(d.width, d.height, d.depth, d.format, d.channels).saturating_mul(2);
+        // SAFETY: the driver function's contract.
+        unsafe { self.capped_array("cuMipmappedArrayCreate", true, handle, estimate, real) }
+    }
+
+    /// `cuArrayDestroy` and `cuMipmappedArrayDestroy`: the record is taken
+    /// out *before* the call (once the driver has destroyed it, another
+    /// thread may be handed the same handle value and record it anew) and
+    /// put back if the call fails.
+    pub fn array_destroy(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        h: CUarray,
+    ) -> CUresult {
+        let record = self.arrays.remove(&(h as u64)).map(|(_, o)| o);
+        let rc = real();
+        match record {
+            Some(o) if rc == CUDA_SUCCESS => self.give_back(o.device, o.bytes),
+            Some(o) => {
+                self.arrays.insert(h as u64, o);
+            }
+            None => {}
+        }
+        rc
+    }
+}

@@ -1,0 +1,88 @@
+//! What every part of the engine stands on: the driver, the settings, the
+//! statistics page with the per-device budgets, the group membership, the
+//! count of stream captures in progress and the background thread. The
+//! cache and spill take a `&Base`; the engine derefs to it.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use vramcap_core::settings::Settings;
+
+use super::cuda::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
+use super::driver::{Driver, Flavour};
+use super::group::Membership;
+use super::page::PageHandle;
+use super::worker::Worker;
+
+pub struct Base<D: Driver> {
+    pub driver: D,
+    pub settings: &'static Settings,
+    pub page: PageHandle,
+    pub group: Membership,
+    /// Stream captures in progress that the capture hooks saw.
+    pub captures: AtomicI64,
+    pub worker: Worker,
+}
+
+/// `CU_STREAM_LEGACY`: a handle value, not a pointer to anything.
+const CU_STREAM_LEGACY: usize = 1;
+
+impl<D: Driver> Base<D> {
+    pub fn new(driver: D, settings: &'static Settings) -> Base<D> {
+        Base {
+            driver,
+            settings,
+            page: PageHandle::new(),
+            group: Membership::new(settings),
+            captures: AtomicI64::new(0),
+            worker: Worker::new(),
+        }
+    }
+
+    /// The calling thread's current context and its device.
+    pub fn current(&self) -> Option<(usize, CUdevice)> {
+        let ctx = self.driver.ctx_get_current().ok().filter(|&c| c != 0)?;
+        let dev = self.driver.ctx_get_device().ok()?;
+        Some((ctx, dev))
+    }
+
+    /// True while a stream capture the hooks saw is in progress: the engine
+    /// then makes no driver call of its own that could invalidate it (frees,
+    /// synchronisations).
+    pub fn capturing(&self) -> bool {
+        self.captures.load(Ordering::SeqCst) > 0
+    }
+
+    /// True when a synchronisation could invalidate a stream capture: one
+    /// the hooks saw, or one begun through a path they did not see that
+    /// shows on the legacy stream (global-mode captures do).
+    pub fn capture_in_progress(&self) -> bool {
+        if self.capturing() {
+            return true;
+        }
+        match self
+            .driver
+            .stream_is_capturing(CU_STREAM_LEGACY, Flavour::Legacy)
+        {
+            Ok(status) => status != 0,
+            Err(CUDA_ERROR_NOT_FOUND) => false,
+            // CUDA_ERROR_STREAM_CAPTURE_IMPLICIT or anything unclear: be careful.
+            Err(_) => true,
+        }
+    }
+
+    /// Frees `ptr` with `ctx` current (pushed for the call when it is not).
+    pub fn free_in_ctx(&self, ptr: CUdeviceptr, ctx: usize) -> CUresult {
+        if self.driver.ctx_get_current() == Ok(ctx) {
+            return self.driver.mem_free(ptr);
+        }
+        let rc = self.driver.ctx_push_current(ctx);
+        if rc != CUDA_SUCCESS {
+            // The owning context is gone, and its memory with it: freeing the
+            // address in another context could free someone else's allocation.
+            return rc;
+        }
+        let out = self.driver.mem_free(ptr);
+        let _ = self.driver.ctx_pop_current();
+        out
+    }
+}

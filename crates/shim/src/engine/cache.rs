@@ -1,0 +1,301 @@
+//! The freed-block cache: `cuMemFree_v2` of device memory keeps the block,
+//! and a later allocation of a fitting size in the same context gets it back
+//! without a driver round trip (policy in `vramcap_core::cache`).
+//!
+//! # Stream safety
+//! The real `cuMemFree` may wait for work still using the block; a program
+//! that launches a kernel on stream A, frees the block and allocates again
+//! for stream B is correct only because of that. The cache gives the same
+//! guarantee lazily, with synchronisation *tickets* per context:
+//! - `started` counts synchronisations begun (`cuCtxSynchronize` calls made
+//!   by the cache), `done` is the highest ticket whose synchronisation has
+//!   returned. Both live under the device cache's mutex.
+//! - A freed block is stamped with `started` as read at the free. Any
+//!   synchronisation with a larger ticket began after that read, hence after
+//!   the free, hence after every launch that precedes the free in the
+//!   program's order; once it returned, that work is complete.
+//! - So a block is safe to hand out when `done > block.ticket`. If not, the
+//!   allocating thread takes a new ticket, calls `cuCtxSynchronize` (the
+//!   driver's free would have cost at least that), records `done`, and every
+//!   block freed before that ticket becomes safe at once: one
+//!   synchronisation per burst of reuse, not one per block.
+//! - While any stream capture is in progress the cache never synchronises
+//!   (it would invalidate the capture): an unsafe block goes back and the
+//!   allocation is a fresh one.
+//! - Blocks are reused only in the context that allocated them, never
+//!   split, and a block ever exported with `cuIpcGetMemHandle` is released
+//!   for real. Managed memory is never cached.
+//!
+//! # Accounting
+//! Cached bytes stay reserved in the device budget (the cap counts them) and
+//! are shown as `cached` in the page. When a reservation would be refused, or
+//! the driver itself runs out, cached blocks of that device are released
+//! (least recently freed first) and the allocation is retried.
+//!
+//! # Concurrency and fork
+//! One mutex per device guards its pool and tickets; it is held for map
+//! operations only, never across a driver call (blocks are taken out under
+//! the lock, then synchronised or freed outside it), and never while
+//! another lock is held. Keeping a block allocates (the pool's maps). The
+//! background thread (idle release and `vramcap trim`, see `worker`) is
+//! started by the engine when the first block is kept. After `fork` the
+//! child's new engine has fresh, empty caches: the parent's blocks belong to
+//! the parent's contexts, which the child cannot use.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use vramcap_core::MAX_DEVICES;
+use vramcap_core::cache::{Block, Pool, Want};
+use vramcap_core::page::DeviceSlot;
+
+use super::base::Base;
+use super::cuda::CUDA_SUCCESS;
+use super::driver::Driver;
+use crate::log::{log_at, log_once};
+
+#[derive(Default)]
+struct Tickets {
+    started: u64,
+    done: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    pool: Pool,
+    tickets: HashMap<usize, Tickets>,
+}
+
+struct DeviceCache {
+    inner: Mutex<Inner>,
+    /// Bytes this device may keep; 0 = not caching (also before the cap is known).
+    bound: AtomicU64,
+}
+
+impl DeviceCache {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // in a way that matters more than refusing to cache: carry on.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The freed-block caches of every device.
+pub struct Cache {
+    devices: [DeviceCache; MAX_DEVICES],
+    start: OnceLock<Instant>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Why {
+    Evicted,
+    Trimmed,
+    Idle,
+}
+
+impl Cache {
+    pub fn new() -> Cache {
+        Cache {
+            devices: std::array::from_fn(|_| DeviceCache {
+                inner: Mutex::new(Inner::default()),
+                bound: AtomicU64::new(0),
+            }),
+            start: OnceLock::new(),
+        }
+    }
+
+    fn device(&self, dev: u16) -> Option<&DeviceCache> {
+        self.devices.get(usize::from(dev))
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.start.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+
+    /// Sets a device's bound once its cap is known (`bytes`: the cache
+    /// setting resolved against the cap, or the device's memory when it has
+    /// none).
+    pub fn set_bound(&self, dev: u16, bytes: u64) {
+        if let Some(c) = self.device(dev) {
+            c.bound.store(bytes, Ordering::Relaxed);
+        }
+        log_at!(Debug, "device {dev}: cache bound {bytes} bytes");
+    }
+
+    pub fn caching(&self, dev: u16) -> bool {
+        self.device(dev)
+            .is_some_and(|c| c.bound.load(Ordering::Relaxed) > 0)
+    }
+
+    /// A block for `want` in context `ctx` on `dev`, safe to use, if the
+    /// cache has one.
+    pub fn reuse<D: Driver>(
+        &self,
+        base: &Base<D>,
+        dev: u16,
+        ctx: usize,
+        want: Want,
+    ) -> Option<Block> {
+        let c = self.device(dev)?;
+        let (block, safe) = {
+            let mut g = c.lock();
+            let b = g.pool.take(ctx, want)?;
+            let done = g.tickets.get(&ctx).map_or(0, |t| t.done);
+            (b, done > b.ticket)
+        };
+        if safe {
+            return Some(block);
+        }
+        if base.capture_in_progress() {
+            self.put_back(base, dev, block);
+            return None;
+        }
+        let ticket = {
+            let mut g = c.lock();
+            let t = g.tickets.entry(ctx).or_default();
+            t.started += 1;
+            t.started
+        };
+        let rc = base.driver.ctx_synchronize();
+        if rc != CUDA_SUCCESS {
+            log_once!(
+                Warn,
+                "cuCtxSynchronize returned {rc} before reusing a cached block; allocating afresh instead"
+            );
+            self.put_back(base, dev, block);
+            return None;
+        }
+        let mut g = c.lock();
+        let t = g.tickets.entry(ctx).or_default();
+        t.done = t.done.max(ticket);
+        Some(block)
+    }
+
+    fn put_back<D: Driver>(&self, base: &Base<D>, dev: u16, block: Block) {
+        let Some(c) = self.device(dev) else { return };
+        // It was within the bound a moment ago; keeping it cannot evict
+        // much, and whatever it evicts is released like any eviction.
+        let bound = c.bound.load(Ordering::Relaxed).max(block.bytes);
+        let out = c.lock().pool.put(block, bound);
+        self.release(base, dev, out, Why::Evicted);
+    }
+
+    /// Keeps a freed block. Returns false when the device is not caching.
+    pub fn keep<D: Driver>(&self, base: &Base<D>, dev: u16, mut block: Block) -> bool {
+        let Some(c) = self.device(dev) else {
+            return false;
+        };
+        if base.capturing() {
+            return false; // keeping could evict, and evicting frees: not now
+        }
+        let bound = c.bound.load(Ordering::Relaxed);
+        if bound == 0 {
+            return false;
+        }
+        if let Some(s) = base.slot(i32::from(dev)) {
+            DeviceSlot::add(&s.cached, block.bytes);
+        }
+        block.freed_ns = self.now_ns();
+        let out = {
+            let mut g = c.lock();
+            block.ticket = g.tickets.get(&block.ctx).map_or(0, |t| t.started);
+            g.pool.put(block, bound)
+        };
+        self.release(base, dev, out, Why::Evicted);
+        true
+    }
+
+    /// Releases cached blocks of `dev` until `need` bytes are out. Returns
+    /// the bytes released.
+    pub fn evict<D: Driver>(&self, base: &Base<D>, dev: u16, need: u64) -> u64 {
+        let Some(c) = self.device(dev) else { return 0 };
+        if base.capturing() {
+            return 0; // no frees of our own while a capture runs
+        }
+        let out = {
+            let mut g = c.lock();
+            let keep = g.pool.total().saturating_sub(need);
+            g.pool.evict_until_room(keep)
+        };
+        self.release(base, dev, out, Why::Evicted)
+    }
+
+    /// Releases every cached block of context `ctx` (before it is destroyed).
+    pub fn drain_ctx<D: Driver>(&self, base: &Base<D>, ctx: usize) {
+        for (dev, c) in self.devices.iter().enumerate() {
+            let out = c.lock().pool.drain_ctx(ctx);
+            if !out.is_empty() {
+                self.release(base, dev as u16, out, Why::Evicted);
+            }
+        }
+    }
+
+    /// Forgets every cached block of a context the driver already
+    /// destroyed: the memory is gone, only the accounting is left to settle.
+    pub fn forget_ctx<D: Driver>(&self, base: &Base<D>, ctx: usize) {
+        for (dev, c) in self.devices.iter().enumerate() {
+            let out = c.lock().pool.drain_ctx(ctx);
+            for b in out {
+                if let Some(s) = base.slot(dev as i32) {
+                    s.cached.fetch_sub(b.bytes, Ordering::Relaxed);
+                    base.release_on(s, dev as i32, b.bytes);
+                }
+            }
+        }
+    }
+
+    /// Frees blocks of device `dev` for real (each in its own context) and
+    /// settles the counters. A block the driver would not free (a capture
+    /// began meanwhile, say) goes back to the pool, still counted.
+    fn release<D: Driver>(&self, base: &Base<D>, dev: u16, blocks: Vec<Block>, why: Why) -> u64 {
+        let mut total = 0;
+        for b in blocks {
+            let rc = base.free_in_ctx(b.ptr, b.ctx);
+            if rc != CUDA_SUCCESS {
+                log_once!(
+                    Warn,
+                    "releasing a cached block failed with {rc}; keeping it cached"
+                );
+                if let Some(c) = self.device(dev) {
+                    let _ = c.lock().pool.put(b, u64::MAX);
+                }
+                continue;
+            }
+            if let Some(s) = base.slot(i32::from(dev)) {
+                s.cached.fetch_sub(b.bytes, Ordering::Relaxed);
+                base.release_on(s, i32::from(dev), b.bytes);
+                match why {
+                    Why::Evicted | Why::Idle => DeviceSlot::add(&s.evictions, 1),
+                    Why::Trimmed => {}
+                }
+            }
+            total += b.bytes;
+        }
+        total
+    }
+
+    /// Empties every cache (a `vramcap trim`). Returns the bytes released.
+    pub fn trim_all<D: Driver>(&self, base: &Base<D>) -> u64 {
+        let mut total = 0;
+        for (dev, c) in self.devices.iter().enumerate() {
+            let out = c.lock().pool.drain();
+            total += self.release(base, dev as u16, out, Why::Trimmed);
+        }
+        total
+    }
+
+    /// Releases blocks unused for `idle`.
+    pub fn release_idle<D: Driver>(&self, base: &Base<D>, idle: Duration) {
+        let Some(cutoff) = self.now_ns().checked_sub(idle.as_nanos() as u64) else {
+            return;
+        };
+        for (dev, c) in self.devices.iter().enumerate() {
+            let out = c.lock().pool.evict_idle(cutoff);
+            if !out.is_empty() {
+                self.release(base, dev as u16, out, Why::Idle);
+            }
+        }
+    }
+}

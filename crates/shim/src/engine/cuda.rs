@@ -1,0 +1,134 @@
+//! The handful of CUDA driver and NVML types and codes the shim needs,
+//! spelled as in `cuda.h` (CUDA 13.0) and `nvml.h`. Defined here rather than
+//! taken from cudarc's bindings to keep the shim's build small; the values
+//! are ABI and fixed.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_int, c_uint, c_void};
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+pub type CUcontext = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUarray = *mut c_void;
+pub type CUmemGenericAllocationHandle = u64;
+pub type nvmlReturn_t = c_int;
+pub type nvmlDevice_t = *mut c_void;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
+
+pub const NVML_SUCCESS: nvmlReturn_t = 0;
+pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CUmemLocation {
+    pub kind: c_int,
+    pub id: c_int,
+}
+
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+pub const CU_MEM_LOCATION_TYPE_HOST: c_int = 2;
+
+/// `CUmemAllocationProp` up to its location (the rest is not read).
+#[repr(C)]
+pub struct CUmemAllocationProp {
+    pub kind: c_int,
+    pub handle_types: c_int,
+    pub location: CUmemLocation,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_int,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_int,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// `CUDA_ARRAY_MEMORY_REQUIREMENTS`.
+#[repr(C)]
+#[derive(Default)]
+pub struct CUDA_ARRAY_MEMORY_REQUIREMENTS {
+    pub size: usize,
+    pub alignment: usize,
+    pub reserved: [c_uint; 4],
+}
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct nvmlMemory_t {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct nvmlMemory_v2_t {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `CUuuid`: 16 raw bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+impl CUuuid {
+    /// The `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` form nvidia-smi prints.
+    pub fn write_canonical(&self, out: &mut [u8; 40]) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        out[..4].copy_from_slice(b"GPU-");
+        let mut o = 4;
+        for (i, b) in self.bytes.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                out[o] = b'-';
+                o += 1;
+            }
+            out[o] = HEX[usize::from(b >> 4)];
+            out[o + 1] = HEX[usize::from(b & 15)];
+            o += 2;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn uuid_text() {
+        let u = super::CUuuid {
+            bytes: [
+                0x5c, 0xa1, 0xab, 0x1e, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 1,
+            ],
+        };
+        let mut out = [0u8; 40];
+        u.write_canonical(&mut out);
+        assert_eq!(&out, b"GPU-5ca1ab1e-0000-4000-8000-000000000001");
+    }
+}

@@ -1,0 +1,94 @@
+//! What the engine asks of the CUDA driver and NVML besides the call it is
+//! handling: one method per driver function it uses, in Rust types. The
+//! shim's implementation (`boundary::RealDriver`) calls the real libraries
+//! through their typed table; the engine's unit tests use a fake.
+//!
+//! Handles (contexts, streams, events, arrays, host pointers) travel as
+//! `usize`: the engine compares and stores them, never dereferences them.
+//! A method whose driver function is missing answers `CUDA_ERROR_NOT_FOUND`
+//! (or, for NVML, `None`), as the real library would for a bad call.
+
+use std::ffi::{c_int, c_uint};
+
+use super::cuda::{CUdevice, CUdeviceptr, CUmemLocation, CUresult};
+
+/// Which of a function's two stream flavours to call: the legacy default
+/// stream (`cuX`) or the per-thread one (`cuX_ptsz`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    Legacy,
+    PerThread,
+}
+
+pub trait Driver: Send + Sync + 'static {
+    /// `cuCtxGetCurrent`: the calling thread's context (0 for none).
+    fn ctx_get_current(&self) -> Result<usize, CUresult>;
+    /// `cuCtxGetDevice` of the current context.
+    fn ctx_get_device(&self) -> Result<CUdevice, CUresult>;
+    /// `cuCtxSynchronize` of the current context.
+    fn ctx_synchronize(&self) -> CUresult;
+    /// `cuCtxPushCurrent_v2`.
+    fn ctx_push_current(&self, ctx: usize) -> CUresult;
+    /// `cuCtxPopCurrent_v2`.
+    fn ctx_pop_current(&self) -> CUresult;
+    /// `cuDevicePrimaryCtxGetState`: (flags, active).
+    fn primary_ctx_state(&self, dev: CUdevice) -> Result<(c_uint, bool), CUresult>;
+    /// `cuDevicePrimaryCtxRetain`.
+    fn primary_ctx_retain(&self, dev: CUdevice) -> Result<usize, CUresult>;
+    /// `cuDevicePrimaryCtxRelease_v2`.
+    fn primary_ctx_release(&self, dev: CUdevice) -> CUresult;
+
+    /// `cuDeviceTotalMem_v2`.
+    fn device_total_mem(&self, dev: CUdevice) -> Result<u64, CUresult>;
+    /// `cuDeviceGetUuid_v2`, else `cuDeviceGetUuid`.
+    fn device_uuid(&self, dev: CUdevice) -> Result<[u8; 16], CUresult>;
+    /// `cuDeviceGetAttribute`.
+    fn device_attribute(&self, attr: c_int, dev: CUdevice) -> Result<c_int, CUresult>;
+
+    /// `cuStreamIsCapturing[_ptsz]`: the capture status (0: not capturing).
+    fn stream_is_capturing(&self, stream: usize, flavour: Flavour) -> Result<c_int, CUresult>;
+    /// `cuStreamGetDevice[_ptsz]`.
+    fn stream_get_device(&self, stream: usize, flavour: Flavour) -> Result<CUdevice, CUresult>;
+
+    /// `cuMemFree_v2` (the real one: never the shim's hook).
+    fn mem_free(&self, ptr: CUdeviceptr) -> CUresult;
+    /// `cuMemAllocManaged`.
+    fn mem_alloc_managed(&self, bytes: usize, flags: c_uint) -> Result<CUdeviceptr, CUresult>;
+    /// Whether the driver has the location-based `cuMemAdvise_v2` (CUDA 12.2+).
+    fn has_mem_advise_v2(&self) -> bool;
+    /// `cuMemAdvise_v2`.
+    fn mem_advise_v2(
+        &self,
+        ptr: CUdeviceptr,
+        bytes: usize,
+        advice: c_int,
+        location: CUmemLocation,
+    ) -> CUresult;
+    /// `cuMemAdvise` (a device ordinal, -1 for the host).
+    fn mem_advise(&self, ptr: CUdeviceptr, bytes: usize, advice: c_int, dev: CUdevice) -> CUresult;
+    /// `cuMemHostAlloc`: the host address.
+    fn mem_host_alloc(&self, bytes: usize, flags: c_uint) -> Result<usize, CUresult>;
+    /// `cuMemHostGetDevicePointer_v2`.
+    fn mem_host_get_device_pointer(&self, host: usize) -> Result<CUdeviceptr, CUresult>;
+    /// `cuMemFreeHost`.
+    fn mem_free_host(&self, host: usize) -> CUresult;
+
+    /// `cuEventCreate`.
+    fn event_create(&self, flags: c_uint) -> Result<usize, CUresult>;
+    /// `cuEventRecord[_ptsz]`.
+    fn event_record(&self, event: usize, stream: usize, flavour: Flavour) -> CUresult;
+    /// `cuEventQuery`.
+    fn event_query(&self, event: usize) -> CUresult;
+    /// `cuEventDestroy_v2`.
+    fn event_destroy(&self, event: usize) -> CUresult;
+
+    /// `cuArrayDestroy` or `cuMipmappedArrayDestroy` (the real ones).
+    fn array_destroy(&self, array: usize, mipmapped: bool) -> CUresult;
+    /// `cuArrayGetMemoryRequirements` or `cuMipmappedArrayGetMemoryRequirements`: the size.
+    fn array_size(&self, array: usize, dev: CUdevice, mipmapped: bool) -> Result<u64, CUresult>;
+
+    /// `nvmlDeviceGetUUID`, as text.
+    fn nvml_device_uuid(&self, device: usize) -> Option<String>;
+    /// `nvmlDeviceGetIndex`.
+    fn nvml_device_index(&self, device: usize) -> Option<u32>;
+}

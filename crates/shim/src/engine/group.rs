@@ -1,0 +1,504 @@
+//! Membership of a `VRAMCAP_GROUP`: one budget per GPU shared with the
+//! group's other processes (layout and the lock-free reasoning in
+//! `vramcap_core::group`).
+//!
+//! - Joining happens on the first CUDA call that needs a cap: the group file
+//!   `group-NAME.grp` in the statistics directory is opened, or created
+//!   complete under a private name and linked into place (so 64 processes
+//!   starting together see either no file or a whole one), and a member
+//!   slot is claimed with one compare-and-swap. No syscall is made on the
+//!   allocation path after that.
+//! - Reservations go to the group's per-GPU word after the process's own
+//!   budget (see `state::reserve_on`); a refusal first reclaims members
+//!   whose processes died, then retries. The background thread also
+//!   reclaims dead members every half second, so their bytes come back
+//!   within a second even when nobody is allocating. Joining allocates
+//!   (paths, the limit text); the allocation path does not.
+//! - If the group cannot be joined (unusable directory, corrupt file, all
+//!   1024 slots taken), the process refuses its allocations rather than run
+//!   without the group's limit, and says why once.
+//! - A child after fork joins as a member of its own (its new engine has a
+//!   new [`Membership`]; the old one's descriptor is closed first, see
+//!   [`Membership::forget_after_fork`]).
+
+use std::ffi::CString;
+use std::ptr;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use vramcap_core::MAX_DEVICES;
+use vramcap_core::group::{self, GROUP_HEADER_SIZE, GROUP_PAGE_SIZE, GroupPage};
+use vramcap_core::limit::{LimitSpec, parse_limit};
+use vramcap_core::liveness::{ofd_lock, ofd_locked, start_time};
+use vramcap_core::page::get_text;
+use vramcap_core::settings::default_stats_dir;
+
+use vramcap_core::settings::Settings;
+
+use super::cuda::CUdevice;
+use super::page::{cstring, errno_text, now_unix_ns, prepare_dir};
+use crate::log::{log_at, log_once};
+
+const UNTRIED: u8 = 0;
+const JOINING: u8 = 1;
+const JOINED: u8 = 2;
+const FAILED: u8 = 3;
+/// After `leave` at exit: the member's bytes went back; nothing more is
+/// reserved or released through the group (it would count twice).
+const LEFT: u8 = 4;
+
+/// This process's membership of its `VRAMCAP_GROUP`, if it has one.
+pub struct Membership {
+    settings: &'static Settings,
+    page: AtomicPtr<GroupPage>,
+    state: AtomicU8,
+    member: AtomicUsize,
+    /// The group file's descriptor, holding this member's liveness lock (-1: none).
+    fd: AtomicI32,
+    /// CUDA ordinal → group device entry + 1 (0: not attached yet).
+    devices: [AtomicU8; MAX_DEVICES],
+    spec: OnceLock<LimitSpec>,
+    last_tick_ms: AtomicUsize,
+}
+
+impl Membership {
+    pub fn new(settings: &'static Settings) -> Membership {
+        Membership {
+            settings,
+            page: AtomicPtr::new(ptr::null_mut()),
+            state: AtomicU8::new(UNTRIED),
+            member: AtomicUsize::new(usize::MAX),
+            fd: AtomicI32::new(-1),
+            devices: [const { AtomicU8::new(0) }; MAX_DEVICES],
+            spec: OnceLock::new(),
+            last_tick_ms: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether a group is configured at all.
+    pub fn configured(&self) -> bool {
+        self.settings.group.is_some()
+    }
+
+    /// The group page once joined; `Err(())` when a group is configured but
+    /// could not be joined; `Ok(None)` without a group.
+    fn joined(&self) -> Result<Option<&'static GroupPage>, ()> {
+        match self.state.load(Ordering::Acquire) {
+            JOINED => {
+                // SAFETY: a joined page stays mapped for the life of the process.
+                return Ok(Some(unsafe { &*self.page.load(Ordering::Acquire) }));
+            }
+            FAILED | LEFT => return Err(()),
+            _ => {}
+        }
+        if !self.configured() {
+            return Ok(None);
+        }
+        if self
+            .state
+            .compare_exchange(UNTRIED, JOINING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // Another thread is joining: wait for it (a few syscalls).
+            loop {
+                match self.state.load(Ordering::Acquire) {
+                    JOINING => std::thread::yield_now(),
+                    _ => return self.joined(),
+                }
+            }
+        }
+        let started = Instant::now();
+        match self.join() {
+            Ok((page, slot)) => {
+                self.page
+                    .store(ptr::from_ref(page).cast_mut(), Ordering::Release);
+                self.member.store(slot, Ordering::Release);
+                self.state.store(JOINED, Ordering::Release);
+                log_at!(
+                    Info,
+                    "joined group {:?} as member {slot} in {} µs",
+                    self.settings.group.as_deref().unwrap_or(""),
+                    started.elapsed().as_micros()
+                );
+                Ok(Some(page))
+            }
+            Err(why) => {
+                log_once!(
+                    Error,
+                    "{why}; refusing allocations rather than running without the group's limit"
+                );
+                self.state.store(FAILED, Ordering::Release);
+                Err(())
+            }
+        }
+    }
+}
+
+fn map(fd: i32) -> Result<&'static GroupPage, String> {
+    // SAFETY: mapping GROUP_PAGE_SIZE bytes of a file at least that long.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            GROUP_PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!("cannot map the group page: {}", errno_text()));
+    }
+    // SAFETY: a checked group page, mapped for the life of the process.
+    Ok(unsafe { &*p.cast::<GroupPage>() })
+}
+
+fn open_existing(path: &CString, uid: u32) -> Result<Option<(&'static GroupPage, i32)>, String> {
+    // SAFETY: a valid path; no symbolic links followed.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOENT) {
+            Ok(None)
+        } else {
+            Err(format!("cannot open the group page {path:?}: {e}"))
+        };
+    }
+    // SAFETY: fd is open and owned here.
+    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot inspect the group page {path:?}: {e}"))?;
+    if !meta.is_file() || meta.uid() != uid {
+        return Err(format!(
+            "the group page {path:?} is not a regular file of this user"
+        ));
+    }
+    let mut head = vec![0u8; GROUP_HEADER_SIZE];
+    let n = file
+        .read_at(&mut head, 0)
+        .map_err(|e| format!("cannot read the group page {path:?}: {e}"))?;
+    head.truncate(n);
+    group::check_group_header(meta.len(), &head, Some(uid)).map_err(|p| {
+        format!("the group page {path:?} is unusable: {p} (remove it when no member runs)")
+    })?;
+    let page = map(fd)?;
+    Ok(Some((page, std::os::fd::IntoRawFd::into_raw_fd(file))))
+}
+
+fn create(
+    dir: &std::path::Path,
+    path: &CString,
+    name: &str,
+    uid: u32,
+    limit_text: &str,
+) -> Result<(), String> {
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() };
+    let tmp = cstring(&dir.join(format!(".group-{name}.{pid}.{}.tmp", now_unix_ns())))
+        .map_err(|e| e.unwrap_or_default())?;
+    // SAFETY: a valid path; O_EXCL makes it ours.
+    let fd = unsafe {
+        libc::open(
+            tmp.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(format!(
+            "cannot create the group page in {dir:?}: {}",
+            errno_text()
+        ));
+    }
+    let cleanup = |why: String| {
+        // SAFETY: closing and removing our own temporary file.
+        unsafe {
+            libc::close(fd);
+            libc::unlink(tmp.as_ptr());
+        }
+        Err(why)
+    };
+    // SAFETY: fd is an open regular file.
+    if unsafe { libc::ftruncate(fd, GROUP_PAGE_SIZE as libc::off_t) } != 0 {
+        return cleanup(format!("cannot size the group page: {}", errno_text()));
+    }
+    let page = match map(fd) {
+        Ok(p) => p,
+        Err(e) => return cleanup(e),
+    };
+    let p = ptr::from_ref(page).cast_mut();
+    // SAFETY: nobody else can see the file yet; zero bytes are a valid page.
+    let header = unsafe { &mut (*p).header };
+    header.fill(uid, now_unix_ns(), name, limit_text);
+    header
+        .state
+        .store(vramcap_core::page::STATE_READY, Ordering::Release);
+    // SAFETY: unmapping what we mapped, linking a complete file into place
+    // (fails with EEXIST when another process won), removing the private name.
+    unsafe {
+        libc::munmap(p.cast(), GROUP_PAGE_SIZE);
+        let linked = libc::link(tmp.as_ptr(), path.as_ptr());
+        let e = std::io::Error::last_os_error();
+        libc::close(fd);
+        libc::unlink(tmp.as_ptr());
+        if linked != 0 && e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(format!("cannot publish the group page {path:?}: {e}"));
+        }
+    }
+    Ok(())
+}
+
+impl Membership {
+    fn join(&self) -> Result<(&'static GroupPage, usize), String> {
+        let s = self.settings;
+        let name = s.group.as_deref().unwrap_or_default();
+        // SAFETY: getuid and getpid cannot fail.
+        let (uid, pid) = unsafe { (libc::getuid(), libc::getpid() as u32) };
+        let (dir, is_default) = match &s.stats_dir {
+            Some(d) => (d.clone(), false),
+            None => (default_stats_dir(uid), true),
+        };
+        prepare_dir(&dir, uid, is_default)
+            .map_err(|e| e.unwrap_or_else(|| "the statistics directory is unusable".into()))?;
+        let path = cstring(&dir.join(group::file_name(name))).map_err(|e| e.unwrap_or_default())?;
+        let (page, fd) = match open_existing(&path, uid)? {
+            Some(p) => p,
+            None => {
+                create(&dir, &path, name, uid, &s.limit_text)?;
+                open_existing(&path, uid)?
+                    .ok_or_else(|| format!("the group page {path:?} vanished while joining"))?
+            }
+        };
+        let theirs = get_text(&page.header.limit_text);
+        if theirs != s.limit_text {
+            log_once!(
+                Warn,
+                "group {name:?} has the limit {theirs:?}, set by its first member; this process's VRAMCAP_LIMIT={:?} does not apply",
+                s.limit_text
+            );
+        }
+        let me = start_time(pid).unwrap_or(0);
+        let lock = |i: usize| ofd_lock(fd, group::member_lock_offset(i), 1, true);
+        let unlock = |i: usize| {
+            ofd_lock(fd, group::member_lock_offset(i), 1, false);
+        };
+        let slot = match page.join(pid, me, lock, unlock) {
+            Some(i) => i,
+            None => {
+                reclaim_dead(page, fd, usize::MAX);
+                page.join(pid, me, lock, unlock).ok_or_else(|| {
+                    format!("group {name:?} has no free member slot (1024 members)")
+                })?
+            }
+        };
+        self.fd.store(fd, Ordering::Release);
+        Ok((page, slot))
+    }
+
+    /// The limit the group's members follow (joining if need be).
+    pub fn spec(&self) -> Option<&LimitSpec> {
+        let page = self.joined().ok().flatten()?;
+        Some(self.spec.get_or_init(|| {
+            let text = get_text(&page.header.limit_text);
+            if text.is_empty() {
+                LimitSpec::default()
+            } else {
+                parse_limit(&text).unwrap_or_default()
+            }
+        }))
+    }
+
+    /// Attaches CUDA device `device` (with this UUID) to the group's entry
+    /// for that GPU, claiming it with `limit` if no member has yet. Returns
+    /// the group's limit for it; `Ok(None)` without a group; `Err` when the
+    /// group cannot be used.
+    pub fn attach(
+        &self,
+        device: CUdevice,
+        uuid: Option<[u8; 16]>,
+        limit: u64,
+    ) -> Result<Option<u64>, ()> {
+        let Some(page) = self.joined()? else {
+            return Ok(None);
+        };
+        let (Some(uuid), Some(slot)) = (
+            uuid,
+            usize::try_from(device)
+                .ok()
+                .and_then(|d| self.devices.get(d)),
+        ) else {
+            log_once!(
+                Error,
+                "device {device} has no UUID the group could key its budget by; refusing its allocations"
+            );
+            return Err(());
+        };
+        let Some(i) = page.device_for(uuid, || limit) else {
+            log_once!(
+                Error,
+                "the group page has no room for another GPU; refusing allocations"
+            );
+            return Err(());
+        };
+        slot.store(i as u8 + 1, Ordering::Release);
+        Ok(Some(page.devices[i].limit.load(Ordering::Acquire)))
+    }
+
+    fn entry(&self, device: CUdevice) -> Option<(&'static GroupPage, usize)> {
+        if self.state.load(Ordering::Acquire) != JOINED {
+            return None;
+        }
+        let i = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.devices.get(d))?
+            .load(Ordering::Acquire);
+        if i == 0 {
+            return None;
+        }
+        // SAFETY: joined: the page stays mapped.
+        let page = unsafe { &*self.page.load(Ordering::Acquire) };
+        Some((page, usize::from(i - 1)))
+    }
+
+    /// Reserves `bytes` in the group's budget for `device` (no-op without a
+    /// group). `Err(used)` when the group has no room even after reclaiming
+    /// dead members.
+    pub fn reserve(&self, device: CUdevice, bytes: u64) -> Result<(), u64> {
+        if !self.configured() {
+            return Ok(());
+        }
+        let Some((page, i)) = self.entry(device) else {
+            return Err(0); // configured but unusable: refuse (said once already)
+        };
+        let dev = &page.devices[i];
+        let me = self.member.load(Ordering::Acquire);
+        if let Err(used) = dev.try_reserve(bytes) {
+            if reclaim_dead(page, self.fd.load(Ordering::Acquire), me) == 0 {
+                return Err(used);
+            }
+            dev.try_reserve(bytes)?;
+        }
+        page.members[me].held[i].fetch_add(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Gives `bytes` on `device` back to the group: this member's share
+    /// first, then the group word (see the module docs of
+    /// `vramcap_core::group`).
+    pub fn release(&self, device: CUdevice, bytes: u64) {
+        let Some((page, i)) = self.entry(device) else {
+            return;
+        };
+        let me = self.member.load(Ordering::Acquire);
+        let _ = page.members[me].held[i].fetch_update(Ordering::AcqRel, Ordering::Relaxed, |h| {
+            Some(h.saturating_sub(bytes))
+        });
+        page.devices[i].release(bytes);
+    }
+
+    /// The group's bytes held on `device`, or `None` outside a group.
+    pub fn used(&self, device: CUdevice) -> Option<u64> {
+        self.entry(device)
+            .map(|(p, i)| p.devices[i].used.load(Ordering::Acquire))
+    }
+
+    /// Called by the background thread: reclaims dead members every half
+    /// second.
+    pub fn tick(&self) {
+        if self.state.load(Ordering::Acquire) != JOINED {
+            return;
+        }
+        let now = (now_unix_ns() / 1_000_000) as usize;
+        if now.saturating_sub(self.last_tick_ms.load(Ordering::Relaxed))
+            < Duration::from_millis(500).as_millis() as usize
+        {
+            return;
+        }
+        self.last_tick_ms.store(now, Ordering::Relaxed);
+        reclaim_dead(
+            // SAFETY: joined: the page stays mapped.
+            unsafe { &*self.page.load(Ordering::Acquire) },
+            self.fd.load(Ordering::Acquire),
+            self.member.load(Ordering::Acquire),
+        );
+    }
+
+    /// At normal exit: give this member's bytes back and free its slot.
+    ///
+    /// Known defect kept as it was (issue 13): the check below runs after
+    /// the state became LEFT, so the body never runs; the member's bytes
+    /// come back when a reader or member reclaims its dead slot instead.
+    pub fn leave(&self) {
+        if self
+            .state
+            .compare_exchange(JOINED, LEFT, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let Some((page, me)) = (self.state.load(Ordering::Acquire) == JOINED).then(|| {
+            (
+                // SAFETY: joined: the page stays mapped.
+                unsafe { &*self.page.load(Ordering::Acquire) },
+                self.member.load(Ordering::Acquire),
+            )
+        }) else {
+            return;
+        };
+        // SAFETY: getpid cannot fail.
+        let pid = unsafe { libc::getpid() } as u32;
+        let m = &page.members[me];
+        if m.pid
+            .compare_exchange(pid, group::RECLAIMING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            m.return_all(&page.devices);
+            m.start_time.store(0, Ordering::Release);
+            m.pid.store(0, Ordering::Release);
+        }
+    }
+
+    /// In a child after fork: the inherited descriptor shares the parent's
+    /// member lock; close it, or the parent would look alive for as long as
+    /// this child runs. The membership is not used again (the child's new
+    /// engine joins as a member of its own).
+    pub fn forget_after_fork(&self) {
+        let fd = self.fd.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            // SAFETY: closing our copy; the parent keeps its own descriptor.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// A member lives while its lock on its slot's byte is held (the kernel
+/// drops it when the process dies; PIDs would not do across containers).
+/// Our own slot (`me`) is alive by definition: a lock query through our own
+/// descriptor does not see the lock that descriptor holds.
+fn alive(fd: i32, me: usize) -> impl Fn(usize, u32, u64) -> bool {
+    move |i, _, _| i == me || ofd_locked(fd, group::member_lock_offset(i), 1)
+}
+
+/// Returns the bytes of members whose processes are gone to the budget.
+/// Returns how many bytes came back.
+fn reclaim_dead(page: &GroupPage, fd: i32, me: usize) -> u64 {
+    let mut total = 0;
+    for i in 0..page.members.len() {
+        if let Some(b) = page.reclaim_if_dead(i, alive(fd, me)) {
+            log_at!(
+                Info,
+                "group: a dead member's {b} bytes are back in the budget"
+            );
+            total += b;
+        }
+    }
+    total
+}

@@ -1,0 +1,185 @@
+//! Handlers that do not allocate but change what the engine may do with
+//! memory: contexts going away (their memory goes with them), stream
+//! capture (no synchronising or freeing while it runs) and IPC export (such
+//! blocks are not cached).
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+
+use super::Engine;
+use super::cuda::*;
+use super::driver::{Driver, Flavour};
+use super::records::Kind;
+use crate::log::log_at;
+
+impl<D: Driver> Engine<D> {
+    /// Drops the records of every allocation of a context the driver
+    /// destroyed and gives their bytes back.
+    fn forget_ctx(&self, ctx: usize) {
+        self.cache.forget_ctx(&self.base, ctx);
+        let mut gone = Vec::new();
+        self.table.retain(|_, r| {
+            if r.ctx == ctx {
+                gone.push(*r);
+                false
+            } else {
+                true
+            }
+        });
+        for r in &gone {
+            if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+                self.spill.forget(&self.base, r);
+            } else if let Some(s) = self.slot(CUdevice::from(r.device)) {
+                self.release_on(s, CUdevice::from(r.device), r.bytes);
+                s.frees.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if !gone.is_empty() {
+            log_at!(
+                Info,
+                "context {ctx:#x} went away holding {} allocations; their bytes are back in the budget",
+                gone.len()
+            );
+        }
+    }
+
+    /// `cuCtxDestroy_v2`.
+    pub fn ctx_destroy(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        ctx: CUcontext,
+    ) -> CUresult {
+        if ctx.is_null() {
+            return real();
+        }
+        self.cache.drain_ctx(&self.base, ctx as usize);
+        let rc = real();
+        if rc == CUDA_SUCCESS {
+            self.forget_ctx(ctx as usize);
+        }
+        rc
+    }
+
+    /// The handle of `dev`'s primary context when it is active.
+    fn active_primary(&self, dev: CUdevice) -> Option<usize> {
+        if !self.driver.primary_ctx_state(dev).ok()?.1 {
+            return None;
+        }
+        let ctx = self.driver.primary_ctx_retain(dev).ok()?;
+        let _ = self.driver.primary_ctx_release(dev);
+        Some(ctx)
+    }
+
+    fn still_active(&self, dev: CUdevice) -> bool {
+        !matches!(self.driver.primary_ctx_state(dev), Ok((_, false)))
+    }
+
+    /// `cuDevicePrimaryCtxRelease_v2` and `cuDevicePrimaryCtxReset_v2`,
+    /// which may destroy `dev`'s primary context (its last reference, or a
+    /// reset): cached blocks are freed before (they might be the last use),
+    /// records dropped after if the context is gone.
+    pub fn primary_ctx_teardown(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        dev: CUdevice,
+    ) -> CUresult {
+        let primary = self.active_primary(dev);
+        if let Some(ctx) = primary {
+            self.cache.drain_ctx(&self.base, ctx);
+        }
+        let rc = real();
+        if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
+            && !self.still_active(dev)
+        {
+            self.forget_ctx(ctx);
+        }
+        rc
+    }
+
+    /// `cuIpcGetMemHandle`: a block exported for IPC may be open in another
+    /// process, so it is never cached and its address never handed out
+    /// again while it lives there.
+    pub fn ipc_get_mem_handle(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        _handle: *mut c_void,
+        dptr: CUdeviceptr,
+    ) -> CUresult {
+        let rc = real();
+        if rc == CUDA_SUCCESS
+            && let Some(mut r) = self.table.get_mut(&dptr)
+        {
+            r.exported = true;
+        }
+        rc
+    }
+
+    /// After any `cuStreamBeginCapture*` variant: one more capture in
+    /// progress when it began.
+    fn began(&self, rc: CUresult) -> CUresult {
+        if rc == CUDA_SUCCESS {
+            self.captures.fetch_add(1, Ordering::SeqCst);
+        }
+        rc
+    }
+
+    /// `cuStreamBeginCapture[_ptsz]` (CUDA 10.0).
+    pub fn begin_capture(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        _stream: CUstream,
+    ) -> CUresult {
+        self.began(real())
+    }
+
+    /// `cuStreamBeginCapture_v2[_ptsz]`.
+    pub fn begin_capture_v2(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        _stream: CUstream,
+        _mode: c_int,
+    ) -> CUresult {
+        self.began(real())
+    }
+
+    /// `cuStreamBeginCaptureToGraph[_ptsz]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin_capture_to_graph(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        _stream: CUstream,
+        _graph: *mut c_void,
+        _deps: *const c_void,
+        _dep_data: *const c_void,
+        _count: usize,
+        _mode: c_int,
+    ) -> CUresult {
+        self.began(real())
+    }
+
+    /// `cuStreamEndCapture[_ptsz]`: the capture is over when the stream says
+    /// it is no longer capturing (whatever the call returned); if the stream
+    /// cannot be asked, when the call succeeded or reported an invalidated
+    /// capture.
+    pub fn end_capture(
+        &'static self,
+        flavour: Flavour,
+        mut real: impl FnMut() -> CUresult,
+        stream: CUstream,
+        _graph: *mut *mut c_void,
+    ) -> CUresult {
+        let rc = real();
+        let over = match self.driver.stream_is_capturing(stream as usize, flavour) {
+            Ok(status) => status == 0,
+            Err(_) => rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        };
+        if over {
+            let _ = self
+                .captures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n > 0).then(|| n - 1)
+                });
+        }
+        rc
+    }
+}

@@ -1,0 +1,110 @@
+//! Handlers for NVML's memory queries, so tools and frameworks asking NVML see the same
+//! picture as `cuMemGetInfo`: for a GPU the process sees with a cap, total =
+//! min(cap, real total), free = min(real free + cached, cap − held), used =
+//! total − free (and `reserved` = 0 in the v2 structure). Devices without a
+//! cap, or that the process cannot see, are reported as the driver says.
+//!
+//! NVML devices are matched to the process's CUDA devices by UUID when the
+//! process has used CUDA; before that, the cap is worked out from the limit
+//! by UUID, or by the device's position in `CUDA_VISIBLE_DEVICES`. The hook
+//! never initialises CUDA itself: programs (PyTorch among them) query NVML
+//! precisely so that a later `fork` can still use CUDA.
+
+use std::sync::atomic::Ordering;
+
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::limit::{Amount, cuda_ordinal};
+use vramcap_core::page::uuid_text;
+
+use super::Engine;
+use super::alloc::capped_info;
+use super::cuda::*;
+use super::driver::Driver;
+
+impl<D: Driver> Engine<D> {
+    /// (cap, bytes held by this process, bytes of that in its cache) for an
+    /// NVML device, or `None` when it has no cap for this process.
+    fn nvml_view(&self, device: usize, real_total: u64) -> Option<(u64, u64, u64)> {
+        let uuid = self.driver.nvml_device_uuid(device)?;
+        let page = self.page.get(self.settings);
+        for (i, s) in page.slots.iter().enumerate() {
+            if s.flags.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            if uuid_text(&s.uuid_bytes()).is_some_and(|u| u.eq_ignore_ascii_case(&uuid)) {
+                let limit = s.budget.limit()?;
+                return (limit != NO_CAP).then(|| {
+                    (
+                        limit,
+                        self.held_on(s, i as i32),
+                        s.cached.load(Ordering::Relaxed),
+                    )
+                });
+            }
+        }
+        // CUDA not used on this device yet: work the cap out from the limit.
+        let spec = &self.settings.limit;
+        if spec.is_unlimited() {
+            return None;
+        }
+        let index = self.driver.nvml_device_index(device)?;
+        let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let ordinal = cuda_ordinal(index, &uuid, cvd.as_deref())?;
+        let cap = match spec.amount_for(ordinal, Some(&uuid))? {
+            Amount::Bytes(b) => b,
+            a @ Amount::Percent(_) => a.resolve(real_total),
+        };
+        Some((cap, 0, 0))
+    }
+
+    /// `nvmlDeviceGetMemoryInfo`.
+    ///
+    /// # Safety
+    /// The library function's contract.
+    pub unsafe fn nvml_memory_info(
+        &'static self,
+        mut real: impl FnMut() -> nvmlReturn_t,
+        device: nvmlDevice_t,
+        memory: *mut nvmlMemory_t,
+    ) -> nvmlReturn_t {
+        let rc = real();
+        if rc != NVML_SUCCESS || memory.is_null() {
+            return rc;
+        }
+        // SAFETY: non-null and just written by NVML.
+        let m = unsafe { &mut *memory };
+        if let Some((cap, held, cached)) = self.nvml_view(device as usize, m.total) {
+            let (t, f) = capped_info(m.total, m.free, cap, held, cached);
+            m.total = t;
+            m.free = f;
+            m.used = t - f;
+        }
+        rc
+    }
+
+    /// `nvmlDeviceGetMemoryInfo_v2` (`reserved` reported as 0).
+    ///
+    /// # Safety
+    /// The library function's contract.
+    pub unsafe fn nvml_memory_info_v2(
+        &'static self,
+        mut real: impl FnMut() -> nvmlReturn_t,
+        device: nvmlDevice_t,
+        memory: *mut nvmlMemory_v2_t,
+    ) -> nvmlReturn_t {
+        let rc = real();
+        if rc != NVML_SUCCESS || memory.is_null() {
+            return rc;
+        }
+        // SAFETY: non-null and just written by NVML.
+        let m = unsafe { &mut *memory };
+        if let Some((cap, held, cached)) = self.nvml_view(device as usize, m.total) {
+            let (t, f) = capped_info(m.total, m.free, cap, held, cached);
+            m.total = t;
+            m.free = f;
+            m.reserved = 0;
+            m.used = t - f;
+        }
+        rc
+    }
+}

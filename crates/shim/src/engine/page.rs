@@ -1,0 +1,305 @@
+//! The process's statistics page (layout in `vramcap_core::page`).
+//!
+//! The page holds the per-device budgets themselves, so the hot path touches
+//! one set of atomics. It is created on the first CUDA call that needs it:
+//! a temporary file in the stats directory is sized, mapped, filled, marked
+//! ready and then renamed to `<pid>.page`, so a reader never sees a partial
+//! page and a file a reader has mapped is never shrunk under it (which would
+//! make the reader fault). When the page cannot be created (directory not
+//! usable, `VRAMCAP_STATS=off`) the same layout lives in private memory: the
+//! cap holds either way.
+//!
+//! Concurrency: the first caller moves the state from NONE to CREATING and
+//! builds the page (this allocates: paths, the command line); any other
+//! thread arriving meanwhile yields until the pointer is published
+//! (creation is a handful of syscalls). After `fork` the child closes its
+//! copy of the page's descriptor and unmaps the parent's page (only one
+//! thread exists then, see [`PageHandle::forget_after_fork`]); its new
+//! engine makes a page of its own, so it never writes the parent's counters.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::ptr;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicU32, Ordering};
+
+use vramcap_core::page::{self, PAGE_SIZE, Page, STATE_READY};
+use vramcap_core::settings::default_stats_dir;
+
+use vramcap_core::settings::Settings;
+
+use crate::log::{log_at, log_once};
+
+const NONE: u8 = 0;
+const CREATING: u8 = 1;
+const READY: u8 = 2;
+
+/// The process's page, created on first use.
+pub struct PageHandle {
+    page: AtomicPtr<Page>,
+    state: AtomicU8,
+    /// The page's path when it is a shared file (leaked, NUL-terminated).
+    path: AtomicPtr<CString>,
+    /// The page's descriptor, holding the liveness lock (-1: none).
+    fd: AtomicI32,
+    /// The pid that created the shared page (its owner removes it at exit).
+    owner: AtomicU32,
+}
+
+impl PageHandle {
+    pub const fn new() -> PageHandle {
+        PageHandle {
+            page: AtomicPtr::new(ptr::null_mut()),
+            state: AtomicU8::new(NONE),
+            path: AtomicPtr::new(ptr::null_mut()),
+            fd: AtomicI32::new(-1),
+            owner: AtomicU32::new(0),
+        }
+    }
+
+    /// The page, created on first use.
+    pub fn get(&self, settings: &Settings) -> &'static Page {
+        let p = self.page.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: a published page is mapped (or leaked) for the life of
+            // the process (a child after fork never uses this handle again).
+            return unsafe { &*p };
+        }
+        self.create(settings)
+    }
+
+    #[cold]
+    fn create(&self, settings: &Settings) -> &'static Page {
+        if self
+            .state
+            .compare_exchange(NONE, CREATING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let p = match self.open_shared(settings) {
+                Ok(p) => p,
+                Err(why) => {
+                    if let Some(why) = why {
+                        log_once!(
+                            Warn,
+                            "{why}; counters are not published (the cap still holds)"
+                        );
+                    }
+                    private()
+                }
+            };
+            self.page.store(p, Ordering::Release);
+            self.state.store(READY, Ordering::Release);
+            // SAFETY: just published, valid for the life of the process.
+            return unsafe { &*p };
+        }
+        loop {
+            let p = self.page.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: see `get`.
+                return unsafe { &*p };
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A zeroed page in private memory.
+fn private() -> *mut Page {
+    // SAFETY: all-zero bytes are a valid Page (integers and atomics only).
+    let b: Box<Page> = unsafe { Box::new_zeroed().assume_init() };
+    Box::into_raw(b)
+}
+
+pub fn now_unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn command_line() -> String {
+    let raw = std::fs::read("/proc/self/cmdline").unwrap_or_default();
+    let parts: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    parts.join(" ")
+}
+
+pub fn cstring(p: &Path) -> Result<CString, Option<String>> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| Some(format!("stats path {p:?} contains a NUL byte")))
+}
+
+pub fn errno_text() -> String {
+    std::io::Error::last_os_error().to_string()
+}
+
+/// Makes sure `dir` exists and may hold pages. The default directory must
+/// be ours and closed to others; a directory the user named only has to be
+/// a directory.
+pub fn prepare_dir(dir: &Path, uid: u32, is_default: bool) -> Result<(), Option<String>> {
+    let c = cstring(dir)?;
+    // SAFETY: a valid NUL-terminated path and a mode.
+    if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(Some(format!(
+                "cannot create the stats directory {dir:?}: {e}"
+            )));
+        }
+    }
+    // SAFETY: zeroed stat is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-buffer.
+    if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
+        return Err(Some(format!(
+            "cannot inspect the stats directory {dir:?}: {}",
+            errno_text()
+        )));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(Some(format!(
+            "the stats directory {dir:?} is not a directory (or is a symbolic link)"
+        )));
+    }
+    if is_default && (st.st_uid != uid || st.st_mode & 0o077 != 0) {
+        return Err(Some(format!(
+            "the stats directory {dir:?} belongs to uid {} with mode {:o}; it must be yours with mode 700 (remove it, or set VRAMCAP_STATS_DIR)",
+            st.st_uid,
+            st.st_mode & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+impl PageHandle {
+    fn open_shared(&self, s: &Settings) -> Result<*mut Page, Option<String>> {
+        if !s.stats {
+            return Err(None);
+        }
+        // SAFETY: getuid and getpid cannot fail.
+        let (uid, pid) = unsafe { (libc::getuid(), libc::getpid() as u32) };
+        let (dir, is_default) = match &s.stats_dir {
+            Some(d) => (d.clone(), false),
+            None => (default_stats_dir(uid), true),
+        };
+        prepare_dir(&dir, uid, is_default)?;
+        let final_path: PathBuf = dir.join(page::file_name(pid));
+        let tmp_path: PathBuf = dir.join(format!(".{pid}.{}.tmp", now_unix_ns()));
+        let tmp = cstring(&tmp_path)?;
+        let fin = cstring(&final_path)?;
+        // SAFETY: valid path; O_EXCL|O_NOFOLLOW never follows or reuses a file.
+        let fd = unsafe {
+            libc::open(
+                tmp.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(Some(format!(
+                "cannot create a page in {dir:?}: {}",
+                errno_text()
+            )));
+        }
+        let fail = |what: &str| -> Result<*mut Page, Option<String>> {
+            let e = errno_text();
+            // SAFETY: fd is open; tmp is a valid path.
+            unsafe {
+                libc::close(fd);
+                libc::unlink(tmp.as_ptr());
+            }
+            Err(Some(format!("cannot {what} the page {tmp_path:?}: {e}")))
+        };
+        // SAFETY: fd is an open regular file.
+        if unsafe { libc::ftruncate(fd, PAGE_SIZE as libc::off_t) } != 0 {
+            return fail("size");
+        }
+        // SAFETY: mapping PAGE_SIZE bytes of a file that is PAGE_SIZE long.
+        let map = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return fail("map");
+        }
+        // The descriptor stays open for the life of the process: its lock on the
+        // first byte is how readers tell a live page from a dead process's, in
+        // any PID namespace (the kernel drops the lock when the process dies;
+        // the descriptor is close-on-exec, so exec drops it too).
+        if !vramcap_core::liveness::ofd_lock(fd, 0, 1, true) {
+            return fail("lock");
+        }
+        self.fd.store(fd, Ordering::Release);
+        let p = map.cast::<Page>();
+        // SAFETY: the fresh file reads as zeroes, a valid Page; nobody else has
+        // it mapped yet (its name is private until the rename below).
+        let header = unsafe { &mut (*p).header };
+        let group = std::env::var("VRAMCAP_GROUP").unwrap_or_default();
+        header.fill(
+            pid,
+            uid,
+            vramcap_core::liveness::start_time(pid).unwrap_or(0),
+            now_unix_ns(),
+            &command_line(),
+            &group,
+        );
+        header.fill_identity(|name| std::env::var(name).ok());
+        header.state.store(STATE_READY, Ordering::Release);
+        // SAFETY: two valid paths in the same directory.
+        if unsafe { libc::rename(tmp.as_ptr(), fin.as_ptr()) } != 0 {
+            let e = errno_text();
+            // SAFETY: unmapping what we mapped; removing our temporary file.
+            unsafe {
+                libc::munmap(map, PAGE_SIZE);
+                libc::unlink(tmp.as_ptr());
+            }
+            return Err(Some(format!("cannot publish the page {final_path:?}: {e}")));
+        }
+        self.owner.store(pid, Ordering::Release);
+        self.path
+            .store(Box::into_raw(Box::new(fin)), Ordering::Release);
+        log_at!(Debug, "statistics page: {:?}", final_path);
+        Ok(p)
+    }
+
+    /// Removes this process's page at normal exit. The mapping stays: code
+    /// that runs after this (other libraries' destructors freeing memory)
+    /// still updates the counters, just no longer visibly.
+    pub fn remove_at_exit(&self) {
+        let path = self.path.load(Ordering::Acquire);
+        // SAFETY: getpid cannot fail.
+        let pid = unsafe { libc::getpid() } as u32;
+        if !path.is_null() && self.owner.load(Ordering::Acquire) == pid {
+            // SAFETY: `path` holds a leaked, valid CString.
+            unsafe { libc::unlink((*path).as_ptr()) };
+        }
+    }
+
+    /// In a child after fork, before anything else runs: drop the inherited
+    /// descriptor (it shares the parent's liveness lock, which would make the
+    /// parent's page look alive while this child runs) and unmap the parent's
+    /// shared page, which the child must never write. The handle is not used
+    /// again: the child's new engine has a new one.
+    pub fn forget_after_fork(&self) {
+        let fd = self.fd.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            // SAFETY: closing our copy of the descriptor; the parent keeps its own.
+            unsafe { libc::close(fd) };
+        }
+        let p = self.page.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() && !self.path.load(Ordering::Acquire).is_null() {
+            // SAFETY: only this thread exists in the child; nothing refers to
+            // the mapping once the engine that owns this handle is dropped from use.
+            unsafe { libc::munmap(p.cast(), PAGE_SIZE) };
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Handlers for stream-ordered allocation and memory pools.
+//!
+//! Each allocation is counted when it is made, on its stream's device, and
+//! given back when its free is *issued* (`cuMemFreeAsync`), not when the
+//! stream reaches it; a pool may keep freed memory reserved above what is
+//! live (its release threshold), which the cap does not count. Allocations
+//! made while their stream is being captured are graph memory nodes: the
+//! driver allocates them when the graph runs, outside any call the shim
+//! sees, so they are not counted. A free of a pointer the engine does not
+//! know (another pool's, or a captured one) goes to the driver unchanged.
+
+use std::ffi::c_void;
+
+use super::Engine;
+use super::alloc::Request;
+use super::cuda::*;
+use super::driver::{Driver, Flavour};
+use super::records::Kind;
+
+impl<D: Driver> Engine<D> {
+    /// The (context, device) a stream's allocations come from; `None` when
+    /// the stream is being captured (the call then goes to the driver
+    /// uncounted) or there is no current context.
+    fn stream_target(&self, stream: usize, flavour: Flavour) -> Option<(usize, CUdevice)> {
+        let (ctx, cur_dev) = self.current()?;
+        if self.capturing()
+            && self
+                .driver
+                .stream_is_capturing(stream, flavour)
+                .is_ok_and(|status| status != 0)
+        {
+            return None;
+        }
+        let dev = self
+            .driver
+            .stream_get_device(stream, flavour)
+            .unwrap_or(cur_dev);
+        Some((ctx, dev))
+    }
+
+    /// `cuMemAllocAsync[_ptsz]`.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mem_alloc_async(
+        &'static self,
+        flavour: Flavour,
+        real: impl FnMut() -> CUresult,
+        dptr: *mut CUdeviceptr,
+        size: usize,
+        stream: CUstream,
+    ) -> CUresult {
+        let target = self.stream_target(stream as usize, flavour);
+        let bytes = size as u64;
+        let what = match flavour {
+            Flavour::Legacy => "cuMemAllocAsync",
+            Flavour::PerThread => "cuMemAllocAsync_ptsz",
+        };
+        // SAFETY: the driver function's contract.
+        unsafe { self.capped_alloc(what, dptr, bytes, Request::Async, target, real, || bytes) }
+    }
+
+    /// `cuMemAllocFromPoolAsync[_ptsz]`: as [`Engine::mem_alloc_async`].
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mem_alloc_from_pool_async(
+        &'static self,
+        flavour: Flavour,
+        real: impl FnMut() -> CUresult,
+        dptr: *mut CUdeviceptr,
+        size: usize,
+        _pool: *mut c_void,
+        stream: CUstream,
+    ) -> CUresult {
+        let target = self.stream_target(stream as usize, flavour);
+        let bytes = size as u64;
+        let what = match flavour {
+            Flavour::Legacy => "cuMemAllocFromPoolAsync",
+            Flavour::PerThread => "cuMemAllocFromPoolAsync_ptsz",
+        };
+        // SAFETY: the driver function's contract.
+        unsafe { self.capped_alloc(what, dptr, bytes, Request::Async, target, real, || bytes) }
+    }
+
+    /// `cuMemFreeAsync[_ptsz]`. A spilled pointer cannot be freed
+    /// stream-ordered (the driver refuses): it is freed for real once the
+    /// stream gets there.
+    pub fn mem_free_async(
+        &'static self,
+        flavour: Flavour,
+        mut real: impl FnMut() -> CUresult,
+        dptr: CUdeviceptr,
+        stream: CUstream,
+    ) -> CUresult {
+        if dptr == 0 {
+            return real();
+        }
+        let Some((_, r)) = self.table.remove(&dptr) else {
+            return real();
+        };
+        if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+            let rc = self
+                .spill
+                .free_when_reached(&self.base, dptr, r, stream as usize, flavour);
+            if rc == CUDA_SUCCESS {
+                self.start_worker(); // reaps it
+            } else {
+                self.table.insert(dptr, r);
+            }
+            return rc;
+        }
+        let rc = real();
+        if rc == CUDA_SUCCESS {
+            self.give_back(r.device, r.bytes);
+        } else {
+            self.table.insert(dptr, r);
+        }
+        rc
+    }
+}

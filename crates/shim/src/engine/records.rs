@@ -1,0 +1,89 @@
+//! What the engine knows about the memory a process holds: records of live
+//! allocations by address, and of handles (VMM allocations, arrays) that
+//! hold device memory, in sharded maps.
+//!
+//! Concurrency: a [`Registry`] is a dashmap, made with its engine. Its shard
+//! locks are taken for one insert, remove, lookup or
+//! `retain` and never across a driver call, `dlopen` or `dlsym`; code never
+//! holds one entry guard while touching another map. The maps allocate (an
+//! insert may grow a shard). A child after `fork` gets a new engine with
+//! new registries and never touches the parent's, whose shard locks another
+//! parent thread may have held at the fork.
+
+use std::hash::{BuildHasher, Hasher};
+
+use dashmap::DashMap;
+
+/// What the shim knows about a live allocation.
+#[derive(Debug, Clone, Copy)]
+pub struct Record {
+    pub device: u16,
+    /// Exported with `cuIpcGetMemHandle`: never cached.
+    pub exported: bool,
+    pub bytes: u64,
+    /// The context that allocated it.
+    pub ctx: usize,
+    pub kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Device memory the cache may keep (`cuMemAlloc_v2`, `cuMemAllocPitch_v2`).
+    Device(vramcap_core::cache::Shape),
+    Managed,
+    /// Stream-ordered (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
+    Async,
+    /// Past the cap, in managed memory kept on the host (see `spill`).
+    SpillManaged,
+    /// Past the cap, in pinned host memory (the host address).
+    SpillHost(u64),
+}
+
+/// Device pointers are 512-byte aligned and spread over a wide range; a
+/// multiplicative hash of the whole word is enough and much cheaper than SipHash.
+#[derive(Clone, Copy, Default)]
+pub struct PtrHash;
+
+pub struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl BuildHasher for PtrHash {
+    type Hasher = PtrHasher;
+    fn build_hasher(&self) -> PtrHasher {
+        PtrHasher(0)
+    }
+}
+
+/// A map from a driver handle or address to what the engine knows of it.
+pub type Registry<V> = DashMap<u64, V, PtrHash>;
+
+/// An empty registry.
+pub fn registry<V>() -> Registry<V> {
+    DashMap::with_hasher(PtrHash)
+}
+
+/// Something other than an address that holds device memory: a VMM
+/// allocation handle or an array.
+#[derive(Debug, Clone, Copy)]
+pub struct Object {
+    pub device: u16,
+    pub bytes: u64,
+    /// Handles that refer to it (VMM: create, retain and import each add one).
+    pub refs: u32,
+    /// VMM: this handle is another handle to the allocation counted under
+    /// `alias_of` (an import of this process's own export); 0 otherwise.
+    pub alias_of: u64,
+}

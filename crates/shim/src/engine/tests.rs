@@ -1,0 +1,1 @@
+//! Unit tests of the engine against a fake driver.

@@ -1,0 +1,82 @@
+//! The engine's background thread: started on first need (the first block
+//! kept in the cache, the first deferred free of spilled memory, joining a
+//! group), it wakes every [`TICK`] to release idle cached blocks, answer
+//! `vramcap trim`, reap deferred frees and reclaim dead group members.
+//!
+//! At exit an `atexit` handler stops it before the driver's own exit
+//! handlers run (handlers run in reverse order of registration, and the
+//! driver registers its own at `cuInit`, earlier), waiting for a round in
+//! flight to end. These flags are process-wide; a child after `fork` has no
+//! thread and resets them ([`reset_after_fork`]).
+
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::log::log_once;
+
+/// How often the background thread wakes.
+pub const TICK: Duration = Duration::from_millis(100);
+
+static AT_EXIT: Once = Once::new();
+static EXITING: AtomicBool = AtomicBool::new(false);
+static BUSY: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn stop_at_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+    // Wait for a round in flight: the driver's exit handlers run after this.
+    while BUSY.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+}
+
+/// Whether an engine's thread has been started.
+pub struct Worker {
+    started: AtomicBool,
+}
+
+impl Worker {
+    pub const fn new() -> Worker {
+        Worker {
+            started: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the thread once, running `round` every [`TICK`] until exit.
+    pub fn ensure(&self, round: impl Fn() + Send + 'static) {
+        if self.started.load(Ordering::Relaxed) || self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        AT_EXIT.call_once(|| {
+            // SAFETY: registering a plain function with no preconditions. A
+            // child after fork inherits the registration.
+            unsafe { libc::atexit(stop_at_exit) };
+        });
+        let spawned = std::thread::Builder::new()
+            .name("vramcap-cache".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(TICK);
+                    BUSY.store(true, Ordering::SeqCst);
+                    if EXITING.load(Ordering::SeqCst) {
+                        BUSY.store(false, Ordering::SeqCst);
+                        return;
+                    }
+                    round();
+                    BUSY.store(false, Ordering::SeqCst);
+                }
+            });
+        if let Err(e) = spawned {
+            log_once!(
+                Error,
+                "cannot start the cache's background thread ({e}); idle blocks stay cached until memory is needed"
+            );
+        }
+    }
+}
+
+/// In a child after fork: no thread runs, none is exiting.
+pub fn reset_after_fork() {
+    BUSY.store(false, Ordering::Release);
+    EXITING.store(false, Ordering::Release);
+}
