@@ -71,7 +71,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::scan::{GroupSnapshot, Reading};
+use crate::read::{GroupSnapshot, Reading};
 use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
 
 use super::stat::Sources;

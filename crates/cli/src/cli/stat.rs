@@ -33,7 +33,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::scan::{GroupSnapshot, Reading, Scan, Users, check_source, read_sources};
+use crate::read::{GroupSnapshot, Reading, Scan, Users, check_source, read_sources};
 use serde_json::{Value, json};
 use vramcap_core::human_bytes;
 use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
@@ -93,7 +93,7 @@ impl Sources {
     pub fn warnings(&self) -> Vec<String> {
         self.dirs
             .iter()
-            .filter(|d| crate::scan::is_pattern(d))
+            .filter(|d| crate::read::is_pattern(d))
             .filter_map(|d| {
                 let prefix: PathBuf = d.components().take_while(|c| c.as_os_str() != "*").collect();
                 (!prefix.is_dir()).then(|| {
