@@ -72,7 +72,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::read::{GroupSnapshot, Reading};
-use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
+use vramcap_core::counters::{COUNTERS, SlotSnapshot};
+use vramcap_core::page::{PageSnapshot, uuid_text};
 
 use super::stat::Sources;
 
@@ -583,81 +584,6 @@ struct Family<T> {
     value: fn(&T) -> Option<u64>,
 }
 
-const GPU_FAMILIES: [Family<SlotSnapshot>; 12] = [
-    Family {
-        name: "vramcap_gpu_memory_limit_bytes",
-        kind: "gauge",
-        help: "Bytes the process may hold on the GPU under its vramcap cap (no sample when the GPU has no cap).",
-        value: |d| d.limit,
-    },
-    Family {
-        name: "vramcap_gpu_memory_used_bytes",
-        kind: "gauge",
-        help: "Bytes the process holds on the GPU as the cap counts them, cached blocks included.",
-        value: |d| Some(d.used),
-    },
-    Family {
-        name: "vramcap_gpu_memory_peak_bytes",
-        kind: "gauge",
-        help: "Highest vramcap_gpu_memory_used_bytes of the process on the GPU so far.",
-        value: |d| Some(d.peak),
-    },
-    Family {
-        name: "vramcap_gpu_memory_cached_bytes",
-        kind: "gauge",
-        help: "Bytes in freed blocks the shim keeps for reuse (part of used).",
-        value: |d| Some(d.cached),
-    },
-    Family {
-        name: "vramcap_gpu_memory_spilled_bytes",
-        kind: "gauge",
-        help: "Bytes the process allocated on the GPU that were placed in host memory past the cap.",
-        value: |d| Some(d.spilled),
-    },
-    Family {
-        name: "vramcap_allocations_total",
-        kind: "counter",
-        help: "Allocations that succeeded, cache hits and spills included.",
-        value: |d| Some(d.allocs),
-    },
-    Family {
-        name: "vramcap_frees_total",
-        kind: "counter",
-        help: "Frees of memory the process allocated.",
-        value: |d| Some(d.frees),
-    },
-    Family {
-        name: "vramcap_refusals_total",
-        kind: "counter",
-        help: "Allocations refused (out of memory) because of the cap.",
-        value: |d| Some(d.refusals),
-    },
-    Family {
-        name: "vramcap_cache_hits_total",
-        kind: "counter",
-        help: "Allocations served from the freed-block cache.",
-        value: |d| Some(d.cache_hits),
-    },
-    Family {
-        name: "vramcap_cache_misses_total",
-        kind: "counter",
-        help: "Allocations the freed-block cache could not serve.",
-        value: |d| Some(d.cache_misses),
-    },
-    Family {
-        name: "vramcap_cache_evictions_total",
-        kind: "counter",
-        help: "Cached blocks given back to the driver for the cache's bound or idle time.",
-        value: |d| Some(d.evictions),
-    },
-    Family {
-        name: "vramcap_spill_allocations_total",
-        kind: "counter",
-        help: "Allocations placed in host memory past the cap.",
-        value: |d| Some(d.spill_allocs),
-    },
-];
-
 /// One GPU of a group (`limit` and `used` are `None` while it has none).
 struct GroupGpu {
     limit: Option<u64>,
@@ -687,7 +613,7 @@ const GROUP_FAMILIES: [Family<GroupGpu>; 3] = [
 ];
 
 /// The exposition text for these pages and groups.
-fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) -> String {
+pub(super) fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) -> String {
     let mut rows: Vec<(Labels, &SlotSnapshot)> = Vec::new();
     for p in pages {
         let command: String = p.command.chars().take(COMMAND_CHARS).collect();
@@ -705,11 +631,12 @@ fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) -> S
         }
     }
     let mut out = String::new();
-    for f in &GPU_FAMILIES {
-        family(&mut out, f.name, f.kind, f.help);
+    for c in COUNTERS {
+        let Some(m) = c.metric else { continue };
+        family(&mut out, m.name, m.kind.as_str(), m.help);
         for (labels, d) in &rows {
-            if let Some(v) = (f.value)(d) {
-                sample(&mut out, f.name, labels, v);
+            if let Some(v) = (c.value)(d) {
+                sample(&mut out, m.name, labels, v);
             }
         }
     }
@@ -878,7 +805,6 @@ mod tests {
             evictions: 11,
             trims: 12,
             spill_allocs: 13,
-            promotions: 14,
             uuid: [0; 16],
         }
     }

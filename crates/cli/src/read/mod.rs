@@ -28,6 +28,8 @@ mod sources;
 use std::path::PathBuf;
 
 pub use groups::GroupSnapshot;
+#[cfg(test)]
+pub use groups::{GroupDeviceSnapshot, MemberSnapshot};
 pub use pages::{Scan, map_for_write, scan};
 pub use sources::{Reading, check_source, is_pattern, read_sources};
 
