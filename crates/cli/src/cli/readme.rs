@@ -141,7 +141,7 @@ fn readme_schema_is_what_stat_json_prints() {
 
 #[test]
 fn readme_metric_table_is_what_the_exporter_serves() {
-    let text = super::exporter::render(&[], &[], 0);
+    let text = super::exporter::render_metrics(&[], &[], 0);
     let mut want = Vec::new();
     let mut help = std::collections::HashMap::new();
     for line in text.lines() {
