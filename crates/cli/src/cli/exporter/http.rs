@@ -29,15 +29,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The most bytes a request line and its headers may take.
-pub const MAX_HEAD: usize = 8192;
+const MAX_HEAD: usize = 8192;
 /// How long a client has to send its request head.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once; more are answered 503.
-pub const MAX_CONNECTIONS: usize = 64;
+const MAX_CONNECTIONS: usize = 64;
 /// What is read (and dropped) after the answer, so closing never resets it.
-pub const MAX_DRAIN: usize = 1 << 20;
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+const MAX_DRAIN: usize = 1 << 20;
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// More header fields than a head of [`MAX_HEAD`] bytes can hold (the
 /// shortest field line is `a:` and a newline), so no head within the
 /// limit has too many.
