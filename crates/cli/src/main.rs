@@ -11,7 +11,7 @@
 //! otherwise 0.
 
 mod cli;
-mod scan;
+mod read;
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;

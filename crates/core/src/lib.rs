@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod cache;
+pub mod counters;
 pub mod group;
 pub mod limit;
 pub mod liveness;

@@ -30,7 +30,8 @@
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::budget::{DeviceBudget, NO_CAP};
+use crate::budget::DeviceBudget;
+pub use crate::counters::SlotSnapshot;
 
 pub const MAGIC: [u8; 8] = *b"vramcap\0";
 pub const VERSION: u32 = 1;
@@ -93,6 +94,7 @@ pub const IDENTITY_VARS: [(&str, &[&str]); 3] = [
 ];
 
 /// Counters of one device. `budget` holds `limit`, `used` and `peak`.
+/// What readers show of it, and how, is listed in [`crate::counters`].
 #[repr(C)]
 pub struct DeviceSlot {
     pub budget: DeviceBudget,
@@ -109,7 +111,9 @@ pub struct DeviceSlot {
     pub evictions: AtomicU64,
     pub trims: AtomicU64,
     pub spill_allocs: AtomicU64,
-    pub promotions: AtomicU64,
+    /// Zero. Was `promotions`, which nothing wrote; kept so the words after
+    /// it stay where they are.
+    pub reserved0: AtomicU64,
     /// The device UUID's 16 bytes (two native-endian words), zero if unknown.
     pub uuid: [AtomicU64; 2],
     pub reserved: [AtomicU64; 15],
@@ -174,7 +178,7 @@ impl DeviceSlot {
             &self.evictions,
             &self.trims,
             &self.spill_allocs,
-            &self.promotions,
+            &self.reserved0,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -313,28 +317,6 @@ pub fn check_header(len: u64, head: &[u8], expected_uid: Option<u32>) -> Result<
     Ok(())
 }
 
-/// Plain values read from one device slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SlotSnapshot {
-    pub device: u32,
-    /// `None` when the device has no cap (or it is not worked out yet).
-    pub limit: Option<u64>,
-    pub used: u64,
-    pub peak: u64,
-    pub cached: u64,
-    pub spilled: u64,
-    pub allocs: u64,
-    pub frees: u64,
-    pub refusals: u64,
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    pub evictions: u64,
-    pub trims: u64,
-    pub spill_allocs: u64,
-    pub promotions: u64,
-    pub uuid: [u8; 16],
-}
-
 /// Plain values read from a page.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageSnapshot {
@@ -365,28 +347,7 @@ impl Page {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.flags.load(Ordering::Relaxed) & FLAG_ACTIVE != 0)
-            .map(|(i, s)| {
-                let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
-                let used = s.budget.used();
-                SlotSnapshot {
-                    device: i as u32,
-                    limit: s.budget.limit().filter(|&l| l != NO_CAP),
-                    used,
-                    peak: s.budget.peak().max(used),
-                    cached: ld(&s.cached),
-                    spilled: ld(&s.spilled),
-                    allocs: ld(&s.allocs),
-                    frees: ld(&s.frees),
-                    refusals: ld(&s.refusals),
-                    cache_hits: ld(&s.cache_hits),
-                    cache_misses: ld(&s.cache_misses),
-                    evictions: ld(&s.evictions),
-                    trims: ld(&s.trims),
-                    spill_allocs: ld(&s.spill_allocs),
-                    promotions: ld(&s.promotions),
-                    uuid: s.uuid_bytes(),
-                }
-            })
+            .map(|(i, s)| SlotSnapshot::read(i as u32, s))
             .collect();
         PageSnapshot {
             pid: h.pid,
@@ -504,7 +465,7 @@ mod tests {
             (offset_of!(DeviceSlot, evictions), 88),
             (offset_of!(DeviceSlot, trims), 96),
             (offset_of!(DeviceSlot, spill_allocs), 104),
-            (offset_of!(DeviceSlot, promotions), 112),
+            (offset_of!(DeviceSlot, reserved0), 112),
             (offset_of!(DeviceSlot, uuid), 120),
             (offset_of!(DeviceSlot, reserved), 136),
         ];

@@ -3,3 +3,6 @@ pub mod exporter;
 pub mod stat;
 pub mod top;
 pub mod trim;
+
+#[cfg(test)]
+mod readme;

@@ -1,42 +1,23 @@
 //! `vramcap stat`: the pages of live processes as a table or as JSON.
 //!
 //! JSON schema `vramcap.stat` version 1 (one document per refresh; with
-//! `--loop`, one per line):
-//!
-//! ```text
-//! { "schema": "vramcap.stat", "version": 1, "time_unix_ns": u64, "dir": str,
-//!   "dirs": [str],
-//!   "processes": [ { "pid": u32, "start_time_ticks": u64, "command": str,
-//!       "group": str|null, "pod": str|null, "namespace": str|null,
-//!       "container": str|null, "dir": str,
-//!       "devices": [ { "gpu": u32, "uuid": str|null, "limit_bytes": u64|null,
-//!           "used_bytes": u64, "peak_bytes": u64, "cached_bytes": u64,
-//!           "spilled_bytes": u64, "allocations": u64, "frees": u64,
-//!           "refusals": u64, "cache_hits": u64, "cache_misses": u64,
-//!           "evictions": u64, "trims": u64, "spill_allocations": u64,
-//!           "promotions": u64 } ] } ],
-//!   "groups": [ { "name": str, "limit": str,
-//!       "devices": [ { "uuid": str|null, "limit_bytes": u64|null,
-//!           "used_bytes": u64, "peak_bytes": u64 } ],
-//!       "members": [ { "pid": u32, "start_time_ticks": u64,
-//!           "held_bytes": [u64, one per group device] } ] } ],
-//!   "skipped": [ { "file": str, "reason": str } ] }
-//! ```
-//! Fields are only ever added within a version; `limit_bytes` is null for a
-//! device without a cap. `dirs` lists the directories as given (`--dir`,
-//! patterns unexpanded; else the one from `VRAMCAP_STATS_DIR` or the
-//! default), `dir` is the first of them, and each process's `dir` is the
-//! directory its page was read from.
+//! `--loop`, one per line): README.md documents it, key by key, and a test
+//! (`cli::readme`) holds that to what [`to_json`] prints. A device's values
+//! are those of `vramcap_core::counters::COUNTERS`, in their order. `dirs`
+//! lists the directories as given (`--dir`, patterns unexpanded; else the
+//! one from `VRAMCAP_STATS_DIR` or the default), `dir` is the first of
+//! them, and each process's `dir` is the directory its page was read from.
 
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::scan::{GroupSnapshot, Reading, Scan, Users, check_source, read_sources};
+use crate::read::{GroupSnapshot, Reading, Scan, Users, check_source, read_sources};
 use serde_json::{Value, json};
+use vramcap_core::counters::{COUNTERS, SlotSnapshot};
 use vramcap_core::human_bytes;
-use vramcap_core::page::{PageSnapshot, SlotSnapshot, uuid_text};
+use vramcap_core::page::{PageSnapshot, uuid_text};
 
 /// `--dir` and `--all-users`, shared by `stat`, `top` and `exporter`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -93,7 +74,7 @@ impl Sources {
     pub fn warnings(&self) -> Vec<String> {
         self.dirs
             .iter()
-            .filter(|d| crate::scan::is_pattern(d))
+            .filter(|d| crate::read::is_pattern(d))
             .filter_map(|d| {
                 let prefix: PathBuf = d.components().take_while(|c| c.as_os_str() != "*").collect();
                 (!prefix.is_dir()).then(|| {
@@ -144,25 +125,16 @@ fn filtered(scan: &Scan, a: &StatArgs) -> Vec<(PageSnapshot, Vec<SlotSnapshot>)>
         .collect()
 }
 
+/// One device of a process: its index, UUID, then every value of
+/// [`COUNTERS`], in their order.
 fn device_json(d: &SlotSnapshot) -> Value {
-    json!({
-        "gpu": d.device,
-        "uuid": uuid_text(&d.uuid),
-        "limit_bytes": d.limit,
-        "used_bytes": d.used,
-        "peak_bytes": d.peak,
-        "cached_bytes": d.cached,
-        "spilled_bytes": d.spilled,
-        "allocations": d.allocs,
-        "frees": d.frees,
-        "refusals": d.refusals,
-        "cache_hits": d.cache_hits,
-        "cache_misses": d.cache_misses,
-        "evictions": d.evictions,
-        "trims": d.trims,
-        "spill_allocations": d.spill_allocs,
-        "promotions": d.promotions,
-    })
+    let mut out = serde_json::Map::new();
+    out.insert("gpu".into(), json!(d.device));
+    out.insert("uuid".into(), json!(uuid_text(&d.uuid)));
+    for c in COUNTERS {
+        out.insert(c.json.into(), json!((c.value)(d)));
+    }
+    Value::Object(out)
 }
 
 fn groups_json(groups: &[GroupSnapshot]) -> Vec<Value> {

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::scan::{Users, map_for_write, scan};
+use crate::read::{Users, map_for_write, scan};
 use vramcap_core::human_bytes;
 
 pub fn run(dir: &Path, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> u8 {

@@ -1,0 +1,292 @@
+//! The per-GPU values of a statistics page, listed once.
+//!
+//! Each entry of the list in this file names a value of a device slot as
+//! readers show it: its [`SlotSnapshot`] field and type, how it is read
+//! from a [`DeviceSlot`], its key in `vramcap stat --json`, and, when the
+//! exporter serves it, its metric (type, name, help). From that one list
+//! come [`SlotSnapshot`]'s fields, [`SlotSnapshot::read`] and [`COUNTERS`],
+//! which the CLI's JSON and the exporter's per-GPU metrics go through, in
+//! the list's order. A test of the CLI holds README.md's schema and metric
+//! table to them.
+//!
+//! Adding a value: a field in [`DeviceSlot`] (from its reserved words, so
+//! offsets stay), which the shim updates, then one entry here, then the
+//! README lines that test asks for.
+//!
+//! [`DeviceSlot`]'s layout is not made here: it is the page's interface
+//! between builds, pinned field by field in `page.rs`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::budget::NO_CAP;
+use crate::page::DeviceSlot;
+
+/// A Prometheus metric type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Gauge,
+    Counter,
+}
+
+impl MetricKind {
+    /// The name the exposition format's `# TYPE` line uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricKind::Gauge => "gauge",
+            MetricKind::Counter => "counter",
+        }
+    }
+}
+
+/// How the exporter serves a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: MetricKind,
+    pub help: &'static str,
+}
+
+/// One value of a device slot, as every reader shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Counter {
+    /// Its [`SlotSnapshot`] field.
+    pub field: &'static str,
+    /// Its key in `vramcap stat --json`.
+    pub json: &'static str,
+    /// Its exporter metric; `None` when the exporter does not serve it.
+    pub metric: Option<Metric>,
+    /// Its value in a snapshot; `None` for no value (a GPU without a cap
+    /// has no limit): `null` in JSON, no sample in the exporter.
+    pub value: fn(&SlotSnapshot) -> Option<u64>,
+}
+
+/// The types a snapshot field may have.
+trait FieldValue {
+    fn value(&self) -> Option<u64>;
+}
+
+impl FieldValue for u64 {
+    fn value(&self) -> Option<u64> {
+        Some(*self)
+    }
+}
+
+impl FieldValue for Option<u64> {
+    fn value(&self) -> Option<u64> {
+        *self
+    }
+}
+
+fn load(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+/// Makes [`SlotSnapshot`], [`SlotSnapshot::read`] and [`COUNTERS`] from
+/// entries of the form
+/// `FIELD: TYPE = |slot| READ, json "KEY" [, Gauge|Counter "METRIC" "HELP"];`.
+macro_rules! counters {
+    (@metric) => {
+        None
+    };
+    (@metric $kind:ident $name:literal $help:literal) => {
+        Some(Metric {
+            name: $name,
+            kind: MetricKind::$kind,
+            help: $help,
+        })
+    };
+    ($(
+        $(#[doc = $doc:literal])*
+        $field:ident: $ty:ty = |$slot:ident| $read:expr, json $json:literal
+        $(, $kind:ident $metric:literal $help:literal)?;
+    )*) => {
+        /// Plain values read from one device slot.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        pub struct SlotSnapshot {
+            /// The device index, as the process sees it.
+            pub device: u32,
+            $(
+                $(#[doc = $doc])*
+                pub $field: $ty,
+            )*
+            /// The device UUID's 16 bytes, zero if unknown.
+            pub uuid: [u8; 16],
+        }
+
+        impl SlotSnapshot {
+            /// Reads slot `device` with atomic loads, one per value (see
+            /// `page.rs` on why no snapshot of one instant is needed). The
+            /// one cross-field rule, `peak >= used`, is restored here, as
+            /// `peak` is raised just after `used`.
+            pub fn read(device: u32, slot: &DeviceSlot) -> SlotSnapshot {
+                let mut snap = SlotSnapshot {
+                    device,
+                    $($field: {
+                        let $slot = slot;
+                        $read
+                    },)*
+                    uuid: slot.uuid_bytes(),
+                };
+                snap.peak = snap.peak.max(snap.used);
+                snap
+            }
+        }
+
+        /// Every value of a device slot, in the order readers show them.
+        pub const COUNTERS: &[Counter] = &[$(
+            Counter {
+                field: stringify!($field),
+                json: $json,
+                metric: counters!(@metric $($kind $metric $help)?),
+                value: |s| FieldValue::value(&s.$field),
+            },
+        )*];
+    };
+}
+
+counters! {
+    /// The cap; `None` when the device has none (or it is not worked out yet).
+    limit: Option<u64> = |s| s.budget.limit().filter(|&l| l != NO_CAP),
+        json "limit_bytes",
+        Gauge "vramcap_gpu_memory_limit_bytes"
+        "Bytes the process may hold on the GPU under its vramcap cap (no sample when the GPU has no cap).";
+    /// Bytes held as the cap counts them, cached blocks included.
+    used: u64 = |s| s.budget.used(),
+        json "used_bytes",
+        Gauge "vramcap_gpu_memory_used_bytes"
+        "Bytes the process holds on the GPU as the cap counts them, cached blocks included.";
+    /// The highest `used` so far.
+    peak: u64 = |s| s.budget.peak(),
+        json "peak_bytes",
+        Gauge "vramcap_gpu_memory_peak_bytes"
+        "Highest vramcap_gpu_memory_used_bytes of the process on the GPU so far.";
+    /// Bytes in freed blocks kept for reuse (part of `used`).
+    cached: u64 = |s| load(&s.cached),
+        json "cached_bytes",
+        Gauge "vramcap_gpu_memory_cached_bytes"
+        "Bytes in freed blocks the shim keeps for reuse (part of used).";
+    /// Bytes placed in host memory past the cap.
+    spilled: u64 = |s| load(&s.spilled),
+        json "spilled_bytes",
+        Gauge "vramcap_gpu_memory_spilled_bytes"
+        "Bytes the process allocated on the GPU that were placed in host memory past the cap.";
+    /// Allocations that succeeded, cache hits and spills included.
+    allocs: u64 = |s| load(&s.allocs),
+        json "allocations",
+        Counter "vramcap_allocations_total"
+        "Allocations that succeeded, cache hits and spills included.";
+    frees: u64 = |s| load(&s.frees),
+        json "frees",
+        Counter "vramcap_frees_total"
+        "Frees of memory the process allocated.";
+    /// Allocations answered with out-of-memory because of the cap.
+    refusals: u64 = |s| load(&s.refusals),
+        json "refusals",
+        Counter "vramcap_refusals_total"
+        "Allocations refused (out of memory) because of the cap.";
+    cache_hits: u64 = |s| load(&s.cache_hits),
+        json "cache_hits",
+        Counter "vramcap_cache_hits_total"
+        "Allocations served from the freed-block cache.";
+    cache_misses: u64 = |s| load(&s.cache_misses),
+        json "cache_misses",
+        Counter "vramcap_cache_misses_total"
+        "Allocations the freed-block cache could not serve.";
+    /// Cached blocks given back to the driver for the bound or idle time.
+    evictions: u64 = |s| load(&s.evictions),
+        json "evictions",
+        Counter "vramcap_cache_evictions_total"
+        "Cached blocks given back to the driver for the cache's bound or idle time.";
+    /// Cache trims done at `vramcap trim`'s request.
+    trims: u64 = |s| load(&s.trims),
+        json "trims";
+    /// Allocations placed in host memory past the cap.
+    spill_allocs: u64 = |s| load(&s.spill_allocs),
+        json "spill_allocations",
+        Counter "vramcap_spill_allocations_total"
+        "Allocations placed in host memory past the cap.";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn names_are_unique_and_metrics_follow_the_conventions() {
+        let mut json = HashSet::new();
+        let mut metrics = HashSet::new();
+        for c in COUNTERS {
+            assert!(json.insert(c.json), "{} twice", c.json);
+            let Some(m) = c.metric else { continue };
+            assert!(metrics.insert(m.name), "{} twice", m.name);
+            assert!(m.name.starts_with("vramcap_"), "{}", m.name);
+            // Prometheus' naming: counters end in _total, and only they do.
+            assert_eq!(
+                m.name.ends_with("_total"),
+                m.kind == MetricKind::Counter,
+                "{}",
+                m.name
+            );
+            assert!(
+                m.help.ends_with('.') && !m.help.contains('\n'),
+                "{}",
+                m.name
+            );
+        }
+    }
+
+    /// Each value is read from its own word of the slot.
+    #[test]
+    fn each_value_reads_its_own_field() {
+        // SAFETY: a slot is atomic integers, for which zero bytes are valid.
+        let slot: DeviceSlot = unsafe { std::mem::zeroed() };
+        slot.budget.set_limit(1000);
+        assert_eq!(slot.budget.try_reserve(200, 1000), Ok(()));
+        assert!(slot.budget.release(50)); // used 150, peak 200
+        let words = [
+            (&slot.cached, 3),
+            (&slot.spilled, 4),
+            (&slot.allocs, 5),
+            (&slot.frees, 6),
+            (&slot.refusals, 7),
+            (&slot.cache_hits, 8),
+            (&slot.cache_misses, 9),
+            (&slot.evictions, 10),
+            (&slot.trims, 11),
+            (&slot.spill_allocs, 12),
+        ];
+        for (w, v) in words {
+            w.store(v, Ordering::Relaxed);
+        }
+        slot.set_uuid([7; 16]);
+        let s = SlotSnapshot::read(2, &slot);
+        let got: Vec<(&str, Option<u64>)> =
+            COUNTERS.iter().map(|c| (c.json, (c.value)(&s))).collect();
+        let want = [
+            ("limit_bytes", Some(1000)),
+            ("used_bytes", Some(150)),
+            ("peak_bytes", Some(200)),
+            ("cached_bytes", Some(3)),
+            ("spilled_bytes", Some(4)),
+            ("allocations", Some(5)),
+            ("frees", Some(6)),
+            ("refusals", Some(7)),
+            ("cache_hits", Some(8)),
+            ("cache_misses", Some(9)),
+            ("evictions", Some(10)),
+            ("trims", Some(11)),
+            ("spill_allocations", Some(12)),
+        ];
+        assert_eq!(got, want);
+        assert_eq!((s.device, s.uuid), (2, [7; 16]));
+
+        // No cap: no limit value; peak is never below used.
+        // SAFETY: as above.
+        let slot: DeviceSlot = unsafe { std::mem::zeroed() };
+        slot.budget.reset();
+        assert_eq!(slot.budget.try_reserve(10, NO_CAP), Ok(()));
+        let s = SlotSnapshot::read(0, &slot);
+        assert_eq!((s.limit, s.used, s.peak), (None, 10, 10));
+    }
+}
