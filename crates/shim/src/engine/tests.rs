@@ -1,1 +1,444 @@
-//! Unit tests of the engine against a fake driver.
+//! Unit tests of the engine against a fake driver: the reservation under
+//! the cap (threads included), the cache's synchronisation tickets, VMM
+//! reference counts, settling to the size the driver chose, spill and the
+//! memory-info formula. Each test makes its own engine (statistics off:
+//! the page lives in private memory).
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use vramcap_core::settings::Settings;
+
+use super::alloc::capped_info;
+use super::cuda::*;
+use super::{Driver, Engine, Flavour};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const CTX: usize = 0x1000;
+
+/// One device of 16 GiB with one context, current on every thread.
+#[derive(Default)]
+struct Fake {
+    next_ptr: AtomicU64,
+    /// Bytes the fake driver has handed out and not had back.
+    live: AtomicU64,
+    /// The most `live` ever was.
+    peak: AtomicU64,
+    syncs: AtomicUsize,
+    frees: AtomicUsize,
+    /// Stream captures the fake reports (by stream handle), and on the legacy stream.
+    capturing: Mutex<HashMap<usize, c_int>>,
+    sizes: Mutex<HashMap<u64, u64>>,
+}
+
+impl Fake {
+    /// What the real allocation does: a fresh address, counted as live.
+    fn alloc(&self, bytes: u64) -> u64 {
+        let p = 0x7000_0000_0000 + self.next_ptr.fetch_add(bytes.max(512), Ordering::SeqCst);
+        let now = self.live.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        self.sizes.lock().unwrap().insert(p, bytes);
+        p
+    }
+}
+
+impl Driver for Fake {
+    fn ctx_get_current(&self) -> Result<usize, CUresult> {
+        Ok(CTX)
+    }
+    fn ctx_get_device(&self) -> Result<CUdevice, CUresult> {
+        Ok(0)
+    }
+    fn ctx_synchronize(&self) -> CUresult {
+        self.syncs.fetch_add(1, Ordering::SeqCst);
+        CUDA_SUCCESS
+    }
+    fn ctx_push_current(&self, _ctx: usize) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn ctx_pop_current(&self) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn primary_ctx_state(&self, _dev: CUdevice) -> Result<(c_uint, bool), CUresult> {
+        Ok((0, true))
+    }
+    fn primary_ctx_retain(&self, _dev: CUdevice) -> Result<usize, CUresult> {
+        Ok(CTX)
+    }
+    fn primary_ctx_release(&self, _dev: CUdevice) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn device_total_mem(&self, _dev: CUdevice) -> Result<u64, CUresult> {
+        Ok(16 * GIB)
+    }
+    fn device_uuid(&self, dev: CUdevice) -> Result<[u8; 16], CUresult> {
+        Ok([dev as u8 + 1; 16])
+    }
+    fn device_attribute(&self, _attr: c_int, _dev: CUdevice) -> Result<c_int, CUresult> {
+        Ok(1)
+    }
+    fn stream_is_capturing(&self, stream: usize, _flavour: Flavour) -> Result<c_int, CUresult> {
+        Ok(*self.capturing.lock().unwrap().get(&stream).unwrap_or(&0))
+    }
+    fn stream_get_device(&self, _stream: usize, _flavour: Flavour) -> Result<CUdevice, CUresult> {
+        Ok(0)
+    }
+    fn mem_free(&self, ptr: CUdeviceptr) -> CUresult {
+        self.frees.fetch_add(1, Ordering::SeqCst);
+        match self.sizes.lock().unwrap().remove(&ptr) {
+            Some(b) => {
+                self.live.fetch_sub(b, Ordering::SeqCst);
+                CUDA_SUCCESS
+            }
+            None => 1, // CUDA_ERROR_INVALID_VALUE
+        }
+    }
+    fn mem_alloc_managed(&self, bytes: usize, _flags: c_uint) -> Result<CUdeviceptr, CUresult> {
+        Ok(self.alloc(bytes as u64))
+    }
+    fn has_mem_advise_v2(&self) -> bool {
+        true
+    }
+    fn mem_advise_v2(&self, _: CUdeviceptr, _: usize, _: c_int, _: CUmemLocation) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn mem_advise(&self, _: CUdeviceptr, _: usize, _: c_int, _: CUdevice) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn mem_host_alloc(&self, bytes: usize, _flags: c_uint) -> Result<usize, CUresult> {
+        Ok(0x5000_0000 + bytes)
+    }
+    fn mem_host_get_device_pointer(&self, host: usize) -> Result<CUdeviceptr, CUresult> {
+        Ok(host as u64 | 0x1_0000_0000_0000)
+    }
+    fn mem_free_host(&self, _host: usize) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn event_create(&self, _flags: c_uint) -> Result<usize, CUresult> {
+        Ok(1)
+    }
+    fn event_record(&self, _event: usize, _stream: usize, _flavour: Flavour) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn event_query(&self, _event: usize) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn event_destroy(&self, _event: usize) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn array_destroy(&self, _array: usize, _mipmapped: bool) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn array_size(&self, _array: usize, _dev: CUdevice, _mipmapped: bool) -> Result<u64, CUresult> {
+        Err(CUDA_ERROR_NOT_FOUND)
+    }
+    fn nvml_device_uuid(&self, _device: usize) -> Option<String> {
+        None
+    }
+    fn nvml_device_index(&self, _device: usize) -> Option<u32> {
+        None
+    }
+}
+
+/// An engine with these settings (statistics off) over a fresh fake.
+fn engine(vars: &[(&str, &str)]) -> &'static Engine<Fake> {
+    let mut vars: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    vars.insert("VRAMCAP_STATS".into(), "off".into());
+    let settings = Settings::from_lookup(|k| vars.get(k).cloned()).expect("valid test settings");
+    Box::leak(Box::new(Engine::new(
+        Fake::default(),
+        Box::leak(Box::new(settings)),
+    )))
+}
+
+/// `cuMemAlloc_v2` through the engine, the fake playing the driver.
+fn alloc(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
+    let mut p: CUdeviceptr = 0;
+    let out: *mut CUdeviceptr = &mut p;
+    let real = || {
+        // SAFETY: `out` points at `p`, alive for this call.
+        unsafe { *out = e.driver.alloc(bytes) };
+        CUDA_SUCCESS
+    };
+    // SAFETY: `out` is writable.
+    let rc = unsafe { e.mem_alloc(real, out, bytes as usize) };
+    if rc == CUDA_SUCCESS { Ok(p) } else { Err(rc) }
+}
+
+fn free(e: &'static Engine<Fake>, ptr: u64) -> CUresult {
+    e.mem_free(|| e.driver.mem_free(ptr), ptr)
+}
+
+fn used(e: &'static Engine<Fake>) -> u64 {
+    e.slot(0).unwrap().budget.used()
+}
+
+#[test]
+fn the_cap_refuses_exactly_past_it_and_frees_give_back() {
+    let e = engine(&[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "off")]);
+    let a = alloc(e, 768 * MIB).unwrap();
+    assert_eq!(alloc(e, 257 * MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    let b = alloc(e, 256 * MIB).unwrap();
+    assert_eq!(used(e), GIB);
+    assert_eq!(alloc(e, 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    let s = e.slot(0).unwrap();
+    assert_eq!(s.refusals.load(Ordering::Relaxed), 2);
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    assert_eq!(free(e, b), CUDA_SUCCESS);
+    assert_eq!(used(e), 0);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 0);
+    assert_eq!(s.allocs.load(Ordering::Relaxed), 2);
+    assert_eq!(s.frees.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn racing_threads_never_hold_more_than_the_cap() {
+    let e = engine(&[("VRAMCAP_LIMIT", "100MiB"), ("VRAMCAP_CACHE", "off")]);
+    let granted = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..8u64 {
+            let granted = &granted;
+            scope.spawn(move || {
+                for i in 0..400u64 {
+                    let bytes = (1 + (t * 7 + i * 13) % 9) * MIB;
+                    if let Ok(p) = alloc(e, bytes) {
+                        granted.fetch_add(1, Ordering::Relaxed);
+                        assert_eq!(free(e, p), CUDA_SUCCESS);
+                    }
+                }
+            });
+        }
+    });
+    // The driver never held more than the cap at any moment; everything
+    // came back; every attempt was either granted or counted as refused.
+    assert!(e.driver.peak.load(Ordering::SeqCst) <= 100 * MIB);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 0);
+    assert_eq!(used(e), 0);
+    let s = e.slot(0).unwrap();
+    let refused = s.refusals.load(Ordering::Relaxed) as usize;
+    assert_eq!(granted.load(Ordering::Relaxed) + refused, 8 * 400);
+    assert!(s.budget.peak() <= 100 * MIB);
+}
+
+#[test]
+fn one_synchronisation_makes_every_block_freed_before_it_safe() {
+    let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
+    let a = alloc(e, 8 * MIB).unwrap();
+    let b = alloc(e, 8 * MIB).unwrap();
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    assert_eq!(free(e, b), CUDA_SUCCESS);
+    // Both kept: no driver free, still counted.
+    assert_eq!(e.driver.frees.load(Ordering::SeqCst), 0);
+    assert_eq!(used(e), 16 * MIB);
+    assert_eq!(e.slot(0).unwrap().cached.load(Ordering::Relaxed), 16 * MIB);
+    // The first reuse must wait for work that may still use the block...
+    let c = alloc(e, 8 * MIB).unwrap();
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 1);
+    // ...and that one synchronisation covers the other block too.
+    let d = alloc(e, 8 * MIB).unwrap();
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 1);
+    let mut got = [c, d];
+    got.sort();
+    let mut want = [a, b];
+    want.sort();
+    assert_eq!(got, want);
+    // A block freed after that synchronisation needs a new one.
+    assert_eq!(free(e, c), CUDA_SUCCESS);
+    assert_eq!(alloc(e, 8 * MIB).unwrap(), c);
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 2);
+    let s = e.slot(0).unwrap();
+    assert_eq!(s.cache_hits.load(Ordering::Relaxed), 3);
+    assert_eq!(s.cached.load(Ordering::Relaxed), 0);
+    assert_eq!(used(e), 16 * MIB);
+}
+
+#[test]
+fn while_a_capture_runs_the_cache_neither_synchronises_nor_keeps() {
+    let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
+    let a = alloc(e, 8 * MIB).unwrap();
+    assert_eq!(free(e, a), CUDA_SUCCESS); // kept, not yet safe
+    assert_eq!(
+        e.begin_capture(|| CUDA_SUCCESS, std::ptr::null_mut()),
+        CUDA_SUCCESS
+    );
+    let b = alloc(e, 8 * MIB).unwrap();
+    assert_ne!(b, a, "an unsafe block is not handed out during a capture");
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 0);
+    // A free during the capture goes to the driver: keeping could evict.
+    assert_eq!(free(e, b), CUDA_SUCCESS);
+    assert_eq!(e.driver.frees.load(Ordering::SeqCst), 1);
+    let stream = 0x77;
+    assert_eq!(
+        e.end_capture(
+            Flavour::Legacy,
+            || CUDA_SUCCESS,
+            stream as CUstream,
+            std::ptr::null_mut()
+        ),
+        CUDA_SUCCESS
+    );
+    assert!(!e.capturing());
+    assert_eq!(alloc(e, 8 * MIB).unwrap(), a);
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_full_cap_releases_cached_blocks_before_refusing() {
+    let e = engine(&[("VRAMCAP_LIMIT", "64MiB")]);
+    let a = alloc(e, 48 * MIB).unwrap();
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    // 48 MiB cached; 32 MiB fits only once the cache gives the block back.
+    let b = alloc(e, 32 * MIB).unwrap();
+    assert_ne!(b, a);
+    let s = e.slot(0).unwrap();
+    assert_eq!(s.evictions.load(Ordering::Relaxed), 1);
+    assert_eq!(s.cached.load(Ordering::Relaxed), 0);
+    assert_eq!(used(e), 32 * MIB);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 32 * MIB);
+}
+
+#[test]
+fn vmm_bytes_come_back_with_the_last_reference_or_mapping() {
+    let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
+    let prop = CUmemAllocationProp {
+        kind: 1,
+        handle_types: 0,
+        location: CUmemLocation {
+            kind: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 0,
+        },
+    };
+    let mut h: CUmemGenericAllocationHandle = 0;
+    let out: *mut u64 = &mut h;
+    let real = || {
+        // SAFETY: `out` points at `h`.
+        unsafe { *out = 0xabc };
+        CUDA_SUCCESS
+    };
+    // SAFETY: valid out-pointer and properties.
+    let rc = unsafe { e.mem_create(real, out, (256 * MIB) as usize, &prop, 0) };
+    assert_eq!(rc, CUDA_SUCCESS);
+    assert_eq!(used(e), 256 * MIB);
+    let mut again: u64 = 0;
+    let again_out: *mut u64 = &mut again;
+    let retain = || {
+        // SAFETY: `again_out` points at `again`.
+        unsafe { *again_out = 0xabc };
+        CUDA_SUCCESS
+    };
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { e.mem_retain_allocation_handle(retain, again_out, std::ptr::null_mut()) };
+    assert_eq!(rc, CUDA_SUCCESS);
+    let ok = || CUDA_SUCCESS;
+    assert_eq!(
+        e.mem_map(ok, 0x9000_0000, (256 * MIB) as usize, 0, 0xabc, 0),
+        CUDA_SUCCESS
+    );
+    assert_eq!(e.mem_release(ok, 0xabc), CUDA_SUCCESS);
+    assert_eq!(e.mem_release(ok, 0xabc), CUDA_SUCCESS);
+    // Both handles released, but the mapping still holds the memory.
+    assert_eq!(used(e), 256 * MIB);
+    assert_eq!(
+        e.mem_unmap(ok, 0x9000_0000, (256 * MIB) as usize),
+        CUDA_SUCCESS
+    );
+    assert_eq!(used(e), 0);
+    // A handle the engine never counted changes nothing.
+    assert_eq!(e.mem_release(ok, 0xdef), CUDA_SUCCESS);
+    assert_eq!(used(e), 0);
+    assert_eq!(e.slot(0).unwrap().frees.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_pitch_wider_than_the_estimate_is_settled_or_refused() {
+    let e = engine(&[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "off")]);
+    let pitched = |width: usize, height: usize, driver_pitch: usize| {
+        let (mut p, mut pitch): (CUdeviceptr, usize) = (0, 0);
+        let (out, pitch_out): (*mut u64, *mut usize) = (&mut p, &mut pitch);
+        let real = || {
+            // SAFETY: both point at locals alive for this call.
+            unsafe {
+                *out = e.driver.alloc((driver_pitch * height) as u64);
+                *pitch_out = driver_pitch;
+            }
+            CUDA_SUCCESS
+        };
+        // SAFETY: valid out-pointers.
+        let rc = unsafe { e.mem_alloc_pitch(real, out, pitch_out, width, height, 4) };
+        (rc, p, pitch)
+    };
+    // Estimated at 512 × 1 Mi rows = 512 MiB; the driver picks 768.
+    let (rc, p, pitch) = pitched(500, 1 << 20, 768);
+    assert_eq!((rc, pitch), (CUDA_SUCCESS, 768));
+    assert_eq!(used(e), 768 * MIB);
+    // Estimated at 256 MiB, which fits; the driver's 512 MiB does not:
+    // refused, and what the driver gave is freed again.
+    let (rc, _, _) = pitched(500, 1 << 19, 1024);
+    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(used(e), 768 * MIB);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 768 * MIB);
+    assert_eq!(free(e, p), CUDA_SUCCESS);
+    assert_eq!(used(e), 0);
+}
+
+#[test]
+fn past_the_cap_host_spill_places_and_frees_outside_the_budget() {
+    let e = engine(&[
+        ("VRAMCAP_LIMIT", "1GiB"),
+        ("VRAMCAP_CACHE", "off"),
+        ("VRAMCAP_SPILL", "host"),
+    ]);
+    let a = alloc(e, GIB).unwrap();
+    let b = alloc(e, 256 * MIB).unwrap();
+    assert_eq!(
+        b & 0x1_0000_0000_0000,
+        0x1_0000_0000_0000,
+        "a mapped host address"
+    );
+    let s = e.slot(0).unwrap();
+    assert_eq!(used(e), GIB);
+    assert_eq!(s.spilled.load(Ordering::Relaxed), 256 * MIB);
+    assert_eq!(s.spill_allocs.load(Ordering::Relaxed), 1);
+    assert_eq!(s.refusals.load(Ordering::Relaxed), 0);
+    assert_eq!(free(e, b), CUDA_SUCCESS);
+    assert_eq!(s.spilled.load(Ordering::Relaxed), 0);
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    assert_eq!(used(e), 0);
+}
+
+#[test]
+fn memory_info_is_the_cap_picture() {
+    let nocap = u64::MAX;
+    // Capped: total is the cap; free is what is left under it, cached
+    // blocks counted as free.
+    assert_eq!(
+        capped_info(140 * GIB, 139 * GIB, 4 * GIB, 0, 0),
+        (4 * GIB, 4 * GIB)
+    );
+    assert_eq!(
+        capped_info(140 * GIB, 139 * GIB, 4 * GIB, 3 * GIB, GIB),
+        (4 * GIB, 2 * GIB)
+    );
+    // The device's own free memory still bounds it.
+    assert_eq!(
+        capped_info(140 * GIB, GIB / 2, 4 * GIB, 0, 0),
+        (4 * GIB, GIB / 2)
+    );
+    // A cap larger than the device reports the device.
+    assert_eq!(capped_info(2 * GIB, GIB, 4 * GIB, 5 * GIB, 0), (2 * GIB, 0));
+    // No cap: the driver's figures, cached blocks counted as free.
+    assert_eq!(
+        capped_info(16 * GIB, 10 * GIB, nocap, 0, GIB),
+        (16 * GIB, 11 * GIB)
+    );
+    assert_eq!(
+        capped_info(16 * GIB, 16 * GIB, nocap, 0, GIB),
+        (16 * GIB, 16 * GIB)
+    );
+}
