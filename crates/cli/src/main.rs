@@ -117,8 +117,9 @@ enum Command {
     /// Serve the counters of every process under the shim as Prometheus metrics
     ///
     /// `GET /metrics` answers in the text exposition format; one sample per
-    /// process and GPU, labelled gpu, UUID, pid, command, group (and pod,
-    /// namespace, container from the process's environment). Runs until killed.
+    /// process and GPU, labelled gpu, UUID, pid, command, group, dir (the
+    /// directory the page was read from), and pod, namespace, container when
+    /// the process had them in its environment. Runs until killed.
     Exporter {
         #[command(flatten)]
         read: cli::stat::ReadOptions,
