@@ -2,8 +2,8 @@
 //! exported name with its C signature, how `cuGetProcAddress` reaches it
 //! (base name, `cudaVersion` range, stream flavour), what a panic in the
 //! engine answers, and the engine handler (with any extra arguments in
-//! brackets). `hooks!` (in `macros.rs`) makes the export, the typed real
-//! function and the row of [`HOOKS`] from it.
+//! brackets), one line each. `hooks!` (in `macros.rs`) makes the export,
+//! the typed real function and the row of [`HOOKS`] from it.
 //!
 //! To hook another function, add its entry here and write its handler in
 //! the engine; see ARCHITECTURE.md for a worked example.
@@ -40,135 +40,55 @@ const PTSZ: Flavour = Flavour::PerThread;
 
 hooks! {
     cuda(new, CUDA_ERROR_NOT_FOUND) {
-        fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> CUresult,
-            Lookup::cuda("cuGetProcAddress", 11030).until(12000), on panic NOT_FOUND
-            => resolve::get_proc_address;
-        fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, symbol_status: *mut c_int) -> CUresult,
-            Lookup::cuda("cuGetProcAddress", 12000), on panic NOT_FOUND
-            => resolve::get_proc_address_v2;
+        fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> CUresult, Lookup::cuda("cuGetProcAddress", 11030).until(12000), on panic NOT_FOUND => resolve::get_proc_address;
+        fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, symbol_status: *mut c_int) -> CUresult, Lookup::cuda("cuGetProcAddress", 12000), on panic NOT_FOUND => resolve::get_proc_address_v2;
 
-        fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult,
-            Lookup::cuda("cuMemAlloc", 3020), on panic OOM
-            => Engine::mem_alloc;
-        fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) -> CUresult,
-            Lookup::cuda("cuMemAllocPitch", 3020), on panic OOM
-            => Engine::mem_alloc_pitch;
-        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult,
-            Lookup::cuda("cuMemAllocManaged", 6000), on panic OOM
-            => Engine::mem_alloc_managed;
-        fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult,
-            Lookup::cuda("cuMemFree", 3020), on panic NOT_FOUND
-            => Engine::mem_free;
-        fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult,
-            Lookup::cuda("cuMemGetInfo", 3020), on panic NOT_FOUND
-            => Engine::mem_get_info;
-        fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult,
-            Lookup::cuda("cuDeviceTotalMem", 3020), on panic NOT_FOUND
-            => Engine::device_total_mem;
+        fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult, Lookup::cuda("cuMemAlloc", 3020), on panic OOM => Engine::mem_alloc;
+        fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) -> CUresult, Lookup::cuda("cuMemAllocPitch", 3020), on panic OOM => Engine::mem_alloc_pitch;
+        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult, Lookup::cuda("cuMemAllocManaged", 6000), on panic OOM => Engine::mem_alloc_managed;
+        fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuMemFree", 3020), on panic NOT_FOUND => Engine::mem_free;
+        fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult, Lookup::cuda("cuMemGetInfo", 3020), on panic NOT_FOUND => Engine::mem_get_info;
+        fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult, Lookup::cuda("cuDeviceTotalMem", 3020), on panic NOT_FOUND => Engine::device_total_mem;
 
-        fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult,
-            Lookup::cuda("cuCtxDestroy", 4000), on panic NOT_FOUND
-            => Engine::ctx_destroy;
-        fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult,
-            Lookup::cuda("cuDevicePrimaryCtxRelease", 11000), on panic NOT_FOUND
-            => Engine::primary_ctx_teardown;
-        fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult,
-            Lookup::cuda("cuDevicePrimaryCtxReset", 11000), on panic NOT_FOUND
-            => Engine::primary_ctx_teardown;
-        fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CUdeviceptr) -> CUresult,
-            Lookup::cuda("cuIpcGetMemHandle", 4010), on panic NOT_FOUND
-            => Engine::ipc_get_mem_handle;
+        fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult, Lookup::cuda("cuCtxDestroy", 4000), on panic NOT_FOUND => Engine::ctx_destroy;
+        fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult, Lookup::cuda("cuDevicePrimaryCtxRelease", 11000), on panic NOT_FOUND => Engine::primary_ctx_teardown;
+        fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult, Lookup::cuda("cuDevicePrimaryCtxReset", 11000), on panic NOT_FOUND => Engine::primary_ctx_teardown;
+        fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuIpcGetMemHandle", 4010), on panic NOT_FOUND => Engine::ipc_get_mem_handle;
 
-        fn cuStreamBeginCapture(stream: CUstream) -> CUresult,
-            Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).legacy_stream(), on panic NOT_FOUND
-            => Engine::begin_capture;
-        fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult,
-            Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).per_thread_stream(), on panic NOT_FOUND
-            => Engine::begin_capture;
-        fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) -> CUresult,
-            Lookup::cuda("cuStreamBeginCapture", 10010).legacy_stream(), on panic NOT_FOUND
-            => Engine::begin_capture_v2;
-        fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_int) -> CUresult,
-            Lookup::cuda("cuStreamBeginCapture", 10010).per_thread_stream(), on panic NOT_FOUND
-            => Engine::begin_capture_v2;
-        fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: *mut c_void, deps: *const c_void, dep_data: *const c_void, count: usize, mode: c_int) -> CUresult,
-            Lookup::cuda("cuStreamBeginCaptureToGraph", 12030).legacy_stream(), on panic NOT_FOUND
-            => Engine::begin_capture_to_graph;
-        fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: *mut c_void, deps: *const c_void, dep_data: *const c_void, count: usize, mode: c_int) -> CUresult,
-            Lookup::cuda("cuStreamBeginCaptureToGraph", 12030).per_thread_stream(), on panic NOT_FOUND
-            => Engine::begin_capture_to_graph;
-        fn cuStreamEndCapture(stream: CUstream, graph: *mut *mut c_void) -> CUresult,
-            Lookup::cuda("cuStreamEndCapture", 10000).legacy_stream(), on panic NOT_FOUND
-            => Engine::end_capture[LEGACY];
-        fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut *mut c_void) -> CUresult,
-            Lookup::cuda("cuStreamEndCapture", 10000).per_thread_stream(), on panic NOT_FOUND
-            => Engine::end_capture[PTSZ];
+        fn cuStreamBeginCapture(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).legacy_stream(), on panic NOT_FOUND => Engine::begin_capture;
+        fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).per_thread_stream(), on panic NOT_FOUND => Engine::begin_capture;
+        fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) -> CUresult, Lookup::cuda("cuStreamBeginCapture", 10010).legacy_stream(), on panic NOT_FOUND => Engine::begin_capture_v2;
+        fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_int) -> CUresult, Lookup::cuda("cuStreamBeginCapture", 10010).per_thread_stream(), on panic NOT_FOUND => Engine::begin_capture_v2;
+        fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: *mut c_void, deps: *const c_void, dep_data: *const c_void, count: usize, mode: c_int) -> CUresult, Lookup::cuda("cuStreamBeginCaptureToGraph", 12030).legacy_stream(), on panic NOT_FOUND => Engine::begin_capture_to_graph;
+        fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: *mut c_void, deps: *const c_void, dep_data: *const c_void, count: usize, mode: c_int) -> CUresult, Lookup::cuda("cuStreamBeginCaptureToGraph", 12030).per_thread_stream(), on panic NOT_FOUND => Engine::begin_capture_to_graph;
+        fn cuStreamEndCapture(stream: CUstream, graph: *mut *mut c_void) -> CUresult, Lookup::cuda("cuStreamEndCapture", 10000).legacy_stream(), on panic NOT_FOUND => Engine::end_capture[LEGACY];
+        fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut *mut c_void) -> CUresult, Lookup::cuda("cuStreamEndCapture", 10000).per_thread_stream(), on panic NOT_FOUND => Engine::end_capture[PTSZ];
 
-        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult,
-            Lookup::cuda("cuMemAllocAsync", 11020).legacy_stream(), on panic OOM
-            => Engine::mem_alloc_async[LEGACY];
-        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult,
-            Lookup::cuda("cuMemAllocAsync", 11020).per_thread_stream(), on panic OOM
-            => Engine::mem_alloc_async[PTSZ];
-        fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult,
-            Lookup::cuda("cuMemAllocFromPoolAsync", 11020).legacy_stream(), on panic OOM
-            => Engine::mem_alloc_from_pool_async[LEGACY];
-        fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult,
-            Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM
-            => Engine::mem_alloc_from_pool_async[PTSZ];
-        fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult,
-            Lookup::cuda("cuMemFreeAsync", 11020).legacy_stream(), on panic NOT_FOUND
-            => Engine::mem_free_async[LEGACY];
-        fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult,
-            Lookup::cuda("cuMemFreeAsync", 11020).per_thread_stream(), on panic NOT_FOUND
-            => Engine::mem_free_async[PTSZ];
+        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).legacy_stream(), on panic OOM => Engine::mem_alloc_async[LEGACY];
+        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).per_thread_stream(), on panic OOM => Engine::mem_alloc_async[PTSZ];
+        fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).legacy_stream(), on panic OOM => Engine::mem_alloc_from_pool_async[LEGACY];
+        fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM => Engine::mem_alloc_from_pool_async[PTSZ];
+        fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).legacy_stream(), on panic NOT_FOUND => Engine::mem_free_async[LEGACY];
+        fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).per_thread_stream(), on panic NOT_FOUND => Engine::mem_free_async[PTSZ];
 
-        fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult,
-            Lookup::cuda("cuMemCreate", 10020), on panic OOM
-            => Engine::mem_create;
-        fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult,
-            Lookup::cuda("cuMemRelease", 10020), on panic NOT_FOUND
-            => Engine::mem_release;
-        fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult,
-            Lookup::cuda("cuMemRetainAllocationHandle", 11000), on panic NOT_FOUND
-            => Engine::mem_retain_allocation_handle;
-        fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, kind: c_int) -> CUresult,
-            Lookup::cuda("cuMemImportFromShareableHandle", 10020), on panic NOT_FOUND
-            => Engine::mem_import_from_shareable_handle;
-        fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) -> CUresult,
-            Lookup::cuda("cuMemExportToShareableHandle", 10020), on panic NOT_FOUND
-            => Engine::mem_export_to_shareable_handle;
-        fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult,
-            Lookup::cuda("cuMemMap", 10020), on panic NOT_FOUND
-            => Engine::mem_map;
-        fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult,
-            Lookup::cuda("cuMemUnmap", 10020), on panic NOT_FOUND
-            => Engine::mem_unmap;
+        fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult, Lookup::cuda("cuMemCreate", 10020), on panic OOM => Engine::mem_create;
+        fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemRelease", 10020), on panic NOT_FOUND => Engine::mem_release;
+        fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult, Lookup::cuda("cuMemRetainAllocationHandle", 11000), on panic NOT_FOUND => Engine::mem_retain_allocation_handle;
+        fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, kind: c_int) -> CUresult, Lookup::cuda("cuMemImportFromShareableHandle", 10020), on panic NOT_FOUND => Engine::mem_import_from_shareable_handle;
+        fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemExportToShareableHandle", 10020), on panic NOT_FOUND => Engine::mem_export_to_shareable_handle;
+        fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult, Lookup::cuda("cuMemMap", 10020), on panic NOT_FOUND => Engine::mem_map;
+        fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult, Lookup::cuda("cuMemUnmap", 10020), on panic NOT_FOUND => Engine::mem_unmap;
 
-        fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult,
-            Lookup::cuda("cuArrayCreate", 3020), on panic OOM
-            => Engine::array_create;
-        fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult,
-            Lookup::cuda("cuArray3DCreate", 3020), on panic OOM
-            => Engine::array_3d_create;
-        fn cuMipmappedArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult,
-            Lookup::cuda("cuMipmappedArrayCreate", 5000), on panic OOM
-            => Engine::mipmapped_array_create;
-        fn cuArrayDestroy(array: CUarray) -> CUresult,
-            Lookup::cuda("cuArrayDestroy", 2000), on panic NOT_FOUND
-            => Engine::array_destroy;
-        fn cuMipmappedArrayDestroy(array: CUarray) -> CUresult,
-            Lookup::cuda("cuMipmappedArrayDestroy", 5000), on panic NOT_FOUND
-            => Engine::array_destroy;
+        fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => Engine::array_create;
+        fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => Engine::array_3d_create;
+        fn cuMipmappedArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult, Lookup::cuda("cuMipmappedArrayCreate", 5000), on panic OOM => Engine::mipmapped_array_create;
+        fn cuArrayDestroy(array: CUarray) -> CUresult, Lookup::cuda("cuArrayDestroy", 2000), on panic NOT_FOUND => Engine::array_destroy;
+        fn cuMipmappedArrayDestroy(array: CUarray) -> CUresult, Lookup::cuda("cuMipmappedArrayDestroy", 5000), on panic NOT_FOUND => Engine::array_destroy;
     }
 
     nvml(nvml, NVML_ERROR_FUNCTION_NOT_FOUND) {
-        fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t,
-            Lookup::NVML, on panic NVML_ERROR_NOT_FOUND
-            => Engine::nvml_memory_info;
-        fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t,
-            Lookup::NVML, on panic NVML_ERROR_NOT_FOUND
-            => Engine::nvml_memory_info_v2;
+        fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => Engine::nvml_memory_info;
+        fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => Engine::nvml_memory_info_v2;
     }
 }
 

@@ -70,23 +70,20 @@ unsafe fn substitute(
 /// # Safety
 /// The driver function's contract.
 pub unsafe fn get_proc_address_v2(
-    _engine: &'static Engine<RealDriver>,
-    mut real: impl FnMut() -> CUresult,
+    engine: &'static Engine<RealDriver>,
+    real: impl FnMut() -> CUresult,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: u64,
     _symbol_status: *mut c_int,
 ) -> CUresult {
-    let rc = real();
-    if rc == CUDA_SUCCESS && !pfn.is_null() {
-        // SAFETY: pfn is non-null and the resolver filled it.
-        unsafe { substitute(symbol, pfn, cuda_version, flags) };
-    }
-    rc
+    // SAFETY: the driver function's contract.
+    unsafe { get_proc_address(engine, real, symbol, pfn, cuda_version, flags) }
 }
 
-/// `cuGetProcAddress` (CUDA 11.3–11.8): as [`get_proc_address_v2`].
+/// `cuGetProcAddress` (CUDA 11.3–11.8), and the work of
+/// [`get_proc_address_v2`].
 ///
 /// # Safety
 /// The driver function's contract.

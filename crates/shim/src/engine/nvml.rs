@@ -57,6 +57,13 @@ impl<D: Driver> Engine<D> {
         Some((cap, 0, 0))
     }
 
+    /// The cap's (total, free) for an NVML device whose real figures are
+    /// these, or `None` to leave them as NVML said.
+    fn nvml_capped(&self, device: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64)> {
+        let (cap, held, cached) = self.nvml_view(device as usize, total)?;
+        Some(capped_info(total, free, cap, held, cached))
+    }
+
     /// `nvmlDeviceGetMemoryInfo`.
     ///
     /// # Safety
@@ -68,16 +75,11 @@ impl<D: Driver> Engine<D> {
         memory: *mut nvmlMemory_t,
     ) -> nvmlReturn_t {
         let rc = real();
-        if rc != NVML_SUCCESS || memory.is_null() {
-            return rc;
-        }
-        // SAFETY: non-null and just written by NVML.
-        let m = unsafe { &mut *memory };
-        if let Some((cap, held, cached)) = self.nvml_view(device as usize, m.total) {
-            let (t, f) = capped_info(m.total, m.free, cap, held, cached);
-            m.total = t;
-            m.free = f;
-            m.used = t - f;
+        // SAFETY: null, or written by NVML when it succeeded.
+        if let (NVML_SUCCESS, Some(m)) = (rc, unsafe { memory.as_mut() })
+            && let Some((t, f)) = self.nvml_capped(device, m.total, m.free)
+        {
+            (m.total, m.free, m.used) = (t, f, t - f);
         }
         rc
     }
@@ -93,17 +95,11 @@ impl<D: Driver> Engine<D> {
         memory: *mut nvmlMemory_v2_t,
     ) -> nvmlReturn_t {
         let rc = real();
-        if rc != NVML_SUCCESS || memory.is_null() {
-            return rc;
-        }
-        // SAFETY: non-null and just written by NVML.
-        let m = unsafe { &mut *memory };
-        if let Some((cap, held, cached)) = self.nvml_view(device as usize, m.total) {
-            let (t, f) = capped_info(m.total, m.free, cap, held, cached);
-            m.total = t;
-            m.free = f;
-            m.reserved = 0;
-            m.used = t - f;
+        // SAFETY: null, or written by NVML when it succeeded.
+        if let (NVML_SUCCESS, Some(m)) = (rc, unsafe { memory.as_mut() })
+            && let Some((t, f)) = self.nvml_capped(device, m.total, m.free)
+        {
+            (m.total, m.free, m.reserved, m.used) = (t, f, 0, t - f);
         }
         rc
     }

@@ -50,14 +50,12 @@ impl<D: Driver> Engine<D> {
         size: usize,
         stream: CUstream,
     ) -> CUresult {
-        let target = self.stream_target(stream as usize, flavour);
-        let bytes = size as u64;
         let what = match flavour {
             Flavour::Legacy => "cuMemAllocAsync",
             Flavour::PerThread => "cuMemAllocAsync_ptsz",
         };
         // SAFETY: the driver function's contract.
-        unsafe { self.capped_alloc(what, dptr, bytes, Request::Async, target, real, || bytes) }
+        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, stream) }
     }
 
     /// `cuMemAllocFromPoolAsync[_ptsz]`: as [`Engine::mem_alloc_async`].
@@ -73,13 +71,30 @@ impl<D: Driver> Engine<D> {
         _pool: *mut c_void,
         stream: CUstream,
     ) -> CUresult {
-        let target = self.stream_target(stream as usize, flavour);
-        let bytes = size as u64;
         let what = match flavour {
             Flavour::Legacy => "cuMemAllocFromPoolAsync",
             Flavour::PerThread => "cuMemAllocFromPoolAsync_ptsz",
         };
         // SAFETY: the driver function's contract.
+        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, stream) }
+    }
+
+    /// A stream-ordered allocation of `size` bytes on `stream`'s device.
+    ///
+    /// # Safety
+    /// `dptr` is null or writable.
+    unsafe fn alloc_on_stream(
+        &'static self,
+        what: &'static str,
+        flavour: Flavour,
+        real: impl FnMut() -> CUresult,
+        dptr: *mut CUdeviceptr,
+        size: usize,
+        stream: CUstream,
+    ) -> CUresult {
+        let target = self.stream_target(stream as usize, flavour);
+        let bytes = size as u64;
+        // SAFETY: the caller's contract.
         unsafe { self.capped_alloc(what, dptr, bytes, Request::Async, target, real, || bytes) }
     }
 
