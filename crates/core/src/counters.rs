@@ -151,60 +151,26 @@ counters! {
         Gauge "vramcap_gpu_memory_limit_bytes"
         "Bytes the process may hold on the GPU under its vramcap cap (no sample when the GPU has no cap).";
     /// Bytes held as the cap counts them, cached blocks included.
-    used: u64 = |s| s.budget.used(),
-        json "used_bytes",
-        Gauge "vramcap_gpu_memory_used_bytes"
-        "Bytes the process holds on the GPU as the cap counts them, cached blocks included.";
+    used: u64 = |s| s.budget.used(), json "used_bytes", Gauge "vramcap_gpu_memory_used_bytes" "Bytes the process holds on the GPU as the cap counts them, cached blocks included.";
     /// The highest `used` so far.
-    peak: u64 = |s| s.budget.peak(),
-        json "peak_bytes",
-        Gauge "vramcap_gpu_memory_peak_bytes"
-        "Highest vramcap_gpu_memory_used_bytes of the process on the GPU so far.";
+    peak: u64 = |s| s.budget.peak(), json "peak_bytes", Gauge "vramcap_gpu_memory_peak_bytes" "Highest vramcap_gpu_memory_used_bytes of the process on the GPU so far.";
     /// Bytes in freed blocks kept for reuse (part of `used`).
-    cached: u64 = |s| load(&s.cached),
-        json "cached_bytes",
-        Gauge "vramcap_gpu_memory_cached_bytes"
-        "Bytes in freed blocks the shim keeps for reuse (part of used).";
+    cached: u64 = |s| load(&s.cached), json "cached_bytes", Gauge "vramcap_gpu_memory_cached_bytes" "Bytes in freed blocks the shim keeps for reuse (part of used).";
     /// Bytes placed in host memory past the cap.
-    spilled: u64 = |s| load(&s.spilled),
-        json "spilled_bytes",
-        Gauge "vramcap_gpu_memory_spilled_bytes"
-        "Bytes the process allocated on the GPU that were placed in host memory past the cap.";
+    spilled: u64 = |s| load(&s.spilled), json "spilled_bytes", Gauge "vramcap_gpu_memory_spilled_bytes" "Bytes the process allocated on the GPU that were placed in host memory past the cap.";
     /// Allocations that succeeded, cache hits and spills included.
-    allocs: u64 = |s| load(&s.allocs),
-        json "allocations",
-        Counter "vramcap_allocations_total"
-        "Allocations that succeeded, cache hits and spills included.";
-    frees: u64 = |s| load(&s.frees),
-        json "frees",
-        Counter "vramcap_frees_total"
-        "Frees of memory the process allocated.";
+    allocs: u64 = |s| load(&s.allocs), json "allocations", Counter "vramcap_allocations_total" "Allocations that succeeded, cache hits and spills included.";
+    frees: u64 = |s| load(&s.frees), json "frees", Counter "vramcap_frees_total" "Frees of memory the process allocated.";
     /// Allocations answered with out-of-memory because of the cap.
-    refusals: u64 = |s| load(&s.refusals),
-        json "refusals",
-        Counter "vramcap_refusals_total"
-        "Allocations refused (out of memory) because of the cap.";
-    cache_hits: u64 = |s| load(&s.cache_hits),
-        json "cache_hits",
-        Counter "vramcap_cache_hits_total"
-        "Allocations served from the freed-block cache.";
-    cache_misses: u64 = |s| load(&s.cache_misses),
-        json "cache_misses",
-        Counter "vramcap_cache_misses_total"
-        "Allocations the freed-block cache could not serve.";
+    refusals: u64 = |s| load(&s.refusals), json "refusals", Counter "vramcap_refusals_total" "Allocations refused (out of memory) because of the cap.";
+    cache_hits: u64 = |s| load(&s.cache_hits), json "cache_hits", Counter "vramcap_cache_hits_total" "Allocations served from the freed-block cache.";
+    cache_misses: u64 = |s| load(&s.cache_misses), json "cache_misses", Counter "vramcap_cache_misses_total" "Allocations the freed-block cache could not serve.";
     /// Cached blocks given back to the driver for the bound or idle time.
-    evictions: u64 = |s| load(&s.evictions),
-        json "evictions",
-        Counter "vramcap_cache_evictions_total"
-        "Cached blocks given back to the driver for the cache's bound or idle time.";
+    evictions: u64 = |s| load(&s.evictions), json "evictions", Counter "vramcap_cache_evictions_total" "Cached blocks given back to the driver for the cache's bound or idle time.";
     /// Cache trims done at `vramcap trim`'s request.
-    trims: u64 = |s| load(&s.trims),
-        json "trims";
+    trims: u64 = |s| load(&s.trims), json "trims";
     /// Allocations placed in host memory past the cap.
-    spill_allocs: u64 = |s| load(&s.spill_allocs),
-        json "spill_allocations",
-        Counter "vramcap_spill_allocations_total"
-        "Allocations placed in host memory past the cap.";
+    spill_allocs: u64 = |s| load(&s.spill_allocs), json "spill_allocations", Counter "vramcap_spill_allocations_total" "Allocations placed in host memory past the cap.";
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use vramcap_core::settings::default_stats_dir;
 use vramcap_core::settings::Settings;
 
 use super::cuda::CUdevice;
-use super::page::{cstring, errno_text, now_unix_ns, prepare_dir};
+use super::page::{cstring, errno_text, map_shared, now_unix_ns, prepare_dir};
 use crate::log::{log_at, log_once};
 
 const UNTRIED: u8 = 0;
@@ -136,20 +136,10 @@ impl Membership {
 }
 
 fn map(fd: i32) -> Result<&'static GroupPage, String> {
-    // SAFETY: mapping GROUP_PAGE_SIZE bytes of a file at least that long.
-    let p = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            GROUP_PAGE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+    // SAFETY: callers pass a file at least GROUP_PAGE_SIZE long.
+    let Some(p) = (unsafe { map_shared(fd, GROUP_PAGE_SIZE) }) else {
         return Err(format!("cannot map the group page: {}", errno_text()));
-    }
+    };
     // SAFETY: a checked group page, mapped for the life of the process.
     Ok(unsafe { &*p.cast::<GroupPage>() })
 }

@@ -110,6 +110,25 @@ fn private() -> *mut Page {
     Box::into_raw(b)
 }
 
+/// Maps `len` bytes of `fd` shared, for reading and writing.
+///
+/// # Safety
+/// `fd` is an open file at least `len` bytes long.
+pub unsafe fn map_shared(fd: i32, len: usize) -> Option<*mut libc::c_void> {
+    // SAFETY: the caller's contract; the kernel checks the rest.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p)
+}
+
 pub fn now_unix_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -217,20 +236,10 @@ impl PageHandle {
         if unsafe { libc::ftruncate(fd, PAGE_SIZE as libc::off_t) } != 0 {
             return fail("size");
         }
-        // SAFETY: mapping PAGE_SIZE bytes of a file that is PAGE_SIZE long.
-        let map = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                PAGE_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
+        // SAFETY: the file is PAGE_SIZE long.
+        let Some(map) = (unsafe { map_shared(fd, PAGE_SIZE) }) else {
             return fail("map");
-        }
+        };
         // The descriptor stays open for the life of the process: its lock on the
         // first byte is how readers tell a live page from a dead process's, in
         // any PID namespace (the kernel drops the lock when the process dies;
