@@ -10,7 +10,7 @@
 # check that could not run counts as a failure.
 #
 # Environment:
-#   CAP         cap to test (default 4GiB); whole bytes or N K/M/G(i)B (powers of 1024); 1..16 GiB
+#   CAP         cap to test (default 4GiB), read by `DIR/vramcap size`; 1..16 GiB
 #   PYTHON      python with torch/jax/cupy (default python3)
 #   NVCC        nvcc to use (default /usr/local/cuda/bin/nvcc, else nvcc on PATH)
 #   CUDA_ARCH   default sm_90
@@ -38,33 +38,16 @@ CHUNK=$((256 * MiB))
 
 # ---------------------------------------------------------------- setup
 
-# parse_size STR -> bytes on stdout; plain bytes or K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB,
-# any case, all powers of 1024 (as vramcap's own size grammar reads them).
-parse_size() {
-    local s=$1 num unit mult
-    if [[ $s =~ ^([0-9]+)[[:space:]]*([A-Za-z]*)$ ]]; then
-        num=${BASH_REMATCH[1]}
-        unit=${BASH_REMATCH[2]}
-    else
-        return 1
-    fi
-    case "${unit,,}" in
-        "" | b) mult=1 ;;
-        k | kb | kib) mult=1024 ;;
-        m | mb | mib) mult=$MiB ;;
-        g | gb | gib) mult=$GiB ;;
-        t | tb | tib) mult=$((1024 * GiB)) ;;
-        *) return 1 ;;
-    esac
-    # Refuse absurdly long numbers before bash arithmetic can overflow.
-    [ ${#num} -le 15 ] || return 1
-    echo $((10#$num * mult))
-}
-
-CAP_BYTES=$(parse_size "$CAP") || {
-    echo "gpu-check: cannot parse CAP='$CAP' (use whole bytes or N KiB/MiB/GiB)" >&2
+# CAP in bytes, read by vramcap itself (the grammar of VRAMCAP_LIMIT's sizes).
+if [ ! -x "$CLI" ]; then
+    echo "gpu-check: $CLI is missing or not executable (it reads CAP='$CAP')" >&2
     exit 2
-}
+fi
+CAP_BYTES=$(env -u LD_PRELOAD -u VRAMCAP_LIMIT "$CLI" size "$CAP") || CAP_BYTES=""
+if ! isint "$CAP_BYTES"; then
+    echo "gpu-check: cannot parse CAP='$CAP' with '$CLI size' (use whole bytes or N KiB/MiB/GiB)" >&2
+    exit 2
+fi
 if ((CAP_BYTES < GiB || CAP_BYTES > 16 * GiB)); then
     echo "gpu-check: CAP=$CAP ($CAP_BYTES bytes) outside 1 GiB..16 GiB (safety rule)" >&2
     exit 2
