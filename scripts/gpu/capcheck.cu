@@ -47,9 +47,6 @@
 // Exit status: 0 when the program ran to the end and every VERIFY/TOUCH is ok,
 // 1 on any CUDA error outside the expected allocation refusal, 2 on bad usage.
 
-#include <cuda.h>
-#include <cuda_runtime.h>
-
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -57,6 +54,8 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+
+#include "common.cuh"
 
 static const size_t kChunk = 256ull << 20;            // 256 MiB
 static const size_t kPitchWidth = 64ull << 20;        // 64 MiB wide rows
@@ -71,17 +70,6 @@ static const size_t k2DW = 8192, k2DH = 8192;
 static const size_t k3DW = 1024, k3DH = 1024, k3DD = 64;
 static_assert(k2DW * k2DH * sizeof(float) == kChunk, "2D array is one chunk");
 static_assert(k3DW * k3DH * k3DD * sizeof(float) == kChunk, "3D array is one chunk");
-
-static const char *rt_name(cudaError_t e) {
-    const char *n = cudaGetErrorName(e);
-    return n ? n : "unknown";
-}
-
-static const char *drv_name(CUresult r) {
-    const char *n = NULL;
-    if (cuGetErrorName(r, &n) != CUDA_SUCCESS || n == NULL) return "unknown";
-    return n;
-}
 
 // Report a failed runtime call on stdout and stderr; evaluates to true on error.
 static bool rt_fail(cudaError_t e, const char *what, int line) {
