@@ -17,34 +17,19 @@
 
 set -u
 
-if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
-    exit 2
-fi
-if [ ! -d "$1" ]; then
-    echo "bench: '$1' is not a directory" >&2
-    exit 2
-fi
-
-ART=$(realpath "$1")
-SHIM=$ART/libvramcap.so
-SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
-GPU_SRC=$SCRIPT_DIR/gpu
+NAME=bench
+# shellcheck source-path=SCRIPTDIR source=gpu/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu/lib.sh"
+gpu_args 18 "$@"
+gpu_paths "$1"
 ROUNDS=${ROUNDS:-6}
 TORCH_ROUNDS=${TORCH_ROUNDS:-4}
-PYTHON=${PYTHON:-python3}
 CUDA_ARCH=${CUDA_ARCH:-sm_90}
-OUT=${OUT:-/tmp}
 BENCH_LIMIT=${BENCH_LIMIT:-16GiB}
 BUDGET_S=${BUDGET_S:-420}
+RUN_MIN_LEFT=10 # no run starts with less of the budget left
 
-for v in ROUNDS TORCH_ROUNDS BUDGET_S; do
-    if ! [[ ${!v} =~ ^[0-9]+$ ]]; then
-        echo "bench: $v='${!v}' is not a whole number" >&2
-        exit 2
-    fi
-done
+need_whole "" ROUNDS TORCH_ROUNDS BUDGET_S
 case "$BENCH_LIMIT" in
     1GiB | 2GiB | 4GiB | 8GiB | 16GiB) ;;
     *)
@@ -57,44 +42,13 @@ if [ ! -r "$SHIM" ]; then
     exit 2
 fi
 
-mkdir -p "$OUT" || { echo "bench: cannot create OUT=$OUT" >&2; exit 2; }
-LOG=$OUT/bench.log
-MD=$OUT/bench.md
-: >"$LOG" || { echo "bench: cannot write $LOG" >&2; exit 2; }
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench.XXXXXX") || { echo "bench: mktemp failed" >&2; exit 2; }
-# shellcheck disable=SC2317  # called through trap
-cleanup() { if [ "${KEEP_WORK:-0}" != 1 ]; then rm -rf "$WORK"; fi; }
-trap cleanup EXIT
-
-progress() { echo "[bench] $*" >&2; echo "[bench] $*" >>"$LOG"; }
+gpu_outputs
+gpu_workdir
 
 # ---------------------------------------------------------------- header
 
-COMMIT=""
-if command -v git >/dev/null 2>&1 && git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
-    COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)
-    if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | head -n 1)" ]; then
-        COMMIT="$COMMIT+dirty"
-    fi
-fi
-if [ -z "$COMMIT" ] && [ -r "$ART/COMMIT" ]; then
-    COMMIT=$(head -n 1 "$ART/COMMIT" | tr -d '\r' | cut -c1-60)
-fi
-[ -n "$COMMIT" ] || COMMIT=unknown
-
-NVSMI=$(command -v nvidia-smi 2>/dev/null || true)
-[ -n "$NVSMI" ] || for c in /usr/local/nvidia/bin/nvidia-smi /usr/bin/nvidia-smi; do
-    [ -x "$c" ] && NVSMI=$c && break
-done
-GPU_NAME=unknown
-GPU_DRIVER=unknown
-if [ -n "$NVSMI" ]; then
-    q=$(timeout 30 "$NVSMI" --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
-    if [ -n "$q" ]; then
-        GPU_NAME=$(echo "${q%,*}" | sed 's/^ *//; s/ *$//')
-        GPU_DRIVER=$(echo "${q##*,}" | sed 's/^ *//; s/ *$//')
-    fi
-fi
+gpu_commit
+gpu_smi
 HEADER="vramcap bench — $(date -u '+%Y-%m-%d %H:%M:%S UTC') — commit $COMMIT — GPU $GPU_NAME, driver $GPU_DRIVER — with shim: VRAMCAP_LIMIT=$BENCH_LIMIT"
 {
     echo "$HEADER"
@@ -114,76 +68,14 @@ V_NOSTATS=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT" "VR
 V_NOCACHE=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT" "VRAMCAP_CACHE=off")
 
 # run_one NAME TIMEOUT CMD... -> RC, OUTF; raw output goes to the log
-RC=0
-OUTF=/dev/null
-NRUN=0
 run_one() {
-    local name=$1 to=$2 left t0
-    shift 2
-    NRUN=$((NRUN + 1))
-    OUTF=$WORK/run$NRUN.out
-    : >"$OUTF"
-    left=$((BUDGET_S - SECONDS))
-    if ((left < 10)); then
-        RC=125
-        progress "$name: skipped (time budget of ${BUDGET_S}s spent)"
-        return
-    fi
-    ((to > left)) && to=$left
-    progress "$name"
-    {
-        echo
-        echo "=== $name ==="
-        printf 'cmd:'
-        printf ' %q' "$@"
-        echo
-    } >>"$LOG"
-    t0=$SECONDS
-    timeout -k 10 "$to" "$@" >"$OUTF" 2>"$OUTF.err" </dev/null
-    RC=$?
-    {
-        echo "rc: $RC (wall $((SECONDS - t0)) s)"
-        echo "--- stdout ---"
-        cat "$OUTF"
-        echo "--- stderr ---"
-        head -c 200000 "$OUTF.err"
-        echo "--- end ---"
-    } >>"$LOG"
-    [ "$RC" = 0 ] || progress "$name failed: rc=$RC (see $LOG)"
+    run_cmd "$@"
+    [ "$RC" = 0 ] || progress "$1 failed: rc=$RC (see $LOG)"
 }
 
 # ---------------------------------------------------------------- build
 
-NVCC_BIN=${NVCC:-}
-if [ -z "$NVCC_BIN" ]; then
-    if [ -x /usr/local/cuda/bin/nvcc ]; then
-        NVCC_BIN=/usr/local/cuda/bin/nvcc
-    else
-        NVCC_BIN=$(command -v nvcc 2>/dev/null || true)
-    fi
-fi
-
-build_cu() {
-    local src=$1 out=$2 cudadir alt
-    local -a link
-    cudadir=$(dirname "$(dirname "$NVCC_BIN")")
-    local alts=(
-        "-lcuda"
-        "-L$cudadir/lib64/stubs -lcuda"
-        "-L$cudadir/targets/x86_64-linux/lib/stubs -lcuda"
-        "-L/usr/local/nvidia/lib64 -l:libcuda.so.1"
-        "-L/usr/lib/x86_64-linux-gnu -l:libcuda.so.1"
-    )
-    for alt in "${alts[@]}"; do
-        read -r -a link <<<"$alt"
-        echo "build: $NVCC_BIN -O2 -arch=$CUDA_ARCH -o $out $src ${link[*]}" >>"$LOG"
-        if timeout 300 "$NVCC_BIN" -O2 -arch="$CUDA_ARCH" -o "$out" "$src" "${link[@]}" >>"$LOG" 2>&1; then
-            echo "build ok: $out" >>"$LOG"
-            return 0
-        fi
-    done
-    return 1
-}
+find_nvcc
 
 BENCH_ALLOC=""
 if [ -n "$NVCC_BIN" ] && [ -x "$NVCC_BIN" ] && [ -r "$GPU_SRC/bench_alloc.cu" ]; then
@@ -383,20 +275,17 @@ MISSING=0
     echo "Failed runs: $NFAILRUN. Elapsed: ${SECONDS}s. Raw data: $LOG"
 } >"$WORK/table.md"
 
-cp "$WORK/table.md" "$MD" 2>/dev/null || true
-{
-    echo
+# The per-run data, in the log before the table.
+# shellcheck disable=SC2317  # called by gpu_table_out
+raw_data() {
     echo "=== per-run data (variant api size median_us mean_us round) ==="
     cat "$DATA"
     echo "=== in-process A/B (variant size hooked_median_us real_median_us round) ==="
     cat "$ABDATA"
     echo "=== torch (variant ms_per_step round) ==="
     cat "$TDATA"
-    echo "=== summary ==="
-    cat "$WORK/table.md"
-} >>"$LOG"
-echo
-cat "$WORK/table.md"
+}
+gpu_table_out raw_data
 
 if [ "$MISSING" = 0 ] && [ "$NFAILRUN" = 0 ]; then exit 0; fi
 exit 1

@@ -23,27 +23,15 @@
 
 set -u
 
-if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
-    exit 2
-fi
-if [ ! -d "$1" ]; then
-    echo "gpu-check-2gpu: '$1' is not a directory" >&2
-    exit 2
-fi
-
-ART=$(realpath "$1")
-SHIM=$ART/libvramcap.so
-SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
-GPU_SRC=$SCRIPT_DIR/gpu
-OUT=${OUT:-/tmp}
+NAME=gpu-check-2gpu
+# shellcheck source-path=SCRIPTDIR source=gpu/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu/lib.sh"
+gpu_args 22 "$@"
+gpu_setup "$1"
 CUDA_ARCH=${CUDA_ARCH:-sm_90}
 CU_TIMEOUT=${CU_TIMEOUT:-120}
 BUDGET_S=${BUDGET_S:-540}
 
-MiB=1048576
-GiB=1073741824
 CHUNK=$((256 * MiB))
 CAP0=$((2 * GiB)) # "0=2GiB,1=3GiB"
 CAP1=$((3 * GiB))
@@ -51,150 +39,17 @@ UCAP=$((1 * GiB)) # "GPU-<prefix of device 1>=1GiB,2GiB"
 UDEF=$((2 * GiB))
 MAXB=$((4 * GiB)) # hard stop per device: above every cap here, never reached when capped
 
-mkdir -p "$OUT" || { echo "gpu-check-2gpu: cannot create OUT=$OUT" >&2; exit 2; }
-LOG=$OUT/gpu-check-2gpu.log
-MD=$OUT/gpu-check-2gpu.md
-: >"$LOG" || { echo "gpu-check-2gpu: cannot write $LOG" >&2; exit 2; }
-
-progress() { echo "[gpu-check-2gpu] $*" >&2; echo "[gpu-check-2gpu] $*" >>"$LOG"; }
-
-for v in CU_TIMEOUT BUDGET_S; do
-    if ! [[ ${!v} =~ ^[0-9]+$ ]]; then
-        echo "gpu-check-2gpu: $v='${!v}' is not a whole number of seconds" >&2
-        exit 2
-    fi
-done
-command -v timeout >/dev/null 2>&1 || { echo "gpu-check-2gpu: 'timeout' (coreutils) not found" >&2; exit 2; }
-
-# ---------------------------------------------------------------- helpers (as in gpu-check.sh)
-
-isint() { [[ ${1:-} =~ ^[0-9]+$ ]]; }
-
-mib() {
-    local b=${1:-}
-    if ! isint "$b"; then
-        printf '%s' "${b:-?}"
-    elif ((b % MiB == 0)); then
-        printf '%d MiB' $((b / MiB))
-    else
-        awk -v b="$b" 'BEGIN { printf "%.1f MiB", b / 1048576 }'
-    fi
-}
-
-kv() {
-    local key=$1 line=" ${2:-} "
-    local re=" ${key}=([^ ]*) "
-    if [[ $line =~ $re ]]; then printf '%s' "${BASH_REMATCH[1]}"; fi
-}
-
-ROWS_NAME=()
-ROWS_EXP=()
-ROWS_OBS=()
-ROWS_RES=()
-NFAIL=0
-add_row() {
-    ROWS_NAME+=("$1")
-    ROWS_EXP+=("$2")
-    ROWS_OBS+=("$3")
-    ROWS_RES+=("$4")
-    [ "$4" = PASS ] || NFAIL=$((NFAIL + 1))
-    echo "RESULT-ROW | $1 | $2 | $3 | $4" >>"$LOG"
-    echo "[gpu-check-2gpu]   -> $4: $3" >&2
-}
-
-time_left() {
-    local left=$((BUDGET_S - SECONDS))
-    ((left > 0)) && echo "$left" || echo 0
-}
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-2gpu.XXXXXX") || { echo "gpu-check-2gpu: mktemp failed" >&2; exit 2; }
-# shellcheck disable=SC2317  # called through trap
-cleanup() { if [ "${KEEP_WORK:-0}" != 1 ]; then rm -rf "$WORK"; fi; }
-trap cleanup EXIT
-
-RC=0
-OUTF=/dev/null
-ERRF=/dev/null
-NOTRUN=0
-run_cmd() {
-    local name=$1 to=$2 left t0
-    shift 2
-    OUTF=$WORK/$name.out
-    ERRF=$WORK/$name.err
-    : >"$OUTF"
-    : >"$ERRF"
-    NOTRUN=0
-    left=$(time_left)
-    if ((left < 5)); then
-        NOTRUN=1
-        RC=125
-        progress "$name: not run (time budget of ${BUDGET_S}s spent)"
-        return
-    fi
-    ((to > left)) && to=$left
-    progress "running $name (timeout ${to}s)"
-    {
-        echo
-        echo "=== $name ==="
-        echo "start: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-        printf 'cmd:'
-        printf ' %q' "$@"
-        echo
-    } >>"$LOG"
-    t0=$SECONDS
-    timeout -k 10 "$to" "$@" >"$OUTF" 2>"$ERRF" </dev/null
-    RC=$?
-    {
-        echo "rc: $RC (wall $((SECONDS - t0)) s)"
-        echo "--- stdout ---"
-        head -c 1000000 "$OUTF"
-        echo "--- stderr ---"
-        head -c 1000000 "$ERRF"
-        echo "--- end $name ---"
-    } >>"$LOG"
-}
-
-rc_note() {
-    if [ "$NOTRUN" = 1 ]; then
-        echo "not run: time budget spent"
-    elif [ "$RC" = 124 ] || [ "$RC" = 137 ]; then
-        echo "TIMEOUT (rc=$RC)"
-    elif [ "$RC" = 127 ] || [ "$RC" = 126 ]; then
-        echo "could not execute (rc=$RC)"
-    elif ((RC > 128)); then
-        echo "killed by signal $((RC - 128))"
-    fi
-}
+need_whole " of seconds" CU_TIMEOUT BUDGET_S
+need_timeout
 
 lower() { printf '%s' "${1,,}"; }
 
 # ---------------------------------------------------------------- setup
 
-COMMIT=""
-if command -v git >/dev/null 2>&1 && git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
-    COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)
-    if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | head -n 1)" ]; then
-        COMMIT="$COMMIT+dirty"
-    fi
-fi
-if [ -z "$COMMIT" ] && [ -r "$ART/COMMIT" ]; then
-    COMMIT=$(head -n 1 "$ART/COMMIT" | tr -d '\r' | cut -c1-60)
-fi
-[ -n "$COMMIT" ] || COMMIT=unknown
-
-NVSMI=$(command -v nvidia-smi 2>/dev/null || true)
-[ -n "$NVSMI" ] || for c in /usr/local/nvidia/bin/nvidia-smi /usr/bin/nvidia-smi; do
-    [ -x "$c" ] && NVSMI=$c && break
-done
-GPU_NAME=unknown
-GPU_DRIVER=unknown
+gpu_commit
+gpu_smi
 SMI_UUIDS=() # index order of nvidia-smi (PCI bus order)
 if [ -n "$NVSMI" ]; then
-    q=$(timeout 30 "$NVSMI" --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
-    if [ -n "$q" ]; then
-        GPU_NAME=$(echo "${q%,*}" | sed 's/^ *//; s/ *$//')
-        GPU_DRIVER=$(echo "${q##*,}" | sed 's/^ *//; s/ *$//')
-    fi
     while IFS= read -r u; do
         u=$(printf '%s' "$u" | tr -d ' \r')
         [ -n "$u" ] && SMI_UUIDS+=("$u")
@@ -244,66 +99,15 @@ add_row "two GPUs (nvidia-smi --query-gpu=uuid)" ">= 2 GPUs" \
 
 # ---------------------------------------------------------------- build
 
-NVCC_BIN=${NVCC:-}
-if [ -z "$NVCC_BIN" ]; then
-    if [ -x /usr/local/cuda/bin/nvcc ]; then
-        NVCC_BIN=/usr/local/cuda/bin/nvcc
-    else
-        NVCC_BIN=$(command -v nvcc 2>/dev/null || true)
-    fi
-fi
-
-build_cu() {
-    local src=$1 out=$2 cudadir alt
-    local -a link
-    cudadir=$(dirname "$(dirname "$NVCC_BIN")")
-    local alts=(
-        "-lcuda"
-        "-L$cudadir/lib64/stubs -lcuda"
-        "-L$cudadir/targets/x86_64-linux/lib/stubs -lcuda"
-        "-L/usr/local/nvidia/lib64 -l:libcuda.so.1"
-        "-L/usr/lib/x86_64-linux-gnu -l:libcuda.so.1"
-    )
-    for alt in "${alts[@]}"; do
-        read -r -a link <<<"$alt"
-        echo "build: $NVCC_BIN -O2 -arch=$CUDA_ARCH -o $out $src ${link[*]}" >>"$LOG"
-        if timeout 300 "$NVCC_BIN" -O2 -arch="$CUDA_ARCH" -o "$out" "$src" "${link[@]}" >>"$LOG" 2>&1; then
-            echo "build ok: $out" >>"$LOG"
-            (ldd "$out" 2>&1 || true) >>"$LOG"
-            return 0
-        fi
-    done
-    return 1
-}
-
-CAPCHECK=""
-if [ -z "$NVCC_BIN" ] || [ ! -x "$NVCC_BIN" ]; then
-    add_row "build capcheck.cu" "nvcc builds it" "nvcc not found (set NVCC)" FAIL
-elif [ ! -r "$GPU_SRC/capcheck.cu" ]; then
-    add_row "build capcheck.cu" "nvcc builds it" "$GPU_SRC/capcheck.cu missing" FAIL
-else
-    progress "building capcheck with $NVCC_BIN"
-    if build_cu "$GPU_SRC/capcheck.cu" "$WORK/capcheck"; then
-        CAPCHECK=$WORK/capcheck
-        add_row "build capcheck.cu" "nvcc builds it" "ok ($CUDA_ARCH)" PASS
-    else
-        add_row "build capcheck.cu" "nvcc builds it" "build failed (see log)" FAIL
-    fi
-fi
+find_nvcc
+build_capcheck
 
 # ---------------------------------------------------------------- checks
 
 # dev_line D : the RESULTDEV line of device D from the last process
 dev_line() { grep -a "^RESULTDEV dev=$1 " "$OUTF" 2>/dev/null | tail -n 1; }
-verify_dev() {
-    if grep -aq "^VERIFYDEV dev=$1 ok\$" "$OUTF"; then
-        echo ok
-    elif grep -aq "^VERIFYDEV dev=$1 " "$OUTF"; then
-        echo bad
-    else
-        echo none
-    fi
-}
+# VERIFYDEV state of device D in the last process: ok, bad or none
+verify_dev() { grep_state "^VERIFYDEV dev=$1 ok\$" ok "^VERIFYDEV dev=$1 " bad; }
 dev_obs() {
     local d=$1 line
     line=$(dev_line "$d")
@@ -347,8 +151,8 @@ if [ -n "$CAPCHECK" ]; then
     [ "$RC" = 0 ] || ok=0
     for d in 0 1; do
         line=$(dev_line "$d")
-        [ "$(kv bytes "$line")" = "$GiB" ] || ok=0
-        [ "$(kv stop "$line")" = limit ] || ok=0
+        want_kv bytes "$GiB"
+        want_kv stop limit
         [ "$(verify_dev "$d")" = ok ] || ok=0
     done
     P0=$(kv uuid "$(dev_line 0)")
@@ -361,9 +165,8 @@ if [ -n "$CAPCHECK" ]; then
             order="CUDA order differs from nvidia-smi order"
         fi
     fi
-    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
     add_row "twodev, no shim, stop 1 GiB per device" "$exp" \
-        "${note:+$note; }$(dev_obs 0)$(dev_obs 1)$order; rc=$RC" "$res"
+        "${note:+$note; }$(dev_obs 0)$(dev_obs 1)$order; rc=$RC" "$(verdict)"
 else
     add_row "twodev, no shim, stop 1 GiB per device" "$exp" "not built" FAIL
 fi
@@ -382,51 +185,45 @@ if [[ $PHYS1 == GPU-* ]]; then
     if [ -n "$PHYS0" ] && [[ $(lower "$PHYS0") == $(lower "$UKEY")* ]]; then UKEY=$PHYS1; fi
 fi
 
-# run_twodev NAME MODE LIMIT CVD(or "-" for inherited) : runs capcheck MODE under the shim
+# run_twodev ROW EXP NAME MODE LIMIT CVD(or "-" for inherited) : runs capcheck
+# MODE under the shim; sets note and ok (0 already when the exit status is not
+# 0). Without capcheck or the shim the row is FAIL and it returns 1.
 run_twodev() {
-    local name=$1 mode=$2 limit=$3 cvd=$4
+    local row=$1 exp=$2 name=$3 mode=$4 limit=$5 cvd=$6
+    if [ -z "$CAPCHECK" ] || [ "$HAVE_SHIM" != 1 ]; then
+        add_row "$row" "$exp" "capcheck not built or shim missing" FAIL
+        return 1
+    fi
     local -a cmd=("${WITHSHIM[@]}" "VRAMCAP_LIMIT=$limit")
     [ "$cvd" != - ] && cmd+=("CUDA_VISIBLE_DEVICES=$cvd")
     run_cmd "$name" "$CU_TIMEOUT" "${cmd[@]}" "$CAPCHECK" "$mode" "$MAXB"
+    note=$(rc_note)
+    ok=1
+    [ "$RC" = 0 ] || ok=0
 }
 
 # 2/3. ordinal limits, one thread and two threads.
 for mode in twodev twodev-thread; do
     rowname="$mode, VRAMCAP_LIMIT=0=2GiB,1=3GiB"
     exp="dev0: $(mib $((CAP0 - CHUNK))) < bytes <= $(mib $CAP0), dev1: $(mib $((CAP1 - CHUNK))) < bytes <= $(mib $CAP1); each err=2, total=its cap, one more chunk refused (again_err=2), VERIFYDEV ok; rc=0"
-    if [ -z "$CAPCHECK" ] || [ "$HAVE_SHIM" != 1 ]; then
-        add_row "$rowname" "$exp" "capcheck not built or shim missing" FAIL
-        continue
-    fi
-    run_twodev "$mode-ordinal" "$mode" "0=2GiB,1=3GiB" -
-    note=$(rc_note)
-    ok=1
-    [ "$RC" = 0 ] || ok=0
+    run_twodev "$rowname" "$exp" "$mode-ordinal" "$mode" "0=2GiB,1=3GiB" - || continue
     capped_ok 0 "$CAP0" || ok=0
     capped_ok 1 "$CAP1" || ok=0
-    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
-    add_row "$rowname" "$exp" "${note:+$note; }$(dev_obs 0)$(dev_obs 1)rc=$RC" "$res"
+    add_row "$rowname" "$exp" "${note:+$note; }$(dev_obs 0)$(dev_obs 1)rc=$RC" "$(verdict)"
 done
 
 # 4. ordinal limits with the visible order swapped: the caps follow the order
 # the process sees (its device 0 is physical 1 and gets 2 GiB).
 rowname="twodev, VRAMCAP_LIMIT=0=2GiB,1=3GiB, CUDA_VISIBLE_DEVICES=$SWAP_CVD"
 exp="visible dev0 is physical 1 (uuid), dev0 capped at $(mib $CAP0), dev1 at $(mib $CAP1) (criteria as above)"
-if [ -z "$CAPCHECK" ] || [ "$HAVE_SHIM" != 1 ]; then
-    add_row "$rowname" "$exp" "capcheck not built or shim missing" FAIL
-else
-    run_twodev twodev-ordinal-swapped twodev "0=2GiB,1=3GiB" "$SWAP_CVD"
-    note=$(rc_note)
-    ok=1
-    [ "$RC" = 0 ] || ok=0
+if run_twodev "$rowname" "$exp" twodev-ordinal-swapped twodev "0=2GiB,1=3GiB" "$SWAP_CVD"; then
     u0=$(kv uuid "$(dev_line 0)")
     swapped=no
     if [[ $PHYS1 == GPU-* ]] && [ "$(lower "$u0")" = "$(lower "$PHYS1")" ]; then swapped=yes; fi
     [ "$swapped" = yes ] || ok=0
     capped_ok 0 "$CAP0" || ok=0
     capped_ok 1 "$CAP1" || ok=0
-    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
-    add_row "$rowname" "$exp" "${note:+$note; }dev0 is physical 1: $swapped; $(dev_obs 0)$(dev_obs 1)rc=$RC" "$res"
+    add_row "$rowname" "$exp" "${note:+$note; }dev0 is physical 1: $swapped; $(dev_obs 0)$(dev_obs 1)rc=$RC" "$(verdict)"
 fi
 
 # 5/6. UUID key: physical GPU 1 gets 1 GiB whatever its visible index; the
@@ -440,18 +237,11 @@ for cvd in - "$SWAP_CVD"; do
         name=twodev-uuid-swapped
     fi
     exp="the device whose uuid is physical 1's capped at $(mib $UCAP), the other at $(mib $UDEF) (criteria as above)"
-    if [ -z "$CAPCHECK" ] || [ "$HAVE_SHIM" != 1 ]; then
-        add_row "$rowname" "$exp" "capcheck not built or shim missing" FAIL
-        continue
-    fi
-    if [ -z "$UKEY" ]; then
+    if [ -n "$CAPCHECK" ] && [ "$HAVE_SHIM" = 1 ] && [ -z "$UKEY" ]; then
         add_row "$rowname" "$exp" "no UUID for physical GPU 1 (baseline and nvidia-smi gave none)" FAIL
         continue
     fi
-    run_twodev "$name" twodev "$UKEY=1GiB,2GiB" "$cvd"
-    note=$(rc_note)
-    ok=1
-    [ "$RC" = 0 ] || ok=0
+    run_twodev "$rowname" "$exp" "$name" twodev "$UKEY=1GiB,2GiB" "$cvd" || continue
     seen1=none
     for d in 0 1; do
         u=$(kv uuid "$(dev_line "$d")")
@@ -464,41 +254,9 @@ for cvd in - "$SWAP_CVD"; do
         capped_ok "$d" "$want" || ok=0
     done
     [ "$seen1" != none ] || ok=0
-    if [ "$ok" = 1 ]; then res=PASS; else res=FAIL; fi
-    add_row "$rowname" "$exp" "${note:+$note; }key $UKEY; physical 1 is $seen1; $(dev_obs 0)$(dev_obs 1)rc=$RC" "$res"
+    add_row "$rowname" "$exp" "${note:+$note; }key $UKEY; physical 1 is $seen1; $(dev_obs 0)$(dev_obs 1)rc=$RC" "$(verdict)"
 done
 
 # ---------------------------------------------------------------- report
 
-if [ -n "$NVSMI" ]; then
-    {
-        echo
-        echo "=== nvidia-smi at the end ==="
-        timeout 30 "$NVSMI" 2>&1
-    } >>"$LOG"
-fi
-
-esc() { printf '%s' "$1" | sed 's/|/\\|/g'; }
-{
-    echo "$HEADER"
-    echo
-    echo "| check | expected | observed | PASS/FAIL |"
-    echo "|---|---|---|---|"
-    for i in "${!ROWS_NAME[@]}"; do
-        echo "| $(esc "${ROWS_NAME[$i]}") | $(esc "${ROWS_EXP[$i]}") | $(esc "${ROWS_OBS[$i]}") | ${ROWS_RES[$i]} |"
-    done
-    echo
-    echo "${#ROWS_NAME[@]} checks, $((${#ROWS_NAME[@]} - NFAIL)) passed, $NFAIL failed (${SECONDS}s). Full log: $LOG"
-} >"$WORK/table.md"
-
-cp "$WORK/table.md" "$MD" 2>/dev/null || true
-{
-    echo
-    echo "=== summary ==="
-    cat "$WORK/table.md"
-} >>"$LOG"
-echo
-cat "$WORK/table.md"
-
-[ "$NFAIL" = 0 ] && exit 0
-exit 1
+gpu_report

@@ -5,22 +5,19 @@
 # budget plus two CUDA contexts, and after SIGKILL of the holder the second
 # gets 7 GiB within a few seconds. DIR holds libvramcap.so and vramcap.
 set -u
-ART=$(realpath "${1:?usage: gpu-group.sh DIR}")
-HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp}
-PY=${PYTHON:-python3}
-WORK=$(mktemp -d)
+NAME=gpu-group
+# shellcheck source-path=SCRIPTDIR source=gpu/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu/lib.sh"
+gpu_setup "${1:?usage: gpu-group.sh DIR}"
 export VRAMCAP_STATS_DIR=$WORK/stats
-LOG=$OUT/gpu-group.log
-: >"$LOG"
 run=("$ART/vramcap" run --limit 8GiB --group g --cache off --)
 mkfifo "$WORK/a_in" "$WORK/b_in"
 exec 7<>"$WORK/a_in" 8<>"$WORK/b_in"
-"${run[@]}" "$PY" "$HERE/gpu/check_group.py" hold 6 <"$WORK/a_in" >"$WORK/a.out" 2>>"$LOG" &
+"${run[@]}" "$PYTHON" "$GPU_SRC/check_group.py" hold 6 <"$WORK/a_in" >"$WORK/a.out" 2>>"$LOG" &
 A=$!
 for _ in $(seq 600); do grep -q '^HELD' "$WORK/a.out" && break; sleep 0.1; done
 HELD=$(grep '^HELD' "$WORK/a.out")
-"${run[@]}" "$PY" "$HERE/gpu/check_group.py" probe 7 "$A" <"$WORK/b_in" >"$WORK/b.out" 2>>"$LOG" &
+"${run[@]}" "$PYTHON" "$GPU_SRC/check_group.py" probe 7 "$A" <"$WORK/b_in" >"$WORK/b.out" 2>>"$LOG" &
 B=$!
 for _ in $(seq 600); do grep -q '^READY' "$WORK/b.out" && break; sleep 0.1; done
 SHARED=$(grep 'phase=shared' "$WORK/b.out")
@@ -31,7 +28,6 @@ echo >&8
 wait "$B"
 AFTER=$(grep 'phase=after_kill' "$WORK/b.out")
 { echo "== holder"; cat "$WORK/a.out"; echo "== probe"; cat "$WORK/b.out"; echo "== stat while both ran"; echo "$STAT"; } >>"$LOG"
-kv() { local re=" $1=([^ ]*)"; [[ " $2 " =~ $re ]] && printf '%s' "${BASH_REMATCH[1]}"; }
 G=$((1 << 30))
 got=$(kv got "$SHARED"); sum=$(kv nvml_sum "$SHARED")
 r1=FAIL; [ "$(kv oom "$SHARED")" = 1 ] && [ -n "$got" ] && ((got <= 2 * G)) && r1=PASS
@@ -40,11 +36,9 @@ r3=FAIL; [ "$(kv ok "$AFTER")" = 1 ] && r3=PASS
 {
     echo "vramcap gpu-group — $(date -u '+%Y-%m-%d %H:%M:%S UTC') — commit $(cat "$ART/COMMIT" 2>/dev/null || echo ?)"
     echo
-    echo "| check | expected | observed | PASS/FAIL |"
-    echo "|---|---|---|---|"
+    table_head
     echo "| second member while the first holds 6 GiB (group of 8 GiB) | torch.OutOfMemoryError after at most 2 GiB | $HELD; $SHARED | $r1 |"
     echo "| NVML per-process device memory, both summed | <= 8 GiB budget + two CUDA contexts (2 GiB allowance) | nvml_sum=$((sum / 1048576)) MiB | $r2 |"
     echo "| after SIGKILL of the holder | the second member allocates 7 GiB within 3 s | $AFTER | $r3 |"
-} | tee "$OUT/gpu-group.md"
-rm -rf "$WORK"
+} | tee "$MD"
 [ $r1 = PASS ] && [ $r2 = PASS ] && [ $r3 = PASS ]

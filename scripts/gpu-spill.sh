@@ -3,19 +3,14 @@
 # machine (DIR holds libvramcap.so). Safe sizes: caps around 2 GiB, at most
 # 4 GiB spilled. Prints a markdown table; full log in ${OUT:-/tmp}/gpu-spill.log.
 set -u
-ART=$(realpath "${1:?usage: gpu-spill.sh DIR}")
-SHIM=$ART/libvramcap.so
-HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp}
-PYTHON=${PYTHON:-python3}
+NAME=gpu-spill
+# shellcheck source-path=SCRIPTDIR source=gpu/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu/lib.sh"
+gpu_setup "${1:?usage: gpu-spill.sh DIR}"
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
-LOG=$OUT/gpu-spill.log
-WORK=$(mktemp -d)
-: >"$LOG"
 ROWS=()
 FAILS=0
 row() { ROWS+=("| $1 | $2 | $3 | $4 |"); [ "$4" = PASS ] || FAILS=$((FAILS + 1)); }
-kv() { local re=" $1=([^ ]*)"; [[ " $2 " =~ $re ]] && printf '%s' "${BASH_REMATCH[1]}"; }
 runlog() { # NAME CMD... -> output in $WORK/NAME.out
     local name=$1
     shift
@@ -30,9 +25,9 @@ base=(env -u LD_PRELOAD -u VRAMCAP_LIMIT -u VRAMCAP_SPILL -u VRAMCAP_SPILL_LIMIT
 shim=("${base[@]}" "LD_PRELOAD=$SHIM" VRAMCAP_CACHE=off)
 
 # 1. training with a working set of ~1.44x a 1920 MiB cap (5 x Linear(6144), AdamW: ~2.9 GiB)
-runlog train-ref "${base[@]}" "$PYTHON" "$HERE/gpu/check_spill.py"
+runlog train-ref "${base[@]}" "$PYTHON" "$GPU_SRC/check_spill.py"
 REF=$(grep '^RESULTKV' "$WORK/train-ref.out" | tail -1)
-runlog train-nospill "${shim[@]}" VRAMCAP_LIMIT=1920MiB "$PYTHON" "$HERE/gpu/check_spill.py"
+runlog train-nospill "${shim[@]}" VRAMCAP_LIMIT=1920MiB "$PYTHON" "$GPU_SRC/check_spill.py"
 NOSP=$(grep '^RESULTKV' "$WORK/train-nospill.out" | tail -1)
 if [ "$(kv oom "$NOSP")" = 1 ]; then r=PASS; else r=FAIL; fi
 row "training, cap 1920 MiB, no spill" "torch.OutOfMemoryError" "${NOSP:-no result}" $r
@@ -41,7 +36,7 @@ for mode in managed host; do
     for cap in 1920 2304; do
         [ "$mode" = host ] && [ "$cap" = 2304 ] && continue
         name=train-$mode-$cap
-        runlog "$name" "${shim[@]}" VRAMCAP_LIMIT=${cap}MiB VRAMCAP_SPILL=$mode VRAMCAP_SPILL_LIMIT=4GiB "$PYTHON" "$HERE/gpu/check_spill.py"
+        runlog "$name" "${shim[@]}" VRAMCAP_LIMIT=${cap}MiB VRAMCAP_SPILL=$mode VRAMCAP_SPILL_LIMIT=4GiB "$PYTHON" "$GPU_SRC/check_spill.py"
         R=$(grep '^RESULTKV' "$WORK/$name.out" | tail -1)
         ok=1
         [ "$(kv oom "$R")" = 0 ] || ok=0
@@ -57,7 +52,7 @@ for mode in managed host; do
 done
 
 # 2. bandwidth: a kernel reading 1 GiB, by placement, side by side in this run
-if "$NVCC" -O2 -arch=sm_90 -o "$WORK/spill_bw" "$HERE/gpu/spill_bw.cu" >>"$LOG" 2>&1; then
+if "$NVCC" -O2 -arch=sm_90 -o "$WORK/spill_bw" "$GPU_SRC/spill_bw.cu" >>"$LOG" 2>&1; then
     runlog bw-device "${base[@]}" "$WORK/spill_bw" device
     runlog bw-managed "${shim[@]}" VRAMCAP_LIMIT=256MiB VRAMCAP_SPILL=managed VRAMCAP_SPILL_LIMIT=2GiB "$WORK/spill_bw" spilled
     runlog bw-host "${shim[@]}" VRAMCAP_LIMIT=256MiB VRAMCAP_SPILL=host VRAMCAP_SPILL_LIMIT=2GiB "$WORK/spill_bw" spilled
@@ -78,11 +73,9 @@ fi
 {
     echo "vramcap gpu-spill — $(date -u '+%Y-%m-%d %H:%M:%S UTC') — commit $(cat "$ART/COMMIT" 2>/dev/null || echo ?) — $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
     echo
-    echo "| check | expected | observed | PASS/FAIL |"
-    echo "|---|---|---|---|"
+    table_head
     printf '%s\n' "${ROWS[@]}"
     echo
     echo "$((${#ROWS[@]} - FAILS)) of ${#ROWS[@]} passed"
-} | tee "$OUT/gpu-spill.md"
-rm -rf "$WORK"
+} | tee "$MD"
 [ "$FAILS" = 0 ]

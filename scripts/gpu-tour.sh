@@ -8,16 +8,14 @@
 # with scripts/render-terminal.py), OUT/tour-stat.txt, OUT/tour-metrics.txt
 # and OUT/tour.log. DIR holds libvramcap.so and vramcap.
 set -u
-ART=$(realpath "${1:?usage: gpu-tour.sh DIR}")
-HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp}
-PY=${PYTHON:-python3}
-WORK=$(mktemp -d)
+NAME=tour
+# shellcheck source-path=SCRIPTDIR source=gpu/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu/lib.sh"
+gpu_setup "${1:?usage: gpu-tour.sh DIR}"
 export VRAMCAP_STATS_DIR=$WORK/stats
-LOG=$OUT/tour.log
-: >"$LOG"
-W=$HERE/gpu/tour_workload.py
+W=$GPU_SRC/tour_workload.py
 pids=()
+fds=() # the write ends that keep each workload's input open
 n=0
 start() { # name, vramcap options…, --, workload args…
     local name=$1
@@ -27,7 +25,8 @@ start() { # name, vramcap options…, --, workload args…
     shift
     mkfifo "$WORK/$name.in"
     exec {fd}<>"$WORK/$name.in"
-    "$ART/vramcap" run "${opts[@]}" -- "$PY" "$W" "$@" <"$WORK/$name.in" >"$WORK/$name.out" 2>>"$LOG" &
+    fds+=("$fd")
+    "$ART/vramcap" run "${opts[@]}" -- "$PYTHON" "$W" "$@" <"$WORK/$name.in" >"$WORK/$name.out" 2>>"$LOG" &
     pids+=($!)
     n=$((n + 1))
     for _ in $(seq 600); do grep -q '^READY' "$WORK/$name.out" && break; sleep 0.1; done
@@ -38,18 +37,19 @@ start group-a --limit 6GiB --group train -- hold 4
 start group-b --limit 6GiB --group train -- greedy 4
 start jax --limit 4GiB -- jax
 start cupy --limit 2GiB --spill host --spill-limit 4GiB -- cupy 3
-"$PY" "$HERE/gpu/pty_capture.py" 120 32 12 "$OUT/tour-top.bin" -- "$ART/vramcap" top --interval 0.5 >>"$LOG" 2>&1
-echo "top exit: $?" >>"$LOG"
+{
+    "$PYTHON" "$GPU_SRC/pty_capture.py" 120 32 12 "$OUT/tour-top.bin" -- "$ART/vramcap" top --interval 0.5 2>&1
+    echo "top exit: $?"
+} >>"$LOG"
 "$ART/vramcap" stat >"$OUT/tour-stat.txt" 2>>"$LOG"
 "$ART/vramcap" exporter --listen 127.0.0.1:0 2>"$WORK/exporter.err" &
 EXP=$!
 for _ in $(seq 100); do grep -q listening "$WORK/exporter.err" && break; sleep 0.1; done
 URL=$(sed -n 's/.*listening on \(http[^ ]*\)$/\1/p' "$WORK/exporter.err")
-"$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$URL" >"$OUT/tour-metrics.txt" 2>>"$LOG"
+"$PYTHON" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$URL" >"$OUT/tour-metrics.txt" 2>>"$LOG"
 kill "$EXP"
 for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 wait 2>/dev/null
 cat "$OUT/tour-stat.txt"
 grep -c '^vramcap_' "$OUT/tour-metrics.txt" | sed 's/^/metric samples: /'
 ls -l "$OUT"/tour-top.bin
-rm -rf "$WORK"

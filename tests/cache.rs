@@ -2,7 +2,7 @@
 //! driver, the bound, eviction under the cap, idle release, trim, IPC,
 //! capture and contexts going away. Every case is a fresh process.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::util::*;
@@ -16,22 +16,32 @@ fn counts_line(lines: &[String]) -> &str {
         .unwrap_or_else(|| panic!("no counts line: {lines:?}"))
 }
 
+/// Runs the client through cuGetProcAddress under a 1 GiB cap; its stdout
+/// lines (it must exit 0).
+fn lines_under_1gib(args: &[&str]) -> Vec<String> {
+    client("procaddr", &[("VRAMCAP_LIMIT", "1GiB")], args).ok_lines()
+}
+
+/// The `counts` line starts with `counts alloc=ALLOC free=FREE ` and, where
+/// `sync` is given, holds ` sync=SYNC `.
+fn assert_counts(lines: &[String], alloc: u64, free: u64, sync: Option<u64>) {
+    let counts = counts_line(lines);
+    assert!(
+        counts.starts_with(&format!("counts alloc={alloc} free={free} ")),
+        "{lines:?}"
+    );
+    if let Some(sync) = sync {
+        assert!(counts.contains(&format!(" sync={sync} ")), "{lines:?}");
+    }
+}
+
 #[test]
 fn pairs_of_one_size_reach_the_driver_once() {
-    let lines = client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
-        &["init", "pairs", "1000", "1M", "counts"],
-    )
-    .ok_lines();
+    let lines = lines_under_1gib(&["init", "pairs", "1000", "1M", "counts"]);
     assert_eq!(lines[1], "pairs 1000 1048576 -> ok=1000 rc=0");
     // One real allocation; every reuse of a block freed since the last
     // synchronisation costs one cuCtxSynchronize (the stream-safety rule).
-    assert!(
-        counts_line(&lines).starts_with("counts alloc=1 free=0 "),
-        "{lines:?}"
-    );
-    assert!(counts_line(&lines).contains(" sync=999 "), "{lines:?}");
+    assert_counts(&lines, 1, 0, Some(999));
 
     let lines = client(
         "procaddr",
@@ -39,11 +49,7 @@ fn pairs_of_one_size_reach_the_driver_once() {
         &["init", "pairs", "1000", "1M", "counts"],
     )
     .ok_lines();
-    assert!(
-        counts_line(&lines).starts_with("counts alloc=1000 free=1000 "),
-        "{lines:?}"
-    );
-    assert!(counts_line(&lines).contains(" sync=0 "), "{lines:?}");
+    assert_counts(&lines, 1000, 1000, Some(0));
 }
 
 #[test]
@@ -58,23 +64,14 @@ fn blocks_freed_before_a_synchronisation_are_reused_without_another() {
         ],
     )
     .ok_lines();
-    assert!(
-        counts_line(&lines).starts_with("counts alloc=4 free=0 "),
-        "{lines:?}"
-    );
-    assert!(counts_line(&lines).contains(" sync=1 "), "{lines:?}");
+    assert_counts(&lines, 4, 0, Some(1));
 }
 
 #[test]
 fn a_reused_block_is_the_same_driver_allocation() {
-    let lines = client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
-        &[
-            "init", "alloc", "1M", "ptr", "0", "free", "0", "alloc", "1000000", "ptr", "1",
-        ],
-    )
-    .ok_lines();
+    let lines = lines_under_1gib(&[
+        "init", "alloc", "1M", "ptr", "0", "free", "0", "alloc", "1000000", "ptr", "1",
+    ]);
     let addr = |l: &str| l.rsplit_once(" = ").unwrap().1.to_string();
     assert_eq!(addr(&lines[2]), addr(&lines[5]), "{lines:?}");
     assert_eq!(
@@ -186,14 +183,22 @@ fn held(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
     held_in(&artefacts().client, dir, env, args)
 }
 
-#[test]
-fn idle_blocks_go_back_to_the_driver() {
-    let dir = fresh_dir("cache-idle");
+/// A client under a 1 GiB cap with `VRAMCAP_CACHE_IDLE=idle` holding one
+/// freed (so cached) 256 MiB block at its `wait`, its page in a fresh `name`
+/// directory; after the wait it prints the stand-in's usage.
+fn one_cached_block(name: &str, idle: &str) -> (PathBuf, Held) {
+    let dir = fresh_dir(name);
     let h = held(
         &dir,
-        &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE_IDLE", "200ms")],
+        &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE_IDLE", idle)],
         &["init", "alloc", "256M", "free", "0", "wait", "standin"],
     );
+    (dir, h)
+}
+
+#[test]
+fn idle_blocks_go_back_to_the_driver() {
+    let (dir, h) = one_cached_block("cache-idle", "200ms");
     let d = poll_until(&dir, h.pid(), "idle release", |d| d["cached_bytes"] == 0);
     assert_eq!(d["used_bytes"], 0);
     assert_eq!(d["evictions"], 1);
@@ -210,12 +215,7 @@ fn idle_blocks_go_back_to_the_driver() {
 
 #[test]
 fn trim_empties_a_quiet_process_cache() {
-    let dir = fresh_dir("cache-trim");
-    let h = held(
-        &dir,
-        &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE_IDLE", "1h")],
-        &["init", "alloc", "256M", "free", "0", "wait", "standin"],
-    );
+    let (dir, h) = one_cached_block("cache-trim", "1h");
     let pid = h.pid();
     let d = stat_device0(&dir, pid);
     assert_eq!(
@@ -279,44 +279,31 @@ fn stat_shows_cache_counters() {
 
 #[test]
 fn ipc_exported_blocks_are_never_cached() {
-    let lines = client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
-        &[
-            "init", "alloc", "64M", "ipc", "0", "free", "0", "standin", "alloc", "64M", "counts",
-        ],
-    )
-    .ok_lines();
+    let lines = lines_under_1gib(&[
+        "init", "alloc", "64M", "ipc", "0", "free", "0", "standin", "alloc", "64M", "counts",
+    ]);
     assert_eq!(lines[2], "ipc #0 -> 0");
     assert_eq!(lines[4], "standin dev=0 used=0 peak=67108864", "{lines:?}");
-    assert!(
-        counts_line(&lines).starts_with("counts alloc=2 free=1 "),
-        "{lines:?}"
-    );
+    assert_counts(&lines, 2, 1, None);
 }
 
 #[test]
 fn no_synchronisation_while_a_capture_runs() {
-    let lines = client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
-        &[
-            "init",
-            "stream",
-            "alloc",
-            "1M",
-            "free",
-            "0",
-            "capture-begin",
-            "alloc",
-            "1M",
-            "capture-end",
-            "alloc",
-            "1M",
-            "counts",
-        ],
-    )
-    .ok_lines();
+    let lines = lines_under_1gib(&[
+        "init",
+        "stream",
+        "alloc",
+        "1M",
+        "free",
+        "0",
+        "capture-begin",
+        "alloc",
+        "1M",
+        "capture-end",
+        "alloc",
+        "1M",
+        "counts",
+    ]);
     assert_eq!(lines[4], "capture-begin -> 0", "{lines:?}");
     assert_eq!(lines[5], "alloc 1048576 -> 0 #1");
     assert_eq!(
@@ -325,11 +312,7 @@ fn no_synchronisation_while_a_capture_runs() {
     );
     // The allocation during capture was fresh; after it the cached block is
     // reused with a synchronisation.
-    assert!(
-        counts_line(&lines).starts_with("counts alloc=2 free=0 "),
-        "{lines:?}"
-    );
-    assert!(counts_line(&lines).contains(" sync=1 "), "{lines:?}");
+    assert_counts(&lines, 2, 0, Some(1));
 }
 
 #[test]

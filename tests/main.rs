@@ -5,6 +5,7 @@
 mod util;
 
 mod cache;
+mod cli;
 mod exporter;
 mod group;
 mod paths;

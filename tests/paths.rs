@@ -7,6 +7,11 @@ use crate::util::*;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
+/// The VMM cases: the client through cuGetProcAddress under a 64 MiB cap.
+fn vmm_client(args: &[&str]) -> Ran {
+    client("procaddr", &[("VRAMCAP_LIMIT", "64MiB")], args)
+}
+
 #[test]
 fn stream_ordered_allocations_are_capped_and_freed() {
     client(
@@ -111,46 +116,42 @@ fn captured_stream_allocations_pass_through() {
 
 #[test]
 fn vmm_counts_device_handles_until_the_last_reference() {
-    client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "64MiB")],
-        &[
-            "init",
-            "vmm",
-            "32M",
-            "vmm",
-            "32M",
-            "vmm",
-            "2M",
-            "vmm",
-            "64M",
-            "host",
-            "vmmmap",
-            "0",
-            "vmmretain",
-            "0",
-            "info",
-            "vmmrelease",
-            "0",
-            "info",
-            "vmmunmap",
-            "0",
-            "vmmrelease",
-            "3",
-            "info",
-            "vmmexport",
-            "1",
-            "vmmimport",
-            "vmmrelease",
-            "1",
-            "info",
-            "vmmrelease",
-            "4",
-            "info",
-            "vmm",
-            "64M",
-        ],
-    )
+    vmm_client(&[
+        "init",
+        "vmm",
+        "32M",
+        "vmm",
+        "32M",
+        "vmm",
+        "2M",
+        "vmm",
+        "64M",
+        "host",
+        "vmmmap",
+        "0",
+        "vmmretain",
+        "0",
+        "info",
+        "vmmrelease",
+        "0",
+        "info",
+        "vmmunmap",
+        "0",
+        "vmmrelease",
+        "3",
+        "info",
+        "vmmexport",
+        "1",
+        "vmmimport",
+        "vmmrelease",
+        "1",
+        "info",
+        "vmmrelease",
+        "4",
+        "info",
+        "vmm",
+        "64M",
+    ])
     .expect_lines(&[
         "init -> 0",
         "vmm 33554432 -> 0 %0",
@@ -377,26 +378,22 @@ fn threads_switching_devices_keep_separate_caps() {
 /// keeps it counted after its last handle is released.
 #[test]
 fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
-    client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "64MiB")],
-        &[
-            "init",
-            "vmm",
-            "32M",
-            "vmmmap",
-            "0",
-            "vmmrelease",
-            "0",
-            "info",
-            "vmm",
-            "64M",
-            "vmmunmap",
-            "0",
-            "info",
-            "standin",
-        ],
-    )
+    vmm_client(&[
+        "init",
+        "vmm",
+        "32M",
+        "vmmmap",
+        "0",
+        "vmmrelease",
+        "0",
+        "info",
+        "vmm",
+        "64M",
+        "vmmunmap",
+        "0",
+        "info",
+        "standin",
+    ])
     .expect_lines(&[
         "init -> 0",
         "vmm 33554432 -> 0 %0",

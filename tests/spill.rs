@@ -205,14 +205,11 @@ fn spilled_bytes_show_in_stat() {
     ]);
     let mut h = Held::spawn(cmd);
     h.until("wait");
+    let figures = |d: &Value, keys: [&str; 3]| keys.map(|k| d[k].as_u64());
     let d = stat_device0(&dir, h.pid());
     assert_eq!(
-        (
-            d["used_bytes"].as_u64(),
-            d["spilled_bytes"].as_u64(),
-            d["spill_allocations"].as_u64()
-        ),
-        (Some(GIB), Some(GIB), Some(4)),
+        figures(&d, ["used_bytes", "spilled_bytes", "spill_allocations"]),
+        [Some(GIB), Some(GIB), Some(4)],
         "{d}"
     );
     assert_eq!(d["allocations"], 8);
@@ -220,12 +217,8 @@ fn spilled_bytes_show_in_stat() {
     h.until("wait");
     let d = stat_device0(&dir, h.pid());
     assert_eq!(
-        (
-            d["used_bytes"].as_u64(),
-            d["spilled_bytes"].as_u64(),
-            d["frees"].as_u64()
-        ),
-        (Some(0), Some(0), Some(8)),
+        figures(&d, ["used_bytes", "spilled_bytes", "frees"]),
+        [Some(0), Some(0), Some(8)],
         "{d}"
     );
     h.finish();

@@ -11,25 +11,13 @@
 //   INFO total=.. free=..   (cudaMemGetInfo, to show whether a cap is in force)
 // Exit status 0 on success, 1 on any CUDA error (printed with its name).
 
-#include <cuda.h>
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-static const char *rt_name(cudaError_t e) {
-    const char *n = cudaGetErrorName(e);
-    return n ? n : "unknown";
-}
-
-static const char *drv_name(CUresult r) {
-    const char *n = NULL;
-    if (cuGetErrorName(r, &n) != CUDA_SUCCESS || n == NULL) return "unknown";
-    return n;
-}
+#include "common.cuh"
 
 struct Stats {
     double median, mean, min, p90;

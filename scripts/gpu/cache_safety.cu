@@ -13,14 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                                            \
-    do {                                                                                    \
-        cudaError_t e_ = (x);                                                               \
-        if (e_ != cudaSuccess) {                                                            \
-            printf("ERROR %s: %s\n", #x, cudaGetErrorName(e_));                             \
-            return 1;                                                                       \
-        }                                                                                   \
-    } while (0)
+#include "common.cuh"
 
 __device__ unsigned long long now_ns() {
     unsigned long long t;

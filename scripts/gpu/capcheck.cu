@@ -47,9 +47,6 @@
 // Exit status: 0 when the program ran to the end and every VERIFY/TOUCH is ok,
 // 1 on any CUDA error outside the expected allocation refusal, 2 on bad usage.
 
-#include <cuda.h>
-#include <cuda_runtime.h>
-
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -57,6 +54,8 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+
+#include "common.cuh"
 
 static const size_t kChunk = 256ull << 20;            // 256 MiB
 static const size_t kPitchWidth = 64ull << 20;        // 64 MiB wide rows
@@ -71,17 +70,6 @@ static const size_t k2DW = 8192, k2DH = 8192;
 static const size_t k3DW = 1024, k3DH = 1024, k3DD = 64;
 static_assert(k2DW * k2DH * sizeof(float) == kChunk, "2D array is one chunk");
 static_assert(k3DW * k3DH * k3DD * sizeof(float) == kChunk, "3D array is one chunk");
-
-static const char *rt_name(cudaError_t e) {
-    const char *n = cudaGetErrorName(e);
-    return n ? n : "unknown";
-}
-
-static const char *drv_name(CUresult r) {
-    const char *n = NULL;
-    if (cuGetErrorName(r, &n) != CUDA_SUCCESS || n == NULL) return "unknown";
-    return n;
-}
 
 // Report a failed runtime call on stdout and stderr; evaluates to true on error.
 static bool rt_fail(cudaError_t e, const char *what, int line) {
@@ -217,10 +205,24 @@ static int run_info() {
 
 // ---------------------------------------------------------------- shared by the newer modes
 
-// cudaMemGetInfo on the current device, then one RESULT line. `extra` (may be
-// empty) is appended verbatim, e.g. "pool_reserved=... errat=alloc".
-static void print_result(const char *mode, size_t bytes, int chunks, int err, const char *errname,
-                         const char *stop, size_t max_bytes, const char *extra) {
+// What an allocation loop got, and why it stopped ("limit": at its hard stop).
+struct Loop {
+    size_t bytes = 0;
+    int chunks = 0;
+    int err = 0;
+    const char *errname = "none";
+    const char *stop = "limit";
+    // The loop ends at a failed call: its error code and name, and why.
+    void end(int code, const char *name, const char *why) {
+        err = code;
+        errname = name;
+        stop = why;
+    }
+};
+
+// cudaMemGetInfo on the current device, then one RESULT line for the loop.
+// `extra` (may be empty) is appended verbatim, e.g. "pool_reserved=... errat=alloc".
+static void print_result(const char *mode, const Loop &loop, size_t max_bytes, const char *extra) {
     size_t free_b = 0, total_b = 0;
     cudaError_t mi = cudaMemGetInfo(&free_b, &total_b);
     if (mi != cudaSuccess) {
@@ -229,9 +231,21 @@ static void print_result(const char *mode, size_t bytes, int chunks, int err, co
     }
     printf("RESULT mode=%s bytes=%zu chunks=%d err=%d errname=%s stop=%s total=%zu free=%zu "
            "memgetinfo_err=%d max_bytes=%zu%s%s\n",
-           mode, bytes, chunks, err, errname, stop, total_b, free_b, (int)mi, max_bytes,
-           (extra && *extra) ? " " : "", extra ? extra : "");
+           mode, loop.bytes, loop.chunks, loop.err, loop.errname, loop.stop, total_b, free_b, (int)mi,
+           max_bytes, (extra && *extra) ? " " : "", extra ? extra : "");
     fflush(stdout);
+}
+
+// The end of a run, after freeing (free_failed: a free failed): "FREE error",
+// the verify kernel, "DONE rc=N". Returns the exit status.
+static int finish(int rc, bool free_failed, bool managed) {
+    if (free_failed) {
+        printf("FREE error\n");
+        rc = 1;
+    }
+    if (verify(managed) != 0) rc = 1;
+    printf("DONE rc=%d\n", rc);
+    return rc;
 }
 
 __global__ void fill_u32(unsigned int *p, size_t n, unsigned int salt) {
@@ -302,20 +316,14 @@ static int run_stream_ordered(const char *mode, bool own_pool, size_t max_bytes)
     }
 
     std::vector<void *> ptrs;
-    size_t bytes = 0;
-    int chunks = 0;
-    int err = 0;
-    const char *errname = "none";
-    const char *stop = "limit";
+    Loop loop;
     const char *errat = "none";
-    while (bytes + kChunk <= max_bytes && chunks < kMaxChunks) {
+    while (loop.bytes + kChunk <= max_bytes && loop.chunks < kMaxChunks) {
         void *p = NULL;
         cudaError_t e = own_pool ? cudaMallocFromPoolAsync(&p, kChunk, pool, s)
                                  : cudaMallocAsync(&p, kChunk, s);
         if (e != cudaSuccess) {
-            err = (int)e;
-            errname = rt_name(e);
-            stop = "refused";
+            loop.end((int)e, rt_name(e), "refused");
             errat = "alloc";
             cudaGetLastError();  // clear the (non-sticky) error
             break;
@@ -324,9 +332,7 @@ static int run_stream_ordered(const char *mode, bool own_pool, size_t max_bytes)
         if (e != cudaSuccess) {
             // Not expected: a failure that shows only when the stream runs. The
             // pointer may not be valid, so it is not kept (nor freed).
-            err = (int)e;
-            errname = rt_name(e);
-            stop = "sync_error";
+            loop.end((int)e, rt_name(e), "sync_error");
             errat = "sync";
             fprintf(stderr, "capcheck: cudaStreamSynchronize after an allocation failed: %d %s\n",
                     (int)e, rt_name(e));
@@ -334,8 +340,8 @@ static int run_stream_ordered(const char *mode, bool own_pool, size_t max_bytes)
             break;
         }
         ptrs.push_back(p);
-        bytes += kChunk;
-        ++chunks;
+        loop.bytes += kChunk;
+        ++loop.chunks;
     }
 
     unsigned long long reserved = 0, used = 0;
@@ -346,7 +352,7 @@ static int run_stream_ordered(const char *mode, bool own_pool, size_t max_bytes)
     char extra[256];
     snprintf(extra, sizeof(extra), "pool_reserved=%llu pool_used=%llu errat=%s own_pool=%d", reserved,
              used, errat, own_pool ? 1 : 0);
-    print_result(mode, bytes, chunks, err, errname, stop, max_bytes, extra);
+    print_result(mode, loop, max_bytes, extra);
 
     int rc = 0;
     for (size_t i = 0; i < ptrs.size(); ++i) {
@@ -361,13 +367,18 @@ static int run_stream_ordered(const char *mode, bool own_pool, size_t max_bytes)
     printf("POOL reserved_after_trim=%llu\n", reserved);
     if (own_pool && RT_FAIL(cudaMemPoolDestroy(pool))) rc = 1;
     if (RT_FAIL(cudaStreamDestroy(s))) rc = 1;
-    if (rc != 0) printf("FREE error\n");
-    if (verify(false) != 0) rc = 1;
-    printf("DONE rc=%d\n", rc);
-    return rc;
+    return finish(rc, rc != 0, false);
 }
 
 // ---------------------------------------------------------------- driver VMM
+
+// A failed step after cuMemCreate (r not CUDA_SUCCESS): reported like
+// DRV_FAIL, and the loop ends with why. Returns whether it failed.
+static bool vmm_failed(CUresult r, const char *what, int line, Loop *loop, const char *why) {
+    if (!drv_fail(r, what, line)) return false;
+    loop->end((int)r, drv_name(r), why);
+    return true;
+}
 
 static int run_vmm(const char *mode, size_t max_bytes) {
     if (DRV_FAIL(cuInit(0))) return 1;
@@ -403,50 +414,36 @@ static int run_vmm(const char *mode, size_t max_bytes) {
     std::vector<CUmemGenericAllocationHandle> handles;
     size_t mapped = 0;      // chunks mapped at base + i * kChunk
     size_t accessible = 0;  // of those, chunks with access set
-    size_t bytes = 0;
-    int chunks = 0;
-    int err = 0;
-    const char *errname = "none";
-    const char *stop = "limit";
+    Loop loop;
     int rc = 0;
     for (size_t i = 0; i < nmax; ++i) {
         CUmemGenericAllocationHandle h = 0;
         CUresult r = cuMemCreate(&h, kChunk, &prop, 0);
         if (r != CUDA_SUCCESS) {
-            err = (int)r;
-            errname = drv_name(r);
-            stop = "refused";
+            loop.end((int)r, drv_name(r), "refused");
             break;
         }
         handles.push_back(h);
-        r = cuMemMap(base + i * kChunk, kChunk, 0, h, 0);
-        if (r != CUDA_SUCCESS) {
-            drv_fail(r, "cuMemMap", __LINE__);
-            err = (int)r;
-            errname = drv_name(r);
-            stop = "map_error";
+        if (vmm_failed(cuMemMap(base + i * kChunk, kChunk, 0, h, 0), "cuMemMap", __LINE__,
+                       &loop, "map_error")) {
             rc = 1;
             break;
         }
         ++mapped;
-        r = cuMemSetAccess(base + i * kChunk, kChunk, &access, 1);
-        if (r != CUDA_SUCCESS) {
-            drv_fail(r, "cuMemSetAccess", __LINE__);
-            err = (int)r;
-            errname = drv_name(r);
-            stop = "access_error";
+        if (vmm_failed(cuMemSetAccess(base + i * kChunk, kChunk, &access, 1), "cuMemSetAccess",
+                       __LINE__, &loop, "access_error")) {
             rc = 1;
             break;
         }
         ++accessible;
-        bytes += kChunk;
-        ++chunks;
+        loop.bytes += kChunk;
+        ++loop.chunks;
     }
 
     char extra[128];
     snprintf(extra, sizeof(extra), "granularity=%zu handles=%zu mapped=%zu", gran, handles.size(),
              mapped);
-    print_result(mode, bytes, chunks, err, errname, stop, max_bytes, extra);
+    print_result(mode, loop, max_bytes, extra);
 
     // Write and read back the first and the last accessible chunk before release.
     if (accessible > 0) {
@@ -473,13 +470,7 @@ static int run_vmm(const char *mode, size_t max_bytes) {
         if (DRV_FAIL(cuMemRelease(handles[i]))) frc = 1;
     }
     if (va_size > 0 && DRV_FAIL(cuMemAddressFree(base, va_size))) frc = 1;
-    if (frc != 0) {
-        printf("FREE error\n");
-        rc = 1;
-    }
-    if (verify(false) != 0) rc = 1;
-    printf("DONE rc=%d\n", rc);
-    return rc;
+    return finish(rc, frc != 0, false);
 }
 
 // ---------------------------------------------------------------- CUDA arrays
@@ -556,12 +547,8 @@ static int run_array(const char *mode, bool three_d, size_t max_bytes) {
     bool have_free0 = cudaMemGetInfo(&free0, &total0) == cudaSuccess;
     if (!have_free0) cudaGetLastError();
     long long first_delta = -1;
-    size_t bytes = 0;
-    int chunks = 0;
-    int err = 0;
-    const char *errname = "none";
-    const char *stop = "limit";
-    while (bytes + kChunk <= max_bytes && chunks < kMaxChunks) {
+    Loop loop;
+    while (loop.bytes + kChunk <= max_bytes && loop.chunks < kMaxChunks) {
         cudaArray_t a = NULL;
         cudaError_t e;
         if (three_d) {
@@ -570,14 +557,12 @@ static int run_array(const char *mode, bool three_d, size_t max_bytes) {
             e = cudaMallocArray(&a, &desc, k2DW, k2DH, 0);
         }
         if (e != cudaSuccess) {
-            err = (int)e;
-            errname = rt_name(e);
-            stop = "refused";
+            loop.end((int)e, rt_name(e), "refused");
             cudaGetLastError();
             break;
         }
         arrays.push_back(a);
-        if (chunks == 0 && have_free0) {
+        if (loop.chunks == 0 && have_free0) {
             size_t f1 = 0, t1 = 0;
             if (cudaMemGetInfo(&f1, &t1) == cudaSuccess) {
                 if (free0 >= f1) first_delta = (long long)(free0 - f1);
@@ -585,13 +570,13 @@ static int run_array(const char *mode, bool three_d, size_t max_bytes) {
                 cudaGetLastError();
             }
         }
-        bytes += kChunk;  // nominal: 256 MiB of texels per array
-        ++chunks;
+        loop.bytes += kChunk;  // nominal: 256 MiB of texels per array
+        ++loop.chunks;
     }
 
     char extra[128];
     snprintf(extra, sizeof(extra), "first_delta=%lld", first_delta);
-    print_result(mode, bytes, chunks, err, errname, stop, max_bytes, extra);
+    print_result(mode, loop, max_bytes, extra);
 
     int rc = 0;
     if (!arrays.empty()) {
@@ -604,13 +589,7 @@ static int run_array(const char *mode, bool three_d, size_t max_bytes) {
     for (size_t i = 0; i < arrays.size(); ++i) {
         if (RT_FAIL(cudaFreeArray(arrays[i]))) frc = 1;
     }
-    if (frc != 0) {
-        printf("FREE error\n");
-        rc = 1;
-    }
-    if (verify(false) != 0) rc = 1;
-    printf("DONE rc=%d\n", rc);
-    return rc;
+    return finish(rc, frc != 0, false);
 }
 
 // ---------------------------------------------------------------- two devices
@@ -618,11 +597,7 @@ static int run_array(const char *mode, bool three_d, size_t max_bytes) {
 struct DevFill {
     int dev = 0;
     size_t max_bytes = 0;
-    size_t bytes = 0;
-    int chunks = 0;
-    int err = 0;
-    const char *errname = "none";
-    const char *stop = "limit";
+    Loop loop;
     size_t total = 0;
     size_t free_b = 0;
     int mi = 0;
@@ -635,25 +610,21 @@ static void fill_device(DevFill *f) {
     cudaError_t e = cudaSetDevice(f->dev);
     if (e == cudaSuccess) e = cudaFree(0);
     if (e != cudaSuccess) {
-        f->err = (int)e;
-        f->errname = rt_name(e);
-        f->stop = "setdevice_error";
+        f->loop.end((int)e, rt_name(e), "setdevice_error");
         cudaGetLastError();
         return;
     }
-    while (f->bytes + kChunk <= f->max_bytes && f->chunks < kMaxChunks) {
+    while (f->loop.bytes + kChunk <= f->max_bytes && f->loop.chunks < kMaxChunks) {
         void *p = NULL;
         e = cudaMalloc(&p, kChunk);
         if (e != cudaSuccess) {
-            f->err = (int)e;
-            f->errname = rt_name(e);
-            f->stop = "refused";
+            f->loop.end((int)e, rt_name(e), "refused");
             cudaGetLastError();
             break;
         }
         f->ptrs.push_back(p);
-        f->bytes += kChunk;
-        ++f->chunks;
+        f->loop.bytes += kChunk;
+        ++f->loop.chunks;
     }
     e = cudaMemGetInfo(&f->free_b, &f->total);
     f->mi = (int)e;
@@ -730,12 +701,13 @@ static int run_twodev(const char *mode, bool threaded, size_t max_bytes) {
         device_ids(d, uuid, sizeof(uuid), pci, sizeof(pci));
         printf("RESULTDEV dev=%d bytes=%zu chunks=%d err=%d errname=%s stop=%s total=%zu free=%zu "
                "memgetinfo_err=%d uuid=%s pci=%s max_bytes=%zu again_err=%d\n",
-               d, f[d].bytes, f[d].chunks, f[d].err, f[d].errname, f[d].stop, f[d].total, f[d].free_b,
+               d, f[d].loop.bytes, f[d].loop.chunks, f[d].loop.err, f[d].loop.errname,
+               f[d].loop.stop, f[d].total, f[d].free_b,
                f[d].mi, uuid, pci, max_bytes, d == 0 ? again0 : again1);
     }
     printf("RESULT mode=%s threaded=%d device_count=%d bytes0=%zu bytes1=%zu again0_err=%d "
            "again1_err=%d\n",
-           mode, threaded ? 1 : 0, n, f[0].bytes, f[1].bytes, again0, again1);
+           mode, threaded ? 1 : 0, n, f[0].loop.bytes, f[1].loop.bytes, again0, again1);
     fflush(stdout);
 
     int rc = 0;
@@ -815,25 +787,19 @@ int main(int argc, char **argv) {
 
     std::vector<void *> rt_ptrs;
     std::vector<CUdeviceptr> drv_ptrs;
-    size_t bytes = 0;
-    int chunks = 0;
-    int err = 0;
-    const char *errname = "none";
-    const char *stop = "limit";
+    Loop loop;
     size_t last_pitch = 0;
 
-    while (bytes + kChunk <= max_bytes && chunks < kMaxChunks) {
+    while (loop.bytes + kChunk <= max_bytes && loop.chunks < kMaxChunks) {
         if (m == M_CUMEMALLOC) {
             CUdeviceptr d = 0;
             CUresult r = cuMemAlloc(&d, kChunk);  // cuda.h maps this to cuMemAlloc_v2
             if (r != CUDA_SUCCESS) {
-                err = (int)r;
-                errname = drv_name(r);
-                stop = "refused";
+                loop.end((int)r, drv_name(r), "refused");
                 break;
             }
             drv_ptrs.push_back(d);
-            bytes += kChunk;
+            loop.bytes += kChunk;
         } else {
             void *p = NULL;
             cudaError_t e;
@@ -851,28 +817,19 @@ int main(int argc, char **argv) {
                 e = cudaMallocManaged(&p, kChunk, cudaMemAttachGlobal);
             }
             if (e != cudaSuccess) {
-                err = (int)e;
-                errname = rt_name(e);
-                stop = "refused";
+                loop.end((int)e, rt_name(e), "refused");
                 cudaGetLastError();  // clear the (non-sticky) error
                 break;
             }
             rt_ptrs.push_back(p);
-            bytes += got;
+            loop.bytes += got;
         }
-        ++chunks;
+        ++loop.chunks;
     }
 
-    size_t free_b = 0, total_b = 0;
-    cudaError_t mi = cudaMemGetInfo(&free_b, &total_b);
-    if (mi != cudaSuccess) {
-        fprintf(stderr, "capcheck: cudaMemGetInfo failed: %d %s\n", (int)mi, rt_name(mi));
-        cudaGetLastError();
-    }
-    printf("RESULT mode=%s bytes=%zu chunks=%d err=%d errname=%s stop=%s total=%zu free=%zu "
-           "memgetinfo_err=%d max_bytes=%zu pitch=%zu\n",
-           mode, bytes, chunks, err, errname, stop, total_b, free_b, (int)mi, max_bytes, last_pitch);
-    fflush(stdout);
+    char extra[64];
+    snprintf(extra, sizeof(extra), "pitch=%zu", last_pitch);
+    print_result(mode, loop, max_bytes, extra);
 
     int rc = 0;
     for (size_t i = 0; i < rt_ptrs.size(); ++i) {
@@ -881,9 +838,5 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < drv_ptrs.size(); ++i) {
         if (DRV_FAIL(cuMemFree(drv_ptrs[i]))) rc = 1;  // cuMemFree_v2
     }
-    if (rc != 0) printf("FREE error\n");
-
-    if (verify(m == M_MANAGED) != 0) rc = 1;
-    printf("DONE rc=%d\n", rc);
-    return rc;
+    return finish(rc, rc != 0, m == M_MANAGED);
 }

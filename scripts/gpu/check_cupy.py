@@ -15,121 +15,95 @@ could not be imported.
 Usage: check_cupy.py [--mode default|async] [--max-bytes N]
 """
 import argparse
-import json
 import sys
 import time
-import traceback
 
-CHUNK = 256 << 20
+import result
+from result import CHUNK
 
 
-def emit(res):
-    print("RESULT " + json.dumps(res, sort_keys=True, default=str), flush=True)
-    flat = []
-    for k in sorted(res):
-        v = res[k]
-        if isinstance(v, bool):
-            v = int(v)
-        if isinstance(v, (int, float)) or v is None:
-            flat.append("%s=%s" % (k, "none" if v is None else v))
-    print("RESULTKV " + " ".join(flat), flush=True)
+def check(res, args):
+    try:
+        import numpy as np
+        import cupy
+    except Exception as e:  # noqa: BLE001
+        raise result.Missing("import cupy failed: %r" % (e,))
+    res["cupy_version"] = cupy.__version__
+    free, total = cupy.cuda.runtime.memGetInfo()
+    res["total"] = int(total)
+    res["free_before"] = int(free)
+    if args.mode == "async":
+        pool = cupy.cuda.MemoryAsyncPool()
+        cupy.cuda.set_allocator(pool.malloc)
+        res["async_pool"] = True
+    else:
+        pool = cupy.get_default_memory_pool()
+    res["pool_type"] = type(pool).__name__
+
+    arrays = []
+    t0 = time.time()
+    while (len(arrays) + 1) * CHUNK <= args.max_bytes:
+        try:
+            arrays.append(cupy.empty((CHUNK,), dtype=cupy.uint8))
+        except cupy.cuda.memory.OutOfMemoryError as e:
+            res["oom"] = True
+            res["oom_message"] = " ".join(str(e).split())[:400]
+            break
+        except Exception as e:  # noqa: BLE001
+            # Some other error (e.g. a raw CUDARuntimeError): recorded, loop ends.
+            res["other_error"] = ("%s: %s" % (type(e).__name__, " ".join(str(e).split())))[:400]
+            res["other_error_status"] = getattr(e, "status", None)
+            break
+    res["alloc_seconds"] = round(time.time() - t0, 3)
+    res["chunks"] = len(arrays)
+    res["bytes"] = len(arrays) * CHUNK
+    try:
+        res["pool_used_bytes"] = int(pool.used_bytes())
+        res["pool_total_bytes"] = int(pool.total_bytes())
+    except Exception as e:  # noqa: BLE001
+        res["pool_stats_error"] = repr(e)[:300]
+    try:
+        f2, t2 = cupy.cuda.runtime.memGetInfo()
+        res["free_at_oom"] = int(f2)
+        res["total_at_oom"] = int(t2)
+    except Exception as e:  # noqa: BLE001
+        res["memgetinfo_error"] = repr(e)[:300]
+
+    del arrays
+    try:
+        cupy.cuda.Device(0).synchronize()
+        pool.free_all_blocks()
+        res["pool_total_after_free"] = int(pool.total_bytes())
+    except Exception as e:  # noqa: BLE001
+        res["pool_free_error"] = repr(e)[:300]
+
+    n = 1 << 20
+    # Copy round trip first (needs no kernel compilation), then kernels.
+    host = np.arange(n, dtype=np.int64) * 5 - 3
+    back = cupy.asnumpy(cupy.asarray(host))
+    res["roundtrip_ok"] = bool(np.array_equal(back, host))
+    x = cupy.arange(n, dtype=cupy.int64)
+    got = int((x % 7).sum())
+    want = int(np.sum(np.arange(n, dtype=np.int64) % 7))
+    y = cupy.asnumpy(x * 3 + 1)
+    ok_vec = bool(np.array_equal(y, np.arange(n, dtype=np.int64) * 3 + 1))
+    cupy.cuda.Device(0).synchronize()
+    res["sum_got"] = got
+    res["sum_want"] = want
+    res["kernel_ok"] = (got == want) and ok_vec
+    res["compute_ok"] = res["roundtrip_ok"] and res["kernel_ok"]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["default", "async"], default="default",
                     help="default: CuPy's MemoryPool; async: MemoryAsyncPool")
-    ap.add_argument("--max-bytes", type=int, default=6 << 30,
-                    help="hard stop for the allocation loop (bytes)")
-    args = ap.parse_args()
+    args = result.parse_args(ap)
 
     res = {"check": "cupy", "mode": args.mode, "chunk": CHUNK, "max_bytes": args.max_bytes,
            "oom": False, "compute_ok": False, "completed": False,
            "async_pool": False}
-    rc = 1
-    try:
-        try:
-            import numpy as np
-            import cupy
-        except Exception as e:  # noqa: BLE001
-            res["error"] = "import cupy failed: %r" % (e,)
-            rc = 3
-            return rc
-        res["cupy_version"] = cupy.__version__
-        free, total = cupy.cuda.runtime.memGetInfo()
-        res["total"] = int(total)
-        res["free_before"] = int(free)
-        if args.mode == "async":
-            pool = cupy.cuda.MemoryAsyncPool()
-            cupy.cuda.set_allocator(pool.malloc)
-            res["async_pool"] = True
-        else:
-            pool = cupy.get_default_memory_pool()
-        res["pool_type"] = type(pool).__name__
-
-        arrays = []
-        t0 = time.time()
-        while (len(arrays) + 1) * CHUNK <= args.max_bytes:
-            try:
-                arrays.append(cupy.empty((CHUNK,), dtype=cupy.uint8))
-            except cupy.cuda.memory.OutOfMemoryError as e:
-                res["oom"] = True
-                res["oom_message"] = " ".join(str(e).split())[:400]
-                break
-            except Exception as e:  # noqa: BLE001
-                # Some other error (e.g. a raw CUDARuntimeError): recorded, loop ends.
-                res["other_error"] = ("%s: %s" % (type(e).__name__, " ".join(str(e).split())))[:400]
-                res["other_error_status"] = getattr(e, "status", None)
-                break
-        res["alloc_seconds"] = round(time.time() - t0, 3)
-        res["chunks"] = len(arrays)
-        res["bytes"] = len(arrays) * CHUNK
-        try:
-            res["pool_used_bytes"] = int(pool.used_bytes())
-            res["pool_total_bytes"] = int(pool.total_bytes())
-        except Exception as e:  # noqa: BLE001
-            res["pool_stats_error"] = repr(e)[:300]
-        try:
-            f2, t2 = cupy.cuda.runtime.memGetInfo()
-            res["free_at_oom"] = int(f2)
-            res["total_at_oom"] = int(t2)
-        except Exception as e:  # noqa: BLE001
-            res["memgetinfo_error"] = repr(e)[:300]
-
-        del arrays
-        try:
-            cupy.cuda.Device(0).synchronize()
-            pool.free_all_blocks()
-            res["pool_total_after_free"] = int(pool.total_bytes())
-        except Exception as e:  # noqa: BLE001
-            res["pool_free_error"] = repr(e)[:300]
-
-        n = 1 << 20
-        # Copy round trip first (needs no kernel compilation), then kernels.
-        host = np.arange(n, dtype=np.int64) * 5 - 3
-        back = cupy.asnumpy(cupy.asarray(host))
-        res["roundtrip_ok"] = bool(np.array_equal(back, host))
-        x = cupy.arange(n, dtype=cupy.int64)
-        got = int((x % 7).sum())
-        want = int(np.sum(np.arange(n, dtype=np.int64) % 7))
-        y = cupy.asnumpy(x * 3 + 1)
-        ok_vec = bool(np.array_equal(y, np.arange(n, dtype=np.int64) * 3 + 1))
-        cupy.cuda.Device(0).synchronize()
-        res["sum_got"] = got
-        res["sum_want"] = want
-        res["kernel_ok"] = (got == want) and ok_vec
-        res["compute_ok"] = res["roundtrip_ok"] and res["kernel_ok"]
-        res["completed"] = True
-        rc = 0
-        return rc
-    except Exception as e:  # noqa: BLE001
-        res["error"] = ("%s: %s" % (type(e).__name__, " ".join(str(e).split())))[:600]
-        traceback.print_exc()
-        rc = 1
-        return rc
-    finally:
-        res["rc"] = rc
-        emit(res)
+    return result.run(res, lambda res: check(res, args))
 
 
 if __name__ == "__main__":

@@ -22,33 +22,12 @@ could not be imported or no GPU backend came up.
 Usage: check_jax.py default|platform|growth [--max-bytes N]
 """
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
 
-CHUNK = 256 << 20
-
-
-def emit(res):
-    print("RESULT " + json.dumps(res, sort_keys=True, default=str), flush=True)
-    flat = []
-    for k in sorted(res):
-        v = res[k]
-        if isinstance(v, bool):
-            v = int(v)
-        if isinstance(v, (int, float)) or v is None:
-            flat.append("%s=%s" % (k, "none" if v is None else v))
-    stats = res.get("memory_stats")
-    if isinstance(stats, dict):
-        for k in sorted(stats):
-            v = stats[k]
-            if isinstance(v, bool):
-                v = int(v)
-            if isinstance(v, (int, float)):
-                flat.append("ms_%s=%s" % (k, v))
-    print("RESULTKV " + " ".join(flat), flush=True)
+import result
+from result import CHUNK
 
 
 def compute_check(jax, jnp, np):
@@ -77,12 +56,82 @@ def stats_of(dev):
             for k, v in dict(st).items()}, None
 
 
+# memory_stats() figures also recorded on their own
+STATS = ("bytes_limit", "bytes_reserved", "bytes_in_use", "peak_bytes_in_use", "pool_bytes")
+
+
+def record_stats(res, dev, keys):
+    """dev.memory_stats() into res["memory_stats"] (or the error), and those
+    of its figures named in keys into res itself."""
+    st, err = stats_of(dev)
+    res["memory_stats"] = st
+    if err:
+        res["memory_stats_error"] = err
+    if st:
+        for k in keys:
+            if k in st:
+                res[k] = st[k]
+
+
+def check(res, args):
+    try:
+        import numpy as np
+        import jax
+        import jax.numpy as jnp
+    except Exception as e:  # noqa: BLE001
+        raise result.Missing("import jax failed: %r" % (e,))
+    res["jax_version"] = jax.__version__
+    t0 = time.time()
+    backend = jax.default_backend()
+    devs = jax.devices()
+    res["backend"] = backend
+    res["devices"] = [str(d) for d in devs]
+    res["startup_seconds"] = round(time.time() - t0, 3)
+    if backend not in ("gpu", "cuda") or not devs:
+        raise result.Missing("no GPU backend (default_backend=%r)" % (backend,))
+    dev = devs[0]
+    res["gpu_ok"] = True
+
+    if args.mode == "default":
+        ok, detail = compute_check(jax, jnp, np)
+        res["compute_ok"] = ok
+        res.update(detail)
+        record_stats(res, dev, STATS + ("bytes_reservable_limit",))
+    else:
+        arrays = []
+        t1 = time.time()
+        while (len(arrays) + 1) * CHUNK <= args.max_bytes:
+            try:
+                z = jnp.zeros((CHUNK,), dtype=jnp.uint8)
+                z.block_until_ready()
+                arrays.append(z)
+            except Exception as e:  # noqa: BLE001
+                msg = str(e)
+                res["exception_type"] = type(e).__name__
+                res["exception_message"] = " ".join(msg.split())[:600]
+                res["exception_resource_exhausted"] = ("RESOURCE_EXHAUSTED" in msg) or (
+                    "out of memory" in msg.lower())
+                break
+        res["alloc_seconds"] = round(time.time() - t1, 3)
+        res["exception_raised"] = "exception_type" in res
+        res["chunks"] = len(arrays)
+        res["bytes"] = len(arrays) * CHUNK
+        record_stats(res, dev, STATS)
+        for a in arrays:
+            try:
+                a.delete()
+            except Exception:  # noqa: BLE001
+                pass
+        del arrays
+        ok, detail = compute_check(jax, jnp, np)
+        res["compute_ok"] = ok
+        res.update(detail)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["default", "platform", "growth"])
-    ap.add_argument("--max-bytes", type=int, default=6 << 30,
-                    help="hard stop for the platform/growth allocation loop (bytes)")
-    args = ap.parse_args()
+    args = result.parse_args(ap, "the platform/growth allocation loop")
 
     res = {"check": "jax", "mode": args.mode, "chunk": CHUNK, "max_bytes": args.max_bytes,
            "compute_ok": False, "completed": False,
@@ -92,91 +141,7 @@ def main():
            "env_allocator_is_platform": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR") == "platform",
            "env_preallocate_is_false": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower()
            in ("false", "0")}
-    rc = 1
-    try:
-        try:
-            import numpy as np
-            import jax
-            import jax.numpy as jnp
-        except Exception as e:  # noqa: BLE001
-            res["error"] = "import jax failed: %r" % (e,)
-            rc = 3
-            return rc
-        res["jax_version"] = jax.__version__
-        t0 = time.time()
-        backend = jax.default_backend()
-        devs = jax.devices()
-        res["backend"] = backend
-        res["devices"] = [str(d) for d in devs]
-        res["startup_seconds"] = round(time.time() - t0, 3)
-        if backend not in ("gpu", "cuda") or not devs:
-            res["error"] = "no GPU backend (default_backend=%r)" % (backend,)
-            rc = 3
-            return rc
-        dev = devs[0]
-        res["gpu_ok"] = True
-
-        if args.mode == "default":
-            ok, detail = compute_check(jax, jnp, np)
-            res["compute_ok"] = ok
-            res.update(detail)
-            st, err = stats_of(dev)
-            res["memory_stats"] = st
-            if err:
-                res["memory_stats_error"] = err
-            if st:
-                for k in ("bytes_limit", "bytes_reserved", "bytes_in_use", "peak_bytes_in_use",
-                          "pool_bytes", "bytes_reservable_limit"):
-                    if k in st:
-                        res[k] = st[k]
-        else:
-            arrays = []
-            t1 = time.time()
-            while (len(arrays) + 1) * CHUNK <= args.max_bytes:
-                try:
-                    z = jnp.zeros((CHUNK,), dtype=jnp.uint8)
-                    z.block_until_ready()
-                    arrays.append(z)
-                except Exception as e:  # noqa: BLE001
-                    msg = str(e)
-                    res["exception_type"] = type(e).__name__
-                    res["exception_message"] = " ".join(msg.split())[:600]
-                    res["exception_resource_exhausted"] = ("RESOURCE_EXHAUSTED" in msg) or (
-                        "out of memory" in msg.lower())
-                    break
-            res["alloc_seconds"] = round(time.time() - t1, 3)
-            res["exception_raised"] = "exception_type" in res
-            res["chunks"] = len(arrays)
-            res["bytes"] = len(arrays) * CHUNK
-            st, err = stats_of(dev)
-            res["memory_stats"] = st
-            if err:
-                res["memory_stats_error"] = err
-            if st:
-                for k in ("bytes_limit", "bytes_reserved", "bytes_in_use", "peak_bytes_in_use",
-                          "pool_bytes"):
-                    if k in st:
-                        res[k] = st[k]
-            for a in arrays:
-                try:
-                    a.delete()
-                except Exception:  # noqa: BLE001
-                    pass
-            del arrays
-            ok, detail = compute_check(jax, jnp, np)
-            res["compute_ok"] = ok
-            res.update(detail)
-        res["completed"] = True
-        rc = 0
-        return rc
-    except Exception as e:  # noqa: BLE001
-        res["error"] = ("%s: %s" % (type(e).__name__, " ".join(str(e).split())))[:600]
-        traceback.print_exc()
-        rc = 1
-        return rc
-    finally:
-        res["rc"] = rc
-        emit(res)
+    return result.run(res, lambda res: check(res, args), nested=("memory_stats", "ms_"))
 
 
 if __name__ == "__main__":

@@ -20,21 +20,9 @@ Usage: check_nvml.py [--hold-bytes N]
 """
 import argparse
 import ctypes
-import json
 import sys
-import traceback
 
-
-def emit(res):
-    print("RESULT " + json.dumps(res, sort_keys=True, default=str), flush=True)
-    flat = []
-    for k in sorted(res):
-        v = res[k]
-        if isinstance(v, bool):
-            v = int(v)
-        if isinstance(v, (int, float)) or v is None:
-            flat.append("%s=%s" % (k, "none" if v is None else v))
-    print("RESULTKV " + " ".join(flat), flush=True)
+import result
 
 
 class _MemV1(ctypes.Structure):
@@ -129,6 +117,36 @@ def nvml_ctypes(res):
     return True
 
 
+def check(res, args):
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        raise result.Missing("import torch failed: %r" % (e,))
+    if not torch.cuda.is_available():
+        raise result.Missing("torch.cuda.is_available() is False")
+    dev = torch.device("cuda", 0)
+    held = torch.empty(args.hold_bytes, dtype=torch.uint8, device=dev)
+    held.fill_(1)
+    torch.cuda.synchronize()
+    res["held_sum_ok"] = bool(int(held[:4096].sum().item()) == 4096)
+    try:
+        res["torch_uuid"] = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)
+    except Exception:  # noqa: BLE001
+        pass
+    f, t = torch.cuda.mem_get_info(0)
+    res["torch_total"], res["torch_free"] = int(t), int(f)
+    res["torch_allocated"] = int(torch.cuda.memory_allocated(0))
+
+    try:
+        if not nvml_pynvml(res):
+            nvml_ctypes(res)
+    except OSError as e:
+        raise result.Missing("NVML not loadable: %r" % (e,))
+    res["totals_match"] = res.get("total") is not None and res.get("total") == res.get("torch_total")
+    del held
+    torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hold-bytes", type=int, default=1 << 30,
@@ -137,52 +155,7 @@ def main():
 
     res = {"check": "nvml", "hold_bytes": args.hold_bytes, "completed": False,
            "total": None, "used": None, "free": None}
-    rc = 1
-    try:
-        try:
-            import torch
-        except Exception as e:  # noqa: BLE001
-            res["error"] = "import torch failed: %r" % (e,)
-            rc = 3
-            return rc
-        if not torch.cuda.is_available():
-            res["error"] = "torch.cuda.is_available() is False"
-            rc = 3
-            return rc
-        dev = torch.device("cuda", 0)
-        held = torch.empty(args.hold_bytes, dtype=torch.uint8, device=dev)
-        held.fill_(1)
-        torch.cuda.synchronize()
-        res["held_sum_ok"] = bool(int(held[:4096].sum().item()) == 4096)
-        try:
-            res["torch_uuid"] = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)
-        except Exception:  # noqa: BLE001
-            pass
-        f, t = torch.cuda.mem_get_info(0)
-        res["torch_total"], res["torch_free"] = int(t), int(f)
-        res["torch_allocated"] = int(torch.cuda.memory_allocated(0))
-
-        try:
-            if not nvml_pynvml(res):
-                nvml_ctypes(res)
-        except OSError as e:
-            res["error"] = "NVML not loadable: %r" % (e,)
-            rc = 3
-            return rc
-        res["totals_match"] = res.get("total") is not None and res.get("total") == res.get("torch_total")
-        del held
-        torch.cuda.synchronize()
-        res["completed"] = True
-        rc = 0
-        return rc
-    except Exception as e:  # noqa: BLE001
-        res["error"] = ("%s: %s" % (type(e).__name__, " ".join(str(e).split())))[:600]
-        traceback.print_exc()
-        rc = 1
-        return rc
-    finally:
-        res["rc"] = rc
-        emit(res)
+    return result.run(res, lambda res: check(res, args))
 
 
 if __name__ == "__main__":

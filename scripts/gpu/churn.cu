@@ -8,14 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK(x)                                                                            \
-    do {                                                                                    \
-        cudaError_t e_ = (x);                                                               \
-        if (e_ != cudaSuccess) {                                                            \
-            printf("ERROR %s: %s\n", #x, cudaGetErrorName(e_));                             \
-            return 1;                                                                       \
-        }                                                                                   \
-    } while (0)
+#include "common.cuh"
 
 __global__ void k_fill(unsigned *a, size_t n, unsigned seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)

@@ -10,14 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                        \
-    do {                                                                \
-        cudaError_t e_ = (x);                                           \
-        if (e_ != cudaSuccess) {                                        \
-            printf("ERROR %s: %s\n", #x, cudaGetErrorName(e_));         \
-            return 1;                                                   \
-        }                                                               \
-    } while (0)
+#include "common.cuh"
 
 __global__ void read_all(const unsigned long long *p, size_t n, unsigned long long *out) {
     unsigned long long s = 0;

@@ -293,43 +293,29 @@ struct function {
     int version;
     size_t offset; /* of the function pointer in struct api */
 };
+#define FN(base, versioned, version, field) \
+    { #base, #versioned, version, offsetof(struct api, field) }
 static const struct function g_functions[] = {
-    { "cuInit", "cuInit", 2000, offsetof(struct api, init) },
-    { "cuDeviceGet", "cuDeviceGet", 2000, offsetof(struct api, device_get) },
-    { "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 7000,
-      offsetof(struct api, primary_ctx_retain) },
-    { "cuCtxSetCurrent", "cuCtxSetCurrent", 4000,
-      offsetof(struct api, ctx_set_current) },
-    { "cuCtxGetDevice", "cuCtxGetDevice", 2000,
-      offsetof(struct api, ctx_get_device) },
-    { "cuMemAlloc", "cuMemAlloc_v2", 3020, offsetof(struct api, mem_alloc) },
-    { "cuMemAllocPitch", "cuMemAllocPitch_v2", 3020,
-      offsetof(struct api, mem_alloc_pitch) },
-    { "cuMemAllocManaged", "cuMemAllocManaged", 6000,
-      offsetof(struct api, mem_alloc_managed) },
-    { "cuMemFree", "cuMemFree_v2", 3020, offsetof(struct api, mem_free) },
-    { "cuMemGetInfo", "cuMemGetInfo_v2", 3020,
-      offsetof(struct api, mem_get_info) },
-    { "cuDeviceTotalMem", "cuDeviceTotalMem_v2", 3020,
-      offsetof(struct api, device_total_mem) },
-    { "cuCtxSynchronize", "cuCtxSynchronize", 2000,
-      offsetof(struct api, ctx_synchronize) },
-    { "cuStreamCreate", "cuStreamCreate", 2000,
-      offsetof(struct api, stream_create) },
-    { "cuStreamBeginCapture", "cuStreamBeginCapture_v2", 10010,
-      offsetof(struct api, stream_begin_capture) },
-    { "cuStreamEndCapture", "cuStreamEndCapture", 10000,
-      offsetof(struct api, stream_end_capture) },
-    { "cuIpcGetMemHandle", "cuIpcGetMemHandle", 4010,
-      offsetof(struct api, ipc_get_mem_handle) },
-    { "cuCtxCreate", "cuCtxCreate_v4", 12050,
-      offsetof(struct api, ctx_create) },
-    { "cuCtxDestroy", "cuCtxDestroy_v2", 4000,
-      offsetof(struct api, ctx_destroy) },
-    { "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", 11000,
-      offsetof(struct api, primary_ctx_release) },
-    { "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", 11000,
-      offsetof(struct api, primary_ctx_reset) },
+    FN(cuInit, cuInit, 2000, init),
+    FN(cuDeviceGet, cuDeviceGet, 2000, device_get),
+    FN(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, primary_ctx_retain),
+    FN(cuCtxSetCurrent, cuCtxSetCurrent, 4000, ctx_set_current),
+    FN(cuCtxGetDevice, cuCtxGetDevice, 2000, ctx_get_device),
+    FN(cuMemAlloc, cuMemAlloc_v2, 3020, mem_alloc),
+    FN(cuMemAllocPitch, cuMemAllocPitch_v2, 3020, mem_alloc_pitch),
+    FN(cuMemAllocManaged, cuMemAllocManaged, 6000, mem_alloc_managed),
+    FN(cuMemFree, cuMemFree_v2, 3020, mem_free),
+    FN(cuMemGetInfo, cuMemGetInfo_v2, 3020, mem_get_info),
+    FN(cuDeviceTotalMem, cuDeviceTotalMem_v2, 3020, device_total_mem),
+    FN(cuCtxSynchronize, cuCtxSynchronize, 2000, ctx_synchronize),
+    FN(cuStreamCreate, cuStreamCreate, 2000, stream_create),
+    FN(cuStreamBeginCapture, cuStreamBeginCapture_v2, 10010, stream_begin_capture),
+    FN(cuStreamEndCapture, cuStreamEndCapture, 10000, stream_end_capture),
+    FN(cuIpcGetMemHandle, cuIpcGetMemHandle, 4010, ipc_get_mem_handle),
+    FN(cuCtxCreate, cuCtxCreate_v4, 12050, ctx_create),
+    FN(cuCtxDestroy, cuCtxDestroy_v2, 4000, ctx_destroy),
+    FN(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000, primary_ctx_release),
+    FN(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, 11000, primary_ctx_reset),
 };
 
 /*
@@ -339,46 +325,27 @@ static const struct function g_functions[] = {
  * each function.
  */
 static const struct function g_ext_functions[] = {
-    { "cuMemAllocAsync", "cuMemAllocAsync", 11020,
-      offsetof(struct api, mem_alloc_async) },
-    { "cuMemFreeAsync", "cuMemFreeAsync", 11020,
-      offsetof(struct api, mem_free_async) },
-    { "cuMemPoolCreate", "cuMemPoolCreate", 11020,
-      offsetof(struct api, mem_pool_create) },
-    { "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", 11020,
-      offsetof(struct api, mem_alloc_from_pool_async) },
-    { "cuMemCreate", "cuMemCreate", 10020, offsetof(struct api, mem_create) },
-    { "cuMemRelease", "cuMemRelease", 10020,
-      offsetof(struct api, mem_release) },
-    { "cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", 11000,
-      offsetof(struct api, mem_retain_allocation_handle) },
-    { "cuMemAddressReserve", "cuMemAddressReserve", 10020,
-      offsetof(struct api, mem_address_reserve) },
-    { "cuMemAddressFree", "cuMemAddressFree", 10020,
-      offsetof(struct api, mem_address_free) },
-    { "cuMemMap", "cuMemMap", 10020, offsetof(struct api, mem_map) },
-    { "cuMemUnmap", "cuMemUnmap", 10020, offsetof(struct api, mem_unmap) },
-    { "cuMemSetAccess", "cuMemSetAccess", 10020,
-      offsetof(struct api, mem_set_access) },
-    { "cuMemExportToShareableHandle", "cuMemExportToShareableHandle", 10020,
-      offsetof(struct api, mem_export) },
-    { "cuMemImportFromShareableHandle", "cuMemImportFromShareableHandle",
-      10020, offsetof(struct api, mem_import) },
-    { "cuArrayCreate", "cuArrayCreate_v2", 3020,
-      offsetof(struct api, array_create) },
-    { "cuArray3DCreate", "cuArray3DCreate_v2", 3020,
-      offsetof(struct api, array3d_create) },
-    { "cuArrayDestroy", "cuArrayDestroy", 2000,
-      offsetof(struct api, array_destroy) },
-    { "cuMipmappedArrayCreate", "cuMipmappedArrayCreate", 5000,
-      offsetof(struct api, mipmap_create) },
-    { "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", 5000,
-      offsetof(struct api, mipmap_destroy) },
-    { "cuArrayGetMemoryRequirements", "cuArrayGetMemoryRequirements", 11060,
-      offsetof(struct api, array_requirements) },
-    { "cuMipmappedArrayGetMemoryRequirements",
-      "cuMipmappedArrayGetMemoryRequirements", 11060,
-      offsetof(struct api, mipmap_requirements) },
+    FN(cuMemAllocAsync, cuMemAllocAsync, 11020, mem_alloc_async),
+    FN(cuMemFreeAsync, cuMemFreeAsync, 11020, mem_free_async),
+    FN(cuMemPoolCreate, cuMemPoolCreate, 11020, mem_pool_create),
+    FN(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, 11020, mem_alloc_from_pool_async),
+    FN(cuMemCreate, cuMemCreate, 10020, mem_create),
+    FN(cuMemRelease, cuMemRelease, 10020, mem_release),
+    FN(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, mem_retain_allocation_handle),
+    FN(cuMemAddressReserve, cuMemAddressReserve, 10020, mem_address_reserve),
+    FN(cuMemAddressFree, cuMemAddressFree, 10020, mem_address_free),
+    FN(cuMemMap, cuMemMap, 10020, mem_map),
+    FN(cuMemUnmap, cuMemUnmap, 10020, mem_unmap),
+    FN(cuMemSetAccess, cuMemSetAccess, 10020, mem_set_access),
+    FN(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020, mem_export),
+    FN(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020, mem_import),
+    FN(cuArrayCreate, cuArrayCreate_v2, 3020, array_create),
+    FN(cuArray3DCreate, cuArray3DCreate_v2, 3020, array3d_create),
+    FN(cuArrayDestroy, cuArrayDestroy, 2000, array_destroy),
+    FN(cuMipmappedArrayCreate, cuMipmappedArrayCreate, 5000, mipmap_create),
+    FN(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, 5000, mipmap_destroy),
+    FN(cuArrayGetMemoryRequirements, cuArrayGetMemoryRequirements, 11060, array_requirements),
+    FN(cuMipmappedArrayGetMemoryRequirements, cuMipmappedArrayGetMemoryRequirements, 11060, mipmap_requirements),
 };
 
 /* Whether the command line uses a command of g_ext_functions. */
@@ -776,6 +743,22 @@ static int parse_version(const char *s)
 
 /* ---- Slots: remembered allocations ------------------------------------- */
 
+/*
+ * items, a growable array of n elements of elem bytes with room for *cap,
+ * with room for one more (realloc'ed, doubling from 64, when full).
+ */
+static void *room_for_one(void *items, size_t n, size_t *cap, size_t elem)
+{
+    if (n < *cap)
+        return items;
+    size_t grown = *cap ? *cap * 2 : 64;
+    void *p = realloc(items, grown * elem);
+    if (p == NULL)
+        die(EXIT_SOFTWARE, "out of memory");
+    *cap = grown;
+    return p;
+}
+
 struct slot {
     CUdeviceptr ptr;
     bool live; /* allocated and not yet freed successfully */
@@ -786,14 +769,7 @@ static size_t g_nslots, g_slots_cap;
 /* Remember ptr in the next slot and return the slot's number. */
 static size_t add_slot(CUdeviceptr ptr)
 {
-    if (g_nslots == g_slots_cap) {
-        size_t cap = g_slots_cap ? g_slots_cap * 2 : 64;
-        struct slot *s = realloc(g_slots, cap * sizeof *s);
-        if (s == NULL)
-            die(EXIT_SOFTWARE, "out of memory");
-        g_slots = s;
-        g_slots_cap = cap;
-    }
+    g_slots = room_for_one(g_slots, g_nslots, &g_slots_cap, sizeof *g_slots);
     g_slots[g_nslots] = (struct slot){ .ptr = ptr, .live = true };
     return g_nslots++;
 }
@@ -825,14 +801,8 @@ static size_t g_nhslots, g_hslots_cap;
 /* Remember handle h of size bytes in the next handle slot; its number. */
 static size_t add_hslot(CUmemGenericAllocationHandle h, size_t size)
 {
-    if (g_nhslots == g_hslots_cap) {
-        size_t cap = g_hslots_cap ? g_hslots_cap * 2 : 64;
-        struct hslot *s = realloc(g_hslots, cap * sizeof *s);
-        if (s == NULL)
-            die(EXIT_SOFTWARE, "out of memory");
-        g_hslots = s;
-        g_hslots_cap = cap;
-    }
+    g_hslots = room_for_one(g_hslots, g_nhslots, &g_hslots_cap,
+                            sizeof *g_hslots);
     g_hslots[g_nhslots] = (struct hslot){ .handle = h, .size = size };
     return g_nhslots++;
 }
@@ -856,14 +826,7 @@ static size_t g_naslots, g_aslots_cap;
 
 static size_t add_aslot(struct aslot a)
 {
-    if (g_naslots == g_aslots_cap) {
-        size_t cap = g_aslots_cap ? g_aslots_cap * 2 : 64;
-        struct aslot *s = realloc(g_aslots, cap * sizeof *s);
-        if (s == NULL)
-            die(EXIT_SOFTWARE, "out of memory");
-        g_aslots = s;
-        g_aslots_cap = cap;
-    }
+    g_aslots = room_for_one(g_aslots, g_naslots, &g_aslots_cap, sizeof *g_aslots);
     g_aslots[g_naslots] = a;
     return g_naslots++;
 }

@@ -31,6 +31,7 @@
  * stub-names.txt.
  */
 #include "cuda_subset.h"
+#include "standin_env.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -45,10 +46,6 @@
 /* ---- Constants ---------------------------------------------------------- */
 
 #define DRIVER_VERSION 13000          /* what cuDriverGetVersion reports */
-#define MAX_DEVICES 8
-#define DEFAULT_DEVICES 2
-#define DEFAULT_TOTAL_MIB 16384
-#define MAX_TOTAL_MIB (256 * 1024)    /* keeps live memory well inside a window */
 #define MIB ((size_t)1 << 20)
 #define CTX_STACK_DEPTH 16            /* per-thread context stack */
 #define MAX_CREATED_CTX 64            /* live contexts from cuCtxCreate */
@@ -319,32 +316,6 @@ static _Thread_local int t_depth;
 
 /* ---- Configuration -------------------------------------------------------- */
 
-/*
- * Read an integer environment variable: def when unset or malformed, clamped
- * to [min, max] when out of range (with a warning in both of those cases).
- */
-static long env_long(const char *name, long def, long min, long max)
-{
-    const char *s = getenv(name);
-    if (s == NULL || *s == '\0')
-        return def;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (*end != '\0' || errno != 0) {
-        fprintf(stderr, "standin: ignoring %s=%s (not a number), using %ld\n",
-                name, s, def);
-        return def;
-    }
-    if (v < min || v > max) {
-        long clamped = v < min ? min : max;
-        fprintf(stderr, "standin: %s=%s out of range %ld..%ld, using %ld\n",
-                name, s, min, max, clamped);
-        return clamped;
-    }
-    return v;
-}
-
 static bool env_flag(const char *name)
 {
     const char *s = getenv(name);
@@ -354,13 +325,13 @@ static bool env_flag(const char *name)
 static void config_init(void)
 {
     g_cfg.devices = (int)env_long("STANDIN_DEVICES", DEFAULT_DEVICES, 0,
-                                  MAX_DEVICES);
+                                  MAX_DEVICES, true);
     g_cfg.total_bytes = (size_t)env_long("STANDIN_TOTAL_MIB", DEFAULT_TOTAL_MIB,
-                                         1, MAX_TOTAL_MIB) * MIB;
+                                         1, MAX_TOTAL_MIB, true) * MIB;
     g_cfg.aliases = env_flag("STANDIN_PROCADDR_ALIASES");
     g_cfg.report = env_flag("STANDIN_REPORT");
     g_cfg.concurrent_managed = (int)env_long("STANDIN_CONCURRENT_MANAGED", 1,
-                                             0, 1);
+                                             0, 1, true);
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_ctx[i].dev = i;
         g_dev[i].next = ADDR_BASE + (CUdeviceptr)i * ADDR_WINDOW;
@@ -432,6 +403,26 @@ static long array_index(const void *p, const void *base, size_t n, size_t elem)
     if (u < b || u - b >= n * elem || (u - b) % elem != 0)
         return -1;
     return (long)((u - b) / elem);
+}
+
+/*
+ * The round-robin handle tables (created contexts, streams, events, pools,
+ * arrays): the index of the first slot from *next on, wrapping, that is_free
+ * accepts, and *next moves past it; -1 when there is none (*next unchanged).
+ * arg is handed to is_free. Caller holds g_lock.
+ */
+static long take_slot_locked(size_t *next, size_t nslots,
+                             bool (*is_free)(size_t i, const void *arg),
+                             const void *arg)
+{
+    for (size_t n = 0; n < nslots; n++) {
+        size_t i = (*next + n) % nslots;
+        if (is_free(i, arg)) {
+            *next = (i + 1) % nslots;
+            return (long)i;
+        }
+    }
+    return -1;
 }
 
 /* True if ctx is the primary context handle of a simulated device. */
@@ -752,6 +743,17 @@ static size_t span_for(size_t bytes)
     extern __typeof__(name) local_##name \
         __attribute__((alias(#name), visibility("hidden")));
 
+/*
+ * An entry point and its per-thread default stream twin NAME_ptsz (each with
+ * its LOCAL alias), taking the parameters PARAMS: both return IMPL(ARGS...,
+ * ptsz), with ptsz false for NAME and true for NAME_ptsz.
+ */
+#define WITH_PTSZ(name, params, impl, ...)                                    \
+    CUresult name params { return impl(__VA_ARGS__, false); }                 \
+    LOCAL(name)                                                               \
+    CUresult name##_ptsz params { return impl(__VA_ARGS__, true); }           \
+    LOCAL(name##_ptsz)
+
 CUresult cuInit(unsigned int flags)
 {
     config();
@@ -926,6 +928,12 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 }
 LOCAL(cuDevicePrimaryCtxReset_v2)
 
+static bool created_slot_free(size_t i, const void *arg)
+{
+    (void)arg;
+    return !g_created[i].live;
+}
+
 /*
  * A new context, pushed onto the calling thread's stack. Execution affinity
  * and CIG parameters are not modelled (CUDA_ERROR_NOT_SUPPORTED); a full
@@ -949,18 +957,15 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
 
     CUcontext ctx = NULL;
     pthread_mutex_lock(&g_lock);
-    if (g_created_live < MAX_CREATED_CTX) {
-        for (size_t n = 0; n < CTX_SLOTS; n++) {
-            size_t i = (g_created_next + n) % CTX_SLOTS;
-            if (!g_created[i].live) {
-                ctx = &g_created[i];
-                ctx->dev = dev;
-                ctx->live = true;
-                g_created_live++;
-                g_created_next = (i + 1) % CTX_SLOTS;
-                break;
-            }
-        }
+    long i = g_created_live < MAX_CREATED_CTX
+                 ? take_slot_locked(&g_created_next, CTX_SLOTS,
+                                    created_slot_free, NULL)
+                 : -1;
+    if (i >= 0) {
+        ctx = &g_created[i];
+        ctx->dev = dev;
+        ctx->live = true;
+        g_created_live++;
     }
     pthread_mutex_unlock(&g_lock);
     if (ctx == NULL)
@@ -1139,6 +1144,12 @@ static struct CUstream_st *live_stream_locked(CUstream h)
     return h;
 }
 
+static bool stream_slot_free(size_t i, const void *arg)
+{
+    (void)arg;
+    return g_streams[i].ctx == NULL;
+}
+
 /* Flags: CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING. */
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
@@ -1152,17 +1163,14 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
         return rc;
     rc = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_lock);
-    for (size_t n = 0; n < STREAM_SLOTS; n++) {
-        size_t i = (g_streams_next + n) % STREAM_SLOTS;
-        if (g_streams[i].ctx == NULL) {
-            g_streams[i] = (struct CUstream_st){
-                .ctx = ctx, .flags = Flags,
-                .capture = CU_STREAM_CAPTURE_STATUS_NONE };
-            g_streams_next = (i + 1) % STREAM_SLOTS;
-            *phStream = &g_streams[i];
-            rc = CUDA_SUCCESS;
-            break;
-        }
+    long i = take_slot_locked(&g_streams_next, STREAM_SLOTS, stream_slot_free,
+                              NULL);
+    if (i >= 0) {
+        g_streams[i] = (struct CUstream_st){
+            .ctx = ctx, .flags = Flags,
+            .capture = CU_STREAM_CAPTURE_STATUS_NONE };
+        *phStream = &g_streams[i];
+        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
     return rc;
@@ -1210,30 +1218,12 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz)
 }
 
 /* CUDA 10.0 ABI: no mode argument, global mode. */
-CUresult cuStreamBeginCapture(CUstream hStream)
-{
-    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
-}
-LOCAL(cuStreamBeginCapture)
+WITH_PTSZ(cuStreamBeginCapture, (CUstream hStream),
+          begin_capture, hStream, CU_STREAM_CAPTURE_MODE_GLOBAL)
 
-CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
-{
-    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, true);
-}
-LOCAL(cuStreamBeginCapture_ptsz)
-
-CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
-{
-    return begin_capture(hStream, mode, false);
-}
-LOCAL(cuStreamBeginCapture_v2)
-
-CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream,
-                                      CUstreamCaptureMode mode)
-{
-    return begin_capture(hStream, mode, true);
-}
-LOCAL(cuStreamBeginCapture_v2_ptsz)
+WITH_PTSZ(cuStreamBeginCapture_v2, (CUstream hStream,
+           CUstreamCaptureMode mode),
+          begin_capture, hStream, mode)
 
 /*
  * Ends the capture either way: a dummy graph if it was still active,
@@ -1270,17 +1260,8 @@ static CUresult end_capture(CUstream h, CUgraph *phGraph, bool ptsz)
     return rc;
 }
 
-CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
-{
-    return end_capture(hStream, phGraph, false);
-}
-LOCAL(cuStreamEndCapture)
-
-CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
-{
-    return end_capture(hStream, phGraph, true);
-}
-LOCAL(cuStreamEndCapture_ptsz)
+WITH_PTSZ(cuStreamEndCapture, (CUstream hStream, CUgraph *phGraph),
+          end_capture, hStream, phGraph)
 
 /*
  * A created stream reports its own status. The legacy stream would depend on
@@ -1318,19 +1299,9 @@ static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status,
     return rc;
 }
 
-CUresult cuStreamIsCapturing(CUstream hStream,
-                             CUstreamCaptureStatus *captureStatus)
-{
-    return is_capturing(hStream, captureStatus, false);
-}
-LOCAL(cuStreamIsCapturing)
-
-CUresult cuStreamIsCapturing_ptsz(CUstream hStream,
-                                  CUstreamCaptureStatus *captureStatus)
-{
-    return is_capturing(hStream, captureStatus, true);
-}
-LOCAL(cuStreamIsCapturing_ptsz)
+WITH_PTSZ(cuStreamIsCapturing, (CUstream hStream,
+           CUstreamCaptureStatus *captureStatus),
+          is_capturing, hStream, captureStatus)
 
 /* ---- Memory --------------------------------------------------------------- */
 
@@ -1533,21 +1504,15 @@ LOCAL(cuIpcGetMemHandle)
  * Two distinct no-op functions, so tests can see whether the legacy-stream or
  * the per-thread-default-stream (_ptsz) variant was selected.
  */
-CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
-                         CUstream hStream)
+static CUresult memset_d8(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                          CUstream hStream, bool ptsz)
 {
-    (void)dstDevice; (void)uc; (void)N; (void)hStream;
+    (void)dstDevice; (void)uc; (void)N; (void)hStream; (void)ptsz;
     return initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
-LOCAL(cuMemsetD8Async)
-
-CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
-                              size_t N, CUstream hStream)
-{
-    (void)dstDevice; (void)uc; (void)N; (void)hStream;
-    return initialized() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
-}
-LOCAL(cuMemsetD8Async_ptsz)
+WITH_PTSZ(cuMemsetD8Async, (CUdeviceptr dstDevice, unsigned char uc, size_t N,
+           CUstream hStream),
+          memset_d8, dstDevice, uc, N, hStream)
 
 /* ---- Stream-ordered allocation and memory pools --------------------------- */
 
@@ -1670,32 +1635,13 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize,
     return rc;
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    return alloc_async(dptr, bytesize, NULL, false, hStream, false);
-}
-LOCAL(cuMemAllocAsync)
+WITH_PTSZ(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize,
+           CUstream hStream),
+          alloc_async, dptr, bytesize, NULL, false, hStream)
 
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                              CUstream hStream)
-{
-    return alloc_async(dptr, bytesize, NULL, false, hStream, true);
-}
-LOCAL(cuMemAllocAsync_ptsz)
-
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
-                                 CUmemoryPool pool, CUstream hStream)
-{
-    return alloc_async(dptr, bytesize, pool, true, hStream, false);
-}
-LOCAL(cuMemAllocFromPoolAsync)
-
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                      CUmemoryPool pool, CUstream hStream)
-{
-    return alloc_async(dptr, bytesize, pool, true, hStream, true);
-}
-LOCAL(cuMemAllocFromPoolAsync_ptsz)
+WITH_PTSZ(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize,
+           CUmemoryPool pool, CUstream hStream),
+          alloc_async, dptr, bytesize, pool, true, hStream)
 
 /*
  * Frees at once, whatever the stream. 0 is accepted like by cuMemFree_v2;
@@ -1743,17 +1689,15 @@ static CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz)
     return rc;
 }
 
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-    return free_async(dptr, hStream, false);
-}
-LOCAL(cuMemFreeAsync)
+WITH_PTSZ(cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream),
+          free_async, dptr, hStream)
 
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+/* A destroyed pool's slot is free once its last allocation is. */
+static bool pool_slot_free(size_t i, const void *arg)
 {
-    return free_async(dptr, hStream, true);
+    (void)arg;
+    return !g_pools[i].live && g_pools[i].used == 0;
 }
-LOCAL(cuMemFreeAsync_ptsz)
 
 /*
  * Only pinned device pools: any other allocation type or location (host,
@@ -1771,17 +1715,13 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_lock);
-    for (size_t n = 0; n < POOL_SLOTS; n++) {
-        size_t i = (g_pools_next + n) % POOL_SLOTS;
-        if (!g_pools[i].live && g_pools[i].used == 0) {
-            g_pools[i] = (struct CUmemPoolHandle_st){
-                .dev = poolProps->location.id, .live = true,
-                .max_size = poolProps->maxSize, .reuse = { 1, 1, 1 } };
-            g_pools_next = (i + 1) % POOL_SLOTS;
-            *pool = &g_pools[i];
-            rc = CUDA_SUCCESS;
-            break;
-        }
+    long i = take_slot_locked(&g_pools_next, POOL_SLOTS, pool_slot_free, NULL);
+    if (i >= 0) {
+        g_pools[i] = (struct CUmemPoolHandle_st){
+            .dev = poolProps->location.id, .live = true,
+            .max_size = poolProps->maxSize, .reuse = { 1, 1, 1 } };
+        *pool = &g_pools[i];
+        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
     return rc;
@@ -1950,17 +1890,8 @@ static CUresult stream_get_device(CUstream h, CUdevice *device, bool ptsz)
     return rc;
 }
 
-CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
-{
-    return stream_get_device(hStream, device, false);
-}
-LOCAL(cuStreamGetDevice)
-
-CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device)
-{
-    return stream_get_device(hStream, device, true);
-}
-LOCAL(cuStreamGetDevice_ptsz)
+WITH_PTSZ(cuStreamGetDevice, (CUstream hStream, CUdevice *device),
+          stream_get_device, hStream, device)
 
 /* ---- Virtual memory management -------------------------------------------- */
 
@@ -2521,6 +2452,12 @@ static struct array_state *array_at(bool mip, size_t i)
     return mip ? &g_mipmaps[i].a : &g_arrays[i].a;
 }
 
+/* arg: the bool mip of array_at. */
+static bool array_slot_free(size_t i, const void *arg)
+{
+    return !array_at(*(const bool *)arg, i)->live;
+}
+
 /*
  * Create an array of size bytes in the current context, counted against its
  * device unless it has no backing memory (backed false); its slot in *index.
@@ -2541,18 +2478,13 @@ static CUresult array_create(bool mip, size_t size, bool backed, size_t *index)
     if (!ctx_usable_locked(ctx)) {
         rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
     } else if (fits_locked(ctx->dev, bytes)) {
-        for (size_t n = 0; n < ARRAY_SLOTS; n++) {
-            size_t i = (*next + n) % ARRAY_SLOTS;
-            struct array_state *a = array_at(mip, i);
-            if (!a->live) {
-                *a = (struct array_state){ .owner = ctx, .size = size,
-                                           .bytes = bytes, .live = true };
-                *next = (i + 1) % ARRAY_SLOTS;
-                charge_locked(ctx->dev, bytes);
-                *index = i;
-                rc = CUDA_SUCCESS;
-                break;
-            }
+        long i = take_slot_locked(next, ARRAY_SLOTS, array_slot_free, &mip);
+        if (i >= 0) {
+            *array_at(mip, (size_t)i) = (struct array_state){
+                .owner = ctx, .size = size, .bytes = bytes, .live = true };
+            charge_locked(ctx->dev, bytes);
+            *index = (size_t)i;
+            rc = CUDA_SUCCESS;
         }
     }
     pthread_mutex_unlock(&g_lock);
@@ -2997,6 +2929,12 @@ static struct CUevent_st *live_event_locked(CUevent h)
     return h;
 }
 
+static bool event_slot_free(size_t i, const void *arg)
+{
+    (void)arg;
+    return g_events[i].ctx == NULL;
+}
+
 /*
  * An event of the current context. Flags: any of BLOCKING_SYNC,
  * DISABLE_TIMING and INTERPROCESS, which needs DISABLE_TIMING (as
@@ -3018,15 +2956,12 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
         return rc;
     rc = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_lock);
-    for (size_t n = 0; n < EVENT_SLOTS; n++) {
-        size_t i = (g_events_next + n) % EVENT_SLOTS;
-        if (g_events[i].ctx == NULL) {
-            g_events[i] = (struct CUevent_st){ .ctx = ctx, .flags = Flags };
-            g_events_next = (i + 1) % EVENT_SLOTS;
-            *phEvent = &g_events[i];
-            rc = CUDA_SUCCESS;
-            break;
-        }
+    long i = take_slot_locked(&g_events_next, EVENT_SLOTS, event_slot_free,
+                              NULL);
+    if (i >= 0) {
+        g_events[i] = (struct CUevent_st){ .ctx = ctx, .flags = Flags };
+        *phEvent = &g_events[i];
+        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
     return rc;
@@ -3061,17 +2996,8 @@ static CUresult event_record(CUevent hEvent, CUstream hStream, bool ptsz)
     return rc;
 }
 
-CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
-{
-    return event_record(hEvent, hStream, false);
-}
-LOCAL(cuEventRecord)
-
-CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
-{
-    return event_record(hEvent, hStream, true);
-}
-LOCAL(cuEventRecord_ptsz)
+WITH_PTSZ(cuEventRecord, (CUevent hEvent, CUstream hStream),
+          event_record, hEvent, hStream)
 
 /*
  * Nothing is ever pending: a live event is complete whether it was recorded
@@ -3599,26 +3525,24 @@ unsigned long vramcap_standin_count(const char *what)
     config();
     if (what == NULL)
         return 0;
-    if (strcmp(what, "getprocaddress") == 0)
-        return atomic_load(&g_getprocaddress_calls);
-    if (strcmp(what, "alias") == 0)
-        return atomic_load(&g_alias_calls);
-    if (strcmp(what, "sync") == 0)
-        return atomic_load(&g_sync_calls);
-    if (strcmp(what, "capture") == 0)
-        return atomic_load(&g_captures);
-    if (strcmp(what, "ipc") == 0)
-        return atomic_load(&g_ipc_calls);
-    if (strcmp(what, "async") == 0)
-        return atomic_load(&g_async_allocs);
-    if (strcmp(what, "vmm") == 0)
-        return atomic_load(&g_vmm_creates);
-    if (strcmp(what, "vmm_host") == 0)
-        return atomic_load(&g_vmm_host_creates);
-    if (strcmp(what, "array") == 0)
-        return atomic_load(&g_array_creates);
-    if (strcmp(what, "event") == 0)
-        return atomic_load(&g_event_records);
+    static const struct {
+        const char *what;
+        atomic_ulong *count;
+    } counters[] = {
+        { "getprocaddress", &g_getprocaddress_calls },
+        { "alias", &g_alias_calls },
+        { "sync", &g_sync_calls },
+        { "capture", &g_captures },
+        { "ipc", &g_ipc_calls },
+        { "async", &g_async_allocs },
+        { "vmm", &g_vmm_creates },
+        { "vmm_host", &g_vmm_host_creates },
+        { "array", &g_array_creates },
+        { "event", &g_event_records },
+    };
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+        if (strcmp(what, counters[i].what) == 0)
+            return atomic_load(counters[i].count);
     if (strcmp(what, "host_bytes") == 0) {
         pthread_mutex_lock(&g_lock);
         unsigned long bytes = g_host_bytes;

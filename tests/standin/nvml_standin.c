@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "nvml_subset.h"
+#include "standin_env.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -25,11 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The same limits and defaults as cuda_standin.c. */
-#define MAX_DEVICES 8
-#define DEFAULT_DEVICES 2
-#define DEFAULT_TOTAL_MIB 16384
-#define MAX_TOTAL_MIB (256 * 1024)
 #define MIB (1ULL << 20)
 
 static struct {
@@ -46,29 +42,12 @@ static struct nvmlDevice_st g_devices[MAX_DEVICES];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long g_init_refs; /* nvmlInit calls not yet shut down */
 
-/*
- * An integer environment variable as cuda_standin.c reads it: def when unset
- * or malformed, clamped to [min, max].
- */
-static long env_long(const char *name, long def, long min, long max)
-{
-    const char *s = getenv(name);
-    if (s == NULL || *s == '\0')
-        return def;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (*end != '\0' || errno != 0)
-        return def;
-    return v < min ? min : v > max ? max : v;
-}
-
 __attribute__((constructor)) static void nvml_standin_load(void)
 {
     g_cfg.devices = (unsigned int)env_long("STANDIN_DEVICES", DEFAULT_DEVICES,
-                                           0, MAX_DEVICES);
+                                           0, MAX_DEVICES, false);
     g_cfg.total_bytes = (unsigned long long)env_long(
-        "STANDIN_TOTAL_MIB", DEFAULT_TOTAL_MIB, 1, MAX_TOTAL_MIB) * MIB;
+        "STANDIN_TOTAL_MIB", DEFAULT_TOTAL_MIB, 1, MAX_TOTAL_MIB, false) * MIB;
     for (unsigned int i = 0; i < MAX_DEVICES; i++)
         g_devices[i].index = i;
 }

@@ -263,30 +263,30 @@ pub fn run(mut cmd: Command) -> Ran {
     Ran { what, out }
 }
 
-/// Runs the test client under the shim with `env` and `args`.
-pub fn client(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
+/// The test client that reaches the driver by `method` (`linked`: the one
+/// linked with -lcuda; every other method loads the driver at run time).
+fn client_program(method: &str) -> &'static Path {
     let a = artefacts();
-    let program = if method == "linked" {
+    if method == "linked" {
         &a.client_linked
     } else {
         &a.client
-    };
-    let mut cmd = shimmed(program);
+    }
+}
+
+fn run_client(mut cmd: Command, method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
     cmd.envs(env.iter().copied()).arg(method).args(args);
     run(cmd)
 }
 
+/// Runs the test client under the shim with `env` and `args`.
+pub fn client(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
+    run_client(shimmed(client_program(method)), method, env, args)
+}
+
 /// Runs the test client against the stand-in driver alone.
 pub fn client_bare(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
-    let a = artefacts();
-    let program = if method == "linked" {
-        &a.client_linked
-    } else {
-        &a.client
-    };
-    let mut cmd = bare(program);
-    cmd.envs(env.iter().copied()).arg(method).args(args);
-    run(cmd)
+    run_client(bare(client_program(method)), method, env, args)
 }
 
 pub const GIB: u64 = 1 << 30;

@@ -143,6 +143,12 @@ enum Command {
         #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_interval)]
         timeout: std::time::Duration,
     },
+    /// Print the bytes of a size such as 4GiB (the grammar of --limit amounts)
+    Size {
+        /// A size: whole or decimal number, then B, K/KB/KiB, M/MB/MiB, G/GB/GiB or T/TB/TiB
+        #[arg(value_name = "SIZE", allow_hyphen_values = true)]
+        size: String,
+    },
     /// Check the installation: shim, driver, and that interposition works
     Doctor {
         /// Internal: the check that runs under the shim
@@ -226,6 +232,15 @@ fn shim_env(opts: &ShimOptions) -> Result<Vec<(String, OsString)>, String> {
     Ok(vars)
 }
 
+/// `vramcap size`: the byte count of a size, as `--limit` and the shim read it.
+fn print_size(text: &str) -> Result<ExitCode, String> {
+    let bytes = vramcap_core::size::parse_size(text).map_err(|e| {
+        format!("\"{text}\" is not a valid size: {e}; for example: vramcap size 4GiB")
+    })?;
+    println!("{bytes}");
+    Ok(ExitCode::SUCCESS)
+}
+
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
@@ -265,6 +280,7 @@ fn main() -> ExitCode {
             .map(ExitCode::from),
         Command::Trim { pids, all, timeout } => cli::stat::stats_dir(uid)
             .map(|dir| ExitCode::from(cli::trim::run(&dir, uid, &pids, all, timeout))),
+        Command::Size { size } => print_size(&size),
         Command::Doctor { probe: true } => Ok(ExitCode::from(cli::doctor::probe())),
         Command::Doctor { probe: false } => Ok(ExitCode::from(cli::doctor::run(
             find_library(),
