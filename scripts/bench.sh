@@ -106,6 +106,7 @@ fi
 # shared page, and with VRAMCAP_STATS=off) and without it (noise floor).
 ABDATA=$WORK/ab.tsv # variant size hooked_median real_median round
 : >"$ABDATA"
+NFAILRUN=0 # runs that failed, of every part below
 if [ -n "$BENCH_AB" ]; then
     for ((r = 1; r <= 3; r++)); do
         for variant in shim nocache nostats base; do
@@ -133,7 +134,6 @@ INFO=$WORK/info.tsv  # variant  total
 : >"$DATA"
 : >"$TDATA"
 : >"$INFO"
-NFAILRUN=0
 
 collect_alloc() { # variant round
     awk -v var="$1" -v rnd="$2" '

@@ -123,17 +123,19 @@ grep_state() {
 
 first_line() { head -n 1 "$1" 2>/dev/null | tr -d '\r' | cut -c1-"${2:-120}"; }
 
-# The commit: git, else DIR/COMMIT, else unknown.
+# The commit: DIR/COMMIT (written when the artefacts were built, so it names
+# what is being run, whatever .git the copy on the GPU machine carries), else
+# git, else unknown.
 gpu_commit() {
     COMMIT=""
-    if command -v git >/dev/null 2>&1 && git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
+    if [ -r "$ART/COMMIT" ]; then
+        COMMIT=$(head -n 1 "$ART/COMMIT" | tr -d '\r' | cut -c1-60)
+    fi
+    if [ -z "$COMMIT" ] && command -v git >/dev/null 2>&1 && git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
         COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)
         if [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | head -n 1)" ]; then
             COMMIT="$COMMIT+dirty"
         fi
-    fi
-    if [ -z "$COMMIT" ] && [ -r "$ART/COMMIT" ]; then
-        COMMIT=$(head -n 1 "$ART/COMMIT" | tr -d '\r' | cut -c1-60)
     fi
     [ -n "$COMMIT" ] || COMMIT=unknown
 }

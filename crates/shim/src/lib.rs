@@ -62,3 +62,66 @@ unsafe fn init() {
 unsafe fn fini() {
     boundary::fini();
 }
+
+/// The layers stay layers: the engine never imports the boundary, and the
+/// engine's modules import each other without a circle.
+#[cfg(test)]
+mod layering {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    fn engine_imports() -> BTreeMap<String, BTreeSet<String>> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
+        let mut graph = BTreeMap::new();
+        for entry in std::fs::read_dir(&dir).expect("src/engine is readable") {
+            let path = entry.expect("a directory entry").path();
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            if name == "mod" || name == "tests" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("a source file");
+            assert!(
+                !text.contains("crate::boundary"),
+                "engine/{name}.rs imports the boundary layer"
+            );
+            let uses = text
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("use super::"))
+                .map(|rest| rest.split([':', ';', ' ']).next().unwrap().to_string())
+                .collect();
+            graph.insert(name, uses);
+        }
+        graph
+    }
+
+    #[test]
+    fn the_engine_has_no_import_circle_and_never_imports_the_boundary() {
+        let graph = engine_imports();
+        assert!(
+            graph.len() > 10,
+            "the engine's files were not found: {graph:?}"
+        );
+        // Depth-first search for a back edge.
+        fn visit<'a>(
+            n: &'a str,
+            g: &'a BTreeMap<String, BTreeSet<String>>,
+            path: &mut Vec<&'a str>,
+            done: &mut BTreeSet<&'a str>,
+        ) {
+            if done.contains(n) {
+                return;
+            }
+            assert!(!path.contains(&n), "import circle: {path:?} -> {n}");
+            path.push(n);
+            for m in g.get(n).into_iter().flatten() {
+                visit(m, g, path, done);
+            }
+            path.pop();
+            done.insert(n);
+        }
+        let mut done = BTreeSet::new();
+        for n in graph.keys() {
+            visit(n, &graph, &mut Vec::new(), &mut done);
+        }
+    }
+}

@@ -17,10 +17,10 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::cache::{Block, Shape, Want};
 use vramcap_core::page::DeviceSlot;
 
-use super::Engine;
 use super::cuda::*;
 use super::driver::Driver;
 use super::records::{Kind, Record};
+use super::state::Engine;
 use crate::log::{log_at, log_once};
 
 /// What an allocating handler asks for.

@@ -6,10 +6,10 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
-use super::Engine;
 use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::records::Kind;
+use super::state::Engine;
 use crate::log::log_at;
 
 impl<D: Driver> Engine<D> {

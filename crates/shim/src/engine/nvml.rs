@@ -16,10 +16,10 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::limit::{Amount, cuda_ordinal};
 use vramcap_core::page::uuid_text;
 
-use super::Engine;
 use super::alloc::capped_info;
 use super::cuda::*;
 use super::driver::Driver;
+use super::state::Engine;
 
 impl<D: Driver> Engine<D> {
     /// (cap, bytes held by this process, bytes of that in its cache) for an

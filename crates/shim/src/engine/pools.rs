@@ -11,11 +11,11 @@
 
 use std::ffi::c_void;
 
-use super::Engine;
 use super::alloc::Request;
 use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::records::Kind;
+use super::state::Engine;
 
 impl<D: Driver> Engine<D> {
     /// The (context, device) a stream's allocations come from; `None` when

@@ -13,7 +13,8 @@ use vramcap_core::settings::Settings;
 
 use super::alloc::capped_info;
 use super::cuda::*;
-use super::{Driver, Engine, Flavour};
+use super::driver::{Driver, Flavour};
+use super::state::Engine;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
