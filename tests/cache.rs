@@ -392,3 +392,32 @@ fn threads_near_the_cap_with_the_cache_end_with_nothing_held() {
     let peak: u64 = lines[3].rsplit_once("peak=").unwrap().1.parse().unwrap();
     assert!(peak <= cap, "{lines:?}");
 }
+
+/// A second free of a block the cache holds is answered as the driver
+/// answers a free of freed memory, and changes nothing: the block is not
+/// freed behind the cache's back (which would hand out memory the driver
+/// may give to someone else) and stays counted once.
+#[test]
+fn a_second_free_is_refused_and_the_cached_block_stays_counted_once() {
+    let mib8 = 8u64 << 20;
+    client(
+        "procaddr",
+        &[("VRAMCAP_LIMIT", "1GiB")],
+        &[
+            "init", "alloc", "8M", "free", "0", "free", "0", "standin", "alloc", "8M", "info",
+            "standin",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "alloc 8388608 -> 0 #0",
+        "free #0 -> 0",
+        "free #0 -> 1",
+        &format!("standin dev=0 used={mib8} peak={mib8}"),
+        "standin dev=1 used=0 peak=0",
+        "alloc 8388608 -> 0 #1",
+        &format!("info -> 0 free={} total={}", GIB - mib8, GIB),
+        &format!("standin dev=0 used={mib8} peak={mib8}"),
+        "standin dev=1 used=0 peak=0",
+    ]);
+}

@@ -407,3 +407,42 @@ fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
         "standin dev=1 used=0 peak=0",
     ]);
 }
+
+/// Destroying a context frees its arrays in the driver; their bytes come
+/// back to the budget with it (and a later destroy of the handle is the
+/// driver's business).
+#[test]
+fn arrays_go_back_to_the_budget_with_their_context() {
+    // 1000 float4 texels, the row padded to 512 bytes by the stand-in.
+    let row = (1000u64 * 16).next_multiple_of(512);
+    client(
+        "procaddr",
+        &[("VRAMCAP_LIMIT", "4MiB")],
+        &[
+            "init",
+            "ctxcreate",
+            "array",
+            "1000",
+            "64",
+            "0x20",
+            "4",
+            "info",
+            "ctxdestroy",
+            "ctx",
+            "0",
+            "info",
+            "standin",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "ctxcreate -> 0",
+        "array 1000 64 0x20 4 -> 0 @0",
+        &format!("info -> 0 free={} total={}", 4 * MIB - row * 64, 4 * MIB),
+        "ctxdestroy -> 0",
+        "ctx 0 -> 0",
+        &format!("info -> 0 free={0} total={0}", 4 * MIB),
+        &format!("standin dev=0 used=0 peak={}", row * 64),
+        "standin dev=1 used=0 peak=0",
+    ]);
+}

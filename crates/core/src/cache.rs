@@ -17,7 +17,7 @@
 //!   background thread; all of them on `vramcap trim` or under cap pressure
 //!   (least recently freed first).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// How a block was made, which decides what it can be reused for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,8 @@ pub struct Pool {
     by_size: BTreeMap<(u64, u64), Block>,
     /// seq -> bytes: least recently freed first.
     by_age: BTreeMap<u64, u64>,
+    /// The addresses of the blocks held.
+    ptrs: HashSet<u64>,
     next_seq: u64,
     total: u64,
 }
@@ -81,9 +83,15 @@ impl Pool {
         self.by_size.is_empty()
     }
 
+    /// Whether the pool holds the block at `ptr`.
+    pub fn contains(&self, ptr: u64) -> bool {
+        self.ptrs.contains(&ptr)
+    }
+
     fn remove(&mut self, key: (u64, u64)) -> Option<Block> {
         let b = self.by_size.remove(&key)?;
         self.by_age.remove(&key.1);
+        self.ptrs.remove(&b.ptr);
         self.total -= b.bytes;
         Some(b)
     }
@@ -124,6 +132,7 @@ impl Pool {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.by_size.insert((block.bytes, seq), block);
+        self.ptrs.insert(block.ptr);
         self.by_age.insert(seq, block.bytes);
         self.total += block.bytes;
         out.shrink_to_fit();
@@ -343,5 +352,20 @@ mod tests {
             assert_eq!(p.by_size.len(), p.by_age.len());
         }
         assert_eq!(held, p.total());
+    }
+
+    #[test]
+    fn the_pool_knows_which_addresses_it_holds() {
+        let mut p = Pool::default();
+        assert!(p.put(plain(0x1000, 4096, 1, 0), 1 << 20).is_empty());
+        assert!(p.put(plain(0x9000, 8192, 1, 0), 1 << 20).is_empty());
+        assert!(p.contains(0x1000) && p.contains(0x9000) && !p.contains(0x2000));
+        let b = p
+            .take(1, Want::Plain { bytes: 4096 })
+            .expect("a fitting block");
+        assert_eq!(b.ptr, 0x1000);
+        assert!(!p.contains(0x1000) && p.contains(0x9000));
+        assert_eq!(p.drain().len(), 1);
+        assert!(!p.contains(0x9000));
     }
 }

@@ -451,7 +451,7 @@ impl<D: Driver> Engine<D> {
         }
         self.spill.reap(&self.base);
         let Some((_, r)) = self.table.remove(&dptr) else {
-            return real();
+            return self.free_unknown(real, dptr);
         };
         if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
             let rc = self.spill.free(&self.base, dptr, &r);
@@ -484,6 +484,26 @@ impl<D: Driver> Engine<D> {
             self.table.insert(dptr, r);
         }
         rc
+    }
+
+    /// A free of an address the engine holds no record of. One the cache
+    /// holds was freed by the program already: a second free is answered
+    /// as the driver answers a free of a freed address, and changes
+    /// nothing (freeing it for real would let the cache hand out memory the
+    /// driver may give to someone else). Anything else is the driver's.
+    pub(super) fn free_unknown(
+        &self,
+        mut real: impl FnMut() -> CUresult,
+        dptr: CUdeviceptr,
+    ) -> CUresult {
+        if self.cache.holds(dptr) {
+            log_once!(
+                Warn,
+                "a free of {dptr:#x}, which the program had freed already; answered CUDA_ERROR_INVALID_VALUE as the driver does"
+            );
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        real()
     }
 
     /// `cuMemGetInfo_v2`: [`capped_info`] for the current device.

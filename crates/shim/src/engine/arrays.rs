@@ -1,6 +1,7 @@
 //! Handlers for arrays and mipmapped arrays: reserved from the descriptor
 //! (an upper bound), then settled to the size the driver reports
-//! (`cuArrayGetMemoryRequirements`), released on destroy.
+//! (`cuArrayGetMemoryRequirements`), released on destroy or with the
+//! context that made them (`lifecycle`).
 
 use std::ffi::{c_int, c_uint};
 
@@ -57,7 +58,7 @@ impl<D: Driver> Engine<D> {
         if handle.is_null() || estimate == 0 {
             return real();
         }
-        let Some((_, device)) = self.current() else {
+        let Some((ctx, device)) = self.current() else {
             return real();
         };
         let (slot, limit) = match self.reserve(what, device, estimate) {
@@ -89,6 +90,7 @@ impl<D: Driver> Engine<D> {
                 bytes,
                 refs: 1,
                 alias_of: 0,
+                ctx,
             },
         );
         log_at!(Debug, "{what}: {bytes} bytes on device {device}");

@@ -124,6 +124,15 @@ impl Cache {
         log_at!(Debug, "device {dev}: cache bound {bytes} bytes");
     }
 
+    /// Whether any device's cache holds the block at `ptr` (freed by the
+    /// program, still allocated in the driver).
+    pub fn holds(&self, ptr: u64) -> bool {
+        self.devices
+            .iter()
+            .filter(|c| c.bound.load(Ordering::Relaxed) > 0)
+            .any(|c| c.lock().pool.contains(ptr))
+    }
+
     pub fn caching(&self, dev: u16) -> bool {
         self.device(dev)
             .is_some_and(|c| c.bound.load(Ordering::Relaxed) > 0)

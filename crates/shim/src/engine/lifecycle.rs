@@ -34,11 +34,24 @@ impl<D: Driver> Engine<D> {
                 s.frees.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if !gone.is_empty() {
+        let mut arrays = Vec::new();
+        self.arrays.retain(|_, o| {
+            if o.ctx == ctx {
+                arrays.push(*o);
+                false
+            } else {
+                true
+            }
+        });
+        for o in &arrays {
+            self.give_back(o.device, o.bytes);
+        }
+        if !gone.is_empty() || !arrays.is_empty() {
             log_at!(
                 Info,
-                "context {ctx:#x} went away holding {} allocations; their bytes are back in the budget",
-                gone.len()
+                "context {ctx:#x} went away holding {} allocations and {} arrays; their bytes are back in the budget",
+                gone.len(),
+                arrays.len()
             );
         }
     }

@@ -112,7 +112,7 @@ impl<D: Driver> Engine<D> {
             return real();
         }
         let Some((_, r)) = self.table.remove(&dptr) else {
-            return real();
+            return self.free_unknown(real, dptr);
         };
         if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
             let rc = self

@@ -86,4 +86,7 @@ pub struct Object {
     /// VMM: this handle is another handle to the allocation counted under
     /// `alias_of` (an import of this process's own export); 0 otherwise.
     pub alias_of: u64,
+    /// Arrays: the context that made it (its memory goes with the
+    /// context); 0 for VMM allocations, which belong to no context.
+    pub ctx: usize,
 }

@@ -64,6 +64,7 @@ impl<D: Driver> Engine<D> {
                 bytes: size as u64,
                 refs: 1,
                 alias_of: 0,
+                ctx: 0,
             },
         );
         log_at!(
