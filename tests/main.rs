@@ -7,6 +7,7 @@ mod util;
 mod cache;
 mod cli;
 mod exporter;
+mod fork;
 mod group;
 mod paths;
 mod shim;

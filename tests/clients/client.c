@@ -60,6 +60,15 @@
  *                         the process while it holds memory, without sleeps)
  *   threads T ITERS MAX   T threads allocating and freeing 1M..MAX
  *                         -> "threads -> ok=A oom=O other=E"
+ *   forkbusy T N          T threads allocating and freeing 1M..4M without
+ *                         end while the main thread forks N times; each
+ *                         child looks up cuMemAlloc_v2 through dlsym on the
+ *                         libcuda handle (the shim's dlsym, no driver call)
+ *                         and exits 0; a child not done within 10 s is
+ *                         killed and counted as hung
+ *                         -> "forkbusy -> forks=N ok=K hung=H"
+ *   forkhold              fork a child that only waits for a signal
+ *                         -> "forkhold -> child PID"
  *   resolve NAME VER FLAGS    -> "resolve NAME VER FLAGS -> RC status=S lib=L"
  *                         (symbolStatus starts as 0 and is printed as is;
  *                         S is "-" with procaddr-legacy, which has none)
@@ -177,6 +186,10 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -974,6 +987,96 @@ static void cmd_threads(long nthreads, long iters, size_t max_size)
     out("threads -> ok=%lu oom=%lu other=%lu", ok, oom, other);
 }
 
+/* ---- fork ------------------------------------------------------------- */
+
+static volatile int g_stop_workers;
+
+static void *busy_main(void *arg)
+{
+    struct worker *w = arg;
+    uint64_t rng = 0x9e3779b97f4a7c15ULL * (w->index + 1);
+    api.ctx_set_current(w->ctx);
+    while (!g_stop_workers) {
+        CUdeviceptr p;
+        size_t size = (size_t)(xorshift64(&rng) % 4 + 1) * MIB;
+        CUresult rc = api.mem_alloc(&p, size);
+        if (rc == CUDA_SUCCESS) {
+            w->ok++;
+            if (api.mem_free(p) != CUDA_SUCCESS)
+                w->other++;
+        } else {
+            count_rc(w, rc);
+        }
+    }
+    return NULL;
+}
+
+/* Waits up to 10 s for a child; 1 when it exited with status 0. */
+static int reap_child(pid_t pid)
+{
+    for (int i = 0; i < 10000; i++) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static void cmd_forkbusy(long nthreads, long nforks)
+{
+    struct worker *w = calloc((size_t)nthreads, sizeof *w);
+    if (w == NULL)
+        die(EXIT_SOFTWARE, "out of memory");
+    CUcontext ctx = NULL;
+    primary_ctx(0, &ctx);
+    g_stop_workers = 0;
+    for (long i = 0; i < nthreads; i++) {
+        w[i].index = (unsigned)i;
+        w[i].ctx = ctx;
+        int err = pthread_create(&w[i].thread, NULL, busy_main, &w[i]);
+        if (err != 0)
+            die(EXIT_SOFTWARE, "pthread_create: %s", strerror(err));
+    }
+    void *handle = libcuda();
+    fflush(stdout);
+    long ok = 0, hung = 0;
+    for (long f = 0; f < nforks; f++) {
+        pid_t pid = fork();
+        if (pid < 0)
+            die(EXIT_SOFTWARE, "fork: %s", strerror(errno));
+        if (pid == 0) {
+            void *sym = dlsym(handle, "cuMemAlloc_v2");
+            _exit(sym != NULL ? 0 : 3);
+        }
+        int r = reap_child(pid);
+        ok += r == 1;
+        hung += r < 0;
+    }
+    g_stop_workers = 1;
+    for (long i = 0; i < nthreads; i++)
+        pthread_join(w[i].thread, NULL);
+    free(w);
+    out("forkbusy -> forks=%ld ok=%ld hung=%ld", nforks, ok, hung);
+}
+
+static void cmd_forkhold(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die(EXIT_SOFTWARE, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        for (;;)
+            pause();
+    }
+    out("forkhold -> child %ld", (long)pid);
+}
+
 /* ---- Commands --------------------------------------------------------- */
 
 /* Stand-in inspection exports, via dlsym on the libcuda handle. */
@@ -1198,7 +1301,7 @@ static void usage(void)
           "commands: init | ctx N | noctx | alloc SIZE | pitch W H ELEM |\n"
           "  managed SIZE | free SLOT | freeraw HEX | fill SIZE | freeall |\n"
           "  info | total N | standin | counts | kinds | ptrkind SLOT |\n"
-          "  threads T ITERS MAXSIZE |\n"
+          "  threads T ITERS MAXSIZE | forkbusy T N | forkhold |\n"
           "  resolve NAME VERSION FLAGS | resolve4 NAME VERSION FLAGS |\n"
           "  dlsym NAME | next NAME | default NAME | call-resolved cuMemAlloc\n"
           "  | pairs N SIZE | ptr SLOT | ipc SLOT | sync | stream |\n"
@@ -1403,6 +1506,21 @@ static int command(int argc, char **argv, bool run)
         if (run)
             cmd_threads(t, iters, max_size);
         return 4;
+    }
+    if (strcmp(cmd, "forkbusy") == 0) {
+        NEED(2);
+        long t = parse_uint(argv[1], MAX_THREADS, "thread count");
+        long n = parse_uint(argv[2], 10000, "fork count");
+        if (t < 1)
+            die(EXIT_USAGE, "forkbusy needs T >= 1");
+        if (run)
+            cmd_forkbusy(t, n);
+        return 3;
+    }
+    if (strcmp(cmd, "forkhold") == 0) {
+        if (run)
+            cmd_forkhold();
+        return 1;
     }
     if (strcmp(cmd, "resolve") == 0 || strcmp(cmd, "resolve4") == 0) {
         NEED(3);
