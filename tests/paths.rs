@@ -446,3 +446,44 @@ fn arrays_go_back_to_the_budget_with_their_context() {
         "standin dev=1 used=0 peak=0",
     ]);
 }
+
+/// Stream-ordered allocations live in the device's memory pool, which
+/// outlives a context: the driver keeps them when their context is
+/// destroyed (the stand-in does too; so does the H200's driver, see
+/// docs/gpu-results.md), so they stay counted until they are freed.
+#[test]
+fn stream_ordered_memory_stays_counted_past_its_context() {
+    client(
+        "procaddr",
+        &[("VRAMCAP_LIMIT", "1GiB")],
+        &[
+            "init",
+            "ctxcreate",
+            "allocasync",
+            "256M",
+            "ctxdestroy",
+            "ctx",
+            "0",
+            "info",
+            "standin",
+            "free",
+            "0",
+            "info",
+            "standin",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "ctxcreate -> 0",
+        "allocasync 268435456 -> 0 #0",
+        "ctxdestroy -> 0",
+        "ctx 0 -> 0",
+        &format!("info -> 0 free={} total={GIB}", GIB - 256 * MIB),
+        &format!("standin dev=0 used={0} peak={0}", 256 * MIB),
+        "standin dev=1 used=0 peak=0",
+        "free #0 -> 0",
+        &format!("info -> 0 free={GIB} total={GIB}"),
+        &format!("standin dev=0 used=0 peak={}", 256 * MIB),
+        "standin dev=1 used=0 peak=0",
+    ]);
+}

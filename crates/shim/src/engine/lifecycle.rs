@@ -14,12 +14,15 @@ use crate::log::log_at;
 
 impl<D: Driver> Engine<D> {
     /// Drops the records of every allocation of a context the driver
-    /// destroyed and gives their bytes back.
+    /// destroyed and gives their bytes back. Stream-ordered allocations
+    /// stay: they live in the device's memory pool, which outlives the
+    /// context (the real driver keeps them, checked on the H200; see
+    /// `scripts/gpu/teardown.cu`), and their free gives the bytes back.
     fn forget_ctx(&self, ctx: usize) {
         self.cache.forget_ctx(&self.base, ctx);
         let mut gone = Vec::new();
         self.table.retain(|_, r| {
-            if r.ctx == ctx {
+            if r.ctx == ctx && r.kind != Kind::Async {
                 gone.push(*r);
                 false
             } else {

@@ -8,6 +8,9 @@
 //! driver allocates them when the graph runs, outside any call the shim
 //! sees, so they are not counted. A free of a pointer the engine does not
 //! know (another pool's, or a captured one) goes to the driver unchanged.
+//! The allocations belong to the device's pool, not to a context: they
+//! stay counted when their context is destroyed or reset, as the driver
+//! keeps them, until they are freed.
 
 use std::ffi::c_void;
 
