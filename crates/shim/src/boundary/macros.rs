@@ -1,7 +1,7 @@
 //! The two macros that turn a list of C signatures into everything the
 //! boundary needs. Each function's signature is written once, in
-//! `hooks.rs` (the hooked ones) or `real.rs`'s list (the others the engine
-//! calls); everything else is generated from it.
+//! `hooks.rs` (the hooked ones, and in its `calls` module the others the
+//! engine calls); everything else is generated from it.
 //!
 //! - [`real_fns!`]: one module per function, `real::NAME`, with its typed
 //!   [`Slot`](super::real::Slot) and `call(args)`, which calls the real

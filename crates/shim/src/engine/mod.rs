@@ -20,12 +20,17 @@
 //! - Budgets, counters, the capture count and every lazily made pointer are
 //!   atomics. A reservation is a compare-and-swap under the cap.
 //! - Locks: the record maps' shard locks (`records`), one mutex per device
-//!   cache (`cache`), the spill's deferred-free list (`spill`). Each is
-//!   held for a map or list operation only, never across a driver call,
-//!   `dlopen` or `dlsym`, and never two at once: there is no lock order.
+//!   cache (`cache`), the spill's deferred-free list (`spill`), and
+//!   `OnceLock`s of values made once. Each is held for a map or list
+//!   operation only, never across a driver call, `dlopen` or `dlsym`, and
+//!   never two at once: there is no lock order. The page and the group
+//!   membership are made by one thread while others yield (`page`, `group`).
 //! - What allocates: making the engine (first hook), the page and the group
 //!   membership (first use of a device), record inserts, keeping a cached
-//!   block, deferring a free, NVML's UUID text. Logging never allocates.
+//!   block and a context's first ticket, the lists an eviction, a context
+//!   teardown or an unmap releases, deferring and reaping spilled frees,
+//!   NVML's UUID text. Logging never allocates. ARCHITECTURE.md has the
+//!   whole list.
 //! - `fork`: the boundary's child handler closes the inherited page and
 //!   group descriptors ([`Engine::forget_after_fork`]) and drops the engine
 //!   from use without touching its maps or locks (a parent thread may have

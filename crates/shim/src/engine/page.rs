@@ -304,6 +304,10 @@ impl PageHandle {
             // SAFETY: closing our copy of the descriptor; the parent keeps its own.
             unsafe { libc::close(fd) };
         }
+        // A stray use of this handle after this (a hook interrupted by a
+        // signal handler that forked) makes a private page instead of
+        // waiting for one that never comes.
+        self.state.store(NONE, Ordering::Release);
         let p = self.page.swap(ptr::null_mut(), Ordering::AcqRel);
         if !p.is_null() && !self.path.load(Ordering::Acquire).is_null() {
             // SAFETY: only this thread exists in the child; nothing refers to

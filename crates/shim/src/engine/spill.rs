@@ -296,17 +296,23 @@ impl Spill {
         if self.pending.load(Ordering::Acquire) == 0 {
             return;
         }
-        let waiting = std::mem::take(&mut *self.list());
+        let mut waiting = std::mem::take(&mut *self.list());
         if waiting.is_empty() {
             return;
         }
         // Only a completed event frees; anything else (not ready, an event
-        // recorded in a capture) keeps waiting.
-        let (ready, still): (Vec<Deferred>, Vec<Deferred>) = waiting
-            .into_iter()
-            .partition(|d| base.driver.event_query(d.event) == CUDA_SUCCESS);
-        if !still.is_empty() {
-            self.list().extend(still);
+        // recorded in a capture) keeps waiting. Nothing allocates while no
+        // event has completed: the list goes back as it was.
+        let ready: Vec<Deferred> = waiting
+            .extract_if(.., |d| base.driver.event_query(d.event) == CUDA_SUCCESS)
+            .collect();
+        if !waiting.is_empty() {
+            let mut list = self.list();
+            if list.is_empty() {
+                *list = waiting;
+            } else {
+                list.append(&mut waiting);
+            }
         }
         self.pending.fetch_sub(ready.len(), Ordering::AcqRel);
         for d in ready {

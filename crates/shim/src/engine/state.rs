@@ -64,7 +64,13 @@ impl<D: Driver> Engine<D> {
         if let Some(l) = s.budget.limit() {
             return Some(l);
         }
-        let l = self.compute_limit(device, s)?;
+        let l = self.compute_limit(device, s);
+        if self.group.configured() {
+            // Reclaims dead members, even when this device could not be
+            // attached to the group (its allocations are refused then).
+            self.start_worker();
+        }
+        let l = l?;
         s.budget.set_limit(l);
         s.mark_active();
         let base = if l == NO_CAP {
@@ -74,9 +80,6 @@ impl<D: Driver> Engine<D> {
         };
         self.cache
             .set_bound(device as u16, self.settings.cache.resolve(base));
-        if self.group.configured() {
-            self.start_worker(); // reclaims dead members
-        }
         Some(l)
     }
 

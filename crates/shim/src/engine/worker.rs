@@ -10,7 +10,7 @@
 //! thread and resets them ([`reset_after_fork`]).
 
 use std::sync::Once;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::log::log_once;
@@ -20,12 +20,14 @@ pub const TICK: Duration = Duration::from_millis(100);
 
 static AT_EXIT: Once = Once::new();
 static EXITING: AtomicBool = AtomicBool::new(false);
-static BUSY: AtomicBool = AtomicBool::new(false);
+/// Rounds in flight, over every engine's thread (one per process outside
+/// tests).
+static BUSY: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn stop_at_exit() {
     EXITING.store(true, Ordering::SeqCst);
     // Wait for a round in flight: the driver's exit handlers run after this.
-    while BUSY.load(Ordering::SeqCst) {
+    while BUSY.load(Ordering::SeqCst) > 0 {
         std::thread::yield_now();
     }
 }
@@ -57,13 +59,13 @@ impl Worker {
             .spawn(move || {
                 loop {
                     std::thread::sleep(TICK);
-                    BUSY.store(true, Ordering::SeqCst);
+                    BUSY.fetch_add(1, Ordering::SeqCst);
                     if EXITING.load(Ordering::SeqCst) {
-                        BUSY.store(false, Ordering::SeqCst);
+                        BUSY.fetch_sub(1, Ordering::SeqCst);
                         return;
                     }
                     round();
-                    BUSY.store(false, Ordering::SeqCst);
+                    BUSY.fetch_sub(1, Ordering::SeqCst);
                 }
             });
         if let Err(e) = spawned {
@@ -77,6 +79,6 @@ impl Worker {
 
 /// In a child after fork: no thread runs, none is exiting.
 pub fn reset_after_fork() {
-    BUSY.store(false, Ordering::Release);
+    BUSY.store(0, Ordering::Release);
     EXITING.store(false, Ordering::Release);
 }
