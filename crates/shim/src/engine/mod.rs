@@ -24,8 +24,10 @@
 //!   held for a map or list operation only, never across a driver call,
 //!   `dlopen` or `dlsym`, and never two at once: there is no lock order.
 //! - What allocates: making the engine (first hook), the page and the group
-//!   membership (first use of a device), record inserts, keeping a cached
-//!   block, deferring a free, NVML's UUID text. Logging never allocates.
+//!   membership (first use of a device), the check that the limit's device
+//!   keys name GPUs (first use of any device, only when it names devices),
+//!   record inserts, keeping a cached block, deferring a free, NVML's UUID
+//!   text. Logging never allocates.
 //! - `fork`: the boundary's child handler closes the inherited page and
 //!   group descriptors ([`Engine::forget_after_fork`]) and drops the engine
 //!   from use without touching its maps or locks (a parent thread may have

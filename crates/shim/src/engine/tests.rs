@@ -1,8 +1,10 @@
 //! Unit tests of the engine against a fake driver: the reservation under
 //! the cap (threads included), the cache's synchronisation tickets, VMM
 //! reference counts, settling to the size the driver chose, spill and the
-//! memory-info formula. Each test makes its own engine (statistics off:
-//! the page lives in private memory).
+//! memory-info formula, the check that every key of the limit names a GPU,
+//! and the rule that a group only makes a member's cap stricter. Each test
+//! makes its own engine (statistics off: the page lives in private memory;
+//! group tests use a directory of their own for the group file).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
@@ -11,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use vramcap_core::settings::Settings;
 
-use super::alloc::capped_info;
+use super::accounting::capped_info;
 use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::state::Engine;
@@ -20,9 +22,16 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const CTX: usize = 0x1000;
 
-/// One device of 16 GiB with one context, current on every thread.
+/// One device of 16 GiB (or `machine.visible` of them) with one context,
+/// current on every thread, on device 0.
 #[derive(Default)]
 struct Fake {
+    machine: Machine,
+    /// `exit_process` calls, by status.
+    exits: Mutex<Vec<c_int>>,
+    device_counts: AtomicUsize,
+    nvml_inits: AtomicUsize,
+    nvml_shutdowns: AtomicUsize,
     next_ptr: AtomicU64,
     /// Bytes the fake driver has handed out and not had back.
     live: AtomicU64,
@@ -33,6 +42,31 @@ struct Fake {
     /// Stream captures the fake reports (by stream handle), and on the legacy stream.
     capturing: Mutex<HashMap<usize, c_int>>,
     sizes: Mutex<HashMap<u64, u64>>,
+}
+
+/// What the fake machine has: devices the process sees, and NVML's list of
+/// every GPU (`None`: no NVML).
+struct Machine {
+    visible: c_int,
+    nvml: Option<Vec<String>>,
+}
+
+impl Default for Machine {
+    fn default() -> Machine {
+        Machine {
+            visible: 1,
+            nvml: None,
+        }
+    }
+}
+
+/// The UUID text of the fake's device `dev` (its bytes are all `dev + 1`).
+fn fake_uuid(dev: u8) -> String {
+    let b = format!("{:02x}", dev + 1);
+    format!(
+        "GPU-{0}{0}{0}{0}-{0}{0}-{0}{0}-{0}{0}-{0}{0}{0}{0}{0}{0}",
+        b
+    )
 }
 
 impl Fake {
@@ -72,10 +106,20 @@ impl Driver for Fake {
     fn primary_ctx_release(&self, _dev: CUdevice) -> CUresult {
         CUDA_SUCCESS
     }
+    fn device_count(&self) -> Result<c_int, CUresult> {
+        self.device_counts.fetch_add(1, Ordering::SeqCst);
+        Ok(self.machine.visible)
+    }
+    fn device_name(&self, dev: CUdevice) -> Result<String, CUresult> {
+        Ok(format!("fake {dev}"))
+    }
     fn device_total_mem(&self, _dev: CUdevice) -> Result<u64, CUresult> {
         Ok(16 * GIB)
     }
     fn device_uuid(&self, dev: CUdevice) -> Result<[u8; 16], CUresult> {
+        if !(0..self.machine.visible).contains(&dev) {
+            return Err(101); // CUDA_ERROR_INVALID_DEVICE
+        }
         Ok([dev as u8 + 1; 16])
     }
     fn device_attribute(&self, _attr: c_int, _dev: CUdevice) -> Result<c_int, CUresult> {
@@ -136,16 +180,50 @@ impl Driver for Fake {
     fn array_size(&self, _array: usize, _dev: CUdevice, _mipmapped: bool) -> Result<u64, CUresult> {
         Err(CUDA_ERROR_NOT_FOUND)
     }
-    fn nvml_device_uuid(&self, _device: usize) -> Option<String> {
-        None
+    fn nvml_init(&self) -> bool {
+        let there = self.machine.nvml.is_some();
+        if there {
+            self.nvml_inits.fetch_add(1, Ordering::SeqCst);
+        }
+        there
+    }
+    fn nvml_shutdown(&self) {
+        self.nvml_shutdowns.fetch_add(1, Ordering::SeqCst);
+    }
+    fn nvml_device_count(&self) -> Option<u32> {
+        self.machine.nvml.as_ref().map(|l| l.len() as u32)
+    }
+    fn nvml_device_by_index(&self, index: u32) -> Option<usize> {
+        // Handles are index + 1 (never null).
+        let n = self.nvml_device_count()?;
+        (index < n).then_some(index as usize + 1)
+    }
+    fn nvml_device_name(&self, device: usize) -> Option<String> {
+        self.nvml_device_uuid(device)
+            .map(|_| format!("fake {}", device - 1))
+    }
+    fn nvml_device_uuid(&self, device: usize) -> Option<String> {
+        self.machine
+            .nvml
+            .as_ref()?
+            .get(device.checked_sub(1)?)
+            .cloned()
     }
     fn nvml_device_index(&self, _device: usize) -> Option<u32> {
         None
+    }
+    fn exit_process(&self, status: c_int) {
+        self.exits.lock().unwrap().push(status);
     }
 }
 
 /// An engine with these settings (statistics off) over a fresh fake.
 fn engine(vars: &[(&str, &str)]) -> &'static Engine<Fake> {
+    engine_on(Machine::default(), vars)
+}
+
+/// [`engine`] over a fake with this machine.
+fn engine_on(machine: Machine, vars: &[(&str, &str)]) -> &'static Engine<Fake> {
     let mut vars: HashMap<String, String> = vars
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -153,7 +231,10 @@ fn engine(vars: &[(&str, &str)]) -> &'static Engine<Fake> {
     vars.insert("VRAMCAP_STATS".into(), "off".into());
     let settings = Settings::from_lookup(|k| vars.get(k).cloned()).expect("valid test settings");
     Box::leak(Box::new(Engine::new(
-        Fake::default(),
+        Fake {
+            machine,
+            ..Fake::default()
+        },
         Box::leak(Box::new(settings)),
     )))
 }
@@ -442,4 +523,194 @@ fn memory_info_is_the_cap_picture() {
         capped_info(16 * GIB, 16 * GIB, nocap, 0, GIB),
         (16 * GIB, 16 * GIB)
     );
+}
+
+/// `cuMemGetInfo_v2` through the engine: (free, total), the fake's device
+/// reporting `real_free` of its 16 GiB.
+fn mem_info(e: &'static Engine<Fake>, real_free: u64) -> (u64, u64) {
+    let (mut free, mut total) = (0usize, 0usize);
+    let (f, t): (*mut usize, *mut usize) = (&mut free, &mut total);
+    let real = || {
+        // SAFETY: both point at locals alive for this call.
+        unsafe {
+            *f = real_free as usize;
+            *t = (16 * GIB) as usize;
+        }
+        CUDA_SUCCESS
+    };
+    // SAFETY: valid out-pointers.
+    assert_eq!(unsafe { e.mem_get_info(real, f, t) }, CUDA_SUCCESS);
+    (free as u64, total as u64)
+}
+
+fn exits(e: &'static Engine<Fake>) -> Vec<c_int> {
+    e.driver.exits.lock().unwrap().clone()
+}
+
+#[test]
+fn a_key_that_names_no_gpu_stops_the_process_at_the_first_cap() {
+    let two = || Machine {
+        visible: 2,
+        nvml: None,
+    };
+    // An index beyond the two devices: stopped (status 2) at the first
+    // call that needs a cap, and every call after that is refused too.
+    let e = engine_on(
+        two(),
+        &[("VRAMCAP_LIMIT", "5=1GiB"), ("VRAMCAP_CACHE", "off")],
+    );
+    assert!(
+        exits(e).is_empty(),
+        "nothing is checked before CUDA is used"
+    );
+    assert_eq!(alloc(e, MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(exits(e), [2]);
+    assert_eq!(alloc(e, MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(exits(e), [2], "checked once");
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        e.driver.nvml_inits.load(Ordering::SeqCst),
+        0,
+        "an index needs no NVML"
+    );
+
+    // Keys that name the devices are fine.
+    let e = engine_on(
+        two(),
+        &[
+            ("VRAMCAP_LIMIT", "1=2GiB,GPU-01010101=1GiB"),
+            ("VRAMCAP_CACHE", "off"),
+        ],
+    );
+    let p = alloc(e, GIB).unwrap();
+    assert_eq!(alloc(e, 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(free(e, p), CUDA_SUCCESS);
+    assert!(exits(e).is_empty());
+
+    // A UUID typo: no visible device and no GPU NVML lists has it.
+    let nvml = || Machine {
+        visible: 2,
+        nvml: Some(vec![fake_uuid(0), fake_uuid(1), fake_uuid(2)]),
+    };
+    let e = engine_on(nvml(), &[("VRAMCAP_LIMIT", "GPU-0404=1GiB")]);
+    assert_eq!(alloc(e, MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(exits(e), [2]);
+    assert_eq!(e.driver.nvml_inits.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.nvml_shutdowns.load(Ordering::SeqCst), 1);
+
+    // A GPU of the machine this process does not see: not an error (a
+    // setting shared under CUDA_VISIBLE_DEVICES); the visible devices have
+    // no cap from it.
+    let e = engine_on(
+        nvml(),
+        &[("VRAMCAP_LIMIT", "GPU-0303=1GiB"), ("VRAMCAP_CACHE", "off")],
+    );
+    let p = alloc(e, 2 * GIB).unwrap();
+    assert!(exits(e).is_empty());
+    assert_eq!(free(e, p), CUDA_SUCCESS);
+    assert_eq!(e.driver.nvml_shutdowns.load(Ordering::SeqCst), 1);
+
+    // Without keys, nothing is asked of the driver for the check.
+    let e = engine_on(two(), &[("VRAMCAP_LIMIT", "1GiB")]);
+    assert_eq!(mem_info(e, 16 * GIB), (GIB, GIB));
+    assert_eq!(e.driver.device_counts.load(Ordering::SeqCst), 0);
+    // A memory query needs the cap too: it stops as an allocation does.
+    let e = engine_on(two(), &[("VRAMCAP_LIMIT", "2=1GiB")]);
+    assert_eq!(mem_info(e, 16 * GIB), (16 * GIB, 16 * GIB));
+    assert_eq!(exits(e), [2]);
+}
+
+/// A directory of its own for one test's group file.
+fn group_dir(name: &str) -> String {
+    let d = std::env::temp_dir().join(format!("vramcap-unit-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d.display().to_string()
+}
+
+fn member(dir: &str, group: &str, limit: Option<&str>) -> &'static Engine<Fake> {
+    let mut vars = vec![
+        ("VRAMCAP_GROUP", group),
+        ("VRAMCAP_STATS_DIR", dir),
+        ("VRAMCAP_CACHE", "off"),
+    ];
+    if let Some(l) = limit {
+        vars.push(("VRAMCAP_LIMIT", l));
+    }
+    engine(&vars)
+}
+
+#[test]
+fn a_group_without_a_limit_never_lifts_a_members_own() {
+    let dir = group_dir("no-limit");
+    // The first member sets no limit: the group has no cap.
+    let a = member(&dir, "g", None);
+    let pa = alloc(a, 4 * GIB).unwrap();
+    // A later member with its own 1 GiB holds at most that, and says so.
+    let b = member(&dir, "g", Some("1GiB"));
+    assert_eq!(mem_info(b, 12 * GIB), (GIB, GIB));
+    let pb = alloc(b, GIB).unwrap();
+    assert_eq!(alloc(b, 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(mem_info(b, 11 * GIB), (0, GIB));
+    let s = b.slot(0).unwrap();
+    assert_eq!((s.budget.used(), s.budget.limit()), (GIB, Some(GIB)));
+    assert_eq!(s.refusals.load(Ordering::Relaxed), 1);
+    // The group still counts both (its budget is uncapped).
+    assert_eq!(b.group.used(0), Some(5 * GIB));
+    assert_eq!(free(b, pb), CUDA_SUCCESS);
+    assert_eq!(free(a, pa), CUDA_SUCCESS);
+    assert_eq!(b.group.used(0), Some(0));
+}
+
+#[test]
+fn a_stricter_group_applies_on_top_and_both_rooms_are_reported() {
+    let dir = group_dir("stricter");
+    let a = member(&dir, "h", Some("1GiB"));
+    let pa = alloc(a, 768 * MIB).unwrap();
+    // B's own cap is 512 MiB, the group's 1 GiB with 768 MiB held: total
+    // is the smaller cap, free the smaller room.
+    let b = member(&dir, "h", Some("512MiB"));
+    assert_eq!(mem_info(b, 15 * GIB), (256 * MIB, 512 * MIB));
+    let pb = alloc(b, 256 * MIB).unwrap();
+    // The group is full: refused there, B's own budget left as it was.
+    assert_eq!(alloc(b, 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(b.slot(0).unwrap().budget.used(), 256 * MIB);
+    assert_eq!(mem_info(b, 15 * GIB), (0, 512 * MIB));
+    // The group has room again: now B's own cap is what stops it.
+    assert_eq!(free(a, pa), CUDA_SUCCESS);
+    assert_eq!(mem_info(b, 15 * GIB), (256 * MIB, 512 * MIB));
+    let pc = alloc(b, 256 * MIB).unwrap();
+    assert_eq!(alloc(b, 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(b.group.used(0), Some(512 * MIB));
+    assert_eq!(mem_info(b, 15 * GIB), (0, 512 * MIB));
+    assert_eq!(mem_info(a, 15 * GIB), (512 * MIB, GIB));
+    // cuDeviceTotalMem reports the stricter cap as well.
+    let mut bytes = 0usize;
+    let out: *mut usize = &mut bytes;
+    let real = || {
+        // SAFETY: `out` points at `bytes`.
+        unsafe { *out = (16 * GIB) as usize };
+        CUDA_SUCCESS
+    };
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { b.device_total_mem(real, out, 0) }, CUDA_SUCCESS);
+    assert_eq!(bytes as u64, 512 * MIB);
+    assert_eq!(free(b, pb), CUDA_SUCCESS);
+    assert_eq!(free(b, pc), CUDA_SUCCESS);
+    assert_eq!((b.group.used(0), a.group.used(0)), (Some(0), Some(0)));
+}
+
+#[test]
+fn an_unreadable_group_limit_is_refused_not_taken_for_no_cap() {
+    let dir = group_dir("unparsable");
+    let a = member(&dir, "u", Some("1GiB"));
+    alloc(a, MIB).unwrap();
+    // Corrupt the recorded limit text (at offset 112 of the group file,
+    // pinned by vramcap_core::group's layout test).
+    let path = std::path::Path::new(&dir).join("group-u.grp");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[112..117].copy_from_slice(b"8XB\0\0");
+    std::fs::write(&path, &bytes).unwrap();
+    let b = member(&dir, "u", None);
+    assert_eq!(alloc(b, MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(b.driver.live.load(Ordering::SeqCst), 0);
 }
