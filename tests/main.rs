@@ -8,6 +8,7 @@ mod cache;
 mod cli;
 mod exporter;
 mod group;
+mod limit;
 mod paths;
 mod shim;
 mod spill;
