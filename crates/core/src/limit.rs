@@ -460,7 +460,7 @@ pub fn cuda_ordinal(nvml_index: u32, uuid: &str, cvd: Option<&str>) -> Option<u3
             if i == nvml_index {
                 return u32::try_from(k).ok();
             }
-        } else if e.len() > 4 && e[..4].eq_ignore_ascii_case("gpu-") {
+        } else if e.len() > 4 && e.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("gpu-")) {
             if uuid.starts_with(&e.to_ascii_lowercase()) {
                 return u32::try_from(k).ok();
             }
@@ -596,6 +596,8 @@ mod tests {
             "CUDA stops at an unreadable entry"
         );
         assert_eq!(cuda_ordinal(0, u, Some("")), None);
+        // Text that is no entry at all, even cut inside a character.
+        assert_eq!(cuda_ordinal(0, u, Some("aéé")), None);
     }
 
     #[test]
@@ -731,7 +733,7 @@ mod tests {
         assert!(!e.to_string().contains('\n'));
     }
 
-    /// Property tests of the grammar: 1000 cases each (seven properties, a
+    /// Property tests of the grammar: 1000 cases each (eight properties, a
     /// few seconds in a debug build), so CI stays well inside its limit.
     mod props {
         use super::super::*;
@@ -860,6 +862,11 @@ mod tests {
                 let canon = spec.canonical();
                 prop_assume!(canon.len() <= LIMIT_MAX_LEN);
                 prop_assert_eq!(parse_limit(&canon), Ok(spec));
+            }
+
+            #[test]
+            fn cuda_visible_devices_never_panics(cvd in "\\PC{0,30}", index in 0u32..4) {
+                let _ = cuda_ordinal(index, "GPU-5ca1ab1e-0000-4000-8000-000000000001", Some(&cvd));
             }
 
             #[test]

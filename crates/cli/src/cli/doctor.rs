@@ -379,14 +379,17 @@ pub fn probe_limit() -> u8 {
     type Total = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
     let mut bytes = 0usize;
     // SAFETY: cuDeviceTotalMem_v2(size_t*, CUdevice) in cuda.h.
-    match unsafe { d.func::<Total>(c"cuDeviceTotalMem_v2") } {
-        // SAFETY: a valid out-pointer and device 0, which init_driver found.
-        Some(f) => unsafe { f(&mut bytes, 0) },
-        None => {
-            println!("the driver lacks cuDeviceTotalMem_v2");
-            return 1;
-        }
+    let Some(total) = (unsafe { d.func::<Total>(c"cuDeviceTotalMem_v2") }) else {
+        println!("the driver lacks cuDeviceTotalMem_v2");
+        return 1;
     };
+    // SAFETY: a valid out-pointer and device 0, which init_driver found.
+    let rc = unsafe { total(&mut bytes, 0) };
+    if rc != 0 {
+        // The shim checks only once the driver has answered.
+        println!("cuDeviceTotalMem_v2 returned {rc}; the keys were not checked");
+        return 1;
+    }
     println!("every device key names a GPU");
     0
 }

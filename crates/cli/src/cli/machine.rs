@@ -156,7 +156,11 @@ fn visible(machine: &[(String, Option<String>)], cvd: Option<&str>) -> Option<Ve
     for entry in cvd.split(',').map(str::trim) {
         let i = if !entry.is_empty() && entry.bytes().all(|b| b.is_ascii_digit()) {
             entry.parse::<usize>().ok().filter(|&i| i < machine.len())?
-        } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("gpu-") {
+        } else if entry.len() > 4
+            && entry
+                .get(..4)
+                .is_some_and(|p| p.eq_ignore_ascii_case("gpu-"))
+        {
             let e = entry.to_ascii_lowercase();
             let mut hits = machine
                 .iter()
@@ -233,7 +237,7 @@ mod tests {
             visible(&m, Some("GPU-5ca1ab1e-0000-4000-8000-000000000001")),
             Some(vec![1])
         );
-        for unsure in ["", "0,0", "3", "GPU-5ca1", "MIG-abc", "0,x", "0,,1"] {
+        for unsure in ["", "0,0", "3", "GPU-5ca1", "MIG-abc", "0,x", "0,,1", "aéé"] {
             assert_eq!(visible(&m, Some(unsure)), None, "{unsure:?}");
         }
     }

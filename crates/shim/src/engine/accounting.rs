@@ -411,10 +411,12 @@ impl<D: Driver> Base<D> {
                 c.store(group, Ordering::Release);
             }
             limit = own.min(group);
+            let bytes = |c: u64| if c == NO_CAP { None } else { Some(c) };
             log_at!(
                 Info,
-                "device {device}: own cap {own} bytes, the group's {group} ({} for none)",
-                NO_CAP
+                "device {device}: own cap {:?} bytes, the group's {:?} (None: no cap)",
+                bytes(own),
+                bytes(group)
             );
         }
         if limit == NO_CAP {
