@@ -103,8 +103,11 @@ fn members_share_one_budget_and_get_a_killed_members_share_back() {
     assert_eq!(g["members"], serde_json::json!([]));
 }
 
+/// The stricter of a member's own limit and the group's applies: a group
+/// can only make a member's cap stricter.
 #[test]
-fn a_later_member_with_another_limit_follows_the_group() {
+fn the_stricter_of_a_members_limit_and_the_groups_applies() {
+    // The group's 512 MiB is stricter than the member's 2 GiB.
     let dir = fresh_dir("group-limit");
     let mut a = Held::spawn(member(&dir, "g", "512MiB", &["init", "info", "wait"]));
     a.until("wait");
@@ -117,11 +120,115 @@ fn a_later_member_with_another_limit_follows_the_group() {
         ]
     );
     assert!(
-        ran.stderr().contains("group \"g\" has the limit \"512MiB\", set by its first member; this process's VRAMCAP_LIMIT=\"2GiB\" does not apply"),
+        ran.stderr().contains("group \"g\" has the limit \"512MiB\", set by its first member; it applies on top of this process's VRAMCAP_LIMIT=\"2GiB\" (the stricter wins on each GPU)"),
         "{}",
         ran.stderr()
     );
     a.finish();
+
+    // The member's own 512 MiB is stricter than the group's 2 GiB, and
+    // both rooms show: 1792 MiB of the group's are held by the first, so
+    // the group's room (256 MiB) binds first, then the member's own cap.
+    let dir = fresh_dir("group-limit-own");
+    let mut a = Held::spawn(member(
+        &dir,
+        "g",
+        "2GiB",
+        &["init", "alloc", "1792M", "wait"],
+    ));
+    a.until("wait");
+    let mut b = Held::spawn(member(
+        &dir,
+        "g",
+        "512MiB",
+        &[
+            "init", "info", "fill", "128M", "info", "nvml", "wait", "fill", "128M", "info",
+        ],
+    ));
+    b.until("wait");
+    let cap = 512 * MIB;
+    assert_eq!(
+        b.lines,
+        [
+            "init -> 0".to_string(),
+            format!("info -> 0 free={} total={cap}", 256 * MIB),
+            format!("fill {} -> 2 allocs {} bytes rc=2", 128 * MIB, 256 * MIB),
+            format!("info -> 0 free=0 total={cap}"),
+            format!(
+                "nvml dev=0 uuid=GPU-5ca1ab1e-0000-4000-8000-000000000000 total={cap} free=0 used={cap} v2total={cap} v2free=0 v2used={cap} v2reserved=0"
+            ),
+            // Device 1 is not used through CUDA yet: the member's own cap.
+            format!(
+                "nvml dev=1 uuid=GPU-5ca1ab1e-0000-4000-8000-000000000001 total={cap} free={cap} used=0 v2total={cap} v2free={cap} v2used=0 v2reserved=0"
+            ),
+            "wait".to_string(),
+        ]
+    );
+    // With the first member gone the group has room, but the member's own
+    // cap still holds it at 512 MiB.
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let (lines, out) = b.finish();
+    assert!(out.status.success());
+    assert_eq!(
+        lines[7..],
+        [
+            "resumed".to_string(),
+            format!("fill {} -> 2 allocs {} bytes rc=2", 128 * MIB, 256 * MIB),
+            format!("info -> 0 free=0 total={cap}"),
+        ]
+    );
+}
+
+/// A group file made by a member without a limit (a group with no cap)
+/// never lifts a later member's own: alone, with `--limit 1GiB`, it holds
+/// at most 1 GiB.
+#[test]
+fn a_group_without_a_limit_never_uncaps_a_later_member() {
+    let dir = fresh_dir("group-no-limit");
+    let mut first = member(&dir, "open", "", &["init", "alloc", "1M"]);
+    first.env_remove("VRAMCAP_LIMIT");
+    run(first).expect_lines(&["init -> 0", "alloc 1048576 -> 0 #0"]);
+    assert!(dir.join("group-open.grp").exists());
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", &dir)
+        .env("VRAMCAP_CACHE", "off")
+        .args(["run", "--limit", "1GiB", "--group", "open", "--"])
+        .arg(&artefacts().client)
+        .args(["procaddr", "init", "fill", "256M", "info", "total", "0"]);
+    run(cmd).expect_lines(&[
+        "init -> 0",
+        "fill 268435456 -> 4 allocs 1073741824 bytes rc=2",
+        &format!("info -> 0 free=0 total={GIB}"),
+        &format!("total 0 -> 0 bytes={GIB}"),
+    ]);
+    let j = stat_json(&dir);
+    assert_eq!(group(&j, "open")["limit"], "");
+}
+
+/// A recorded limit that does not parse is refused, never read as "no cap".
+#[test]
+fn an_unparsable_recorded_limit_is_refused() {
+    use std::os::unix::fs::FileExt;
+    let dir = fresh_dir("group-unparsable");
+    run(member(&dir, "u", "1GiB", &["init", "alloc", "1M"]))
+        .expect_lines(&["init -> 0", "alloc 1048576 -> 0 #0"]);
+    // The limit text lies at offset 112 (pinned by the group layout test).
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("group-u.grp"))
+        .unwrap()
+        .write_all_at(b"8XB\0\0", 112)
+        .unwrap();
+    let mut later = member(&dir, "u", "", &["init", "alloc", "1M"]);
+    later.env_remove("VRAMCAP_LIMIT");
+    let ran = run(later);
+    assert_eq!(ran.ok_lines(), ["init -> 0", "alloc 1048576 -> 2"]);
+    assert!(
+        ran.stderr().contains("the group's recorded limit is unusable (VRAMCAP_LIMIT=\"8XB\" is not a valid limit: unknown unit \"XB\""),
+        "{}",
+        ran.stderr()
+    );
 }
 
 #[test]

@@ -5,10 +5,13 @@
  * It reports the devices of the stand-in CUDA driver (cuda_standin.c): the
  * same STANDIN_DEVICES and STANDIN_TOTAL_MIB (read the same way, once, when
  * the library is loaded; the CUDA stand-in warns about bad values, this one
- * is silent), the same UUIDs, and as "used" the bytes the CUDA stand-in has
- * accounted on the device when it is loaded in the process (found through
- * its vramcap_standin_used export), 0 otherwise. Like the real NVML it sees
- * the whole device, not what a shim in the process makes of it.
+ * is silent), the same UUIDs and names, and as "used" the bytes the CUDA
+ * stand-in has accounted on the device when it is loaded in the process
+ * (found through its vramcap_standin_used export), 0 otherwise. Like the
+ * real NVML it sees the whole device, not what a shim in the process makes
+ * of it, and the whole machine: STANDIN_NVML_DEVICES (default
+ * STANDIN_DEVICES, at most 8) is how many GPUs it lists, so that it can
+ * list GPUs the CUDA side does not see (as under CUDA_VISIBLE_DEVICES).
  *
  * nvmlInit / nvmlInit_v2 and nvmlShutdown are reference counted; every
  * other call needs the library initialized (NVML_ERROR_UNINITIALIZED).
@@ -44,8 +47,11 @@ static unsigned long g_init_refs; /* nvmlInit calls not yet shut down */
 
 __attribute__((constructor)) static void nvml_standin_load(void)
 {
-    g_cfg.devices = (unsigned int)env_long("STANDIN_DEVICES", DEFAULT_DEVICES,
-                                           0, MAX_DEVICES, false);
+    unsigned int cuda_devices = (unsigned int)env_long(
+        "STANDIN_DEVICES", DEFAULT_DEVICES, 0, MAX_DEVICES, false);
+    g_cfg.devices = (unsigned int)env_long("STANDIN_NVML_DEVICES",
+                                           (long)cuda_devices, 0, MAX_DEVICES,
+                                           false);
     g_cfg.total_bytes = (unsigned long long)env_long(
         "STANDIN_TOTAL_MIB", DEFAULT_TOTAL_MIB, 1, MAX_TOTAL_MIB, false) * MIB;
     for (unsigned int i = 0; i < MAX_DEVICES; i++)
@@ -171,6 +177,23 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid,
     if (n < 0 || (unsigned int)n >= length)
         return NVML_ERROR_INSUFFICIENT_SIZE;
     memcpy(uuid, text, (size_t)n + 1);
+    return NVML_SUCCESS;
+}
+
+/* "vramcap stand-in N", as cuDeviceGetName gives it. */
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name,
+                               unsigned int length)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    int dev = device_index(device);
+    if (dev < 0 || name == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    char text[64];
+    int n = snprintf(text, sizeof text, "vramcap stand-in %d", dev);
+    if (n < 0 || (unsigned int)n >= length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(name, text, (size_t)n + 1);
     return NVML_SUCCESS;
 }
 

@@ -22,7 +22,7 @@ use clap::{Parser, Subcommand};
 use vramcap_core::limit::parse_limit;
 use vramcap_core::settings::{
     CACHE_IDLE_VAR, CACHE_VAR, GROUP_VAR, LOG_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR,
-    Settings, parse_log_level,
+    Settings, parse_log_level, unknown_vars_in_env,
 };
 
 #[derive(Parser)]
@@ -154,6 +154,9 @@ enum Command {
         /// Internal: the check that runs under the shim
         #[arg(long, hide = true)]
         probe: bool,
+        /// Internal: the shim's check of VRAMCAP_LIMIT's device keys, in a child
+        #[arg(long, hide = true, conflicts_with = "probe")]
+        probe_limit: bool,
     },
 }
 
@@ -174,7 +177,7 @@ fn find_library() -> Result<PathBuf, String> {
         tried.push(prefix.join("lib/x86_64-linux-gnu/vramcap/libvramcap.so"));
         tried.push(prefix.join("lib/vramcap/libvramcap.so"));
     }
-    if let Some(p) = std::env::var_os("VRAMCAP_LIBRARY") {
+    if let Some(p) = std::env::var_os(vramcap_core::settings::LIBRARY_VAR) {
         tried.push(PathBuf::from(p));
     }
     for dir in [
@@ -206,8 +209,15 @@ fn shim_env(opts: &ShimOptions) -> Result<Vec<(String, OsString)>, String> {
         preload.push(existing);
     }
     let mut vars = vec![("LD_PRELOAD".to_string(), preload)];
+    // A misspelt setting in the environment is told, as the shim will.
+    for unknown in unknown_vars_in_env() {
+        eprintln!("vramcap: {unknown}");
+    }
     if let Some(limit) = &opts.limit {
-        parse_limit(limit).map_err(|e| e.to_string())?;
+        let spec = parse_limit(limit).map_err(|e| e.to_string())?;
+        // Keys that certainly name no GPU are refused now (the shim checks
+        // fully at the first CUDA call; cli/machine.rs says what is certain).
+        cli::machine::check_limit_keys(&spec, limit)?;
         vars.push(("VRAMCAP_LIMIT".into(), limit.into()));
     }
     if let Some(level) = &opts.log {
@@ -281,8 +291,14 @@ fn main() -> ExitCode {
         Command::Trim { pids, all, timeout } => cli::stat::stats_dir(uid)
             .map(|dir| ExitCode::from(cli::trim::run(&dir, uid, &pids, all, timeout))),
         Command::Size { size } => print_size(&size),
-        Command::Doctor { probe: true } => Ok(ExitCode::from(cli::doctor::probe())),
-        Command::Doctor { probe: false } => Ok(ExitCode::from(cli::doctor::run(
+        Command::Doctor {
+            probe: true,
+            probe_limit: false,
+        } => Ok(ExitCode::from(cli::doctor::probe())),
+        Command::Doctor {
+            probe_limit: true, ..
+        } => Ok(ExitCode::from(cli::doctor::probe_limit())),
+        Command::Doctor { .. } => Ok(ExitCode::from(cli::doctor::run(
             find_library(),
             cli::stat::stats_dir(uid),
         ))),

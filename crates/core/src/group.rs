@@ -24,8 +24,8 @@
 //!   member to use that GPU, which writes its UUID and the group's limit for
 //!   it; the others wait for state 2 (a few stores).
 //! - The limit is the first member's `VRAMCAP_LIMIT`, kept as text in the
-//!   header; a later member with another value is told at start and follows
-//!   the group's.
+//!   header; a later member with another value is told at start. Each
+//!   member's own limit applies too: the group can only make it stricter.
 
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

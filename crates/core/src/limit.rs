@@ -16,6 +16,20 @@
 //!
 //! Parsing is pure: percentages and UUIDs are resolved per device later, by
 //! [`LimitSpec::amount_for`], once the driver has told the shim what it has.
+//!
+//! A value is at most [`LIMIT_MAX_LEN`] bytes: a group records its limit in
+//! a field of that size (`group::LIMIT_TEXT_LEN` with its NUL), and one
+//! length everywhere means a limit `vramcap run` accepts is never cut.
+//!
+//! A key must name a GPU: [`LimitSpec::unmatched_keys`] lists those that
+//! name none (an index beyond the devices the process sees, a UUID prefix of
+//! no GPU on the machine), and [`UnmatchedKeys`] is the one line the shim,
+//! `vramcap run` and `vramcap doctor` all print about them. A UUID of a GPU
+//! that is on the machine but not visible to the process (a setting shared
+//! under `CUDA_VISIBLE_DEVICES`) is not an error.
+//!
+//! [`LimitSpec::canonical`] writes a spec back in this grammar: parsing it
+//! gives the same spec (property-tested below).
 
 use std::fmt;
 
@@ -30,6 +44,10 @@ pub const LIMIT_VAR: &str = "VRAMCAP_LIMIT";
 /// Shown after every error so the user sees a correct value next to theirs.
 pub const LIMIT_EXAMPLE: &str = "8GiB, 50%, 0=8GiB,1=4GiB or 4GiB,GPU-5ca1ab1e=2GiB";
 
+/// The longest value accepted, in bytes: what a group page's limit field
+/// holds (its last byte is the NUL).
+pub const LIMIT_MAX_LEN: usize = crate::group::LIMIT_TEXT_LEN - 1;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Amount {
     Bytes(u64),
@@ -42,6 +60,25 @@ impl Amount {
         match self {
             Amount::Bytes(b) => b,
             Amount::Percent(p) => p.of(device_total),
+        }
+    }
+}
+
+impl Amount {
+    /// The amount in the grammar, parsing back to itself: bytes in the
+    /// largest unit that divides them (`8GiB`, `1536MiB`, `4097`), or the
+    /// percentage (`12.5%`).
+    pub fn canonical(self) -> String {
+        match self {
+            Amount::Bytes(b) => {
+                for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+                    if b.trailing_zeros() >= shift {
+                        return format!("{}{unit}", b >> shift);
+                    }
+                }
+                b.to_string()
+            }
+            Amount::Percent(p) => p.to_string(),
         }
     }
 }
@@ -84,13 +121,37 @@ pub struct LimitError {
     pub reason: String,
 }
 
+/// `text` with its control characters escaped (a newline or a terminal
+/// escape in a value must not break the one line, nor reach a terminal).
+fn without_controls(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A value as error lines show it: escaped, and cut after 64 characters
+/// when it is longer than 100 (so the line keeps its example).
+fn shown(value: &str) -> String {
+    if value.chars().count() <= 100 {
+        return value.escape_debug().to_string();
+    }
+    let head: String = value.chars().take(64).collect();
+    format!("{}…", head.escape_debug())
+}
+
 impl fmt::Display for LimitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "{LIMIT_VAR}=\"{}\" is not a valid limit: {}; expected a size or percentage per GPU, e.g. {LIMIT_EXAMPLE}",
-            self.value.escape_debug(),
-            self.reason
+            shown(&self.value),
+            without_controls(&self.reason)
         )
     }
 }
@@ -155,6 +216,12 @@ pub fn parse_limit(value: &str) -> Result<LimitSpec, LimitError> {
 fn parse_limit_inner(value: &str) -> Result<LimitSpec, String> {
     if value.trim().is_empty() {
         return Err("the value is empty (unset the variable to run without a cap)".to_string());
+    }
+    if value.len() > LIMIT_MAX_LEN {
+        return Err(format!(
+            "the value is {} bytes long, more than the {LIMIT_MAX_LEN} a limit may have (a UUID key can be a short prefix, e.g. GPU-5ca1ab1e)",
+            value.len()
+        ));
     }
     let mut spec = LimitSpec::default();
     for item in value.split(',') {
@@ -246,6 +313,137 @@ impl fmt::Display for LimitSpec {
     }
 }
 
+impl LimitSpec {
+    /// The spec in the grammar: the default first, then the entries in
+    /// their order, each amount as [`Amount::canonical`] writes it.
+    /// [`parse_limit`] of it gives this spec back (when it fits in
+    /// [`LIMIT_MAX_LEN`]); an unlimited spec gives the empty text.
+    pub fn canonical(&self) -> String {
+        let mut items: Vec<String> = Vec::new();
+        if let Some(d) = self.default {
+            items.push(d.canonical());
+        }
+        for (k, a) in &self.entries {
+            items.push(format!("{k}={}", a.canonical()));
+        }
+        items.join(",")
+    }
+
+    /// Checks that every key names a GPU: an index below `visible` (the
+    /// devices the process sees), a UUID prefix of some GPU in `gpus` (the
+    /// ones the process sees and, where known, the rest of the machine's).
+    /// `value` is the variable's text, for the error line.
+    pub fn check_keys(&self, value: &str, visible: u32, gpus: &[Gpu]) -> Result<(), UnmatchedKeys> {
+        let unmatched: Vec<&(Key, Amount)> = self
+            .entries
+            .iter()
+            .filter(|(k, _)| match k {
+                Key::Ordinal(n) => *n >= visible,
+                Key::UuidPrefix(p) => !gpus.iter().any(|g| {
+                    g.uuid
+                        .as_deref()
+                        .is_some_and(|u| u.to_ascii_lowercase().starts_with(p.as_str()))
+                }),
+            })
+            .collect();
+        let Some((_, amount)) = unmatched.first() else {
+            return Ok(());
+        };
+        Err(UnmatchedKeys {
+            value: value.to_string(),
+            keys: unmatched.iter().map(|(k, _)| k.clone()).collect(),
+            amount: *amount,
+            gpus: gpus.to_vec(),
+        })
+    }
+}
+
+/// A GPU as the key check knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// Its index as the process sees it; `None` for a GPU on the machine
+    /// that the process does not see.
+    pub index: Option<u32>,
+    /// Its UUID as `GPU-…` text, when it could be read.
+    pub uuid: Option<String>,
+    /// Its name, when known.
+    pub name: Option<String>,
+}
+
+/// Keys of a `VRAMCAP_LIMIT` that name no GPU, and the GPUs there are: its
+/// `Display` is the one line every part of vramcap prints about them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnmatchedKeys {
+    pub value: String,
+    pub keys: Vec<Key>,
+    /// The amount of the first such key, for the example.
+    pub amount: Amount,
+    pub gpus: Vec<Gpu>,
+}
+
+impl UnmatchedKeys {
+    /// Whether a UUID key is among them (only those can still match a GPU
+    /// that the process does not see).
+    pub fn has_uuid_key(&self) -> bool {
+        self.keys.iter().any(|k| matches!(k, Key::UuidPrefix(_)))
+    }
+}
+
+impl fmt::Display for UnmatchedKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{LIMIT_VAR}=\"{}\": ", shown(&self.value))?;
+        let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
+        match keys.as_slice() {
+            [one] => write!(f, "device {one} names no GPU")?,
+            more => write!(f, "devices {} name no GPU", more.join(", "))?,
+        }
+        let gpu = |g: &Gpu| {
+            let uuid = g.uuid.as_deref().unwrap_or("(UUID unreadable)");
+            match &g.name {
+                Some(n) => format!("{uuid} ({})", n.escape_debug()),
+                None => uuid.to_string(),
+            }
+        };
+        let visible: Vec<&Gpu> = self.gpus.iter().filter(|g| g.index.is_some()).collect();
+        if visible.is_empty() {
+            write!(f, "; this process sees no GPU")?;
+        } else {
+            let list: Vec<String> = visible
+                .iter()
+                .map(|g| format!("{} {}", g.index.unwrap_or_default(), gpu(g)))
+                .collect();
+            write!(
+                f,
+                "; this process sees {}: {}",
+                visible.len(),
+                list.join(", ")
+            )?;
+        }
+        let hidden: Vec<String> = self
+            .gpus
+            .iter()
+            .filter(|g| g.index.is_none())
+            .map(gpu)
+            .collect();
+        if !hidden.is_empty() {
+            write!(f, "; the machine also has {}", hidden.join(", "))?;
+        }
+        let amount = self.amount.canonical();
+        let last = visible.last();
+        let index = last.and_then(|g| g.index).unwrap_or(0);
+        write!(
+            f,
+            "; a device is its index or a prefix of its UUID, e.g. {index}={amount}"
+        )?;
+        if let Some(uuid) = last.and_then(|g| g.uuid.as_deref()) {
+            write!(f, " or {uuid}={amount}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for UnmatchedKeys {}
+
 /// The CUDA ordinal of the GPU that NVML calls `nvml_index`, given
 /// `CUDA_VISIBLE_DEVICES` (`cvd`): its position among the visible devices,
 /// which are listed by index or UUID prefix; CUDA ignores entries after the
@@ -262,7 +460,7 @@ pub fn cuda_ordinal(nvml_index: u32, uuid: &str, cvd: Option<&str>) -> Option<u3
             if i == nvml_index {
                 return u32::try_from(k).ok();
             }
-        } else if e.len() > 4 && e[..4].eq_ignore_ascii_case("gpu-") {
+        } else if e.len() > 4 && e.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("gpu-")) {
             if uuid.starts_with(&e.to_ascii_lowercase()) {
                 return u32::try_from(k).ok();
             }
@@ -398,16 +596,277 @@ mod tests {
             "CUDA stops at an unreadable entry"
         );
         assert_eq!(cuda_ordinal(0, u, Some("")), None);
+        // Text that is no entry at all, even cut inside a character.
+        assert_eq!(cuda_ordinal(0, u, Some("aéé")), None);
     }
 
+    #[test]
+    fn a_limit_longer_than_a_group_records_is_refused() {
+        // 12 full UUID entries (issue 13 had one of 563 bytes).
+        let long: String = (0..12)
+            .map(|i| format!("GPU-5ca1ab1e-0000-4000-8000-0000000000{i:02}=1GiB"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert_eq!(long.len(), 551);
+        let text = parse_limit(&long).unwrap_err().to_string();
+        assert_eq!(
+            text,
+            format!(
+                "VRAMCAP_LIMIT=\"{}…\" is not a valid limit: the value is 551 bytes long, more than the 511 a limit may have (a UUID key can be a short prefix, e.g. GPU-5ca1ab1e); expected a size or percentage per GPU, e.g. {LIMIT_EXAMPLE}",
+                &long[..64]
+            )
+        );
+        // Exactly 511 bytes is fine; the group field holds it whole.
+        let fits = format!("{}1G", " ".repeat(LIMIT_MAX_LEN - 2));
+        assert_eq!(fits.len(), 511);
+        assert!(parse_limit(&fits).is_ok());
+        assert!(parse_limit(&format!(" {fits}")).is_err());
+        let mut field = [0u8; crate::group::LIMIT_TEXT_LEN];
+        crate::page::put_text(&mut field, &fits);
+        assert_eq!(crate::page::get_text(&field), fits);
+    }
+
+    #[test]
+    fn canonical_text_parses_back() {
+        let g = 1u64 << 30;
+        for (text, canon) in [
+            ("8GiB", "8GiB"),
+            ("1.5G", "1536MiB"),
+            ("4097", "4097"),
+            ("1024", "1KiB"),
+            ("2048T", "2048TiB"),
+            ("12.5%", "12.5%"),
+            ("1=2G, 4gb ,gpu-5CA1=50%", "4GiB,1=2GiB,GPU-5ca1=50%"),
+        ] {
+            let spec = parse_limit(text).unwrap();
+            assert_eq!(spec.canonical(), canon, "{text}");
+            assert_eq!(parse_limit(canon).unwrap(), spec, "{text}");
+        }
+        assert_eq!(Amount::Bytes(3 * g).canonical(), "3GiB");
+        assert_eq!(LimitSpec::default().canonical(), "");
+    }
+
+    fn gpus(n: u32) -> Vec<Gpu> {
+        (0..n)
+            .map(|i| Gpu {
+                index: Some(i),
+                uuid: Some(format!("GPU-5ca1ab1e-0000-4000-8000-{i:012x}")),
+                name: Some(format!("vramcap stand-in {i}")),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keys_must_name_a_gpu() {
+        let two = gpus(2);
+        let ok =
+            |v: &str, visible: u32, g: &[Gpu]| parse_limit(v).unwrap().check_keys(v, visible, g);
+        assert_eq!(ok("8GiB", 0, &[]), Ok(()));
+        assert_eq!(ok("0=1G,1=2G,GPU-5CA1AB1E=3G", 2, &two), Ok(()));
+        assert_eq!(
+            ok("GPU-5ca1ab1e-0000-4000-8000-000000000001=1G", 2, &two),
+            Ok(())
+        );
+
+        let e = ok("5=1GiB", 2, &two).unwrap_err();
+        assert_eq!(e.keys, vec![Key::Ordinal(5)]);
+        assert_eq!(
+            e.to_string(),
+            "VRAMCAP_LIMIT=\"5=1GiB\": device 5 names no GPU; this process sees 2: \
+             0 GPU-5ca1ab1e-0000-4000-8000-000000000000 (vramcap stand-in 0), \
+             1 GPU-5ca1ab1e-0000-4000-8000-000000000001 (vramcap stand-in 1); \
+             a device is its index or a prefix of its UUID, e.g. 1=1GiB or GPU-5ca1ab1e-0000-4000-8000-000000000001=1GiB"
+        );
+        // A typo in a UUID, and an index: both named.
+        let e = ok("2=512M,GPU-5ca1ab1e0000=1G", 2, &two).unwrap_err();
+        assert_eq!(
+            e.keys,
+            vec![Key::Ordinal(2), Key::UuidPrefix("gpu-5ca1ab1e0000".into())]
+        );
+        assert!(e.has_uuid_key());
+        assert!(
+            e.to_string().starts_with(
+                "VRAMCAP_LIMIT=\"2=512M,GPU-5ca1ab1e0000=1G\": devices 2, GPU-5ca1ab1e0000 name no GPU; this process sees 2: "
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .ends_with("e.g. 1=512MiB or GPU-5ca1ab1e-0000-4000-8000-000000000001=512MiB"),
+            "{e}"
+        );
+
+        // A GPU of the machine that the process does not see (a setting
+        // shared under CUDA_VISIBLE_DEVICES) is a match.
+        let mut machine = two.clone();
+        machine.push(Gpu {
+            index: None,
+            uuid: Some("GPU-5ca1ab1e-0000-4000-8000-000000000003".into()),
+            name: None,
+        });
+        assert_eq!(
+            ok("GPU-5ca1ab1e-0000-4000-8000-000000000003=1G", 2, &machine),
+            Ok(())
+        );
+        let e = ok("GPU-5ca1ab1e-0000-4000-8000-000000000004=1G", 2, &machine).unwrap_err();
+        assert!(
+            e.to_string().contains("(vramcap stand-in 1); the machine also has GPU-5ca1ab1e-0000-4000-8000-000000000003; a device is"),
+            "{e}"
+        );
+        // No GPU at all, and an unreadable UUID.
+        let e = ok("0=50%", 0, &[]).unwrap_err();
+        assert!(
+            e.to_string().ends_with("device 0 names no GPU; this process sees no GPU; a device is its index or a prefix of its UUID, e.g. 0=50%"),
+            "{e}"
+        );
+        let blind = [Gpu {
+            index: Some(0),
+            uuid: None,
+            name: None,
+        }];
+        let e = ok("GPU-aa=1G", 1, &blind).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("this process sees 1: 0 (UUID unreadable); a device"),
+            "{e}"
+        );
+        assert!(!e.to_string().contains('\n'));
+    }
+
+    /// Property tests of the grammar: 1000 cases each (eight properties, a
+    /// few seconds in a debug build), so CI stays well inside its limit.
     mod props {
         use super::super::*;
         use proptest::prelude::*;
 
+        /// An amount as people write it: any unit spelling, a fraction,
+        /// spaces, or a percentage; sometimes out of range.
+        fn amount_text() -> impl Strategy<Value = String> {
+            let unit = prop::sample::select(vec![
+                "", "b", "B", "k", "K", "kb", "KiB", "m", "MB", "MiB", "mib", "g", "G", "gb",
+                "GiB", "t", "T", "TB", "TiB",
+            ]);
+            prop_oneof![
+                (0u64..(1 << 45), unit.clone(), prop::bool::ANY)
+                    .prop_map(|(n, u, sp)| format!("{n}{}{u}", if sp { " " } else { "" })),
+                (0u64..5000, 0u32..10_000, unit).prop_map(|(n, frac, u)| format!("{n}.{frac}{u}")),
+                (0u32..120, prop::option::of(0u32..100_000)).prop_map(|(p, d)| match d {
+                    Some(d) => format!("{p}.{d}%"),
+                    None => format!("{p}%"),
+                }),
+            ]
+        }
+
+        fn key_text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                (0u32..70).prop_map(|n| n.to_string()),
+                ("[gG][pP][uU]-[0-9a-fA-F-]{1,36}").prop_map(|s| s),
+            ]
+        }
+
+        /// A value in the grammar's shape, valid or not (duplicates, two
+        /// defaults, zero, overflow, stray spaces).
+        fn limit_text() -> impl Strategy<Value = String> {
+            let item = (prop::option::of(key_text()), amount_text(), prop::bool::ANY).prop_map(
+                |(k, a, sp)| {
+                    let s = if sp { " " } else { "" };
+                    match k {
+                        Some(k) => format!("{s}{k}{s}={s}{a}"),
+                        None => format!("{s}{a}"),
+                    }
+                },
+            );
+            prop::collection::vec(item, 1..12).prop_map(|v| v.join(","))
+        }
+
+        /// A spec built directly: unique keys, valid amounts.
+        fn spec() -> impl Strategy<Value = LimitSpec> {
+            let amount = prop_oneof![
+                (1u64..=u64::MAX).prop_map(Amount::Bytes),
+                (0u64..(1 << 24), 0u32..41).prop_map(|(n, s)| Amount::Bytes((n + 1) << s)),
+                (1u32..=1_000_000).prop_map(|ppm| {
+                    let text = format!("{}.{:04}", ppm / 10_000, ppm % 10_000);
+                    Amount::Percent(Percent::parse_number(&text).expect("in range"))
+                }),
+            ];
+            let key = prop_oneof![
+                (0u32..64).prop_map(Key::Ordinal),
+                "[0-9a-f][0-9a-f-]{0,35}".prop_map(|h| Key::UuidPrefix(format!("gpu-{h}"))),
+            ];
+            (
+                prop::option::of(amount.clone()),
+                prop::collection::vec((key, amount), 0..8),
+            )
+                .prop_map(|(default, entries)| {
+                    let mut seen = Vec::new();
+                    let entries = entries
+                        .into_iter()
+                        .filter(|(k, _)| {
+                            let fresh = !seen.contains(k);
+                            seen.push(k.clone());
+                            fresh
+                        })
+                        .collect();
+                    LimitSpec { default, entries }
+                })
+                .prop_filter("a spec that says something", |s| !s.is_unlimited())
+        }
+
+        /// Every refusal is one line that names the variable and shows a
+        /// correct example.
+        fn check_error(e: &LimitError) -> Result<(), TestCaseError> {
+            let text = e.to_string();
+            prop_assert!(text.starts_with("VRAMCAP_LIMIT=\""), "{}", text);
+            prop_assert!(text.ends_with(LIMIT_EXAMPLE), "{}", text);
+            prop_assert!(!text.contains('\n'), "{}", text);
+            Ok(())
+        }
+
         proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1000))]
+
             #[test]
             fn never_panics(s in "\\PC{0,40}") {
-                let _ = parse_limit(&s);
+                if let Err(e) = parse_limit(&s) {
+                    check_error(&e)?;
+                }
+            }
+
+            #[test]
+            fn never_panics_on_long_or_odd_text(s in "[0-9a-fA-FgGpPuUiI%=,. \t\n\u{0}-]{0,700}") {
+                match parse_limit(&s) {
+                    Ok(spec) => {
+                        prop_assert!(s.len() <= LIMIT_MAX_LEN);
+                        prop_assert_eq!(parse_limit(&spec.canonical()), Ok(spec));
+                    }
+                    Err(e) => check_error(&e)?,
+                }
+            }
+
+            #[test]
+            fn what_parses_displays_and_parses_back(text in limit_text()) {
+                match parse_limit(&text) {
+                    Ok(spec) => {
+                        prop_assert!(text.len() <= LIMIT_MAX_LEN);
+                        let canon = spec.canonical();
+                        prop_assert_eq!(parse_limit(&canon), Ok(spec.clone()), "{} -> {}", text, canon);
+                        // And the canonical text is a fixed point.
+                        prop_assert_eq!(parse_limit(&canon).map(|s| s.canonical()), Ok(canon));
+                    }
+                    Err(e) => check_error(&e)?,
+                }
+            }
+
+            #[test]
+            fn specs_display_and_parse_back(spec in spec()) {
+                let canon = spec.canonical();
+                prop_assume!(canon.len() <= LIMIT_MAX_LEN);
+                prop_assert_eq!(parse_limit(&canon), Ok(spec));
+            }
+
+            #[test]
+            fn cuda_visible_devices_never_panics(cvd in "\\PC{0,30}", index in 0u32..4) {
+                let _ = cuda_ordinal(index, "GPU-5ca1ab1e-0000-4000-8000-000000000001", Some(&cvd));
             }
 
             #[test]
@@ -425,6 +884,34 @@ mod tests {
                 let spec = parse_limit(&text).unwrap();
                 for d in 0..64u32 {
                     prop_assert_eq!(spec.amount_for(d, None), caps.get(&d).map(|b| Amount::Bytes(*b)));
+                }
+            }
+
+            /// The key check never panics and agrees with `amount_for`: a
+            /// key it accepts applies to some listed GPU or visible index.
+            #[test]
+            fn accepted_keys_apply_to_a_gpu(text in limit_text(), visible in 0u32..4) {
+                if let Ok(spec) = parse_limit(&text) {
+                    let gpus: Vec<Gpu> = (0..visible).map(|i| Gpu {
+                        index: Some(i),
+                        uuid: Some(format!("GPU-5ca1ab1e-0000-4000-8000-{i:012x}")),
+                        name: None,
+                    }).collect();
+                    match spec.check_keys(&text, visible, &gpus) {
+                        Ok(()) => for (k, _) in &spec.entries {
+                            let hit = (0..visible).any(|i| match k {
+                                Key::Ordinal(n) => *n == i,
+                                Key::UuidPrefix(p) => gpus[i as usize].uuid.as_deref().unwrap().to_ascii_lowercase().starts_with(p.as_str()),
+                            });
+                            prop_assert!(hit, "{:?} in {}", k, text);
+                        },
+                        Err(e) => {
+                            prop_assert!(!e.keys.is_empty());
+                            let line = e.to_string();
+                            prop_assert!(line.starts_with("VRAMCAP_LIMIT=\""), "{}", line);
+                            prop_assert!(!line.contains('\n'), "{}", line);
+                        }
+                    }
                 }
             }
         }

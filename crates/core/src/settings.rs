@@ -3,6 +3,11 @@
 //! The shim reads these in its constructor and exits with status 2 on any bad
 //! value, before the program's `main`; the CLI uses the same code to refuse a
 //! bad `--limit` before it starts anything.
+//!
+//! [`KNOWN_VARS`] is the one list of `VRAMCAP_*` names: the shim (at load),
+//! `vramcap run`/`env` (a warning each) and `vramcap doctor` (a failure)
+//! check the environment against it with [`unknown_vars`], so a misspelt
+//! setting (`VRAMCAP_LIMT`, `vramcap_limit`) is never silently ignored.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -17,6 +22,130 @@ pub const CACHE_VAR: &str = "VRAMCAP_CACHE";
 pub const SPILL_VAR: &str = "VRAMCAP_SPILL";
 pub const GROUP_VAR: &str = "VRAMCAP_GROUP";
 pub const SPILL_LIMIT_VAR: &str = "VRAMCAP_SPILL_LIMIT";
+/// Read by the CLI only: where `vramcap run`/`env` find the shim.
+pub const LIBRARY_VAR: &str = "VRAMCAP_LIBRARY";
+
+/// Every `VRAMCAP_*` setting a user may set: the shim's and the CLI's. A
+/// misspelt name is told the closest of these.
+pub const SETTING_VARS: &[&str] = &[
+    LIMIT_VAR,
+    LOG_VAR,
+    CUDA_LIBRARY_VAR,
+    DISABLE_VAR,
+    CACHE_VAR,
+    CACHE_IDLE_VAR,
+    SPILL_VAR,
+    SPILL_LIMIT_VAR,
+    GROUP_VAR,
+    STATS_VAR,
+    STATS_DIR_VAR,
+    LIBRARY_VAR,
+];
+
+/// `VRAMCAP_*` names that are not settings but belong to vramcap's own
+/// tools, so they are not warned about: `vramcap doctor`'s child check,
+/// `scripts/demo.sh`'s cap and the release build's linker switch.
+pub const TOOL_VARS: &[&str] = &[
+    "VRAMCAP_PROBE_GPU",
+    "VRAMCAP_DEMO_LIMIT",
+    "VRAMCAP_ZIG_LINKER",
+];
+
+/// Every known `VRAMCAP_*` name: [`SETTING_VARS`] and [`TOOL_VARS`].
+pub const KNOWN_VARS: [&[&str]; 2] = [SETTING_VARS, TOOL_VARS];
+
+/// An environment variable that looks like a vramcap setting but is none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownVar {
+    pub name: String,
+    pub value: String,
+    /// The known setting closest to `name`.
+    pub closest: &'static str,
+}
+
+impl fmt::Display for UnknownVar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let value: String = self.value.chars().take(100).collect();
+        write!(
+            f,
+            "{}={}{}: not a vramcap setting; did you mean {}?",
+            self.name.escape_debug(),
+            value.escape_debug(),
+            if value.len() < self.value.len() {
+                "…"
+            } else {
+                ""
+            },
+            self.closest
+        )
+    }
+}
+
+/// Edit distance (insertions, deletions, substitutions and swaps of two
+/// neighbours all cost one), over bytes.
+fn distance(a: &[u8], b: &[u8]) -> usize {
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut d = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d = d.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = d;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
+/// The variables among `vars` (name, value) whose name starts with
+/// `VRAMCAP_` in any case but is no known name exactly, each with the
+/// closest setting (case ignored; the first in [`SETTING_VARS`] on a tie).
+pub fn unknown_vars<N: AsRef<str>, V: AsRef<str>>(
+    vars: impl IntoIterator<Item = (N, V)>,
+) -> Vec<UnknownVar> {
+    let mut out = Vec::new();
+    for (name, value) in vars {
+        let name = name.as_ref();
+        let looks_like_ours = name
+            .get(..8)
+            .is_some_and(|p| p.eq_ignore_ascii_case("VRAMCAP_"));
+        if !looks_like_ours || KNOWN_VARS.iter().any(|list| list.contains(&name)) {
+            continue;
+        }
+        let upper = name.to_ascii_uppercase();
+        let closest = SETTING_VARS
+            .iter()
+            .min_by_key(|k| distance(upper.as_bytes(), k.as_bytes()))
+            .copied()
+            .unwrap_or(LIMIT_VAR);
+        out.push(UnknownVar {
+            name: name.to_string(),
+            value: value.as_ref().to_string(),
+            closest,
+        });
+    }
+    out
+}
+
+/// [`unknown_vars`] of the process environment (names and values that are
+/// not UTF-8 are read lossily).
+pub fn unknown_vars_in_env() -> Vec<UnknownVar> {
+    unknown_vars(std::env::vars_os().map(|(k, v)| {
+        (
+            k.to_string_lossy().into_owned(),
+            v.to_string_lossy().into_owned(),
+        )
+    }))
+}
 
 /// Where allocations go once the cap is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,6 +510,72 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Settings::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn misspelt_and_miscased_names_are_told_the_closest_setting() {
+        let env = [
+            ("VRAMCAP_LIMT", "1GiB"),
+            ("vramcap_limit", "2GiB"),
+            ("Vramcap_Limit", "3GiB"),
+            ("VRAMCAP_LIMIT", "4GiB"),
+            ("VRAMCAP_CACHE_IDEL", "5s"),
+            ("VRAMCAP_SPIL_LIMIT", "1G"),
+            ("VRAMCAP_STATSDIR", "/x"),
+            ("VRAMCAP_GRUOP", "g"),
+            ("VRAMCAP_LIBARY", "/l"),
+            ("VRAMCAP_PROBE_GPU", "1"),
+            ("VRAMCAP_DEMO_LIMIT", "1G"),
+            ("VRAMCAPLIMIT", "1G"),
+            ("PATH", "/bin"),
+            ("VRAMCA", "x"),
+        ];
+        let lines: Vec<String> = unknown_vars(env).iter().map(|u| u.to_string()).collect();
+        assert_eq!(
+            lines,
+            [
+                "VRAMCAP_LIMT=1GiB: not a vramcap setting; did you mean VRAMCAP_LIMIT?",
+                "vramcap_limit=2GiB: not a vramcap setting; did you mean VRAMCAP_LIMIT?",
+                "Vramcap_Limit=3GiB: not a vramcap setting; did you mean VRAMCAP_LIMIT?",
+                "VRAMCAP_CACHE_IDEL=5s: not a vramcap setting; did you mean VRAMCAP_CACHE_IDLE?",
+                "VRAMCAP_SPIL_LIMIT=1G: not a vramcap setting; did you mean VRAMCAP_SPILL_LIMIT?",
+                "VRAMCAP_STATSDIR=/x: not a vramcap setting; did you mean VRAMCAP_STATS_DIR?",
+                "VRAMCAP_GRUOP=g: not a vramcap setting; did you mean VRAMCAP_GROUP?",
+                "VRAMCAP_LIBARY=/l: not a vramcap setting; did you mean VRAMCAP_LIBRARY?",
+            ]
+        );
+        // Control characters in a value are shown escaped, long values cut.
+        let odd = unknown_vars([
+            ("VRAMCAP_X", "a\x1b[2Jb".to_string()),
+            ("VRAMCAP_Y", "z".repeat(300)),
+        ]);
+        assert_eq!(
+            odd[0].to_string(),
+            "VRAMCAP_X=a\\u{1b}[2Jb: not a vramcap setting; did you mean VRAMCAP_LOG?"
+        );
+        assert_eq!(
+            odd[1].to_string(),
+            format!(
+                "VRAMCAP_Y={}…: not a vramcap setting; did you mean VRAMCAP_LOG?",
+                "z".repeat(100)
+            )
+        );
+        // Every setting the parser reads is in the one list.
+        for name in [
+            LIMIT_VAR,
+            LOG_VAR,
+            CUDA_LIBRARY_VAR,
+            DISABLE_VAR,
+            STATS_VAR,
+            STATS_DIR_VAR,
+            CACHE_VAR,
+            CACHE_IDLE_VAR,
+            SPILL_VAR,
+            SPILL_LIMIT_VAR,
+            GROUP_VAR,
+        ] {
+            assert!(SETTING_VARS.contains(&name), "{name}");
+        }
     }
 
     #[test]

@@ -6,6 +6,14 @@
 //! functions the ways programs do and checks, with `dladdr`, that the
 //! answers are the shim's. With a usable GPU it also checks that
 //! `cuMemGetInfo` reports the cap.
+//!
+//! The settings in the environment are read as the shim reads them; a
+//! `VRAMCAP_*` name that is no setting fails with the line the shim warns
+//! with. When `VRAMCAP_LIMIT` names devices, `vramcap doctor --probe-limit`
+//! runs under the shim with the environment's limit and makes one call that
+//! needs a cap, so the shim's own check decides whether every key names a
+//! GPU (and its line is shown); without a usable GPU the keys are checked
+//! against NVML's list, as `vramcap run` does.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
@@ -165,16 +173,32 @@ pub fn run(lib: Result<PathBuf, String>, stats_dir: Result<PathBuf, String>) -> 
         }
     };
 
-    match vramcap_core::settings::Settings::from_env() {
-        Ok(s) => r.ok(
+    let settings = match vramcap_core::settings::Settings::from_env() {
+        Ok(s) => {
+            r.ok(
+                "settings in this environment",
+                format!("limit: {}; log {}", s.limit, s.log.name()),
+            );
+            Some(s)
+        }
+        Err(e) => {
+            r.bad(
+                "settings in this environment",
+                e.to_string(),
+                "correct or unset that variable",
+            );
+            None
+        }
+    };
+    for unknown in vramcap_core::settings::unknown_vars_in_env() {
+        r.bad(
             "settings in this environment",
-            format!("limit: {}; log {}", s.limit, s.log.name()),
-        ),
-        Err(e) => r.bad(
-            "settings in this environment",
-            e.to_string(),
-            "correct or unset that variable",
-        ),
+            unknown.to_string(),
+            format!(
+                "rename it to the setting you meant ({}) or unset it",
+                unknown.closest
+            ),
+        );
     }
 
     match stats_dir {
@@ -273,6 +297,14 @@ pub fn run(lib: Result<PathBuf, String>, stats_dir: Result<PathBuf, String>) -> 
         }
     }
 
+    if let Some(s) = settings.filter(|s| !s.limit.entries.is_empty()) {
+        check_limit_keys(
+            &mut r,
+            &s,
+            lib.as_deref().filter(|_| gpu && driver.is_some()),
+        );
+    }
+
     if r.problems == 0 {
         println!("no problems found");
         0
@@ -280,6 +312,86 @@ pub fn run(lib: Result<PathBuf, String>, stats_dir: Result<PathBuf, String>) -> 
         println!("{} problem(s) found", r.problems);
         1
     }
+}
+
+const KEYS: &str = "limit's devices";
+const KEYS_FIX: &str = "name each device by its index as the process sees it (after CUDA_VISIBLE_DEVICES) or a prefix of its UUID, as `nvidia-smi -L` prints it";
+
+/// Whether every device key of the environment's `VRAMCAP_LIMIT` names a
+/// GPU: decided by the shim itself in a child when `lib` is given (a usable
+/// GPU is there), else against NVML's list.
+fn check_limit_keys(r: &mut Report, s: &vramcap_core::settings::Settings, lib: Option<&Path>) {
+    let Some(lib) = lib else {
+        match crate::cli::machine::check_limit_keys(&s.limit, &s.limit_text) {
+            Ok(()) => r.note(
+                KEYS,
+                "without a usable GPU only NVML's list could be checked, and nothing in it contradicts them",
+            ),
+            Err(line) => r.bad(KEYS, line, KEYS_FIX),
+        }
+        return;
+    };
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("vramcap"));
+    let out = Command::new(exe)
+        .args(["doctor", "--probe-limit"])
+        .env("LD_PRELOAD", lib)
+        .env("VRAMCAP_STATS", "off")
+        .env_remove("VRAMCAP_DISABLE")
+        .env_remove("VRAMCAP_GROUP")
+        .output();
+    match out {
+        Ok(o) if o.status.success() => r.ok(KEYS, "every device key names a GPU"),
+        Ok(o) => {
+            // The shim's own line, without its "vramcap[PID]: " prefix.
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            let line = stderr
+                .lines()
+                .rfind(|l| l.contains("VRAMCAP_LIMIT"))
+                .map(|l| l.split_once("]: ").map_or(l, |(_, rest)| rest))
+                .unwrap_or_else(|| stderr.trim())
+                .to_string();
+            r.bad(KEYS, format!("{line} ({})", o.status), KEYS_FIX)
+        }
+        Err(e) => r.bad(
+            KEYS,
+            format!("cannot run the check: {e}"),
+            "check that this binary can execute itself",
+        ),
+    }
+}
+
+/// The child side of the key check, run under the shim with the
+/// environment's limit: one call that needs a cap (`cuDeviceTotalMem_v2`
+/// of device 0), at which the shim checks the keys and stops the process
+/// with status 2 when one names no GPU.
+pub fn probe_limit() -> u8 {
+    let d = match Driver::open() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("cannot load the driver: {e}");
+            return 1;
+        }
+    };
+    if let Err(e) = init_driver(&d) {
+        println!("driver init under the shim failed: {e}");
+        return 1;
+    }
+    type Total = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
+    let mut bytes = 0usize;
+    // SAFETY: cuDeviceTotalMem_v2(size_t*, CUdevice) in cuda.h.
+    let Some(total) = (unsafe { d.func::<Total>(c"cuDeviceTotalMem_v2") }) else {
+        println!("the driver lacks cuDeviceTotalMem_v2");
+        return 1;
+    };
+    // SAFETY: a valid out-pointer and device 0, which init_driver found.
+    let rc = unsafe { total(&mut bytes, 0) };
+    if rc != 0 {
+        // The shim checks only once the driver has answered.
+        println!("cuDeviceTotalMem_v2 returned {rc}; the keys were not checked");
+        return 1;
+    }
+    println!("every device key names a GPU");
+    0
 }
 
 /// The child side of the interposition check, run under the shim.

@@ -21,6 +21,17 @@ fn ok<T>(rc: CUresult, value: T) -> Result<T, CUresult> {
     }
 }
 
+/// The text NVML wrote into `buf`, when it succeeded.
+fn nvml_text(rc: nvmlReturn_t, buf: &mut [c_char; 96]) -> Option<String> {
+    if rc != NVML_SUCCESS {
+        return None;
+    }
+    buf[95] = 0;
+    // SAFETY: a NUL-terminated string inside the buffer (ensured above).
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Some(text.to_string_lossy().into_owned())
+}
+
 fn handle(p: usize) -> *mut c_void {
     ptr::with_exposed_provenance_mut(p)
 }
@@ -75,6 +86,24 @@ impl Driver for RealDriver {
     fn primary_ctx_release(&self, dev: CUdevice) -> CUresult {
         // SAFETY: see the impl.
         unsafe { h::cuDevicePrimaryCtxRelease_v2::call(dev) }
+    }
+
+    fn device_count(&self) -> Result<c_int, CUresult> {
+        let mut n: c_int = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuDeviceGetCount::call(&mut n) };
+        ok(rc, n)
+    }
+
+    fn device_name(&self, dev: CUdevice) -> Result<String, CUresult> {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: see the impl; the length is the buffer's.
+        let rc = unsafe { c::cuDeviceGetName::call(buf.as_mut_ptr(), 256, dev) };
+        // The driver NUL-terminates within the length; make sure anyway.
+        buf[255] = 0;
+        // SAFETY: a NUL-terminated string inside the buffer (set above).
+        let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        ok(rc, text.to_string_lossy().into_owned())
     }
 
     fn device_total_mem(&self, dev: CUdevice) -> Result<u64, CUresult> {
@@ -230,16 +259,42 @@ impl Driver for RealDriver {
         ok(rc, req.size as u64)
     }
 
+    fn nvml_init(&self) -> bool {
+        // SAFETY: no arguments.
+        unsafe { c::nvmlInit_v2::call() == NVML_SUCCESS }
+    }
+
+    fn nvml_shutdown(&self) {
+        // SAFETY: no arguments; balances a successful nvmlInit_v2.
+        unsafe { c::nvmlShutdown::call() };
+    }
+
+    fn nvml_device_count(&self) -> Option<u32> {
+        let mut n: c_uint = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { c::nvmlDeviceGetCount_v2::call(&mut n) };
+        (rc == NVML_SUCCESS).then_some(n)
+    }
+
+    fn nvml_device_by_index(&self, index: u32) -> Option<usize> {
+        let mut device: nvmlDevice_t = ptr::null_mut();
+        // SAFETY: see the impl.
+        let rc = unsafe { c::nvmlDeviceGetHandleByIndex_v2::call(index, &mut device) };
+        (rc == NVML_SUCCESS && !device.is_null()).then_some(device as usize)
+    }
+
+    fn nvml_device_name(&self, device: usize) -> Option<String> {
+        let mut buf = [0 as c_char; 96];
+        // SAFETY: see the impl; the length is the buffer's.
+        let rc = unsafe { c::nvmlDeviceGetName::call(handle(device), buf.as_mut_ptr(), 96) };
+        nvml_text(rc, &mut buf)
+    }
+
     fn nvml_device_uuid(&self, device: usize) -> Option<String> {
         let mut buf = [0 as c_char; 96];
         // SAFETY: see the impl; the length is the buffer's.
         let rc = unsafe { c::nvmlDeviceGetUUID::call(handle(device), buf.as_mut_ptr(), 96) };
-        if rc != NVML_SUCCESS {
-            return None;
-        }
-        // SAFETY: NVML wrote a NUL-terminated string into the buffer.
-        let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
-        Some(text.to_string_lossy().into_owned())
+        nvml_text(rc, &mut buf)
     }
 
     fn nvml_device_index(&self, device: usize) -> Option<u32> {
@@ -247,5 +302,13 @@ impl Driver for RealDriver {
         // SAFETY: see the impl.
         let rc = unsafe { c::nvmlDeviceGetIndex::call(handle(device), &mut index) };
         (rc == NVML_SUCCESS).then_some(index)
+    }
+
+    fn exit_process(&self, status: c_int) {
+        // SAFETY: _exit has no preconditions. No exit handler may run: this
+        // is called inside a driver call, on any of the program's threads,
+        // and handlers (the CUDA runtime's among them) would call into the
+        // driver and the program while its other threads go on.
+        unsafe { libc::_exit(status) }
     }
 }

@@ -104,6 +104,8 @@ pub mod calls {
         fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
         fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult;
         fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+        fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
+        fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
         fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
         fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
         fn cuDeviceGetAttribute(value: *mut c_int, attr: c_int, dev: CUdevice) -> CUresult;
@@ -126,6 +128,11 @@ pub mod calls {
     }
 
     real_fns! { nvml, NVML_ERROR_FUNCTION_NOT_FOUND;
+        fn nvmlInit_v2() -> nvmlReturn_t;
+        fn nvmlShutdown() -> nvmlReturn_t;
+        fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t;
+        fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t;
+        fn nvmlDeviceGetName(device: nvmlDevice_t, name: *mut c_char, length: c_uint) -> nvmlReturn_t;
         fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
         fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t;
     }

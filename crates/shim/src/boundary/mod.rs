@@ -31,13 +31,18 @@ static SETTINGS: OnceLock<Settings> = OnceLock::new();
 static DISABLED: AtomicBool = AtomicBool::new(false);
 
 /// Reads the settings once. A bad value stops the process with status 2 and
-/// one line naming the variable, so a program never runs uncapped by mistake.
+/// one line naming the variable, so a program never runs uncapped by mistake;
+/// a `VRAMCAP_*` name that is no setting (`VRAMCAP_LIMT`, `vramcap_limit`)
+/// gets a warning naming the closest one.
 pub fn settings() -> &'static Settings {
     SETTINGS.get_or_init(|| match Settings::from_env() {
         Ok(s) => {
             crate::log::set_level(s.log);
             DISABLED.store(s.disabled, Ordering::Relaxed);
             real::set_driver_path(s.cuda_library.as_deref());
+            for unknown in vramcap_core::settings::unknown_vars_in_env() {
+                crate::log::log_at!(Warn, "{unknown}");
+            }
             s
         }
         Err(e) => {

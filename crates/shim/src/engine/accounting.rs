@@ -8,15 +8,90 @@
 //! the driver really chose, or given back if the call failed. In a group
 //! the process's own budget is reserved first, then the group's; a release
 //! goes the other way.
+//!
+//! # Whose limit applies
+//! A process never holds more than its own `VRAMCAP_LIMIT` on any device,
+//! whatever a group file says: a group can only make the cap stricter.
+//! Each device has two caps, and both must have room:
+//! - the process's own, `min(own limit, group's cap)`, against the bytes
+//!   this process holds (`slot.budget` in its page, which `vramcap stat`
+//!   shows as the process's limit);
+//! - in a group, the group's cap (the first member's `VRAMCAP_LIMIT`,
+//!   recorded in the group page), against the bytes all members hold (the
+//!   group's word for that GPU), kept in [`Base::group_caps`].
+//!
+//! [`Base::reserve_on`] reserves in both and says which refused;
+//! [`Base::picture`] reports the stricter picture of the two to
+//! `cuMemGetInfo` and NVML: total = min of the caps (and of the device),
+//! free = min of the rooms.
+//!
+//! # Keys that name no GPU
+//! A `VRAMCAP_LIMIT` key must name a GPU: an index below the devices the
+//! process sees (`cuDeviceGetCount`), or a UUID prefix of a GPU on the
+//! machine (the driver's visible devices, plus NVML's list of every GPU
+//! when NVML is there, so a setting shared under `CUDA_VISIBLE_DEVICES`
+//! may name GPUs this process does not see). [`Base::limit_keys_match`]
+//! checks this once, at the first CUDA call that needs a cap (the shim
+//! never initialises CUDA itself), before anything else is worked out. A
+//! key that names no GPU would leave that GPU, or all of them, uncapped
+//! without a word; instead the process prints one line naming
+//! `VRAMCAP_LIMIT`, the keys and the devices, and stops with exit status 2.
+//!
+//! Why stop rather than refuse every allocation with
+//! `CUDA_ERROR_OUT_OF_MEMORY`: a key that names no GPU is a setting error
+//! like any other, and gets the same answer as those caught before `main`
+//! (status 2, which `vramcap run` gives for it too). Refused allocations
+//! would look like an ordinary out-of-memory: frameworks print their own
+//! report, which blames the cap's size, retry with smaller batches, or fall
+//! back to the CPU (JAX does when its GPU backend cannot start), so the job
+//! could run on, slowly or wrongly, with the one line that says why lost
+//! in its log. A stopped job is seen at once, by the user and by the
+//! scheduler. The stop is `_exit`, since it happens inside a driver call on
+//! any thread: exit handlers (the CUDA runtime's among them) would call
+//! into the driver while the program's other threads go on. The program's
+//! unwritten output is lost; the line itself is one `write(2)` before it.
+//! A check that cannot be made (the driver will not count its devices) is
+//! treated the same way: the shim cannot be sure the cap applies.
 
-use vramcap_core::budget::{NO_CAP, Refused};
-use vramcap_core::limit::Amount;
-use vramcap_core::page::DeviceSlot;
+use std::sync::atomic::Ordering;
+
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::limit::{Amount, Gpu, LIMIT_VAR, LimitSpec};
+use vramcap_core::page::{DeviceSlot, uuid_text};
 
 use super::base::Base;
 use super::cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult, CUuuid};
 use super::driver::Driver;
 use crate::log::{log_at, log_once};
+
+/// [`Base::keys`]: not checked yet, every key names a GPU, some do not.
+const KEYS_UNCHECKED: u8 = 0;
+const KEYS_MATCH: u8 = 1;
+const KEYS_UNMATCHED: u8 = 2;
+
+/// Why a reservation did not fit, and whose cap refused it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    pub used: u64,
+    pub limit: u64,
+    /// The group's budget refused (the process's own had room).
+    pub group: bool,
+}
+
+/// Free and total under one cap: total = min(cap, real total); free =
+/// min(real free + cached, cap − (held − cached), total): cached blocks
+/// are this process's to reuse. Without a cap only the cached bytes are
+/// added. [`Base::picture`] takes the stricter of the process's and the
+/// group's.
+pub fn capped_info(total: u64, free: u64, limit: u64, held: u64, cached: u64) -> (u64, u64) {
+    let mut f = free.saturating_add(cached).min(total);
+    let mut t = total;
+    if limit != NO_CAP {
+        t = total.min(limit);
+        f = f.min(limit.saturating_sub(held.saturating_sub(cached)));
+    }
+    (t, f.min(t))
+}
 
 impl<D: Driver> Base<D> {
     /// The counters of `device` in the statistics page.
@@ -26,19 +101,37 @@ impl<D: Driver> Base<D> {
             .and_then(|d| self.page.get(self.settings).slots.get(d))
     }
 
+    /// The group's cap of `device` ([`NO_CAP`] outside a group or before
+    /// the device is attached).
+    pub fn group_cap(&self, device: CUdevice) -> u64 {
+        usize::try_from(device)
+            .ok()
+            .and_then(|d| self.group_caps.get(d))
+            .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
+    }
+
     /// Reserves `bytes` on `device`: in the process's own budget against
-    /// `limit` and, in a group, in the group's budget for that GPU.
+    /// `limit` and, in a group, in the group's budget for that GPU (against
+    /// the group's cap, kept in the group page).
     pub fn reserve_on(
         &self,
         slot: &DeviceSlot,
         device: CUdevice,
         bytes: u64,
         limit: u64,
-    ) -> Result<(), Refused> {
-        slot.budget.try_reserve(bytes, limit)?;
+    ) -> Result<(), Refusal> {
+        slot.budget.try_reserve(bytes, limit).map_err(|r| Refusal {
+            used: r.used,
+            limit: r.limit,
+            group: false,
+        })?;
         if let Err(used) = self.group.reserve(device, bytes) {
             slot.budget.release(bytes);
-            return Err(Refused { used, limit });
+            return Err(Refusal {
+                used,
+                limit: self.group_cap(device),
+                group: true,
+            });
         }
         Ok(())
     }
@@ -63,11 +156,26 @@ impl<D: Driver> Base<D> {
         }
     }
 
-    /// Bytes held against the cap of `device`: the group's, in a group.
-    pub fn held_on(&self, slot: &DeviceSlot, device: CUdevice) -> u64 {
-        self.group
-            .used(device)
-            .unwrap_or_else(|| slot.budget.used())
+    /// (total, free) of `device` as the caps see them, for a device whose
+    /// real figures are these: the stricter of the process's own picture
+    /// (its cap, the bytes it holds) and, in a group, the group's (the
+    /// group's cap, the bytes all members hold). Cached blocks count as
+    /// free in both: they are this process's to reuse.
+    pub fn picture(
+        &self,
+        slot: &DeviceSlot,
+        device: CUdevice,
+        total: u64,
+        free: u64,
+    ) -> (u64, u64) {
+        let cached = slot.cached.load(Ordering::Relaxed);
+        let own = slot.budget.limit().unwrap_or(NO_CAP);
+        let (mut t, mut f) = capped_info(total, free, own, slot.budget.used(), cached);
+        if let Some(used) = self.group.used(device) {
+            let (gt, gf) = capped_info(total, free, self.group_cap(device), used, cached);
+            (t, f) = (t.min(gt), f.min(gf));
+        }
+        (t, f)
     }
 
     /// Settles a reservation of `estimate` to the `actual` size the driver
@@ -86,7 +194,7 @@ impl<D: Driver> Base<D> {
             if let Err(r) = self.reserve_on(slot, device, actual - estimate, limit) {
                 self.release_on(slot, device, estimate);
                 DeviceSlot::add(&slot.refusals, 1);
-                self.refused(what, device, actual, r.used, limit);
+                self.refused(what, device, actual, r);
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
         } else {
@@ -96,13 +204,14 @@ impl<D: Driver> Base<D> {
     }
 
     /// Says why an allocation was refused (once as a warning, then at info).
-    pub fn refused(&self, what: &str, device: CUdevice, bytes: u64, used: u64, limit: u64) {
-        match self.settings.group.as_deref() {
-            Some(g) => log_once!(
+    pub fn refused(&self, what: &str, device: CUdevice, bytes: u64, r: Refusal) {
+        let Refusal { used, limit, .. } = r;
+        match (r.group, self.settings.group.as_deref()) {
+            (true, Some(g)) => log_once!(
                 Warn,
-                "{what}: refused {bytes} bytes on device {device}: group {g:?} holds {used} of its {limit}-byte budget (VRAMCAP_GROUP, VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
+                "{what}: refused {bytes} bytes on device {device}: group {g:?} holds {used} of its {limit}-byte budget (VRAMCAP_GROUP, its first member's VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
             ),
-            None => log_once!(
+            _ => log_once!(
                 Warn,
                 "{what}: refused {bytes} bytes on device {device}: {used} of the {limit}-byte cap in use (VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
             ),
@@ -113,26 +222,125 @@ impl<D: Driver> Base<D> {
         );
     }
 
-    /// Works out the cap of `device` in bytes ([`NO_CAP`] for none) and
-    /// publishes its UUID in the page. `None` when it cannot be worked out
-    /// (the driver would not say how big the device is or what its UUID
-    /// is, or the group cannot be used): callers then refuse, keeping the
-    /// cap conservative.
-    pub fn compute_limit(&self, device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
-        let settings = self.settings;
-        // In a group, its first member's limit applies (joining happens here).
-        let spec = if settings.group.is_some() {
-            self.group.spec()?
-        } else {
-            &settings.limit
-        };
-        // The UUID is published in the page whenever the driver gives it; it
-        // is required only when a UUID entry of the limit must be matched.
-        let uuid = self.driver.device_uuid(device);
-        if let Ok(bytes) = uuid {
-            slot.set_uuid(bytes);
+    /// True when every key of `VRAMCAP_LIMIT` names a GPU (module docs),
+    /// checked on the first call; otherwise says so in one line and stops
+    /// the process with status 2 (returning false where the driver's
+    /// `exit_process` returns, as the tests' fake does: callers then refuse).
+    pub fn limit_keys_match(&self) -> bool {
+        match self.keys.load(Ordering::Acquire) {
+            KEYS_MATCH => return true,
+            KEYS_UNMATCHED => return false,
+            _ => {}
         }
-        if spec.is_unlimited() && settings.group.is_none() {
+        let verdict = match self.unmatched_keys() {
+            None => KEYS_MATCH,
+            Some(line) => {
+                crate::log::write_line(format_args!(
+                    "{line}; stopping with exit status 2 rather than run without the cap asked for"
+                ));
+                self.driver.exit_process(2);
+                KEYS_UNMATCHED
+            }
+        };
+        // Two threads may both check; they come to the same answer.
+        let _ = self.keys.compare_exchange(
+            KEYS_UNCHECKED,
+            verdict,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        verdict == KEYS_MATCH
+    }
+
+    /// The line about the keys of `VRAMCAP_LIMIT` that name no GPU, or
+    /// `None` when all do. Allocates only when there are keys.
+    fn unmatched_keys(&self) -> Option<String> {
+        let spec = &self.settings.limit;
+        if spec.entries.is_empty() {
+            return None;
+        }
+        let text = &self.settings.limit_text;
+        let count = match self.driver.device_count() {
+            Ok(n) => u32::try_from(n).unwrap_or(0),
+            Err(rc) => {
+                return Some(format!(
+                    "{LIMIT_VAR}={text:?} names devices, but the driver will not count its devices to check them (cuDeviceGetCount error {rc}); unset the device keys (e.g. {LIMIT_VAR}=8GiB) or fix the driver"
+                ));
+            }
+        };
+        let visible = |names: bool| -> Vec<Gpu> {
+            (0..count)
+                .map(|i| {
+                    let dev = CUdevice::try_from(i).unwrap_or(CUdevice::MAX);
+                    Gpu {
+                        index: Some(i),
+                        uuid: self
+                            .driver
+                            .device_uuid(dev)
+                            .ok()
+                            .and_then(|b| uuid_text(&b)),
+                        name: names.then(|| self.driver.device_name(dev).ok()).flatten(),
+                    }
+                })
+                .collect()
+        };
+        let mut gpus = visible(false);
+        let Err(first) = spec.check_keys(text, count, &gpus) else {
+            return None;
+        };
+        // Only a UUID key can still name a GPU of the machine that the
+        // process does not see: ask NVML for all of them (only now, so a
+        // process whose keys match pays nothing for it).
+        let mut machine = Vec::new();
+        if first.has_uuid_key() {
+            machine = self.machine_gpus();
+        }
+        gpus = visible(true);
+        for (uuid, name) in machine {
+            if !gpus.iter().any(|g| {
+                g.uuid
+                    .as_deref()
+                    .is_some_and(|u| u.eq_ignore_ascii_case(&uuid))
+            }) {
+                gpus.push(Gpu {
+                    index: None,
+                    uuid: Some(uuid),
+                    name,
+                });
+            }
+        }
+        spec.check_keys(text, count, &gpus)
+            .err()
+            .map(|e| e.to_string())
+    }
+
+    /// The GPUs NVML lists (every GPU on the machine), as (UUID, name), or
+    /// none without NVML.
+    fn machine_gpus(&self) -> Vec<(String, Option<String>)> {
+        if !self.driver.nvml_init() {
+            return Vec::new();
+        }
+        let n = self.driver.nvml_device_count().unwrap_or(0);
+        let gpus = (0..n)
+            .filter_map(|i| self.driver.nvml_device_by_index(i))
+            .filter_map(|h| {
+                let uuid = self.driver.nvml_device_uuid(h)?;
+                Some((uuid, self.driver.nvml_device_name(h)))
+            })
+            .collect();
+        self.driver.nvml_shutdown();
+        gpus
+    }
+
+    /// The cap `spec` gives `device` (whose UUID the driver gave as `uuid`),
+    /// [`NO_CAP`] for none; `None` when it cannot be worked out.
+    fn cap_from(
+        &self,
+        spec: &LimitSpec,
+        device: CUdevice,
+        uuid: Result<[u8; 16], CUresult>,
+    ) -> Option<u64> {
+        if spec.is_unlimited() {
             return Some(NO_CAP);
         }
         let mut text = [0u8; 40];
@@ -154,25 +362,63 @@ impl<D: Driver> Base<D> {
             None
         };
         let ordinal = u32::try_from(device).ok()?;
-        let limit = match spec.amount_for(ordinal, uuid_text) {
-            None => NO_CAP,
-            Some(Amount::Bytes(b)) => b,
+        match spec.amount_for(ordinal, uuid_text) {
+            None => Some(NO_CAP),
+            Some(Amount::Bytes(b)) => Some(b),
             Some(a @ Amount::Percent(_)) => match self.driver.device_total_mem(device) {
-                Ok(total) => a.resolve(total),
+                Ok(total) => Some(a.resolve(total)),
                 Err(rc) => {
                     log_once!(
                         Error,
                         "cannot read the memory size of device {device} (error {rc}) to apply a percentage limit; refusing its allocations"
                     );
-                    return None;
+                    None
                 }
             },
-        };
-        let limit = match self.group.attach(device, uuid.ok(), limit) {
-            Ok(Some(group_limit)) => group_limit,
-            Ok(None) => limit,
-            Err(()) => return None,
-        };
+        }
+    }
+
+    /// Works out the cap of `device` in bytes ([`NO_CAP`] for none): the
+    /// process's own `VRAMCAP_LIMIT`, made stricter by its group's (module
+    /// docs); records the group's in [`Base::group_caps`] and publishes the
+    /// UUID in the page. `None` when it cannot be worked out (the driver
+    /// would not say how big the device is or what its UUID is, or the
+    /// group cannot be used): callers then refuse, keeping the cap
+    /// conservative.
+    pub fn compute_limit(&self, device: CUdevice, slot: &DeviceSlot) -> Option<u64> {
+        let settings = self.settings;
+        // The UUID is published in the page whenever the driver gives it; it
+        // is required only when a UUID entry of a limit must be matched.
+        let uuid = self.driver.device_uuid(device);
+        if let Ok(bytes) = uuid {
+            slot.set_uuid(bytes);
+        }
+        let own = self.cap_from(&settings.limit, device, uuid)?;
+        let mut limit = own;
+        if settings.group.is_some() {
+            // Joining happens here; the group's limit is its first member's.
+            let spec = self.group.spec()?;
+            let claim = self.cap_from(spec, device, uuid)?;
+            let group = match self.group.attach(device, uuid.ok(), claim) {
+                Ok(Some(g)) => g,
+                Ok(None) => NO_CAP,
+                Err(()) => return None,
+            };
+            if let Some(c) = usize::try_from(device)
+                .ok()
+                .and_then(|d| self.group_caps.get(d))
+            {
+                c.store(group, Ordering::Release);
+            }
+            limit = own.min(group);
+            let bytes = |c: u64| if c == NO_CAP { None } else { Some(c) };
+            log_at!(
+                Info,
+                "device {device}: own cap {:?} bytes, the group's {:?} (None: no cap)",
+                bytes(own),
+                bytes(group)
+            );
+        }
         if limit == NO_CAP {
             log_at!(Info, "device {device}: no cap");
         } else {

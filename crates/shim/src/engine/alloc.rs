@@ -17,6 +17,7 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::cache::{Block, Shape, Want};
 use vramcap_core::page::DeviceSlot;
 
+use super::accounting::Refusal;
 use super::cuda::*;
 use super::driver::Driver;
 use super::records::{Kind, Record};
@@ -38,12 +39,6 @@ pub enum Request {
     Async,
 }
 
-/// Why a reservation did not fit.
-pub struct NoRoom {
-    used: u64,
-    limit: u64,
-}
-
 /// The pitch the driver picks is not known before the call: reserve for a
 /// row rounded up to 512 bytes (what current drivers use), then settle to
 /// the real `pitch × height`.
@@ -54,20 +49,6 @@ fn pitch_estimate(width: u64, height: u64) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// Free and total as the cap sees them: total = min(cap, real total); free
-/// = min(real free + cached, cap − (held − cached), total): cached blocks
-/// are this process's to reuse. Without a cap only the cached bytes are
-/// added. Also NVML's picture (`nvml`).
-pub fn capped_info(total: u64, free: u64, limit: u64, held: u64, cached: u64) -> (u64, u64) {
-    let mut f = free.saturating_add(cached).min(total);
-    let mut t = total;
-    if limit != NO_CAP {
-        t = total.min(limit);
-        f = f.min(limit.saturating_sub(held.saturating_sub(cached)));
-    }
-    (t, f.min(t))
-}
-
 impl<D: Driver> Engine<D> {
     /// Reserves `estimate` bytes on `device`, releasing cached blocks of the
     /// device when the cap would refuse.
@@ -75,7 +56,7 @@ impl<D: Driver> Engine<D> {
         &'static self,
         device: CUdevice,
         estimate: u64,
-    ) -> Result<(&'static DeviceSlot, u64), Option<NoRoom>> {
+    ) -> Result<(&'static DeviceSlot, u64), Option<Refusal>> {
         let Some(slot) = self.slot(device) else {
             log_once!(
                 Error,
@@ -91,12 +72,9 @@ impl<D: Driver> Engine<D> {
             match self.reserve_on(slot, device, estimate, limit) {
                 Ok(()) => return Ok((slot, limit)),
                 Err(r) => {
-                    let need = r.used.saturating_add(estimate).saturating_sub(limit);
+                    let need = r.used.saturating_add(estimate).saturating_sub(r.limit);
                     if self.cache.evict(&self.base, device as u16, need) == 0 {
-                        return Err(Some(NoRoom {
-                            used: r.used,
-                            limit,
-                        }));
+                        return Err(Some(r));
                     }
                 }
             }
@@ -104,10 +82,10 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Counts and logs a refusal; the out-of-memory code to return.
-    fn refuse(&self, what: &str, device: CUdevice, bytes: u64, why: Option<NoRoom>) -> CUresult {
-        if let (Some(s), Some(n)) = (self.slot(device), why) {
+    fn refuse(&self, what: &str, device: CUdevice, bytes: u64, why: Option<Refusal>) -> CUresult {
+        if let (Some(s), Some(r)) = (self.slot(device), why) {
             DeviceSlot::add(&s.refusals, 1);
-            self.refused(what, device, bytes, n.used, n.limit);
+            self.refused(what, device, bytes, r);
         }
         CUDA_ERROR_OUT_OF_MEMORY
     }
@@ -294,7 +272,7 @@ impl<D: Driver> Engine<D> {
         request: Request,
         ctx: usize,
         device: CUdevice,
-        why: Option<NoRoom>,
+        why: Option<Refusal>,
     ) -> CUresult {
         let (bytes, managed_flags) = match request {
             Request::Pitch { width, height, .. } => {
@@ -506,7 +484,8 @@ impl<D: Driver> Engine<D> {
         real()
     }
 
-    /// `cuMemGetInfo_v2`: [`capped_info`] for the current device.
+    /// `cuMemGetInfo_v2`: the caps' picture of the current device
+    /// ([`Base::picture`](super::base::Base::picture)).
     ///
     /// # Safety
     /// The driver function's contract.
@@ -523,18 +502,12 @@ impl<D: Driver> Engine<D> {
         let Some((_, device)) = self.current() else {
             return rc;
         };
-        let (Some(s), Some(limit)) = (self.slot(device), self.limit_of(device)) else {
+        let (Some(s), Some(_)) = (self.slot(device), self.limit_of(device)) else {
             return rc;
-        };
-        let cached = s.cached.load(std::sync::atomic::Ordering::Relaxed);
-        let held = if limit == NO_CAP {
-            0
-        } else {
-            self.held_on(s, device)
         };
         // SAFETY: both pointers are non-null and the driver just wrote them.
         unsafe {
-            let (t, f) = capped_info(*total as u64, *free as u64, limit, held, cached);
+            let (t, f) = self.picture(s, device, *total as u64, *free as u64);
             *total = usize::try_from(t).unwrap_or(usize::MAX);
             *free = usize::try_from(f).unwrap_or(usize::MAX);
         }

@@ -3,8 +3,10 @@
 //! count of stream captures in progress and the background thread. The
 //! cache and spill take a `&Base`; the engine derefs to it.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 
+use vramcap_core::MAX_DEVICES;
+use vramcap_core::budget::NO_CAP;
 use vramcap_core::settings::Settings;
 
 use super::cuda::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
@@ -21,6 +23,12 @@ pub struct Base<D: Driver> {
     /// Stream captures in progress that the capture hooks saw.
     pub captures: AtomicI64,
     pub worker: Worker,
+    /// Whether `VRAMCAP_LIMIT`'s device keys all name a GPU, once checked
+    /// (`accounting.rs`).
+    pub keys: AtomicU8,
+    /// The group's cap of each device, once attached ([`NO_CAP`] outside a
+    /// group): the process's own cap is in its page, the group's here.
+    pub group_caps: [AtomicU64; MAX_DEVICES],
 }
 
 /// `CU_STREAM_LEGACY`: a handle value, not a pointer to anything.
@@ -35,6 +43,8 @@ impl<D: Driver> Base<D> {
             group: Membership::new(settings),
             captures: AtomicI64::new(0),
             worker: Worker::new(),
+            keys: AtomicU8::new(0),
+            group_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
         }
     }
 

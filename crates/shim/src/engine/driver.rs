@@ -7,6 +7,10 @@
 //! `usize`: the engine compares and stores them, never dereferences them.
 //! A method whose driver function is missing answers `CUDA_ERROR_NOT_FOUND`
 //! (or, for NVML, `None`), as the real library would for a bad call.
+//!
+//! One method is not the driver's: [`Driver::exit_process`], how the engine
+//! stops a process that must not run without the cap it asked for (the
+//! fake records it instead, so tests can see it).
 
 use std::ffi::{c_int, c_uint};
 
@@ -38,6 +42,10 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuDevicePrimaryCtxRelease_v2`.
     fn primary_ctx_release(&self, dev: CUdevice) -> CUresult;
 
+    /// `cuDeviceGetCount`: the devices the process sees.
+    fn device_count(&self) -> Result<c_int, CUresult>;
+    /// `cuDeviceGetName`.
+    fn device_name(&self, dev: CUdevice) -> Result<String, CUresult>;
     /// `cuDeviceTotalMem_v2`.
     fn device_total_mem(&self, dev: CUdevice) -> Result<u64, CUresult>;
     /// `cuDeviceGetUuid_v2`, else `cuDeviceGetUuid`.
@@ -87,8 +95,27 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuArrayGetMemoryRequirements` or `cuMipmappedArrayGetMemoryRequirements`: the size.
     fn array_size(&self, array: usize, dev: CUdevice, mipmapped: bool) -> Result<u64, CUresult>;
 
+    /// `nvmlInit_v2`: true when NVML is there and started (each success
+    /// is balanced by [`Driver::nvml_shutdown`]).
+    fn nvml_init(&self) -> bool;
+    /// `nvmlShutdown`.
+    fn nvml_shutdown(&self);
+    /// `nvmlDeviceGetCount_v2`: every GPU on the machine (NVML does not
+    /// follow `CUDA_VISIBLE_DEVICES`).
+    fn nvml_device_count(&self) -> Option<u32>;
+    /// `nvmlDeviceGetHandleByIndex_v2`.
+    fn nvml_device_by_index(&self, index: u32) -> Option<usize>;
+    /// `nvmlDeviceGetName`.
+    fn nvml_device_name(&self, device: usize) -> Option<String>;
     /// `nvmlDeviceGetUUID`, as text.
     fn nvml_device_uuid(&self, device: usize) -> Option<String>;
     /// `nvmlDeviceGetIndex`.
     fn nvml_device_index(&self, device: usize) -> Option<u32>;
+
+    /// Ends the process at once with `status` (`_exit`: see
+    /// `accounting.rs` for why a process is stopped rather than left to
+    /// run loose, and why no exit handler runs). The fake records it and
+    /// returns; the engine then refuses, as it would for any cap it cannot
+    /// work out.
+    fn exit_process(&self, status: c_int);
 }

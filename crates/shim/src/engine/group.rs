@@ -58,7 +58,9 @@ pub struct Membership {
     fd: AtomicI32,
     /// CUDA ordinal → group device entry + 1 (0: not attached yet).
     devices: [AtomicU8; MAX_DEVICES],
-    spec: OnceLock<LimitSpec>,
+    /// The group's limit, once read; `None` when its recorded text does not
+    /// parse (the member then refuses rather than run without it).
+    spec: OnceLock<Option<LimitSpec>>,
     last_tick_ms: AtomicUsize,
 }
 
@@ -271,7 +273,7 @@ impl Membership {
         if theirs != s.limit_text {
             log_once!(
                 Warn,
-                "group {name:?} has the limit {theirs:?}, set by its first member; this process's VRAMCAP_LIMIT={:?} does not apply",
+                "group {name:?} has the limit {theirs:?}, set by its first member; it applies on top of this process's VRAMCAP_LIMIT={:?} (the stricter wins on each GPU)",
                 s.limit_text
             );
         }
@@ -293,17 +295,28 @@ impl Membership {
         Ok((page, slot))
     }
 
-    /// The limit the group's members follow (joining if need be).
+    /// The group's limit, which applies on top of each member's own
+    /// (joining if need be). `None` when the group cannot be joined or its
+    /// recorded limit does not parse: never "no cap" for a limit that
+    /// cannot be read.
     pub fn spec(&self) -> Option<&LimitSpec> {
         let page = self.joined().ok().flatten()?;
-        Some(self.spec.get_or_init(|| {
-            let text = get_text(&page.header.limit_text);
-            if text.is_empty() {
-                LimitSpec::default()
-            } else {
-                parse_limit(&text).unwrap_or_default()
-            }
-        }))
+        self.spec
+            .get_or_init(|| {
+                let text = get_text(&page.header.limit_text);
+                if text.is_empty() {
+                    return Some(LimitSpec::default());
+                }
+                let spec = parse_limit(&text);
+                if let Err(e) = &spec {
+                    log_once!(
+                        Error,
+                        "the group's recorded limit is unusable ({e}); refusing allocations rather than running without the group's limit (remove the group file when no member runs)"
+                    );
+                }
+                spec.ok()
+            })
+            .as_ref()
     }
 
     /// Attaches CUDA device `device` (with this UUID) to the group's entry

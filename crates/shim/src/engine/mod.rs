@@ -26,11 +26,12 @@
 //!   never two at once: there is no lock order. The page and the group
 //!   membership are made by one thread while others yield (`page`, `group`).
 //! - What allocates: making the engine (first hook), the page and the group
-//!   membership (first use of a device), record inserts, keeping a cached
-//!   block and a context's first ticket, the lists an eviction, a context
-//!   teardown or an unmap releases, deferring and reaping spilled frees,
-//!   NVML's UUID text. Logging never allocates. ARCHITECTURE.md has the
-//!   whole list.
+//!   membership (first use of a device), the check that the limit's device
+//!   keys name GPUs (first use of any device, only when it names devices),
+//!   record inserts, keeping a cached block and a context's first ticket,
+//!   the lists an eviction, a context teardown or an unmap releases,
+//!   deferring and reaping spilled frees, NVML's UUID text. Logging never
+//!   allocates. ARCHITECTURE.md has the whole list.
 //! - `fork`: the boundary's child handler closes the inherited page and
 //!   group descriptors ([`Engine::forget_after_fork`]) and drops the engine
 //!   from use without touching its maps or locks (a parent thread may have

@@ -1,8 +1,10 @@
 //! Handlers for NVML's memory queries, so tools and frameworks asking NVML see the same
-//! picture as `cuMemGetInfo`: for a GPU the process sees with a cap, total =
-//! min(cap, real total), free = min(real free + cached, cap − held), used =
-//! total − free (and `reserved` = 0 in the v2 structure). Devices without a
-//! cap, or that the process cannot see, are reported as the driver says.
+//! picture as `cuMemGetInfo`: for a GPU the process sees with a cap, the
+//! stricter of its own and its group's (`accounting.rs`): total = min(caps,
+//! real total), free = min(real free + cached, each cap − what it holds),
+//! used = total − free (and `reserved` = 0 in the v2 structure). Devices
+//! without a cap, or that the process cannot see, are reported as the
+//! driver says.
 //!
 //! NVML devices are matched to the process's CUDA devices by UUID when the
 //! process has used CUDA; before that, the cap is worked out from the limit
@@ -16,16 +18,17 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::limit::{Amount, cuda_ordinal};
 use vramcap_core::page::uuid_text;
 
-use super::alloc::capped_info;
+use super::accounting::capped_info;
 use super::cuda::*;
 use super::driver::Driver;
 use super::state::Engine;
 
 impl<D: Driver> Engine<D> {
-    /// (cap, bytes held by this process, bytes of that in its cache) for an
-    /// NVML device, or `None` when it has no cap for this process.
-    fn nvml_view(&self, device: usize, real_total: u64) -> Option<(u64, u64, u64)> {
-        let uuid = self.driver.nvml_device_uuid(device)?;
+    /// The caps' (total, free) for an NVML device whose real figures are
+    /// these, or `None` to leave them as NVML said (no cap for this
+    /// process, or a GPU it does not see).
+    fn nvml_capped(&self, device: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64)> {
+        let uuid = self.driver.nvml_device_uuid(device as usize)?;
         let page = self.page.get(self.settings);
         for (i, s) in page.slots.iter().enumerate() {
             if s.flags.load(Ordering::Relaxed) == 0 {
@@ -33,35 +36,23 @@ impl<D: Driver> Engine<D> {
             }
             if uuid_text(&s.uuid_bytes()).is_some_and(|u| u.eq_ignore_ascii_case(&uuid)) {
                 let limit = s.budget.limit()?;
-                return (limit != NO_CAP).then(|| {
-                    (
-                        limit,
-                        self.held_on(s, i as i32),
-                        s.cached.load(Ordering::Relaxed),
-                    )
-                });
+                return (limit != NO_CAP).then(|| self.picture(s, i as i32, total, free));
             }
         }
-        // CUDA not used on this device yet: work the cap out from the limit.
+        // CUDA not used on this device yet: work the cap out from the
+        // process's own limit (a group is joined on first CUDA use only).
         let spec = &self.settings.limit;
         if spec.is_unlimited() {
             return None;
         }
-        let index = self.driver.nvml_device_index(device)?;
+        let index = self.driver.nvml_device_index(device as usize)?;
         let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         let ordinal = cuda_ordinal(index, &uuid, cvd.as_deref())?;
         let cap = match spec.amount_for(ordinal, Some(&uuid))? {
             Amount::Bytes(b) => b,
-            a @ Amount::Percent(_) => a.resolve(real_total),
+            a @ Amount::Percent(_) => a.resolve(total),
         };
-        Some((cap, 0, 0))
-    }
-
-    /// The cap's (total, free) for an NVML device whose real figures are
-    /// these, or `None` to leave them as NVML said.
-    fn nvml_capped(&self, device: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64)> {
-        let (cap, held, cached) = self.nvml_view(device as usize, total)?;
-        Some(capped_info(total, free, cap, held, cached))
+        Some(capped_info(total, free, cap, 0, 0))
     }
 
     /// `nvmlDeviceGetMemoryInfo`.

@@ -59,7 +59,13 @@ impl<D: Driver> Engine<D> {
     /// The cap of `device` in bytes ([`NO_CAP`] for none), worked out on
     /// first use (which also sets the device's cache bound and, in a group,
     /// joins it). `None` when it cannot be worked out: callers then refuse.
+    /// The first call checks that every device key of `VRAMCAP_LIMIT`
+    /// names a GPU, before the page or the group is touched, and stops the
+    /// process when one does not (`accounting.rs`).
     pub fn limit_of(&'static self, device: CUdevice) -> Option<u64> {
+        if !self.limit_keys_match() {
+            return None;
+        }
         let s = self.slot(device)?;
         if let Some(l) = s.budget.limit() {
             return Some(l);

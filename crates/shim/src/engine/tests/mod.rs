@@ -1,8 +1,10 @@
 //! Unit tests of the engine against a fake driver: the reservation under
 //! the cap (threads included), the cache's synchronisation tickets, VMM
 //! reference counts, settling to the size the driver chose, spill and the
-//! memory-info formula. Each test makes its own engine (statistics off:
-//! the page lives in private memory).
+//! memory-info formula, the check that every key of the limit names a GPU,
+//! and the rule that a group only makes a member's cap stricter. Each test
+//! makes its own engine (statistics off: the page lives in private memory;
+//! group tests use a directory of their own for the group file).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
@@ -11,18 +13,28 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use vramcap_core::settings::Settings;
 
-use super::alloc::capped_info;
+use super::accounting::capped_info;
 use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::state::Engine;
+
+mod frees;
+mod limits;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const CTX: usize = 0x1000;
 
-/// One device of 16 GiB with one context, current on every thread.
+/// One device of 16 GiB (or `machine.visible` of them) with one context,
+/// current on every thread, on device 0.
 #[derive(Default)]
 struct Fake {
+    machine: Machine,
+    /// `exit_process` calls, by status.
+    exits: Mutex<Vec<c_int>>,
+    device_counts: AtomicUsize,
+    nvml_inits: AtomicUsize,
+    nvml_shutdowns: AtomicUsize,
     next_ptr: AtomicU64,
     /// Bytes the fake driver has handed out and not had back.
     live: AtomicU64,
@@ -33,6 +45,31 @@ struct Fake {
     /// Stream captures the fake reports (by stream handle), and on the legacy stream.
     capturing: Mutex<HashMap<usize, c_int>>,
     sizes: Mutex<HashMap<u64, u64>>,
+}
+
+/// What the fake machine has: devices the process sees, and NVML's list of
+/// every GPU (`None`: no NVML).
+struct Machine {
+    visible: c_int,
+    nvml: Option<Vec<String>>,
+}
+
+impl Default for Machine {
+    fn default() -> Machine {
+        Machine {
+            visible: 1,
+            nvml: None,
+        }
+    }
+}
+
+/// The UUID text of the fake's device `dev` (its bytes are all `dev + 1`).
+fn fake_uuid(dev: u8) -> String {
+    let b = format!("{:02x}", dev + 1);
+    format!(
+        "GPU-{0}{0}{0}{0}-{0}{0}-{0}{0}-{0}{0}-{0}{0}{0}{0}{0}{0}",
+        b
+    )
 }
 
 impl Fake {
@@ -72,10 +109,20 @@ impl Driver for Fake {
     fn primary_ctx_release(&self, _dev: CUdevice) -> CUresult {
         CUDA_SUCCESS
     }
+    fn device_count(&self) -> Result<c_int, CUresult> {
+        self.device_counts.fetch_add(1, Ordering::SeqCst);
+        Ok(self.machine.visible)
+    }
+    fn device_name(&self, dev: CUdevice) -> Result<String, CUresult> {
+        Ok(format!("fake {dev}"))
+    }
     fn device_total_mem(&self, _dev: CUdevice) -> Result<u64, CUresult> {
         Ok(16 * GIB)
     }
     fn device_uuid(&self, dev: CUdevice) -> Result<[u8; 16], CUresult> {
+        if !(0..self.machine.visible).contains(&dev) {
+            return Err(101); // CUDA_ERROR_INVALID_DEVICE
+        }
         Ok([dev as u8 + 1; 16])
     }
     fn device_attribute(&self, _attr: c_int, _dev: CUdevice) -> Result<c_int, CUresult> {
@@ -136,16 +183,50 @@ impl Driver for Fake {
     fn array_size(&self, _array: usize, _dev: CUdevice, _mipmapped: bool) -> Result<u64, CUresult> {
         Err(CUDA_ERROR_NOT_FOUND)
     }
-    fn nvml_device_uuid(&self, _device: usize) -> Option<String> {
-        None
+    fn nvml_init(&self) -> bool {
+        let there = self.machine.nvml.is_some();
+        if there {
+            self.nvml_inits.fetch_add(1, Ordering::SeqCst);
+        }
+        there
+    }
+    fn nvml_shutdown(&self) {
+        self.nvml_shutdowns.fetch_add(1, Ordering::SeqCst);
+    }
+    fn nvml_device_count(&self) -> Option<u32> {
+        self.machine.nvml.as_ref().map(|l| l.len() as u32)
+    }
+    fn nvml_device_by_index(&self, index: u32) -> Option<usize> {
+        // Handles are index + 1 (never null).
+        let n = self.nvml_device_count()?;
+        (index < n).then_some(index as usize + 1)
+    }
+    fn nvml_device_name(&self, device: usize) -> Option<String> {
+        self.nvml_device_uuid(device)
+            .map(|_| format!("fake {}", device - 1))
+    }
+    fn nvml_device_uuid(&self, device: usize) -> Option<String> {
+        self.machine
+            .nvml
+            .as_ref()?
+            .get(device.checked_sub(1)?)
+            .cloned()
     }
     fn nvml_device_index(&self, _device: usize) -> Option<u32> {
         None
+    }
+    fn exit_process(&self, status: c_int) {
+        self.exits.lock().unwrap().push(status);
     }
 }
 
 /// An engine with these settings (statistics off) over a fresh fake.
 fn engine(vars: &[(&str, &str)]) -> &'static Engine<Fake> {
+    engine_on(Machine::default(), vars)
+}
+
+/// [`engine`] over a fake with this machine.
+fn engine_on(machine: Machine, vars: &[(&str, &str)]) -> &'static Engine<Fake> {
     let mut vars: HashMap<String, String> = vars
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -153,7 +234,10 @@ fn engine(vars: &[(&str, &str)]) -> &'static Engine<Fake> {
     vars.insert("VRAMCAP_STATS".into(), "off".into());
     let settings = Settings::from_lookup(|k| vars.get(k).cloned()).expect("valid test settings");
     Box::leak(Box::new(Engine::new(
-        Fake::default(),
+        Fake {
+            machine,
+            ..Fake::default()
+        },
         Box::leak(Box::new(settings)),
     )))
 }
@@ -442,66 +526,4 @@ fn memory_info_is_the_cap_picture() {
         capped_info(16 * GIB, 16 * GIB, nocap, 0, GIB),
         (16 * GIB, 16 * GIB)
     );
-}
-
-#[test]
-fn a_second_free_of_a_cached_block_is_refused_and_changes_nothing() {
-    let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
-    let a = alloc(e, 8 * MIB).unwrap();
-    assert_eq!(free(e, a), CUDA_SUCCESS);
-    assert_eq!(free(e, a), CUDA_ERROR_INVALID_VALUE);
-    // The block is still the driver's and still cached, counted once.
-    assert_eq!(e.driver.frees.load(Ordering::SeqCst), 0);
-    assert_eq!(e.driver.live.load(Ordering::SeqCst), 8 * MIB);
-    assert_eq!(used(e), 8 * MIB);
-    let s = e.slot(0).unwrap();
-    assert_eq!(s.cached.load(Ordering::Relaxed), 8 * MIB);
-    assert_eq!(s.frees.load(Ordering::Relaxed), 1);
-    // The same for a stream-ordered free of it.
-    assert_eq!(
-        e.mem_free_async(Flavour::Legacy, || CUDA_SUCCESS, a, std::ptr::null_mut()),
-        CUDA_ERROR_INVALID_VALUE
-    );
-    assert_eq!(alloc(e, 8 * MIB).unwrap(), a);
-    assert_eq!(free(e, a), CUDA_SUCCESS);
-    assert_eq!(used(e), 8 * MIB);
-}
-
-#[test]
-fn a_second_free_without_the_cache_is_the_drivers_answer() {
-    let e = engine(&[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "off")]);
-    let a = alloc(e, 8 * MIB).unwrap();
-    assert_eq!(free(e, a), CUDA_SUCCESS);
-    assert_eq!(free(e, a), CUDA_ERROR_INVALID_VALUE);
-    assert_eq!(used(e), 0);
-    assert_eq!(e.slot(0).unwrap().frees.load(Ordering::Relaxed), 1);
-}
-
-#[test]
-fn arrays_go_back_to_the_budget_with_their_context() {
-    let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
-    let desc = CUDA_ARRAY_DESCRIPTOR {
-        width: 1024,
-        height: 1024,
-        format: 0x20, // float
-        channels: 4,
-    };
-    let mut h: CUarray = std::ptr::null_mut();
-    let out: *mut CUarray = &mut h;
-    let real = || {
-        // SAFETY: `out` points at `h`.
-        unsafe { *out = std::ptr::without_provenance_mut(0xa11a) };
-        CUDA_SUCCESS
-    };
-    // SAFETY: valid out-pointer and descriptor.
-    assert_eq!(unsafe { e.array_create(real, out, &desc) }, CUDA_SUCCESS);
-    // The fake reports no size: the estimate (rows of 16 KiB) stands.
-    assert_eq!(used(e), 16 * MIB);
-    let ctx: CUcontext = std::ptr::without_provenance_mut(CTX);
-    assert_eq!(e.ctx_destroy(|| CUDA_SUCCESS, ctx), CUDA_SUCCESS);
-    assert_eq!(used(e), 0);
-    // A destroy of the handle afterwards is the driver's business only.
-    assert_eq!(e.array_destroy(|| 1, h), 1);
-    assert_eq!(used(e), 0);
-    assert_eq!(e.slot(0).unwrap().frees.load(Ordering::Relaxed), 1);
 }
