@@ -535,3 +535,52 @@ fn a_group_file_of_the_old_layout_is_refused_in_one_clear_line() {
     );
     assert_eq!(std::fs::read(&path).unwrap(), old, "left as it was");
 }
+
+/// Temporary files of writers that died before publishing (a page's
+/// `.PID.NS.tmp`, a group file's `.group-NAME.PID.NS.tmp`) are removed by
+/// the readers once their lock is free and they are a minute old; a locked
+/// one (a writer at work, in whatever PID namespace) and a fresh one stay,
+/// and so does anything else.
+#[test]
+fn readers_remove_temporary_files_of_dead_writers() {
+    use std::os::fd::AsRawFd;
+    let dir = fresh_dir("group-temps");
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+    let make = |name: &str, modified: std::time::SystemTime| {
+        let f = std::fs::File::create(dir.join(name)).unwrap();
+        f.set_modified(modified).unwrap();
+        f
+    };
+    drop(make(".4242.1733000000000000001.tmp", old));
+    drop(make(".group-train.4243.1733000000000000002.tmp", old));
+    drop(make(
+        ".4245.1733000000000000004.tmp",
+        std::time::SystemTime::now(),
+    ));
+    drop(make(".notes.tmp", old));
+    let locked = make(".group-x.4244.1733000000000000003.tmp", old);
+    // SAFETY: zeroed flock is a valid argument; locking a file we opened.
+    let held = unsafe {
+        let mut fl: libc::flock = std::mem::zeroed();
+        fl.l_type = libc::F_WRLCK as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_len = 1;
+        libc::fcntl(locked.as_raw_fd(), libc::F_OFD_SETLK, &fl)
+    };
+    assert_eq!(held, 0);
+    stat_json(&dir);
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            ".4245.1733000000000000004.tmp",
+            ".group-x.4244.1733000000000000003.tmp",
+            ".notes.tmp"
+        ]
+    );
+    drop(locked);
+}

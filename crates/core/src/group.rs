@@ -756,5 +756,34 @@ impl GroupHeader {
     }
 }
 
+/// Temporary files the shim writes in the statistics directory before it
+/// publishes them (a page renamed into place, a group file linked into
+/// place): `.PID.NS.tmp` and `.group-NAME.PID.NS.tmp`. Each writer holds an
+/// open-file-description lock on the temporary file's first byte from
+/// right after creating it; a reader removes one whose lock is free and
+/// that is older than [`TEMP_MIN_AGE_SECS`] (the age covers the moment
+/// between creation and lock). The PID in the name is only a label: it
+/// means nothing across PID namespaces.
+pub fn is_temp_name(name: &[u8]) -> bool {
+    let Some(inner) = name
+        .strip_prefix(b".")
+        .and_then(|n| n.strip_suffix(b".tmp"))
+    else {
+        return false;
+    };
+    let inner = inner.strip_prefix(b"group-").unwrap_or(inner);
+    // NAME (group only), then PID and NS: the last two dot-separated parts
+    // are decimal numbers.
+    let mut parts = inner.rsplitn(3, |&b| b == b'.');
+    let digits =
+        |p: Option<&[u8]>| p.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
+    let (ns, pid) = (parts.next(), parts.next());
+    let rest = parts.next();
+    digits(ns) && digits(pid) && (rest.is_none() || name.starts_with(b".group-"))
+}
+
+/// How old an unlocked temporary file must be before a reader removes it.
+pub const TEMP_MIN_AGE_SECS: u64 = 60;
+
 #[cfg(test)]
 mod tests;

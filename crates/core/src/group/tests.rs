@@ -48,6 +48,29 @@ fn names() {
 }
 
 #[test]
+fn temporary_names() {
+    for ok in [
+        ".123.1733000000000000000.tmp",
+        ".group-train.77.5.tmp",
+        ".group-a.b.c.1.2.tmp",
+    ] {
+        assert!(is_temp_name(ok.as_bytes()), "{ok}");
+    }
+    for bad in [
+        "123.page",
+        "group-train.grp",
+        ".123.tmp",
+        ".x.1.2.tmp",
+        ".1.2.tmpx",
+        "..1.2.tmp",
+        ".group-.1.x.tmp",
+        ".1.2",
+    ] {
+        assert!(!is_temp_name(bad.as_bytes()), "{bad}");
+    }
+}
+
+#[test]
 fn keys_and_limits_round_trip() {
     for uuid in [[0u8; 16], [0xff; 16], *b"0123456789abcdef", {
         let mut u = [0u8; 16];

@@ -221,6 +221,9 @@ fn create(
     let pid = unsafe { libc::getpid() };
     let tmp = cstring(&dir.join(format!(".group-{name}.{pid}.{}.tmp", now_unix_ns())))
         .map_err(|e| e.unwrap_or_default())?;
+    // The temporary file carries a lock on its first byte from right after
+    // it is made until it is gone: readers remove an unlocked one left by a
+    // writer that died (`vramcap_core::group::is_temp_name`).
     // SAFETY: a valid path; O_EXCL makes it ours.
     let fd = unsafe {
         libc::open(
@@ -235,6 +238,7 @@ fn create(
             errno_text()
         ));
     }
+    vramcap_core::liveness::ofd_lock(fd, 0, 1, true);
     let cleanup = |why: String| {
         // SAFETY: closing and removing our own temporary file.
         unsafe {
