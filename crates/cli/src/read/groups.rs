@@ -83,7 +83,7 @@ fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnaps
     head.truncate(n);
     match vramcap_core::group::check_group_header(info.size, &head, users.expected()) {
         Ok(()) => {}
-        Err(page::PageProblem::Initialising) => return Ok(None),
+        Err(vramcap_core::group::GroupProblem::Initialising) => return Ok(None),
         Err(p) => return Err(p.to_string()),
     }
     let fd = file.as_raw_fd();
@@ -108,40 +108,37 @@ fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnaps
     Ok(Some(snap))
 }
 
-/// The group's values; members are those whose lock is held.
+/// The group's values; members are those whose lock is held. What a GPU's
+/// budget holds is the sum of the ledgers of the slots that count (dead
+/// members not yet reclaimed included, as for the members themselves).
 fn group_snapshot(
     g: &vramcap_core::group::GroupPage,
     alive: impl Fn(usize) -> bool,
 ) -> GroupSnapshot {
     use std::sync::atomic::Ordering;
     let ready: Vec<usize> = (0..g.devices.len())
-        .filter(|&i| {
-            g.devices[i].state.load(Ordering::Acquire) == vramcap_core::group::DEVICE_READY
-        })
+        .filter(|&i| g.devices[i].ready())
         .collect();
     let devices = ready
         .iter()
         .map(|&i| {
             let d = &g.devices[i];
-            let limit = d.limit.load(Ordering::Acquire);
+            let limit = d.limit().unwrap_or(u64::MAX);
             GroupDeviceSnapshot {
-                uuid: d.uuid_bytes(),
+                uuid: d.uuid_bytes().unwrap_or_default(),
                 limit: (limit != u64::MAX).then_some(limit),
-                used: d.used.load(Ordering::Acquire),
+                used: g.used(i),
                 peak: d.peak.load(Ordering::Relaxed),
             }
         })
         .collect();
     let members = g
         .live_members()
-        .filter(|(i, _)| alive(*i))
-        .map(|(_, m)| MemberSnapshot {
-            pid: m.pid.load(Ordering::Acquire),
-            start_time: m.start_time.load(Ordering::Acquire),
-            held: ready
-                .iter()
-                .map(|&i| m.held[i].load(Ordering::Acquire))
-                .collect(),
+        .filter(|&(i, _, _)| alive(i))
+        .map(|(slot, pid, start_time)| MemberSnapshot {
+            pid,
+            start_time,
+            held: ready.iter().map(|&i| g.held(i, slot)).collect(),
         })
         .collect();
     GroupSnapshot {

@@ -18,12 +18,14 @@
 //!   to return dead members' bytes).
 //! - [`sources`]: what `--dir` names (a directory, or a pattern with `*`
 //!   components) and reading every directory it names.
+//! - [`temps`]: removing temporary files that writers which died left.
 
 mod dir;
 mod file;
 mod groups;
 mod pages;
 mod sources;
+mod temps;
 
 use std::path::PathBuf;
 

@@ -24,7 +24,8 @@ pub struct Scan {
     pub pages: Vec<PageSnapshot>,
     /// Files that look like pages but cannot be shown.
     pub skipped: Vec<Skipped>,
-    /// Pages of dead processes that were removed.
+    /// Pages of dead processes, and temporary files of dead writers, that
+    /// were removed.
     pub pruned: Vec<PathBuf>,
 }
 
@@ -70,6 +71,7 @@ pub(super) fn scan_names(dir: &Dir, names: &[OsString], users: Users) -> Scan {
             Outcome::Ignore => {}
         }
     }
+    out.pruned.extend(super::temps::remove_stale(dir, names));
     out.pages.sort_by_key(|p| p.pid);
     out
 }

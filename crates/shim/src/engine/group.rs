@@ -1,22 +1,32 @@
 //! Membership of a `VRAMCAP_GROUP`: one budget per GPU shared with the
-//! group's other processes (layout and the lock-free reasoning in
+//! group's other processes (layout, protocol and its proof in
 //! `vramcap_core::group`).
 //!
 //! - Joining happens on the first CUDA call that needs a cap: the group file
 //!   `group-NAME.grp` in the statistics directory is opened, or created
 //!   complete under a private name and linked into place (so 64 processes
 //!   starting together see either no file or a whole one), and a member
-//!   slot is claimed with one compare-and-swap. No syscall is made on the
-//!   allocation path after that.
-//! - Reservations go to the group's per-GPU word after the process's own
-//!   budget (see `state::reserve_on`); a refusal first reclaims members
-//!   whose processes died, then retries. The background thread also
-//!   reclaims dead members every half second, so their bytes come back
-//!   within a second even when nobody is allocating. Joining allocates
-//!   (paths, the limit text); the allocation path does not.
-//! - If the group cannot be joined (unusable directory, corrupt file, all
-//!   1024 slots taken), the process refuses its allocations rather than run
-//!   without the group's limit, and says why once.
+//!   slot is claimed with its liveness lock held. A file of another layout
+//!   version is refused with one line that names it and says what to do.
+//!   No syscall is made on the allocation path after that.
+//! - Reservations go to the group after the process's own budget (see
+//!   `accounting::reserve_on`): an announcement in this member's ledger, a
+//!   scan of the members' ledgers, a commit. A refusal because the group is
+//!   full first reclaims members whose processes died, then retries once;
+//!   one because another member's announcement was in the way is retried
+//!   (yielding), reclaiming the dead after a few tries, for at most
+//!   [`CONTENDED_FOR`], then refused. The background thread also reclaims
+//!   dead members every half second. Reclaiming is one compare-and-swap per
+//!   dead slot: nothing a dead process left is ever waited on. Joining
+//!   allocates (paths, the limit text); the allocation path does not.
+//! - At normal exit [`Membership::leave`] frees the slot, which gives every
+//!   byte back at once; it first waits for this process's own group calls
+//!   in flight (a few atomics each; threads may still run during exit), and
+//!   nothing goes through the group after it.
+//! - If the group cannot be joined (unusable directory, corrupt or
+//!   other-layout file, all 1024 slots taken), the process refuses its
+//!   allocations rather than run without the group's limit, and says why
+//!   once.
 //! - A child after fork joins as a member of its own (its new engine has a
 //!   new [`Membership`]; the old one's descriptor is closed first, see
 //!   [`Membership::forget_after_fork`]).
@@ -24,11 +34,11 @@
 use std::ffi::CString;
 use std::ptr;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use vramcap_core::MAX_DEVICES;
-use vramcap_core::group::{self, GROUP_HEADER_SIZE, GROUP_PAGE_SIZE, GroupPage};
+use vramcap_core::group::{self, GROUP_HEADER_SIZE, GROUP_PAGE_SIZE, GroupPage, Refusal, Seat};
 use vramcap_core::limit::{LimitSpec, parse_limit};
 use vramcap_core::liveness::{ofd_lock, ofd_locked, start_time};
 use vramcap_core::page::get_text;
@@ -45,8 +55,16 @@ const JOINING: u8 = 1;
 const JOINED: u8 = 2;
 const FAILED: u8 = 3;
 /// After `leave` at exit: the member's bytes went back; nothing more is
-/// reserved or released through the group (it would count twice).
+/// reserved or released through the group (the slot may be someone else's).
 const LEFT: u8 = 4;
+
+/// How long a reservation is retried while other members' announcements are
+/// in the way before it is refused (they normally clear in microseconds; a
+/// dead member's is reclaimed after [`RECLAIM_AFTER`] tries).
+pub const CONTENDED_FOR: Duration = Duration::from_millis(20);
+const RECLAIM_AFTER: u32 = 16;
+/// How long leaving waits for this process's group calls in flight.
+const LEAVE_WAIT: Duration = Duration::from_millis(100);
 
 /// This process's membership of its `VRAMCAP_GROUP`, if it has one.
 pub struct Membership {
@@ -54,6 +72,10 @@ pub struct Membership {
     page: AtomicPtr<GroupPage>,
     state: AtomicU8,
     member: AtomicUsize,
+    /// The owner word the slot was joined with (see `group::Seat`).
+    owner: AtomicU64,
+    /// This process's group calls in flight (`leave` waits for them).
+    busy: AtomicUsize,
     /// The group file's descriptor, holding this member's liveness lock (-1: none).
     fd: AtomicI32,
     /// CUDA ordinal → group device entry + 1 (0: not attached yet).
@@ -71,6 +93,8 @@ impl Membership {
             page: AtomicPtr::new(ptr::null_mut()),
             state: AtomicU8::new(UNTRIED),
             member: AtomicUsize::new(usize::MAX),
+            owner: AtomicU64::new(0),
+            busy: AtomicUsize::new(0),
             fd: AtomicI32::new(-1),
             devices: [const { AtomicU8::new(0) }; MAX_DEVICES],
             spec: OnceLock::new(),
@@ -112,11 +136,13 @@ impl Membership {
         }
         let started = Instant::now();
         match self.join() {
-            Ok((page, slot)) => {
+            Ok((page, seat)) => {
                 self.page
                     .store(ptr::from_ref(page).cast_mut(), Ordering::Release);
-                self.member.store(slot, Ordering::Release);
-                self.state.store(JOINED, Ordering::Release);
+                self.member.store(seat.slot, Ordering::Release);
+                self.owner.store(seat.owner, Ordering::Release);
+                self.state.store(JOINED, Ordering::SeqCst);
+                let slot = seat.slot;
                 log_at!(
                     Info,
                     "joined group {:?} as member {slot} in {} µs",
@@ -178,8 +204,9 @@ fn open_existing(path: &CString, uid: u32) -> Result<Option<(&'static GroupPage,
         .read_at(&mut head, 0)
         .map_err(|e| format!("cannot read the group page {path:?}: {e}"))?;
     head.truncate(n);
-    group::check_group_header(meta.len(), &head, Some(uid)).map_err(|p| {
-        format!("the group page {path:?} is unusable: {p} (remove it when no member runs)")
+    group::check_group_header(meta.len(), &head, Some(uid)).map_err(|p| match p {
+        group::GroupProblem::OtherLayout { .. } => format!("the group file {path:?}: {p}"),
+        p => format!("the group page {path:?} is unusable: {p} (remove it when no member runs)"),
     })?;
     let page = map(fd)?;
     Ok(Some((page, std::os::fd::IntoRawFd::into_raw_fd(file))))
@@ -196,6 +223,9 @@ fn create(
     let pid = unsafe { libc::getpid() };
     let tmp = cstring(&dir.join(format!(".group-{name}.{pid}.{}.tmp", now_unix_ns())))
         .map_err(|e| e.unwrap_or_default())?;
+    // The temporary file carries a lock on its first byte from right after
+    // it is made until it is gone: readers remove an unlocked one left by a
+    // writer that died (`vramcap_core::group::is_temp_name`).
     // SAFETY: a valid path; O_EXCL makes it ours.
     let fd = unsafe {
         libc::open(
@@ -210,6 +240,7 @@ fn create(
             errno_text()
         ));
     }
+    vramcap_core::liveness::ofd_lock(fd, 0, 1, true);
     let cleanup = |why: String| {
         // SAFETY: closing and removing our own temporary file.
         unsafe {
@@ -249,7 +280,7 @@ fn create(
 }
 
 impl Membership {
-    fn join(&self) -> Result<(&'static GroupPage, usize), String> {
+    fn join(&self) -> Result<(&'static GroupPage, Seat), String> {
         let s = self.settings;
         let name = s.group.as_deref().unwrap_or_default();
         // SAFETY: getuid and getpid cannot fail.
@@ -282,8 +313,8 @@ impl Membership {
         let unlock = |i: usize| {
             ofd_lock(fd, group::member_lock_offset(i), 1, false);
         };
-        let slot = match page.join(pid, me, lock, unlock) {
-            Some(i) => i,
+        let seat = match page.join(pid, me, lock, unlock) {
+            Some(seat) => seat,
             None => {
                 reclaim_dead(page, fd, usize::MAX);
                 page.join(pid, me, lock, unlock).ok_or_else(|| {
@@ -292,7 +323,7 @@ impl Membership {
             }
         };
         self.fd.store(fd, Ordering::Release);
-        Ok((page, slot))
+        Ok((page, seat))
     }
 
     /// The group's limit, which applies on top of each member's own
@@ -352,11 +383,14 @@ impl Membership {
             return Err(());
         };
         slot.store(i as u8 + 1, Ordering::Release);
-        Ok(Some(page.devices[i].limit.load(Ordering::Acquire)))
+        // device_for set the limit if nobody had: it is there.
+        Ok(Some(page.devices[i].limit().unwrap_or(0)))
     }
 
-    fn entry(&self, device: CUdevice) -> Option<(&'static GroupPage, usize)> {
-        if self.state.load(Ordering::Acquire) != JOINED {
+    /// The page, this member's seat and the group entry of `device`, once
+    /// joined and attached.
+    fn entry(&self, device: CUdevice) -> Option<(&'static GroupPage, Seat, usize)> {
+        if self.state.load(Ordering::SeqCst) != JOINED {
             return None;
         }
         let i = usize::try_from(device)
@@ -368,49 +402,91 @@ impl Membership {
         }
         // SAFETY: joined: the page stays mapped.
         let page = unsafe { &*self.page.load(Ordering::Acquire) };
-        Some((page, usize::from(i - 1)))
+        let seat = Seat {
+            slot: self.member.load(Ordering::Acquire),
+            owner: self.owner.load(Ordering::Acquire),
+        };
+        Some((page, seat, usize::from(i - 1)))
+    }
+
+    /// Runs `f` as one of this process's group calls in flight, which
+    /// [`Membership::leave`] waits for; `None` once left (or not joined).
+    fn busy<T>(
+        &self,
+        device: CUdevice,
+        f: impl FnOnce(&'static GroupPage, Seat, usize) -> T,
+    ) -> Option<T> {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        let out = self.entry(device).map(|(p, s, i)| f(p, s, i));
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+        out
     }
 
     /// Reserves `bytes` in the group's budget for `device` (no-op without a
     /// group). `Err(used)` when the group has no room even after reclaiming
-    /// dead members.
+    /// dead members (or cannot be used: said once).
     pub fn reserve(&self, device: CUdevice, bytes: u64) -> Result<(), u64> {
         if !self.configured() {
             return Ok(());
         }
-        let Some((page, i)) = self.entry(device) else {
-            return Err(0); // configured but unusable: refuse (said once already)
-        };
-        let dev = &page.devices[i];
-        let me = self.member.load(Ordering::Acquire);
-        if let Err(used) = dev.try_reserve(bytes) {
-            if reclaim_dead(page, self.fd.load(Ordering::Acquire), me) == 0 {
-                return Err(used);
-            }
-            dev.try_reserve(bytes)?;
-        }
-        page.members[me].held[i].fetch_add(bytes, Ordering::AcqRel);
-        Ok(())
+        // Configured but not usable: refuse (said once already).
+        self.busy(device, |page, seat, i| {
+            self.reserve_in(page, seat, i, bytes)
+        })
+        .unwrap_or(Err(0))
     }
 
-    /// Gives `bytes` on `device` back to the group: this member's share
-    /// first, then the group word (see the module docs of
-    /// `vramcap_core::group`).
+    fn reserve_in(&self, page: &GroupPage, seat: Seat, i: usize, bytes: u64) -> Result<(), u64> {
+        let fd = self.fd.load(Ordering::Acquire);
+        let mut reclaimed = false;
+        let mut contended: u32 = 0;
+        let mut since: Option<Instant> = None;
+        loop {
+            match page.reserve(i, seat, bytes) {
+                Ok(()) => return Ok(()),
+                Err(Refusal::Full { used }) => {
+                    if reclaimed || reclaim_dead(page, fd, seat.slot) == 0 {
+                        return Err(used);
+                    }
+                    reclaimed = true;
+                }
+                Err(Refusal::Contended { used }) => {
+                    contended += 1;
+                    if contended == RECLAIM_AFTER {
+                        reclaim_dead(page, fd, seat.slot);
+                        reclaimed = true;
+                    }
+                    let t = *since.get_or_insert_with(Instant::now);
+                    if contended > RECLAIM_AFTER && t.elapsed() > CONTENDED_FOR {
+                        log_at!(
+                            Info,
+                            "group: refused {bytes} bytes after {contended} tries: other members' reservations in flight were in the way"
+                        );
+                        return Err(used);
+                    }
+                    std::thread::yield_now();
+                }
+                Err(Refusal::Unseated) => {
+                    log_once!(
+                        Error,
+                        "group {:?}: this process's member slot was taken over (its lock on the group file was lost, e.g. by closing every descriptor); refusing allocations rather than running without the group's limit",
+                        self.settings.group.as_deref().unwrap_or("")
+                    );
+                    return Err(page.used(i));
+                }
+            }
+        }
+    }
+
+    /// Gives `bytes` on `device` back to the group (one atomic step on this
+    /// member's ledger; see `vramcap_core::group`).
     pub fn release(&self, device: CUdevice, bytes: u64) {
-        let Some((page, i)) = self.entry(device) else {
-            return;
-        };
-        let me = self.member.load(Ordering::Acquire);
-        let _ = page.members[me].held[i].fetch_update(Ordering::AcqRel, Ordering::Relaxed, |h| {
-            Some(h.saturating_sub(bytes))
-        });
-        page.devices[i].release(bytes);
+        self.busy(device, |page, seat, i| page.release(i, seat, bytes));
     }
 
     /// The group's bytes held on `device`, or `None` outside a group.
     pub fn used(&self, device: CUdevice) -> Option<u64> {
-        self.entry(device)
-            .map(|(p, i)| p.devices[i].used.load(Ordering::Acquire))
+        self.entry(device).map(|(p, _, i)| p.used(i))
     }
 
     /// Called by the background thread: reclaims dead members every half
@@ -434,38 +510,47 @@ impl Membership {
         );
     }
 
-    /// At normal exit: give this member's bytes back and free its slot.
-    ///
-    /// Known defect kept as it was (issue 13): the check below runs after
-    /// the state became LEFT, so the body never runs; the member's bytes
-    /// come back when a reader or member reclaims its dead slot instead.
+    /// At normal exit: frees this member's slot, which gives all its bytes
+    /// back at once, and drops its liveness lock so the slot can be reused.
+    /// Group calls of this process's other threads already in flight are
+    /// waited for (each is a few atomics, never a wait on another process;
+    /// at most [`LEAVE_WAIT`]); later ones do nothing (their allocations are
+    /// refused, their frees already counted as given back), since the slot
+    /// may be someone else's.
     pub fn leave(&self) {
         if self
             .state
-            .compare_exchange(JOINED, LEFT, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(JOINED, LEFT, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
         {
             return;
         }
-        let Some((page, me)) = (self.state.load(Ordering::Acquire) == JOINED).then(|| {
-            (
-                // SAFETY: joined: the page stays mapped.
-                unsafe { &*self.page.load(Ordering::Acquire) },
-                self.member.load(Ordering::Acquire),
-            )
-        }) else {
-            return;
+        // Bounded: a thread interrupted inside a group call by a signal
+        // handler that calls exit() would never finish it. Not leaving is
+        // safe: the slot is reclaimed once this process has died.
+        let started = Instant::now();
+        while self.busy.load(Ordering::SeqCst) != 0 {
+            if started.elapsed() > LEAVE_WAIT {
+                log_at!(
+                    Debug,
+                    "a group call is still in flight at exit; the slot is reclaimed after the process ends"
+                );
+                return;
+            }
+            std::thread::yield_now();
+        }
+        // SAFETY: joined: the page stays mapped.
+        let page = unsafe { &*self.page.load(Ordering::Acquire) };
+        let seat = Seat {
+            slot: self.member.load(Ordering::Acquire),
+            owner: self.owner.load(Ordering::Acquire),
         };
-        // SAFETY: getpid cannot fail.
-        let pid = unsafe { libc::getpid() } as u32;
-        let m = &page.members[me];
-        if m.pid
-            .compare_exchange(pid, group::RECLAIMING, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            m.return_all(&page.devices);
-            m.start_time.store(0, Ordering::Release);
-            m.pid.store(0, Ordering::Release);
+        if page.leave(seat) {
+            let fd = self.fd.load(Ordering::Acquire);
+            if fd >= 0 {
+                ofd_lock(fd, group::member_lock_offset(seat.slot), 1, false);
+            }
+            log_at!(Debug, "left the group; member {} is free", seat.slot);
         }
     }
 
@@ -490,18 +575,18 @@ fn alive(fd: i32, me: usize) -> impl Fn(usize, u32, u64) -> bool {
     move |i, _, _| i == me || ofd_locked(fd, group::member_lock_offset(i), 1)
 }
 
-/// Returns the bytes of members whose processes are gone to the budget.
-/// Returns how many bytes came back.
+/// Frees the slots of members whose processes are gone, which gives their
+/// bytes back. Returns how many slots were freed.
 fn reclaim_dead(page: &GroupPage, fd: i32, me: usize) -> u64 {
-    let mut total = 0;
+    let mut freed = 0;
     for i in 0..page.members.len() {
         if let Some(b) = page.reclaim_if_dead(i, alive(fd, me)) {
             log_at!(
                 Info,
                 "group: a dead member's {b} bytes are back in the budget"
             );
-            total += b;
+            freed += 1;
         }
     }
-    total
+    freed
 }

@@ -39,7 +39,13 @@
 //!   with a page and membership of its own. Settings are kept.
 //! - Killed at any instruction: the page and group files hold only atomics
 //!   and are published complete (temporary file, then rename or link); a
-//!   dead process's liveness locks go with it.
+//!   dead process's liveness locks go with it, and a dead group member's
+//!   bytes with its slot (`vramcap_core::group`).
+//! - Waiting: nothing waits on another process. At exit, leaving the group
+//!   waits for this process's own group calls in flight (a few atomics
+//!   each); a group reservation that other members' reservations in flight
+//!   are in the way of yields and retries for at most
+//!   `group::CONTENDED_FOR`.
 
 pub mod cuda;
 pub mod driver;
