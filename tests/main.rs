@@ -9,6 +9,7 @@ mod cli;
 mod exporter;
 mod group;
 mod paths;
+mod readers;
 mod shim;
 mod spill;
 mod stats;

@@ -29,12 +29,17 @@
 //! them.
 //!
 //! Every family is one `# HELP` line, one `# TYPE` line, then its samples
-//! together. Label values are escaped as the format requires (`\\`, `\"`,
-//! `\n`). README.md's metric table lists every family; a test
-//! (`cli::readme`) holds it to [`render`].
+//! together. Label values are printable text (`vramcap_core::text`: the
+//! reader escaped control characters, text-hiding characters and bytes
+//! that are not UTF-8 in everything taken from a page, a group file or a
+//! file name; [`escape`] applies it again, so no label value can hold one),
+//! then escaped as the format requires (`\\`, `\"`, `\n`). README.md's
+//! metric table lists every family; a test (`cli::readme`) holds it to
+//! [`render`].
 
 use vramcap_core::counters::{COUNTERS, SlotSnapshot};
 use vramcap_core::page::{PageSnapshot, uuid_text};
+use vramcap_core::text;
 
 use crate::read::GroupSnapshot;
 
@@ -55,8 +60,9 @@ fn identity_labels(page: &PageSnapshot) -> impl Iterator<Item = (&'static str, S
     .map(|(k, v)| (k, v.clone()))
 }
 
-/// A label value escaped for the exposition format.
+/// A label value escaped for the exposition format (made printable first).
 fn escape(value: &str) -> String {
+    let value = text::printable(value);
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
         match c {
@@ -137,7 +143,7 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
                 ("pid", p.pid.to_string()),
                 ("command", command.clone()),
                 ("group", p.group.clone()),
-                ("dir", p.dir.display().to_string()),
+                ("dir", text::path(&p.dir)),
             ];
             labels.extend(identity_labels(p));
             rows.push((labels, d));
@@ -160,7 +166,7 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
             vec![
                 ("group", g.name.clone()),
                 ("UUID", uuid),
-                ("dir", g.dir.display().to_string()),
+                ("dir", text::path(&g.dir)),
             ]
         };
         if g.devices.is_empty() {
@@ -210,7 +216,9 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         assert_eq!(escape("plain ü"), "plain ü");
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+        // Control characters never reach a label: made printable first.
+        assert_eq!(escape("a\nb\x1b[2J"), "a\\\\x0ab\\\\x1b[2J");
     }
 
     fn slot(device: u32, limit: Option<u64>) -> SlotSnapshot {
@@ -249,7 +257,7 @@ mod tests {
             dir: std::path::PathBuf::from("/run/vramcap"),
         }];
         let text = render(&pages, &[], 2);
-        let cmd = format!("a\\\"b\\\\c\\n{}", "x".repeat(122));
+        let cmd = format!("a\\\"b\\\\c\\\\x0a{}", "x".repeat(122));
         let labels0 = format!(
             "{{gpu=\"0\",UUID=\"\",pid=\"42\",command=\"{cmd}\",group=\"\",dir=\"/run/vramcap\",pod=\"p\\\"1\"}}"
         );
