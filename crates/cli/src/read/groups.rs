@@ -92,14 +92,36 @@ pub(super) fn read_group(
     // group page, or private zeroes once the file shrank) until dropped
     // below.
     let g = unsafe { &*map.ptr().cast::<GroupPage>() };
-    for i in 0..g.members.len() {
-        let _ = g.reclaim_if_dead(i, |i, _, _| alive(i));
+    if forged_ledger(g) {
+        return Err("corrupt group file (a member's bytes add up to more than 2^64)".into());
     }
-    let snap = group_snapshot(g, alive);
+    // The group code is given bytes anyone with this uid may have written:
+    // whatever it does with them, one file never takes the reader down.
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for i in 0..g.members.len() {
+            let _ = g.reclaim_if_dead(i, |i, _, _| alive(i));
+        }
+        group_snapshot(g, alive)
+    }));
     if map.faulted() {
         return Err("cannot read: the file shrank while being read".into());
     }
-    Ok(Some(snap))
+    read.map(Some).map_err(|_| {
+        "corrupt group file (reading it failed; the reader went on with the others)".into()
+    })
+}
+
+/// Whether a member's ledger holds more than any group can (its bytes
+/// overflow a u64): the file is forged, and returning those bytes would
+/// only overflow.
+fn forged_ledger(g: &vramcap_core::group::GroupPage) -> bool {
+    use std::sync::atomic::Ordering;
+    g.live_members().any(|(_, m)| {
+        m.held
+            .iter()
+            .try_fold(0u64, |sum, h| sum.checked_add(h.load(Ordering::Acquire)))
+            .is_none()
+    })
 }
 
 /// The group's values; members are those whose lock is held.

@@ -40,6 +40,8 @@
 mod budget;
 mod dir;
 mod file;
+#[cfg(test)]
+mod fuzz;
 mod groups;
 mod guard;
 mod pages;
