@@ -4,10 +4,12 @@
 //! one set of atomics. It is created on the first CUDA call that needs it:
 //! a temporary file in the stats directory is sized, mapped, filled, marked
 //! ready and then renamed to `<pid>.page`, so a reader never sees a partial
-//! page and a file a reader has mapped is never shrunk under it (which would
-//! make the reader fault). When the page cannot be created (directory not
-//! usable, `VRAMCAP_STATS=off`) the same layout lives in private memory: the
-//! cap holds either way.
+//! page, and the page is never shrunk (readers copy pages rather than map
+//! them, so even someone else's truncation cannot make them fault). When
+//! the page cannot be created (the directory is not usable: the default one
+//! must be the user's own with mode 700, see `vramcap_core::stats_dir`;
+//! `VRAMCAP_STATS=off`) the same layout lives in private memory: the cap
+//! holds either way.
 //!
 //! Concurrency: the first caller moves the state from NONE to CREATING and
 //! builds the page (this allocates: paths, the command line); any other

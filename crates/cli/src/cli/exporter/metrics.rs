@@ -25,8 +25,8 @@
 //! has no GPU yet has one sample with `UUID=""` and no limit or used
 //! sample). Last, `vramcap_pages_skipped` (no labels): files in the
 //! directories that look like pages or group files but could not be read
-//! (foreign, corrupt or of another layout version); `vramcap stat` names
-//! them.
+//! (foreign, corrupt or of another layout version), and files a scan's
+//! bounds left out; `vramcap stat` names them.
 //!
 //! Every family is one `# HELP` line, one `# TYPE` line, then its samples
 //! together. Label values are printable text (`vramcap_core::text`: the
@@ -198,7 +198,7 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
         &mut out,
         "vramcap_pages_skipped",
         "gauge",
-        "Files in the statistics directory that could not be read as pages (vramcap stat names them).",
+        "Files in the statistics directories that could not be read as pages, or that a scan's bounds left out (vramcap stat names them).",
     );
     sample(
         &mut out,
