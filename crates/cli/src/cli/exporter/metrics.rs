@@ -81,19 +81,30 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
 }
 
-fn sample(out: &mut String, name: &str, labels: &Labels, value: u64) {
-    out.push_str(name);
-    if !labels.is_empty() {
-        out.push('{');
-        for (i, (k, v)) in labels.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            out.push_str(&format!("{k}=\"{}\"", escape(v)));
-        }
-        out.push('}');
+/// `{k="v",…}` for these labels, values escaped ("" for none): made once
+/// per row, written before the value of each of its samples.
+fn label_text(labels: &Labels) -> String {
+    if labels.is_empty() {
+        return String::new();
     }
-    out.push_str(&format!(" {value}\n"));
+    let mut out = String::from("{");
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(k);
+        out.push_str("=\"");
+        out.push_str(&escape(v));
+        out.push('"');
+    }
+    out.push('}');
+    out
+}
+
+fn sample(out: &mut String, name: &str, labels: &str, value: u64) {
+    use std::fmt::Write;
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "{name}{labels} {value}");
 }
 
 struct Family<T> {
@@ -133,7 +144,7 @@ const GROUP_FAMILIES: [Family<GroupGpu>; 3] = [
 
 /// The exposition text for these pages and groups.
 pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) -> String {
-    let mut rows: Vec<(Labels, &SlotSnapshot)> = Vec::new();
+    let mut rows: Vec<(String, &SlotSnapshot)> = Vec::new();
     for p in pages {
         let command: String = p.command.chars().take(COMMAND_CHARS).collect();
         for d in &p.devices {
@@ -146,7 +157,7 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
                 ("dir", text::path(&p.dir)),
             ];
             labels.extend(identity_labels(p));
-            rows.push((labels, d));
+            rows.push((label_text(&labels), d));
         }
     }
     let mut out = String::new();
@@ -159,15 +170,15 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
             }
         }
     }
-    let mut group_rows: Vec<(Labels, GroupGpu)> = Vec::new();
+    let mut group_rows: Vec<(String, GroupGpu)> = Vec::new();
     for g in groups {
         let members = g.members.len() as u64;
         let label = |uuid: String| {
-            vec![
+            label_text(&vec![
                 ("group", g.name.clone()),
                 ("UUID", uuid),
                 ("dir", text::path(&g.dir)),
-            ]
+            ])
         };
         if g.devices.is_empty() {
             let none = GroupGpu {
@@ -200,12 +211,7 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
         "gauge",
         "Files in the statistics directories that could not be read as pages, or that a scan's bounds left out (vramcap stat names them).",
     );
-    sample(
-        &mut out,
-        "vramcap_pages_skipped",
-        &Vec::new(),
-        skipped as u64,
-    );
+    sample(&mut out, "vramcap_pages_skipped", "", skipped as u64);
     out
 }
 
