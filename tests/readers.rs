@@ -374,13 +374,13 @@ fn two_thousand_forged_pages_cost_stat_a_bounded_amount() {
         j["skipped"],
         serde_json::json!([{
             "file": dir.display().to_string(),
-            "reason": "1936 live pages not shown: past this directory's share of the 4096 process-GPU rows a scan shows",
+            "reason": "1936 pages not shown: past this directory's share of the 4096 process-GPU rows a scan shows",
         }])
     );
     assert_eq!(
         ran.stderr(),
         format!(
-            "vramcap: skipping {}: 1936 live pages not shown: past this directory's share of the 4096 process-GPU rows a scan shows\n",
+            "vramcap: skipping {}: 1936 pages not shown: past this directory's share of the 4096 process-GPU rows a scan shows\n",
             dir.display()
         )
     );

@@ -293,6 +293,16 @@ impl Walk<'_> {
                 late += 1;
                 continue;
             }
+            // Full up: no page (or group) can be shown any more, so none is
+            // opened (each costs at least one row, or one member).
+            if is_page && used.rows >= allow.rows {
+                over_rows += 1;
+                continue;
+            }
+            if !is_page && used.members >= allow.members {
+                over_members += 1;
+                continue;
+            }
             if used.files >= allow.files {
                 over_files += 1;
                 continue;
@@ -350,14 +360,14 @@ impl Walk<'_> {
             (
                 over_rows,
                 format!(
-                    "{over_rows} live pages not shown: past this directory's share of the {} process-GPU rows a scan shows",
+                    "{over_rows} pages not shown: past this directory's share of the {} process-GPU rows a scan shows",
                     b.rows
                 ),
             ),
             (
                 over_members,
                 format!(
-                    "{over_members} groups not shown: past this directory's share of the {} group members a scan shows",
+                    "{over_members} group files not shown: past this directory's share of the {} group members a scan shows",
                     b.members
                 ),
             ),
@@ -579,7 +589,7 @@ mod tests {
             r.scan.skipped,
             [Skipped {
                 path: root.join("pods/b"),
-                reason: "38 live pages not shown: past this directory's share of the 300 process-GPU rows a scan shows".into(),
+                reason: "38 pages not shown: past this directory's share of the 300 process-GPU rows a scan shows".into(),
                 count: 38,
             }]
         );
