@@ -7,7 +7,9 @@
 //! such pages took seconds and hundreds of MB. A scan is therefore bounded
 //! ([`Bounds`]): names looked at in listings, directories read, files
 //! opened, process-GPU rows shown (a page without a GPU counts as one),
-//! group members shown (a group counts one more), and a deadline.
+//! group members shown (a group counts one more), and a deadline. The
+//! size of what is read is bounded by the layouts: a page's 17 KiB and a
+//! group file's size, whatever the file's length.
 //!
 //! Each bound is shared between the parts of the walk in turn: the k-th of
 //! n siblings (the directories a `*` matched, or the sources) may use
