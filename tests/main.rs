@@ -11,6 +11,7 @@ mod fork;
 mod group;
 mod limit;
 mod paths;
+mod readers;
 mod shim;
 mod spill;
 mod stats;

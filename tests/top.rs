@@ -492,3 +492,51 @@ fn a_bad_interval_or_count_is_refused() {
         }
     }
 }
+
+/// A page whose command and group hold a window-title change, a screen
+/// clear and a bell, in the live view: shown escaped, the pane's title
+/// untouched, nothing cleared.
+#[test]
+fn escape_sequences_in_a_page_never_reach_the_terminal() {
+    use crate::readers::{Forge, HOSTILE_COMMAND, forge};
+    let dir = fresh_dir("top-hostile");
+    let page = forge(
+        &dir,
+        &Forge {
+            pid: 970_001,
+            devices: 1,
+            command: HOSTILE_COMMAND,
+            group: b"",
+            pod: b"\x1b]2;pod\x07",
+            namespace: b"",
+        },
+    );
+    let command = format!(
+        "env VRAMCAP_STATS_DIR={} {} top --interval 120; read line",
+        shell_quote(&dir.display().to_string()),
+        shell_quote(&cli_path().display().to_string()),
+    );
+    let tmux = Tmux::start("hostile", &dir, 250, 12, &command);
+    let title = tmux.format("#{pane_title}");
+    let screen = tmux.until("the forged row", |s| {
+        (s.last()?.starts_with("q quit") && row(s, 0, 970_001).is_some()).then(|| s.to_vec())
+    });
+    let r = row(&screen, 0, 970_001).unwrap();
+    assert!(
+        r.ends_with(
+            "\\x1b]2;pod\\x07: python \\x1b]0;owned\\x07 \\x1b[2J\\x1b[H\\xff\\xfe evil\\u202eyx"
+        ),
+        "{r}"
+    );
+    assert!(
+        screen[0].starts_with("vramcap top  "),
+        "nothing cleared: {screen:#?}"
+    );
+    assert_eq!(
+        tmux.format("#{pane_title}"),
+        title,
+        "the title was not changed"
+    );
+    assert_ne!(title, "owned");
+    drop(page);
+}

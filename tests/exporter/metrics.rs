@@ -267,10 +267,12 @@ fn label_values_are_escaped() {
     let ex = Exporter::start(&pages);
     let r = ex.get("/metrics");
     assert_eq!(r.status, 200);
+    // A newline is a control character: made printable (`\x0a`) before
+    // the format's own escapes double its backslash.
     let escaped_command = format!("{} procaddr init alloc 2M wait", link.display())
+        .replace('\n', "\\x0a")
         .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n");
+        .replace('"', "\\\"");
     let line = r
         .body
         .lines()
@@ -279,7 +281,7 @@ fn label_values_are_escaped() {
     assert_eq!(
         line,
         format!(
-            "vramcap_gpu_memory_used_bytes{{gpu=\"0\",UUID=\"{UUID0}\",pid=\"{}\",command=\"{escaped_command}\",group=\"\",dir=\"{}\",pod=\"p\\\"o\\\\d\\n1\"}} 2097152",
+            "vramcap_gpu_memory_used_bytes{{gpu=\"0\",UUID=\"{UUID0}\",pid=\"{}\",command=\"{escaped_command}\",group=\"\",dir=\"{}\",pod=\"p\\\"o\\\\d\\\\x0a1\"}} 2097152",
             h.pid(),
             pages.display()
         )

@@ -6,6 +6,7 @@
 //! This file is the harness; `metrics` checks what a scrape holds, `http`
 //! how the server answers.
 
+mod hostile;
 mod http;
 mod metrics;
 

@@ -288,8 +288,8 @@ fn main() -> ExitCode {
         Command::Exporter { read, listen } => cli::stat::Sources::new(&read, uid)
             .and_then(|sources| cli::exporter::run(&listen, sources))
             .map(ExitCode::from),
-        Command::Trim { pids, all, timeout } => cli::stat::stats_dir(uid)
-            .map(|dir| ExitCode::from(cli::trim::run(&dir, uid, &pids, all, timeout))),
+        Command::Trim { pids, all, timeout } => cli::stat::stats_dirs(uid)
+            .map(|dirs| ExitCode::from(cli::trim::run(&dirs, uid, &pids, all, timeout))),
         Command::Size { size } => print_size(&size),
         Command::Doctor {
             probe: true,
@@ -300,7 +300,8 @@ fn main() -> ExitCode {
         } => Ok(ExitCode::from(cli::doctor::probe_limit())),
         Command::Doctor { .. } => Ok(ExitCode::from(cli::doctor::run(
             find_library(),
-            cli::stat::stats_dir(uid),
+            cli::stat::stats_dirs(uid),
+            uid,
         ))),
         Command::Run { opts, command } => shim_env(&opts).map(|vars| {
             let err = std::process::Command::new(&command[0])

@@ -10,6 +10,8 @@ pub mod liveness;
 pub mod page;
 pub mod settings;
 pub mod size;
+pub mod stats_dir;
+pub mod text;
 
 pub use limit::{Amount, Key, LimitError, LimitSpec, MAX_DEVICES, parse_limit};
 pub use size::{Percent, human_bytes, parse_size};

@@ -266,9 +266,15 @@ pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
 }
 pub const STATS_DIR_VAR: &str = "VRAMCAP_STATS_DIR";
 
-/// Where pages go when `VRAMCAP_STATS_DIR` is unset.
+/// Where pages go when `VRAMCAP_STATS_DIR` is unset: `$XDG_RUNTIME_DIR/vramcap`
+/// when `XDG_RUNTIME_DIR` is the user's own private directory, else
+/// `/dev/shm/vramcap-<uid>` (see [`crate::stats_dir`], which also checks
+/// that the directory is the user's before anything goes in it).
 pub fn default_stats_dir(uid: u32) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/vramcap-{uid}"))
+    crate::stats_dir::default_dir(
+        uid,
+        std::env::var_os(crate::stats_dir::RUNTIME_VAR).as_deref(),
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

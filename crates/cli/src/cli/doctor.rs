@@ -19,6 +19,11 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use vramcap_core::stats_dir::{self, DirProblem};
+use vramcap_core::text;
+
+use super::stat::StatsDirs;
+
 struct Report {
     problems: u32,
 }
@@ -158,7 +163,86 @@ fn init_driver(d: &Driver) -> Result<c_int, String> {
     Ok(count)
 }
 
-pub fn run(lib: Result<PathBuf, String>, stats_dir: Result<PathBuf, String>) -> u8 {
+/// The statistics directories: the one `VRAMCAP_STATS_DIR` names (a
+/// directory, or one that can be made), or the default ones, which must
+/// be the user's own with mode 700 (see `vramcap_core::stats_dir`): a
+/// directory or link someone else planted under a default name fails.
+fn stats_dirs_report(r: &mut Report, dirs: Result<StatsDirs, String>, uid: u32) {
+    const WHAT: &str = "statistics directory";
+    let dirs = match dirs {
+        Ok(d) => d,
+        Err(e) => {
+            return r.bad(
+                WHAT,
+                e,
+                "set VRAMCAP_STATS_DIR to an absolute path or unset it",
+            );
+        }
+    };
+    // Missing, but can it be made? Its parent must be a directory.
+    let can_make = |d: &Path| d.parent().is_some_and(Path::is_dir);
+    let Some(uid_private) = dirs.private_to else {
+        let d = &dirs.dirs[0];
+        let shown = text::path(d);
+        return match stats_dir::open_dir(d, None) {
+            Ok(_) => r.ok(WHAT, format!("{shown} (VRAMCAP_STATS_DIR; exists)")),
+            Err(DirProblem::Missing) if can_make(d) => r.ok(
+                WHAT,
+                format!("{shown} (VRAMCAP_STATS_DIR; created on first use)"),
+            ),
+            Err(p) => r.bad(
+                WHAT,
+                format!("VRAMCAP_STATS_DIR: {}", p.describe(d, uid)),
+                "set VRAMCAP_STATS_DIR to a directory (not a symbolic link) whose parent exists, or unset it",
+            ),
+        };
+    };
+    let xdg = std::env::var_os(stats_dir::RUNTIME_VAR);
+    let primary = stats_dir::default_dir(uid_private, xdg.as_deref());
+    if let Err(p) = stats_dir::runtime_dir(uid_private, xdg.as_deref())
+        && p != DirProblem::Missing
+    {
+        r.note(
+            "runtime directory",
+            format!(
+                "XDG_RUNTIME_DIR {} (it must be yours with mode 700); pages go to {} instead",
+                p.phrase(uid_private),
+                text::path(&primary)
+            ),
+        );
+    }
+    let fallback = stats_dir::fallback_dir(uid_private);
+    let mut check = |d: &Path, what: &str, quiet_if_missing: bool| {
+        let shown = text::path(d);
+        match stats_dir::open_dir(d, Some(uid_private)) {
+            Ok(_) => r.ok(what, format!("{shown} (yours, mode 700)")),
+            Err(DirProblem::Missing) if quiet_if_missing => {}
+            Err(DirProblem::Missing) if can_make(d) => {
+                r.ok(what, format!("{shown} (created on first use)"))
+            }
+            Err(p) => r.bad(
+                what,
+                format!(
+                    "{}; nothing is published there and group members refuse their allocations (the cap still holds)",
+                    p.describe(d, uid_private)
+                ),
+                p.fix(d),
+            ),
+        }
+    };
+    check(&primary, WHAT, false);
+    if fallback != primary {
+        // Programs started without the runtime directory (cron, services)
+        // use the fallback: someone else's directory there stops them too.
+        check(
+            &fallback,
+            "statistics directory without XDG_RUNTIME_DIR",
+            true,
+        );
+    }
+}
+
+pub fn run(lib: Result<PathBuf, String>, stats_dirs: Result<StatsDirs, String>, uid: u32) -> u8 {
     let mut r = Report { problems: 0 };
     println!("vramcap {} doctor", env!("CARGO_PKG_VERSION"));
 
@@ -201,25 +285,7 @@ pub fn run(lib: Result<PathBuf, String>, stats_dir: Result<PathBuf, String>) -> 
         );
     }
 
-    match stats_dir {
-        Ok(d) => r.ok(
-            "statistics directory",
-            format!(
-                "{} ({})",
-                d.display(),
-                if d.is_dir() {
-                    "exists"
-                } else {
-                    "created on first use"
-                }
-            ),
-        ),
-        Err(e) => r.bad(
-            "statistics directory",
-            e,
-            "set VRAMCAP_STATS_DIR to an absolute path or unset it",
-        ),
-    }
+    stats_dirs_report(&mut r, stats_dirs, uid);
 
     let driver = match Driver::open() {
         Ok(d) => {

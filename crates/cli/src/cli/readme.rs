@@ -37,6 +37,7 @@ fn sample_json() -> serde_json::Value {
         skipped: vec![Skipped {
             path: PathBuf::from("/d/x.page"),
             reason: String::new(),
+            count: 1,
         }],
         pruned: Vec::new(),
     };
@@ -65,6 +66,7 @@ fn sample_json() -> serde_json::Value {
         sources: Sources {
             dirs: vec![PathBuf::from("/d")],
             users: Users::All,
+            private_to: None,
         },
     };
     to_json(&scan, &args)

@@ -5,19 +5,23 @@
 //! (`cli::readme`) holds that to what [`to_json`] prints. A device's values
 //! are those of `vramcap_core::counters::COUNTERS`, in their order. `dirs`
 //! lists the directories as given (`--dir`, patterns unexpanded; else the
-//! one from `VRAMCAP_STATS_DIR` or the default), `dir` is the first of
-//! them, and each process's `dir` is the directory its page was read from.
+//! one from `VRAMCAP_STATS_DIR`, else the default ones), `dir` is the
+//! first of them, and each process's `dir` is the directory its page was
+//! read from. Every string from a page, a group file or a file name is
+//! printable text already (see `vramcap_core::text`); paths are shown
+//! through `vramcap_core::text::path`.
 
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::read::{GroupSnapshot, Reading, Scan, Users, check_source, read_sources};
+use crate::read::{Bounds, GroupSnapshot, Reading, Scan, Scope, Users, check_source, read_sources};
 use serde_json::{Value, json};
 use vramcap_core::counters::{COUNTERS, SlotSnapshot};
 use vramcap_core::human_bytes;
 use vramcap_core::page::{PageSnapshot, uuid_text};
+use vramcap_core::text;
 
 /// `--dir` and `--all-users`, shared by `stat`, `top` and `exporter`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -38,33 +42,47 @@ pub struct ReadOptions {
 pub struct Sources {
     pub dirs: Vec<PathBuf>,
     pub users: Users,
+    /// `Some(uid)`: `dirs` are the default directories, read only when
+    /// they are this user's own (see `read::Scope::private_to`).
+    pub private_to: Option<u32>,
 }
 
 impl Sources {
     /// From the options: the `--dir` values (checked), else
-    /// `VRAMCAP_STATS_DIR`, else the default directory.
+    /// `VRAMCAP_STATS_DIR`, else the default directories.
     pub fn new(opts: &ReadOptions, uid: u32) -> Result<Sources, String> {
-        let dirs = if opts.dirs.is_empty() {
-            vec![stats_dir(uid)?]
+        let (dirs, private_to) = if opts.dirs.is_empty() {
+            let d = stats_dirs(uid)?;
+            (d.dirs, d.private_to)
         } else {
             for d in &opts.dirs {
                 check_source(d)?;
             }
-            opts.dirs.clone()
+            (opts.dirs.clone(), None)
         };
         let users = if opts.all_users {
             Users::All
         } else {
             Users::Only(uid)
         };
-        Ok(Sources { dirs, users })
+        Ok(Sources {
+            dirs,
+            users,
+            private_to,
+        })
     }
 
-    /// Every page and group the directories hold now; the error names the
-    /// directory that could not be read.
+    /// Every page and group the directories hold now, within the bounds of
+    /// one scan; the error names the directory that could not be read.
     pub fn read(&self) -> Result<Reading, String> {
-        read_sources(&self.dirs, self.users)
-            .map_err(|(dir, e)| format!("cannot read the stats directory {}: {e}", dir.display()))
+        let scope = Scope {
+            users: self.users,
+            private_to: self.private_to,
+            bounds: Bounds::DEFAULT,
+        };
+        read_sources(&self.dirs, &scope).map_err(|(dir, e)| {
+            format!("cannot read the stats directory {}: {e}", text::path(&dir))
+        })
     }
 
     /// A warning for each pattern whose part before the first `*` is not
@@ -80,8 +98,8 @@ impl Sources {
                 (!prefix.is_dir()).then(|| {
                     format!(
                         "vramcap: --dir {}: {} is not a directory, so nothing matches the pattern until it is",
-                        d.display(),
-                        prefix.display()
+                        text::path(d),
+                        text::path(&prefix)
                     )
                 })
             })
@@ -90,7 +108,7 @@ impl Sources {
 
     /// The directories as the user named them, for messages.
     pub fn describe(&self) -> String {
-        let all: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+        let all: Vec<String> = self.dirs.iter().map(|d| text::path(d)).collect();
         all.join(", ")
     }
 }
@@ -246,7 +264,7 @@ pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
                 "pod": if p.pod.is_empty() { Value::Null } else { Value::from(p.pod.clone()) },
                 "namespace": if p.namespace.is_empty() { Value::Null } else { Value::from(p.namespace.clone()) },
                 "container": if p.container.is_empty() { Value::Null } else { Value::from(p.container.clone()) },
-                "dir": p.dir.display().to_string(),
+                "dir": text::path(&p.dir),
                 "devices": devs.iter().map(device_json).collect::<Vec<_>>(),
             })
         })
@@ -255,11 +273,11 @@ pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
         "schema": "vramcap.stat",
         "version": 1,
         "time_unix_ns": now,
-        "dir": a.sources.dirs[0].display().to_string(),
-        "dirs": a.sources.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>(),
+        "dir": text::path(&a.sources.dirs[0]),
+        "dirs": a.sources.dirs.iter().map(|d| text::path(d)).collect::<Vec<_>>(),
         "processes": processes,
         "groups": groups_json(&a.groups),
-        "skipped": scan.skipped.iter().map(|s| json!({"file": s.path.display().to_string(), "reason": s.reason})).collect::<Vec<_>>(),
+        "skipped": scan.skipped.iter().map(|s| json!({"file": text::path(&s.path), "reason": s.reason})).collect::<Vec<_>>(),
     })
 }
 
@@ -363,12 +381,14 @@ pub fn run(a: &mut StatArgs) -> u8 {
     for w in a.sources.warnings() {
         eprintln!("{w}");
     }
-    let mut warned: HashSet<PathBuf> = HashSet::new();
+    let mut warned: HashSet<(PathBuf, String)> = HashSet::new();
     let tty = std::io::stdout().is_terminal();
     let colour = tty && std::env::var_os("NO_COLOR").is_none();
     let mut n = 0u64;
     loop {
-        let Reading { scan: s, groups } = match a.sources.read() {
+        let Reading {
+            scan: s, groups, ..
+        } = match a.sources.read() {
             Ok(x) => x,
             Err(e) => {
                 eprintln!("vramcap: {e}");
@@ -377,8 +397,8 @@ pub fn run(a: &mut StatArgs) -> u8 {
         };
         a.groups = groups;
         for sk in &s.skipped {
-            if warned.insert(sk.path.clone()) {
-                eprintln!("vramcap: skipping {}: {}", sk.path.display(), sk.reason);
+            if warned.insert((sk.path.clone(), sk.reason.clone())) {
+                eprintln!("vramcap: skipping {}: {}", text::path(&sk.path), sk.reason);
             }
         }
         let mut stdout = std::io::stdout().lock();
@@ -417,14 +437,34 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// The directory pages are read from: `VRAMCAP_STATS_DIR`, else the default.
-pub fn stats_dir(uid: u32) -> Result<PathBuf, String> {
+/// The directories pages are read from when no `--dir` is given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsDirs {
+    pub dirs: Vec<PathBuf>,
+    /// `Some(uid)` for the default directories: each is read only when it
+    /// is this user's own, as the shim writes only there.
+    pub private_to: Option<u32>,
+}
+
+/// `VRAMCAP_STATS_DIR`, else every default directory a writer of this
+/// user may have chosen (`vramcap_core::stats_dir::reader_dirs`: the one
+/// this environment's programs choose first).
+pub fn stats_dirs(uid: u32) -> Result<StatsDirs, String> {
     match std::env::var_os("VRAMCAP_STATS_DIR") {
-        Some(d) if Path::new(&d).is_absolute() => Ok(PathBuf::from(d)),
+        Some(d) if Path::new(&d).is_absolute() => Ok(StatsDirs {
+            dirs: vec![PathBuf::from(d)],
+            private_to: None,
+        }),
         Some(d) => Err(format!(
             "VRAMCAP_STATS_DIR=\"{}\" is not valid: expected an absolute directory path",
             d.to_string_lossy()
         )),
-        None => Ok(vramcap_core::settings::default_stats_dir(uid)),
+        None => Ok(StatsDirs {
+            dirs: vramcap_core::stats_dir::reader_dirs(
+                uid,
+                std::env::var_os(vramcap_core::stats_dir::RUNTIME_VAR).as_deref(),
+            ),
+            private_to: Some(uid),
+        }),
     }
 }

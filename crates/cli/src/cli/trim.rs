@@ -3,21 +3,58 @@
 //! thread (which runs whenever the process has cached anything) answers
 //! within a tick (100 ms) by releasing everything and acknowledging.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::read::{Users, map_for_write, scan};
+use super::stat::StatsDirs;
+use crate::read::{Bounds, PageMap, Scope, Users, map_for_write, read_sources};
 use vramcap_core::human_bytes;
+use vramcap_core::text;
 
-pub fn run(dir: &Path, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> u8 {
-    let targets: Vec<u32> = if all {
-        match scan(dir, Users::Only(uid)) {
-            Ok(s) => s.pages.iter().map(|p| p.pid).collect(),
+/// The directories of `dirs` that may be used: all of them, or for the
+/// default ones those that are the user's own.
+fn usable(dirs: &StatsDirs) -> Vec<PathBuf> {
+    dirs.dirs
+        .iter()
+        .filter(|d| {
+            dirs.private_to
+                .is_none_or(|uid| vramcap_core::stats_dir::open_dir(d, Some(uid)).is_ok())
+        })
+        .cloned()
+        .collect()
+}
+
+/// The page of `pid` in the first of `dirs` that has it.
+fn find(dirs: &[PathBuf], pid: u32, uid: u32) -> Result<PageMap, String> {
+    let mut first = None;
+    for d in dirs {
+        match map_for_write(d, pid, uid) {
+            Ok(m) => return Ok(m),
             Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    Err(first
+        .unwrap_or_else(|| format!("no process {pid} under vramcap (no statistics directory)")))
+}
+
+pub fn run(dirs: &StatsDirs, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> u8 {
+    let usable = usable(dirs);
+    let shown: Vec<String> = dirs.dirs.iter().map(|d| text::path(d)).collect();
+    let targets: Vec<u32> = if all {
+        let scope = Scope {
+            users: Users::Only(uid),
+            private_to: dirs.private_to,
+            bounds: Bounds::DEFAULT,
+        };
+        match read_sources(&dirs.dirs, &scope) {
+            Ok(r) => r.scan.pages.iter().map(|p| p.pid).collect(),
+            Err((dir, e)) => {
                 eprintln!(
                     "vramcap: cannot read the stats directory {}: {e}",
-                    dir.display()
+                    text::path(&dir)
                 );
                 return 1;
             }
@@ -26,12 +63,12 @@ pub fn run(dir: &Path, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> 
         pids.to_vec()
     };
     if targets.is_empty() {
-        println!("no processes under vramcap in {}", dir.display());
+        println!("no processes under vramcap in {}", shown.join(", "));
         return 0;
     }
     let mut failed = false;
     for pid in targets {
-        let map = match map_for_write(dir, pid, uid) {
+        let map = match find(&usable, pid, uid) {
             Ok(m) => m,
             Err(e) => {
                 eprintln!("vramcap: {e}");
@@ -54,6 +91,13 @@ pub fn run(dir: &Path, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> 
         let ticket = page.header.trim_requests.fetch_add(1, Ordering::AcqRel) + 1;
         let start = Instant::now();
         loop {
+            if map.shrank() {
+                eprintln!(
+                    "vramcap: {pid}: its page was truncated while trim waited for an answer (by its owner or root); nothing more can be asked of it"
+                );
+                failed = true;
+                break;
+            }
             if page.header.trim_acks.load(Ordering::Acquire) >= ticket {
                 println!(
                     "{pid}: released {} ({} still cached)",

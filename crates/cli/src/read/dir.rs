@@ -84,6 +84,11 @@ impl Dir {
         })
     }
 
+    /// The directory `fd` (opened and checked by the caller), reached by `path`.
+    pub(super) fn from_fd(fd: OwnedFd, path: PathBuf) -> Dir {
+        Dir { fd, path }
+    }
+
     /// The subdirectory `name`; a symbolic link is refused (ELOOP or
     /// ENOTDIR), whoever controls this directory.
     pub(super) fn sub(&self, name: &OsStr) -> io::Result<Dir> {
@@ -102,8 +107,9 @@ impl Dir {
         })
     }
 
-    /// The names in the directory (not `.` and `..`), sorted.
-    pub(super) fn names(&self) -> io::Result<Vec<OsString>> {
+    /// The names in the directory (not `.` and `..`) that `keep` accepts,
+    /// sorted, looking at `max` names at most (see [`Listing`]).
+    pub(super) fn list(&self, max: usize, keep: impl Fn(&[u8]) -> bool) -> io::Result<Listing> {
         // fdopendir takes its descriptor over: give it a duplicate, and
         // rewind, as the duplicate shares the position of ours.
         // SAFETY: duplicating an open descriptor.
@@ -122,7 +128,11 @@ impl Dir {
         }
         // SAFETY: a valid stream.
         unsafe { libc::rewinddir(stream) };
-        let mut names = Vec::new();
+        let mut out = Listing {
+            names: Vec::new(),
+            looked: 0,
+            complete: false,
+        };
         let result = loop {
             // SAFETY: errno is thread-local; clearing it tells the end of
             // the directory (NULL, errno 0) from an error.
@@ -131,6 +141,7 @@ impl Dir {
             let entry = unsafe { libc::readdir(stream) };
             if entry.is_null() {
                 let e = last_error();
+                out.complete = true;
                 break if e.raw_os_error().unwrap_or(0) == 0 {
                     Ok(())
                 } else {
@@ -140,14 +151,20 @@ impl Dir {
             // SAFETY: readdir returned a valid entry with a NUL-terminated name.
             let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) }.to_bytes();
             if name != b"." && name != b".." {
-                names.push(OsStr::from_bytes(name).to_os_string());
+                if out.looked == max {
+                    break Ok(()); // one more than allowed: not complete
+                }
+                out.looked += 1;
+                if keep(name) {
+                    out.names.push(OsStr::from_bytes(name).to_os_string());
+                }
             }
         };
         // SAFETY: closing the stream opened above (and its descriptor).
         unsafe { libc::closedir(stream) };
         result?;
-        names.sort();
-        Ok(names)
+        out.names.sort();
+        Ok(out)
     }
 
     /// Opens the regular file `name` without following a link, checking its
@@ -236,12 +253,19 @@ impl Dir {
     }
 }
 
-/// The names in `names` with this extension.
-pub(super) fn with_extension<'a>(
-    names: &'a [OsString],
-    ext: &'a str,
-) -> impl Iterator<Item = &'a OsString> {
-    names
-        .iter()
-        .filter(move |n| Path::new(n).extension().is_some_and(|x| x == ext))
+/// What [`Dir::list`] found.
+pub(super) struct Listing {
+    /// The names kept, sorted.
+    pub(super) names: Vec<OsString>,
+    /// Names looked at (kept or not).
+    pub(super) looked: usize,
+    /// Whether the whole directory was looked at.
+    pub(super) complete: bool,
+}
+
+/// Whether `name` ends in `.ext` after at least one character.
+pub(super) fn has_extension(name: &[u8], ext: &str) -> bool {
+    Path::new(OsStr::from_bytes(name))
+        .extension()
+        .is_some_and(|x| x.as_bytes() == ext.as_bytes())
 }

@@ -1,18 +1,21 @@
-//! Reading a file the walker opened, by who owns it.
+//! Reading a file the walker opened.
 //!
-//! The reader's own files are mapped (read-only for pages, which are read
-//! with atomic loads): only it and root can shrink them, and writers never
-//! shrink a page, so a mapped page cannot fault. Anyone else's (with
-//! `Users::All`) are copied out with `pread` until two reads agree, because
-//! their owner could truncate a mapping under the reader and make it fault.
+//! Pages, and the group files of other users, are copied out with `pread`
+//! until two reads agree, never mapped: whoever can write the file (its
+//! owner, root, a container's root, which is the exporter's own uid) could
+//! truncate a mapping under the reader and kill it with SIGBUS. A
+//! truncated file only makes a read come up short, which is reported as
+//! the file having shrunk. The cost is two 17 KiB copies per page per
+//! refresh (a few microseconds; `top` redraws once a second), against a
+//! mapping's `mmap`, page faults and `munmap`, which cost about the same.
+//! What must be changed in place is mapped through [`super::guard`].
 
 use std::os::unix::fs::FileExt;
 
 use vramcap_core::page::Page;
 
-/// The reader's effective uid: files it owns are mapped (only it and root
-/// can shrink them); anyone else's are copied out with `pread`, because
-/// their owner could truncate a mapped file and make the reader fault.
+/// The reader's effective uid: its own group files are mapped (guarded)
+/// to return dead members' bytes; anyone else's are only copied.
 pub(super) fn reader_uid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }
@@ -29,19 +32,54 @@ unsafe impl AnyBytes for Page {}
 // SAFETY: a group page is integers, atomic integers and byte arrays (group.rs).
 unsafe impl AnyBytes for vramcap_core::group::GroupPage {}
 
-/// A private copy of the `T` at the start of `file`, read with `pread`
-/// until two reads agree (at most 8), so a copy is not torn by a writer in
-/// the middle of an update (the last read is kept if they never agree).
-pub(super) fn stable_copy<T: AnyBytes>(file: &std::fs::File) -> Result<Box<T>, String> {
+/// Reads from offset 0 until `buf` is full or the file ends; the bytes read.
+fn read_from_start(file: &std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Why [`stable_copy`] gave no copy.
+#[derive(Debug)]
+pub(super) enum CopyError<E> {
+    /// `check` refused the first read.
+    Refused(E),
+    /// A read failed, or came up short (the file shrank).
+    Read(String),
+}
+
+/// A private copy of the `T` at the start of `file`. The first read is
+/// given to `check` (all of it, which is fewer than `size_of::<T>()`
+/// bytes when the file is shorter); once accepted, reads are repeated
+/// until two agree (at most 8 more), so a copy is not torn by a writer in
+/// the middle of an update (the last is kept if they never agree: every
+/// field is still a value some writer stored).
+pub(super) fn stable_copy<T: AnyBytes, E>(
+    file: &std::fs::File,
+    check: impl FnOnce(&[u8]) -> Result<(), E>,
+) -> Result<Box<T>, CopyError<E>> {
     let size = std::mem::size_of::<T>();
-    let read = |buf: &mut Vec<u8>| {
-        file.read_exact_at(buf, 0)
-            .map_err(|e| format!("cannot read: {e} (the file shrank while being read)"))
-    };
     let (mut a, mut b) = (vec![0u8; size], vec![0u8; size]);
-    read(&mut a)?;
+    let n =
+        read_from_start(file, &mut a).map_err(|e| CopyError::Read(format!("cannot read: {e}")))?;
+    check(&a[..n]).map_err(CopyError::Refused)?;
+    let shrank = || CopyError::Read("cannot read: the file shrank while being read".into());
+    if n < size {
+        return Err(shrank());
+    }
     for _ in 0..8 {
-        read(&mut b)?;
+        match read_from_start(file, &mut b) {
+            Ok(k) if k == size => {}
+            Ok(_) => return Err(shrank()),
+            Err(e) => return Err(CopyError::Read(format!("cannot read: {e}"))),
+        }
         if a == b {
             break;
         }
@@ -54,24 +92,4 @@ pub(super) fn stable_copy<T: AnyBytes>(file: &std::fs::File) -> Result<Box<T>, S
     // SAFETY: every byte is initialised and, T being AnyBytes, any bytes
     // are a valid T.
     Ok(unsafe { boxed.assume_init() })
-}
-
-/// Maps `len` bytes of `fd` shared (read-only unless `write`), or `None`.
-///
-/// # Safety
-/// `fd` must be an open file at least `len` bytes long that nobody shrinks
-/// while the mapping lives (the reader's own pages and group files).
-pub(super) unsafe fn map_shared(
-    fd: libc::c_int,
-    len: usize,
-    write: bool,
-) -> Option<*mut libc::c_void> {
-    let prot = if write {
-        libc::PROT_READ | libc::PROT_WRITE
-    } else {
-        libc::PROT_READ
-    };
-    // SAFETY: as the caller promises.
-    let map = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
-    (map != libc::MAP_FAILED).then_some(map)
 }

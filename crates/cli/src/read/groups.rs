@@ -1,19 +1,23 @@
 //! The group files: checked like pages (owner, then header). Only the
 //! reader's own are opened for writing and mapped, so that the bytes
-//! members that died left in the group's budget are returned; anyone
-//! else's are only copied out. Members are those whose lock is held.
+//! members that died left in the group's budget are returned; the mapping
+//! is guarded ([`super::guard`]), so a file truncated meanwhile is
+//! reported as having shrunk instead of killing the reader. Anyone else's
+//! are only copied out. Members are those whose lock is held. Text fields
+//! (name, limit) are made printable: a forged file may hold anything.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use vramcap_core::liveness::ofd_locked;
-use vramcap_core::page;
+use vramcap_core::text;
 
-use super::dir::{Dir, NotOpened, last_error, with_extension};
-use super::file::{map_shared, reader_uid, stable_copy};
-use super::{Skipped, Users};
+use super::Users;
+use super::dir::{Dir, NotOpened};
+use super::file::{CopyError, reader_uid, stable_copy};
+use super::guard::Guarded;
 
 /// One GPU of a group, as read from its page.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,31 +47,13 @@ pub struct GroupSnapshot {
     pub members: Vec<MemberSnapshot>,
 }
 
-/// The group files among `names` (the directory's listing).
-pub(super) fn groups_names(
-    dir: &Dir,
-    names: &[OsString],
-    users: Users,
-) -> (Vec<GroupSnapshot>, Vec<Skipped>) {
-    let mut groups = Vec::new();
-    let mut skipped = Vec::new();
-    for name in with_extension(names, "grp") {
-        let path = dir.path.join(name);
-        match read_group(dir, name, users) {
-            Ok(Some(mut g)) => {
-                g.dir = dir.path.clone();
-                groups.push(g)
-            }
-            Ok(None) => {}
-            Err(reason) => skipped.push(Skipped { path, reason }),
-        }
-    }
-    (groups, skipped)
-}
-
 /// One group file: `Ok(None)` while it is being created or when it went.
-fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnapshot>, String> {
-    use vramcap_core::group::{GROUP_PAGE_SIZE, GroupPage, member_lock_offset};
+pub(super) fn read_group(
+    dir: &Dir,
+    name: &OsStr,
+    users: Users,
+) -> Result<Option<GroupSnapshot>, String> {
+    use vramcap_core::group::{GROUP_PAGE_SIZE, GroupPage, GroupProblem, member_lock_offset};
     // The reader's own group files are opened for writing, to reclaim dead
     // members; anyone else's only for reading.
     let (file, info) = match dir.open_file(name, |i| i.uid == reader_uid()) {
@@ -78,34 +64,60 @@ fn read_group(dir: &Dir, name: &OsStr, users: Users) -> Result<Option<GroupSnaps
     if !users.accepts_owner(info.uid) {
         return Err(format!("owned by another user (uid {})", info.uid));
     }
-    let mut head = vec![0u8; vramcap_core::group::GROUP_HEADER_SIZE];
-    let n = file.read_at(&mut head, 0).unwrap_or(0);
-    head.truncate(n);
-    match vramcap_core::group::check_group_header(info.size, &head, users.expected()) {
-        Ok(()) => {}
-        Err(vramcap_core::group::GroupProblem::Initialising) => return Ok(None),
-        Err(p) => return Err(p.to_string()),
-    }
+    let check = |head: &[u8]| {
+        let head = &head[..head.len().min(vramcap_core::group::GROUP_HEADER_SIZE)];
+        vramcap_core::group::check_group_header(info.size, head, users.expected())
+    };
     let fd = file.as_raw_fd();
     let alive = |i: usize| ofd_locked(fd, member_lock_offset(i), 1);
     if info.uid != reader_uid() {
-        let copy = stable_copy::<GroupPage>(&file)?;
-        return Ok(Some(group_snapshot(&copy, alive)));
+        return match stable_copy::<GroupPage, _>(&file, check) {
+            Ok(copy) => Ok(Some(group_snapshot(&copy, alive))),
+            Err(CopyError::Refused(GroupProblem::Initialising)) => Ok(None),
+            Err(CopyError::Refused(p)) => Err(p.to_string()),
+            Err(CopyError::Read(e)) => Err(e),
+        };
     }
-    // SAFETY: a checked group page of the reader's own, at least
-    // GROUP_PAGE_SIZE long and never shrunk.
-    let Some(map) = (unsafe { map_shared(fd, GROUP_PAGE_SIZE, true) }) else {
-        return Err(format!("cannot map: {}", last_error()));
-    };
-    // SAFETY: the mapping holds a checked group page until unmapped below.
-    let g = unsafe { &*map.cast::<GroupPage>() };
-    for i in 0..g.members.len() {
-        let _ = g.reclaim_if_dead(i, |i, _, _| alive(i));
+    let mut head = vec![0u8; vramcap_core::group::GROUP_HEADER_SIZE];
+    let n = file.read_at(&mut head, 0).unwrap_or(0);
+    match check(&head[..n]) {
+        Ok(()) => {}
+        Err(GroupProblem::Initialising) => return Ok(None),
+        Err(p) => return Err(p.to_string()),
     }
-    let snap = group_snapshot(g, alive);
-    // SAFETY: unmapping what was mapped above.
-    unsafe { libc::munmap(map, GROUP_PAGE_SIZE) };
-    Ok(Some(snap))
+    // Guarded: the file's owner (this uid) may truncate it at any moment.
+    let map = Guarded::map(fd, GROUP_PAGE_SIZE, true)?;
+    // SAFETY: the guarded mapping is GROUP_PAGE_SIZE long (the checked
+    // group page, or private zeroes once the file shrank) until dropped
+    // below.
+    let g = unsafe { &*map.ptr().cast::<GroupPage>() };
+    if forged_ledger(g) {
+        return Err("corrupt group file (a member's bytes add up to more than 2^64)".into());
+    }
+    // The group code is given bytes anyone with this uid may have written:
+    // whatever it does with them, one file never takes the reader down.
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for i in 0..g.members.len() {
+            let _ = g.reclaim_if_dead(i, |i, _, _| alive(i));
+        }
+        group_snapshot(g, alive)
+    }));
+    if map.faulted() {
+        return Err("cannot read: the file shrank while being read".into());
+    }
+    read.map(Some).map_err(|_| {
+        "corrupt group file (reading it failed; the reader went on with the others)".into()
+    })
+}
+
+/// Whether a member's ledger holds more than any group can (its bytes
+/// overflow a u64): the file is forged.
+fn forged_ledger(g: &vramcap_core::group::GroupPage) -> bool {
+    g.live_members().any(|(slot, _, _)| {
+        (0..g.devices.len())
+            .try_fold(0u64, |sum, d| sum.checked_add(g.held(d, slot)))
+            .is_none()
+    })
 }
 
 /// The group's values; members are those whose lock is held. What a GPU's
@@ -143,8 +155,8 @@ fn group_snapshot(
         .collect();
     GroupSnapshot {
         dir: PathBuf::new(),
-        name: page::get_text(&g.header.name),
-        limit_text: page::get_text(&g.header.limit_text),
+        name: text::field(&g.header.name),
+        limit_text: text::field(&g.header.limit_text),
         devices,
         members,
     }

@@ -4,7 +4,7 @@
 //! shim's lock on its first byte is gone) is removed, only if the name
 //! still leads to the file that was read, and never reported.
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
@@ -13,23 +13,33 @@ use std::path::{Path, PathBuf};
 
 use vramcap_core::liveness::ofd_locked;
 use vramcap_core::page::{self, HEADER_SIZE, PAGE_SIZE, Page, PageSnapshot};
+use vramcap_core::text;
 
-use super::dir::{Dir, FileId, NotOpened, last_error, with_extension};
-use super::file::{map_shared, reader_uid, stable_copy};
+use super::dir::{Dir, FileId, NotOpened};
+use super::file::{CopyError, stable_copy};
+use super::guard::Guarded;
 use super::{Skipped, Users};
 
 #[derive(Debug, Default)]
 pub struct Scan {
     /// Live processes, by PID.
     pub pages: Vec<PageSnapshot>,
-    /// Files that look like pages but cannot be shown.
+    /// Files that look like pages but cannot be shown, and directories
+    /// with files past a bound of the scan.
     pub skipped: Vec<Skipped>,
     /// Pages of dead processes, and temporary files of dead writers, that
     /// were removed.
     pub pruned: Vec<PathBuf>,
 }
 
-enum Outcome {
+impl Scan {
+    /// Files not shown: each skipped file, and every file a bound left out.
+    pub fn skipped_files(&self) -> usize {
+        self.skipped.iter().map(|s| s.count).sum()
+    }
+}
+
+pub(super) enum Outcome {
     Live(PageSnapshot),
     /// The page of a process that died: its file, to remove.
     Dead(FileId),
@@ -38,45 +48,24 @@ enum Outcome {
     Ignore,
 }
 
-/// Reads every page in `dir` that `users` covers. A missing directory is
-/// an empty scan; an unreadable one is an error.
-pub fn scan(dir: &Path, users: Users) -> io::Result<Scan> {
-    match Dir::open(dir) {
-        Ok(d) => scan_dir(&d, users),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Scan::default()),
-        Err(e) => Err(e),
+/// The values of a checked page, every text field made printable (a page
+/// may hold anything: escape sequences, bytes that are not UTF-8).
+pub(super) fn shown(copy: &Page) -> PageSnapshot {
+    let h = &copy.header;
+    PageSnapshot {
+        command: text::field(&h.command),
+        group: text::field(&h.group),
+        pod: text::field(&h.pod),
+        namespace: text::field(&h.namespace),
+        container: text::field(&h.container),
+        ..copy.snapshot()
     }
 }
 
-fn scan_dir(dir: &Dir, users: Users) -> io::Result<Scan> {
-    Ok(scan_names(dir, &dir.names()?, users))
-}
-
-/// The pages among `names` (the directory's listing).
-pub(super) fn scan_names(dir: &Dir, names: &[OsString], users: Users) -> Scan {
-    let mut out = Scan::default();
-    for name in with_extension(names, "page") {
-        let path = dir.path.join(name);
-        match read_one(dir, name, users) {
-            Outcome::Live(mut p) => {
-                p.dir = dir.path.clone();
-                out.pages.push(p)
-            }
-            Outcome::Dead(id) => {
-                if dir.remove_if_same(name, id) {
-                    out.pruned.push(path);
-                }
-            }
-            Outcome::Skip(reason) => out.skipped.push(Skipped { path, reason }),
-            Outcome::Ignore => {}
-        }
-    }
-    out.pruned.extend(super::temps::remove_stale(dir, names));
-    out.pages.sort_by_key(|p| p.pid);
-    out
-}
-
-fn read_one(dir: &Dir, name: &OsStr, users: Users) -> Outcome {
+/// One file named like a page: opened without following a link, its
+/// owner and header checked, copied (never mapped: see `file`), then told
+/// live or dead by its lock.
+pub(super) fn read_one(dir: &Dir, name: &OsStr, users: Users) -> Outcome {
     let (file, info) = match dir.open_file(name, |_| false) {
         Ok(x) => x,
         Err(NotOpened::Gone) => return Outcome::Ignore,
@@ -85,36 +74,17 @@ fn read_one(dir: &Dir, name: &OsStr, users: Users) -> Outcome {
     if !users.accepts_owner(info.uid) {
         return Outcome::Skip(format!("owned by another user (uid {})", info.uid));
     }
-    let mut head = vec![0u8; HEADER_SIZE];
-    let n = match file.read_at(&mut head, 0) {
-        Ok(n) => n,
-        Err(e) => return Outcome::Skip(format!("cannot read: {e}")),
+    let check = |bytes: &[u8]| {
+        let head = &bytes[..bytes.len().min(HEADER_SIZE)];
+        page::check_header(info.size, head, users.expected())
     };
-    head.truncate(n);
-    match page::check_header(info.size, &head, users.expected()) {
-        Ok(()) => {}
-        Err(page::PageProblem::Initialising) => return Outcome::Ignore,
-        Err(p) => return Outcome::Skip(p.to_string()),
-    }
-    let snap = if info.uid == reader_uid() {
-        // SAFETY: the file is at least PAGE_SIZE long (checked), is the
-        // reader's own, and writers never shrink a page, so every byte of
-        // the read-only mapping stays backed.
-        let Some(map) = (unsafe { map_shared(file.as_raw_fd(), PAGE_SIZE, false) }) else {
-            return Outcome::Skip(format!("cannot map: {}", last_error()));
-        };
-        // SAFETY: the mapping holds a checked page; it is only read, with
-        // atomic loads for the live counters, and unmapped right after.
-        let snap = unsafe { (*map.cast::<Page>()).snapshot() };
-        // SAFETY: unmapping what was mapped above.
-        unsafe { libc::munmap(map, PAGE_SIZE) };
-        snap
-    } else {
-        match stable_copy::<Page>(&file) {
-            Ok(copy) => copy.snapshot(),
-            Err(e) => return Outcome::Skip(e),
-        }
+    let copy = match stable_copy::<Page, _>(&file, check) {
+        Ok(c) => c,
+        Err(CopyError::Refused(page::PageProblem::Initialising)) => return Outcome::Ignore,
+        Err(CopyError::Refused(p)) => return Outcome::Skip(p.to_string()),
+        Err(CopyError::Read(e)) => return Outcome::Skip(e),
     };
+    let snap = shown(&copy);
     let expected = page::file_name(snap.pid);
     if name.as_bytes() != expected.as_bytes() {
         return Outcome::Skip(format!(
@@ -131,62 +101,61 @@ fn read_one(dir: &Dir, name: &OsStr, users: Users) -> Outcome {
     }
 }
 
-/// A live process's page mapped for writing (to ask it to trim its cache).
+/// A live process's page mapped for writing (to ask it to trim its
+/// cache), guarded: if the file is truncated meanwhile, [`PageMap::shrank`]
+/// says so and the page reads as zeroes, never a crash.
 pub struct PageMap {
-    ptr: *mut libc::c_void,
+    map: Guarded,
 }
 
 impl PageMap {
     pub fn page(&self) -> &Page {
-        // SAFETY: the mapping holds a checked page for as long as self lives.
-        unsafe { &*self.ptr.cast::<Page>() }
+        // SAFETY: the guarded mapping is PAGE_SIZE long (a checked page, or
+        // private zeroes once the file shrank) for as long as self lives.
+        unsafe { &*self.map.ptr().cast::<Page>() }
     }
-}
 
-impl Drop for PageMap {
-    fn drop(&mut self) {
-        // SAFETY: unmapping what `map_for_write` mapped.
-        unsafe { libc::munmap(self.ptr, PAGE_SIZE) };
+    /// Whether the file shrank under the mapping (what `page` reads is
+    /// then not the process's).
+    pub fn shrank(&self) -> bool {
+        self.map.faulted()
     }
 }
 
 /// Maps the page of `pid` in `dir` read-write, after the same checks as a scan.
 pub fn map_for_write(dir: &Path, pid: u32, uid: u32) -> Result<PageMap, String> {
     let path = dir.join(page::file_name(pid));
+    let shown = text::path(&path);
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| "bad path".to_string())?;
     // SAFETY: valid path; no symbolic links followed.
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
-            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
         )
     };
     if fd < 0 {
         let e = io::Error::last_os_error();
         return Err(if e.raw_os_error() == Some(libc::ENOENT) {
-            format!("no process {pid} under vramcap in {}", dir.display())
+            format!("no process {pid} under vramcap in {}", text::path(dir))
         } else {
-            format!("cannot open {}: {e}", path.display())
+            format!("cannot open {shown}: {e}")
         });
     }
     // SAFETY: fd is open and owned from here on.
     let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     let meta = file
         .metadata()
-        .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+        .map_err(|e| format!("cannot inspect {shown}: {e}"))?;
     if !meta.is_file() || meta.uid() != uid {
-        return Err(format!("{} is not a page of this user", path.display()));
+        return Err(format!("{shown} is not a page of this user"));
     }
     let mut head = vec![0u8; HEADER_SIZE];
     let n = file
         .read_at(&mut head, 0)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(|e| format!("cannot read {shown}: {e}"))?;
     head.truncate(n);
-    page::check_header(meta.len(), &head, Some(uid))
-        .map_err(|p| format!("{}: {p}", path.display()))?;
-    // SAFETY: the file is at least PAGE_SIZE long and never shrinks.
-    let Some(ptr) = (unsafe { map_shared(fd, PAGE_SIZE, true) }) else {
-        return Err(format!("cannot map {}: {}", path.display(), last_error()));
-    };
-    Ok(PageMap { ptr })
+    page::check_header(meta.len(), &head, Some(uid)).map_err(|p| format!("{shown}: {p}"))?;
+    let map = Guarded::map(fd, PAGE_SIZE, true).map_err(|e| format!("{shown}: {e}"))?;
+    Ok(PageMap { map })
 }

@@ -4,10 +4,12 @@
 //! one set of atomics. It is created on the first CUDA call that needs it:
 //! a temporary file in the stats directory is sized, mapped, filled, marked
 //! ready and then renamed to `<pid>.page`, so a reader never sees a partial
-//! page and a file a reader has mapped is never shrunk under it (which would
-//! make the reader fault). When the page cannot be created (directory not
-//! usable, `VRAMCAP_STATS=off`) the same layout lives in private memory: the
-//! cap holds either way.
+//! page, and the page is never shrunk (readers copy pages rather than map
+//! them, so even someone else's truncation cannot make them fault). When
+//! the page cannot be created (the directory is not usable: the default one
+//! must be the user's own with mode 700, see `vramcap_core::stats_dir`;
+//! `VRAMCAP_STATS=off`) the same layout lives in private memory: the cap
+//! holds either way.
 //!
 //! Concurrency: the first caller moves the state from NONE to CREATING and
 //! builds the page (this allocates: paths, the command line); any other
@@ -155,42 +157,25 @@ pub fn errno_text() -> String {
     std::io::Error::last_os_error().to_string()
 }
 
-/// Makes sure `dir` exists and may hold pages. The default directory must
-/// be ours and closed to others; a directory the user named only has to be
-/// a directory.
+/// Makes sure `dir` exists and may hold pages and group files (see
+/// `vramcap_core::stats_dir`): it is made with mode 0700 unless it exists,
+/// then opened without following a symbolic link and checked on that
+/// descriptor. The default directory must be the user's with no access for
+/// others (a directory or link another user planted under its name is
+/// refused: nothing is published there); a directory the user named only
+/// has to be a directory.
 pub fn prepare_dir(dir: &Path, uid: u32, is_default: bool) -> Result<(), Option<String>> {
-    let c = cstring(dir)?;
-    // SAFETY: a valid NUL-terminated path and a mode.
-    if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EEXIST) {
-            return Err(Some(format!(
-                "cannot create the stats directory {dir:?}: {e}"
-            )));
-        }
-    }
-    // SAFETY: zeroed stat is a valid out-buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid path and out-buffer.
-    if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
-        return Err(Some(format!(
-            "cannot inspect the stats directory {dir:?}: {}",
-            errno_text()
-        )));
-    }
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-        return Err(Some(format!(
-            "the stats directory {dir:?} is not a directory (or is a symbolic link)"
-        )));
-    }
-    if is_default && (st.st_uid != uid || st.st_mode & 0o077 != 0) {
-        return Err(Some(format!(
-            "the stats directory {dir:?} belongs to uid {} with mode {:o}; it must be yours with mode 700 (remove it, or set VRAMCAP_STATS_DIR)",
-            st.st_uid,
-            st.st_mode & 0o7777
-        )));
-    }
-    Ok(())
+    use vramcap_core::stats_dir::{self, DirProblem};
+    stats_dir::prepare(dir, is_default.then_some(uid)).map_err(|p| {
+        Some(match p {
+            _ if is_default => p.refusal(dir, uid),
+            DirProblem::Io(e) => format!("the stats directory {dir:?}: {e}"),
+            DirProblem::SymbolicLink | DirProblem::NotADirectory => {
+                format!("the stats directory {dir:?} is not a directory (or is a symbolic link)")
+            }
+            p => p.describe(dir, uid),
+        })
+    })
 }
 
 impl PageHandle {

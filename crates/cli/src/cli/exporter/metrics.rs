@@ -25,16 +25,21 @@
 //! has no GPU yet has one sample with `UUID=""` and no limit or used
 //! sample). Last, `vramcap_pages_skipped` (no labels): files in the
 //! directories that look like pages or group files but could not be read
-//! (foreign, corrupt or of another layout version); `vramcap stat` names
-//! them.
+//! (foreign, corrupt or of another layout version), and files a scan's
+//! bounds left out; `vramcap stat` names them.
 //!
 //! Every family is one `# HELP` line, one `# TYPE` line, then its samples
-//! together. Label values are escaped as the format requires (`\\`, `\"`,
-//! `\n`). README.md's metric table lists every family; a test
-//! (`cli::readme`) holds it to [`render`].
+//! together. Label values are printable text (`vramcap_core::text`: the
+//! reader escaped control characters, text-hiding characters and bytes
+//! that are not UTF-8 in everything taken from a page, a group file or a
+//! file name; [`escape`] applies it again, so no label value can hold one),
+//! then escaped as the format requires (`\\`, `\"`, `\n`). README.md's
+//! metric table lists every family; a test (`cli::readme`) holds it to
+//! [`render`].
 
 use vramcap_core::counters::{COUNTERS, SlotSnapshot};
 use vramcap_core::page::{PageSnapshot, uuid_text};
+use vramcap_core::text;
 
 use crate::read::GroupSnapshot;
 
@@ -55,8 +60,9 @@ fn identity_labels(page: &PageSnapshot) -> impl Iterator<Item = (&'static str, S
     .map(|(k, v)| (k, v.clone()))
 }
 
-/// A label value escaped for the exposition format.
+/// A label value escaped for the exposition format (made printable first).
 fn escape(value: &str) -> String {
+    let value = text::printable(value);
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
         match c {
@@ -75,19 +81,30 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
 }
 
-fn sample(out: &mut String, name: &str, labels: &Labels, value: u64) {
-    out.push_str(name);
-    if !labels.is_empty() {
-        out.push('{');
-        for (i, (k, v)) in labels.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            out.push_str(&format!("{k}=\"{}\"", escape(v)));
-        }
-        out.push('}');
+/// `{k="v",…}` for these labels, values escaped ("" for none): made once
+/// per row, written before the value of each of its samples.
+fn label_text(labels: &Labels) -> String {
+    if labels.is_empty() {
+        return String::new();
     }
-    out.push_str(&format!(" {value}\n"));
+    let mut out = String::from("{");
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(k);
+        out.push_str("=\"");
+        out.push_str(&escape(v));
+        out.push('"');
+    }
+    out.push('}');
+    out
+}
+
+fn sample(out: &mut String, name: &str, labels: &str, value: u64) {
+    use std::fmt::Write;
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "{name}{labels} {value}");
 }
 
 struct Family<T> {
@@ -127,7 +144,7 @@ const GROUP_FAMILIES: [Family<GroupGpu>; 3] = [
 
 /// The exposition text for these pages and groups.
 pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) -> String {
-    let mut rows: Vec<(Labels, &SlotSnapshot)> = Vec::new();
+    let mut rows: Vec<(String, &SlotSnapshot)> = Vec::new();
     for p in pages {
         let command: String = p.command.chars().take(COMMAND_CHARS).collect();
         for d in &p.devices {
@@ -137,10 +154,10 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
                 ("pid", p.pid.to_string()),
                 ("command", command.clone()),
                 ("group", p.group.clone()),
-                ("dir", p.dir.display().to_string()),
+                ("dir", text::path(&p.dir)),
             ];
             labels.extend(identity_labels(p));
-            rows.push((labels, d));
+            rows.push((label_text(&labels), d));
         }
     }
     let mut out = String::new();
@@ -153,15 +170,15 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
             }
         }
     }
-    let mut group_rows: Vec<(Labels, GroupGpu)> = Vec::new();
+    let mut group_rows: Vec<(String, GroupGpu)> = Vec::new();
     for g in groups {
         let members = g.members.len() as u64;
         let label = |uuid: String| {
-            vec![
+            label_text(&vec![
                 ("group", g.name.clone()),
                 ("UUID", uuid),
-                ("dir", g.dir.display().to_string()),
-            ]
+                ("dir", text::path(&g.dir)),
+            ])
         };
         if g.devices.is_empty() {
             let none = GroupGpu {
@@ -192,14 +209,9 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
         &mut out,
         "vramcap_pages_skipped",
         "gauge",
-        "Files in the statistics directory that could not be read as pages (vramcap stat names them).",
+        "Files in the statistics directories that could not be read as pages, or that a scan's bounds left out (vramcap stat names them).",
     );
-    sample(
-        &mut out,
-        "vramcap_pages_skipped",
-        &Vec::new(),
-        skipped as u64,
-    );
+    sample(&mut out, "vramcap_pages_skipped", "", skipped as u64);
     out
 }
 
@@ -210,7 +222,9 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         assert_eq!(escape("plain ü"), "plain ü");
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+        // Control characters never reach a label: made printable first.
+        assert_eq!(escape("a\nb\x1b[2J"), "a\\\\x0ab\\\\x1b[2J");
     }
 
     fn slot(device: u32, limit: Option<u64>) -> SlotSnapshot {
@@ -249,7 +263,7 @@ mod tests {
             dir: std::path::PathBuf::from("/run/vramcap"),
         }];
         let text = render(&pages, &[], 2);
-        let cmd = format!("a\\\"b\\\\c\\n{}", "x".repeat(122));
+        let cmd = format!("a\\\"b\\\\c\\\\x0a{}", "x".repeat(122));
         let labels0 = format!(
             "{{gpu=\"0\",UUID=\"\",pid=\"42\",command=\"{cmd}\",group=\"\",dir=\"/run/vramcap\",pod=\"p\\\"1\"}}"
         );

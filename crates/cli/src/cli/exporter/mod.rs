@@ -18,9 +18,14 @@
 //!   [`http`] says how it is served.
 //!
 //! Every scrape reads the pages afresh, exactly as `vramcap stat` does (same
-//! directories, `--dir` or `VRAMCAP_STATS_DIR` or the default; pages of dead
-//! processes are removed); scrapes run one at a time. A process that ended
-//! since the last scrape is simply absent.
+//! directories, `--dir` or `VRAMCAP_STATS_DIR` or the default ones; pages
+//! of dead processes are removed); scrapes run one at a time. A process
+//! that ended since the last scrape is simply absent. A scrape is bounded
+//! as every scan is (`read::Bounds`: at most 4096 process-GPU rows, a fair
+//! share per directory, and a 2 s deadline after which it answers with
+//! what it has read), so files planted in a directory it reads can neither
+//! make it slow nor make it large; nothing in a page can crash it (pages
+//! are copied, never mapped).
 
 mod http;
 mod metrics;
@@ -173,9 +178,11 @@ impl Exporter {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         match self.sources.read() {
-            Ok(Reading { scan: s, groups }) => {
+            Ok(Reading {
+                scan: s, groups, ..
+            }) => {
                 *last_error = None;
-                Ok(render(&s.pages, &groups, s.skipped.len()))
+                Ok(render(&s.pages, &groups, s.skipped_files()))
             }
             Err(e) => {
                 let text = format!("vramcap: {e}");

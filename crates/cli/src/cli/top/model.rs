@@ -154,7 +154,7 @@ impl Model {
         };
         self.error = None;
         self.processes = s.pages.len();
-        self.skipped = s.skipped.len();
+        self.skipped = s.skipped_files();
         self.groups = groups;
         self.rows = s
             .pages
@@ -265,6 +265,7 @@ mod tests {
         let sources = Sources {
             dirs: vec![PathBuf::from("/nonexistent")],
             users: crate::read::Users::All,
+            private_to: None,
         };
         let mut m = Model::new(sources);
         m.rows = vec![row(20, 0, 500, 0), row(10, 1, 1000, 1)];

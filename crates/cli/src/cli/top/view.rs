@@ -1,7 +1,9 @@
 //! Drawing the live view (see the module above for what it shows): the
 //! title line, the process table with its bars and sparklines, the groups,
-//! and the key line. Text from the pages (commands, group names) is shown
-//! with its control characters replaced, so it cannot drive the terminal.
+//! and the key line. Text from the pages (commands, group names, paths) is
+//! printable already (the reader passed it through `vramcap_core::text`);
+//! the view applies the same helper again to what it composes from it, so
+//! nothing it draws can drive the terminal.
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -11,6 +13,7 @@ use ratatui::widgets::{Cell, Paragraph, Row, Table};
 use vramcap_core::counters::SlotSnapshot;
 use vramcap_core::human_bytes;
 use vramcap_core::page::uuid_text;
+use vramcap_core::text;
 
 use super::model::{HISTORY, History, Model, SortBy};
 
@@ -136,14 +139,7 @@ fn shown_command(command: &str, pod: &str, container: &str) -> String {
         (pod, "") => format!("{pod}: {short}"),
         (pod, container) => format!("{pod}/{container}: {short}"),
     };
-    printable(&text)
-}
-
-/// Control characters of a command line would drive the terminal: shown as `?`.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
+    text::printable(&text).into_owned()
 }
 
 /// Draws the whole view of `m`.
@@ -355,7 +351,7 @@ fn draw_groups(m: &Model, f: &mut Frame, area: Rect) {
         };
         if g.devices.is_empty() {
             rows.push(Row::new(vec![
-                Cell::from(printable(&g.name)),
+                Cell::from(text::printable(&g.name).into_owned()),
                 Cell::from("-"),
                 Cell::from(""),
                 right("-".into()),
@@ -372,7 +368,7 @@ fn draw_groups(m: &Model, f: &mut Frame, area: Rect) {
             };
             let scale = d.limit.unwrap_or(d.peak.max(d.used));
             rows.push(Row::new(vec![
-                Cell::from(printable(&g.name)),
+                Cell::from(text::printable(&g.name).into_owned()),
                 Cell::from(uuid),
                 Cell::from(bar(bar_w, scale, &[(d.used, USED_GLYPH, USED_COLOUR)])),
                 right(human_bytes(d.used)),
@@ -498,6 +494,6 @@ mod tests {
             shown_command("/usr/bin/python3 t.py", "trainer-0", "main"),
             "trainer-0/main: python3 t.py"
         );
-        assert_eq!(shown_command("a\x1b[2Jb", "p", ""), "p: a?[2Jb");
+        assert_eq!(shown_command("a\x1b[2Jb", "p", ""), "p: a\\x1b[2Jb");
     }
 }
