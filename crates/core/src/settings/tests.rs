@@ -1,0 +1,260 @@
+//! Tests of the settings: every variable, good and bad values.
+
+use super::*;
+use std::collections::HashMap;
+
+fn read(pairs: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Settings::from_lookup(|k| map.get(k).cloned())
+}
+
+#[test]
+fn misspelt_and_miscased_names_are_told_the_closest_setting() {
+    let env = [
+        ("VRAMCAP_LIMT", "1GiB"),
+        ("vramcap_limit", "2GiB"),
+        ("Vramcap_Limit", "3GiB"),
+        ("VRAMCAP_LIMIT", "4GiB"),
+        ("VRAMCAP_CACHE_IDEL", "5s"),
+        ("VRAMCAP_SPIL_LIMIT", "1G"),
+        ("VRAMCAP_STATSDIR", "/x"),
+        ("VRAMCAP_GRUOP", "g"),
+        ("VRAMCAP_LIBARY", "/l"),
+        ("VRAMCAP_PROBE_GPU", "1"),
+        ("VRAMCAP_DEMO_LIMIT", "1G"),
+        ("VRAMCAPLIMIT", "1G"),
+        ("PATH", "/bin"),
+        ("VRAMCA", "x"),
+    ];
+    let lines: Vec<String> = unknown_vars(env).iter().map(|u| u.to_string()).collect();
+    assert_eq!(
+        lines,
+        [
+            "VRAMCAP_LIMT=1GiB: not a vramcap setting; did you mean VRAMCAP_LIMIT?",
+            "vramcap_limit=2GiB: not a vramcap setting; did you mean VRAMCAP_LIMIT?",
+            "Vramcap_Limit=3GiB: not a vramcap setting; did you mean VRAMCAP_LIMIT?",
+            "VRAMCAP_CACHE_IDEL=5s: not a vramcap setting; did you mean VRAMCAP_CACHE_IDLE?",
+            "VRAMCAP_SPIL_LIMIT=1G: not a vramcap setting; did you mean VRAMCAP_SPILL_LIMIT?",
+            "VRAMCAP_STATSDIR=/x: not a vramcap setting; did you mean VRAMCAP_STATS_DIR?",
+            "VRAMCAP_GRUOP=g: not a vramcap setting; did you mean VRAMCAP_GROUP?",
+            "VRAMCAP_LIBARY=/l: not a vramcap setting; did you mean VRAMCAP_LIBRARY?",
+        ]
+    );
+    // Control characters in a value are shown escaped, long values cut.
+    let odd = unknown_vars([
+        ("VRAMCAP_X", "a\x1b[2Jb".to_string()),
+        ("VRAMCAP_Y", "z".repeat(300)),
+    ]);
+    assert_eq!(
+        odd[0].to_string(),
+        "VRAMCAP_X=a\\u{1b}[2Jb: not a vramcap setting; did you mean VRAMCAP_LOG?"
+    );
+    assert_eq!(
+        odd[1].to_string(),
+        format!(
+            "VRAMCAP_Y={}…: not a vramcap setting; did you mean VRAMCAP_LOG?",
+            "z".repeat(100)
+        )
+    );
+    // Every setting the parser reads is in the one list.
+    for name in [
+        LIMIT_VAR,
+        LOG_VAR,
+        CUDA_LIBRARY_VAR,
+        DISABLE_VAR,
+        STATS_VAR,
+        STATS_DIR_VAR,
+        CACHE_VAR,
+        CACHE_IDLE_VAR,
+        SPILL_VAR,
+        SPILL_LIMIT_VAR,
+        GROUP_VAR,
+    ] {
+        assert!(SETTING_VARS.contains(&name), "{name}");
+    }
+}
+
+#[test]
+fn defaults() {
+    let s = read(&[]).unwrap();
+    assert!(s.limit.is_unlimited());
+    assert_eq!(s.log, LogLevel::Warn);
+    assert_eq!(s.cuda_library, None);
+    assert!(!s.disabled);
+    assert!(s.stats);
+    assert_eq!(s.stats_dir, None);
+    assert_eq!(s.cache, CacheBound::DEFAULT);
+    assert_eq!(s.cache.resolve(4000), 1000);
+    assert_eq!(s.cache_idle, std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn group_values() {
+    assert_eq!(read(&[]).unwrap().group, None);
+    assert_eq!(
+        read(&[("VRAMCAP_GROUP", "train-42")])
+            .unwrap()
+            .group
+            .as_deref(),
+        Some("train-42")
+    );
+    let e = read(&[("VRAMCAP_GROUP", "a b")]).unwrap_err().to_string();
+    assert!(
+        e.starts_with("VRAMCAP_GROUP=\"a b\" is not valid: expected 1 to 63 letters"),
+        "{e}"
+    );
+    assert_eq!(
+        read(&[("VRAMCAP_LIMIT", "4GiB")]).unwrap().limit_text,
+        "4GiB"
+    );
+}
+
+#[test]
+fn spill_values() {
+    let s = read(&[]).unwrap();
+    assert_eq!((s.spill, s.spill_limit), (Spill::Off, SpillLimit::DEFAULT));
+    assert_eq!(s.spill_limit.resolve(4000), 1000);
+    let s = read(&[
+        ("VRAMCAP_SPILL", "Managed"),
+        ("VRAMCAP_SPILL_LIMIT", "6GiB"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (s.spill, s.spill_limit),
+        (Spill::Managed, SpillLimit::Bytes(6 << 30))
+    );
+    assert_eq!(
+        read(&[("VRAMCAP_SPILL", "host")]).unwrap().spill,
+        Spill::Host
+    );
+    assert_eq!(
+        read(&[("VRAMCAP_SPILL_LIMIT", "10%")])
+            .unwrap()
+            .spill_limit
+            .resolve(1000),
+        100
+    );
+    let e = read(&[("VRAMCAP_SPILL", "disk")]).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "VRAMCAP_SPILL=\"disk\" is not valid: expected off, managed or host (e.g. VRAMCAP_SPILL=managed)"
+    );
+    let e = read(&[("VRAMCAP_SPILL_LIMIT", "0")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("VRAMCAP_SPILL_LIMIT=\"0\" is not valid: expected a size"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cache_values() {
+    let s = read(&[("VRAMCAP_CACHE", "off"), ("VRAMCAP_CACHE_IDLE", "250ms")]).unwrap();
+    assert_eq!(s.cache, CacheBound::Off);
+    assert_eq!(s.cache.resolve(1000), 0);
+    assert_eq!(s.cache_idle, std::time::Duration::from_millis(250));
+    assert_eq!(
+        read(&[("VRAMCAP_CACHE", "2GiB")]).unwrap().cache,
+        CacheBound::Bytes(2 << 30)
+    );
+    assert_eq!(
+        read(&[("VRAMCAP_CACHE", "10%")])
+            .unwrap()
+            .cache
+            .resolve(1000),
+        100
+    );
+    for (v, d) in [
+        ("1", 1.0),
+        ("1.5s", 1.5),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("100ms", 0.1),
+    ] {
+        assert_eq!(
+            parse_duration(v),
+            Some(std::time::Duration::from_secs_f64(d)),
+            "{v}"
+        );
+    }
+    for v in [
+        "",
+        "0",
+        "0s",
+        "-1s",
+        "5x",
+        "s",
+        ".5s",
+        "1.2.3s",
+        "5 parsecs",
+    ] {
+        assert_eq!(parse_duration(v), None, "{v}");
+    }
+    let e = read(&[("VRAMCAP_CACHE", "lots")]).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "VRAMCAP_CACHE=\"lots\" is not valid: expected a size (e.g. 2GiB), a percentage of each GPU's cap (e.g. 25%), or off"
+    );
+    let e = read(&[("VRAMCAP_CACHE_IDLE", "soon")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("VRAMCAP_CACHE_IDLE=\"soon\" is not valid: expected a duration"),
+        "{e}"
+    );
+}
+
+#[test]
+fn values() {
+    let s = read(&[
+        ("VRAMCAP_LOG", "DEBUG"),
+        ("VRAMCAP_DISABLE", "1"),
+        ("VRAMCAP_CUDA_LIBRARY", "/x/libcuda.so.1"),
+    ])
+    .unwrap();
+    assert_eq!(s.log, LogLevel::Debug);
+    assert!(s.disabled);
+    assert_eq!(s.cuda_library, Some(PathBuf::from("/x/libcuda.so.1")));
+}
+
+#[test]
+fn errors() {
+    let e = read(&[("VRAMCAP_LOG", "loud")]).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "VRAMCAP_LOG=\"loud\" is not valid: expected one of error, warn, info, debug (e.g. VRAMCAP_LOG=info)"
+    );
+    let e = read(&[("VRAMCAP_DISABLE", "yes")]).unwrap_err().to_string();
+    assert!(e.starts_with("VRAMCAP_DISABLE=\"yes\" is not valid"), "{e}");
+    let e = read(&[("VRAMCAP_CUDA_LIBRARY", " ")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("VRAMCAP_CUDA_LIBRARY=\" \" is not valid"),
+        "{e}"
+    );
+    let e = read(&[("VRAMCAP_STATS_DIR", "relative/dir")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("VRAMCAP_STATS_DIR=\"relative/dir\" is not valid: expected an absolute"),
+        "{e}"
+    );
+    let e = read(&[("VRAMCAP_STATS", "maybe")]).unwrap_err().to_string();
+    assert!(
+        e.starts_with("VRAMCAP_STATS=\"maybe\" is not valid: expected on or off"),
+        "{e}"
+    );
+    let s = read(&[("VRAMCAP_STATS", "off"), ("VRAMCAP_STATS_DIR", "/tmp/x")]).unwrap();
+    assert!(!s.stats);
+    assert_eq!(s.stats_dir, Some(PathBuf::from("/tmp/x")));
+    let e = read(&[("VRAMCAP_LIMIT", "8XB")]).unwrap_err().to_string();
+    assert!(
+        e.starts_with("VRAMCAP_LIMIT=\"8XB\" is not a valid limit: unknown unit"),
+        "{e}"
+    );
+}
