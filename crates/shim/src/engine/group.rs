@@ -47,7 +47,7 @@ use vramcap_core::settings::default_stats_dir;
 use vramcap_core::settings::Settings;
 
 use super::cuda::CUdevice;
-use super::page::{cstring, errno_text, map_shared, now_unix_ns, prepare_dir};
+use super::page::{create_private, cstring, errno_text, map_shared, now_unix_ns, prepare_dir};
 use crate::log::{log_at, log_once};
 
 const UNTRIED: u8 = 0;
@@ -226,14 +226,7 @@ fn create(
     // The temporary file carries a lock on its first byte from right after
     // it is made until it is gone: readers remove an unlocked one left by a
     // writer that died (`vramcap_core::group::is_temp_name`).
-    // SAFETY: a valid path; O_EXCL makes it ours.
-    let fd = unsafe {
-        libc::open(
-            tmp.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
-        )
-    };
+    let fd = create_private(&tmp);
     if fd < 0 {
         return Err(format!(
             "cannot create the group page in {dir:?}: {}",

@@ -112,6 +112,19 @@ fn private() -> *mut Page {
     Box::into_raw(b)
 }
 
+/// Creates `path` as a new file of this user, mode 600: never follows a
+/// link, never reuses a file that exists. The descriptor, or -1 (errno set).
+pub fn create_private(path: &CString) -> i32 {
+    // SAFETY: a valid NUL-terminated path; O_EXCL|O_NOFOLLOW make it ours.
+    unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    }
+}
+
 /// Maps `len` bytes of `fd` shared, for reading and writing.
 ///
 /// # Safety
@@ -194,14 +207,7 @@ impl PageHandle {
         let tmp_path: PathBuf = dir.join(format!(".{pid}.{}.tmp", now_unix_ns()));
         let tmp = cstring(&tmp_path)?;
         let fin = cstring(&final_path)?;
-        // SAFETY: valid path; O_EXCL|O_NOFOLLOW never follows or reuses a file.
-        let fd = unsafe {
-            libc::open(
-                tmp.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o600 as libc::c_uint,
-            )
-        };
+        let fd = create_private(&tmp);
         if fd < 0 {
             return Err(Some(format!(
                 "cannot create a page in {dir:?}: {}",

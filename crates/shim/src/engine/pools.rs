@@ -53,10 +53,7 @@ impl<D: Driver> Engine<D> {
         size: usize,
         stream: CUstream,
     ) -> CUresult {
-        let what = match flavour {
-            Flavour::Legacy => "cuMemAllocAsync",
-            Flavour::PerThread => "cuMemAllocAsync_ptsz",
-        };
+        let what = ["cuMemAllocAsync", "cuMemAllocAsync_ptsz"];
         // SAFETY: the driver function's contract.
         unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, stream) }
     }
@@ -74,27 +71,26 @@ impl<D: Driver> Engine<D> {
         _pool: *mut c_void,
         stream: CUstream,
     ) -> CUresult {
-        let what = match flavour {
-            Flavour::Legacy => "cuMemAllocFromPoolAsync",
-            Flavour::PerThread => "cuMemAllocFromPoolAsync_ptsz",
-        };
+        let what = ["cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"];
         // SAFETY: the driver function's contract.
         unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, stream) }
     }
 
-    /// A stream-ordered allocation of `size` bytes on `stream`'s device.
+    /// A stream-ordered allocation of `size` bytes on `stream`'s device;
+    /// `what` names the legacy and the per-thread variant.
     ///
     /// # Safety
     /// `dptr` is null or writable.
     unsafe fn alloc_on_stream(
         &'static self,
-        what: &'static str,
+        what: [&'static str; 2],
         flavour: Flavour,
         real: impl FnMut() -> CUresult,
         dptr: *mut CUdeviceptr,
         size: usize,
         stream: CUstream,
     ) -> CUresult {
+        let what = what[usize::from(flavour == Flavour::PerThread)];
         let target = self.stream_target(stream as usize, flavour);
         let bytes = size as u64;
         // SAFETY: the caller's contract.
