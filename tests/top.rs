@@ -540,3 +540,50 @@ fn escape_sequences_in_a_page_never_reach_the_terminal() {
     assert_ne!(title, "owned");
     drop(page);
 }
+
+/// When its terminal goes away (the tmux server killed: the tty hangs up
+/// and reads end-of-file for ever), the live view ends instead of spinning
+/// on the dead terminal (it used to read end-of-file at full speed until
+/// killed).
+#[test]
+fn the_live_view_ends_when_its_terminal_goes_away() {
+    let dir = fresh_dir("top-hangup");
+    let pidfile = dir.join("top.pid");
+    let command = format!(
+        "echo $$ > {}; exec env VRAMCAP_STATS_DIR={} {} top --interval 120",
+        shell_quote(&pidfile.display().to_string()),
+        shell_quote(&dir.display().to_string()),
+        shell_quote(&cli_path().display().to_string()),
+    );
+    let tmux = Tmux::start("hangup", &dir, 100, 12, &command);
+    tmux.until("the live view", |s| {
+        s.last()?.starts_with("q quit").then_some(())
+    });
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .expect("the pane wrote its pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    drop(tmux);
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // A zombie of an exited process still has /proc/PID; its state says so.
+    let running = || {
+        std::fs::read_to_string(proc_dir.join("stat"))
+            .ok()
+            .and_then(|s| s.rsplit(") ").next().map(|r| !r.starts_with('Z')))
+            .unwrap_or(false)
+    };
+    while running() && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    let still = running();
+    if still {
+        // SAFETY: signalling the process this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    assert!(
+        !still,
+        "vramcap top ({pid}) still runs after its terminal went away"
+    );
+}

@@ -142,7 +142,7 @@ fn live(
         let wait = next
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(250));
-        if !event::poll(wait)? {
+        if !terminal::input(wait)? {
             continue;
         }
         match event::read()? {

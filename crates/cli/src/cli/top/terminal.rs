@@ -15,6 +15,14 @@
 //!   terminal is restored the hook from before is put back, so a later
 //!   panic does not restore it twice.
 //!
+//! - The terminal going away (its emulator killed, a tmux server gone):
+//!   the tty then reads end-of-file for ever, and crossterm, once asked to
+//!   wait for input, reads it in a loop that never returns. So the view
+//!   waits for input itself ([`input`]: `poll(2)` on the terminal, which
+//!   reports the hang-up) and asks crossterm only when there is some;
+//!   [`signal`] reports the hang-up as SIGHUP, and the view ends as after
+//!   one within a quarter of a second.
+//!
 //! A resize needs nothing here: crossterm reports it as an event and the
 //! loop redraws at the new size.
 
@@ -28,12 +36,66 @@ use ratatui::DefaultTerminal;
 /// The signal that asked the view to end (0: none).
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
 
-/// The signal that asked the view to end, if one did.
+/// The signal that asked the view to end, if one did (SIGHUP as well when
+/// the terminal hung up without one arriving).
 pub fn signal() -> Option<i32> {
     match SIGNAL.load(Ordering::Relaxed) {
-        0 => None,
+        0 => hung_up().then_some(libc::SIGHUP),
         s => Some(s),
     }
+}
+
+/// Waits up to `wait` for an event; true when crossterm has one to read.
+/// On a hung-up terminal it returns false at once (see the module docs).
+pub fn input(wait: std::time::Duration) -> io::Result<bool> {
+    use crossterm::event;
+    // SAFETY: isatty has no preconditions.
+    if unsafe { libc::isatty(libc::STDIN_FILENO) } != 1 {
+        // crossterm reads /dev/tty then, not a descriptor of ours.
+        return event::poll(wait);
+    }
+    if hung_up() {
+        return Ok(false);
+    }
+    if event::poll(std::time::Duration::ZERO)? {
+        return Ok(true); // one crossterm read earlier and keeps
+    }
+    let mut fds = [
+        libc::pollfd {
+            fd: libc::STDIN_FILENO,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: libc::STDOUT_FILENO,
+            events: 0,
+            revents: 0,
+        },
+    ];
+    let ms = libc::c_int::try_from(wait.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: two valid pollfds.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    let gone = libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+    if n <= 0 || (fds[0].revents | fds[1].revents) & gone != 0 {
+        return Ok(false);
+    }
+    if fds[0].revents & libc::POLLIN == 0 || hung_up() {
+        return Ok(false);
+    }
+    event::poll(std::time::Duration::ZERO)
+}
+
+/// Whether the terminal on standard output hung up (its other end closed).
+fn hung_up() -> bool {
+    let mut fd = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait; POLLHUP and POLLERR are reported
+    // whatever `events` asks.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n == 1 && fd.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 extern "C" fn on_signal(signal: libc::c_int) {
