@@ -72,7 +72,10 @@ pub struct Header {
     /// `trim_acks` to the value it saw.
     pub trim_requests: AtomicU64,
     pub trim_acks: AtomicU64,
-    pub reserved0: [u64; 8],
+    /// What the process's cap counts (`VRAMCAP_COUNT`): [`COUNTING_HELD`]
+    /// or [`COUNTING_ALLOCATIONS`]; 0 in pages of shims before the field.
+    pub counting: u64,
+    pub reserved0: [u64; 7],
     /// `VRAMCAP_GROUP`, NUL-padded (empty when none).
     pub group: [u8; GROUP_LEN],
     /// The command line, arguments joined by spaces, NUL-padded, cut to fit.
@@ -116,8 +119,22 @@ pub struct DeviceSlot {
     pub reserved0: AtomicU64,
     /// The device UUID's 16 bytes (two native-endian words), zero if unknown.
     pub uuid: [AtomicU64; 2],
-    pub reserved: [AtomicU64; 15],
+    /// Parts of `budget.used` (all zero under `VRAMCAP_COUNT=allocations`):
+    /// what the process's stream-ordered pools keep reserved (their live
+    /// allocations included), the device's graph memory, and the context's
+    /// footprint (context, modules and what else the driver holds for the
+    /// process on the GPU beyond its allocations). `used` minus the three
+    /// is the process's other allocations.
+    pub pools: AtomicU64,
+    pub graphs: AtomicU64,
+    pub context: AtomicU64,
+    pub reserved: [AtomicU64; 12],
 }
+
+/// [`Header::counting`]: everything the process holds on the GPU is capped.
+pub const COUNTING_HELD: u64 = 1;
+/// [`Header::counting`]: only allocations are capped (`VRAMCAP_COUNT=allocations`).
+pub const COUNTING_ALLOCATIONS: u64 = 2;
 
 pub const FLAG_ACTIVE: u64 = 1;
 
@@ -179,6 +196,9 @@ impl DeviceSlot {
             &self.trims,
             &self.spill_allocs,
             &self.reserved0,
+            &self.pools,
+            &self.graphs,
+            &self.context,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -228,7 +248,8 @@ impl Header {
         self.created_unix_ns = created_unix_ns;
         self.trim_requests = AtomicU64::new(0);
         self.trim_acks = AtomicU64::new(0);
-        self.reserved0 = [0; 8];
+        self.counting = 0;
+        self.reserved0 = [0; 7];
         put_text(&mut self.group, group);
         put_text(&mut self.command, command);
         self.reserved = [0; 88];
@@ -441,7 +462,8 @@ mod tests {
             (offset_of!(Header, created_unix_ns), 48),
             (offset_of!(Header, trim_requests), 56),
             (offset_of!(Header, trim_acks), 64),
-            (offset_of!(Header, reserved0), 72),
+            (offset_of!(Header, counting), 72),
+            (offset_of!(Header, reserved0), 80),
             (offset_of!(Header, group), 136),
             (offset_of!(Header, command), 200),
             (offset_of!(Header, pod), 712),
@@ -467,7 +489,10 @@ mod tests {
             (offset_of!(DeviceSlot, spill_allocs), 104),
             (offset_of!(DeviceSlot, reserved0), 112),
             (offset_of!(DeviceSlot, uuid), 120),
-            (offset_of!(DeviceSlot, reserved), 136),
+            (offset_of!(DeviceSlot, pools), 136),
+            (offset_of!(DeviceSlot, graphs), 144),
+            (offset_of!(DeviceSlot, context), 152),
+            (offset_of!(DeviceSlot, reserved), 160),
         ];
         for (got, want) in s {
             assert_eq!(got, want);

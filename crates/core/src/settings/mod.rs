@@ -22,6 +22,8 @@ pub const CACHE_VAR: &str = "VRAMCAP_CACHE";
 pub const SPILL_VAR: &str = "VRAMCAP_SPILL";
 pub const GROUP_VAR: &str = "VRAMCAP_GROUP";
 pub const SPILL_LIMIT_VAR: &str = "VRAMCAP_SPILL_LIMIT";
+pub const COUNT_VAR: &str = "VRAMCAP_COUNT";
+pub const CONTEXT_VAR: &str = "VRAMCAP_CONTEXT";
 /// Read by the CLI only: where `vramcap run`/`env` find the shim.
 pub const LIBRARY_VAR: &str = "VRAMCAP_LIBRARY";
 
@@ -37,6 +39,8 @@ pub const SETTING_VARS: &[&str] = &[
     SPILL_VAR,
     SPILL_LIMIT_VAR,
     GROUP_VAR,
+    COUNT_VAR,
+    CONTEXT_VAR,
     STATS_VAR,
     STATS_DIR_VAR,
     LIBRARY_VAR,
@@ -145,6 +149,81 @@ pub fn unknown_vars_in_env() -> Vec<UnknownVar> {
             v.to_string_lossy().into_owned(),
         )
     }))
+}
+
+/// What the cap counts (`VRAMCAP_COUNT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counting {
+    /// Everything the process holds on the GPU: its allocations, what its
+    /// stream-ordered pools keep reserved, graph memory and the context's
+    /// footprint (the default).
+    Held,
+    /// Its allocations only, as vramcap counted before 0.2: pools' retained
+    /// memory, graph memory and the context are not capped.
+    Allocations,
+}
+
+impl Counting {
+    pub fn name(self) -> &'static str {
+        match self {
+            Counting::Held => "held",
+            Counting::Allocations => "allocations",
+        }
+    }
+
+    /// The value of [`crate::page::Header::counting`].
+    pub fn page_code(self) -> u64 {
+        match self {
+            Counting::Held => crate::page::COUNTING_HELD,
+            Counting::Allocations => crate::page::COUNTING_ALLOCATIONS,
+        }
+    }
+}
+
+/// Parses `VRAMCAP_COUNT` with the standard error.
+pub fn parse_counting(value: &str) -> Result<Counting, SettingsError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "held" => Ok(Counting::Held),
+        "allocations" => Ok(Counting::Allocations),
+        _ => Err(SettingsError::Other {
+            var: COUNT_VAR,
+            value: value.to_string(),
+            expected: "held (everything the process holds on the GPU, the default) or allocations (its allocations only), e.g. VRAMCAP_COUNT=held",
+        }),
+    }
+}
+
+/// How the context's footprint is found (`VRAMCAP_CONTEXT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextCharge {
+    /// Measured: NVML's figure for the process minus what vramcap counts
+    /// of it; [`ContextCharge::FALLBACK`] where NVML cannot tell which
+    /// process is this one.
+    Auto,
+    /// This many bytes per device the process uses, never measured.
+    Bytes(u64),
+}
+
+impl ContextCharge {
+    /// Charged when the footprint cannot be measured: a CUDA 12/13 context
+    /// with the usual libraries loaded on a current data-centre GPU (an
+    /// H200 with PyTorch measured 518 MiB; see the README).
+    pub const FALLBACK: u64 = 512 << 20;
+}
+
+/// Parses `VRAMCAP_CONTEXT` with the standard error.
+pub fn parse_context(value: &str) -> Result<ContextCharge, SettingsError> {
+    let t = value.trim();
+    if t.eq_ignore_ascii_case("auto") {
+        return Ok(ContextCharge::Auto);
+    }
+    crate::size::parse_size(t)
+        .map(ContextCharge::Bytes)
+        .map_err(|_| SettingsError::Other {
+            var: CONTEXT_VAR,
+            value: value.to_string(),
+            expected: "auto (measured through NVML, the default) or a size charged per GPU (e.g. VRAMCAP_CONTEXT=600MiB)",
+        })
 }
 
 /// Where allocations go once the cap is reached.
@@ -330,6 +409,10 @@ pub struct Settings {
     pub group: Option<String>,
     /// `VRAMCAP_LIMIT` as given (a group's first member records it).
     pub limit_text: String,
+    /// `VRAMCAP_COUNT`: what the cap counts.
+    pub counting: Counting,
+    /// `VRAMCAP_CONTEXT`: how the context's footprint is found.
+    pub context: ContextCharge,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -481,8 +564,18 @@ impl Settings {
                 });
             }
         };
+        let counting = match get(COUNT_VAR) {
+            None => Counting::Held,
+            Some(v) => parse_counting(&v)?,
+        };
+        let context = match get(CONTEXT_VAR) {
+            None => ContextCharge::Auto,
+            Some(v) => parse_context(&v)?,
+        };
         Ok(Settings {
             limit,
+            counting,
+            context,
             log,
             cuda_library,
             disabled,

@@ -257,4 +257,42 @@ fn errors() {
         e.starts_with("VRAMCAP_LIMIT=\"8XB\" is not a valid limit: unknown unit"),
         "{e}"
     );
+    let e = read(&[("VRAMCAP_COUNT", "everything")])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "VRAMCAP_COUNT=\"everything\" is not valid: expected held (everything the process holds on the GPU, the default) or allocations (its allocations only), e.g. VRAMCAP_COUNT=held"
+    );
+    let e = read(&[("VRAMCAP_CONTEXT", "lots")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("VRAMCAP_CONTEXT=\"lots\" is not valid: expected auto"),
+        "{e}"
+    );
+}
+
+#[test]
+fn counting_and_context() {
+    use super::{ContextCharge, Counting};
+    let s = read(&[]).unwrap();
+    assert_eq!(
+        (s.counting, s.context),
+        (Counting::Held, ContextCharge::Auto)
+    );
+    let s = read(&[
+        ("VRAMCAP_COUNT", " Allocations "),
+        ("VRAMCAP_CONTEXT", "600MiB"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (s.counting, s.context),
+        (Counting::Allocations, ContextCharge::Bytes(600 << 20))
+    );
+    assert_eq!(
+        read(&[("VRAMCAP_CONTEXT", "AUTO")]).unwrap().context,
+        ContextCharge::Auto
+    );
+    assert_eq!(Counting::Held.page_code(), crate::page::COUNTING_HELD);
 }

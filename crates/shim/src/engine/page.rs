@@ -253,6 +253,7 @@ impl PageHandle {
             &group,
         );
         header.fill_identity(|name| std::env::var(name).ok());
+        header.counting = s.counting.page_code();
         header.state.store(STATE_READY, Ordering::Release);
         // SAFETY: two valid paths in the same directory.
         if unsafe { libc::rename(tmp.as_ptr(), fin.as_ptr()) } != 0 {
