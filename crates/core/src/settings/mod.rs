@@ -217,12 +217,15 @@ pub fn parse_context(value: &str) -> Result<ContextCharge, SettingsError> {
     if t.eq_ignore_ascii_case("auto") {
         return Ok(ContextCharge::Auto);
     }
+    if t == "0" {
+        return Ok(ContextCharge::Bytes(0));
+    }
     crate::size::parse_size(t)
         .map(ContextCharge::Bytes)
         .map_err(|_| SettingsError::Other {
             var: CONTEXT_VAR,
             value: value.to_string(),
-            expected: "auto (measured through NVML, the default) or a size charged per GPU (e.g. VRAMCAP_CONTEXT=600MiB)",
+            expected: "auto (measured through NVML, the default) or a size charged per GPU, 0 for none (e.g. VRAMCAP_CONTEXT=600MiB)",
         })
 }
 

@@ -259,6 +259,39 @@ impl Driver for RealDriver {
         ok(rc, req.size as u64)
     }
 
+    fn device_mem_pool(&self, dev: CUdevice) -> Result<usize, CUresult> {
+        let mut pool: CUmemoryPool = ptr::null_mut();
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuDeviceGetMemPool::call(&mut pool, dev) };
+        ok(rc, pool as usize)
+    }
+
+    fn mem_pool_attribute(&self, pool: usize, attr: c_int) -> Result<u64, CUresult> {
+        let mut value: u64 = 0;
+        // SAFETY: see the impl; every attribute asked for is a cuuint64_t.
+        let rc =
+            unsafe { c::cuMemPoolGetAttribute::call(handle(pool), attr, (&raw mut value).cast()) };
+        ok(rc, value)
+    }
+
+    fn mem_pool_trim_to(&self, pool: usize, keep: u64) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { h::cuMemPoolTrimTo::call(handle(pool), keep as usize) }
+    }
+
+    fn graph_mem_attribute(&self, dev: CUdevice, attr: c_int) -> Result<u64, CUresult> {
+        let mut value: u64 = 0;
+        // SAFETY: see the impl; every attribute asked for is a cuuint64_t.
+        let rc =
+            unsafe { c::cuDeviceGetGraphMemAttribute::call(dev, attr, (&raw mut value).cast()) };
+        ok(rc, value)
+    }
+
+    fn graph_mem_trim(&self, dev: CUdevice) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { h::cuDeviceGraphMemTrim::call(dev) }
+    }
+
     fn nvml_init(&self) -> bool {
         // SAFETY: no arguments.
         unsafe { c::nvmlInit_v2::call() == NVML_SUCCESS }
@@ -302,6 +335,36 @@ impl Driver for RealDriver {
         // SAFETY: see the impl.
         let rc = unsafe { c::nvmlDeviceGetIndex::call(handle(device), &mut index) };
         (rc == NVML_SUCCESS).then_some(index)
+    }
+
+    fn nvml_device_by_uuid(&self, uuid: &str) -> Option<usize> {
+        let text = std::ffi::CString::new(uuid).ok()?;
+        let mut device: nvmlDevice_t = ptr::null_mut();
+        // SAFETY: see the impl; `text` is NUL-terminated.
+        let rc = unsafe { c::nvmlDeviceGetHandleByUUID::call(text.as_ptr(), &mut device) };
+        (rc == NVML_SUCCESS && !device.is_null()).then_some(device as usize)
+    }
+
+    fn nvml_processes(&self, device: usize, out: &mut [(u32, u64)]) -> Option<usize> {
+        const MAX: usize = 128;
+        let mut infos = [nvmlProcessInfo_t::default(); MAX];
+        let mut count = MAX as c_uint;
+        // SAFETY: see the impl; `count` is the array's length.
+        let rc = unsafe {
+            c::nvmlDeviceGetComputeRunningProcesses_v3::call(
+                handle(device),
+                &mut count,
+                infos.as_mut_ptr(),
+            )
+        };
+        let n = count as usize;
+        if rc != NVML_SUCCESS || n > MAX || n > out.len() {
+            return None;
+        }
+        for (o, i) in out.iter_mut().zip(&infos[..n]) {
+            *o = (i.pid, i.used_gpu_memory);
+        }
+        Some(n)
     }
 
     fn exit_process(&self, status: c_int) {

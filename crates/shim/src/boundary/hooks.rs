@@ -70,6 +70,15 @@ hooks! {
         fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM => Engine::mem_alloc_from_pool_async[PTSZ];
         fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).legacy_stream(), on panic NOT_FOUND => Engine::mem_free_async[LEGACY];
         fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).per_thread_stream(), on panic NOT_FOUND => Engine::mem_free_async[PTSZ];
+        fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult, Lookup::cuda("cuMemPoolCreate", 11020), on panic NOT_FOUND => Engine::mem_pool_create;
+        fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult, Lookup::cuda("cuMemPoolDestroy", 11020), on panic NOT_FOUND => Engine::mem_pool_destroy;
+        fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult, Lookup::cuda("cuMemPoolTrimTo", 11020), on panic NOT_FOUND => Engine::mem_pool_trim_to;
+        fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult, Lookup::cuda("cuMemPoolSetAttribute", 11020), on panic NOT_FOUND => Engine::mem_pool_set_attribute;
+        fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult, Lookup::cuda("cuDeviceGraphMemTrim", 11040), on panic NOT_FOUND => Engine::graph_mem_trim;
+        fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphLaunch", 10000).legacy_stream(), on panic OOM => Engine::graph_launch[LEGACY];
+        fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphLaunch", 10000).per_thread_stream(), on panic OOM => Engine::graph_launch[PTSZ];
+        fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).legacy_stream(), on panic OOM => Engine::graph_launch[LEGACY];
+        fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).per_thread_stream(), on panic OOM => Engine::graph_launch[PTSZ];
 
         fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult, Lookup::cuda("cuMemCreate", 10020), on panic OOM => Engine::mem_create;
         fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemRelease", 10020), on panic NOT_FOUND => Engine::mem_release;
@@ -113,6 +122,9 @@ pub mod calls {
         fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_int) -> CUresult;
         fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
         fn cuStreamGetDevice_ptsz(stream: CUstream, dev: *mut CUdevice) -> CUresult;
+        fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
+        fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult;
+        fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void) -> CUresult;
         fn cuMemAdvise(ptr: CUdeviceptr, bytes: usize, advice: c_int, dev: CUdevice) -> CUresult;
         fn cuMemAdvise_v2(ptr: CUdeviceptr, bytes: usize, advice: c_int, location: CUmemLocation) -> CUresult;
         fn cuMemHostAlloc(host: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
@@ -135,6 +147,8 @@ pub mod calls {
         fn nvmlDeviceGetName(device: nvmlDevice_t, name: *mut c_char, length: c_uint) -> nvmlReturn_t;
         fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
         fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t;
+        fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut nvmlDevice_t) -> nvmlReturn_t;
+        fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
     }
 }
 

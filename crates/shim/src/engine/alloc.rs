@@ -36,6 +36,7 @@ pub enum Request {
     },
     /// Managed memory, with the program's flags (used if it spills).
     Managed(c_uint),
+    /// Stream-ordered, charged by size (`Kind::Async(None)`).
     Async,
 }
 
@@ -51,8 +52,9 @@ fn pitch_estimate(width: u64, height: u64) -> u64 {
 
 impl<D: Driver> Engine<D> {
     /// Reserves `estimate` bytes on `device`, releasing cached blocks of the
-    /// device when the cap would refuse.
-    fn try_reserve_evicting(
+    /// device when the cap would refuse, then what pools retain
+    /// ([`Base::reclaim`](super::base::Base::reclaim)).
+    pub(super) fn try_reserve_evicting(
         &'static self,
         device: CUdevice,
         estimate: u64,
@@ -68,14 +70,21 @@ impl<D: Driver> Engine<D> {
         let Some(limit) = self.limit_of(device) else {
             return Err(None);
         };
+        let mut reclaimed = false;
         loop {
             match self.reserve_on(slot, device, estimate, limit) {
                 Ok(()) => return Ok((slot, limit)),
                 Err(r) => {
                     let need = r.used.saturating_add(estimate).saturating_sub(r.limit);
-                    if self.cache.evict(&self.base, device as u16, need) == 0 {
+                    if self.cache.evict(&self.base, device as u16, need) > 0 {
+                        continue;
+                    }
+                    // Once per call: pools trimmed as a synchronisation
+                    // would, pools, graphs and the context read again.
+                    if reclaimed || self.reclaim(device) == 0 {
                         return Err(Some(r));
                     }
+                    reclaimed = true;
                 }
             }
         }
@@ -240,7 +249,7 @@ impl<D: Driver> Engine<D> {
                 pitch: unsafe { *pitch_out } as u64,
             }),
             Request::Managed(_) => Kind::Managed,
-            Request::Async => Kind::Async,
+            Request::Async => Kind::Async(None),
         };
         self.insert(
             ptr,
@@ -264,7 +273,7 @@ impl<D: Driver> Engine<D> {
     /// # Safety
     /// As [`Engine::capped_alloc`]; `dptr` is non-null.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn spill_or_refuse(
+    pub(super) unsafe fn spill_or_refuse(
         &self,
         what: &'static str,
         dptr: *mut CUdeviceptr,
@@ -308,6 +317,8 @@ impl<D: Driver> Engine<D> {
         if let Some(stale) = self.table.insert(ptr, record) {
             if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, &stale);
+            } else if let Kind::Async(Some(pool)) = stale.kind {
+                self.pool_freed(pool, stale.bytes);
             } else if let Some(s) = self.slot(CUdevice::from(stale.device)) {
                 self.release_on(s, CUdevice::from(stale.device), stale.bytes);
             }
@@ -457,11 +468,26 @@ impl<D: Driver> Engine<D> {
         }
         let rc = real();
         if rc == CUDA_SUCCESS {
-            self.give_back(r.device, r.bytes);
+            self.freed(&r);
         } else {
             self.table.insert(dptr, r);
         }
         rc
+    }
+
+    /// The driver freed the allocation of `r`: its bytes go back, except
+    /// a stream-ordered allocation charged through its pool, which keeps
+    /// the memory (`held.rs`).
+    pub(super) fn freed(&self, r: &Record) {
+        match r.kind {
+            Kind::Async(Some(pool)) => {
+                if let Some(s) = self.slot(CUdevice::from(r.device)) {
+                    DeviceSlot::add(&s.frees, 1);
+                }
+                self.pool_freed(pool, r.bytes);
+            }
+            _ => self.give_back(r.device, r.bytes),
+        }
     }
 
     /// A free of an address the engine holds no record of. One the cache
@@ -505,6 +531,9 @@ impl<D: Driver> Engine<D> {
         let (Some(s), Some(_)) = (self.slot(device), self.limit_of(device)) else {
             return rc;
         };
+        // What the pools and graphs hold may have shrunk at a synchronisation.
+        self.pools_refresh(Some(device as u16));
+        self.graphs_refresh(device);
         // SAFETY: both pointers are non-null and the driver just wrote them.
         unsafe {
             let (t, f) = self.picture(s, device, *total as u64, *free as u64);

@@ -12,6 +12,7 @@ use vramcap_core::settings::Settings;
 use super::cuda::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
 use super::driver::{Driver, Flavour};
 use super::group::Membership;
+use super::ledger::Held;
 use super::page::PageHandle;
 use super::worker::Worker;
 
@@ -29,6 +30,8 @@ pub struct Base<D: Driver> {
     /// The group's cap of each device, once attached ([`NO_CAP`] outside a
     /// group): the process's own cap is in its page, the group's here.
     pub group_caps: [AtomicU64; MAX_DEVICES],
+    /// Pools, graph memory and the context (`held.rs`).
+    pub held: Held,
 }
 
 /// `CU_STREAM_LEGACY`: a handle value, not a pointer to anything.
@@ -45,6 +48,7 @@ impl<D: Driver> Base<D> {
             worker: Worker::new(),
             keys: AtomicU8::new(0),
             group_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
+            held: Held::new(),
         }
     }
 

@@ -133,3 +133,35 @@ mod tests {
         assert_eq!(&out, b"GPU-5ca1ab1e-0000-4000-8000-000000000001");
     }
 }
+
+/// A stream-ordered memory pool.
+pub type CUmemoryPool = *mut c_void;
+/// An instantiated graph.
+pub type CUgraphExec = *mut c_void;
+
+/// `CUmemPool_attribute` values the engine reads (all `cuuint64_t`).
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+
+/// `CUgraphMem_attribute` values the engine reads (all `cuuint64_t`).
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_int = 0;
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// `CUmemPoolProps` up to its location (the rest is not read).
+#[repr(C)]
+pub struct CUmemPoolProps {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: CUmemLocation,
+}
+
+/// `nvmlProcessInfo_t` (the v2 layout, which `_v3` of the process queries fills).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct nvmlProcessInfo_t {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}

@@ -95,6 +95,18 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuArrayGetMemoryRequirements` or `cuMipmappedArrayGetMemoryRequirements`: the size.
     fn array_size(&self, array: usize, dev: CUdevice, mipmapped: bool) -> Result<u64, CUresult>;
 
+    /// `cuDeviceGetMemPool`: the device's current pool, which
+    /// `cuMemAllocAsync` allocates from.
+    fn device_mem_pool(&self, dev: CUdevice) -> Result<usize, CUresult>;
+    /// `cuMemPoolGetAttribute` of a `cuuint64_t` attribute.
+    fn mem_pool_attribute(&self, pool: usize, attr: c_int) -> Result<u64, CUresult>;
+    /// `cuMemPoolTrimTo` (the real one).
+    fn mem_pool_trim_to(&self, pool: usize, keep: u64) -> CUresult;
+    /// `cuDeviceGetGraphMemAttribute` of a `cuuint64_t` attribute.
+    fn graph_mem_attribute(&self, dev: CUdevice, attr: c_int) -> Result<u64, CUresult>;
+    /// `cuDeviceGraphMemTrim` (the real one).
+    fn graph_mem_trim(&self, dev: CUdevice) -> CUresult;
+
     /// `nvmlInit_v2`: true when NVML is there and started (each success
     /// is balanced by [`Driver::nvml_shutdown`]).
     fn nvml_init(&self) -> bool;
@@ -111,6 +123,14 @@ pub trait Driver: Send + Sync + 'static {
     fn nvml_device_uuid(&self, device: usize) -> Option<String>;
     /// `nvmlDeviceGetIndex`.
     fn nvml_device_index(&self, device: usize) -> Option<u32>;
+
+    /// `nvmlDeviceGetHandleByUUID`.
+    fn nvml_device_by_uuid(&self, uuid: &str) -> Option<usize>;
+    /// `nvmlDeviceGetComputeRunningProcesses_v3`: fills `out` with (PID,
+    /// bytes) of the processes with a context on the device, NVML's PIDs
+    /// (the host's, in a container); how many, or `None` when NVML cannot
+    /// say or they do not fit.
+    fn nvml_processes(&self, device: usize, out: &mut [(u32, u64)]) -> Option<usize>;
 
     /// Ends the process at once with `status` (`_exit`: see
     /// `accounting.rs` for why a process is stopped rather than left to

@@ -22,7 +22,7 @@ impl<D: Driver> Engine<D> {
         self.cache.forget_ctx(&self.base, ctx);
         let mut gone = Vec::new();
         self.table.retain(|_, r| {
-            if r.ctx == ctx && r.kind != Kind::Async {
+            if r.ctx == ctx && !matches!(r.kind, Kind::Async(_)) {
                 gone.push(*r);
                 false
             } else {
@@ -72,6 +72,7 @@ impl<D: Driver> Engine<D> {
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.forget_ctx(ctx as usize);
+            self.context_gone(None);
         }
         rc
     }
@@ -108,6 +109,7 @@ impl<D: Driver> Engine<D> {
             && !self.still_active(dev)
         {
             self.forget_ctx(ctx);
+            self.context_gone(Some(dev));
         }
         rc
     }

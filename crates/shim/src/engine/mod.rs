@@ -6,10 +6,13 @@
 //! tests (`tests.rs`) run it against a fake driver.
 //!
 //! # Parts, bottom up (no module imports one above it)
-//! - `cuda`, `driver`, `records`, `worker`: types, the driver trait, the
-//!   records of live allocations, the background thread.
+//! - `cuda`, `driver`, `records`, `ledger`, `worker`: types, the driver
+//!   trait, the records of live allocations, the book of pools and the
+//!   context's measurement, the background thread.
 //! - `page`, `group`: the statistics page and the group membership.
-//! - `base` (+ `accounting`): what every part stands on, and the budgets.
+//! - `base` (+ `accounting`, `held`): what every part stands on, the
+//!   budgets, and what a process holds beyond its allocations (pools,
+//!   graph memory, the context).
 //! - `cache`, `spill`: the freed-block cache and spill to host memory.
 //! - `state`: the [`Engine`], which owns all of the above.
 //! - the handlers, by family: `alloc` (plain, pitched and managed memory,
@@ -56,6 +59,8 @@ mod arrays;
 mod base;
 mod cache;
 mod group;
+mod held;
+mod ledger;
 mod lifecycle;
 mod nvml;
 mod page;

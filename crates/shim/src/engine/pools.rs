@@ -1,24 +1,32 @@
-//! Handlers for stream-ordered allocation and memory pools.
+//! Handlers for stream-ordered allocation, memory pools and graph memory.
 //!
-//! Each allocation is counted when it is made, on its stream's device, and
-//! given back when its free is *issued* (`cuMemFreeAsync`), not when the
-//! stream reaches it; a pool may keep freed memory reserved above what is
-//! live (its release threshold), which the cap does not count. Allocations
-//! made while their stream is being captured are graph memory nodes: the
-//! driver allocates them when the graph runs, outside any call the shim
-//! sees, so they are not counted. A free of a pointer the engine does not
-//! know (another pool's, or a captured one) goes to the driver unchanged.
-//! The allocations belong to the device's pool, not to a context: they
-//! stay counted when their context is destroyed or reset, as the driver
-//! keeps them, until they are freed.
+//! Under `VRAMCAP_COUNT=held` (the default) a stream-ordered allocation is
+//! charged through its pool: by what the pool grows, not by its size, and
+//! its free changes nothing, since the pool keeps the memory; the pool's
+//! charge follows the reserve the driver reports (the rules are in
+//! `held.rs`). Under `VRAMCAP_COUNT=allocations` (or for a pool the driver
+//! will not describe) each allocation is counted when it is made, on its
+//! stream's device, and given back when its free is *issued*.
+//!
+//! Allocations made while their stream is being captured are graph memory
+//! nodes: the driver allocates them when the graph is uploaded or
+//! launched, which is where graph memory is charged (`held.rs`). A free of
+//! a pointer the engine does not know (another pool's, or a captured one)
+//! goes to the driver unchanged. The allocations belong to the device's
+//! pool, not to a context: they stay counted when their context is
+//! destroyed or reset, as the driver keeps them, until they are freed.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
+
+use vramcap_core::page::DeviceSlot;
+use vramcap_core::settings::Counting;
 
 use super::alloc::Request;
 use super::cuda::*;
 use super::driver::{Driver, Flavour};
-use super::records::Kind;
+use super::records::{Kind, Record};
 use super::state::Engine;
+use crate::log::log_at;
 
 impl<D: Driver> Engine<D> {
     /// The (context, device) a stream's allocations come from; `None` when
@@ -55,7 +63,7 @@ impl<D: Driver> Engine<D> {
     ) -> CUresult {
         let what = ["cuMemAllocAsync", "cuMemAllocAsync_ptsz"];
         // SAFETY: the driver function's contract.
-        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, stream) }
+        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, None, stream) }
     }
 
     /// `cuMemAllocFromPoolAsync[_ptsz]`: as [`Engine::mem_alloc_async`].
@@ -68,12 +76,13 @@ impl<D: Driver> Engine<D> {
         real: impl FnMut() -> CUresult,
         dptr: *mut CUdeviceptr,
         size: usize,
-        _pool: *mut c_void,
+        pool: *mut c_void,
         stream: CUstream,
     ) -> CUresult {
         let what = ["cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"];
+        let pool = (!pool.is_null()).then_some(pool as usize);
         // SAFETY: the driver function's contract.
-        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, stream) }
+        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, pool, stream) }
     }
 
     /// A stream-ordered allocation of `size` bytes on `stream`'s device;
@@ -81,20 +90,109 @@ impl<D: Driver> Engine<D> {
     ///
     /// # Safety
     /// `dptr` is null or writable.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn alloc_on_stream(
         &'static self,
         what: [&'static str; 2],
         flavour: Flavour,
-        real: impl FnMut() -> CUresult,
+        mut real: impl FnMut() -> CUresult,
         dptr: *mut CUdeviceptr,
         size: usize,
+        pool: Option<usize>,
         stream: CUstream,
     ) -> CUresult {
         let what = what[usize::from(flavour == Flavour::PerThread)];
         let target = self.stream_target(stream as usize, flavour);
         let bytes = size as u64;
+        let through_pool = match target {
+            Some((_, dev)) if self.settings.counting == Counting::Held => {
+                pool.or_else(|| self.driver.device_mem_pool(dev).ok())
+            }
+            _ => None,
+        };
+        if let (Some(pool), Some((ctx, dev)), false) = (through_pool, target, dptr.is_null()) {
+            if size == 0 {
+                return real();
+            }
+            let device = self.held.pool_device(pool).unwrap_or(dev as u16);
+            if self.limit_of(CUdevice::from(device)).is_none() {
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            if let Some(rc) =
+                // SAFETY: `dptr` is non-null; the rest is the caller's contract.
+                unsafe {
+                    self.alloc_from_pool(what, &mut real, dptr, bytes, pool, device, ctx)
+                }
+            {
+                return rc;
+            }
+        }
         // SAFETY: the caller's contract.
         unsafe { self.capped_alloc(what, dptr, bytes, Request::Async, target, real, || bytes) }
+    }
+
+    /// A stream-ordered allocation charged through its pool (`held.rs`):
+    /// claim, reserve the claim's estimate (once more after reclaiming
+    /// when it does not fit, since the claim itself keeps the pool's
+    /// charge from falling), call, settle. `None` when the driver will not
+    /// describe the pool: the caller charges by size instead.
+    ///
+    /// # Safety
+    /// `dptr` is non-null and writable.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn alloc_from_pool(
+        &'static self,
+        what: &'static str,
+        real: &mut impl FnMut() -> CUresult,
+        dptr: *mut CUdeviceptr,
+        bytes: u64,
+        pool: usize,
+        device: u16,
+        ctx: usize,
+    ) -> Option<CUresult> {
+        let dev = CUdevice::from(device);
+        let mut claim = self.pool_claim(pool, device, bytes)?;
+        let mut reserved = self.try_reserve_evicting(dev, claim.grow);
+        if let Err(why) = reserved {
+            self.pool_cancel(claim, false);
+            self.reclaim(dev);
+            claim = self.pool_claim(pool, device, bytes)?;
+            reserved = self.try_reserve_evicting(dev, claim.grow);
+            if reserved.is_err() {
+                self.pool_cancel(claim, false);
+                // SAFETY: the caller's contract.
+                return Some(unsafe {
+                    self.spill_or_refuse(what, dptr, bytes, Request::Async, ctx, dev, why)
+                });
+            }
+        }
+        let rc = self.call_with_retry(dev, &mut *real);
+        if rc != CUDA_SUCCESS {
+            self.pool_cancel(claim, true);
+            return Some(rc);
+        }
+        self.pool_settle(claim);
+        self.start_worker(); // sees the pool shrink at synchronisations
+        // SAFETY: the driver succeeded, so it wrote the pointer.
+        let ptr = unsafe { *dptr };
+        if let Some(s) = self.slot(dev) {
+            DeviceSlot::add(&s.allocs, 1);
+        }
+        self.insert(
+            ptr,
+            Record {
+                device,
+                exported: false,
+                bytes,
+                ctx,
+                kind: Kind::Async(Some(pool)),
+            },
+        );
+        log_at!(
+            Debug,
+            "{what}: {bytes} bytes at {ptr:#x} from pool {pool:#x} on device {device}"
+        );
+        Some(rc)
     }
 
     /// `cuMemFreeAsync[_ptsz]`. A spilled pointer cannot be freed
@@ -126,9 +224,166 @@ impl<D: Driver> Engine<D> {
         }
         let rc = real();
         if rc == CUDA_SUCCESS {
-            self.give_back(r.device, r.bytes);
+            self.freed(&r);
         } else {
             self.table.insert(dptr, r);
+        }
+        rc
+    }
+}
+
+impl<D: Driver> Engine<D> {
+    /// `cuMemPoolCreate`: the pool's device is noted, so its allocations
+    /// are charged there whichever stream makes them.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mem_pool_create(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        pool: *mut CUmemoryPool,
+        props: *const CUmemPoolProps,
+    ) -> CUresult {
+        let rc = real();
+        if rc != CUDA_SUCCESS {
+            return rc;
+        }
+        // SAFETY: on success both were valid for the driver (null checked).
+        let (p, props) = unsafe { (pool.as_ref(), props.as_ref()) };
+        if let (Some(p), Some(props)) = (p, props)
+            && props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE
+            && let Ok(dev) = u16::try_from(props.location.id)
+        {
+            self.held.created(*p as usize, dev);
+        }
+        rc
+    }
+
+    /// `cuMemPoolDestroy`: what its allocations still hold stays charged
+    /// until they are freed; the rest is given back (`held.rs`).
+    pub fn mem_pool_destroy(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        pool: CUmemoryPool,
+    ) -> CUresult {
+        let live = self
+            .driver
+            .mem_pool_attribute(pool as usize, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+        let rc = real();
+        if rc == CUDA_SUCCESS {
+            // Unreadable: keep the whole charge until its allocations go.
+            self.pool_destroyed(pool as usize, live.unwrap_or(u64::MAX));
+        }
+        rc
+    }
+
+    /// `cuMemPoolTrimTo`: the pool's charge follows what it keeps.
+    pub fn mem_pool_trim_to(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        pool: CUmemoryPool,
+        _keep: usize,
+    ) -> CUresult {
+        let rc = real();
+        if rc == CUDA_SUCCESS {
+            self.pool_refresh(pool as usize);
+        }
+        rc
+    }
+
+    /// `cuMemPoolSetAttribute`: the pool's charge is read again.
+    pub fn mem_pool_set_attribute(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        pool: CUmemoryPool,
+        _attr: c_int,
+        _value: *mut c_void,
+    ) -> CUresult {
+        let rc = real();
+        if rc == CUDA_SUCCESS {
+            self.pool_refresh(pool as usize);
+        }
+        rc
+    }
+
+    /// `cuDeviceGraphMemTrim`: the device's graph charge follows.
+    pub fn graph_mem_trim(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        dev: CUdevice,
+    ) -> CUresult {
+        let rc = real();
+        if rc == CUDA_SUCCESS && self.slot(dev).is_some_and(|s| s.budget.limit().is_some()) {
+            self.graphs_refresh(dev);
+        }
+        rc
+    }
+
+    /// `cuGraphLaunch[_ptsz]` and `cuGraphUpload[_ptsz]`: graph memory
+    /// (`held.rs`). The growth this graph caused when last launched is
+    /// reserved first and the launch refused when it does not fit; after
+    /// the call the device's graph charge follows its graph reserve.
+    pub fn graph_launch(
+        &'static self,
+        flavour: Flavour,
+        mut real: impl FnMut() -> CUresult,
+        exec: CUgraphExec,
+        stream: CUstream,
+    ) -> CUresult {
+        if self.settings.counting != Counting::Held || exec.is_null() {
+            return real();
+        }
+        let Some((_, device)) = self.stream_target(stream as usize, flavour) else {
+            return real();
+        };
+        if self.limit_of(device).is_none() {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        let Some(before) = self.graphs_refresh(device) else {
+            return real();
+        };
+        let key = exec as u64;
+        // What it grew by last time, less the reserve free for it now.
+        let spare = self
+            .driver
+            .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+            .map_or(0, |used| before.saturating_sub(used));
+        let expect = self
+            .graph_growth
+            .get(&key)
+            .map_or(0, |g| *g)
+            .saturating_sub(spare);
+        let mut held = None;
+        if expect > 0 {
+            match self.try_reserve_evicting(device, expect) {
+                Ok((slot, _)) => held = Some(slot),
+                Err(why) => {
+                    let _ = self.driver.graph_mem_trim(device);
+                    self.graphs_refresh(device);
+                    match self.try_reserve_evicting(device, expect) {
+                        Ok((slot, _)) => held = Some(slot),
+                        Err(_) => {
+                            let what = ["cuGraphLaunch", "cuGraphLaunch_ptsz"]
+                                [usize::from(flavour == Flavour::PerThread)];
+                            if let (Some(s), Some(r)) = (self.slot(device), why) {
+                                DeviceSlot::add(&s.refusals, 1);
+                                self.refused(what, device, expect, r);
+                            }
+                            return CUDA_ERROR_OUT_OF_MEMORY;
+                        }
+                    }
+                }
+            }
+        }
+        let rc = real();
+        if let Some(slot) = held {
+            self.release_on(slot, device, expect);
+        }
+        if rc == CUDA_SUCCESS
+            && let Some(after) = self.graphs_refresh(device)
+            && after > before
+        {
+            self.graph_growth.insert(key, after - before);
         }
         rc
     }

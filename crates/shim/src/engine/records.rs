@@ -31,8 +31,11 @@ pub enum Kind {
     /// Device memory the cache may keep (`cuMemAlloc_v2`, `cuMemAllocPitch_v2`).
     Device(vramcap_core::cache::Shape),
     Managed,
-    /// Stream-ordered (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`).
-    Async,
+    /// Stream-ordered (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`), with
+    /// the pool it is charged through (`held.rs`), or `None` when it is
+    /// charged by its own size (`VRAMCAP_COUNT=allocations`, or a pool the
+    /// driver would not describe).
+    Async(Option<usize>),
     /// Past the cap, in managed memory kept on the host (see `spill`).
     SpillManaged,
     /// Past the cap, in pinned host memory (the host address).

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
-use vramcap_core::settings::Settings;
+use vramcap_core::settings::{Counting, Settings};
 
 use super::base::Base;
 use super::cache::Cache;
@@ -33,6 +33,9 @@ pub struct Engine<D: Driver> {
     pub(super) maps: Registry<(u64, u64)>,
     /// POSIX file descriptors this process exported VMM handles as, by fd.
     pub(super) exports: Registry<u64>,
+    /// Instantiated graphs by handle: how much graph memory their last
+    /// launch that grew it added (`held.rs`).
+    pub(super) graph_growth: Registry<u64>,
 }
 
 impl<D: Driver> Deref for Engine<D> {
@@ -53,6 +56,7 @@ impl<D: Driver> Engine<D> {
             arrays: registry(),
             maps: registry(),
             exports: registry(),
+            graph_growth: registry(),
         }
     }
 
@@ -86,6 +90,12 @@ impl<D: Driver> Engine<D> {
         };
         self.cache
             .set_bound(device as u16, self.settings.cache.resolve(base));
+        if self.settings.counting == Counting::Held {
+            // The context exists by now (a CUDA call with one brought us
+            // here); the background thread keeps its figure current.
+            self.context_measure(device);
+            self.start_worker();
+        }
         Some(l)
     }
 
@@ -115,6 +125,7 @@ impl<D: Driver> Engine<D> {
         self.cache
             .release_idle(&self.base, self.settings.cache_idle);
         self.spill.reap(&self.base);
+        self.held_round();
         self.group.tick();
     }
 

@@ -19,6 +19,7 @@ use super::driver::{Driver, Flavour};
 use super::state::Engine;
 
 mod frees;
+mod held;
 mod limits;
 
 const MIB: u64 = 1 << 20;
@@ -45,7 +46,14 @@ struct Fake {
     /// Stream captures the fake reports (by stream handle), and on the legacy stream.
     capturing: Mutex<HashMap<usize, c_int>>,
     sizes: Mutex<HashMap<u64, u64>>,
+    /// The one pool's (reserved, used, release threshold) bytes.
+    pool: Mutex<(u64, u64, u64)>,
+    /// What NVML shows for this process beyond `live` and the pool (`None`: NVML lists nobody).
+    context: Option<u64>,
 }
+
+/// The fake's one memory pool.
+const POOL: usize = 0x2000;
 
 /// What the fake machine has: devices the process sees, and NVML's list of
 /// every GPU (`None`: no NVML).
@@ -183,8 +191,43 @@ impl Driver for Fake {
     fn array_size(&self, _array: usize, _dev: CUdevice, _mipmapped: bool) -> Result<u64, CUresult> {
         Err(CUDA_ERROR_NOT_FOUND)
     }
+    fn device_mem_pool(&self, _dev: CUdevice) -> Result<usize, CUresult> {
+        Ok(POOL)
+    }
+    fn mem_pool_attribute(&self, _pool: usize, attr: c_int) -> Result<u64, CUresult> {
+        let p = self.pool.lock().unwrap();
+        Ok(match attr {
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT => p.0,
+            CU_MEMPOOL_ATTR_USED_MEM_CURRENT => p.1,
+            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => p.2,
+            _ => 0,
+        })
+    }
+    fn mem_pool_trim_to(&self, _pool: usize, keep: u64) -> CUresult {
+        let mut p = self.pool.lock().unwrap();
+        p.0 = p.0.min(keep.max(p.1));
+        CUDA_SUCCESS
+    }
+    fn graph_mem_attribute(&self, _dev: CUdevice, _attr: c_int) -> Result<u64, CUresult> {
+        Err(CUDA_ERROR_NOT_FOUND)
+    }
+    fn graph_mem_trim(&self, _dev: CUdevice) -> CUresult {
+        CUDA_ERROR_NOT_FOUND
+    }
+    fn nvml_device_by_uuid(&self, _uuid: &str) -> Option<usize> {
+        Some(1)
+    }
+    fn nvml_processes(&self, _device: usize, out: &mut [(u32, u64)]) -> Option<usize> {
+        let ctx = self.context?;
+        let pool = self.pool.lock().unwrap().0;
+        out[0] = (
+            std::process::id(),
+            self.live.load(Ordering::SeqCst) + pool + ctx,
+        );
+        Some(1)
+    }
     fn nvml_init(&self) -> bool {
-        let there = self.machine.nvml.is_some();
+        let there = self.machine.nvml.is_some() || self.context.is_some();
         if there {
             self.nvml_inits.fetch_add(1, Ordering::SeqCst);
         }
@@ -227,19 +270,26 @@ fn engine(vars: &[(&str, &str)]) -> &'static Engine<Fake> {
 
 /// [`engine`] over a fake with this machine.
 fn engine_on(machine: Machine, vars: &[(&str, &str)]) -> &'static Engine<Fake> {
+    engine_with(
+        Fake {
+            machine,
+            ..Fake::default()
+        },
+        vars,
+    )
+}
+
+/// [`engine`] over this fake.
+fn engine_with(fake: Fake, vars: &[(&str, &str)]) -> &'static Engine<Fake> {
     let mut vars: HashMap<String, String> = vars
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     vars.insert("VRAMCAP_STATS".into(), "off".into());
+    // The context costs nothing unless a test says otherwise.
+    vars.entry("VRAMCAP_CONTEXT".into()).or_insert("0".into());
     let settings = Settings::from_lookup(|k| vars.get(k).cloned()).expect("valid test settings");
-    Box::leak(Box::new(Engine::new(
-        Fake {
-            machine,
-            ..Fake::default()
-        },
-        Box::leak(Box::new(settings)),
-    )))
+    Box::leak(Box::new(Engine::new(fake, Box::leak(Box::new(settings)))))
 }
 
 /// `cuMemAlloc_v2` through the engine, the fake playing the driver.

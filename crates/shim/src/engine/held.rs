@@ -1,0 +1,514 @@
+//! What a process holds on a GPU beyond its allocations, and how the cap
+//! counts it (`VRAMCAP_COUNT=held`, the default).
+//!
+//! # The definition
+//! The bytes a process *holds* on a device, which its cap applies to, are
+//! the sum of four parts, each kept in its own word of the device's slot in
+//! the statistics page and all of them inside the budget's `used`:
+//! - **allocations**: its live allocations on every path the shim hooks
+//!   (plain, pitched, managed, VMM, arrays), cached blocks included;
+//! - **pools** (`slot.pools`): what the stream-ordered pools it allocates
+//!   from keep reserved, as the driver reports it
+//!   (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`): their live allocations plus
+//!   the freed memory they retain. A stream-ordered allocation is not
+//!   charged by its size but by the pool's growth;
+//! - **graphs** (`slot.graphs`): the device's graph memory
+//!   (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`), what allocation nodes of
+//!   launched graphs hold or keep;
+//! - **context** (`slot.context`): the footprint of the process's
+//!   contexts, modules and whatever else the driver holds for it on the
+//!   device beyond the three above (`VRAMCAP_CONTEXT`): NVML's figure for
+//!   the process minus the rest, measured when the device is first used
+//!   and again every [`CONTEXT_EVERY`] and before a refusal; a fixed size
+//!   where NVML cannot tell which process is this one.
+//!
+//! `VRAMCAP_COUNT=allocations` charges stream-ordered allocations by size
+//! (given back when their free is issued) and leaves the other three at
+//! zero, as vramcap did before.
+//!
+//! # Pools
+//! A pool's charge `c` (its entry in [`Held::pools`]) is what the budget
+//! holds for it. An allocation of `size` from pool P:
+//! 1. under the book's lock, reads P's reserved `r` and used `u` and takes
+//!    what it can from the free reserve `r − u` that other allocations in
+//!    flight have not claimed; the rest, rounded up to [`POOL_GRANULE`], is
+//!    its estimate `g` (the most P can grow for it); `c += g` goes into the
+//!    budget under the cap (refused: reclaim and retry, spill, or refuse);
+//! 2. calls the driver;
+//! 3. under the lock, reads `r'` again and sets `c` to `r'` when no other
+//!    allocation from P is in flight, else to `max(r', c − g)`: the others'
+//!    estimates stay charged until they settle, and the charge never falls
+//!    below what the driver reports. Budget changes are applied after the
+//!    lock is released (they are additions, in any order).
+//!
+//! The charge is thus at least the pool's reserve whenever the engine has
+//! looked, and at most reserve + estimates in flight. The driver shrinks a
+//! pool on its own at synchronisation points (to its release threshold);
+//! the engine sees that when it looks again: at the pool's next allocation,
+//! `cuMemGetInfo`, the background thread's round, `cuMemPoolTrimTo` and
+//! `cuMemPoolSetAttribute`, and before any refusal on the device, when it
+//! also trims each of its pools to its release threshold, as a
+//! synchronisation would ([`Held::reclaim`]). A pool the program trims
+//! itself (PyTorch does before it reports out-of-memory) is seen at once.
+//! Freeing a stream-ordered allocation changes no charge: the pool keeps
+//! the memory. A destroyed pool keeps, as its charge, what its live
+//! allocations held when it went (the driver releases the rest at once),
+//! and gives it back as they are freed.
+//!
+//! # Graphs
+//! Graph memory is not allocated in any call the shim sees: the driver
+//! reserves it when a graph with allocation nodes is uploaded or launched.
+//! The charge follows the device's graph reserve after each upload, launch
+//! and `cuDeviceGraphMemTrim`. Before a launch, the growth the same graph
+//! caused last time it was launched (kept by handle) is reserved under the
+//! cap; when that does not fit even after trimming, the launch is refused
+//! with `CUDA_ERROR_OUT_OF_MEMORY`. A graph's first launch cannot be sized
+//! beforehand (the driver offers no query of an instantiated graph's
+//! memory); if it takes the process past its cap, allocations are refused
+//! until it is back under.
+//!
+//! # Concurrency
+//! One mutex guards the book of pools; it is held across
+//! `cuMemPoolGetAttribute` calls (which call nothing the shim hooks and
+//! never wait on the GPU) and nothing else: no other lock is taken under
+//! it and no budget is touched under it. The other figures are atomics.
+//! Measuring the context takes a per-device flag (a second measurer skips).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use vramcap_core::MAX_DEVICES;
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::page::{DeviceSlot, uuid_text};
+use vramcap_core::settings::{ContextCharge, Counting};
+
+use super::base::Base;
+use super::cuda::*;
+use super::driver::Driver;
+use super::ledger::*;
+use crate::log::{log_at, log_once};
+
+impl<D: Driver> Base<D> {
+    fn pool_reserved(&self, pool: usize) -> Option<u64> {
+        self.driver
+            .mem_pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+            .ok()
+    }
+
+    /// Step 1 of a pool allocation (module docs): the claim, whose `grow`
+    /// the caller reserves. `None` when the driver will not describe the
+    /// pool: the caller then charges the allocation by its size.
+    pub fn pool_claim(&self, pool: usize, device: u16, size: u64) -> Option<Claim> {
+        let r = self.pool_reserved(pool)?;
+        let u = self
+            .driver
+            .mem_pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+            .ok()?;
+        let mut book = self.held.book();
+        let i = match book.iter().position(|e| e.pool == pool && !e.destroyed) {
+            Some(i) => i,
+            None => {
+                book.push(PoolEntry {
+                    pool,
+                    device,
+                    charged: 0,
+                    inflight: 0,
+                    claimed: 0,
+                    destroyed: false,
+                });
+                book.len() - 1
+            }
+        };
+        let e = &mut book[i];
+        let free = r.saturating_sub(u).saturating_sub(e.claimed);
+        let take = free.min(size);
+        let grow = (size - take)
+            .checked_next_multiple_of(POOL_GRANULE)
+            .unwrap_or(u64::MAX);
+        e.claimed += take;
+        e.inflight += 1;
+        Some(Claim { pool, grow, take })
+    }
+
+    /// Step 3 (module docs): settles `claim` after the driver call, and
+    /// applies the change. Where the pool grew by more than the estimate
+    /// and the cap has no room for it, the excess is charged anyway (the
+    /// memory is held) and said once.
+    pub fn pool_settle(&self, claim: Claim) {
+        let r = self.pool_reserved(claim.pool);
+        let change = {
+            let mut book = self.held.book();
+            let Some(e) = book
+                .iter_mut()
+                .find(|e| e.pool == claim.pool && !e.destroyed)
+            else {
+                return;
+            };
+            e.claimed = e.claimed.saturating_sub(claim.take);
+            e.inflight = e.inflight.saturating_sub(1);
+            let old = e.charged;
+            let new = match r {
+                Some(r) if e.inflight == 0 => r,
+                Some(r) => r.max(old),
+                // Unreadable now: keep the estimate charged.
+                None => old.saturating_add(claim.grow),
+            };
+            e.charged = new;
+            Change {
+                device: e.device,
+                old,
+                new,
+                reserved: claim.grow,
+            }
+        };
+        self.apply(change, "a stream-ordered pool");
+    }
+
+    /// Gives an estimate back when the allocation failed or was refused
+    /// (the pool's figure is read again, as it may have shrunk).
+    pub fn pool_cancel(&self, claim: Claim, reserved: bool) {
+        let claim = Claim {
+            grow: if reserved { claim.grow } else { 0 },
+            ..claim
+        };
+        self.pool_settle(claim);
+    }
+
+    /// Reads pool `pool`'s reserve again and moves its charge to it (never
+    /// below, while allocations from it are in flight). False when the pool
+    /// is unknown.
+    pub fn pool_refresh(&self, pool: usize) -> bool {
+        let r = self.pool_reserved(pool);
+        let change = {
+            let mut book = self.held.book();
+            let Some(e) = book.iter_mut().find(|e| e.pool == pool && !e.destroyed) else {
+                return false;
+            };
+            let Some(r) = r else {
+                return true;
+            };
+            let old = e.charged;
+            e.charged = if e.inflight == 0 { r } else { r.max(old) };
+            Change {
+                device: e.device,
+                old,
+                new: e.charged,
+                reserved: 0,
+            }
+        };
+        self.apply(change, "a stream-ordered pool");
+        true
+    }
+
+    /// Every known pool on `device` (all devices for `None`) read again.
+    pub fn pools_refresh(&self, device: Option<u16>) {
+        let pools: Vec<usize> = self
+            .held
+            .book()
+            .iter()
+            .filter(|e| !e.destroyed && device.is_none_or(|d| d == e.device))
+            .map(|e| e.pool)
+            .collect();
+        for p in pools {
+            self.pool_refresh(p);
+        }
+    }
+
+    /// `cuMemPoolDestroy` succeeded: the pool's charge becomes `live`, the
+    /// bytes its allocations still held (read before the call); the rest
+    /// is given back.
+    pub fn pool_destroyed(&self, pool: usize, live: u64) {
+        let change = {
+            let mut book = self.held.book();
+            let Some(e) = book.iter_mut().find(|e| e.pool == pool && !e.destroyed) else {
+                return;
+            };
+            e.destroyed = true;
+            let old = e.charged;
+            e.charged = live.min(old);
+            let c = Change {
+                device: e.device,
+                old,
+                new: e.charged,
+                reserved: 0,
+            };
+            book.retain(|e| !(e.destroyed && e.charged == 0));
+            c
+        };
+        self.apply(change, "a destroyed pool");
+    }
+
+    /// A stream-ordered allocation of `bytes` from `pool` was freed. Only a
+    /// destroyed pool's charge changes (module docs).
+    pub fn pool_freed(&self, pool: usize, bytes: u64) {
+        let change = {
+            let mut book = self.held.book();
+            let Some(e) = book.iter_mut().find(|e| e.pool == pool && e.destroyed) else {
+                return;
+            };
+            let old = e.charged;
+            e.charged = old.saturating_sub(bytes);
+            let c = Change {
+                device: e.device,
+                old,
+                new: e.charged,
+                reserved: 0,
+            };
+            book.retain(|e| !(e.destroyed && e.charged == 0));
+            c
+        };
+        self.apply(change, "a destroyed pool");
+    }
+
+    /// Before a refusal on `device`: trims each of its pools to its release
+    /// threshold (what a synchronisation would do) unless a capture is in
+    /// progress, reads pools and graph memory again, and measures the
+    /// context again (at most every [`CONTEXT_AGAIN`]). The bytes of budget
+    /// released, net.
+    pub fn reclaim(&self, device: CUdevice) -> u64 {
+        let Some(slot) = self.slot(device) else {
+            return 0;
+        };
+        let before = slot.budget.used();
+        let dev16 = device as u16;
+        if !self.capture_in_progress() {
+            let pools: Vec<usize> = self
+                .held
+                .book()
+                .iter()
+                .filter(|e| !e.destroyed && e.device == dev16)
+                .map(|e| e.pool)
+                .collect();
+            for p in pools {
+                if let Ok(t) = self
+                    .driver
+                    .mem_pool_attribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+                {
+                    let _ = self.driver.mem_pool_trim_to(p, t);
+                }
+            }
+        }
+        self.pools_refresh(Some(dev16));
+        self.graphs_refresh(device);
+        let last = self.held.measured_ns[usize::from(dev16) % MAX_DEVICES].load(Ordering::Relaxed);
+        if mono_ns().saturating_sub(last) >= CONTEXT_AGAIN.as_nanos() as u64 {
+            self.context_measure(device);
+        }
+        before.saturating_sub(slot.budget.used())
+    }
+
+    /// The background thread's part: pools and graph memory read again on
+    /// every device the process uses, the context measured again every
+    /// [`CONTEXT_EVERY`] (at once after a context went away).
+    pub fn held_round(&self) {
+        if self.settings.counting != Counting::Held {
+            return;
+        }
+        self.pools_refresh(None);
+        let now = mono_ns();
+        let page = self.page.get(self.settings);
+        for (i, s) in page.slots.iter().enumerate() {
+            if s.flags.load(Ordering::Relaxed) == 0 || s.budget.limit().is_none() {
+                continue;
+            }
+            let device = i as CUdevice;
+            self.graphs_refresh(device);
+            let last = self.held.measured_ns[i % MAX_DEVICES].load(Ordering::Relaxed);
+            if now.saturating_sub(last) >= CONTEXT_EVERY.as_nanos() as u64 {
+                self.context_measure(device);
+            }
+        }
+    }
+
+    /// A context on `device` (any device for `None`) went away: measure
+    /// again at the next round.
+    pub fn context_gone(&self, device: Option<CUdevice>) {
+        for (i, m) in self.held.measured_ns.iter().enumerate() {
+            if device.is_none_or(|d| usize::try_from(d) == Ok(i)) {
+                m.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Moves the device's graph charge to its graph reserve.
+    pub fn graphs_refresh(&self, device: CUdevice) -> Option<u64> {
+        if self.settings.counting != Counting::Held {
+            return None;
+        }
+        let slot = self.slot(device)?;
+        let r = self
+            .driver
+            .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+            .ok()?;
+        // One writer at a time is not needed: the swap makes each change
+        // a difference of two values the word really held.
+        let old = slot.graphs.swap(r, Ordering::AcqRel);
+        self.apply_raw(slot, device, old, r, "graph memory");
+        Some(r)
+    }
+
+    /// Applies a pool's change to its device's budget and `slot.pools`.
+    fn apply(&self, c: Change, what: &str) {
+        let device = CUdevice::from(c.device);
+        let Some(slot) = self.slot(device) else {
+            return;
+        };
+        if c.new >= c.old {
+            slot.pools.fetch_add(c.new - c.old, Ordering::Relaxed);
+        } else {
+            sub(&slot.pools, c.old - c.new);
+        }
+        self.apply_raw(slot, device, c.old.saturating_add(c.reserved), c.new, what);
+    }
+
+    /// Moves `old` bytes of the budget to `new`: a rise is reserved under
+    /// the cap where it fits, else charged past it (the memory is held
+    /// already); a fall is given back.
+    fn apply_raw(&self, slot: &DeviceSlot, device: CUdevice, old: u64, new: u64, what: &str) {
+        if new > old {
+            self.charge_held(slot, device, new - old, what);
+        } else if old > new {
+            self.release_held(slot, device, old - new);
+        }
+    }
+
+    /// Charges bytes the process holds already.
+    fn charge_held(&self, slot: &DeviceSlot, device: CUdevice, bytes: u64, what: &str) {
+        let limit = slot.budget.limit().unwrap_or(NO_CAP);
+        if self.reserve_on(slot, device, bytes, limit).is_ok() {
+            return;
+        }
+        let _ = slot.budget.try_reserve(bytes, NO_CAP);
+        if self.group.reserve(device, bytes).is_err() {
+            self.held.owed[usize::try_from(device).unwrap_or(0) % MAX_DEVICES]
+                .fetch_add(bytes, Ordering::Relaxed);
+        }
+        log_once!(
+            Warn,
+            "device {device}: {what} holds {bytes} bytes more than vramcap could reserve for it under the cap; the process is over its cap, and new allocations are refused until it is back under"
+        );
+    }
+
+    fn release_held(&self, slot: &DeviceSlot, device: CUdevice, bytes: u64) {
+        let owed = &self.held.owed[usize::try_from(device).unwrap_or(0) % MAX_DEVICES];
+        let mut from_owed = 0;
+        let _ = owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+            from_owed = o.min(bytes);
+            Some(o - from_owed)
+        });
+        if from_owed > 0 {
+            slot.budget.release(from_owed);
+        }
+        if bytes > from_owed {
+            self.release_on(slot, device, bytes - from_owed);
+        }
+    }
+
+    /// Measures the context's footprint on `device` (module docs) and moves
+    /// its charge there. Skipped when another thread is measuring.
+    pub fn context_measure(&self, device: CUdevice) {
+        if self.settings.counting != Counting::Held {
+            return;
+        }
+        let Some(slot) = self.slot(device) else {
+            return;
+        };
+        let i = usize::try_from(device).unwrap_or(0) % MAX_DEVICES;
+        if self.held.measuring[i].swap(true, Ordering::Acquire) {
+            return;
+        }
+        let footprint = match self.settings.context {
+            ContextCharge::Bytes(b) => Some(b),
+            ContextCharge::Auto => self.context_from_nvml(slot, device),
+        };
+        if let Some(f) = footprint {
+            let old = slot.context.swap(f, Ordering::AcqRel);
+            self.apply_raw(slot, device, old, f, "the context");
+        }
+        self.held.measured_ns[i].store(mono_ns().max(1), Ordering::Relaxed);
+        self.held.measuring[i].store(false, Ordering::Release);
+    }
+
+    /// NVML's figure for this process on `device` minus what the engine
+    /// counts of the rest; the fallback where NVML cannot tell which
+    /// process is this one; `None` when the figures moved while read.
+    fn context_from_nvml(&self, slot: &DeviceSlot, device: CUdevice) -> Option<u64> {
+        let fallback = || {
+            log_once!(
+                Info,
+                "device {device}: NVML cannot tell which process is this one (or is not there); charging {} MiB for the context (set VRAMCAP_CONTEXT=SIZE to choose)",
+                ContextCharge::FALLBACK >> 20
+            );
+            Some(ContextCharge::FALLBACK)
+        };
+        let state = self.held.nvml.load(Ordering::Acquire);
+        if state == NVML_ABSENT {
+            return fallback();
+        }
+        if state == NVML_UNTRIED {
+            // Kept initialised for the process's life: re-initialising for
+            // every measurement would cost milliseconds each time.
+            let up = self.driver.nvml_init();
+            self.held
+                .nvml
+                .store(if up { NVML_UP } else { NVML_ABSENT }, Ordering::Release);
+            if !up {
+                return fallback();
+            }
+        }
+        let uuid = uuid_text(&slot.uuid_bytes())?;
+        let Some(handle) = self.driver.nvml_device_by_uuid(&uuid) else {
+            return fallback();
+        };
+        let rest = |s: &DeviceSlot| {
+            s.budget
+                .used()
+                .saturating_sub(s.context.load(Ordering::Acquire))
+        };
+        let before = rest(slot);
+        let mut procs = [(0u32, 0u64); PROCESSES];
+        let Some(n) = self.driver.nvml_processes(handle, &mut procs) else {
+            return fallback();
+        };
+        let after = rest(slot);
+        if before != after {
+            return None;
+        }
+        let procs = &procs[..n];
+        let pid = std::process::id();
+        let mine = procs
+            .iter()
+            .find(|p| p.0 == pid)
+            .map(|p| p.1)
+            .or_else(|| match procs {
+                // In a container NVML lists host PIDs; with a context, this
+                // process is in the list: the only one, or the only one
+                // holding at least what it is known to hold.
+                [only] => Some(only.1),
+                _ => {
+                    let mut fits = procs.iter().filter(|p| p.1 >= after);
+                    match (fits.next(), fits.next()) {
+                        (Some(p), None) => Some(p.1),
+                        _ => None,
+                    }
+                }
+            });
+        match mine {
+            Some(used) => {
+                let f = used.saturating_sub(after);
+                log_at!(
+                    Debug,
+                    "device {device}: NVML shows {used} bytes for the process, {after} counted: context {f}"
+                );
+                Some(f)
+            }
+            None => fallback(),
+        }
+    }
+}
+
+/// Subtracts, clamping at zero.
+fn sub(word: &AtomicU64, bytes: u64) {
+    let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+        Some(v.saturating_sub(bytes))
+    });
+}

@@ -1,0 +1,131 @@
+//! The engine's book of what a process holds beyond its allocations: the
+//! pools it allocates from with their charges, and the context
+//! measurement's state. The rules are in `held.rs`; this is the data, kept
+//! apart so that `base` can own it.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
+use std::time::Duration;
+
+use vramcap_core::MAX_DEVICES;
+
+/// What a pool is assumed to grow by at least, per allocation that needs
+/// more than its free reserve (the real driver's growth was measured on
+/// the H200; see docs/gpu-results.md).
+pub const POOL_GRANULE: u64 = 2 << 20;
+/// How often the background thread measures the context again.
+pub const CONTEXT_EVERY: Duration = Duration::from_secs(1);
+/// The least time between two measurements on the refusal path.
+pub const CONTEXT_AGAIN: Duration = Duration::from_millis(100);
+/// Processes NVML may list on one device for the measurement to work.
+pub const PROCESSES: usize = 128;
+
+/// NVML as the context measurement found it.
+pub const NVML_UNTRIED: u8 = 0;
+pub const NVML_UP: u8 = 1;
+pub const NVML_ABSENT: u8 = 2;
+
+/// One pool the process allocated from.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolEntry {
+    pub pool: usize,
+    pub device: u16,
+    /// Bytes of the device's budget held for this pool.
+    pub charged: u64,
+    /// Allocations from it between their estimate and their settling.
+    pub inflight: u32,
+    /// Bytes of its free reserve that allocations in flight count on.
+    pub claimed: u64,
+    /// Destroyed: `charged` is what its live allocations held then, given
+    /// back as they are freed.
+    pub destroyed: bool,
+}
+
+/// An allocation's claim on its pool, between estimate and settling.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim {
+    pub pool: usize,
+    /// The estimate reserved in the budget.
+    pub grow: u64,
+    /// What it took from the pool's free reserve.
+    pub take: u64,
+}
+
+/// A change of a pool's charge from `old` to `new`, applied to the budget
+/// (which holds `old + reserved`: `reserved` is an estimate being settled)
+/// after the book's lock is released.
+#[derive(Debug, Clone, Copy)]
+pub struct Change {
+    pub device: u16,
+    pub old: u64,
+    pub new: u64,
+    pub reserved: u64,
+}
+
+pub struct Held {
+    pub pools: Mutex<Vec<PoolEntry>>,
+    /// Per device: bytes of the own budget that the group's could not take
+    /// when a measured figure rose past the group's cap (released from the
+    /// own budget only).
+    pub owed: [AtomicU64; MAX_DEVICES],
+    /// Per device: when the context was last measured (ns on the
+    /// monotonic clock; 0: never), and whether a measurement runs.
+    pub measured_ns: [AtomicU64; MAX_DEVICES],
+    pub measuring: [AtomicBool; MAX_DEVICES],
+    pub nvml: AtomicU8,
+}
+
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+impl Held {
+    pub fn new() -> Held {
+        Held {
+            pools: Mutex::new(Vec::new()),
+            owed: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            measured_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            measuring: [const { AtomicBool::new(false) }; MAX_DEVICES],
+            nvml: AtomicU8::new(NVML_UNTRIED),
+        }
+    }
+
+    pub fn book(&self) -> std::sync::MutexGuard<'_, Vec<PoolEntry>> {
+        // A panic under the lock leaves plain numbers: still usable.
+        self.pools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The device a known pool's memory lives on.
+    pub fn pool_device(&self, pool: usize) -> Option<u16> {
+        self.book()
+            .iter()
+            .find(|e| e.pool == pool && !e.destroyed)
+            .map(|e| e.device)
+    }
+
+    /// Enters a pool made with `cuMemPoolCreate` on `device`.
+    pub fn created(&self, pool: usize, device: u16) {
+        let mut book = self.book();
+        book.retain(|e| !(e.pool == pool && e.destroyed && e.charged == 0));
+        if !book.iter().any(|e| e.pool == pool && !e.destroyed) {
+            book.push(PoolEntry {
+                pool,
+                device,
+                charged: 0,
+                inflight: 0,
+                claimed: 0,
+                destroyed: false,
+            });
+        }
+    }
+}
