@@ -546,5 +546,6 @@ fn cli_refuses_a_bad_limit_before_starting_anything() {
         &format!("export LD_PRELOAD='{}'", a.shim.display()),
         "export VRAMCAP_LIMIT='4GiB'",
         "export VRAMCAP_LOG='info'",
+        "# VRAMCAP_COUNT=held: the cap counts everything the process holds on each GPU (allocations, stream-ordered pools, graph memory, the context)",
     ]);
 }

@@ -113,7 +113,8 @@ fn a_held_allocation_shows_with_exact_bytes_and_goes_at_exit() {
     assert_eq!(
         table[0].split_whitespace().collect::<Vec<_>>(),
         [
-            "GPU", "PID", "LIMIT", "USED", "PEAK", "CACHED", "SPILLED", "%LIMIT", "OOM", "COMMAND"
+            "GPU", "PID", "LIMIT", "USED", "PEAK", "CACHED", "POOLS", "GRAPHS", "CONTEXT",
+            "SPILLED", "%LIMIT", "OOM", "COMMAND"
         ]
     );
     assert_eq!(table.len(), 3, "{table:?}");

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use vramcap_core::limit::parse_limit;
 use vramcap_core::settings::{
-    CACHE_IDLE_VAR, CACHE_VAR, GROUP_VAR, LOG_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR,
+    CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, GROUP_VAR, LOG_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR,
     Settings, parse_log_level, unknown_vars_in_env,
 };
 
@@ -62,6 +62,12 @@ struct ShimOptions {
     /// Share one budget per GPU with every process of this group (sets VRAMCAP_GROUP)
     #[arg(long, value_name = "NAME")]
     group: Option<String>,
+    /// What the cap counts: held (everything the process holds on the GPU, the default) or allocations (sets VRAMCAP_COUNT)
+    #[arg(long, value_name = "held|allocations")]
+    count: Option<String>,
+    /// The context's footprint: auto (measured through NVML) or a size per GPU (sets VRAMCAP_CONTEXT)
+    #[arg(long, value_name = "auto|SIZE")]
+    context: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -232,6 +238,8 @@ fn shim_env(opts: &ShimOptions) -> Result<Vec<(String, OsString)>, String> {
         (SPILL_LIMIT_VAR, &opts.spill_limit),
         (STATS_DIR_VAR, &opts.stats_dir),
         (GROUP_VAR, &opts.group),
+        (COUNT_VAR, &opts.count),
+        (CONTEXT_VAR, &opts.context),
     ];
     for (var, value) in others {
         if let Some(v) = value {
@@ -249,6 +257,27 @@ fn print_size(text: &str) -> Result<ExitCode, String> {
     })?;
     println!("{bytes}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the cap will count, in one line, for the variables `vramcap env`
+/// sets (the environment's own `VRAMCAP_COUNT` where it sets none).
+fn counting_line(vars: &[(String, OsString)]) -> String {
+    let value = vars
+        .iter()
+        .find(|(k, _)| k == COUNT_VAR)
+        .map(|(_, v)| v.to_string_lossy().into_owned())
+        .or_else(|| std::env::var(COUNT_VAR).ok());
+    let counting = value
+        .and_then(|v| vramcap_core::settings::parse_counting(&v).ok())
+        .unwrap_or(vramcap_core::settings::Counting::Held);
+    match counting {
+        vramcap_core::settings::Counting::Held => format!(
+            "{COUNT_VAR}=held: the cap counts everything the process holds on each GPU (allocations, stream-ordered pools, graph memory, the context)"
+        ),
+        vramcap_core::settings::Counting::Allocations => format!(
+            "{COUNT_VAR}=allocations: the cap counts allocations only; pools' retained memory, graph memory and the context are not capped"
+        ),
+    }
 }
 
 fn shell_quote(s: &str) -> String {
@@ -320,9 +349,10 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }),
         Command::Env { opts } => shim_env(&opts).map(|vars| {
-            for (k, v) in vars {
+            for (k, v) in &vars {
                 println!("export {k}={}", shell_quote(&v.to_string_lossy()));
             }
+            println!("# {}", counting_line(&vars));
             ExitCode::SUCCESS
         }),
     };

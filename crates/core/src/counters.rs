@@ -156,6 +156,13 @@ counters! {
     peak: u64 = |s| s.budget.peak(), json "peak_bytes", Gauge "vramcap_gpu_memory_peak_bytes" "Highest vramcap_gpu_memory_used_bytes of the process on the GPU so far.";
     /// Bytes in freed blocks kept for reuse (part of `used`).
     cached: u64 = |s| load(&s.cached), json "cached_bytes", Gauge "vramcap_gpu_memory_cached_bytes" "Bytes in freed blocks the shim keeps for reuse (part of used).";
+    /// Bytes the process's stream-ordered pools keep reserved, their live
+    /// allocations included (part of `used`; 0 under `VRAMCAP_COUNT=allocations`).
+    pools: u64 = |s| load(&s.pools), json "pool_bytes", Gauge "vramcap_gpu_memory_pool_bytes" "Bytes the process's stream-ordered memory pools keep reserved on the GPU, their live allocations included (part of used).";
+    /// The device's graph memory (part of `used`).
+    graphs: u64 = |s| load(&s.graphs), json "graph_bytes", Gauge "vramcap_gpu_memory_graph_bytes" "Bytes of graph memory (allocation nodes of launched CUDA graphs) the process holds on the GPU (part of used).";
+    /// The context's footprint (part of `used`).
+    context: u64 = |s| load(&s.context), json "context_bytes", Gauge "vramcap_gpu_memory_context_bytes" "Bytes the process's CUDA contexts, modules and libraries hold on the GPU beyond its allocations (part of used).";
     /// Bytes placed in host memory past the cap.
     spilled: u64 = |s| load(&s.spilled), json "spilled_bytes", Gauge "vramcap_gpu_memory_spilled_bytes" "Bytes the process allocated on the GPU that were placed in host memory past the cap.";
     /// Allocations that succeeded, cache hits and spills included.

@@ -263,6 +263,24 @@ pub fn run(lib: Result<PathBuf, String>, stats_dirs: Result<StatsDirs, String>, 
                 "settings in this environment",
                 format!("limit: {}; log {}", s.limit, s.log.name()),
             );
+            let context = match s.context {
+                vramcap_core::settings::ContextCharge::Auto => {
+                    "the context measured through NVML".to_string()
+                }
+                vramcap_core::settings::ContextCharge::Bytes(b) => {
+                    format!("the context charged at {b} bytes per GPU")
+                }
+            };
+            match s.counting {
+                vramcap_core::settings::Counting::Held => r.ok(
+                    "what the cap counts",
+                    format!("held (VRAMCAP_COUNT): allocations, stream-ordered pools, graph memory and {context}"),
+                ),
+                vramcap_core::settings::Counting::Allocations => r.note(
+                    "what the cap counts",
+                    "allocations only (VRAMCAP_COUNT=allocations): pools' retained memory, graph memory and the context are not capped, so the process can hold more than its cap",
+                ),
+            }
             Some(s)
         }
         Err(e) => {

@@ -300,7 +300,8 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
         colour: style_colour,
     };
     let head = [
-        "GPU", "PID", "LIMIT", "USED", "PEAK", "CACHED", "SPILLED", "%LIMIT", "OOM", "COMMAND",
+        "GPU", "PID", "LIMIT", "USED", "PEAK", "CACHED", "POOLS", "GRAPHS", "CONTEXT", "SPILLED",
+        "%LIMIT", "OOM", "COMMAND",
     ];
     let mut rows: Vec<(Vec<String>, Option<&str>)> = Vec::new();
     for (p, devs) in filtered(scan, a) {
@@ -321,6 +322,9 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
                     human_bytes(d.used),
                     human_bytes(d.peak),
                     human_bytes(d.cached),
+                    human_bytes(d.pools),
+                    human_bytes(d.graphs),
+                    human_bytes(d.context),
                     human_bytes(d.spilled),
                     pct.map(|p| format!("{p:.1}%"))
                         .unwrap_or_else(|| "-".into()),
