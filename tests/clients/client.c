@@ -298,6 +298,7 @@ struct api {
     CUresult (*mem_pool_set_attribute)(CUmemoryPool, CUmemPool_attribute,
                                        void *);
     CUresult (*mem_pool_trim_to)(CUmemoryPool, size_t);
+    CUresult (*mem_pool_destroy)(CUmemoryPool);
     CUresult (*device_get_mem_pool)(CUmemoryPool *, CUdevice);
     CUresult (*device_set_mem_pool)(CUdevice, CUmemoryPool);
     CUresult (*stream_synchronize)(CUstream);
@@ -404,6 +405,7 @@ static const struct function g_graph_functions[] = {
     FN(cuMemPoolGetAttribute, cuMemPoolGetAttribute, 11020, mem_pool_get_attribute),
     FN(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 11020, mem_pool_set_attribute),
     FN(cuMemPoolTrimTo, cuMemPoolTrimTo, 11020, mem_pool_trim_to),
+    FN(cuMemPoolDestroy, cuMemPoolDestroy, 11020, mem_pool_destroy),
     FN(cuDeviceGetMemPool, cuDeviceGetMemPool, 11020, device_get_mem_pool),
     FN(cuDeviceSetMemPool, cuDeviceSetMemPool, 11020, device_set_mem_pool),
     FN(cuStreamSynchronize, cuStreamSynchronize, 2000, stream_synchronize),
@@ -627,6 +629,10 @@ static CUresult l_mem_pool_trim_to(CUmemoryPool m, size_t n)
 {
     return cuMemPoolTrimTo(m, n);
 }
+static CUresult l_mem_pool_destroy(CUmemoryPool m)
+{
+    return cuMemPoolDestroy(m);
+}
 static CUresult l_device_get_mem_pool(CUmemoryPool *m, CUdevice d)
 {
     return cuDeviceGetMemPool(m, d);
@@ -750,6 +756,7 @@ static void setup_linked(void)
         .mem_pool_get_attribute = l_mem_pool_get_attribute,
         .mem_pool_set_attribute = l_mem_pool_set_attribute,
         .mem_pool_trim_to = l_mem_pool_trim_to,
+        .mem_pool_destroy = l_mem_pool_destroy,
         .device_get_mem_pool = l_device_get_mem_pool,
         .device_set_mem_pool = l_device_set_mem_pool,
         .stream_synchronize = l_stream_synchronize,
@@ -2290,6 +2297,12 @@ static int command(int argc, char **argv, bool run)
         if (run)
             out("setpool -> %d",
                 api.device_set_mem_pool(current_device(), g_pool));
+        return 1;
+    }
+    if (strcmp(cmd, "destroypool") == 0) {
+        g_need_graph = true;
+        if (run)
+            out("destroypool -> %d", api.mem_pool_destroy(g_pool));
         return 1;
     }
     if (strcmp(cmd, "streamsync") == 0) {
