@@ -17,7 +17,9 @@
  * The whole command line is checked first; then the driver functions are
  * obtained and the commands run left to right. Each prints exactly one line
  * to stdout (flushed), except "standin" and "nvml", which print one per
- * device, and "kinds", which prints one per device and one more. RC is the driver's CUresult in decimal; SIZE is a byte count,
+ * device, "nvmlprocs", which prints one per process and device (or per
+ * device without any), and "kinds", which prints one per device and one
+ * more. RC is the driver's CUresult in decimal; SIZE is a byte count,
  * optionally with a K, M or G suffix (powers of 1024), printed back in
  * bytes; slots number the allocations the client remembers, from 0: device
  * pointers (#SLOT), cuMemCreate handles (%SLOT) and arrays (@SLOT), each
@@ -163,6 +165,67 @@
  *                            the count fails, "nvml -> unavailable" if the
  *                            library or a function is missing (RC is the
  *                            nvmlReturn_t)
+ *   poolattr ATTR         cuMemPoolGetAttribute of the client's pool (from
+ *                         "pool"), else the current device's current pool
+ *                         (cuDeviceGetMemPool); ATTR threshold, reserved,
+ *                         reservedhigh, used or usedhigh
+ *                         -> "poolattr ATTR -> RC VALUE" (VALUE in bytes)
+ *   poolset ATTR SIZE|max cuMemPoolSetAttribute of that pool (max:
+ *                         UINT64_MAX) -> "poolset ATTR BYTES -> RC" or
+ *                         "poolset ATTR max -> RC"
+ *   pooltrim SIZE         cuMemPoolTrimTo of that pool -> "pooltrim BYTES -> RC"
+ *   setpool               cuDeviceSetMemPool(current device, client's pool)
+ *                         -> "setpool -> RC"
+ *   destroypool           cuMemPoolDestroy(client's pool) -> "destroypool -> RC"
+ *   streamsync            cuStreamSynchronize(client's stream)
+ *                         -> "streamsync -> RC"
+ *   graphmem ATTR         cuDeviceGetGraphMemAttribute(current device); ATTR
+ *                         used, usedhigh, reserved or reservedhigh
+ *                         -> "graphmem ATTR -> RC VALUE"
+ *   graphmemset ATTR SIZE cuDeviceSetGraphMemAttribute
+ *                         -> "graphmemset ATTR BYTES -> RC"
+ *   graphtrim             cuDeviceGraphMemTrim(current device)
+ *                         -> "graphtrim -> RC"
+ *   graphalloc SIZE       cuGraphAddMemAllocNode (no dependencies, pinned on
+ *                         the current device, read-write access for it) to
+ *                         the client's graph, made with cuGraphCreate first
+ *                         if there is none; the node's pointer goes into a
+ *                         slot -> "graphalloc BYTES -> RC #SLOT" (no #SLOT on
+ *                         failure)
+ *   graphfree SLOT        cuGraphAddMemFreeNode of the slot's pointer to the
+ *                         client's graph -> "graphfree #SLOT -> RC"
+ *   graphnodes            cuGraphGetNodes (count, then the nodes) and
+ *                         cuGraphNodeGetType of each -> "graphnodes -> RC
+ *                         n=N types=T1,T2,..." (types "-" when none)
+ *   graphdestroy          cuGraphDestroy -> "graphdestroy -> RC"
+ *   instantiate [autofree|upload]
+ *                         the client's graph ("graphalloc"'s, else the last
+ *                         one "capture-end" gave) becomes the client's
+ *                         executable graph: cuGraphInstantiate (12000 ABI,
+ *                         cuGraphInstantiateWithFlags by exact name) with
+ *                         flags 0 or AUTO_FREE_ON_LAUNCH -> "instantiate ->
+ *                         RC" / "instantiate autofree -> RC"; with upload
+ *                         cuGraphInstantiateWithParams (FLAG_UPLOAD, the
+ *                         client's stream) -> "instantiate upload -> RC
+ *                         result=R" (R the CUgraphInstantiateResult)
+ *   launch, upload        cuGraphLaunch / cuGraphUpload of the executable
+ *                         graph on the client's stream -> "launch -> RC"
+ *   execdestroy           cuGraphExecDestroy -> "execdestroy -> RC"
+ *   nvmlprocs             NVML like "nvml"; per device the handle by index,
+ *                         its UUID, the handle by UUID (must be the same),
+ *                         then nvmlDeviceGetComputeRunningProcesses_v3 with
+ *                         no room (for the count), then with room
+ *                         -> per process "nvmlprocs dev=N pid=P used=U",
+ *                            "nvmlprocs dev=N none" without any,
+ *                            "nvmlprocs dev=N -> RC" on an error;
+ *                            "nvmlprocs -> RC" / "-> unavailable" as "nvml"
+ *
+ * The driver functions of the commands from poolattr to execdestroy are
+ * obtained only when the command line uses one of them (cudart's versions:
+ * cuMemPool* and cuDevice(Get|Set)MemPool 11020, cuStreamSynchronize 2000,
+ * cuGraphCreate/Destroy/GetNodes/NodeGetType/ExecDestroy/Launch 10000,
+ * cuGraphUpload 11010, the memory node and graph memory calls 11040,
+ * cuGraphInstantiate and cuGraphInstantiateWithParams 12000).
  *
  * The driver functions of the commands from allocasync to arraysize are
  * obtained only when the command line uses one of them (the procaddr
