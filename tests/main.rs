@@ -14,5 +14,6 @@ mod paths;
 mod readers;
 mod shim;
 mod spill;
+mod standin_model;
 mod stats;
 mod top;

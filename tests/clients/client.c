@@ -17,7 +17,9 @@
  * The whole command line is checked first; then the driver functions are
  * obtained and the commands run left to right. Each prints exactly one line
  * to stdout (flushed), except "standin" and "nvml", which print one per
- * device, and "kinds", which prints one per device and one more. RC is the driver's CUresult in decimal; SIZE is a byte count,
+ * device, "nvmlprocs", which prints one per process and device (or per
+ * device without any), and "kinds", which prints one per device and one
+ * more. RC is the driver's CUresult in decimal; SIZE is a byte count,
  * optionally with a K, M or G suffix (powers of 1024), printed back in
  * bytes; slots number the allocations the client remembers, from 0: device
  * pointers (#SLOT), cuMemCreate handles (%SLOT) and arrays (@SLOT), each
@@ -163,6 +165,67 @@
  *                            the count fails, "nvml -> unavailable" if the
  *                            library or a function is missing (RC is the
  *                            nvmlReturn_t)
+ *   poolattr ATTR         cuMemPoolGetAttribute of the client's pool (from
+ *                         "pool"), else the current device's current pool
+ *                         (cuDeviceGetMemPool); ATTR threshold, reserved,
+ *                         reservedhigh, used or usedhigh
+ *                         -> "poolattr ATTR -> RC VALUE" (VALUE in bytes)
+ *   poolset ATTR SIZE|max cuMemPoolSetAttribute of that pool (max:
+ *                         UINT64_MAX) -> "poolset ATTR BYTES -> RC" or
+ *                         "poolset ATTR max -> RC"
+ *   pooltrim SIZE         cuMemPoolTrimTo of that pool -> "pooltrim BYTES -> RC"
+ *   setpool               cuDeviceSetMemPool(current device, client's pool)
+ *                         -> "setpool -> RC"
+ *   destroypool           cuMemPoolDestroy(client's pool) -> "destroypool -> RC"
+ *   streamsync            cuStreamSynchronize(client's stream)
+ *                         -> "streamsync -> RC"
+ *   graphmem ATTR         cuDeviceGetGraphMemAttribute(current device); ATTR
+ *                         used, usedhigh, reserved or reservedhigh
+ *                         -> "graphmem ATTR -> RC VALUE"
+ *   graphmemset ATTR SIZE cuDeviceSetGraphMemAttribute
+ *                         -> "graphmemset ATTR BYTES -> RC"
+ *   graphtrim             cuDeviceGraphMemTrim(current device)
+ *                         -> "graphtrim -> RC"
+ *   graphalloc SIZE       cuGraphAddMemAllocNode (no dependencies, pinned on
+ *                         the current device, read-write access for it) to
+ *                         the client's graph, made with cuGraphCreate first
+ *                         if there is none; the node's pointer goes into a
+ *                         slot -> "graphalloc BYTES -> RC #SLOT" (no #SLOT on
+ *                         failure)
+ *   graphfree SLOT        cuGraphAddMemFreeNode of the slot's pointer to the
+ *                         client's graph -> "graphfree #SLOT -> RC"
+ *   graphnodes            cuGraphGetNodes (count, then the nodes) and
+ *                         cuGraphNodeGetType of each -> "graphnodes -> RC
+ *                         n=N types=T1,T2,..." (types "-" when none)
+ *   graphdestroy          cuGraphDestroy -> "graphdestroy -> RC"
+ *   instantiate [autofree|upload]
+ *                         the client's graph ("graphalloc"'s, else the last
+ *                         one "capture-end" gave) becomes the client's
+ *                         executable graph: cuGraphInstantiate (12000 ABI,
+ *                         cuGraphInstantiateWithFlags by exact name) with
+ *                         flags 0 or AUTO_FREE_ON_LAUNCH -> "instantiate ->
+ *                         RC" / "instantiate autofree -> RC"; with upload
+ *                         cuGraphInstantiateWithParams (FLAG_UPLOAD, the
+ *                         client's stream) -> "instantiate upload -> RC
+ *                         result=R" (R the CUgraphInstantiateResult)
+ *   launch, upload        cuGraphLaunch / cuGraphUpload of the executable
+ *                         graph on the client's stream -> "launch -> RC"
+ *   execdestroy           cuGraphExecDestroy -> "execdestroy -> RC"
+ *   nvmlprocs             NVML like "nvml"; per device the handle by index,
+ *                         its UUID, the handle by UUID (must be the same),
+ *                         then nvmlDeviceGetComputeRunningProcesses_v3 with
+ *                         no room (for the count), then with room
+ *                         -> per process "nvmlprocs dev=N pid=P used=U",
+ *                            "nvmlprocs dev=N none" without any,
+ *                            "nvmlprocs dev=N -> RC" on an error;
+ *                            "nvmlprocs -> RC" / "-> unavailable" as "nvml"
+ *
+ * The driver functions of the commands from poolattr to execdestroy are
+ * obtained only when the command line uses one of them (cudart's versions:
+ * cuMemPool* and cuDevice(Get|Set)MemPool 11020, cuStreamSynchronize 2000,
+ * cuGraphCreate/Destroy/GetNodes/NodeGetType/ExecDestroy/Launch 10000,
+ * cuGraphUpload 11010, the memory node and graph memory calls 11040,
+ * cuGraphInstantiate and cuGraphInstantiateWithParams 12000).
  *
  * The driver functions of the commands from allocasync to arraysize are
  * obtained only when the command line uses one of them (the procaddr
@@ -292,6 +355,37 @@ struct api {
                                    CUdevice);
     CUresult (*mipmap_requirements)(CUDA_ARRAY_MEMORY_REQUIREMENTS *,
                                     CUmipmappedArray, CUdevice);
+    /* Obtained only when a command needs them (see g_graph_functions). */
+    CUresult (*mem_pool_get_attribute)(CUmemoryPool, CUmemPool_attribute,
+                                       void *);
+    CUresult (*mem_pool_set_attribute)(CUmemoryPool, CUmemPool_attribute,
+                                       void *);
+    CUresult (*mem_pool_trim_to)(CUmemoryPool, size_t);
+    CUresult (*mem_pool_destroy)(CUmemoryPool);
+    CUresult (*device_get_mem_pool)(CUmemoryPool *, CUdevice);
+    CUresult (*device_set_mem_pool)(CUdevice, CUmemoryPool);
+    CUresult (*stream_synchronize)(CUstream);
+    CUresult (*graph_create)(CUgraph *, unsigned int);
+    CUresult (*graph_destroy)(CUgraph);
+    CUresult (*graph_add_mem_alloc_node)(CUgraphNode *, CUgraph,
+                                         const CUgraphNode *, size_t,
+                                         CUDA_MEM_ALLOC_NODE_PARAMS *);
+    CUresult (*graph_add_mem_free_node)(CUgraphNode *, CUgraph,
+                                        const CUgraphNode *, size_t,
+                                        CUdeviceptr);
+    CUresult (*graph_get_nodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*graph_node_get_type)(CUgraphNode, CUgraphNodeType *);
+    CUresult (*graph_instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*graph_instantiate_with_params)(CUgraphExec *, CUgraph,
+                                              CUDA_GRAPH_INSTANTIATE_PARAMS *);
+    CUresult (*graph_exec_destroy)(CUgraphExec);
+    CUresult (*graph_launch)(CUgraphExec, CUstream);
+    CUresult (*graph_upload)(CUgraphExec, CUstream);
+    CUresult (*device_get_graph_mem_attribute)(CUdevice, CUgraphMem_attribute,
+                                               void *);
+    CUresult (*device_set_graph_mem_attribute)(CUdevice, CUgraphMem_attribute,
+                                               void *);
+    CUresult (*device_graph_mem_trim)(CUdevice);
 };
 static struct api api;
 
@@ -363,6 +457,39 @@ static const struct function g_ext_functions[] = {
 
 /* Whether the command line uses a command of g_ext_functions. */
 static bool g_need_ext;
+
+/*
+ * The functions of the pool attribute, synchronisation and graph commands
+ * (poolattr .. nvmlprocs), obtained only when the command line uses one
+ * (g_need_graph). cuGraphInstantiate is asked for at 12000, where it has
+ * cuGraphInstantiateWithFlags's ABI (the name CUDA 12 headers map it to).
+ */
+static const struct function g_graph_functions[] = {
+    FN(cuMemPoolGetAttribute, cuMemPoolGetAttribute, 11020, mem_pool_get_attribute),
+    FN(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 11020, mem_pool_set_attribute),
+    FN(cuMemPoolTrimTo, cuMemPoolTrimTo, 11020, mem_pool_trim_to),
+    FN(cuMemPoolDestroy, cuMemPoolDestroy, 11020, mem_pool_destroy),
+    FN(cuDeviceGetMemPool, cuDeviceGetMemPool, 11020, device_get_mem_pool),
+    FN(cuDeviceSetMemPool, cuDeviceSetMemPool, 11020, device_set_mem_pool),
+    FN(cuStreamSynchronize, cuStreamSynchronize, 2000, stream_synchronize),
+    FN(cuGraphCreate, cuGraphCreate, 10000, graph_create),
+    FN(cuGraphDestroy, cuGraphDestroy, 10000, graph_destroy),
+    FN(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, 11040, graph_add_mem_alloc_node),
+    FN(cuGraphAddMemFreeNode, cuGraphAddMemFreeNode, 11040, graph_add_mem_free_node),
+    FN(cuGraphGetNodes, cuGraphGetNodes, 10000, graph_get_nodes),
+    FN(cuGraphNodeGetType, cuGraphNodeGetType, 10000, graph_node_get_type),
+    FN(cuGraphInstantiate, cuGraphInstantiateWithFlags, 12000, graph_instantiate),
+    FN(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, graph_instantiate_with_params),
+    FN(cuGraphExecDestroy, cuGraphExecDestroy, 10000, graph_exec_destroy),
+    FN(cuGraphLaunch, cuGraphLaunch, 10000, graph_launch),
+    FN(cuGraphUpload, cuGraphUpload, 11010, graph_upload),
+    FN(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, 11040, device_get_graph_mem_attribute),
+    FN(cuDeviceSetGraphMemAttribute, cuDeviceSetGraphMemAttribute, 11040, device_set_graph_mem_attribute),
+    FN(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, device_graph_mem_trim),
+};
+
+/* Whether the command line uses a command of g_graph_functions. */
+static bool g_need_graph;
 
 _Static_assert(sizeof(void *) == sizeof(void (*)(void)),
                "function pointers must fit in void *");
@@ -551,6 +678,100 @@ static CUresult l_mipmap_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *r,
     return cuMipmappedArrayGetMemoryRequirements(r, a, d);
 }
 
+static CUresult l_mem_pool_get_attribute(CUmemoryPool m, CUmemPool_attribute a,
+                                         void *v)
+{
+    return cuMemPoolGetAttribute(m, a, v);
+}
+static CUresult l_mem_pool_set_attribute(CUmemoryPool m, CUmemPool_attribute a,
+                                         void *v)
+{
+    return cuMemPoolSetAttribute(m, a, v);
+}
+static CUresult l_mem_pool_trim_to(CUmemoryPool m, size_t n)
+{
+    return cuMemPoolTrimTo(m, n);
+}
+static CUresult l_mem_pool_destroy(CUmemoryPool m)
+{
+    return cuMemPoolDestroy(m);
+}
+static CUresult l_device_get_mem_pool(CUmemoryPool *m, CUdevice d)
+{
+    return cuDeviceGetMemPool(m, d);
+}
+static CUresult l_device_set_mem_pool(CUdevice d, CUmemoryPool m)
+{
+    return cuDeviceSetMemPool(d, m);
+}
+static CUresult l_stream_synchronize(CUstream s)
+{
+    return cuStreamSynchronize(s);
+}
+static CUresult l_graph_create(CUgraph *g, unsigned int f)
+{
+    return cuGraphCreate(g, f);
+}
+static CUresult l_graph_destroy(CUgraph g) { return cuGraphDestroy(g); }
+static CUresult l_graph_add_mem_alloc_node(CUgraphNode *n, CUgraph g,
+                                           const CUgraphNode *d, size_t nd,
+                                           CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    return cuGraphAddMemAllocNode(n, g, d, nd, p);
+}
+static CUresult l_graph_add_mem_free_node(CUgraphNode *n, CUgraph g,
+                                          const CUgraphNode *d, size_t nd,
+                                          CUdeviceptr p)
+{
+    return cuGraphAddMemFreeNode(n, g, d, nd, p);
+}
+static CUresult l_graph_get_nodes(CUgraph g, CUgraphNode *n, size_t *c)
+{
+    return cuGraphGetNodes(g, n, c);
+}
+static CUresult l_graph_node_get_type(CUgraphNode n, CUgraphNodeType *t)
+{
+    return cuGraphNodeGetType(n, t);
+}
+static CUresult l_graph_instantiate(CUgraphExec *e, CUgraph g,
+                                    unsigned long long f)
+{
+    return cuGraphInstantiateWithFlags(e, g, f);
+}
+static CUresult l_graph_instantiate_with_params(CUgraphExec *e, CUgraph g,
+                                                CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    return cuGraphInstantiateWithParams(e, g, p);
+}
+static CUresult l_graph_exec_destroy(CUgraphExec e)
+{
+    return cuGraphExecDestroy(e);
+}
+static CUresult l_graph_launch(CUgraphExec e, CUstream s)
+{
+    return cuGraphLaunch(e, s);
+}
+static CUresult l_graph_upload(CUgraphExec e, CUstream s)
+{
+    return cuGraphUpload(e, s);
+}
+static CUresult l_device_get_graph_mem_attribute(CUdevice d,
+                                                 CUgraphMem_attribute a,
+                                                 void *v)
+{
+    return cuDeviceGetGraphMemAttribute(d, a, v);
+}
+static CUresult l_device_set_graph_mem_attribute(CUdevice d,
+                                                 CUgraphMem_attribute a,
+                                                 void *v)
+{
+    return cuDeviceSetGraphMemAttribute(d, a, v);
+}
+static CUresult l_device_graph_mem_trim(CUdevice d)
+{
+    return cuDeviceGraphMemTrim(d);
+}
+
 static void setup_linked(void)
 {
     api = (struct api){
@@ -595,6 +816,27 @@ static void setup_linked(void)
         .mipmap_destroy = l_mipmap_destroy,
         .array_requirements = l_array_requirements,
         .mipmap_requirements = l_mipmap_requirements,
+        .mem_pool_get_attribute = l_mem_pool_get_attribute,
+        .mem_pool_set_attribute = l_mem_pool_set_attribute,
+        .mem_pool_trim_to = l_mem_pool_trim_to,
+        .mem_pool_destroy = l_mem_pool_destroy,
+        .device_get_mem_pool = l_device_get_mem_pool,
+        .device_set_mem_pool = l_device_set_mem_pool,
+        .stream_synchronize = l_stream_synchronize,
+        .graph_create = l_graph_create,
+        .graph_destroy = l_graph_destroy,
+        .graph_add_mem_alloc_node = l_graph_add_mem_alloc_node,
+        .graph_add_mem_free_node = l_graph_add_mem_free_node,
+        .graph_get_nodes = l_graph_get_nodes,
+        .graph_node_get_type = l_graph_node_get_type,
+        .graph_instantiate = l_graph_instantiate,
+        .graph_instantiate_with_params = l_graph_instantiate_with_params,
+        .graph_exec_destroy = l_graph_exec_destroy,
+        .graph_launch = l_graph_launch,
+        .graph_upload = l_graph_upload,
+        .device_get_graph_mem_attribute = l_device_get_graph_mem_attribute,
+        .device_set_graph_mem_attribute = l_device_set_graph_mem_attribute,
+        .device_graph_mem_trim = l_device_graph_mem_trim,
     };
 }
 #endif
@@ -616,6 +858,8 @@ static void setup_dlsym(void)
     dlsym_functions(g_functions, COUNT(g_functions));
     if (g_need_ext)
         dlsym_functions(g_ext_functions, COUNT(g_ext_functions));
+    if (g_need_graph)
+        dlsym_functions(g_graph_functions, COUNT(g_graph_functions));
 }
 
 /*
@@ -680,6 +924,8 @@ static void setup_procaddr(void)
     resolve_functions(g_functions, COUNT(g_functions));
     if (g_need_ext)
         resolve_functions(g_ext_functions, COUNT(g_ext_functions));
+    if (g_need_graph)
+        resolve_functions(g_graph_functions, COUNT(g_graph_functions));
 }
 
 /* ---- Helpers ------------------------------------------------------------- */
@@ -870,6 +1116,11 @@ static CUstream g_stream;
 
 /* The pool from "pool"; the fd and size from the last "vmmexport". */
 static CUmemoryPool g_pool;
+
+/* The graph "graphalloc" builds, the one the last "capture-end" gave, and
+   the executable graph from "instantiate" (NULL until then). */
+static CUgraph g_graph, g_captured;
+static CUgraphExec g_exec;
 static int g_exported_fd = -1;
 static size_t g_exported_size;
 
@@ -1290,6 +1541,217 @@ static void report_alloc(const char *prefix, CUresult rc, CUdeviceptr ptr)
         out("%s -> %d", prefix, rc);
 }
 
+/* ---- Pools, graphs and per-process NVML -------------------------------- */
+
+/* An attribute name of poolattr / poolset / graphmem / graphmemset. */
+struct attr_name {
+    const char *name;
+    int value;
+};
+static const struct attr_name g_pool_attrs[] = {
+    { "threshold", CU_MEMPOOL_ATTR_RELEASE_THRESHOLD },
+    { "reserved", CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT },
+    { "reservedhigh", CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH },
+    { "used", CU_MEMPOOL_ATTR_USED_MEM_CURRENT },
+    { "usedhigh", CU_MEMPOOL_ATTR_USED_MEM_HIGH },
+};
+static const struct attr_name g_graph_attrs[] = {
+    { "used", CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT },
+    { "usedhigh", CU_GRAPH_MEM_ATTR_USED_MEM_HIGH },
+    { "reserved", CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT },
+    { "reservedhigh", CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH },
+};
+
+static int parse_attr(const char *s, const struct attr_name *names, size_t n,
+                      const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(s, names[i].name) == 0)
+            return names[i].value;
+    die(EXIT_USAGE, "bad %s '%s'", what, s);
+}
+
+/* The current context's device, 0 if there is none. */
+static CUdevice current_device(void)
+{
+    CUdevice dev = 0;
+    if (api.ctx_get_device(&dev) != CUDA_SUCCESS)
+        dev = 0;
+    return dev;
+}
+
+/* The client's pool ("pool"), else the current device's current pool. */
+static CUmemoryPool client_pool(void)
+{
+    CUmemoryPool pool = g_pool;
+    if (pool == NULL && api.device_get_mem_pool(&pool, current_device()) !=
+                            CUDA_SUCCESS)
+        pool = NULL;
+    return pool;
+}
+
+/* The graph "graphalloc" built, else the last captured one (maybe NULL). */
+static CUgraph client_graph(void)
+{
+    return g_graph != NULL ? g_graph : g_captured;
+}
+
+/* graphalloc SIZE: an allocation node on the current device. */
+static void cmd_graphalloc(size_t size)
+{
+    CUresult rc = CUDA_SUCCESS;
+    if (g_graph == NULL)
+        rc = api.graph_create(&g_graph, 0);
+    CUdevice dev = current_device();
+    CUmemAccessDesc access = {
+        .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev },
+        .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    CUDA_MEM_ALLOC_NODE_PARAMS params = {
+        .poolProps = { .allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                       .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE,
+                                     .id = dev } },
+        .accessDescs = &access, .accessDescCount = 1, .bytesize = size };
+    CUgraphNode node = NULL;
+    if (rc == CUDA_SUCCESS)
+        rc = api.graph_add_mem_alloc_node(&node, g_graph, NULL, 0, &params);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "graphalloc %zu", size);
+    report_alloc(prefix, rc, params.dptr);
+}
+
+/* graphnodes: the node types of the client's graph. */
+static void cmd_graphnodes(void)
+{
+    CUgraph g = client_graph();
+    size_t n = 0;
+    CUresult rc = api.graph_get_nodes(g, NULL, &n);
+    CUgraphNode *nodes = NULL;
+    if (rc == CUDA_SUCCESS && n > 0) {
+        nodes = calloc(n, sizeof *nodes);
+        if (nodes == NULL)
+            die(EXIT_SOFTWARE, "out of memory");
+        rc = api.graph_get_nodes(g, nodes, &n);
+    }
+    char types[512] = "";
+    size_t len = 0;
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < n; i++) {
+        CUgraphNodeType t = -1;
+        rc = api.graph_node_get_type(nodes[i], &t);
+        int w = snprintf(types + len, sizeof types - len, "%s%d",
+                         i > 0 ? "," : "", t);
+        if (w > 0 && (size_t)w < sizeof types - len)
+            len += (size_t)w;
+    }
+    free(nodes);
+    out("graphnodes -> %d n=%zu types=%s", rc, rc == CUDA_SUCCESS ? n : 0,
+        len > 0 ? types : "-");
+}
+
+/* instantiate [autofree|upload] */
+static void cmd_instantiate(const char *how)
+{
+    CUresult rc;
+    if (how != NULL && strcmp(how, "upload") == 0) {
+        CUDA_GRAPH_INSTANTIATE_PARAMS params = {
+            .flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD,
+            .hUploadStream = g_stream, .result_out = -1 };
+        rc = api.graph_instantiate_with_params(&g_exec, client_graph(),
+                                               &params);
+        out("instantiate upload -> %d result=%d", rc, params.result_out);
+        return;
+    }
+    bool autofree = how != NULL;
+    rc = api.graph_instantiate(
+        &g_exec, client_graph(),
+        autofree ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0);
+    out("instantiate%s -> %d", autofree ? " autofree" : "", rc);
+}
+
+/* The NVML functions "nvmlprocs" calls. */
+struct nvml_procs_api {
+    nvmlReturn_t (*init)(void);
+    nvmlReturn_t (*shutdown)(void);
+    nvmlReturn_t (*get_count)(unsigned int *);
+    nvmlReturn_t (*get_handle)(unsigned int, nvmlDevice_t *);
+    nvmlReturn_t (*get_uuid)(nvmlDevice_t, char *, unsigned int);
+    nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *);
+    nvmlReturn_t (*procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+};
+
+static const struct {
+    const char *name;
+    size_t offset;
+} g_nvml_procs_functions[] = {
+    { "nvmlInit_v2", offsetof(struct nvml_procs_api, init) },
+    { "nvmlShutdown", offsetof(struct nvml_procs_api, shutdown) },
+    { "nvmlDeviceGetCount_v2", offsetof(struct nvml_procs_api, get_count) },
+    { "nvmlDeviceGetHandleByIndex_v2", offsetof(struct nvml_procs_api, get_handle) },
+    { "nvmlDeviceGetUUID", offsetof(struct nvml_procs_api, get_uuid) },
+    { "nvmlDeviceGetHandleByUUID", offsetof(struct nvml_procs_api, by_uuid) },
+    { "nvmlDeviceGetComputeRunningProcesses_v3", offsetof(struct nvml_procs_api, procs) },
+};
+
+/* Per device: its processes, asked for like nvidia-smi (count, then list). */
+static void cmd_nvmlprocs(void)
+{
+    static void *lib;
+    if (lib == NULL)
+        lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    struct nvml_procs_api nv;
+    for (size_t i = 0; lib != NULL && i < COUNT(g_nvml_procs_functions); i++) {
+        void *p = dlsym(lib, g_nvml_procs_functions[i].name);
+        if (p == NULL)
+            lib = NULL;
+        memcpy((char *)&nv + g_nvml_procs_functions[i].offset, &p, sizeof p);
+    }
+    if (lib == NULL) {
+        out("nvmlprocs -> unavailable");
+        return;
+    }
+    nvmlReturn_t rc = nv.init();
+    unsigned int count = 0;
+    if (rc == NVML_SUCCESS)
+        rc = nv.get_count(&count);
+    if (rc != NVML_SUCCESS) {
+        out("nvmlprocs -> %d", rc);
+        if (count == 0)
+            return;
+    }
+    for (unsigned int i = 0; rc == NVML_SUCCESS && i < count; i++) {
+        nvmlDevice_t dev = NULL, same = NULL;
+        char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+        nvmlReturn_t drc = nv.get_handle(i, &dev);
+        if (drc == NVML_SUCCESS)
+            drc = nv.get_uuid(dev, uuid, sizeof uuid);
+        if (drc == NVML_SUCCESS)
+            drc = nv.by_uuid(uuid, &same);
+        if (drc == NVML_SUCCESS && same != dev) {
+            out("nvmlprocs dev=%u -> uuid-mismatch", i);
+            continue;
+        }
+        unsigned int n = 0;
+        nvmlProcessInfo_t *infos = NULL;
+        if (drc == NVML_SUCCESS) {
+            drc = nv.procs(dev, &n, NULL);
+            if (drc == NVML_ERROR_INSUFFICIENT_SIZE) {
+                infos = calloc(n, sizeof *infos);
+                if (infos == NULL)
+                    die(EXIT_SOFTWARE, "out of memory");
+                drc = nv.procs(dev, &n, infos);
+            }
+        }
+        if (drc != NVML_SUCCESS)
+            out("nvmlprocs dev=%u -> %d", i, drc);
+        else if (n == 0)
+            out("nvmlprocs dev=%u none", i);
+        for (unsigned int k = 0; drc == NVML_SUCCESS && k < n; k++)
+            out("nvmlprocs dev=%u pid=%u used=%llu", i, infos[k].pid,
+                infos[k].usedGpuMemory);
+        free(infos);
+    }
+    nv.shutdown();
+}
+
 static void usage(void)
 {
     fputs("usage: client METHOD CMD...\n"
@@ -1616,6 +2078,8 @@ static int command(int argc, char **argv, bool run)
         if (run) {
             CUgraph graph = NULL;
             out("capture-end -> %d", api.stream_end_capture(g_stream, &graph));
+            if (graph != NULL)
+                g_captured = graph;
         }
         return 1;
     }
@@ -1840,6 +2304,145 @@ static int command(int argc, char **argv, bool run)
         out("arraysize @%zu -> %d size=%zu", n, rc,
             rc == CUDA_SUCCESS ? req.size : 0);
         return 2;
+    }
+    if (strcmp(cmd, "poolattr") == 0 || strcmp(cmd, "graphmem") == 0) {
+        NEED(1);
+        bool pool = cmd[0] == 'p';
+        int attr = pool ? parse_attr(argv[1], g_pool_attrs,
+                                     COUNT(g_pool_attrs), "pool attribute")
+                        : parse_attr(argv[1], g_graph_attrs,
+                                     COUNT(g_graph_attrs), "graph attribute");
+        g_need_graph = true;
+        if (!run)
+            return 2;
+        cuuint64_t value = 0;
+        CUresult rc = pool ? api.mem_pool_get_attribute(client_pool(), attr,
+                                                        &value)
+                           : api.device_get_graph_mem_attribute(
+                                 current_device(), attr, &value);
+        out("%s %s -> %d %llu", cmd, argv[1], rc, (unsigned long long)value);
+        return 2;
+    }
+    if (strcmp(cmd, "poolset") == 0 || strcmp(cmd, "graphmemset") == 0) {
+        NEED(2);
+        bool pool = cmd[0] == 'p';
+        int attr = pool ? parse_attr(argv[1], g_pool_attrs,
+                                     COUNT(g_pool_attrs), "pool attribute")
+                        : parse_attr(argv[1], g_graph_attrs,
+                                     COUNT(g_graph_attrs), "graph attribute");
+        bool max = strcmp(argv[2], "max") == 0;
+        cuuint64_t value = max ? UINT64_MAX : parse_size(argv[2]);
+        g_need_graph = true;
+        if (!run)
+            return 3;
+        CUresult rc = pool ? api.mem_pool_set_attribute(client_pool(), attr,
+                                                        &value)
+                           : api.device_set_graph_mem_attribute(
+                                 current_device(), attr, &value);
+        if (max)
+            out("%s %s max -> %d", cmd, argv[1], rc);
+        else
+            out("%s %s %llu -> %d", cmd, argv[1], (unsigned long long)value,
+                rc);
+        return 3;
+    }
+    if (strcmp(cmd, "pooltrim") == 0) {
+        NEED(1);
+        size_t size = parse_size(argv[1]);
+        g_need_graph = true;
+        if (run)
+            out("pooltrim %zu -> %d", size,
+                api.mem_pool_trim_to(client_pool(), size));
+        return 2;
+    }
+    if (strcmp(cmd, "setpool") == 0) {
+        g_need_graph = true;
+        if (run)
+            out("setpool -> %d",
+                api.device_set_mem_pool(current_device(), g_pool));
+        return 1;
+    }
+    if (strcmp(cmd, "destroypool") == 0) {
+        g_need_graph = true;
+        if (run)
+            out("destroypool -> %d", api.mem_pool_destroy(g_pool));
+        return 1;
+    }
+    if (strcmp(cmd, "streamsync") == 0) {
+        g_need_graph = true;
+        if (run)
+            out("streamsync -> %d", api.stream_synchronize(g_stream));
+        return 1;
+    }
+    if (strcmp(cmd, "graphtrim") == 0) {
+        g_need_graph = true;
+        if (run)
+            out("graphtrim -> %d", api.device_graph_mem_trim(current_device()));
+        return 1;
+    }
+    if (strcmp(cmd, "graphalloc") == 0) {
+        NEED(1);
+        size_t size = parse_size(argv[1]);
+        g_need_graph = true;
+        if (run)
+            cmd_graphalloc(size);
+        return 2;
+    }
+    if (strcmp(cmd, "graphfree") == 0) {
+        NEED(1);
+        size_t n = parse_slot(argv[1]);
+        g_need_graph = true;
+        if (!run)
+            return 2;
+        CUgraphNode node = NULL;
+        out("graphfree #%zu -> %d", n,
+            api.graph_add_mem_free_node(&node, client_graph(), NULL, 0,
+                                        slot(n)->ptr));
+        return 2;
+    }
+    if (strcmp(cmd, "graphnodes") == 0) {
+        g_need_graph = true;
+        if (run)
+            cmd_graphnodes();
+        return 1;
+    }
+    if (strcmp(cmd, "graphdestroy") == 0) {
+        g_need_graph = true;
+        if (run) {
+            CUgraph g = client_graph();
+            out("graphdestroy -> %d", api.graph_destroy(g));
+            if (g == g_graph)
+                g_graph = NULL;
+            else
+                g_captured = NULL;
+        }
+        return 1;
+    }
+    if (strcmp(cmd, "instantiate") == 0) {
+        const char *how = NULL;
+        if (argc > 1 && (strcmp(argv[1], "autofree") == 0 ||
+                         strcmp(argv[1], "upload") == 0))
+            how = argv[1];
+        g_need_graph = true;
+        if (run)
+            cmd_instantiate(how);
+        return how != NULL ? 2 : 1;
+    }
+    if (strcmp(cmd, "launch") == 0 || strcmp(cmd, "upload") == 0 ||
+        strcmp(cmd, "execdestroy") == 0) {
+        g_need_graph = true;
+        if (!run)
+            return 1;
+        CUresult rc = cmd[0] == 'l'   ? api.graph_launch(g_exec, g_stream)
+                      : cmd[0] == 'u' ? api.graph_upload(g_exec, g_stream)
+                                      : api.graph_exec_destroy(g_exec);
+        out("%s -> %d", cmd, rc);
+        return 1;
+    }
+    if (strcmp(cmd, "nvmlprocs") == 0) {
+        if (run)
+            cmd_nvmlprocs();
+        return 1;
     }
     if (strcmp(cmd, "nvml") == 0) {
         if (run)

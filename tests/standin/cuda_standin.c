@@ -25,6 +25,14 @@
  *                            0 or 1: what cuDeviceGetAttribute reports for
  *                            CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
  *                            (default 1)
+ *   STANDIN_POOL_RETAIN      =1: memory pools keep what they reserved in
+ *                            POOL_GRANULE steps until a synchronisation
+ *                            trims them to their release threshold, like a
+ *                            real driver; default 0: every pool's reserve
+ *                            follows its live bytes exactly (granule 1, each
+ *                            free trimmed at once), the older model
+ *   STANDIN_CONTEXT_MIB      MiB each live context counts against its
+ *                            device, 0..4096 (default 0)
  *
  * The other driver names that cudarc loads eagerly are exported as stubs
  * returning CUDA_ERROR_NOT_SUPPORTED; build.sh generates them from
@@ -86,6 +94,7 @@
 #define HOST_BACKED_MAX (64 * MIB)    /* larger host allocations are fake */
 #define GRAPH_BASE 0x600000000000ULL
 #define GRAPH_WINDOW (1ULL << 40)
+#define POOL_GRANULE ((size_t)2 << 20) /* pool and graph reserve steps */
 
 /* The argument checks that open most entry points, with the driver's codes. */
 #define CHECK(cond, err)                                                      \
@@ -103,6 +112,8 @@ static struct {
     bool aliases;         /* STANDIN_PROCADDR_ALIASES=1 */
     bool report;          /* STANDIN_REPORT=1 */
     int concurrent_managed; /* STANDIN_CONCURRENT_MANAGED */
+    bool pool_retain;     /* STANDIN_POOL_RETAIN=1 */
+    size_t context_bytes; /* STANDIN_CONTEXT_MIB, in bytes */
 } g_cfg;
 static pthread_once_t g_cfg_once = PTHREAD_ONCE_INIT;
 
@@ -124,12 +135,15 @@ static size_t g_created_next;  /* where the search for a free slot starts */
 static int g_created_live;     /* live created contexts */
 
 /*
- * A memory pool: one default pool per device (g_default_pools, permanent,
- * always the device's current pool) and up to POOL_SLOTS pools from
- * cuMemPoolCreate (g_pools). A pool holds no memory of its own: its
- * allocations are blocks of its device that count at once and go back at
- * once when freed (a pool with release threshold 0 whose frees have
- * completed). A destroyed pool's slot is reused only once its last
+ * A memory pool: one default pool per device (g_default_pools, permanent)
+ * and up to POOL_SLOTS pools from cuMemPoolCreate (g_pools). A pool
+ * reserves memory from its device (reserved, which is what counts against
+ * the device) and hands it out to its allocations (used, their bytes; no
+ * fragmentation). An allocation first takes the free reserve (reserved -
+ * used); what is missing grows the reserve, rounded up to the pool
+ * granule (POOL_GRANULE with STANDIN_POOL_RETAIN=1, else 1 byte). Frees
+ * lower used only; synchronisations trim the reserve (see
+ * pool_trim_locked). A destroyed pool's slot is reused only once its last
  * allocation is freed. Protected by g_lock.
  */
 struct CUmemPoolHandle_st {
@@ -137,6 +151,8 @@ struct CUmemPoolHandle_st {
     bool live;            /* created and not destroyed (default: always) */
     size_t used;          /* bytes of its live allocations */
     size_t peak;          /* high-water mark of used since the last reset */
+    size_t reserved;      /* bytes it holds of its device */
+    size_t reserved_peak; /* high-water mark of reserved since the last reset */
     size_t max_size;      /* CUmemPoolProps.maxSize; 0: only the device's */
     int reuse[3];         /* CU_MEMPOOL_ATTR_REUSE_* (attributes 1..3) */
     cuuint64_t release_threshold;
@@ -229,6 +245,7 @@ struct CUstream_st {
     CUcontext ctx;
     unsigned int flags;
     CUstreamCaptureStatus capture;
+    CUgraph graph;        /* while capturing: the graph being built */
 };
 static struct CUstream_st g_streams[STREAM_SLOTS];
 static size_t g_streams_next;
@@ -263,11 +280,63 @@ static size_t g_host_nallocs, g_host_allocs_cap;
 static size_t g_host_bytes;               /* sum of their bytes */
 static uintptr_t g_host_next = HOST_BASE; /* next fake host address */
 
-/* What cuStreamEndCapture hands out: a graph that is never looked at. */
-struct CUgraph_st {
-    int unused;
+/*
+ * Graphs, protected by g_lock. A graph (cuGraphCreate, or the one a stream
+ * capture builds) holds nodes of three kinds: memory allocation, memory
+ * free and child graph nodes. A child graph node owns a clone of its graph
+ * (owner set). Every allocation node gets a fixed address from the graph
+ * window and an entry in g_gallocs (never removed, the window is never
+ * reused), which says whether a launch made it live. An executable graph
+ * lists the allocations (entries of g_gallocs) and frees (addresses) of its
+ * graph, child graphs included. Live graphs and executable graphs are
+ * registered in g_graphs / g_execs so that handles can be checked.
+ */
+struct CUgraphNode_st {
+    CUgraph graph;               /* the graph it belongs to */
+    CUgraphNodeType type;        /* MEM_ALLOC, MEM_FREE or GRAPH */
+    CUdeviceptr dptr;            /* allocation: its address; free: freed */
+    size_t bytes;                /* allocation: its size */
+    size_t galloc;               /* allocation: its entry in g_gallocs */
+    CUmemPoolProps props;        /* allocation: as given */
+    CUmemAccessDesc *access;     /* allocation: a copy of accessDescs */
+    size_t naccess;
+    CUgraph child;               /* child graph node: the graph it owns */
 };
-static struct CUgraph_st g_graph;
+struct CUgraph_st {
+    CUgraphNode *nodes;
+    size_t nnodes, cap;
+    CUgraphNode owner;           /* the child graph node owning it, if any */
+    int execs;                   /* live executable graphs made from it */
+};
+struct CUgraphExec_st {
+    CUgraph graph;               /* NULL once the graph is destroyed */
+    unsigned long long flags;    /* CUDA_GRAPH_INSTANTIATE_FLAG_* */
+    size_t *allocs;              /* entries of g_gallocs */
+    size_t nallocs;
+    CUdeviceptr *frees;
+    size_t nfrees;
+};
+struct galloc {
+    CUdeviceptr addr;
+    size_t bytes;
+    int dev;
+    bool live;                   /* allocated by a launch, not yet freed */
+};
+static struct galloc *g_gallocs;
+static size_t g_ngallocs, g_gallocs_cap;
+static CUgraph *g_graphs;
+static size_t g_ngraphs, g_graphs_cap;
+static CUgraphExec *g_execs;
+static size_t g_nexecs, g_execs_cap;
+
+static CUresult graph_alloc_node_locked(CUgraph g, size_t bytes,
+                                        const CUmemPoolProps *props,
+                                        const CUmemAccessDesc *access,
+                                        size_t naccess, CUgraphNode *out);
+static CUresult graph_free_node_locked(CUgraph g, CUdeviceptr dptr,
+                                       CUgraphNode *out);
+static long galloc_index_locked(CUdeviceptr addr);
+static void galloc_free_locked(size_t i);
 
 /*
  * Per-device bookkeeping, protected by g_lock.
@@ -291,6 +360,10 @@ struct device_state {
     unsigned long allocs; /* successful allocations */
     unsigned long frees;  /* successful frees */
     int primary_refs;     /* primary context retain count */
+    struct CUmemPoolHandle_st *mempool; /* current pool (cuDeviceSetMemPool) */
+    size_t graph_reserved; /* graph memory pool: bytes held (in used) */
+    size_t graph_used;     /* bytes of live graph allocations */
+    size_t graph_reserved_peak, graph_used_peak;
 };
 static struct device_state g_dev[MAX_DEVICES];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -332,11 +405,15 @@ static void config_init(void)
     g_cfg.report = env_flag("STANDIN_REPORT");
     g_cfg.concurrent_managed = (int)env_long("STANDIN_CONCURRENT_MANAGED", 1,
                                              0, 1, true);
+    g_cfg.pool_retain = env_flag("STANDIN_POOL_RETAIN");
+    g_cfg.context_bytes = (size_t)env_long("STANDIN_CONTEXT_MIB", 0, 0, 4096,
+                                           true) * MIB;
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_ctx[i].dev = i;
         g_dev[i].next = ADDR_BASE + (CUdeviceptr)i * ADDR_WINDOW;
         g_default_pools[i] = (struct CUmemPoolHandle_st){
             .dev = i, .live = true, .reuse = { 1, 1, 1 } };
+        g_dev[i].mempool = &g_default_pools[i];
     }
 }
 
@@ -579,24 +656,29 @@ static void compact_blocks(struct device_state *d)
     d->ndead = 0;
 }
 
+static void pool_after_free_locked(struct CUmemPoolHandle_st *p);
+
 /*
- * Mark block i of d freed: a pool allocation goes back to its pool, any
- * other block counts as a free; managed memory preferring the host leaves
- * managed_host instead of used. Caller holds g_lock.
+ * Mark block i of d freed: a pool allocation goes back to its pool (whose
+ * reserve is what counts against the device), any other block counts as a
+ * free; managed memory preferring the host leaves managed_host instead of
+ * used. Caller holds g_lock.
  */
 static void free_block_locked(struct device_state *d, size_t i)
 {
     struct block *b = &d->blocks[i];
     b->live = false;
     d->ndead++;
+    if (b->pool != NULL) {
+        b->pool->used -= b->bytes;
+        pool_after_free_locked(b->pool);
+        return;
+    }
     if (b->on_host)
         d->managed_host -= b->bytes;
     else
         d->used -= b->bytes;
-    if (b->pool != NULL)
-        b->pool->used -= b->bytes;
-    else
-        d->frees++;
+    d->frees++;
 }
 
 /* Compact d->blocks once dead blocks are most of it. Caller holds g_lock. */
@@ -613,6 +695,16 @@ static void release_array_locked(struct array_state *a, CUcontext ctx)
         g_dev[ctx->dev].used -= a->bytes;
         a->live = false;
     }
+}
+
+static void graph_free_locked(CUgraph g);
+
+/* Free a stream slot, and the graph of a capture still in progress. */
+static void destroy_stream_locked(struct CUstream_st *s)
+{
+    if (s->graph != NULL)
+        graph_free_locked(s->graph);
+    *s = (struct CUstream_st){ 0 };
 }
 
 /*
@@ -636,7 +728,7 @@ static void release_ctx_locked(CUcontext ctx)
     }
     for (size_t i = 0; i < STREAM_SLOTS; i++)
         if (g_streams[i].ctx == ctx)
-            g_streams[i] = (struct CUstream_st){ 0 };
+            destroy_stream_locked(&g_streams[i]);
     for (size_t i = 0; i < EVENT_SLOTS; i++)
         if (g_events[i].ctx == ctx)
             g_events[i] = (struct CUevent_st){ 0 };
@@ -660,20 +752,22 @@ static void charge_locked(int dev, size_t bytes)
 /*
  * Give block b (its bytes, span, owner and kind set) an address in device
  * dev's window and count it, storing the address in *out. False if it does
- * not fit. Caller holds g_lock.
+ * not fit. A pool block counts nothing here: its pool's reserve does.
+ * Caller holds g_lock.
  */
 static bool place_block_locked(int dev, struct block b, CUdeviceptr *out)
 {
     struct device_state *d = &g_dev[dev];
     size_t first, last;
-    if (!fits_locked(dev, b.bytes) ||
+    size_t charge = b.pool != NULL ? 0 : b.bytes;
+    if (!fits_locked(dev, charge) ||
         !find_address(dev, b.span, &b.addr, &first, &last))
         return false;
     b.live = true;
     if (!insert_block(d, first, last, b))
         return false;
     d->next = b.addr + b.span;
-    charge_locked(dev, b.bytes);
+    charge_locked(dev, charge);
     *out = b.addr;
     return true;
 }
@@ -728,6 +822,103 @@ static size_t round_up(size_t n, size_t align)
 static size_t span_for(size_t bytes)
 {
     return bytes > g_cfg.total_bytes ? 0 : round_up(bytes, ADDR_ALIGN);
+}
+
+/* ---- Pool reserves ------------------------------------------------------- */
+
+/* The step in which pools grow: POOL_GRANULE, or 1 in the older model. */
+static size_t pool_granule(void)
+{
+    return g_cfg.pool_retain ? POOL_GRANULE : 1;
+}
+
+/*
+ * Make room in p for an allocation of bytes (at most the device's total):
+ * take the free reserve, grow by what is missing rounded up to the granule.
+ * False, and nothing changed, when the growth does not fit on the device or
+ * would take the reserve past the pool's maxSize. Caller holds g_lock.
+ */
+static bool pool_reserve_locked(struct CUmemPoolHandle_st *p, size_t bytes)
+{
+    size_t free_reserve = p->reserved - p->used;
+    if (bytes <= free_reserve)
+        return true;
+    size_t grow = round_up(bytes - free_reserve, pool_granule());
+    if (p->max_size != 0 &&
+        (p->reserved > p->max_size || grow > p->max_size - p->reserved))
+        return false;
+    if (!fits_locked(p->dev, grow))
+        return false;
+    charge_locked(p->dev, grow);
+    p->reserved += grow;
+    if (p->reserved > p->reserved_peak)
+        p->reserved_peak = p->reserved;
+    return true;
+}
+
+/*
+ * Release p's reserve down to max(used, keep), both rounded up to the
+ * granule; never grows it. This is cuMemPoolTrimTo(keep) (the real driver
+ * releases until fewer than keep bytes would remain, or nothing unused is
+ * left) and the trim at a synchronisation (keep: the release threshold).
+ * Caller holds g_lock.
+ */
+static void pool_trim_locked(struct CUmemPoolHandle_st *p, cuuint64_t keep)
+{
+    size_t g = pool_granule();
+    size_t target = round_up(p->used, g);
+    if (keep > target)
+        target = keep >= p->reserved ? p->reserved : round_up((size_t)keep, g);
+    if (target >= p->reserved)
+        return;
+    g_dev[p->dev].used -= p->reserved - target;
+    p->reserved = target;
+}
+
+/*
+ * After a free from p: a destroyed pool gives back what its live
+ * allocations no longer need at once; in the older model every pool trims
+ * to its threshold at once (its frees complete and are seen at once).
+ */
+static void pool_after_free_locked(struct CUmemPoolHandle_st *p)
+{
+    if (!p->live)
+        pool_trim_locked(p, 0);
+    else if (!g_cfg.pool_retain)
+        pool_trim_locked(p, p->release_threshold);
+}
+
+/*
+ * A synchronisation on device dev: every pool of the device has seen its
+ * frees complete (nothing is ever pending here) and trims to its release
+ * threshold. Graph memory is not trimmed (cuDeviceGraphMemTrim does that).
+ * Caller holds g_lock.
+ */
+static void sync_pools_locked(int dev)
+{
+    pool_trim_locked(&g_default_pools[dev],
+                     g_default_pools[dev].release_threshold);
+    for (size_t i = 0; i < POOL_SLOTS; i++) {
+        struct CUmemPoolHandle_st *p = &g_pools[i];
+        if (p->dev == dev && (p->live || p->reserved > 0))
+            pool_trim_locked(p, p->live ? p->release_threshold : 0);
+    }
+}
+
+/* ---- Context footprint ---------------------------------------------------- */
+
+/* Count a new context's footprint on dev; false if it does not fit. */
+static bool ctx_charge_locked(int dev)
+{
+    if (!fits_locked(dev, g_cfg.context_bytes))
+        return false;
+    charge_locked(dev, g_cfg.context_bytes);
+    return true;
+}
+
+static void ctx_uncharge_locked(int dev)
+{
+    g_dev[dev].used -= g_cfg.context_bytes;
 }
 
 /* ---- Initialization and version ------------------------------------------ */
@@ -875,11 +1066,16 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CHECK(pctx != NULL, CUDA_ERROR_INVALID_VALUE);
     CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
+    CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_lock);
-    g_dev[dev].primary_refs++;
+    if (g_dev[dev].primary_refs > 0 || ctx_charge_locked(dev))
+        g_dev[dev].primary_refs++;
+    else
+        rc = CUDA_ERROR_OUT_OF_MEMORY; /* no room for its footprint */
     pthread_mutex_unlock(&g_lock);
-    *pctx = &g_ctx[dev];
-    return CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS)
+        *pctx = &g_ctx[dev];
+    return rc;
 }
 LOCAL(cuDevicePrimaryCtxRetain)
 
@@ -890,8 +1086,10 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_lock);
     if (g_dev[dev].primary_refs > 0) {
-        if (--g_dev[dev].primary_refs == 0)
+        if (--g_dev[dev].primary_refs == 0) {
             release_ctx_locked(&g_ctx[dev]);
+            ctx_uncharge_locked(dev);
+        }
     } else {
         rc = CUDA_ERROR_INVALID_CONTEXT;
     }
@@ -922,6 +1120,8 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
     pthread_mutex_lock(&g_lock);
     release_ctx_locked(&g_ctx[dev]);
+    if (g_dev[dev].primary_refs > 0)
+        ctx_uncharge_locked(dev);
     g_dev[dev].primary_refs = 0;
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
@@ -961,7 +1161,7 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
                  ? take_slot_locked(&g_created_next, CTX_SLOTS,
                                     created_slot_free, NULL)
                  : -1;
-    if (i >= 0) {
+    if (i >= 0 && ctx_charge_locked(dev)) {
         ctx = &g_created[i];
         ctx->dev = dev;
         ctx->live = true;
@@ -991,6 +1191,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
     pthread_mutex_lock(&g_lock);
     if (is_created(ctx) && ctx->live) {
         release_ctx_locked(ctx);
+        ctx_uncharge_locked(ctx->dev);
         ctx->live = false;
         g_created_live--;
         rc = CUDA_SUCCESS;
@@ -1088,7 +1289,8 @@ static bool capture_active_locked(void)
 /*
  * There is no work to wait for; only the context is checked. While any
  * stream capture is active, synchronizing is illegal: like the real driver
- * this fails and invalidates every active capture.
+ * this fails and invalidates every active capture. Otherwise the pools of
+ * the context's device trim to their release thresholds.
  */
 CUresult cuCtxSynchronize(void)
 {
@@ -1106,6 +1308,8 @@ CUresult cuCtxSynchronize(void)
             rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
     }
+    if (rc == CUDA_SUCCESS)
+        sync_pools_locked(ctx->dev);
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
@@ -1185,13 +1389,15 @@ CUresult cuStreamDestroy_v2(CUstream hStream)
     pthread_mutex_lock(&g_lock);
     struct CUstream_st *s = live_stream_locked(hStream);
     if (s != NULL) {
-        *s = (struct CUstream_st){ 0 };
+        destroy_stream_locked(s);
         rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
 LOCAL(cuStreamDestroy_v2)
+
+static CUgraph graph_new_locked(void);
 
 /* Common part of the four cuStreamBeginCapture variants. */
 static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz)
@@ -1208,6 +1414,8 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz)
     struct CUstream_st *s = live_stream_locked(h);
     if (s != NULL && s->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
         rc = CUDA_ERROR_ILLEGAL_STATE;
+    } else if (s != NULL && (s->graph = graph_new_locked()) == NULL) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else if (s != NULL) {
         s->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
         atomic_fetch_add_explicit(&g_captures, 1, memory_order_relaxed);
@@ -1226,8 +1434,9 @@ WITH_PTSZ(cuStreamBeginCapture_v2, (CUstream hStream,
           begin_capture, hStream, mode)
 
 /*
- * Ends the capture either way: a dummy graph if it was still active,
- * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and NULL if it was invalidated.
+ * Ends the capture either way: the graph it built if it was still active
+ * (the caller owns it now), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and NULL
+ * if it was invalidated (the graph is dropped).
  * Streams that are not capturing give CUDA_ERROR_ILLEGAL_STATE.
  */
 static CUresult end_capture(CUstream h, CUgraph *phGraph, bool ptsz)
@@ -1244,7 +1453,8 @@ static CUresult end_capture(CUstream h, CUgraph *phGraph, bool ptsz)
     if (s != NULL) {
         switch (s->capture) {
         case CU_STREAM_CAPTURE_STATUS_ACTIVE:
-            *phGraph = &g_graph;
+            *phGraph = s->graph;
+            s->graph = NULL;
             rc = CUDA_SUCCESS;
             break;
         case CU_STREAM_CAPTURE_STATUS_INVALIDATED:
@@ -1254,6 +1464,9 @@ static CUresult end_capture(CUstream h, CUgraph *phGraph, bool ptsz)
             rc = CUDA_ERROR_ILLEGAL_STATE;
             break;
         }
+        if (s->graph != NULL)
+            graph_free_locked(s->graph);
+        s->graph = NULL;
         s->capture = CU_STREAM_CAPTURE_STATUS_NONE;
     }
     pthread_mutex_unlock(&g_lock);
@@ -1444,8 +1657,14 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
     size_t i;
     rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
-    if (host_index_locked((uintptr_t)dptr, false) < 0 &&
-        find_block_locked(dptr, &dev, &i)) {
+    long gi = galloc_index_locked(dptr);
+    if (gi >= 0) {
+        if (g_gallocs[gi].live) {
+            galloc_free_locked((size_t)gi);
+            rc = CUDA_SUCCESS;
+        }
+    } else if (host_index_locked((uintptr_t)dptr, false) < 0 &&
+               find_block_locked(dptr, &dev, &i)) {
         free_block_locked(&g_dev[dev], i);
         maybe_compact(&g_dev[dev]);
         rc = CUDA_SUCCESS;
@@ -1568,21 +1787,31 @@ static struct CUmemPoolHandle_st *pool_locked(CUmemoryPool pool)
     return pool->live ? pool : NULL;
 }
 
+/* The graph a created stream h is capturing into, or NULL. Holds g_lock. */
+static CUgraph capture_graph_locked(CUstream h, bool ptsz)
+{
+    if (stream_kind(h, ptsz) != STREAM_CREATED)
+        return NULL;
+    struct CUstream_st *s = live_stream_locked(h);
+    return s != NULL ? s->graph : NULL;
+}
+
 /*
  * The allocation of cuMemAllocAsync (pool NULL: the current pool of the
- * stream's device, which is always its default pool) and
- * cuMemAllocFromPoolAsync. The bytes count against the pool's device at
- * once. On a capturing stream the allocation becomes part of the graph: a
- * pointer from the graph window that counts nothing (*counted stays false).
+ * stream's device) and cuMemAllocFromPoolAsync: from the pool's reserve
+ * (pool_reserve_locked), which is what counts against the device. On a
+ * capturing stream the allocation becomes a memory allocation node of the
+ * graph being captured (graph != NULL): a pointer from the graph window
+ * that counts nothing until the graph is launched (*counted stays false).
  * Caller holds g_lock.
  */
 static CUresult alloc_async_locked(CUdeviceptr *dptr, size_t bytes,
                                    CUmemoryPool pool, CUcontext ctx,
                                    CUstreamCaptureStatus capture,
-                                   bool *counted)
+                                   CUgraph graph, bool *counted)
 {
     struct CUmemPoolHandle_st *p =
-        pool != NULL ? pool_locked(pool) : &g_default_pools[ctx->dev];
+        pool != NULL ? pool_locked(pool) : g_dev[ctx->dev].mempool;
     CHECK(p != NULL, CUDA_ERROR_INVALID_VALUE);
     if (!ctx_usable_locked(ctx))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
@@ -1590,19 +1819,28 @@ static CUresult alloc_async_locked(CUdeviceptr *dptr, size_t bytes,
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     size_t span = span_for(bytes);
     if (capture == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-        if (span == 0 || span > GRAPH_BASE + GRAPH_WINDOW - g_graph_next)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        *dptr = g_graph_next;
-        g_graph_next += span;
-        return CUDA_SUCCESS;
+        CUmemPoolProps props = {
+            .allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+            .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = p->dev } };
+        CUgraphNode node;
+        CUresult rc = graph_alloc_node_locked(graph, bytes, &props, NULL, 0,
+                                              &node);
+        if (rc == CUDA_SUCCESS)
+            *dptr = node->dptr;
+        return rc;
     }
-    if (p->max_size != 0 && bytes > p->max_size - p->used)
+    size_t reserved_before = p->reserved;
+    if (span == 0 || !pool_reserve_locked(p, bytes))
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (!place_block_locked(p->dev,
                             (struct block){ .span = span, .bytes = bytes,
                                             .pool = p },
-                            dptr))
+                            dptr)) {
+        /* No address space: give back the growth made for it. */
+        g_dev[p->dev].used -= p->reserved - reserved_before;
+        p->reserved = reserved_before;
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     p->used += bytes;
     if (p->used > p->peak)
         p->peak = p->used;
@@ -1628,7 +1866,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize,
     rc = stream_target_locked(hStream, ptsz, &ctx, &capture);
     if (rc == CUDA_SUCCESS)
         rc = alloc_async_locked(dptr, bytesize, from_pool ? pool : NULL, ctx,
-                                capture, &counted);
+                                capture, capture_graph_locked(hStream, ptsz),
+                                &counted);
     pthread_mutex_unlock(&g_lock);
     if (counted)
         atomic_fetch_add_explicit(&g_async_allocs, 1, memory_order_relaxed);
@@ -1647,20 +1886,34 @@ WITH_PTSZ(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize,
  * Frees at once, whatever the stream. 0 is accepted like by cuMemFree_v2;
  * any live block can be freed (the driver frees cuMemAlloc memory this way
  * too) except managed memory (CUDA_ERROR_NOT_SUPPORTED, as the real driver
- * says); pinned host memory is no block (CUDA_ERROR_INVALID_VALUE). Graph
- * allocations (the graph window) are accepted and count nothing; during a
- * capture nothing else can be freed (a graph's free node may only free the
- * graph's own allocations): CUDA_ERROR_INVALID_VALUE. Caller holds g_lock.
+ * says); pinned host memory is no block (CUDA_ERROR_INVALID_VALUE); a pool
+ * block goes back to its pool. During a capture only graph allocations
+ * (addresses of allocation nodes) can be freed: the free becomes a free
+ * node of the graph being captured (freeing one twice in a graph, or
+ * anything else: CUDA_ERROR_INVALID_VALUE). Outside a capture a graph
+ * allocation a launch made live is freed (graph memory in use falls; the
+ * graph pool keeps its reserve); one that is not live gives
+ * CUDA_ERROR_INVALID_VALUE. Caller holds g_lock.
  */
 static CUresult free_async_locked(CUdeviceptr dptr,
-                                  CUstreamCaptureStatus capture)
+                                  CUstreamCaptureStatus capture,
+                                  CUgraph graph)
 {
     if (capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    if (dptr == 0 || (dptr >= GRAPH_BASE && dptr < g_graph_next))
+    if (dptr == 0)
         return CUDA_SUCCESS;
-    if (capture == CU_STREAM_CAPTURE_STATUS_ACTIVE)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (capture == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+        CUgraphNode node;
+        return graph_free_node_locked(graph, dptr, &node);
+    }
+    long gi = galloc_index_locked(dptr);
+    if (gi >= 0) {
+        if (!g_gallocs[gi].live)
+            return CUDA_ERROR_INVALID_VALUE;
+        galloc_free_locked((size_t)gi);
+        return CUDA_SUCCESS;
+    }
     int dev;
     size_t i;
     if (host_index_locked((uintptr_t)dptr, false) >= 0 ||
@@ -1684,7 +1937,8 @@ static CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz)
     pthread_mutex_lock(&g_lock);
     rc = stream_target_locked(hStream, ptsz, &ctx, &capture);
     if (rc == CUDA_SUCCESS)
-        rc = free_async_locked(dptr, capture);
+        rc = free_async_locked(dptr, capture,
+                               capture_graph_locked(hStream, ptsz));
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
@@ -1696,7 +1950,8 @@ WITH_PTSZ(cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream),
 static bool pool_slot_free(size_t i, const void *arg)
 {
     (void)arg;
-    return !g_pools[i].live && g_pools[i].used == 0;
+    return !g_pools[i].live && g_pools[i].used == 0 &&
+           g_pools[i].reserved == 0;
 }
 
 /*
@@ -1731,7 +1986,9 @@ LOCAL(cuMemPoolCreate)
 /*
  * A default pool can not be destroyed (CUDA_ERROR_INVALID_VALUE). Like the
  * real driver, destroying a pool with live allocations succeeds; they stay
- * valid and counted until freed.
+ * valid and counted until freed. The reserve beyond what they need goes
+ * back at once, the rest as they are freed. A device whose current pool it
+ * was gets its default pool back as the current one.
  */
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
@@ -1742,6 +1999,10 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
     if (p != NULL &&
         array_index(p, g_pools, POOL_SLOTS, sizeof g_pools[0]) >= 0) {
         p->live = false;
+        pool_trim_locked(p, 0);
+        for (int d = 0; d < MAX_DEVICES; d++)
+            if (g_dev[d].mempool == p)
+                g_dev[d].mempool = &g_default_pools[d];
         rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
@@ -1749,24 +2010,26 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
 }
 LOCAL(cuMemPoolDestroy)
 
-/* Pools hold nothing beyond their live allocations: nothing to trim. */
+/* The reserve goes down to max(used, minBytesToKeep): pool_trim_locked. */
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-    (void)minBytesToKeep;
     CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     pthread_mutex_lock(&g_lock);
-    bool valid = pool_locked(pool) != NULL;
+    struct CUmemPoolHandle_st *p = pool_locked(pool);
+    if (p != NULL)
+        pool_trim_locked(p, minBytesToKeep);
     pthread_mutex_unlock(&g_lock);
-    return valid ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return p != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 LOCAL(cuMemPoolTrimTo)
 
 /*
- * The reuse attributes (int) and the release threshold (cuuint64_t) are
- * stored and read back (the threshold changes nothing: memory always goes
- * back at once). The current amounts are read-only; the high-water marks
- * can only be reset, with 0, to the current amount. Reserved and used
- * amounts are the same here: the pool's live bytes.
+ * The reuse attributes (int) are stored and read back; the release
+ * threshold (cuuint64_t; UINT64_MAX keeps everything) is what
+ * synchronisations trim the pool to. The current amounts are read-only;
+ * the high-water marks can only be reset, with 0, to the current amount.
+ * Reserved is what the pool holds of its device, used its live
+ * allocations' bytes.
  */
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                void *value)
@@ -1794,10 +2057,12 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
         case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
         case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
             memcpy(&u, value, sizeof u);
-            if (u == 0)
+            if (u != 0)
+                rc = CUDA_ERROR_INVALID_VALUE;
+            else if (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
                 p->peak = p->used;
             else
-                rc = CUDA_ERROR_INVALID_VALUE;
+                p->reserved_peak = p->reserved;
             break;
         default:
             rc = CUDA_ERROR_INVALID_VALUE;
@@ -1832,11 +2097,17 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
             memcpy(value, &u, sizeof u);
             break;
         case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+            u = p->reserved;
+            memcpy(value, &u, sizeof u);
+            break;
         case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
             u = p->used;
             memcpy(value, &u, sizeof u);
             break;
         case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+            u = p->reserved_peak;
+            memcpy(value, &u, sizeof u);
+            break;
         case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
             u = p->peak;
             memcpy(value, &u, sizeof u);
@@ -1851,27 +2122,50 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
 }
 LOCAL(cuMemPoolGetAttribute)
 
-static CUresult device_pool(CUmemoryPool *pool, CUdevice dev)
+static CUresult device_pool(CUmemoryPool *pool, CUdevice dev, bool current)
 {
     CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     CHECK(pool != NULL, CUDA_ERROR_INVALID_VALUE);
     CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
-    *pool = &g_default_pools[dev];
+    pthread_mutex_lock(&g_lock);
+    *pool = current ? g_dev[dev].mempool : &g_default_pools[dev];
+    pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
-    return device_pool(pool_out, dev);
+    return device_pool(pool_out, dev, false);
 }
 LOCAL(cuDeviceGetDefaultMemPool)
 
-/* cuDeviceSetMemPool is a stub, so the current pool is the default one. */
+/* The device's current pool: its default pool unless cuDeviceSetMemPool. */
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    return device_pool(pool, dev);
+    return device_pool(pool, dev, true);
 }
 LOCAL(cuDeviceGetMemPool)
+
+/*
+ * Makes a live pool of the device its current pool (what cuMemAllocAsync
+ * allocates from); a pool of another device or no live pool gives
+ * CUDA_ERROR_INVALID_VALUE.
+ */
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(valid_device(dev), CUDA_ERROR_INVALID_DEVICE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct CUmemPoolHandle_st *p = pool_locked(pool);
+    if (p != NULL && p->dev == dev) {
+        g_dev[dev].mempool = p;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuDeviceSetMemPool)
 
 static CUresult stream_get_device(CUstream h, CUdevice *device, bool ptsz)
 {
@@ -1892,6 +2186,879 @@ static CUresult stream_get_device(CUstream h, CUdevice *device, bool ptsz)
 
 WITH_PTSZ(cuStreamGetDevice, (CUstream hStream, CUdevice *device),
           stream_get_device, hStream, device)
+
+/* ---- Stream synchronisation ---------------------------------------------- */
+
+/*
+ * Nothing runs, so there is nothing to wait for: the stream is checked and
+ * the pools of its device trim to their release thresholds. Synchronizing a
+ * capturing stream is illegal, as with the real driver: it invalidates the
+ * capture and gives CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (an already
+ * invalidated one gives CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+ */
+static CUresult stream_synchronize(CUstream h, bool ptsz)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CUcontext ctx;
+    CUresult rc = stream_current(h, ptsz, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUstreamCaptureStatus capture;
+    pthread_mutex_lock(&g_lock);
+    rc = stream_target_locked(h, ptsz, &ctx, &capture);
+    if (rc == CUDA_SUCCESS && capture == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+        live_stream_locked(h)->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else if (rc == CUDA_SUCCESS &&
+               capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (rc == CUDA_SUCCESS) {
+        sync_pools_locked(ctx->dev);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUresult cuStreamSynchronize(CUstream hStream)
+{
+    return stream_synchronize(hStream, false);
+}
+LOCAL(cuStreamSynchronize)
+
+CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+    return stream_synchronize(hStream, true);
+}
+LOCAL(cuStreamSynchronize_ptsz)
+
+/* ---- Graphs ---------------------------------------------------------------- */
+
+/* Append p to a growable pointer array; false when out of memory. */
+static bool push_ptr(void ***items, size_t *n, size_t *cap, void *p)
+{
+    if (*n == *cap) {
+        size_t grown = *cap ? *cap * 2 : 16;
+        void **q = realloc(*items, grown * sizeof *q);
+        if (q == NULL)
+            return false;
+        *items = q;
+        *cap = grown;
+    }
+    (*items)[(*n)++] = p;
+    return true;
+}
+
+/* Remove p from a pointer array (order not kept); false if absent. */
+static bool drop_ptr(void **items, size_t *n, const void *p)
+{
+    for (size_t i = 0; i < *n; i++) {
+        if (items[i] == p) {
+            items[i] = items[--*n];
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool has_ptr(void *const *items, size_t n, const void *p)
+{
+    for (size_t i = 0; i < n; i++)
+        if (items[i] == p)
+            return true;
+    return false;
+}
+
+#define PTRS(a) ((void ***)(void *)&(a))
+
+static bool graph_live_locked(CUgraph g)
+{
+    return g != NULL && has_ptr((void *const *)g_graphs, g_ngraphs, g);
+}
+
+static bool exec_live_locked(CUgraphExec e)
+{
+    return e != NULL && has_ptr((void *const *)g_execs, g_nexecs, e);
+}
+
+/* A node of a live graph, or NULL. */
+static CUgraphNode node_live_locked(CUgraphNode n)
+{
+    if (n == NULL)
+        return NULL;
+    for (size_t i = 0; i < g_ngraphs; i++)
+        if (has_ptr((void *const *)g_graphs[i]->nodes, g_graphs[i]->nnodes, n))
+            return n;
+    return NULL;
+}
+
+/* A new empty graph, registered; NULL when out of memory. */
+static CUgraph graph_new_locked(void)
+{
+    CUgraph g = calloc(1, sizeof *g);
+    if (g != NULL && !push_ptr(PTRS(g_graphs), &g_ngraphs, &g_graphs_cap, g)) {
+        free(g);
+        g = NULL;
+    }
+    return g;
+}
+
+/* Destroy g, the graphs its child nodes own, and its nodes. */
+static void graph_free_locked(CUgraph g)
+{
+    for (size_t i = 0; i < g->nnodes; i++) {
+        CUgraphNode n = g->nodes[i];
+        if (n->child != NULL)
+            graph_free_locked(n->child);
+        free(n->access);
+        free(n);
+    }
+    free(g->nodes);
+    for (size_t i = 0; i < g_nexecs; i++)
+        if (g_execs[i]->graph == g)
+            g_execs[i]->graph = NULL;
+    drop_ptr((void **)g_graphs, &g_ngraphs, g);
+    free(g);
+}
+
+/* A new node of type in g; NULL when out of memory. */
+static CUgraphNode graph_add_node_locked(CUgraph g, CUgraphNodeType type)
+{
+    CUgraphNode n = calloc(1, sizeof *n);
+    if (n == NULL)
+        return NULL;
+    n->graph = g;
+    n->type = type;
+    if (!push_ptr(PTRS(g->nodes), &g->nnodes, &g->cap, n)) {
+        free(n);
+        return NULL;
+    }
+    return n;
+}
+
+/* Whether g or a graph nested in it holds memory nodes. */
+static bool graph_has_mem_locked(CUgraph g)
+{
+    for (size_t i = 0; i < g->nnodes; i++) {
+        CUgraphNode n = g->nodes[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
+            n->type == CU_GRAPH_NODE_TYPE_MEM_FREE ||
+            (n->child != NULL && graph_has_mem_locked(n->child)))
+            return true;
+    }
+    return false;
+}
+
+/* The entry of g_gallocs for exactly addr, or -1. */
+static long galloc_index_locked(CUdeviceptr addr)
+{
+    if (addr < GRAPH_BASE || addr >= g_graph_next)
+        return -1;
+    for (size_t i = 0; i < g_ngallocs; i++)
+        if (g_gallocs[i].addr == addr)
+            return (long)i;
+    return -1;
+}
+
+/* A live graph allocation is freed: graph memory in use falls. */
+static void galloc_free_locked(size_t i)
+{
+    struct galloc *a = &g_gallocs[i];
+    a->live = false;
+    g_dev[a->dev].graph_used -= a->bytes;
+}
+
+/* The dependencies of a new node: every one a node of g. */
+static CUresult check_deps_locked(CUgraph g, const CUgraphNode *deps,
+                                  size_t ndeps)
+{
+    if (ndeps > 0 && deps == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < ndeps; i++)
+        if (!has_ptr((void *const *)g->nodes, g->nnodes, deps[i]))
+            return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+/*
+ * An allocation node of bytes in g, with its own address from the graph
+ * window (fixed for good). Only pinned memory on a device; a graph owned by
+ * a child graph node can take no memory nodes (CUDA_ERROR_INVALID_VALUE).
+ */
+static CUresult graph_alloc_node_locked(CUgraph g, size_t bytes,
+                                        const CUmemPoolProps *props,
+                                        const CUmemAccessDesc *access,
+                                        size_t naccess, CUgraphNode *out)
+{
+    if (g == NULL || g->owner != NULL || bytes == 0 ||
+        props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_device(props->location.id) || (naccess > 0 && access == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < naccess; i++)
+        if (access[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            !valid_device(access[i].location.id))
+            return CUDA_ERROR_INVALID_VALUE;
+    size_t span = span_for(bytes);
+    if (span == 0 || span > GRAPH_BASE + GRAPH_WINDOW - g_graph_next)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (g_ngallocs == g_gallocs_cap) {
+        size_t cap = g_gallocs_cap ? g_gallocs_cap * 2 : 64;
+        struct galloc *grown = realloc(g_gallocs, cap * sizeof *grown);
+        if (grown == NULL)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        g_gallocs = grown;
+        g_gallocs_cap = cap;
+    }
+    CUmemAccessDesc *copy = NULL;
+    if (naccess > 0) {
+        copy = malloc(naccess * sizeof *copy);
+        if (copy == NULL)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        memcpy(copy, access, naccess * sizeof *copy);
+    }
+    CUgraphNode n = graph_add_node_locked(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+    if (n == NULL) {
+        free(copy);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    n->dptr = g_graph_next;
+    n->bytes = bytes;
+    n->props = *props;
+    n->access = copy;
+    n->naccess = naccess;
+    n->galloc = g_ngallocs;
+    g_gallocs[g_ngallocs++] = (struct galloc){
+        .addr = n->dptr, .bytes = bytes, .dev = props->location.id };
+    g_graph_next += span;
+    *out = n;
+    return CUDA_SUCCESS;
+}
+
+/*
+ * A free node of dptr in g: dptr must be the address of an allocation node
+ * (of any graph) not yet freed in g, else CUDA_ERROR_INVALID_VALUE, like
+ * the real driver.
+ */
+static CUresult graph_free_node_locked(CUgraph g, CUdeviceptr dptr,
+                                       CUgraphNode *out)
+{
+    if (g == NULL || g->owner != NULL || galloc_index_locked(dptr) < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < g->nnodes; i++)
+        if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_FREE &&
+            g->nodes[i]->dptr == dptr)
+            return CUDA_ERROR_INVALID_VALUE;
+    CUgraphNode n = graph_add_node_locked(g, CU_GRAPH_NODE_TYPE_MEM_FREE);
+    if (n == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    n->dptr = dptr;
+    *out = n;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(phGraph != NULL && flags == 0, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&g_lock);
+    CUgraph g = graph_new_locked();
+    pthread_mutex_unlock(&g_lock);
+    if (g == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *phGraph = g;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuGraphCreate)
+
+/*
+ * A graph owned by a child graph node goes with its node's graph
+ * (CUDA_ERROR_INVALID_VALUE here). Executable graphs made from it stay.
+ */
+CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (graph_live_locked(hGraph) && hGraph->owner == NULL) {
+        graph_free_locked(hGraph);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuGraphDestroy)
+
+CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                const CUgraphNode *dependencies,
+                                size_t numDependencies,
+                                CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(phGraphNode != NULL && nodeParams != NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (graph_live_locked(hGraph))
+        rc = check_deps_locked(hGraph, dependencies, numDependencies);
+    if (rc == CUDA_SUCCESS)
+        rc = graph_alloc_node_locked(hGraph, nodeParams->bytesize,
+                                     &nodeParams->poolProps,
+                                     nodeParams->accessDescs,
+                                     nodeParams->accessDescCount, phGraphNode);
+    if (rc == CUDA_SUCCESS)
+        nodeParams->dptr = (*phGraphNode)->dptr;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuGraphAddMemAllocNode)
+
+CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                               const CUgraphNode *dependencies,
+                               size_t numDependencies, CUdeviceptr dptr)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(phGraphNode != NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (graph_live_locked(hGraph))
+        rc = check_deps_locked(hGraph, dependencies, numDependencies);
+    if (rc == CUDA_SUCCESS)
+        rc = graph_free_node_locked(hGraph, dptr, phGraphNode);
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuGraphAddMemFreeNode)
+
+/* accessDescs points at the node's own copy, valid while the node lives. */
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode,
+                                      CUDA_MEM_ALLOC_NODE_PARAMS *params_out)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(params_out != NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUgraphNode n = node_live_locked(hNode);
+    if (n != NULL && n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+        *params_out = (CUDA_MEM_ALLOC_NODE_PARAMS){
+            .poolProps = n->props, .accessDescs = n->access,
+            .accessDescCount = n->naccess, .bytesize = n->bytes,
+            .dptr = n->dptr };
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuGraphMemAllocNodeGetParams)
+
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(dptr_out != NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUgraphNode n = node_live_locked(hNode);
+    if (n != NULL && n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+        *dptr_out = n->dptr;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuGraphMemFreeNodeGetParams)
+
+/* A registered copy of g (child graph nodes only), owned by owner. */
+static CUgraph graph_clone_locked(CUgraph g, CUgraphNode owner)
+{
+    CUgraph c = graph_new_locked();
+    if (c == NULL)
+        return NULL;
+    c->owner = owner;
+    for (size_t i = 0; i < g->nnodes; i++) {
+        CUgraphNode n = graph_add_node_locked(c, g->nodes[i]->type);
+        if (n == NULL ||
+            (g->nodes[i]->child != NULL &&
+             (n->child = graph_clone_locked(g->nodes[i]->child, n)) == NULL)) {
+            graph_free_locked(c);
+            return NULL;
+        }
+    }
+    return c;
+}
+
+/*
+ * The child graph is cloned into the node. Like the real driver's
+ * cuGraphAddChildGraphNode, a child graph holding memory allocation or free
+ * nodes is refused (CUDA_ERROR_INVALID_VALUE): only cuGraphAddNode with
+ * ownership moved takes those, and that is not modelled.
+ */
+CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                  const CUgraphNode *dependencies,
+                                  size_t numDependencies, CUgraph childGraph)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(phGraphNode != NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (graph_live_locked(hGraph) && graph_live_locked(childGraph) &&
+        hGraph != childGraph && !graph_has_mem_locked(childGraph))
+        rc = check_deps_locked(hGraph, dependencies, numDependencies);
+    if (rc == CUDA_SUCCESS) {
+        CUgraphNode n = graph_add_node_locked(hGraph, CU_GRAPH_NODE_TYPE_GRAPH);
+        if (n != NULL && (n->child = graph_clone_locked(childGraph, n)) == NULL) {
+            drop_ptr((void **)hGraph->nodes, &hGraph->nnodes, n);
+            free(n);
+            n = NULL;
+        }
+        if (n == NULL)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *phGraphNode = n;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuGraphAddChildGraphNode)
+
+/* The node's own graph, not a copy: memory nodes can not be added to it. */
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(phGraph != NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUgraphNode n = node_live_locked(hNode);
+    if (n != NULL && n->type == CU_GRAPH_NODE_TYPE_GRAPH) {
+        *phGraph = n->child;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuGraphChildGraphNodeGetGraph)
+
+/*
+ * nodes NULL: *numNodes is set to the number of nodes. Otherwise up to
+ * *numNodes are stored (in the order they were added), the rest of the
+ * array set to NULL, and *numNodes becomes the number stored.
+ */
+CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(numNodes != NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (graph_live_locked(hGraph)) {
+        if (nodes == NULL) {
+            *numNodes = hGraph->nnodes;
+        } else {
+            size_t n = 0;
+            for (; n < *numNodes && n < hGraph->nnodes; n++)
+                nodes[n] = hGraph->nodes[n];
+            for (size_t i = n; i < *numNodes; i++)
+                nodes[i] = NULL;
+            *numNodes = n;
+        }
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuGraphGetNodes)
+
+CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(type != NULL, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&g_lock);
+    CUgraphNode n = node_live_locked(hNode);
+    if (n != NULL)
+        *type = n->type;
+    pthread_mutex_unlock(&g_lock);
+    return n != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+LOCAL(cuGraphNodeGetType)
+
+/* Collect g's allocations and frees (child graphs included) into e. */
+static bool exec_collect_locked(CUgraphExec e, CUgraph g)
+{
+    for (size_t i = 0; i < g->nnodes; i++) {
+        CUgraphNode n = g->nodes[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            size_t *a = realloc(e->allocs, (e->nallocs + 1) * sizeof *a);
+            if (a == NULL)
+                return false;
+            e->allocs = a;
+            a[e->nallocs++] = n->galloc;
+        } else if (n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+            CUdeviceptr *f = realloc(e->frees, (e->nfrees + 1) * sizeof *f);
+            if (f == NULL)
+                return false;
+            e->frees = f;
+            f[e->nfrees++] = n->dptr;
+        } else if (n->child != NULL && !exec_collect_locked(e, n->child)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void exec_free(CUgraphExec e)
+{
+    free(e->allocs);
+    free(e->frees);
+    free(e);
+}
+
+/* Destroy the live executable graph e. Caller holds g_lock. */
+static void exec_destroy_locked(CUgraphExec e)
+{
+    if (e->graph != NULL)
+        e->graph->execs--;
+    drop_ptr((void **)g_execs, &g_nexecs, e);
+    exec_free(e);
+}
+
+static CUresult graph_reserve_locked(CUgraphExec e, bool autofree);
+
+#define INSTANTIATE_FLAGS                                   \
+    (CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |      \
+     CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |            \
+     CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY)
+
+/*
+ * Common part of the instantiation entry points. As the real driver
+ * documents, a graph holding memory nodes can have only one executable
+ * graph at a time (another instantiation: CUDA_ERROR_INVALID_VALUE).
+ * Instantiating reserves nothing; uploading or launching does.
+ */
+static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                            unsigned long long flags)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(phGraphExec != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK((flags & ~(unsigned long long)INSTANTIATE_FLAGS) == 0,
+          CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (graph_live_locked(hGraph) &&
+        (hGraph->execs == 0 || !graph_has_mem_locked(hGraph))) {
+        CUgraphExec e = calloc(1, sizeof *e);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        if (e != NULL) {
+            e->graph = hGraph;
+            e->flags = flags;
+            if (exec_collect_locked(e, hGraph) &&
+                push_ptr(PTRS(g_execs), &g_nexecs, &g_execs_cap, e)) {
+                hGraph->execs++;
+                *phGraphExec = e;
+                rc = CUDA_SUCCESS;
+            } else {
+                exec_free(e);
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* The 10.0 and 11.0 ABI: no flags; no diagnostics are ever written. */
+static CUresult instantiate_logged(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                   CUgraphNode *phErrorNode, char *logBuffer,
+                                   size_t bufferSize)
+{
+    if (phErrorNode != NULL)
+        *phErrorNode = NULL;
+    if (logBuffer != NULL && bufferSize > 0)
+        logBuffer[0] = '\0';
+    return instantiate(phGraphExec, hGraph, 0);
+}
+
+CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                            CUgraphNode *phErrorNode, char *logBuffer,
+                            size_t bufferSize)
+{
+    return instantiate_logged(phGraphExec, hGraph, phErrorNode, logBuffer,
+                              bufferSize);
+}
+LOCAL(cuGraphInstantiate)
+
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                               CUgraphNode *phErrorNode, char *logBuffer,
+                               size_t bufferSize)
+{
+    return instantiate_logged(phGraphExec, hGraph, phErrorNode, logBuffer,
+                              bufferSize);
+}
+LOCAL(cuGraphInstantiate_v2)
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                     unsigned long long flags)
+{
+    return instantiate(phGraphExec, hGraph, flags);
+}
+LOCAL(cuGraphInstantiateWithFlags)
+
+static CUresult graph_upload(CUgraphExec e, CUstream h, bool ptsz);
+
+/*
+ * The flags of cuGraphInstantiateWithFlags plus UPLOAD (then the graph is
+ * uploaded to hUploadStream; a failed upload destroys the new executable
+ * graph and gives the upload's error). result_out says SUCCESS or ERROR;
+ * hErrNode_out is always NULL.
+ */
+static CUresult instantiate_with_params(CUgraphExec *phGraphExec,
+                                        CUgraph hGraph,
+                                        CUDA_GRAPH_INSTANTIATE_PARAMS *p,
+                                        bool ptsz)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(p != NULL && phGraphExec != NULL, CUDA_ERROR_INVALID_VALUE);
+    p->hErrNode_out = NULL;
+    p->result_out = CUDA_GRAPH_INSTANTIATE_ERROR;
+    bool upload = (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0;
+    CUgraphExec e = NULL;
+    CUresult rc = instantiate(&e, hGraph,
+                              p->flags & ~(cuuint64_t)
+                                             CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+    if (rc == CUDA_SUCCESS && upload) {
+        rc = graph_upload(e, p->hUploadStream, ptsz);
+        if (rc != CUDA_SUCCESS) {
+            pthread_mutex_lock(&g_lock);
+            exec_destroy_locked(e);
+            pthread_mutex_unlock(&g_lock);
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        *phGraphExec = e;
+        p->result_out = CUDA_GRAPH_INSTANTIATE_SUCCESS;
+    }
+    return rc;
+}
+
+WITH_PTSZ(cuGraphInstantiateWithParams, (CUgraphExec *phGraphExec,
+           CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams),
+          instantiate_with_params, phGraphExec, hGraph, instantiateParams)
+
+/*
+ * Its allocations that a launch made live stay live and counted until
+ * freed, as with the real driver.
+ */
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (exec_live_locked(hGraphExec)) {
+        exec_destroy_locked(hGraphExec);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuGraphExecDestroy)
+
+/*
+ * Make room in the graph pools for e's allocations: per device, what its
+ * allocations that are not live need beyond the graph pool's free reserve
+ * (reserved - used) grows the reserve, rounded up to POOL_GRANULE, counted
+ * against the device. With autofree the live ones count as freed first.
+ * Either every growth fits or nothing changes (CUDA_ERROR_OUT_OF_MEMORY).
+ * Caller holds g_lock.
+ */
+static CUresult graph_reserve_locked(CUgraphExec e, bool autofree)
+{
+    size_t need[MAX_DEVICES] = { 0 }, freed[MAX_DEVICES] = { 0 };
+    size_t grow[MAX_DEVICES] = { 0 };
+    for (size_t i = 0; i < e->nallocs; i++) {
+        const struct galloc *a = &g_gallocs[e->allocs[i]];
+        if (!a->live)
+            need[a->dev] += a->bytes;
+        else if (autofree) {
+            need[a->dev] += a->bytes;
+            freed[a->dev] += a->bytes;
+        }
+    }
+    for (int d = 0; d < g_cfg.devices; d++) {
+        const struct device_state *s = &g_dev[d];
+        size_t free_reserve = s->graph_reserved - (s->graph_used - freed[d]);
+        if (need[d] > g_cfg.total_bytes)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        if (need[d] > free_reserve)
+            grow[d] = round_up(need[d] - free_reserve, POOL_GRANULE);
+        if (!fits_locked(d, grow[d]))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int d = 0; d < g_cfg.devices; d++) {
+        struct device_state *s = &g_dev[d];
+        charge_locked(d, grow[d]);
+        s->graph_reserved += grow[d];
+        if (s->graph_reserved > s->graph_reserved_peak)
+            s->graph_reserved_peak = s->graph_reserved;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* The stream of a launch or upload: checked like the stream-ordered calls. */
+static CUresult graph_stream(CUstream h, bool ptsz, CUcontext *ctx,
+                             CUstreamCaptureStatus *capture)
+{
+    CUresult rc = stream_current(h, ptsz, ctx);
+    if (rc == CUDA_SUCCESS)
+        rc = stream_target_locked(h, ptsz, ctx, capture);
+    if (rc == CUDA_SUCCESS && !ctx_usable_locked(*ctx))
+        rc = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (rc == CUDA_SUCCESS && *capture != CU_STREAM_CAPTURE_STATUS_NONE)
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* not modelled */
+    return rc;
+}
+
+/* Reserves what a launch of e will need (graph_reserve_locked). */
+static CUresult graph_upload(CUgraphExec e, CUstream h, bool ptsz)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CUcontext ctx = NULL;
+    CUstreamCaptureStatus capture;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = exec_live_locked(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        rc = graph_stream(h, ptsz, &ctx, &capture);
+    if (rc == CUDA_SUCCESS)
+        rc = graph_reserve_locked(e, false);
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+WITH_PTSZ(cuGraphUpload, (CUgraphExec hGraphExec, CUstream hStream),
+          graph_upload, hGraphExec, hStream)
+
+/*
+ * A launch runs at once: its allocations become live (graph memory in use
+ * rises by their bytes, from the graph pool's reserve, grown as needed),
+ * then its free nodes free what they name (if live). As the real driver
+ * documents, launching while an allocation of a previous launch is still
+ * live gives CUDA_ERROR_INVALID_VALUE, unless the executable graph was made
+ * with AUTO_FREE_ON_LAUNCH: then those are freed first.
+ */
+static CUresult graph_launch(CUgraphExec e, CUstream h, bool ptsz)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CUcontext ctx = NULL;
+    CUstreamCaptureStatus capture;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = exec_live_locked(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        rc = graph_stream(h, ptsz, &ctx, &capture);
+    bool autofree =
+        rc == CUDA_SUCCESS &&
+        (e->flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
+    for (size_t i = 0; rc == CUDA_SUCCESS && !autofree && i < e->nallocs; i++)
+        if (g_gallocs[e->allocs[i]].live)
+            rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        rc = graph_reserve_locked(e, autofree);
+    if (rc == CUDA_SUCCESS) {
+        for (size_t i = 0; i < e->nallocs; i++)
+            if (g_gallocs[e->allocs[i]].live)
+                galloc_free_locked(e->allocs[i]);
+        for (size_t i = 0; i < e->nallocs; i++) {
+            struct galloc *a = &g_gallocs[e->allocs[i]];
+            struct device_state *s = &g_dev[a->dev];
+            a->live = true;
+            s->graph_used += a->bytes;
+            if (s->graph_used > s->graph_used_peak)
+                s->graph_used_peak = s->graph_used;
+        }
+        for (size_t i = 0; i < e->nfrees; i++) {
+            long gi = galloc_index_locked(e->frees[i]);
+            if (gi >= 0 && g_gallocs[gi].live)
+                galloc_free_locked((size_t)gi);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+WITH_PTSZ(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream),
+          graph_launch, hGraphExec, hStream)
+
+/*
+ * The device's graph memory: used is the live graph allocations' bytes,
+ * reserved what the graph pool holds (counted against the device). The
+ * high-water marks can only be reset, with 0, to the current amounts.
+ */
+static CUresult graph_mem_attribute(CUdevice device, CUgraphMem_attribute attr,
+                                    void *value, bool set)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(valid_device(device), CUDA_ERROR_INVALID_DEVICE);
+    CHECK(value != NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_SUCCESS;
+    cuuint64_t u;
+    memcpy(&u, value, sizeof u);
+    pthread_mutex_lock(&g_lock);
+    struct device_state *s = &g_dev[device];
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+        u = s->graph_used;
+        rc = set ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+        break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+        u = s->graph_reserved;
+        rc = set ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+        break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+        if (set && u == 0)
+            s->graph_used_peak = s->graph_used;
+        else if (set)
+            rc = CUDA_ERROR_INVALID_VALUE;
+        u = s->graph_used_peak;
+        break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
+        if (set && u == 0)
+            s->graph_reserved_peak = s->graph_reserved;
+        else if (set)
+            rc = CUDA_ERROR_INVALID_VALUE;
+        u = s->graph_reserved_peak;
+        break;
+    default:
+        rc = CUDA_ERROR_INVALID_VALUE;
+        break;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (rc == CUDA_SUCCESS && !set)
+        memcpy(value, &u, sizeof u);
+    return rc;
+}
+
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device,
+                                      CUgraphMem_attribute attr, void *value)
+{
+    return graph_mem_attribute(device, attr, value, false);
+}
+LOCAL(cuDeviceGetGraphMemAttribute)
+
+CUresult cuDeviceSetGraphMemAttribute(CUdevice device,
+                                      CUgraphMem_attribute attr, void *value)
+{
+    return graph_mem_attribute(device, attr, value, true);
+}
+LOCAL(cuDeviceSetGraphMemAttribute)
+
+/* The graph pool gives back its reserve beyond its live allocations. */
+CUresult cuDeviceGraphMemTrim(CUdevice device)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(valid_device(device), CUDA_ERROR_INVALID_DEVICE);
+    pthread_mutex_lock(&g_lock);
+    struct device_state *s = &g_dev[device];
+    size_t keep = round_up(s->graph_used, POOL_GRANULE);
+    if (keep < s->graph_reserved) {
+        s->used -= s->graph_reserved - keep;
+        s->graph_reserved = keep;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+LOCAL(cuDeviceGraphMemTrim)
 
 /* ---- Virtual memory management -------------------------------------------- */
 
@@ -3018,9 +4185,16 @@ CUresult cuEventQuery(CUevent hEvent)
 }
 LOCAL(cuEventQuery)
 
+/* Also a synchronisation point: the event's device's pools trim. */
 CUresult cuEventSynchronize(CUevent hEvent)
 {
-    return event_complete(hEvent);
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    pthread_mutex_lock(&g_lock);
+    struct CUevent_st *e = live_event_locked(hEvent);
+    if (e != NULL)
+        sync_pools_locked(e->ctx->dev);
+    pthread_mutex_unlock(&g_lock);
+    return e != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 LOCAL(cuEventSynchronize)
 
@@ -3255,6 +4429,50 @@ ALIAS(cuEventRecord_ptsz, (CUevent e, CUstream s), (e, s))
 ALIAS(cuEventQuery, (CUevent e), (e))
 ALIAS(cuEventSynchronize, (CUevent e), (e))
 ALIAS(cuEventDestroy_v2, (CUevent e), (e))
+ALIAS(cuDeviceSetMemPool, (CUdevice d, CUmemoryPool m), (d, m))
+ALIAS(cuStreamSynchronize, (CUstream s), (s))
+ALIAS(cuStreamSynchronize_ptsz, (CUstream s), (s))
+ALIAS(cuGraphCreate, (CUgraph *g, unsigned int f), (g, f))
+ALIAS(cuGraphDestroy, (CUgraph g), (g))
+ALIAS(cuGraphAddMemAllocNode,
+      (CUgraphNode *n, CUgraph g, const CUgraphNode *d, size_t nd,
+       CUDA_MEM_ALLOC_NODE_PARAMS *p),
+      (n, g, d, nd, p))
+ALIAS(cuGraphAddMemFreeNode,
+      (CUgraphNode *n, CUgraph g, const CUgraphNode *d, size_t nd,
+       CUdeviceptr p),
+      (n, g, d, nd, p))
+ALIAS(cuGraphMemAllocNodeGetParams,
+      (CUgraphNode n, CUDA_MEM_ALLOC_NODE_PARAMS *p), (n, p))
+ALIAS(cuGraphMemFreeNodeGetParams, (CUgraphNode n, CUdeviceptr *p), (n, p))
+ALIAS(cuGraphAddChildGraphNode,
+      (CUgraphNode *n, CUgraph g, const CUgraphNode *d, size_t nd, CUgraph c),
+      (n, g, d, nd, c))
+ALIAS(cuGraphChildGraphNodeGetGraph, (CUgraphNode n, CUgraph *g), (n, g))
+ALIAS(cuGraphGetNodes, (CUgraph g, CUgraphNode *n, size_t *c), (g, n, c))
+ALIAS(cuGraphNodeGetType, (CUgraphNode n, CUgraphNodeType *t), (n, t))
+ALIAS(cuGraphInstantiate,
+      (CUgraphExec *e, CUgraph g, CUgraphNode *n, char *l, size_t b),
+      (e, g, n, l, b))
+ALIAS(cuGraphInstantiate_v2,
+      (CUgraphExec *e, CUgraph g, CUgraphNode *n, char *l, size_t b),
+      (e, g, n, l, b))
+ALIAS(cuGraphInstantiateWithFlags,
+      (CUgraphExec *e, CUgraph g, unsigned long long f), (e, g, f))
+ALIAS(cuGraphInstantiateWithParams,
+      (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p))
+ALIAS(cuGraphInstantiateWithParams_ptsz,
+      (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p))
+ALIAS(cuGraphExecDestroy, (CUgraphExec e), (e))
+ALIAS(cuGraphLaunch, (CUgraphExec e, CUstream s), (e, s))
+ALIAS(cuGraphLaunch_ptsz, (CUgraphExec e, CUstream s), (e, s))
+ALIAS(cuGraphUpload, (CUgraphExec e, CUstream s), (e, s))
+ALIAS(cuGraphUpload_ptsz, (CUgraphExec e, CUstream s), (e, s))
+ALIAS(cuDeviceGetGraphMemAttribute,
+      (CUdevice d, CUgraphMem_attribute a, void *v), (d, a, v))
+ALIAS(cuDeviceSetGraphMemAttribute,
+      (CUdevice d, CUgraphMem_attribute a, void *v), (d, a, v))
+ALIAS(cuDeviceGraphMemTrim, (CUdevice d), (d))
 ALIAS(cuGetErrorString, (CUresult e, const char **s), (e, s))
 ALIAS(cuGetErrorName, (CUresult e, const char **s), (e, s))
 /* The two resolvers are defined below; their aliases come after them. */
@@ -3281,7 +4499,7 @@ struct variant {
 /* A base name with its variants, oldest first. */
 struct proc_entry {
     const char *base;
-    struct variant v[2];
+    struct variant v[3];
     /* Per-thread default stream twins, if any, oldest first. */
     struct variant ptsz[2];
 };
@@ -3347,6 +4565,44 @@ static const struct proc_entry g_procs[] = {
     { "cuDeviceGetDefaultMemPool",
       { V(11020, cuDeviceGetDefaultMemPool) }, { { 0 } } },
     { "cuDeviceGetMemPool", { V(11020, cuDeviceGetMemPool) }, { { 0 } } },
+    { "cuDeviceSetMemPool", { V(11020, cuDeviceSetMemPool) }, { { 0 } } },
+    { "cuStreamSynchronize", { V(2000, cuStreamSynchronize) },
+      { V(7000, cuStreamSynchronize_ptsz) } },
+    { "cuGraphCreate", { V(10000, cuGraphCreate) }, { { 0 } } },
+    { "cuGraphDestroy", { V(10000, cuGraphDestroy) }, { { 0 } } },
+    { "cuGraphAddMemAllocNode", { V(11040, cuGraphAddMemAllocNode) },
+      { { 0 } } },
+    { "cuGraphAddMemFreeNode", { V(11040, cuGraphAddMemFreeNode) }, { { 0 } } },
+    { "cuGraphMemAllocNodeGetParams",
+      { V(11040, cuGraphMemAllocNodeGetParams) }, { { 0 } } },
+    { "cuGraphMemFreeNodeGetParams",
+      { V(11040, cuGraphMemFreeNodeGetParams) }, { { 0 } } },
+    { "cuGraphAddChildGraphNode", { V(10000, cuGraphAddChildGraphNode) },
+      { { 0 } } },
+    { "cuGraphChildGraphNodeGetGraph",
+      { V(10000, cuGraphChildGraphNodeGetGraph) }, { { 0 } } },
+    { "cuGraphGetNodes", { V(10000, cuGraphGetNodes) }, { { 0 } } },
+    { "cuGraphNodeGetType", { V(10000, cuGraphNodeGetType) }, { { 0 } } },
+    /* From 12000 the name means cuGraphInstantiateWithFlags's ABI. */
+    { "cuGraphInstantiate",
+      { V(10000, cuGraphInstantiate), V(11000, cuGraphInstantiate_v2),
+        V(12000, cuGraphInstantiateWithFlags) },
+      { { 0 } } },
+    { "cuGraphInstantiateWithFlags",
+      { V(11040, cuGraphInstantiateWithFlags) }, { { 0 } } },
+    { "cuGraphInstantiateWithParams",
+      { V(12000, cuGraphInstantiateWithParams) },
+      { V(12000, cuGraphInstantiateWithParams_ptsz) } },
+    { "cuGraphExecDestroy", { V(10000, cuGraphExecDestroy) }, { { 0 } } },
+    { "cuGraphLaunch", { V(10000, cuGraphLaunch) },
+      { V(10000, cuGraphLaunch_ptsz) } },
+    { "cuGraphUpload", { V(11010, cuGraphUpload) },
+      { V(11010, cuGraphUpload_ptsz) } },
+    { "cuDeviceGetGraphMemAttribute",
+      { V(11040, cuDeviceGetGraphMemAttribute) }, { { 0 } } },
+    { "cuDeviceSetGraphMemAttribute",
+      { V(11040, cuDeviceSetGraphMemAttribute) }, { { 0 } } },
+    { "cuDeviceGraphMemTrim", { V(11040, cuDeviceGraphMemTrim) }, { { 0 } } },
     { "cuStreamGetDevice", { V(12080, cuStreamGetDevice) },
       { V(12080, cuStreamGetDevice_ptsz) } },
     { "cuMemCreate", { V(10020, cuMemCreate) }, { { 0 } } },
@@ -3424,7 +4680,7 @@ static CUresult resolve(const char *symbol, void **pfn, int cudaVersion,
 
     /* Newest variant introduced at or before cudaVersion. */
     const struct variant *chosen = NULL;
-    for (size_t i = 0; i < 2; i++)
+    for (size_t i = 0; i < 3; i++)
         if (e->v[i].fn != NULL && e->v[i].since <= cudaVersion)
             chosen = &e->v[i];
     if (flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
@@ -3501,6 +4757,19 @@ size_t vramcap_standin_peak(int dev)
 size_t vramcap_standin_managed_host(int dev)
 {
     return device_field(dev, offsetof(struct device_state, managed_host));
+}
+
+int vramcap_standin_contexts(int dev)
+{
+    config();
+    if (!valid_device(dev))
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    int n = g_dev[dev].primary_refs > 0;
+    for (size_t i = 0; i < CTX_SLOTS; i++)
+        n += g_created[i].live && g_created[i].dev == dev;
+    pthread_mutex_unlock(&g_lock);
+    return n;
 }
 
 const char *vramcap_standin_kind(CUdeviceptr ptr)

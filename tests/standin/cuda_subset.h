@@ -43,6 +43,11 @@ typedef int CUmemAllocationGranularity_flags; /* enum ..._flags_enum */
 typedef int CUarray_format;            /* enum CUarray_format_enum */
 typedef struct CUevent_st *CUevent;    /* opaque event handle */
 typedef int CUmem_advise;              /* enum CUmem_advise_enum */
+typedef struct CUgraphNode_st *CUgraphNode; /* opaque graph node handle */
+typedef struct CUgraphExec_st *CUgraphExec; /* opaque executable graph */
+typedef int CUgraphNodeType;           /* enum CUgraphNodeType_enum */
+typedef int CUgraphMem_attribute;      /* enum CUgraphMem_attribute_enum */
+typedef int CUgraphInstantiateResult;  /* enum CUgraphInstantiateResult_enum */
 
 typedef struct CUuuid_st {
     char bytes[16];
@@ -127,10 +132,31 @@ typedef struct CUDA_ARRAY_MEMORY_REQUIREMENTS_st {
     unsigned int reserved[4];
 } CUDA_ARRAY_MEMORY_REQUIREMENTS;
 
+/* cuGraphAddMemAllocNode's parameters (CUDA_MEM_ALLOC_NODE_PARAMS_v1). */
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
+    CUmemPoolProps poolProps;        /* pinned, on a device */
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;                /* out: the allocation's address */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+/* cuGraphInstantiateWithParams's in/out parameters. */
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;                /* CUDA_GRAPH_INSTANTIATE_FLAG_* */
+    CUstream hUploadStream;          /* with the UPLOAD flag */
+    CUgraphNode hErrNode_out;
+    CUgraphInstantiateResult result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
 /* The sizes of the real structures on LP64 (x86_64, aarch64). */
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
 _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc ABI");
+_Static_assert(sizeof(CUDA_MEM_ALLOC_NODE_PARAMS) == 120,
+               "CUDA_MEM_ALLOC_NODE_PARAMS ABI");
+_Static_assert(sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS) == 32,
+               "CUDA_GRAPH_INSTANTIATE_PARAMS ABI");
 _Static_assert(sizeof(CUDA_ARRAY_DESCRIPTOR) == 24,
                "CUDA_ARRAY_DESCRIPTOR ABI");
 _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40,
@@ -236,6 +262,49 @@ enum {
     CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,                /* cuuint64_t */
     CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,                 /* cuuint64_t */
     CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8                     /* cuuint64_t */
+};
+
+/* CUgraphNodeType values (the stand-in makes the last three kinds). */
+enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_MEMCPY = 1,
+    CU_GRAPH_NODE_TYPE_MEMSET = 2,
+    CU_GRAPH_NODE_TYPE_HOST = 3,
+    CU_GRAPH_NODE_TYPE_GRAPH = 4,
+    CU_GRAPH_NODE_TYPE_EMPTY = 5,
+    CU_GRAPH_NODE_TYPE_WAIT_EVENT = 6,
+    CU_GRAPH_NODE_TYPE_EVENT_RECORD = 7,
+    CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL = 8,
+    CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT = 9,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+    CU_GRAPH_NODE_TYPE_BATCH_MEM_OP = 12,
+    CU_GRAPH_NODE_TYPE_CONDITIONAL = 13
+};
+
+/* CUgraphMem_attribute values (all cuuint64_t). */
+enum {
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3
+};
+
+/* CUgraphInstantiate_flags bits. */
+enum {
+    CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1,
+    CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2,
+    CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH = 4,
+    CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8
+};
+
+/* CUgraphInstantiateResult values. */
+enum {
+    CUDA_GRAPH_INSTANTIATE_SUCCESS = 0,
+    CUDA_GRAPH_INSTANTIATE_ERROR = 1,
+    CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE = 2,
+    CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED = 3,
+    CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED = 4
 };
 
 /* CUmemLocationType values. */
@@ -417,8 +486,57 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                void *value);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
+CUresult cuStreamSynchronize(CUstream hStream);
+CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device);
 CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice *device);
+
+/* Graphs: memory nodes, child graphs, instantiation and launch. */
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+CUresult cuGraphDestroy(CUgraph hGraph);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                const CUgraphNode *dependencies,
+                                size_t numDependencies,
+                                CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                               const CUgraphNode *dependencies,
+                               size_t numDependencies, CUdeviceptr dptr);
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode,
+                                      CUDA_MEM_ALLOC_NODE_PARAMS *params_out);
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                  const CUgraphNode *dependencies,
+                                  size_t numDependencies, CUgraph childGraph);
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph);
+CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes);
+CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type);
+/* 10.0 and 11.0 ABI; CUDA 12 headers map the name cuGraphInstantiate to
+   cuGraphInstantiateWithFlags, and so does cuGetProcAddress from 12000. */
+CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                            CUgraphNode *phErrorNode, char *logBuffer,
+                            size_t bufferSize);
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                               CUgraphNode *phErrorNode, char *logBuffer,
+                               size_t bufferSize);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                     unsigned long long flags);
+CUresult cuGraphInstantiateWithParams(
+    CUgraphExec *phGraphExec, CUgraph hGraph,
+    CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+CUresult cuGraphInstantiateWithParams_ptsz(
+    CUgraphExec *phGraphExec, CUgraph hGraph,
+    CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device,
+                                      CUgraphMem_attribute attr, void *value);
+CUresult cuDeviceSetGraphMemAttribute(CUdevice device,
+                                      CUgraphMem_attribute attr, void *value);
+CUresult cuDeviceGraphMemTrim(CUdevice device);
 
 /* Virtual memory management. */
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -517,5 +635,11 @@ const char *vramcap_standin_kind(CUdeviceptr ptr);
  * preferred location is the host, all devices); 0 otherwise.
  */
 unsigned long vramcap_standin_count(const char *what);
+/*
+ * Live contexts on device dev: 1 for an active (retained) primary context
+ * plus the live cuCtxCreate contexts on it; 0 if dev is invalid. The NVML
+ * stand-in lists the process on the devices where this is not 0.
+ */
+int vramcap_standin_contexts(int dev);
 
 #endif /* VRAMCAP_CUDA_SUBSET_H */

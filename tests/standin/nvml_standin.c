@@ -15,6 +15,14 @@
  *
  * nvmlInit / nvmlInit_v2 and nvmlShutdown are reference counted; every
  * other call needs the library initialized (NVML_ERROR_UNINITIALIZED).
+ *
+ * Per-process figures (nvmlDeviceGetComputeRunningProcesses_v2/_v3): this
+ * process on every device where the CUDA stand-in has a live context
+ * (vramcap_standin_contexts), using everything the stand-in counts there
+ * (vramcap_standin_used), with the PID getpid() or STANDIN_NVML_PID (as a
+ * container's NVML shows host PIDs); then STANDIN_NVML_OTHERS (0..64,
+ * default 0) other processes, PIDs 4000000 + i, of 100 MiB each, on every
+ * device. Those others also count in the devices' memory info.
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "nvml_subset.h"
@@ -28,12 +36,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MIB (1ULL << 20)
+#define OTHER_PID_BASE 4000000u       /* STANDIN_NVML_OTHERS' PIDs */
+#define OTHER_BYTES (100 * MIB)       /* what each of them uses */
+#define NO_INSTANCE 0xFFFFFFFFu       /* instance ids without MIG */
 
 static struct {
     unsigned int devices;
     unsigned long long total_bytes;
+    long pid;                         /* STANDIN_NVML_PID; -1: getpid() */
+    unsigned int others;              /* STANDIN_NVML_OTHERS */
 } g_cfg;
 
 /* Device handles point at these; index is the device ordinal. */
@@ -54,6 +68,9 @@ __attribute__((constructor)) static void nvml_standin_load(void)
                                            false);
     g_cfg.total_bytes = (unsigned long long)env_long(
         "STANDIN_TOTAL_MIB", DEFAULT_TOTAL_MIB, 1, MAX_TOTAL_MIB, false) * MIB;
+    g_cfg.pid = env_long("STANDIN_NVML_PID", -1, 1, 0x7fffffff, false);
+    g_cfg.others = (unsigned int)env_long("STANDIN_NVML_OTHERS", 0, 0, 64,
+                                          false);
     for (unsigned int i = 0; i < MAX_DEVICES; i++)
         g_devices[i].index = i;
 }
@@ -76,22 +93,58 @@ static int device_index(nvmlDevice_t device)
 }
 
 /*
- * Bytes the CUDA stand-in has accounted on device dev: looked up each time,
- * so it does not matter whether libcuda.so.1 was loaded before or after this
- * library, or with RTLD_LOCAL. 0 when it is not loaded.
+ * An inspection export of the CUDA stand-in taking a device: looked up each
+ * time, so it does not matter whether libcuda.so.1 was loaded before or
+ * after this library, or with RTLD_LOCAL. NULL when it is not loaded; the
+ * handle (may be NULL) must be given to dlclose_if.
  */
-static unsigned long long cuda_used(int dev)
+static void *cuda_export(const char *name, void **handle)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
-    void *sym = dlsym(h != NULL ? h : RTLD_DEFAULT, "vramcap_standin_used");
+    *handle = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
+    return dlsym(*handle != NULL ? *handle : RTLD_DEFAULT, name);
+}
+
+static void dlclose_if(void *h)
+{
+    if (h != NULL)
+        dlclose(h);
+}
+
+/* Bytes this process's CUDA stand-in has accounted on device dev. */
+static unsigned long long process_used(int dev)
+{
+    void *h;
+    void *sym = cuda_export("vramcap_standin_used", &h);
     unsigned long long used = 0;
     if (sym != NULL) {
         size_t (*fn)(int);
         memcpy(&fn, &sym, sizeof sym);
         used = fn(dev);
     }
-    if (h != NULL)
-        dlclose(h);
+    dlclose_if(h);
+    return used;
+}
+
+/* Whether this process has a context on device dev. */
+static bool process_on(int dev)
+{
+    void *h;
+    void *sym = cuda_export("vramcap_standin_contexts", &h);
+    int n = 0;
+    if (sym != NULL) {
+        int (*fn)(int);
+        memcpy(&fn, &sym, sizeof sym);
+        n = fn(dev);
+    }
+    dlclose_if(h);
+    return n > 0;
+}
+
+/* The device's memory in use: this process's plus the other processes'. */
+static unsigned long long cuda_used(int dev)
+{
+    unsigned long long used =
+        process_used(dev) + (unsigned long long)g_cfg.others * OTHER_BYTES;
     return used > g_cfg.total_bytes ? g_cfg.total_bytes : used;
 }
 
@@ -230,6 +283,73 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (uuid == NULL || device == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < g_cfg.devices; i++) {
+        char text[NVML_DEVICE_UUID_BUFFER_SIZE];
+        snprintf(text, sizeof text, "GPU-5ca1ab1e-0000-4000-8000-%012x", i);
+        if (strcmp(text, uuid) == 0) {
+            *device = &g_devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/*
+ * The processes on the device (see the top): *infoCount in, the room in
+ * infos; out, how many there are. Too little room (NULL infos included):
+ * NVML_ERROR_INSUFFICIENT_SIZE with the count needed, as the real NVML.
+ */
+static nvmlReturn_t running_processes(nvmlDevice_t device,
+                                      unsigned int *infoCount,
+                                      nvmlProcessInfo_t *infos)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    int dev = device_index(device);
+    if (dev < 0 || infoCount == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    bool self = process_on(dev);
+    unsigned int n = (self ? 1u : 0u) + g_cfg.others;
+    if (*infoCount < n || (n > 0 && infos == NULL)) {
+        *infoCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int k = 0;
+    if (self)
+        infos[k++] = (nvmlProcessInfo_t){
+            .pid = g_cfg.pid >= 0 ? (unsigned int)g_cfg.pid
+                                  : (unsigned int)getpid(),
+            .usedGpuMemory = process_used(dev),
+            .gpuInstanceId = NO_INSTANCE, .computeInstanceId = NO_INSTANCE };
+    for (unsigned int i = 0; i < g_cfg.others; i++)
+        infos[k++] = (nvmlProcessInfo_t){
+            .pid = OTHER_PID_BASE + i, .usedGpuMemory = OTHER_BYTES,
+            .gpuInstanceId = NO_INSTANCE, .computeInstanceId = NO_INSTANCE };
+    *infoCount = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                     unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, infoCount, infos);
+}
+
+/* The same layout as _v3 (nvmlProcessInfo_v2_t). */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                     unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, infoCount, infos);
+}
+
 /* Works without nvmlInit, like the real one. */
 const char *nvmlErrorString(nvmlReturn_t result)
 {
@@ -242,6 +362,8 @@ const char *nvmlErrorString(nvmlReturn_t result)
         return "Invalid Argument";
     case NVML_ERROR_NOT_SUPPORTED:
         return "Not Supported";
+    case NVML_ERROR_NOT_FOUND:
+        return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE:
         return "Insufficient Size";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
