@@ -21,8 +21,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use vramcap_core::limit::parse_limit;
 use vramcap_core::settings::{
-    CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, GROUP_VAR, LOG_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR,
-    Settings, parse_log_level, unknown_vars_in_env,
+    CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, GROUP_VAR, LOG_VAR, SPILL_LIMIT_VAR,
+    SPILL_VAR, STATS_DIR_VAR, Settings, parse_log_level, unknown_vars_in_env,
 };
 
 #[derive(Parser)]

@@ -359,6 +359,10 @@ impl Driver for RealDriver {
         };
         let n = count as usize;
         if rc != NVML_SUCCESS || n > MAX || n > out.len() {
+            crate::log::log_at!(
+                Debug,
+                "nvmlDeviceGetComputeRunningProcesses_v3: {rc}, {n} processes"
+            );
             return None;
         }
         for (o, i) in out.iter_mut().zip(&infos[..n]) {

@@ -279,9 +279,14 @@ impl<D: Driver> Base<D> {
                 .map(|e| e.pool)
                 .collect();
             for p in pools {
-                if let Ok(t) = self
+                let t = self
                     .driver
-                    .mem_pool_attribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+                    .mem_pool_attribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
+                // A threshold at or past the reserve keeps everything: no
+                // call (the real driver trims a pool asked to keep
+                // UINT64_MAX bytes to nothing, measured on the H200).
+                if let (Ok(t), Some(r)) = (t, self.pool_reserved(p))
+                    && t < r
                 {
                     let _ = self.driver.mem_pool_trim_to(p, t);
                 }
@@ -289,8 +294,11 @@ impl<D: Driver> Base<D> {
         }
         self.pools_refresh(Some(dev16));
         self.graphs_refresh(device);
-        let last = self.held.measured_ns[usize::from(dev16) % MAX_DEVICES].load(Ordering::Relaxed);
-        if mono_ns().saturating_sub(last) >= CONTEXT_AGAIN.as_nanos() as u64 {
+        let i = usize::from(dev16) % MAX_DEVICES;
+        let last = self.held.measured_ns[i].load(Ordering::Relaxed);
+        if self.held.provisional[i].load(Ordering::Relaxed)
+            || mono_ns().saturating_sub(last) >= CONTEXT_AGAIN.as_nanos() as u64
+        {
             self.context_measure(device);
         }
         before.saturating_sub(slot.budget.used())
@@ -416,29 +424,51 @@ impl<D: Driver> Base<D> {
         if self.held.measuring[i].swap(true, Ordering::Acquire) {
             return;
         }
+        let first = self.held.measured_ns[i].load(Ordering::Relaxed) == 0
+            && !self.held.provisional[i].load(Ordering::Relaxed);
         let footprint = match self.settings.context {
-            ContextCharge::Bytes(b) => Some(b),
-            ContextCharge::Auto => self.context_from_nvml(slot, device),
+            ContextCharge::Bytes(b) => Some(Ok(b)),
+            ContextCharge::Auto => {
+                let mut got = self.context_from_nvml(slot, device);
+                let mut tries = 1;
+                // A context NVML does not list yet: ask again, briefly,
+                // the first time only.
+                while first
+                    && matches!(got, Some(Err(_)))
+                    && self.held.nvml.load(Ordering::Acquire) == NVML_UP
+                    && tries < FIRST_TRIES
+                {
+                    std::thread::sleep(FIRST_WAIT);
+                    got = self.context_from_nvml(slot, device);
+                    tries += 1;
+                }
+                got
+            }
         };
-        if let Some(f) = footprint {
+        let provisional = matches!(footprint, Some(Err(_)));
+        if let Some(Ok(f) | Err(f)) = footprint {
             let old = slot.context.swap(f, Ordering::AcqRel);
             self.apply_raw(slot, device, old, f, "the context");
         }
-        self.held.measured_ns[i].store(mono_ns().max(1), Ordering::Relaxed);
+        self.held.provisional[i].store(provisional, Ordering::Relaxed);
+        // A provisional figure is measured again at the next round.
+        let when = if provisional { 0 } else { mono_ns().max(1) };
+        self.held.measured_ns[i].store(when, Ordering::Relaxed);
         self.held.measuring[i].store(false, Ordering::Release);
     }
 
     /// NVML's figure for this process on `device` minus what the engine
-    /// counts of the rest; the fallback where NVML cannot tell which
-    /// process is this one; `None` when the figures moved while read.
-    fn context_from_nvml(&self, slot: &DeviceSlot, device: CUdevice) -> Option<u64> {
+    /// counts of the rest (`Ok`); the fallback (`Err`) where NVML cannot
+    /// tell which process is this one; `None` when the figures moved while
+    /// read.
+    fn context_from_nvml(&self, slot: &DeviceSlot, device: CUdevice) -> Option<Result<u64, u64>> {
         let fallback = || {
             log_once!(
                 Info,
-                "device {device}: NVML cannot tell which process is this one (or is not there); charging {} MiB for the context (set VRAMCAP_CONTEXT=SIZE to choose)",
+                "device {device}: NVML cannot tell which process is this one (or is not there); charging {} MiB for the context until it can (set VRAMCAP_CONTEXT=SIZE to choose)",
                 ContextCharge::FALLBACK >> 20
             );
-            Some(ContextCharge::FALLBACK)
+            Some(Err(ContextCharge::FALLBACK))
         };
         let state = self.held.nvml.load(Ordering::Acquire);
         if state == NVML_ABSENT {
@@ -457,6 +487,7 @@ impl<D: Driver> Base<D> {
         }
         let uuid = uuid_text(&slot.uuid_bytes())?;
         let Some(handle) = self.driver.nvml_device_by_uuid(&uuid) else {
+            log_at!(Debug, "device {device}: NVML has no GPU {uuid}");
             return fallback();
         };
         let rest = |s: &DeviceSlot| {
@@ -467,6 +498,7 @@ impl<D: Driver> Base<D> {
         let before = rest(slot);
         let mut procs = [(0u32, 0u64); PROCESSES];
         let Some(n) = self.driver.nvml_processes(handle, &mut procs) else {
+            log_at!(Debug, "device {device}: NVML lists no processes");
             return fallback();
         };
         let after = rest(slot);
@@ -499,9 +531,15 @@ impl<D: Driver> Base<D> {
                     Debug,
                     "device {device}: NVML shows {used} bytes for the process, {after} counted: context {f}"
                 );
-                Some(f)
+                Some(Ok(f))
             }
-            None => fallback(),
+            None => {
+                log_at!(
+                    Debug,
+                    "device {device}: none of NVML's {n} processes is this one ({pid})"
+                );
+                fallback()
+            }
         }
     }
 }

@@ -10,13 +10,18 @@ use std::time::Duration;
 use vramcap_core::MAX_DEVICES;
 
 /// What a pool is assumed to grow by at least, per allocation that needs
-/// more than its free reserve (the real driver's growth was measured on
-/// the H200; see docs/gpu-results.md).
-pub const POOL_GRANULE: u64 = 2 << 20;
+/// more than its free reserve: the real driver grew a default pool by 32
+/// MiB for a 1-byte allocation (H200, driver 580; docs/gpu-results.md).
+pub const POOL_GRANULE: u64 = 32 << 20;
 /// How often the background thread measures the context again.
 pub const CONTEXT_EVERY: Duration = Duration::from_secs(1);
 /// The least time between two measurements on the refusal path.
 pub const CONTEXT_AGAIN: Duration = Duration::from_millis(100);
+/// At a device's first measurement, how often and how far apart NVML is
+/// asked again while it does not list the process yet (it lists a new
+/// context a few milliseconds after the context exists).
+pub const FIRST_TRIES: u32 = 25;
+pub const FIRST_WAIT: Duration = Duration::from_millis(2);
 /// Processes NVML may list on one device for the measurement to work.
 pub const PROCESSES: usize = 128;
 
@@ -72,6 +77,9 @@ pub struct Held {
     /// monotonic clock; 0: never), and whether a measurement runs.
     pub measured_ns: [AtomicU64; MAX_DEVICES],
     pub measuring: [AtomicBool; MAX_DEVICES],
+    /// The context's charge is the fallback while NVML may yet list the
+    /// process: measured again at every round and every reclaim.
+    pub provisional: [AtomicBool; MAX_DEVICES],
     pub nvml: AtomicU8,
 }
 
@@ -94,6 +102,7 @@ impl Held {
             owed: [const { AtomicU64::new(0) }; MAX_DEVICES],
             measured_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
             measuring: [const { AtomicBool::new(false) }; MAX_DEVICES],
+            provisional: [const { AtomicBool::new(false) }; MAX_DEVICES],
             nvml: AtomicU8::new(NVML_UNTRIED),
         }
     }
