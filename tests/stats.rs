@@ -120,13 +120,13 @@ fn a_held_allocation_shows_with_exact_bytes_and_goes_at_exit() {
     assert_eq!(table.len(), 3, "{table:?}");
     assert!(
         table[1].starts_with(&format!(
-            "0    {pid}  1.00 GiB   300 MiB   300 MiB     0 B      0 B   29.3%    0  "
+            "0    {pid}  1.00 GiB   300 MiB   300 MiB     0 B    0 B     0 B      0 B      0 B   29.3%    0  "
         )),
         "{table:?}"
     );
     assert!(
         table[2].starts_with(&format!(
-            "1    {pid}  1.00 GiB  1.00 GiB  1.00 GiB     0 B      0 B  100.0%    1  "
+            "1    {pid}  1.00 GiB  1.00 GiB  1.00 GiB     0 B    0 B     0 B      0 B      0 B  100.0%    1  "
         )),
         "{table:?}"
     );

@@ -456,9 +456,10 @@ fn without_a_terminal_it_prints_the_stat_table_each_refresh() {
         .args(["top", "--count", "2", "--interval", "0.1"]);
     let lines = run(cmd).ok_lines();
     let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-    let header = words("GPU PID LIMIT USED PEAK CACHED SPILLED %LIMIT OOM COMMAND");
+    let header =
+        words("GPU PID LIMIT USED PEAK CACHED POOLS GRAPHS CONTEXT SPILLED %LIMIT OOM COMMAND");
     let row = words(&format!(
-        "0 {pid} 1.00 GiB 300 MiB 300 MiB 0 B 0 B 29.3% 0 {} procaddr init alloc 300M wait",
+        "0 {pid} 1.00 GiB 300 MiB 300 MiB 0 B 0 B 0 B 0 B 0 B 29.3% 0 {} procaddr init alloc 300M wait",
         artefacts().client.display()
     ));
     assert_eq!(lines.len(), 4, "{lines:#?}");

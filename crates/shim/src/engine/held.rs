@@ -20,7 +20,12 @@
 //!   device beyond the three above (`VRAMCAP_CONTEXT`): NVML's figure for
 //!   the process minus the rest, measured when the device is first used
 //!   and again every [`CONTEXT_EVERY`] and before a refusal; a fixed size
-//!   where NVML cannot tell which process is this one.
+//!   where NVML cannot tell which process is this one. A measurement can
+//!   only come out low, never high: the budget takes a reservation before
+//!   the driver allocates and gives bytes back after it frees, so what it
+//!   counts of the rest is never below what the driver holds for it. The
+//!   charge is the larger of the last two measurements (a real fall shows
+//!   in both), and one taken while the rest moved is dropped.
 //!
 //! `VRAMCAP_COUNT=allocations` charges stream-ordered allocations by size
 //! (given back when their free is issued) and leaves the other three at
@@ -270,14 +275,14 @@ impl<D: Driver> Base<D> {
         };
         let before = slot.budget.used();
         let dev16 = device as u16;
-        if !self.capture_in_progress() {
-            let pools: Vec<usize> = self
-                .held
-                .book()
-                .iter()
-                .filter(|e| !e.destroyed && e.device == dev16)
-                .map(|e| e.pool)
-                .collect();
+        let pools: Vec<usize> = self
+            .held
+            .book()
+            .iter()
+            .filter(|e| !e.destroyed && e.device == dev16)
+            .map(|e| e.pool)
+            .collect();
+        if !pools.is_empty() && !self.capture_in_progress() {
             for p in pools {
                 let t = self
                     .driver
@@ -293,7 +298,9 @@ impl<D: Driver> Base<D> {
             }
         }
         self.pools_refresh(Some(dev16));
-        self.graphs_refresh(device);
+        if slot.graphs.load(Ordering::Relaxed) > 0 {
+            self.graphs_refresh(device);
+        }
         let i = usize::from(dev16) % MAX_DEVICES;
         let last = self.held.measured_ns[i].load(Ordering::Relaxed);
         if self.held.provisional[i].load(Ordering::Relaxed)
@@ -446,6 +453,14 @@ impl<D: Driver> Base<D> {
             }
         };
         let provisional = matches!(footprint, Some(Err(_)));
+        let footprint = match footprint {
+            // Low outliers are dropped: a real fall shows twice.
+            Some(Ok(f)) if self.settings.context == ContextCharge::Auto => {
+                let last = self.held.last_context[i].swap(f, Ordering::Relaxed);
+                Some(Ok(f.max(last)))
+            }
+            other => other,
+        };
         if let Some(Ok(f) | Err(f)) = footprint {
             let old = slot.context.swap(f, Ordering::AcqRel);
             self.apply_raw(slot, device, old, f, "the context");
@@ -495,14 +510,20 @@ impl<D: Driver> Base<D> {
                 .used()
                 .saturating_sub(s.context.load(Ordering::Acquire))
         };
-        let before = rest(slot);
+        let moves = |s: &DeviceSlot| {
+            (
+                s.allocs.load(Ordering::Acquire),
+                s.frees.load(Ordering::Acquire),
+            )
+        };
+        let (before, moved) = (rest(slot), moves(slot));
         let mut procs = [(0u32, 0u64); PROCESSES];
         let Some(n) = self.driver.nvml_processes(handle, &mut procs) else {
             log_at!(Debug, "device {device}: NVML lists no processes");
             return fallback();
         };
         let after = rest(slot);
-        if before != after {
+        if before != after || moved != moves(slot) {
             return None;
         }
         let procs = &procs[..n];

@@ -80,6 +80,9 @@ pub struct Held {
     /// The context's charge is the fallback while NVML may yet list the
     /// process: measured again at every round and every reclaim.
     pub provisional: [AtomicBool; MAX_DEVICES],
+    /// The last measured footprint per device (the charge is the larger of
+    /// the last two: a measurement can only come out low, see `held.rs`).
+    pub last_context: [AtomicU64; MAX_DEVICES],
     pub nvml: AtomicU8,
 }
 
@@ -103,6 +106,7 @@ impl Held {
             measured_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
             measuring: [const { AtomicBool::new(false) }; MAX_DEVICES],
             provisional: [const { AtomicBool::new(false) }; MAX_DEVICES],
+            last_context: [const { AtomicU64::new(0) }; MAX_DEVICES],
             nvml: AtomicU8::new(NVML_UNTRIED),
         }
     }

@@ -234,6 +234,9 @@ mod tests {
             used: 10,
             peak: 20,
             cached: 3,
+            pools: 14,
+            graphs: 15,
+            context: 16,
             spilled: 4,
             allocs: 5,
             frees: 6,
@@ -292,6 +295,6 @@ mod tests {
                 seen.push(name);
             }
         }
-        assert_eq!(seen.len(), 16);
+        assert_eq!(seen.len(), 19);
     }
 }
