@@ -228,6 +228,9 @@ mod tests {
             (&slot.evictions, 10),
             (&slot.trims, 11),
             (&slot.spill_allocs, 12),
+            (&slot.pools, 13),
+            (&slot.graphs, 14),
+            (&slot.context, 15),
         ];
         for (w, v) in words {
             w.store(v, Ordering::Relaxed);
@@ -241,6 +244,9 @@ mod tests {
             ("used_bytes", Some(150)),
             ("peak_bytes", Some(200)),
             ("cached_bytes", Some(3)),
+            ("pool_bytes", Some(13)),
+            ("graph_bytes", Some(14)),
+            ("context_bytes", Some(15)),
             ("spilled_bytes", Some(4)),
             ("allocations", Some(5)),
             ("frees", Some(6)),

@@ -24,8 +24,9 @@
 //!   only come out low, never high: the budget takes a reservation before
 //!   the driver allocates and gives bytes back after it frees, so what it
 //!   counts of the rest is never below what the driver holds for it. The
-//!   charge is the larger of the last two measurements (a real fall shows
-//!   in both), and one taken while the rest moved is dropped.
+//!   charge only rises (NVML also lags a process that allocates fast, so
+//!   low readings are common); it starts afresh after a context went away.
+//!   A measurement taken while the rest moved is dropped.
 //!
 //! `VRAMCAP_COUNT=allocations` charges stream-ordered allocations by size
 //! (given back when their free is issued) and leaves the other three at
@@ -455,9 +456,16 @@ impl<D: Driver> Base<D> {
         let provisional = matches!(footprint, Some(Err(_)));
         let footprint = match footprint {
             // Low outliers are dropped: a real fall shows twice.
-            Some(Ok(f)) if self.settings.context == ContextCharge::Auto => {
+            // Measurements come out low, never high (and NVML lags a
+            // fast-allocating process): the charge only rises, except at
+            // a fresh start after a context went away.
+            Some(Ok(f)) if self.settings.context == ContextCharge::Auto && !first => {
                 let last = self.held.last_context[i].swap(f, Ordering::Relaxed);
-                Some(Ok(f.max(last)))
+                Some(Ok(f.max(last).max(slot.context.load(Ordering::Acquire))))
+            }
+            Some(Ok(f)) => {
+                self.held.last_context[i].store(f, Ordering::Relaxed);
+                Some(Ok(f))
             }
             other => other,
         };
