@@ -9,6 +9,7 @@ mod cli;
 mod exporter;
 mod fork;
 mod group;
+mod held;
 mod limit;
 mod paths;
 mod readers;

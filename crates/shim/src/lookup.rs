@@ -30,6 +30,10 @@ pub struct Lookup {
     /// For functions with a per-thread-default-stream twin: whether this is
     /// the per-thread (`_ptsz`) variant. `None`: no twin, `flags` is moot.
     pub per_thread: Option<bool>,
+    /// Another base name the driver answers with this variant, from a
+    /// `cudaVersion` on (CUDA 12 answers `cuGraphInstantiate` with
+    /// `cuGraphInstantiateWithFlags`); empty for none.
+    pub also: (&'static str, c_int),
 }
 
 impl Lookup {
@@ -40,6 +44,7 @@ impl Lookup {
             since,
             until: c_int::MAX,
             per_thread: None,
+            also: ("", 0),
         }
     }
 
@@ -49,11 +54,20 @@ impl Lookup {
         since: 0,
         until: 0,
         per_thread: None,
+        also: ("", 0),
     };
 
     /// ... and no longer from CUDA version `until` on.
     pub const fn until(self, until: c_int) -> Lookup {
         Lookup { until, ..self }
+    }
+
+    /// ... and for `base` too, from CUDA version `since` on.
+    pub const fn also(self, base: &'static str, since: c_int) -> Lookup {
+        Lookup {
+            also: (base, since),
+            ..self
+        }
     }
 
     /// The legacy-stream variant of a pair.
@@ -85,9 +99,11 @@ impl Lookup {
             // built, which the shim cannot know: no substitution by name then.
             Some(false) => flags == CU_GET_PROC_ADDRESS_LEGACY_STREAM,
         };
-        self.base.as_bytes() == name
-            && (self.since..self.until).contains(&cuda_version)
-            && flavour_ok
+        let by_base =
+            self.base.as_bytes() == name && (self.since..self.until).contains(&cuda_version);
+        let (also, from) = self.also;
+        let by_also = !also.is_empty() && also.as_bytes() == name && cuda_version >= from;
+        (by_base || by_also) && flavour_ok
     }
 }
 
@@ -154,6 +170,21 @@ mod tests {
             find(10000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM),
             None
         );
+    }
+
+    #[test]
+    fn a_second_name_is_answered_from_its_version() {
+        let l = [
+            Lookup::cuda("cuGraphInstantiate", 11000).until(12000),
+            Lookup::cuda("cuGraphInstantiateWithFlags", 11040).also("cuGraphInstantiate", 12000),
+        ];
+        let find = |n: &str, v| by_name(&l, n.as_bytes(), v, 0);
+        assert_eq!(find("cuGraphInstantiate", 11080), Some(0));
+        assert_eq!(find("cuGraphInstantiate", 12000), Some(1));
+        assert_eq!(find("cuGraphInstantiate", 13000), Some(1));
+        assert_eq!(find("cuGraphInstantiateWithFlags", 11040), Some(1));
+        assert_eq!(find("cuGraphInstantiateWithFlags", 11030), None);
+        assert_eq!(find("cuGraphInstantiate", NAME_MATCH_MAX_VERSION + 1), None);
     }
 
     #[test]

@@ -36,6 +36,61 @@ fn handle(p: usize) -> *mut c_void {
     ptr::with_exposed_provenance_mut(p)
 }
 
+/// Child graphs deeper than this are not looked into (the driver's own
+/// nesting is far shallower).
+const GRAPH_DEPTH: u32 = 16;
+
+/// [`Driver::graph_alloc_bytes`] at nesting `depth`.
+fn graph_bytes(graph: usize, round: u64, depth: u32) -> Option<u64> {
+    if depth > GRAPH_DEPTH {
+        return None;
+    }
+    let mut count: usize = 0;
+    // SAFETY: a null node array asks for the count only.
+    let rc = unsafe { c::cuGraphGetNodes::call(handle(graph), ptr::null_mut(), &mut count) };
+    if rc != CUDA_SUCCESS {
+        return None;
+    }
+    let mut nodes: Vec<CUgraphNode> = vec![ptr::null_mut(); count];
+    // SAFETY: the array holds `count` nodes.
+    let rc = unsafe { c::cuGraphGetNodes::call(handle(graph), nodes.as_mut_ptr(), &mut count) };
+    if rc != CUDA_SUCCESS {
+        return None;
+    }
+    let mut total: u64 = 0;
+    for &node in nodes.iter().take(count) {
+        let mut kind: c_int = 0;
+        // SAFETY: a node of the graph and a local out-pointer.
+        if unsafe { c::cuGraphNodeGetType::call(node, &mut kind) } != CUDA_SUCCESS {
+            return None;
+        }
+        let bytes = match kind {
+            CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
+                // SAFETY: zero is a valid value of these plain fields.
+                let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                // SAFETY: an allocation node and a local out-pointer.
+                if unsafe { c::cuGraphMemAllocNodeGetParams::call(node, &mut p) } != CUDA_SUCCESS {
+                    return None;
+                }
+                (p.bytesize as u64).checked_next_multiple_of(round.max(1))?
+            }
+            CU_GRAPH_NODE_TYPE_GRAPH => {
+                let mut child: CUgraph = ptr::null_mut();
+                // SAFETY: a child-graph node and a local out-pointer.
+                if unsafe { c::cuGraphChildGraphNodeGetGraph::call(node, &mut child) }
+                    != CUDA_SUCCESS
+                {
+                    return None;
+                }
+                graph_bytes(child as usize, round, depth + 1)?
+            }
+            _ => 0,
+        };
+        total = total.checked_add(bytes)?;
+    }
+    Some(total)
+}
+
 // SAFETY (for every call below): each passes valid out-pointers to locals
 // and handles the engine got from the driver; the driver checks the rest.
 impl Driver for RealDriver {
@@ -290,6 +345,10 @@ impl Driver for RealDriver {
     fn graph_mem_trim(&self, dev: CUdevice) -> CUresult {
         // SAFETY: see the impl.
         unsafe { h::cuDeviceGraphMemTrim::call(dev) }
+    }
+
+    fn graph_alloc_bytes(&self, graph: usize, round: u64) -> Option<u64> {
+        graph_bytes(graph, round, 0)
     }
 
     fn nvml_init(&self) -> bool {

@@ -75,6 +75,12 @@ hooks! {
         fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult, Lookup::cuda("cuMemPoolTrimTo", 11020), on panic NOT_FOUND => Engine::mem_pool_trim_to;
         fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult, Lookup::cuda("cuMemPoolSetAttribute", 11020), on panic NOT_FOUND => Engine::mem_pool_set_attribute;
         fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult, Lookup::cuda("cuDeviceGraphMemTrim", 11040), on panic NOT_FOUND => Engine::graph_mem_trim;
+        fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err_node: *mut CUgraphNode, log: *mut c_char, log_size: usize) -> CUresult, Lookup::cuda("cuGraphInstantiate", 10000).until(11000), on panic OOM => Engine::graph_instantiate_logged;
+        fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err_node: *mut CUgraphNode, log: *mut c_char, log_size: usize) -> CUresult, Lookup::cuda("cuGraphInstantiate", 11000).until(12000), on panic OOM => Engine::graph_instantiate_logged;
+        fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult, Lookup::cuda("cuGraphInstantiateWithFlags", 11040).also("cuGraphInstantiate", 12000), on panic OOM => Engine::graph_instantiate_with_flags;
+        fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult, Lookup::cuda("cuGraphInstantiateWithParams", 12000).legacy_stream(), on panic OOM => Engine::graph_instantiate_with_params[LEGACY];
+        fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult, Lookup::cuda("cuGraphInstantiateWithParams", 12000).per_thread_stream(), on panic OOM => Engine::graph_instantiate_with_params[PTSZ];
+        fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult, Lookup::cuda("cuGraphExecDestroy", 10000), on panic NOT_FOUND => Engine::graph_exec_destroy;
         fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphLaunch", 10000).legacy_stream(), on panic OOM => Engine::graph_launch[LEGACY];
         fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphLaunch", 10000).per_thread_stream(), on panic OOM => Engine::graph_launch[PTSZ];
         fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).legacy_stream(), on panic OOM => Engine::graph_launch[LEGACY];
@@ -125,6 +131,10 @@ pub mod calls {
         fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
         fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult;
         fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void) -> CUresult;
+        fn cuGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) -> CUresult;
+        fn cuGraphNodeGetType(node: CUgraphNode, kind: *mut c_int) -> CUresult;
+        fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
+        fn cuGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) -> CUresult;
         fn cuMemAdvise(ptr: CUdeviceptr, bytes: usize, advice: c_int, dev: CUdevice) -> CUresult;
         fn cuMemAdvise_v2(ptr: CUdeviceptr, bytes: usize, advice: c_int, location: CUmemLocation) -> CUresult;
         fn cuMemHostAlloc(host: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;

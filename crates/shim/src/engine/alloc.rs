@@ -70,6 +70,7 @@ impl<D: Driver> Engine<D> {
         let Some(limit) = self.limit_of(device) else {
             return Err(None);
         };
+        self.context_check(device, slot, estimate, limit);
         let mut reclaimed = false;
         loop {
             match self.reserve_on(slot, device, estimate, limit) {
@@ -533,6 +534,9 @@ impl<D: Driver> Engine<D> {
         };
         // What the pools and graphs hold may have shrunk at a synchronisation.
         self.pools_refresh(Some(device as u16));
+        if let Some(limit) = s.budget.limit() {
+            self.context_check(device, s, 0, limit);
+        }
         self.graphs_refresh(device);
         // SAFETY: both pointers are non-null and the driver just wrote them.
         unsafe {

@@ -165,3 +165,37 @@ pub struct nvmlProcessInfo_t {
     pub gpu_instance_id: c_uint,
     pub compute_instance_id: c_uint,
 }
+
+/// A graph (not instantiated).
+pub type CUgraph = *mut c_void;
+/// A node of a graph.
+pub type CUgraphNode = *mut c_void;
+
+/// `CUgraphNodeType` values the engine looks for.
+pub const CU_GRAPH_NODE_TYPE_GRAPH: c_int = 4;
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1): the pool's properties (88 bytes),
+/// the access descriptors, the size and the address the driver chose.
+#[repr(C)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub pool_props: [u64; 11],
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`: flags, upload stream, and two outputs.
+#[repr(C)]
+pub struct CUDA_GRAPH_INSTANTIATE_PARAMS {
+    pub flags: u64,
+    pub upload_stream: CUstream,
+    pub err_node_out: CUgraphNode,
+    pub result_out: c_int,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`: the graph is uploaded as it is instantiated.
+pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: u64 = 2;
+/// `CUgraphInstantiateResult`: the instantiation failed.
+pub const CUDA_GRAPH_INSTANTIATE_ERROR: c_int = 1;

@@ -106,6 +106,12 @@ pub trait Driver: Send + Sync + 'static {
     fn graph_mem_attribute(&self, dev: CUdevice, attr: c_int) -> Result<u64, CUresult>;
     /// `cuDeviceGraphMemTrim` (the real one).
     fn graph_mem_trim(&self, dev: CUdevice) -> CUresult;
+    /// The bytes of the memory allocation nodes of `graph` and of the
+    /// graphs of its child-graph nodes (`cuGraphGetNodes`,
+    /// `cuGraphNodeGetType`, `cuGraphMemAllocNodeGetParams`,
+    /// `cuGraphChildGraphNodeGetGraph`), each rounded up to `round`; `None`
+    /// when the driver will not say.
+    fn graph_alloc_bytes(&self, graph: usize, round: u64) -> Option<u64>;
 
     /// `nvmlInit_v2`: true when NVML is there and started (each success
     /// is balanced by [`Driver::nvml_shutdown`]).

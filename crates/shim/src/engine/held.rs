@@ -18,15 +18,18 @@
 //! - **context** (`slot.context`): the footprint of the process's
 //!   contexts, modules and whatever else the driver holds for it on the
 //!   device beyond the three above (`VRAMCAP_CONTEXT`): NVML's figure for
-//!   the process minus the rest, measured when the device is first used
-//!   and again every [`CONTEXT_EVERY`] and before a refusal; a fixed size
-//!   where NVML cannot tell which process is this one. A measurement can
-//!   only come out low, never high: the budget takes a reservation before
-//!   the driver allocates and gives bytes back after it frees, so what it
-//!   counts of the rest is never below what the driver holds for it. The
-//!   charge only rises (NVML also lags a process that allocates fast, so
-//!   low readings are common); it starts afresh after a context went away.
-//!   A measurement taken while the rest moved is dropped.
+//!   the process minus the rest. It is measured at the device's first
+//!   allocation or memory query with a context (not before: the CUDA
+//!   runtime asks the device's size before it makes its context, and NVML
+//!   lists a process only once it has one), again before an allocation
+//!   that would bring the process within `NEAR_CAP` of its cap, every
+//!   [`CONTEXT_EVERY`] and before a refusal; a fixed size where NVML
+//!   cannot tell which process is this one. A measurement can only come
+//!   out low, never high: the budget takes a reservation before the driver
+//!   allocates and gives bytes back after it frees, so what it counts of
+//!   the rest is never below what the driver holds for it. So the charge
+//!   only rises; it starts afresh after a context went away. A measurement
+//!   taken while the rest moved is dropped.
 //!
 //! `VRAMCAP_COUNT=allocations` charges stream-ordered allocations by size
 //! (given back when their free is issued) and leaves the other three at
@@ -63,15 +66,17 @@
 //!
 //! # Graphs
 //! Graph memory is not allocated in any call the shim sees: the driver
-//! reserves it when a graph with allocation nodes is uploaded or launched.
-//! The charge follows the device's graph reserve after each upload, launch
-//! and `cuDeviceGraphMemTrim`. Before a launch, the growth the same graph
-//! caused last time it was launched (kept by handle) is reserved under the
-//! cap; when that does not fit even after trimming, the launch is refused
-//! with `CUDA_ERROR_OUT_OF_MEMORY`. A graph's first launch cannot be sized
-//! beforehand (the driver offers no query of an instantiated graph's
-//! memory); if it takes the process past its cap, allocations are refused
-//! until it is back under.
+//! reserves it when a graph with allocation nodes is uploaded or launched
+//! (or instantiated with the upload flag). At instantiation the engine
+//! sums the graph's allocation nodes (child graphs included, each rounded
+//! up to 2 MiB); before an upload or launch it reserves that sum, or what
+//! the same graph added at its last launch if more, less the graph
+//! reserve that is free now, rounded up to what graph memory grows by (32
+//! MiB). When that does not fit even after `cuDeviceGraphMemTrim`, the
+//! call is refused with `CUDA_ERROR_OUT_OF_MEMORY`. After the call the
+//! reservation goes back and the device's graph charge follows its graph
+//! reserve, as after `cuDeviceGraphMemTrim`. A graph instantiated through
+//! a path the shim does not see is sized by its first launch only.
 //!
 //! # Concurrency
 //! One mutex guards the book of pools; it is held across
@@ -329,7 +334,9 @@ impl<D: Driver> Base<D> {
             let device = i as CUdevice;
             self.graphs_refresh(device);
             let last = self.held.measured_ns[i % MAX_DEVICES].load(Ordering::Relaxed);
-            if now.saturating_sub(last) >= CONTEXT_EVERY.as_nanos() as u64 {
+            if self.held.provisional[i % MAX_DEVICES].load(Ordering::Relaxed)
+                || now.saturating_sub(last) >= CONTEXT_EVERY.as_nanos() as u64
+            {
                 self.context_measure(device);
             }
         }
@@ -419,8 +426,25 @@ impl<D: Driver> Base<D> {
         }
     }
 
+    /// Whether the process has a context on `device`: the calling thread's
+    /// current one, or the device's primary context. Before it has one,
+    /// NVML does not list it and there is nothing to charge (the CUDA
+    /// runtime asks for the device's size before it makes its context).
+    fn has_context_on(&self, device: CUdevice) -> bool {
+        self.current().is_some_and(|(_, d)| d == device)
+            || self
+                .driver
+                .primary_ctx_state(device)
+                .is_ok_and(|(_, active)| active)
+    }
+
     /// Measures the context's footprint on `device` (module docs) and moves
-    /// its charge there. Skipped when another thread is measuring.
+    /// its charge there. Skipped when another thread is measuring, and
+    /// until the process has a context on the device.
+    ///
+    /// The charge only rises: a measurement can only come out low. It is
+    /// set outright by the first measurement after the fallback or after
+    /// a context went away (its figure then starts afresh).
     pub fn context_measure(&self, device: CUdevice) {
         if self.settings.counting != Counting::Held {
             return;
@@ -429,61 +453,71 @@ impl<D: Driver> Base<D> {
             return;
         };
         let i = usize::try_from(device).unwrap_or(0) % MAX_DEVICES;
-        if self.held.measuring[i].swap(true, Ordering::Acquire) {
+        if !self.has_context_on(device) || self.held.measuring[i].swap(true, Ordering::Acquire) {
             return;
         }
-        let first = self.held.measured_ns[i].load(Ordering::Relaxed) == 0
-            && !self.held.provisional[i].load(Ordering::Relaxed);
-        let footprint = match self.settings.context {
+        let was_provisional = self.held.provisional[i].load(Ordering::Relaxed);
+        let fresh = self.held.measured_ns[i].load(Ordering::Relaxed) == 0 && !was_provisional;
+        let current = slot.context.load(Ordering::Acquire);
+        let got = match self.settings.context {
             ContextCharge::Bytes(b) => Some(Ok(b)),
-            ContextCharge::Auto => {
-                let mut got = self.context_from_nvml(slot, device);
-                let mut tries = 1;
-                // A context NVML does not list yet: ask again, briefly,
-                // the first time only.
-                while first
-                    && matches!(got, Some(Err(_)))
-                    && self.held.nvml.load(Ordering::Acquire) == NVML_UP
-                    && tries < FIRST_TRIES
-                {
-                    std::thread::sleep(FIRST_WAIT);
-                    got = self.context_from_nvml(slot, device);
-                    tries += 1;
-                }
-                got
-            }
+            ContextCharge::Auto => self.context_from_nvml(slot, device),
         };
-        let provisional = matches!(footprint, Some(Err(_)));
-        let footprint = match footprint {
-            // Low outliers are dropped: a real fall shows twice.
-            // Measurements come out low, never high (and NVML lags a
-            // fast-allocating process): the charge only rises, except at
-            // a fresh start after a context went away.
-            Some(Ok(f)) if self.settings.context == ContextCharge::Auto && !first => {
-                let last = self.held.last_context[i].swap(f, Ordering::Relaxed);
-                Some(Ok(f.max(last).max(slot.context.load(Ordering::Acquire))))
+        let (charge, provisional) = match got {
+            // The figures moved while read: try again later.
+            None => (None, was_provisional),
+            // No real figure yet: the fallback; after one, keep it.
+            Some(Err(fallback)) if fresh || was_provisional => (Some(fallback), true),
+            Some(Err(_)) => (None, false),
+            Some(Ok(f))
+                if fresh || was_provisional || self.settings.context != ContextCharge::Auto =>
+            {
+                (Some(f), false)
             }
-            Some(Ok(f)) => {
-                self.held.last_context[i].store(f, Ordering::Relaxed);
-                Some(Ok(f))
-            }
-            other => other,
+            Some(Ok(f)) => (Some(f.max(current)), false),
         };
-        if let Some(Ok(f) | Err(f)) = footprint {
+        if let Some(f) = charge {
             let old = slot.context.swap(f, Ordering::AcqRel);
             self.apply_raw(slot, device, old, f, "the context");
         }
         self.held.provisional[i].store(provisional, Ordering::Relaxed);
-        // A provisional figure is measured again at the next round.
-        let when = if provisional { 0 } else { mono_ns().max(1) };
-        self.held.measured_ns[i].store(when, Ordering::Relaxed);
+        self.held.measured_ns[i].store(mono_ns().max(1), Ordering::Relaxed);
         self.held.measuring[i].store(false, Ordering::Release);
     }
 
+    /// Before an allocation of `estimate` on `device`: measures the context
+    /// when it never was (the device's first allocation with a context),
+    /// and again when the allocation would bring the process within
+    /// [`NEAR_CAP`] of its cap (at most every [`NEAR_AGAIN`]), so that a
+    /// footprint grown since (modules loaded at a kernel's first launch)
+    /// is charged before the last bytes are granted.
+    pub fn context_check(&self, device: CUdevice, slot: &DeviceSlot, estimate: u64, limit: u64) {
+        if self.settings.counting != Counting::Held {
+            return;
+        }
+        let i = usize::try_from(device).unwrap_or(0) % MAX_DEVICES;
+        let last = self.held.measured_ns[i].load(Ordering::Relaxed);
+        let near = || {
+            self.settings.context == ContextCharge::Auto
+                && limit != NO_CAP
+                && slot
+                    .budget
+                    .used()
+                    .saturating_add(estimate)
+                    .saturating_add(NEAR_CAP)
+                    > limit
+                && mono_ns().saturating_sub(last) >= NEAR_AGAIN.as_nanos() as u64
+        };
+        if last == 0 || near() {
+            self.context_measure(device);
+        }
+    }
+
     /// NVML's figure for this process on `device` minus what the engine
-    /// counts of the rest (`Ok`); the fallback (`Err`) where NVML cannot
-    /// tell which process is this one; `None` when the figures moved while
-    /// read.
+    /// counts of the rest (`Ok`); a provisional figure (`Err`): the
+    /// fallback where NVML cannot tell which process is this one, zero
+    /// where it lists no process on the GPU at all; `None` when the
+    /// figures moved while read.
     fn context_from_nvml(&self, slot: &DeviceSlot, device: CUdevice) -> Option<Result<u64, u64>> {
         let fallback = || {
             log_once!(
@@ -533,6 +567,12 @@ impl<D: Driver> Base<D> {
         let after = rest(slot);
         if before != after || moved != moves(slot) {
             return None;
+        }
+        if n == 0 {
+            // NVML lists nobody on the GPU, so this process holds nothing
+            // there beyond what is counted (a context reset and not used
+            // since): nothing to charge yet; measured again soon.
+            return Some(Err(0));
         }
         let procs = &procs[..n];
         let pid = std::process::id();

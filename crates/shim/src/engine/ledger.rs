@@ -17,11 +17,10 @@ pub const POOL_GRANULE: u64 = 32 << 20;
 pub const CONTEXT_EVERY: Duration = Duration::from_secs(1);
 /// The least time between two measurements on the refusal path.
 pub const CONTEXT_AGAIN: Duration = Duration::from_millis(100);
-/// At a device's first measurement, how often and how far apart NVML is
-/// asked again while it does not list the process yet (it lists a new
-/// context a few milliseconds after the context exists).
-pub const FIRST_TRIES: u32 = 25;
-pub const FIRST_WAIT: Duration = Duration::from_millis(2);
+/// An allocation that would bring the process within this of its cap
+/// measures the context first ([`NEAR_AGAIN`] apart at most).
+pub const NEAR_CAP: u64 = 256 << 20;
+pub const NEAR_AGAIN: Duration = Duration::from_millis(10);
 /// Processes NVML may list on one device for the measurement to work.
 pub const PROCESSES: usize = 128;
 
@@ -80,9 +79,7 @@ pub struct Held {
     /// The context's charge is the fallback while NVML may yet list the
     /// process: measured again at every round and every reclaim.
     pub provisional: [AtomicBool; MAX_DEVICES],
-    /// The last measured footprint per device (the charge is the larger of
-    /// the last two: a measurement can only come out low, see `held.rs`).
-    pub last_context: [AtomicU64; MAX_DEVICES],
+
     pub nvml: AtomicU8,
 }
 
@@ -106,7 +103,7 @@ impl Held {
             measured_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
             measuring: [const { AtomicBool::new(false) }; MAX_DEVICES],
             provisional: [const { AtomicBool::new(false) }; MAX_DEVICES],
-            last_context: [const { AtomicU64::new(0) }; MAX_DEVICES],
+
             nvml: AtomicU8::new(NVML_UNTRIED),
         }
     }

@@ -16,7 +16,7 @@
 //! pool, not to a context: they stay counted when their context is
 //! destroyed or reset, as the driver keeps them, until they are freed.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Counting;
@@ -27,6 +27,12 @@ use super::driver::{Driver, Flavour};
 use super::records::{Kind, Record};
 use super::state::Engine;
 use crate::log::log_at;
+
+/// What graph memory grows by at least (32 MiB for a 1-byte node,
+/// measured on the H200, driver 580), and what each allocation node is
+/// rounded up to when a graph is sized.
+const GRAPH_GRANULE: u64 = 32 << 20;
+const GRAPH_NODE_ROUND: u64 = 2 << 20;
 
 impl<D: Driver> Engine<D> {
     /// The (context, device) a stream's allocations come from; `None` when
@@ -319,10 +325,89 @@ impl<D: Driver> Engine<D> {
         rc
     }
 
+    /// The graph memory an upload or launch of `exec` on `device` may add:
+    /// the bytes of its allocation nodes (when its instantiation was seen)
+    /// or what it added at its last launch, whichever is more, less the
+    /// device's graph reserve that is free now, rounded up to what graph
+    /// memory grows by. `reserved` is the device's graph reserve.
+    fn graph_expect(&self, device: CUdevice, exec: u64, reserved: u64) -> u64 {
+        let need = self
+            .graph_size
+            .get(&exec)
+            .map_or(0, |g| *g)
+            .max(self.graph_growth.get(&exec).map_or(0, |g| *g));
+        if need == 0 {
+            return 0;
+        }
+        let spare = self
+            .driver
+            .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+            .map_or(0, |used| reserved.saturating_sub(used));
+        need.saturating_sub(spare)
+            .checked_next_multiple_of(GRAPH_GRANULE)
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Reserves `expect` bytes on `device` for a graph's upload or launch,
+    /// trimming the device's graph memory once when they do not fit; the
+    /// refusal (counted and said) when they still do not. The caller gives
+    /// the reservation back after the call, when the graph's real reserve
+    /// is read.
+    fn graph_admit(
+        &'static self,
+        what: &'static str,
+        device: CUdevice,
+        expect: u64,
+    ) -> Result<Option<&'static DeviceSlot>, CUresult> {
+        if expect == 0 {
+            return Ok(None);
+        }
+        match self.try_reserve_evicting(device, expect) {
+            Ok((slot, _)) => return Ok(Some(slot)),
+            Err(_) if !self.capture_in_progress() => {
+                let _ = self.driver.graph_mem_trim(device);
+                self.graphs_refresh(device);
+            }
+            Err(_) => {}
+        }
+        match self.try_reserve_evicting(device, expect) {
+            Ok((slot, _)) => Ok(Some(slot)),
+            Err(why) => {
+                if let (Some(s), Some(r)) = (self.slot(device), why) {
+                    DeviceSlot::add(&s.refusals, 1);
+                    self.refused(what, device, expect, r);
+                }
+                Err(CUDA_ERROR_OUT_OF_MEMORY)
+            }
+        }
+    }
+
+    /// After an upload or launch of `exec` (admitted with `held` reserved):
+    /// the reservation goes back, the device's graph charge follows its
+    /// graph reserve, and the growth is remembered for the next launch.
+    fn graph_settle(
+        &self,
+        device: CUdevice,
+        exec: u64,
+        before: u64,
+        held: Option<(&DeviceSlot, u64)>,
+        rc: CUresult,
+    ) {
+        if let Some((slot, bytes)) = held {
+            self.release_on(slot, device, bytes);
+        }
+        if let Some(after) = self.graphs_refresh(device)
+            && rc == CUDA_SUCCESS
+            && after > before
+        {
+            self.graph_growth.insert(exec, after - before);
+        }
+    }
+
     /// `cuGraphLaunch[_ptsz]` and `cuGraphUpload[_ptsz]`: graph memory
-    /// (`held.rs`). The growth this graph caused when last launched is
-    /// reserved first and the launch refused when it does not fit; after
-    /// the call the device's graph charge follows its graph reserve.
+    /// (`held.rs`). What the graph may add is reserved first, and the call
+    /// refused with out-of-memory when it does not fit; after it the
+    /// device's graph charge follows its graph reserve.
     pub fn graph_launch(
         &'static self,
         flavour: Flavour,
@@ -343,47 +428,152 @@ impl<D: Driver> Engine<D> {
             return real();
         };
         let key = exec as u64;
-        // What it grew by last time, less the reserve free for it now.
+        let expect = self.graph_expect(device, key, before);
+        let what =
+            ["cuGraphLaunch", "cuGraphLaunch_ptsz"][usize::from(flavour == Flavour::PerThread)];
+        let held = match self.graph_admit(what, device, expect) {
+            Ok(h) => h.map(|s| (s, expect)),
+            Err(rc) => return rc,
+        };
+        let rc = real();
+        self.graph_settle(device, key, before, held, rc);
+        rc
+    }
+
+    /// Notes the allocation nodes' bytes of the graph `exec` was made from.
+    fn graph_instantiated(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
+        if rc != CUDA_SUCCESS || self.settings.counting != Counting::Held {
+            return;
+        }
+        // SAFETY: on success the driver wrote the handle.
+        let Some(exec) = (unsafe { exec.as_ref() }).map(|e| *e as u64) else {
+            return;
+        };
+        self.graph_growth.remove(&exec);
+        match self
+            .driver
+            .graph_alloc_bytes(graph as usize, GRAPH_NODE_ROUND)
+        {
+            Some(b) if b > 0 => {
+                self.graph_size.insert(exec, b);
+            }
+            _ => {
+                self.graph_size.remove(&exec);
+            }
+        }
+    }
+
+    /// `cuGraphInstantiate` (10.0) and `cuGraphInstantiate_v2` (11.0).
+    pub fn graph_instantiate_logged(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        exec: *mut CUgraphExec,
+        graph: CUgraph,
+        _err_node: *mut CUgraphNode,
+        _log: *mut c_char,
+        _log_size: usize,
+    ) -> CUresult {
+        let rc = real();
+        self.graph_instantiated(rc, exec, graph);
+        rc
+    }
+
+    /// `cuGraphInstantiateWithFlags` (what `cuGraphInstantiate` is from CUDA 12).
+    pub fn graph_instantiate_with_flags(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        exec: *mut CUgraphExec,
+        graph: CUgraph,
+        _flags: u64,
+    ) -> CUresult {
+        let rc = real();
+        self.graph_instantiated(rc, exec, graph);
+        rc
+    }
+
+    /// `cuGraphInstantiateWithParams[_ptsz]`: with the upload flag the
+    /// graph's memory is reserved as it is instantiated, so it is admitted
+    /// first, as a launch is.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn graph_instantiate_with_params(
+        &'static self,
+        flavour: Flavour,
+        mut real: impl FnMut() -> CUresult,
+        exec: *mut CUgraphExec,
+        graph: CUgraph,
+        params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
+    ) -> CUresult {
+        // SAFETY: null or the caller's parameters.
+        let upload = unsafe { params.as_ref() }
+            .filter(|p| p.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD != 0)
+            .map(|p| p.upload_stream);
+        let target = match upload {
+            Some(stream) if self.settings.counting == Counting::Held => {
+                self.stream_target(stream as usize, flavour)
+            }
+            _ => None,
+        };
+        let Some((_, device)) = target else {
+            let rc = real();
+            self.graph_instantiated(rc, exec, graph);
+            return rc;
+        };
+        if self.limit_of(device).is_none() {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        let Some(before) = self.graphs_refresh(device) else {
+            let rc = real();
+            self.graph_instantiated(rc, exec, graph);
+            return rc;
+        };
+        let need = self
+            .driver
+            .graph_alloc_bytes(graph as usize, GRAPH_NODE_ROUND)
+            .unwrap_or(0);
         let spare = self
             .driver
             .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
             .map_or(0, |used| before.saturating_sub(used));
-        let expect = self
-            .graph_growth
-            .get(&key)
-            .map_or(0, |g| *g)
-            .saturating_sub(spare);
-        let mut held = None;
-        if expect > 0 {
-            match self.try_reserve_evicting(device, expect) {
-                Ok((slot, _)) => held = Some(slot),
-                Err(why) => {
-                    let _ = self.driver.graph_mem_trim(device);
-                    self.graphs_refresh(device);
-                    match self.try_reserve_evicting(device, expect) {
-                        Ok((slot, _)) => held = Some(slot),
-                        Err(_) => {
-                            let what = ["cuGraphLaunch", "cuGraphLaunch_ptsz"]
-                                [usize::from(flavour == Flavour::PerThread)];
-                            if let (Some(s), Some(r)) = (self.slot(device), why) {
-                                DeviceSlot::add(&s.refusals, 1);
-                                self.refused(what, device, expect, r);
-                            }
-                            return CUDA_ERROR_OUT_OF_MEMORY;
-                        }
-                    }
+        let expect = need
+            .saturating_sub(spare)
+            .checked_next_multiple_of(GRAPH_GRANULE)
+            .unwrap_or(u64::MAX);
+        let what = [
+            "cuGraphInstantiateWithParams",
+            "cuGraphInstantiateWithParams_ptsz",
+        ][usize::from(flavour == Flavour::PerThread)];
+        let held = match self.graph_admit(what, device, expect) {
+            Ok(h) => h.map(|s| (s, expect)),
+            Err(rc) => {
+                // SAFETY: non-null (it named the upload stream) and writable.
+                if let Some(p) = unsafe { params.as_mut() } {
+                    p.result_out = CUDA_GRAPH_INSTANTIATE_ERROR;
                 }
+                return rc;
             }
-        }
+        };
         let rc = real();
-        if let Some(slot) = held {
-            self.release_on(slot, device, expect);
-        }
-        if rc == CUDA_SUCCESS
-            && let Some(after) = self.graphs_refresh(device)
-            && after > before
-        {
-            self.graph_growth.insert(key, after - before);
+        self.graph_instantiated(rc, exec, graph);
+        // SAFETY: on success the driver wrote the handle.
+        let key = unsafe { exec.as_ref() }.map_or(0, |e| *e as u64);
+        self.graph_settle(device, key, before, held, rc);
+        rc
+    }
+
+    /// `cuGraphExecDestroy`: what is known of the graph goes (its
+    /// allocations not yet freed stay graph memory, as the driver keeps
+    /// them).
+    pub fn graph_exec_destroy(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        exec: CUgraphExec,
+    ) -> CUresult {
+        let rc = real();
+        if rc == CUDA_SUCCESS {
+            self.graph_size.remove(&(exec as u64));
+            self.graph_growth.remove(&(exec as u64));
         }
         rc
     }

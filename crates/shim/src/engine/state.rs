@@ -34,8 +34,10 @@ pub struct Engine<D: Driver> {
     /// POSIX file descriptors this process exported VMM handles as, by fd.
     pub(super) exports: Registry<u64>,
     /// Instantiated graphs by handle: how much graph memory their last
-    /// launch that grew it added (`held.rs`).
+    /// launch that grew it added, and their allocation nodes' bytes when
+    /// their instantiation was seen (`held.rs`).
     pub(super) graph_growth: Registry<u64>,
+    pub(super) graph_size: Registry<u64>,
 }
 
 impl<D: Driver> Deref for Engine<D> {
@@ -57,6 +59,7 @@ impl<D: Driver> Engine<D> {
             maps: registry(),
             exports: registry(),
             graph_growth: registry(),
+            graph_size: registry(),
         }
     }
 

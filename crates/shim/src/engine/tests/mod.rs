@@ -214,6 +214,9 @@ impl Driver for Fake {
     fn graph_mem_trim(&self, _dev: CUdevice) -> CUresult {
         CUDA_ERROR_NOT_FOUND
     }
+    fn graph_alloc_bytes(&self, _graph: usize, _round: u64) -> Option<u64> {
+        None
+    }
     fn nvml_device_by_uuid(&self, _uuid: &str) -> Option<usize> {
         Some(1)
     }

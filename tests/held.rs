@@ -1,0 +1,213 @@
+//! What a process holds beyond its allocations, under the shim and the
+//! stand-in driver (`crates/shim/src/engine/held.rs`): pools charged by
+//! their reserve and trimmed as a synchronisation would before a refusal,
+//! graph memory sized at instantiation and refused at launch, the context
+//! measured through NVML (in a container too), and what the program is
+//! told. Exact bytes; one fresh process per case.
+
+use crate::util::*;
+
+const CAP: (&str, &str) = ("VRAMCAP_LIMIT", "4GiB");
+const RETAIN: (&str, &str) = ("STANDIN_POOL_RETAIN", "1");
+
+fn info(free: u64) -> String {
+    format!("info -> 0 free={free} total={}", 4 * GIB)
+}
+
+/// The scenario: a pool whose release threshold keeps everything
+/// is charged for what it keeps; a plain allocation that needs it is
+/// refused until the program trims the pool, then granted.
+#[test]
+fn a_pool_that_keeps_freed_memory_is_refused_until_trimmed() {
+    client(
+        "procaddr",
+        &[CAP, RETAIN],
+        &[
+            "init",
+            "stream",
+            "poolset",
+            "threshold",
+            "max",
+            "allocasync",
+            "2800M",
+            "freeasync",
+            "0",
+            "sync",
+            "info",
+            "alloc",
+            "3600M",
+            "pooltrim",
+            "0",
+            "alloc",
+            "3600M",
+            "info",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "stream -> 0",
+        "poolset threshold max -> 0",
+        &format!("allocasync {} -> 0 #0", 2800 * MIB),
+        "freeasync #0 -> 0",
+        "sync -> 0",
+        &info(4 * GIB - 2800 * MIB),
+        &format!("alloc {} -> 2", 3600 * MIB),
+        "pooltrim 0 -> 0",
+        &format!("alloc {} -> 0 #1", 3600 * MIB),
+        &info(4 * GIB - 3600 * MIB),
+    ]);
+}
+
+/// With the default threshold the driver gives the memory back at the
+/// synchronisation; the shim sees it before refusing anything.
+#[test]
+fn a_pool_trimmed_at_a_synchronisation_is_seen_before_a_refusal() {
+    client(
+        "procaddr",
+        &[CAP, RETAIN],
+        &[
+            "init",
+            "stream",
+            "allocasync",
+            "3G",
+            "freeasync",
+            "0",
+            "sync",
+            "alloc",
+            "3G",
+            "info",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "stream -> 0",
+        &format!("allocasync {} -> 0 #0", 3 * GIB),
+        "freeasync #0 -> 0",
+        "sync -> 0",
+        &format!("alloc {} -> 0 #1", 3 * GIB),
+        &info(GIB),
+    ]);
+}
+
+/// The context is counted: the program sees a card of the cap's size
+/// with the context on it, so two halves of the total do not both fit.
+#[test]
+fn the_context_is_counted_and_two_halves_do_not_fit() {
+    client(
+        "procaddr",
+        &[CAP, ("STANDIN_CONTEXT_MIB", "518")],
+        &["init", "info", "alloc", "2G", "alloc", "2G"],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        &info(4 * GIB - 518 * MIB),
+        &format!("alloc {} -> 0 #0", 2 * GIB),
+        &format!("alloc {} -> 2", 2 * GIB),
+    ]);
+}
+
+/// In a container NVML shows host PIDs: with other processes on the GPU
+/// the shim charges the fallback until it can tell which process is this
+/// one (the only one holding at least what it counts), then the real
+/// footprint.
+#[test]
+fn in_a_container_the_context_is_found_once_it_can_be_told_apart() {
+    client(
+        "procaddr",
+        &[
+            CAP,
+            ("STANDIN_CONTEXT_MIB", "300"),
+            ("STANDIN_NVML_PID", "999999"),
+            ("STANDIN_NVML_OTHERS", "2"),
+        ],
+        &["init", "info", "alloc", "1G", "alloc", "4G", "info"],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        &info(4 * GIB - 512 * MIB),
+        &format!("alloc {} -> 0 #0", GIB),
+        &format!("alloc {} -> 2", 4 * GIB),
+        &info(3 * GIB - 300 * MIB),
+    ]);
+}
+
+/// A graph is sized at instantiation: its launch is refused while the
+/// cap has no room for its allocation nodes, and runs once it has; its
+/// graph memory then counts.
+#[test]
+fn a_graph_that_does_not_fit_is_refused_at_launch() {
+    for method in ["procaddr", "dlsym", "linked"] {
+        client(
+            method,
+            &[CAP, RETAIN],
+            &[
+                "init",
+                "stream",
+                "graphalloc",
+                "3G",
+                "instantiate",
+                "alloc",
+                "1536M",
+                "launch",
+                "free",
+                "1",
+                "launch",
+                "graphmem",
+                "reserved",
+                "info",
+            ],
+        )
+        .expect_lines(&[
+            "init -> 0",
+            "stream -> 0",
+            &format!("graphalloc {} -> 0 #0", 3 * GIB),
+            "instantiate -> 0",
+            &format!("alloc {} -> 0 #1", 1536 * MIB),
+            "launch -> 2",
+            "free #1 -> 0",
+            "launch -> 0",
+            &format!("graphmem reserved -> 0 {}", 3 * GIB),
+            &info(GIB),
+        ]);
+    }
+}
+
+/// `VRAMCAP_COUNT=allocations`: neither the context nor a pool's reserve
+/// is counted.
+#[test]
+fn counting_allocations_leaves_pools_and_the_context_out() {
+    client(
+        "procaddr",
+        &[
+            CAP,
+            RETAIN,
+            ("STANDIN_CONTEXT_MIB", "518"),
+            ("VRAMCAP_COUNT", "allocations"),
+        ],
+        &[
+            "init",
+            "info",
+            "stream",
+            "poolset",
+            "threshold",
+            "max",
+            "allocasync",
+            "3G",
+            "freeasync",
+            "0",
+            "sync",
+            "alloc",
+            "3G",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        &info(4 * GIB),
+        "stream -> 0",
+        "poolset threshold max -> 0",
+        &format!("allocasync {} -> 0 #0", 3 * GIB),
+        "freeasync #0 -> 0",
+        "sync -> 0",
+        &format!("alloc {} -> 0 #1", 3 * GIB),
+    ]);
+}
