@@ -83,7 +83,11 @@
 //! `cuMemPoolGetAttribute` calls (which call nothing the shim hooks and
 //! never wait on the GPU) and nothing else: no other lock is taken under
 //! it and no budget is touched under it. The other figures are atomics.
-//! Measuring the context takes a per-device flag (a second measurer skips).
+//! Measuring the context takes a per-device flag: a second measurer skips
+//! when a real figure is charged already, and otherwise waits for the
+//! first (which starts NVML, up to a second), sleeping 200 µs between
+//! looks, so no allocation goes ahead before the context is counted. The
+//! flag is cleared on every way out, a panic included.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -308,10 +312,8 @@ impl<D: Driver> Base<D> {
             self.graphs_refresh(device);
         }
         let i = usize::from(dev16) % MAX_DEVICES;
-        let last = self.held.measured_ns[i].load(Ordering::Relaxed);
-        if self.held.provisional[i].load(Ordering::Relaxed)
-            || mono_ns().saturating_sub(last) >= CONTEXT_AGAIN.as_nanos() as u64
-        {
+        let tried = self.held.tried_ns[i].load(Ordering::Relaxed);
+        if mono_ns().saturating_sub(tried) >= CONTEXT_AGAIN.as_nanos() as u64 {
             self.context_measure(device);
         }
         before.saturating_sub(slot.budget.used())
@@ -334,9 +336,7 @@ impl<D: Driver> Base<D> {
             let device = i as CUdevice;
             self.graphs_refresh(device);
             let last = self.held.measured_ns[i % MAX_DEVICES].load(Ordering::Relaxed);
-            if self.held.provisional[i % MAX_DEVICES].load(Ordering::Relaxed)
-                || now.saturating_sub(last) >= CONTEXT_EVERY.as_nanos() as u64
-            {
+            if last == 0 || now.saturating_sub(last) >= CONTEXT_EVERY.as_nanos() as u64 {
                 self.context_measure(device);
             }
         }
@@ -348,6 +348,7 @@ impl<D: Driver> Base<D> {
         for (i, m) in self.held.measured_ns.iter().enumerate() {
             if device.is_none_or(|d| usize::try_from(d) == Ok(i)) {
                 m.store(0, Ordering::Relaxed);
+                self.held.tries[i].store(0, Ordering::Relaxed);
             }
         }
     }
@@ -453,36 +454,54 @@ impl<D: Driver> Base<D> {
             return;
         };
         let i = usize::try_from(device).unwrap_or(0) % MAX_DEVICES;
-        if !self.has_context_on(device) || self.held.measuring[i].swap(true, Ordering::Acquire) {
+        if !self.has_context_on(device) {
+            log_at!(Debug, "device {device}: no context yet to measure");
             return;
         }
-        let was_provisional = self.held.provisional[i].load(Ordering::Relaxed);
-        let fresh = self.held.measured_ns[i].load(Ordering::Relaxed) == 0 && !was_provisional;
+        while self.held.measuring[i].swap(true, Ordering::Acquire) {
+            // Another thread measures. With a real figure already charged,
+            // its result will do; without one (the first measurement,
+            // which starts NVML and can take a second), an allocation must
+            // not go ahead uncounted: wait for it, then measure if it got
+            // no real figure.
+            if self.held.measured_ns[i].load(Ordering::Relaxed) != 0 {
+                return;
+            }
+            std::thread::sleep(WAIT_MEASURING);
+            if self.held.measured_ns[i].load(Ordering::Relaxed) != 0 {
+                return;
+            }
+        }
+        // Cleared however this ends, a panic included.
+        let _flag = Cleared(&self.held.measuring[i]);
+        // No real figure since the start or since a context went away: the
+        // next one is taken as it is; after that the charge only rises.
+        let fresh = self.held.measured_ns[i].load(Ordering::Relaxed) == 0;
         let current = slot.context.load(Ordering::Acquire);
         let got = match self.settings.context {
             ContextCharge::Bytes(b) => Some(Ok(b)),
             ContextCharge::Auto => self.context_from_nvml(slot, device),
         };
-        let (charge, provisional) = match got {
+        let now = mono_ns().max(1);
+        let charge = match got {
             // The figures moved while read: try again later.
-            None => (None, was_provisional),
-            // No real figure yet: the fallback; after one, keep it.
-            Some(Err(fallback)) if fresh || was_provisional => (Some(fallback), true),
-            Some(Err(_)) => (None, false),
-            Some(Ok(f))
-                if fresh || was_provisional || self.settings.context != ContextCharge::Auto =>
-            {
-                (Some(f), false)
-            }
-            Some(Ok(f)) => (Some(f.max(current)), false),
+            None => None,
+            // No real figure: the provisional one while there is none yet.
+            Some(Err(f)) => fresh.then_some(f),
+            Some(Ok(f)) if fresh || self.settings.context != ContextCharge::Auto => Some(f),
+            Some(Ok(f)) => Some(f.max(current)),
         };
         if let Some(f) = charge {
             let old = slot.context.swap(f, Ordering::AcqRel);
             self.apply_raw(slot, device, old, f, "the context");
         }
-        self.held.provisional[i].store(provisional, Ordering::Relaxed);
-        self.held.measured_ns[i].store(mono_ns().max(1), Ordering::Relaxed);
-        self.held.measuring[i].store(false, Ordering::Release);
+        if matches!(got, Some(Ok(_))) {
+            self.held.measured_ns[i].store(now, Ordering::Relaxed);
+            self.held.tries[i].store(0, Ordering::Relaxed);
+        } else {
+            self.held.tries[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.held.tried_ns[i].store(now, Ordering::Relaxed);
     }
 
     /// Before an allocation of `estimate` on `device`: measures the context
@@ -497,7 +516,12 @@ impl<D: Driver> Base<D> {
         }
         let i = usize::try_from(device).unwrap_or(0) % MAX_DEVICES;
         let last = self.held.measured_ns[i].load(Ordering::Relaxed);
-        let near = || {
+        let due = if last == 0 {
+            // No real figure yet: each of the first allocations tries.
+            self.held.tries[i].load(Ordering::Relaxed) < EAGER_TRIES
+                || mono_ns().saturating_sub(self.held.tried_ns[i].load(Ordering::Relaxed))
+                    >= CONTEXT_AGAIN.as_nanos() as u64
+        } else {
             self.settings.context == ContextCharge::Auto
                 && limit != NO_CAP
                 && slot
@@ -508,7 +532,7 @@ impl<D: Driver> Base<D> {
                     > limit
                 && mono_ns().saturating_sub(last) >= NEAR_AGAIN.as_nanos() as u64
         };
-        if last == 0 || near() {
+        if due {
             self.context_measure(device);
         }
     }
@@ -542,7 +566,10 @@ impl<D: Driver> Base<D> {
                 return fallback();
             }
         }
-        let uuid = uuid_text(&slot.uuid_bytes())?;
+        let Some(uuid) = uuid_text(&slot.uuid_bytes()) else {
+            log_at!(Debug, "device {device}: no UUID to find it in NVML");
+            return None;
+        };
         let Some(handle) = self.driver.nvml_device_by_uuid(&uuid) else {
             log_at!(Debug, "device {device}: NVML has no GPU {uuid}");
             return fallback();
@@ -566,13 +593,24 @@ impl<D: Driver> Base<D> {
         };
         let after = rest(slot);
         if before != after || moved != moves(slot) {
+            log_at!(
+                Debug,
+                "device {device}: the figures moved while NVML was read"
+            );
             return None;
         }
         if n == 0 {
-            // NVML lists nobody on the GPU, so this process holds nothing
-            // there beyond what is counted (a context reset and not used
-            // since): nothing to charge yet; measured again soon.
-            return Some(Err(0));
+            // NVML lists nobody on the GPU. With the primary context
+            // active, NVML has not caught up with it yet (seen on the H200
+            // right after the runtime made its context): the fallback until
+            // it does. Without (a context reset and not used since), there
+            // is nothing to charge yet. Measured again soon either way.
+            log_at!(Debug, "device {device}: NVML lists no process yet");
+            let active = self
+                .driver
+                .primary_ctx_state(device)
+                .is_ok_and(|(_, active)| active);
+            return if active { fallback() } else { Some(Err(0)) };
         }
         let procs = &procs[..n];
         let pid = std::process::id();
@@ -610,6 +648,15 @@ impl<D: Driver> Base<D> {
                 fallback()
             }
         }
+    }
+}
+
+/// Clears a flag when dropped.
+struct Cleared<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for Cleared<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 

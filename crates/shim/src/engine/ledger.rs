@@ -4,7 +4,7 @@
 //! apart so that `base` can own it.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64};
 use std::time::Duration;
 
 use vramcap_core::MAX_DEVICES;
@@ -21,6 +21,12 @@ pub const CONTEXT_AGAIN: Duration = Duration::from_millis(100);
 /// measures the context first ([`NEAR_AGAIN`] apart at most).
 pub const NEAR_CAP: u64 = 256 << 20;
 pub const NEAR_AGAIN: Duration = Duration::from_millis(10);
+/// Until the context has a real figure, the first this many allocations
+/// each try to measure it; after that, one try per [`CONTEXT_AGAIN`].
+pub const EAGER_TRIES: u32 = 16;
+/// How long a thread that needs the context's first figure waits between
+/// looks at another thread's measurement in progress.
+pub const WAIT_MEASURING: Duration = Duration::from_micros(200);
 /// Processes NVML may list on one device for the measurement to work.
 pub const PROCESSES: usize = 128;
 
@@ -72,14 +78,14 @@ pub struct Held {
     /// when a measured figure rose past the group's cap (released from the
     /// own budget only).
     pub owed: [AtomicU64; MAX_DEVICES],
-    /// Per device: when the context was last measured (ns on the
-    /// monotonic clock; 0: never), and whether a measurement runs.
+    /// Per device: when the context was last measured with a real figure
+    /// (ns on the monotonic clock; 0: not since the process started or a
+    /// context went away), when it was last tried, how many tries since
+    /// the last real figure, and whether a measurement runs.
     pub measured_ns: [AtomicU64; MAX_DEVICES],
+    pub tried_ns: [AtomicU64; MAX_DEVICES],
+    pub tries: [AtomicU32; MAX_DEVICES],
     pub measuring: [AtomicBool; MAX_DEVICES],
-    /// The context's charge is the fallback while NVML may yet list the
-    /// process: measured again at every round and every reclaim.
-    pub provisional: [AtomicBool; MAX_DEVICES],
-
     pub nvml: AtomicU8,
 }
 
@@ -101,9 +107,9 @@ impl Held {
             pools: Mutex::new(Vec::new()),
             owed: [const { AtomicU64::new(0) }; MAX_DEVICES],
             measured_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            tried_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            tries: [const { AtomicU32::new(0) }; MAX_DEVICES],
             measuring: [const { AtomicBool::new(false) }; MAX_DEVICES],
-            provisional: [const { AtomicBool::new(false) }; MAX_DEVICES],
-
             nvml: AtomicU8::new(NVML_UNTRIED),
         }
     }
