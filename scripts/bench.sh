@@ -66,6 +66,8 @@ V_SHIM=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT")
 V_NOSTATS=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT" "VRAMCAP_STATS=off" "VRAMCAP_CACHE=off")
 # The shim without its freed-block cache (V_SHIM has the default settings: cache on).
 V_NOCACHE=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT" "VRAMCAP_CACHE=off")
+# The shim counting allocations only (as before pools, graphs and the context were counted).
+V_ALLOCS=(env "${UNSET[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$BENCH_LIMIT" "VRAMCAP_COUNT=allocations")
 
 # run_one NAME TIMEOUT CMD... -> RC, OUTF; raw output goes to the log
 run_one() {
@@ -152,11 +154,12 @@ if [ -n "$BENCH_ALLOC" ]; then
     # ABBA order: odd rounds start without the shim, even rounds with it, so
     # whatever favours the first (or second) process of a pair cancels out.
     for ((r = 1; r <= ROUNDS; r++)); do
-        if ((r % 2)); then order=(base nocache shim); else order=(shim nocache base); fi
+        if ((r % 2)); then order=(base nocache allocs shim); else order=(shim allocs nocache base); fi
         for variant in "${order[@]}"; do
             case $variant in
                 base) run_one "bench_alloc round $r without shim" 120 "${V_BASE[@]}" "$BENCH_ALLOC" ;;
                 shim) run_one "bench_alloc round $r with shim" 120 "${V_SHIM[@]}" "$BENCH_ALLOC" ;;
+                allocs) run_one "bench_alloc round $r with shim, VRAMCAP_COUNT=allocations" 120 "${V_ALLOCS[@]}" "$BENCH_ALLOC" ;;
                 nocache) run_one "bench_alloc round $r with shim, VRAMCAP_CACHE=off" 120 "${V_NOCACHE[@]}" "$BENCH_ALLOC" ;;
             esac
             if [ "$RC" = 0 ]; then collect_alloc "$variant" "$r"; collect_info "$variant"; else NFAILRUN=$((NFAILRUN + 1)); fi
@@ -166,13 +169,13 @@ fi
 
 if command -v "$PYTHON" >/dev/null 2>&1 && [ -r "$GPU_SRC/bench_torch.py" ]; then
     for ((r = 1; r <= TORCH_ROUNDS; r++)); do
-        if ((r % 2)); then order=(base shim); else order=(shim base); fi
+        if ((r % 2)); then order=(base allocs shim); else order=(shim allocs base); fi
         for variant in "${order[@]}"; do
-            if [ "$variant" = base ]; then
-                run_one "bench_torch round $r without shim" 180 "${V_BASE[@]}" "$PYTHON" "$GPU_SRC/bench_torch.py"
-            else
-                run_one "bench_torch round $r with shim" 180 "${V_SHIM[@]}" "$PYTHON" "$GPU_SRC/bench_torch.py"
-            fi
+            case $variant in
+                base) run_one "bench_torch round $r without shim" 180 "${V_BASE[@]}" "$PYTHON" "$GPU_SRC/bench_torch.py" ;;
+                allocs) run_one "bench_torch round $r with shim, VRAMCAP_COUNT=allocations" 180 "${V_ALLOCS[@]}" "$PYTHON" "$GPU_SRC/bench_torch.py" ;;
+                *) run_one "bench_torch round $r with shim" 180 "${V_SHIM[@]}" "$PYTHON" "$GPU_SRC/bench_torch.py" ;;
+            esac
             if [ "$RC" = 0 ]; then
                 awk -v var="$variant" -v rnd="$r" '
                     /^BENCH what=torch_mlp_step/ {
@@ -253,6 +256,20 @@ MISSING=0
     echo "| what | without shim | with shim (defaults) | ratio | delta µs |"
     echo "|---|---|---|---|---|"
     echo "| PyTorch MLP training step (8×Linear(4096), batch 256, AdamW, fp32), ms | $(fmt "$ta" 3) | $(fmt "$tb" 3) | $(ratio "$ta" "$tb") | $(delta "$ta" "$tb" 1000) |"
+    tc=$(awk -F'\t' '$1 == "allocs" { print $2 }' "$TDATA" | median)
+    echo
+    echo "What counting everything held costs: the shim with VRAMCAP_COUNT=held (the default) against VRAMCAP_COUNT=allocations, same runs (medians; ratio held/allocations):"
+    echo
+    echo "| what | size | allocations only | held (default) | ratio | delta µs |"
+    echo "|---|---|---|---|---|---|"
+    echo "| PyTorch MLP training step, ms | — | $(fmt "$tc" 3) | $(fmt "$tb" 3) | $(ratio "$tc" "$tb") | $(delta "$tc" "$tb" 1000) |"
+    for api in cuMemAlloc cudaMalloc; do
+        for size in 4096 1048576 67108864 1073741824; do
+            a=$(col allocs "$api" "$size" 4)
+            b=$(col shim "$api" "$size" 4)
+            echo "| $api pair (cache hit), median µs | $(sizename "$size") | $(fmt "$a" 2) | $(fmt "$b" 2) | $(ratio "$a" "$b") | $(delta "$a" "$b") |"
+        done
+    done
     echo
     echo "Means (median over rounds of each run's mean, µs):"
     echo

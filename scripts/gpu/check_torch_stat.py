@@ -41,8 +41,12 @@ def main() -> int:
         return 1
     dev = next(d for d in procs[0]["devices"] if d["gpu"] == 0)
     used = dev["used_bytes"]
+    # What the cap counts beyond the allocations (VRAMCAP_COUNT=held): the
+    # context, and pools and graphs (none here); "extra" is the rest.
+    beyond = dev.get("context_bytes", 0) + dev.get("pool_bytes", 0) + dev.get("graph_bytes", 0)
     print("STAT", json.dumps(dev))
-    print(f"RESULTKV used={used} reserved={reserved} allocated={allocated} extra={used - reserved} "
+    print(f"RESULTKV used={used} reserved={reserved} allocated={allocated} "
+          f"context={dev.get('context_bytes', 0)} extra={used - beyond - reserved} "
           f"peak={dev['peak_bytes']} allocs={dev['allocations']} limit={dev['limit_bytes']} "
           f"cmd_ok={int('check_torch_stat' in procs[0]['command'])}")
     del keep, b
