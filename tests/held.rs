@@ -133,7 +133,7 @@ fn in_a_container_the_context_is_found_once_it_can_be_told_apart() {
 
 /// A graph is sized at instantiation: its launch is refused while the
 /// cap has no room for its allocation nodes, and runs once it has; its
-/// graph memory then counts.
+/// graph memory then counts, until it is freed and trimmed.
 #[test]
 fn a_graph_that_does_not_fit_is_refused_at_launch() {
     for method in ["procaddr", "dlsym", "linked"] {
@@ -155,6 +155,10 @@ fn a_graph_that_does_not_fit_is_refused_at_launch() {
                 "graphmem",
                 "reserved",
                 "info",
+                "freeasync",
+                "0",
+                "graphtrim",
+                "info",
             ],
         )
         .expect_lines(&[
@@ -168,6 +172,10 @@ fn a_graph_that_does_not_fit_is_refused_at_launch() {
             "launch -> 0",
             &format!("graphmem reserved -> 0 {}", 3 * GIB),
             &info(GIB),
+            // Freed, its graph memory stays reserved until trimmed.
+            "freeasync #0 -> 0",
+            "graphtrim -> 0",
+            &info(4 * GIB),
         ]);
     }
 }

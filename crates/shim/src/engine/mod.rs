@@ -23,18 +23,23 @@
 //! - Budgets, counters, the capture count and every lazily made pointer are
 //!   atomics. A reservation is a compare-and-swap under the cap.
 //! - Locks: the record maps' shard locks (`records`), one mutex per device
-//!   cache (`cache`), the spill's deferred-free list (`spill`), and
-//!   `OnceLock`s of values made once. Each is held for a map or list
-//!   operation only, never across a driver call, `dlopen` or `dlsym`, and
-//!   never two at once: there is no lock order. The page and the group
-//!   membership are made by one thread while others yield (`page`, `group`).
+//!   cache (`cache`), the spill's deferred-free list (`spill`), the book of
+//!   pools (`ledger`, `held`), and `OnceLock`s of values made once. Each is
+//!   held for a map or list operation only, never across `dlopen` or
+//!   `dlsym`, and never two at once: there is no lock order. Only the book
+//!   of pools is held across driver calls, `cuMemPoolGetAttribute` ones,
+//!   which call nothing the shim hooks and never wait on the GPU. The page
+//!   and the group membership are made by one thread while others yield
+//!   (`page`, `group`); an allocation that needs the context's first figure
+//!   while another thread measures it sleeps until it is there (`held`).
 //! - What allocates: making the engine (first hook), the page and the group
 //!   membership (first use of a device), the check that the limit's device
 //!   keys name GPUs (first use of any device, only when it names devices),
 //!   record inserts, keeping a cached block and a context's first ticket,
 //!   the lists an eviction, a context teardown or an unmap releases,
-//!   deferring and reaping spilled frees, NVML's UUID text. Logging never
-//!   allocates. ARCHITECTURE.md has the whole list.
+//!   deferring and reaping spilled frees, NVML's UUID text, a pool's first
+//!   entry in the book, the list of pools a refresh walks, a graph's node
+//!   list when it is sized. Logging never allocates. ARCHITECTURE.md has the whole list.
 //! - `fork`: the boundary's child handler closes the inherited page and
 //!   group descriptors ([`Engine::forget_after_fork`]) and drops the engine
 //!   from use without touching its maps or locks (a parent thread may have

@@ -13,14 +13,15 @@
 //!
 //! GROUP GPU          MEMORY                             USED    LIMIT MEMBERS
 //! train GPU-5ca1ab1e █████████████████·············  640 MiB 1.00 GiB 2: 24423, 24501
-//! q quit  u used  p pid  g gpu  o oom  r reverse   █ used ▓ cached ▒ spilled
+//! q quit  u used  p pid  g gpu  o oom  r reverse   ░ context █ used ▓ cached ▒ spilled
 //! ```
 //!
 //! - The title line: the time of the last refresh, the number of processes
 //!   and the statistics directory (then files that were skipped, or why the
 //!   directory could not be read).
-//! - One row per process and GPU. `MEMORY` is a bar of the bytes in use
-//!   (`█`, green), the freed blocks the shim keeps cached (`▓`, yellow; the
+//! - One row per process and GPU. `MEMORY` is a bar of what the process
+//!   holds beyond its allocations (its context and graph memory, `░`,
+//!   blue; part of `USED`), the bytes in use (`█`, green), the freed blocks the shim keeps cached (`▓`, yellow; the
 //!   cap counts them, so they are part of `USED`) and the bytes spilled to
 //!   host memory (`▒`, magenta; not counted against the cap), drawn against
 //!   the limit — or, for a GPU without a cap (`LIMIT` `-`), against the

@@ -19,10 +19,14 @@ use super::model::{HISTORY, History, Model, SortBy};
 
 const USED_GLYPH: char = '█';
 const CACHED_GLYPH: char = '▓';
+/// What the process holds beyond its allocations: the context's footprint
+/// and graph memory (`VRAMCAP_COUNT=held`).
+const CONTEXT_GLYPH: char = '░';
 const SPILLED_GLYPH: char = '▒';
 const FREE_GLYPH: char = '·';
 const USED_COLOUR: Color = Color::Green;
 const CACHED_COLOUR: Color = Color::Yellow;
+const CONTEXT_COLOUR: Color = Color::Blue;
 const SPILLED_COLOUR: Color = Color::Magenta;
 const SPARKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
 
@@ -103,17 +107,20 @@ fn bar(width: usize, scale: u64, segments: &[(u64, char, Color)]) -> Line<'stati
     Line::from(spans)
 }
 
-/// The bar of one process row: in use, cached, spilled, against the limit
-/// (the peak when uncapped), widened when spilled bytes pass it.
+/// The bar of one process row: the context and graph memory, in use,
+/// cached, spilled, against the limit (the peak when uncapped), widened
+/// when spilled bytes pass it.
 fn slot_bar(width: usize, s: &SlotSnapshot) -> Line<'static> {
-    let cached = s.cached.min(s.used);
-    let in_use = s.used - cached;
+    let context = s.context.saturating_add(s.graphs).min(s.used);
+    let cached = s.cached.min(s.used - context);
+    let in_use = s.used - context - cached;
     let base = s.limit.unwrap_or(s.peak.max(s.used));
     let scale = base.max(s.used.saturating_add(s.spilled));
     bar(
         width,
         scale,
         &[
+            (context, CONTEXT_GLYPH, CONTEXT_COLOUR),
             (in_use, USED_GLYPH, USED_COLOUR),
             (cached, CACHED_GLYPH, CACHED_COLOUR),
             (s.spilled, SPILLED_GLYPH, SPILLED_COLOUR),
@@ -407,6 +414,8 @@ fn footer_line() -> Line<'static> {
         Span::raw(" oom  "),
         key("r"),
         Span::raw(" reverse   "),
+        glyph(CONTEXT_GLYPH, CONTEXT_COLOUR),
+        Span::raw(" context "),
         glyph(USED_GLYPH, USED_COLOUR),
         Span::raw(" used "),
         glyph(CACHED_GLYPH, CACHED_COLOUR),
@@ -443,6 +452,22 @@ mod tests {
             .map(|s| s.content.as_ref())
             .collect();
         assert_eq!(text, "████▓▒▒▒▒▒");
+        // The context and graph memory come first, out of what is used.
+        let held = SlotSnapshot {
+            limit: Some(100),
+            used: 100,
+            peak: 100,
+            cached: 10,
+            context: 20,
+            graphs: 10,
+            ..SlotSnapshot::default()
+        };
+        let text: String = slot_bar(10, &held)
+            .spans
+            .iter()
+            .map(|s| s.content.as_ref())
+            .collect();
+        assert_eq!(text, "░░░██████▓");
         let uncapped = SlotSnapshot {
             limit: None,
             used: 25,
