@@ -36,6 +36,35 @@ fn handle(p: usize) -> *mut c_void {
     ptr::with_exposed_provenance_mut(p)
 }
 
+/// Whether this process is in the initial PID namespace, where its PID is
+/// the one NVML reports (read once; `/proc/self/ns/pid` names the
+/// namespace, and the initial one's inode is fixed, `PROC_PID_INIT_INO`).
+/// Unreadable counts as not.
+pub fn in_initial_pid_namespace() -> bool {
+    use std::sync::atomic::AtomicU8;
+    static KNOWN: AtomicU8 = AtomicU8::new(0);
+    match KNOWN.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
+    let mut buf = [0u8; 64];
+    // SAFETY: a NUL-terminated path and a buffer of the length given.
+    let n = unsafe {
+        libc::readlink(
+            c"/proc/self/ns/pid".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let initial = usize::try_from(n).is_ok_and(|n| &buf[..n.min(buf.len())] == b"pid:[4026531836]");
+    KNOWN.store(
+        if initial { 1 } else { 2 },
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    initial
+}
+
 /// Child graphs deeper than this are not looked into (the driver's own
 /// nesting is far shallower).
 const GRAPH_DEPTH: u32 = 16;
@@ -428,6 +457,10 @@ impl Driver for RealDriver {
             *o = (i.pid, i.used_gpu_memory);
         }
         Some(n)
+    }
+
+    fn initial_pid_namespace(&self) -> bool {
+        in_initial_pid_namespace()
     }
 
     fn exit_process(&self, status: c_int) {

@@ -318,8 +318,8 @@ impl<D: Driver> Engine<D> {
         if let Some(stale) = self.table.insert(ptr, record) {
             if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, &stale);
-            } else if let Kind::Async(Some(pool)) = stale.kind {
-                self.pool_freed(pool, stale.bytes);
+            } else if let Kind::Async(Some(serial)) = stale.kind {
+                self.pool_freed(serial);
             } else if let Some(s) = self.slot(CUdevice::from(stale.device)) {
                 self.release_on(s, CUdevice::from(stale.device), stale.bytes);
             }
@@ -481,11 +481,11 @@ impl<D: Driver> Engine<D> {
     /// the memory (`held.rs`).
     pub(super) fn freed(&self, r: &Record) {
         match r.kind {
-            Kind::Async(Some(pool)) => {
+            Kind::Async(Some(serial)) => {
                 if let Some(s) = self.slot(CUdevice::from(r.device)) {
                     DeviceSlot::add(&s.frees, 1);
                 }
-                self.pool_freed(pool, r.bytes);
+                self.pool_freed(serial);
             }
             _ => self.give_back(r.device, r.bytes),
         }

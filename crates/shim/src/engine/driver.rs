@@ -138,6 +138,10 @@ pub trait Driver: Send + Sync + 'static {
     /// say or they do not fit.
     fn nvml_processes(&self, device: usize, out: &mut [(u32, u64)]) -> Option<usize>;
 
+    /// Whether the process is in the initial PID namespace, where its PID
+    /// is the one NVML lists (in a container it is not).
+    fn initial_pid_namespace(&self) -> bool;
+
     /// Ends the process at once with `status` (`_exit`: see
     /// `accounting.rs` for why a process is stopped rather than left to
     /// run loose, and why no exit handler runs). The fake records it and

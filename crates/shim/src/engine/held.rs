@@ -60,9 +60,13 @@
 //! synchronisation would ([`Held::reclaim`]). A pool the program trims
 //! itself (PyTorch does before it reports out-of-memory) is seen at once.
 //! Freeing a stream-ordered allocation changes no charge: the pool keeps
-//! the memory. A destroyed pool keeps, as its charge, what its live
-//! allocations held when it went (the driver releases the rest at once),
-//! and gives it back as they are freed.
+//! the memory. A pool destroyed with live allocations keeps its charge (at
+//! most its reserve when it went) until the last of them is freed, as the
+//! driver keeps its memory until then; records name their pool's entry by
+//! a serial, so a new pool that gets the destroyed one's handle is a pool
+//! of its own. A pool of host memory is charged nothing. All of this is
+//! `VRAMCAP_COUNT=held` only: with `allocations` no pool is read, trimmed
+//! or charged.
 //!
 //! # Graphs
 //! Graph memory is not allocated in any call the shim sees: the driver
@@ -79,10 +83,14 @@
 //! a path the shim does not see is sized by its first launch only.
 //!
 //! # Concurrency
-//! One mutex guards the book of pools; it is held across
-//! `cuMemPoolGetAttribute` calls (which call nothing the shim hooks and
-//! never wait on the GPU) and nothing else: no other lock is taken under
-//! it and no budget is touched under it. The other figures are atomics.
+//! One mutex guards the book of pools; it is held across the
+//! `cuMemPoolGetAttribute` calls that read a pool's figures (which call
+//! nothing the shim hooks and never wait on the GPU), so that an older
+//! reading is never applied after a newer one, and nothing else: no other
+//! lock is taken under it and no budget is touched under it (changes are
+//! applied after it is released; they are additions, in any order). A
+//! second mutex does the same for the device's graph reserve and its
+//! charge. The other figures are atomics.
 //! Measuring the context takes a per-device flag: a second measurer skips
 //! when a real figure is charged already, and otherwise waits for the
 //! first (which starts NVML, up to a second), sleeping 200 µs between
@@ -97,42 +105,45 @@ use vramcap_core::page::{DeviceSlot, uuid_text};
 use vramcap_core::settings::{ContextCharge, Counting};
 
 use super::base::Base;
+use std::ffi::c_int;
+
 use super::cuda::*;
 use super::driver::Driver;
 use super::ledger::*;
 use crate::log::{log_at, log_once};
 
 impl<D: Driver> Base<D> {
-    fn pool_reserved(&self, pool: usize) -> Option<u64> {
-        self.driver
-            .mem_pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
-            .ok()
+    fn pool_attr(&self, pool: usize, attr: c_int) -> Option<u64> {
+        self.driver.mem_pool_attribute(pool, attr).ok()
+    }
+
+    fn counting_held(&self) -> bool {
+        self.settings.counting == Counting::Held
     }
 
     /// Step 1 of a pool allocation (module docs): the claim, whose `grow`
     /// the caller reserves. `None` when the driver will not describe the
-    /// pool: the caller then charges the allocation by its size.
+    /// pool (the caller then charges the allocation by its size), outside
+    /// `VRAMCAP_COUNT=held`, and for a pool of host memory (`exempt`).
     pub fn pool_claim(&self, pool: usize, device: u16, size: u64) -> Option<Claim> {
-        let r = self.pool_reserved(pool)?;
-        let u = self
-            .driver
-            .mem_pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
-            .ok()?;
+        if !self.counting_held() {
+            return None;
+        }
         let mut book = self.held.book();
         let i = match book.iter().position(|e| e.pool == pool && !e.destroyed) {
             Some(i) => i,
             None => {
-                book.push(PoolEntry {
-                    pool,
-                    device,
-                    charged: 0,
-                    inflight: 0,
-                    claimed: 0,
-                    destroyed: false,
-                });
+                book.push(PoolEntry::new(pool, self.held.serial(), device, false));
                 book.len() - 1
             }
         };
+        if book[i].exempt {
+            return None;
+        }
+        // Read under the lock, so no other reading of this pool's figures
+        // can be applied after a later one.
+        let r = self.pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let u = self.pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
         let e = &mut book[i];
         let free = r.saturating_sub(u).saturating_sub(e.claimed);
         let take = free.min(size);
@@ -141,64 +152,87 @@ impl<D: Driver> Base<D> {
             .unwrap_or(u64::MAX);
         e.claimed += take;
         e.inflight += 1;
-        Some(Claim { pool, grow, take })
+        Some(Claim {
+            serial: e.serial,
+            device: e.device,
+            grow,
+            take,
+        })
+    }
+
+    /// Whether allocations from `pool` are host memory (a pool created on
+    /// the host): not charged to any GPU.
+    pub fn pool_exempt(&self, pool: usize) -> bool {
+        self.held
+            .book()
+            .iter()
+            .any(|e| e.pool == pool && !e.destroyed && e.exempt)
     }
 
     /// Step 3 (module docs): settles `claim` after the driver call, and
-    /// applies the change. Where the pool grew by more than the estimate
-    /// and the cap has no room for it, the excess is charged anyway (the
-    /// memory is held) and said once.
-    pub fn pool_settle(&self, claim: Claim) {
-        let r = self.pool_reserved(claim.pool);
+    /// applies the change. `made`: the allocation exists (it now counts as
+    /// one of the pool's live records). `reserved`: the claim's estimate
+    /// is in the budget. Where the pool grew by more than the estimate and
+    /// the cap has no room for it, the excess is charged anyway (the memory
+    /// is held) and said once.
+    pub fn pool_settle(&self, claim: Claim, made: bool, reserved: bool) {
+        let grow = if reserved { claim.grow } else { 0 };
         let change = {
             let mut book = self.held.book();
-            let Some(e) = book
-                .iter_mut()
-                .find(|e| e.pool == claim.pool && !e.destroyed)
-            else {
+            let Some(e) = book.iter_mut().find(|e| e.serial == claim.serial) else {
+                drop(book);
+                // The entry went (never while a claim is in flight, but
+                // the estimate must not stay reserved if it did).
+                let device = CUdevice::from(claim.device);
+                if let (true, Some(slot)) = (grow > 0, self.slot(device)) {
+                    self.release_held(slot, device, grow);
+                }
                 return;
             };
             e.claimed = e.claimed.saturating_sub(claim.take);
             e.inflight = e.inflight.saturating_sub(1);
+            if made {
+                e.live += 1;
+            }
+            let r = if e.destroyed {
+                None
+            } else {
+                self.pool_attr(e.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+            };
             let old = e.charged;
             let new = match r {
                 Some(r) if e.inflight == 0 => r,
                 Some(r) => r.max(old),
-                // Unreadable now: keep the estimate charged.
-                None => old.saturating_add(claim.grow),
+                // Unreadable now: keep what was reserved for it.
+                None => old.saturating_add(grow),
             };
             e.charged = new;
             Change {
                 device: e.device,
                 old,
                 new,
-                reserved: claim.grow,
+                reserved: grow,
             }
         };
         self.apply(change, "a stream-ordered pool");
-    }
-
-    /// Gives an estimate back when the allocation failed or was refused
-    /// (the pool's figure is read again, as it may have shrunk).
-    pub fn pool_cancel(&self, claim: Claim, reserved: bool) {
-        let claim = Claim {
-            grow: if reserved { claim.grow } else { 0 },
-            ..claim
-        };
-        self.pool_settle(claim);
     }
 
     /// Reads pool `pool`'s reserve again and moves its charge to it (never
     /// below, while allocations from it are in flight). False when the pool
     /// is unknown.
     pub fn pool_refresh(&self, pool: usize) -> bool {
-        let r = self.pool_reserved(pool);
+        if !self.counting_held() {
+            return false;
+        }
         let change = {
             let mut book = self.held.book();
-            let Some(e) = book.iter_mut().find(|e| e.pool == pool && !e.destroyed) else {
+            let Some(e) = book
+                .iter_mut()
+                .find(|e| e.pool == pool && !e.destroyed && !e.exempt)
+            else {
                 return false;
             };
-            let Some(r) = r else {
+            let Some(r) = self.pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else {
                 return true;
             };
             let old = e.charged;
@@ -216,11 +250,14 @@ impl<D: Driver> Base<D> {
 
     /// Every known pool on `device` (all devices for `None`) read again.
     pub fn pools_refresh(&self, device: Option<u16>) {
+        if !self.counting_held() {
+            return;
+        }
         let pools: Vec<usize> = self
             .held
             .book()
             .iter()
-            .filter(|e| !e.destroyed && device.is_none_or(|d| d == e.device))
+            .filter(|e| !e.destroyed && !e.exempt && device.is_none_or(|d| d == e.device))
             .map(|e| e.pool)
             .collect();
         for p in pools {
@@ -228,10 +265,11 @@ impl<D: Driver> Base<D> {
         }
     }
 
-    /// `cuMemPoolDestroy` succeeded: the pool's charge becomes `live`, the
-    /// bytes its allocations still held (read before the call); the rest
-    /// is given back.
-    pub fn pool_destroyed(&self, pool: usize, live: u64) {
+    /// `cuMemPoolDestroy` succeeded. Without live allocations its charge
+    /// goes back at once; with some, the driver keeps the pool's memory
+    /// until the last is freed, so the charge stays (at most `reserved`,
+    /// its reserve read before the call) until then.
+    pub fn pool_destroyed(&self, pool: usize, reserved: Option<u64>) {
         let change = {
             let mut book = self.held.book();
             let Some(e) = book.iter_mut().find(|e| e.pool == pool && !e.destroyed) else {
@@ -239,36 +277,44 @@ impl<D: Driver> Base<D> {
             };
             e.destroyed = true;
             let old = e.charged;
-            e.charged = live.min(old);
+            e.charged = if e.live == 0 {
+                0
+            } else {
+                reserved.map_or(old, |r| r.min(old))
+            };
             let c = Change {
                 device: e.device,
                 old,
                 new: e.charged,
                 reserved: 0,
             };
-            book.retain(|e| !(e.destroyed && e.charged == 0));
+            book.retain(|e| !(e.destroyed && e.live == 0 && e.inflight == 0));
             c
         };
         self.apply(change, "a destroyed pool");
     }
 
-    /// A stream-ordered allocation of `bytes` from `pool` was freed. Only a
-    /// destroyed pool's charge changes (module docs).
-    pub fn pool_freed(&self, pool: usize, bytes: u64) {
+    /// A stream-ordered allocation charged through the pool entry `serial`
+    /// was freed: one live record less; a destroyed pool's whole charge
+    /// goes back with its last one (module docs).
+    pub fn pool_freed(&self, serial: u64) {
         let change = {
             let mut book = self.held.book();
-            let Some(e) = book.iter_mut().find(|e| e.pool == pool && e.destroyed) else {
+            let Some(e) = book.iter_mut().find(|e| e.serial == serial) else {
                 return;
             };
-            let old = e.charged;
-            e.charged = old.saturating_sub(bytes);
+            e.live = e.live.saturating_sub(1);
+            if !(e.destroyed && e.live == 0) {
+                return;
+            }
             let c = Change {
                 device: e.device,
-                old,
-                new: e.charged,
+                old: e.charged,
+                new: 0,
                 reserved: 0,
             };
-            book.retain(|e| !(e.destroyed && e.charged == 0));
+            e.charged = 0;
+            book.retain(|e| !(e.destroyed && e.live == 0 && e.inflight == 0));
             c
         };
         self.apply(change, "a destroyed pool");
@@ -280,6 +326,9 @@ impl<D: Driver> Base<D> {
     /// context again (at most every [`CONTEXT_AGAIN`]). The bytes of budget
     /// released, net.
     pub fn reclaim(&self, device: CUdevice) -> u64 {
+        if !self.counting_held() {
+            return 0;
+        }
         let Some(slot) = self.slot(device) else {
             return 0;
         };
@@ -289,7 +338,7 @@ impl<D: Driver> Base<D> {
             .held
             .book()
             .iter()
-            .filter(|e| !e.destroyed && e.device == dev16)
+            .filter(|e| !e.destroyed && !e.exempt && e.device == dev16)
             .map(|e| e.pool)
             .collect();
         if !pools.is_empty() && !self.capture_in_progress() {
@@ -300,7 +349,8 @@ impl<D: Driver> Base<D> {
                 // A threshold at or past the reserve keeps everything: no
                 // call (the real driver trims a pool asked to keep
                 // UINT64_MAX bytes to nothing, measured on the H200).
-                if let (Ok(t), Some(r)) = (t, self.pool_reserved(p))
+                if let (Ok(t), Some(r)) =
+                    (t, self.pool_attr(p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT))
                     && t < r
                 {
                     let _ = self.driver.mem_pool_trim_to(p, t);
@@ -355,18 +405,41 @@ impl<D: Driver> Base<D> {
 
     /// Moves the device's graph charge to its graph reserve.
     pub fn graphs_refresh(&self, device: CUdevice) -> Option<u64> {
+        self.graphs_settle(device, 0)
+    }
+
+    /// [`Base::graphs_refresh`], where `reserved` more bytes are in the
+    /// budget for the device's graph memory (an upload's or launch's
+    /// admission): they become part of the move, so the room they kept is
+    /// never open to another allocation in between.
+    pub fn graphs_settle(&self, device: CUdevice, reserved: u64) -> Option<u64> {
         if self.settings.counting != Counting::Held {
             return None;
         }
         let slot = self.slot(device)?;
-        let r = self
-            .driver
-            .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
-            .ok()?;
-        // One writer at a time is not needed: the swap makes each change
-        // a difference of two values the word really held.
-        let old = slot.graphs.swap(r, Ordering::AcqRel);
-        self.apply_raw(slot, device, old, r, "graph memory");
+        // Read and swap under one lock: an older reading is never applied
+        // after a newer one. The budget moves after it (additions commute).
+        let (old, r) = {
+            let _g = self.held.graph_lock();
+            let Ok(r) = self
+                .driver
+                .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+            else {
+                drop(_g);
+                if reserved > 0 {
+                    self.release_held(slot, device, reserved);
+                }
+                return None;
+            };
+            (slot.graphs.swap(r, Ordering::AcqRel), r)
+        };
+        self.apply_raw(
+            slot,
+            device,
+            old.saturating_add(reserved),
+            r,
+            "graph memory",
+        );
         Some(r)
     }
 
@@ -614,39 +687,57 @@ impl<D: Driver> Base<D> {
         }
         let procs = &procs[..n];
         let pid = std::process::id();
-        let mine = procs
-            .iter()
-            .find(|p| p.0 == pid)
-            .map(|p| p.1)
-            .or_else(|| match procs {
-                // In a container NVML lists host PIDs; with a context, this
-                // process is in the list: the only one, or the only one
-                // holding at least what it is known to hold.
-                [only] => Some(only.1),
-                _ => {
-                    let mut fits = procs.iter().filter(|p| p.1 >= after);
-                    match (fits.next(), fits.next()) {
-                        (Some(p), None) => Some(p.1),
-                        _ => None,
-                    }
+        // NVML's figure, or `u64::MAX` (NVML_VALUE_NOT_AVAILABLE) when it
+        // has none for the process.
+        let known = |used: u64| (used != u64::MAX).then_some(used);
+        if let Some(p) = procs.iter().find(|p| p.0 == pid) {
+            let Some(used) = known(p.1) else {
+                return fallback();
+            };
+            let f = used.saturating_sub(after);
+            log_at!(
+                Debug,
+                "device {device}: NVML shows {used} bytes for the process, {after} counted: context {f}"
+            );
+            return Some(Ok(f));
+        }
+        if self.driver.initial_pid_namespace() {
+            // PIDs are the host's, as NVML's: this process is not listed
+            // (yet), and no other entry can be it.
+            log_at!(
+                Debug,
+                "device {device}: none of NVML's {n} processes is this one ({pid})"
+            );
+            return fallback();
+        }
+        // In a container NVML lists the host's PIDs. This process, which
+        // has a context, is in the list: the only one, or the only one
+        // holding at least what it is known to hold. That is a guess (a
+        // process of another container can be the one listed while NVML
+        // has not caught up with this one), so it stays provisional: it is
+        // measured again and may fall.
+        let guess = match procs {
+            [only] => known(only.1),
+            _ => {
+                let mut fits = procs
+                    .iter()
+                    .filter(|p| known(p.1).is_some_and(|u| u >= after));
+                match (fits.next(), fits.next()) {
+                    (Some(p), None) => Some(p.1),
+                    _ => None,
                 }
-            });
-        match mine {
+            }
+        };
+        match guess {
             Some(used) => {
                 let f = used.saturating_sub(after);
                 log_at!(
                     Debug,
-                    "device {device}: NVML shows {used} bytes for the process, {after} counted: context {f}"
+                    "device {device}: in a container, NVML's process holding {used} bytes taken for this one ({after} counted): context {f}, provisional"
                 );
-                Some(Ok(f))
+                Some(Err(f))
             }
-            None => {
-                log_at!(
-                    Debug,
-                    "device {device}: none of NVML's {n} processes is this one ({pid})"
-                );
-                fallback()
-            }
+            None => fallback(),
         }
     }
 }

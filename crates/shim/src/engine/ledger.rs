@@ -4,7 +4,7 @@
 //! apart so that `base` can own it.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use vramcap_core::MAX_DEVICES;
@@ -39,6 +39,9 @@ pub const NVML_ABSENT: u8 = 2;
 #[derive(Debug, Clone, Copy)]
 pub struct PoolEntry {
     pub pool: usize,
+    /// Unique for the engine's life: records name their entry by it, so a
+    /// destroyed pool's handle reused by a new pool names the new entry.
+    pub serial: u64,
     pub device: u16,
     /// Bytes of the device's budget held for this pool.
     pub charged: u64,
@@ -46,15 +49,36 @@ pub struct PoolEntry {
     pub inflight: u32,
     /// Bytes of its free reserve that allocations in flight count on.
     pub claimed: u64,
-    /// Destroyed: `charged` is what its live allocations held then, given
-    /// back as they are freed.
+    /// Live allocations charged through it.
+    pub live: u64,
+    /// Destroyed: `charged` stays until its last allocation is freed.
     pub destroyed: bool,
+    /// A pool of host memory: nothing charged.
+    pub exempt: bool,
+}
+
+impl PoolEntry {
+    pub fn new(pool: usize, serial: u64, device: u16, exempt: bool) -> PoolEntry {
+        PoolEntry {
+            pool,
+            serial,
+            device,
+            charged: 0,
+            inflight: 0,
+            claimed: 0,
+            live: 0,
+            destroyed: false,
+            exempt,
+        }
+    }
 }
 
 /// An allocation's claim on its pool, between estimate and settling.
 #[derive(Debug, Clone, Copy)]
 pub struct Claim {
-    pub pool: usize,
+    /// The pool's entry.
+    pub serial: u64,
+    pub device: u16,
     /// The estimate reserved in the budget.
     pub grow: u64,
     /// What it took from the pool's free reserve.
@@ -74,6 +98,11 @@ pub struct Change {
 
 pub struct Held {
     pub pools: Mutex<Vec<PoolEntry>>,
+    /// The next [`PoolEntry::serial`].
+    pub next_serial: AtomicU64,
+    /// Serialises reading a device's graph reserve with moving its charge,
+    /// so an older reading is never applied after a newer one.
+    pub graphs: Mutex<()>,
     /// Per device: bytes of the own budget that the group's could not take
     /// when a measured figure rose past the group's cap (released from the
     /// own budget only).
@@ -105,6 +134,8 @@ impl Held {
     pub fn new() -> Held {
         Held {
             pools: Mutex::new(Vec::new()),
+            next_serial: AtomicU64::new(1),
+            graphs: Mutex::new(()),
             owed: [const { AtomicU64::new(0) }; MAX_DEVICES],
             measured_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
             tried_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
@@ -129,19 +160,25 @@ impl Held {
             .map(|e| e.device)
     }
 
-    /// Enters a pool made with `cuMemPoolCreate` on `device`.
-    pub fn created(&self, pool: usize, device: u16) {
+    /// A fresh [`PoolEntry::serial`].
+    pub fn serial(&self) -> u64 {
+        self.next_serial.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Enters a pool made with `cuMemPoolCreate`, on `device` or, for
+    /// `exempt`, of host memory.
+    pub fn created(&self, pool: usize, device: u16, exempt: bool) {
+        let serial = self.serial();
         let mut book = self.book();
-        book.retain(|e| !(e.pool == pool && e.destroyed && e.charged == 0));
         if !book.iter().any(|e| e.pool == pool && !e.destroyed) {
-            book.push(PoolEntry {
-                pool,
-                device,
-                charged: 0,
-                inflight: 0,
-                claimed: 0,
-                destroyed: false,
-            });
+            book.push(PoolEntry::new(pool, serial, device, exempt));
         }
+    }
+
+    /// The graph lock (see [`Held::graphs`]).
+    pub fn graph_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.graphs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

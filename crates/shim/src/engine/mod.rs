@@ -24,11 +24,12 @@
 //!   atomics. A reservation is a compare-and-swap under the cap.
 //! - Locks: the record maps' shard locks (`records`), one mutex per device
 //!   cache (`cache`), the spill's deferred-free list (`spill`), the book of
-//!   pools (`ledger`, `held`), and `OnceLock`s of values made once. Each is
-//!   held for a map or list operation only, never across `dlopen` or
-//!   `dlsym`, and never two at once: there is no lock order. Only the book
-//!   of pools is held across driver calls, `cuMemPoolGetAttribute` ones,
-//!   which call nothing the shim hooks and never wait on the GPU. The page
+//!   pools and the graph-reserve mutex (`ledger`, `held`), and `OnceLock`s
+//!   of values made once. Each is held for a map or list operation only,
+//!   never across `dlopen` or `dlsym`, and never two at once: there is no
+//!   lock order. Only the book of pools and the graph-reserve mutex are
+//!   held across driver calls, the attribute reads whose figures they
+//!   apply, which call nothing the shim hooks and never wait on the GPU. The page
 //!   and the group membership are made by one thread while others yield
 //!   (`page`, `group`); an allocation that needs the context's first figure
 //!   while another thread measures it sleeps until it is there (`held`).

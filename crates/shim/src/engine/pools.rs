@@ -117,7 +117,8 @@ impl<D: Driver> Engine<D> {
             _ => None,
         };
         if let (Some(pool), Some((ctx, dev)), false) = (through_pool, target, dptr.is_null()) {
-            if size == 0 {
+            if size == 0 || self.pool_exempt(pool) {
+                // A pool of host memory holds nothing on any GPU.
                 return real();
             }
             let device = self.held.pool_device(pool).unwrap_or(dev as u16);
@@ -160,12 +161,12 @@ impl<D: Driver> Engine<D> {
         let mut claim = self.pool_claim(pool, device, bytes)?;
         let mut reserved = self.try_reserve_evicting(dev, claim.grow);
         if let Err(why) = reserved {
-            self.pool_cancel(claim, false);
+            self.pool_settle(claim, false, false);
             self.reclaim(dev);
             claim = self.pool_claim(pool, device, bytes)?;
             reserved = self.try_reserve_evicting(dev, claim.grow);
             if reserved.is_err() {
-                self.pool_cancel(claim, false);
+                self.pool_settle(claim, false, false);
                 // SAFETY: the caller's contract.
                 return Some(unsafe {
                     self.spill_or_refuse(what, dptr, bytes, Request::Async, ctx, dev, why)
@@ -174,10 +175,10 @@ impl<D: Driver> Engine<D> {
         }
         let rc = self.call_with_retry(dev, &mut *real);
         if rc != CUDA_SUCCESS {
-            self.pool_cancel(claim, true);
+            self.pool_settle(claim, false, true);
             return Some(rc);
         }
-        self.pool_settle(claim);
+        self.pool_settle(claim, true, true);
         self.start_worker(); // sees the pool shrink at synchronisations
         // SAFETY: the driver succeeded, so it wrote the pointer.
         let ptr = unsafe { *dptr };
@@ -191,7 +192,7 @@ impl<D: Driver> Engine<D> {
                 exported: false,
                 bytes,
                 ctx,
-                kind: Kind::Async(Some(pool)),
+                kind: Kind::Async(Some(claim.serial)),
             },
         );
         log_at!(
@@ -256,29 +257,38 @@ impl<D: Driver> Engine<D> {
         }
         // SAFETY: on success both were valid for the driver (null checked).
         let (p, props) = unsafe { (pool.as_ref(), props.as_ref()) };
-        if let (Some(p), Some(props)) = (p, props)
-            && props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE
-            && let Ok(dev) = u16::try_from(props.location.id)
-        {
-            self.held.created(*p as usize, dev);
+        if self.settings.counting != Counting::Held {
+            return rc;
+        }
+        if let (Some(p), Some(props)) = (p, props) {
+            match u16::try_from(props.location.id) {
+                Ok(dev) if props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE => {
+                    self.held.created(*p as usize, dev, false)
+                }
+                // Host (and host NUMA) pools hold no GPU memory.
+                _ => self.held.created(*p as usize, 0, true),
+            }
         }
         rc
     }
 
-    /// `cuMemPoolDestroy`: what its allocations still hold stays charged
-    /// until they are freed; the rest is given back (`held.rs`).
+    /// `cuMemPoolDestroy`: a pool with live allocations stays charged
+    /// until the last is freed; one without is given back (`held.rs`).
     pub fn mem_pool_destroy(
         &'static self,
         mut real: impl FnMut() -> CUresult,
         pool: CUmemoryPool,
     ) -> CUresult {
-        let live = self
+        if self.settings.counting != Counting::Held {
+            return real();
+        }
+        let reserved = self
             .driver
-            .mem_pool_attribute(pool as usize, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+            .mem_pool_attribute(pool as usize, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+            .ok();
         let rc = real();
         if rc == CUDA_SUCCESS {
-            // Unreadable: keep the whole charge until its allocations go.
-            self.pool_destroyed(pool as usize, live.unwrap_or(u64::MAX));
+            self.pool_destroyed(pool as usize, reserved);
         }
         rc
     }
@@ -383,8 +393,9 @@ impl<D: Driver> Engine<D> {
     }
 
     /// After an upload or launch of `exec` (admitted with `held` reserved):
-    /// the reservation goes back, the device's graph charge follows its
-    /// graph reserve, and the growth is remembered for the next launch.
+    /// the device's graph charge moves to its graph reserve, the
+    /// reservation folded into the move, and the growth is remembered for
+    /// the next launch.
     fn graph_settle(
         &self,
         device: CUdevice,
@@ -393,10 +404,8 @@ impl<D: Driver> Engine<D> {
         held: Option<(&DeviceSlot, u64)>,
         rc: CUresult,
     ) {
-        if let Some((slot, bytes)) = held {
-            self.release_on(slot, device, bytes);
-        }
-        if let Some(after) = self.graphs_refresh(device)
+        let reserved = held.map_or(0, |(_, bytes)| bytes);
+        if let Some(after) = self.graphs_settle(device, reserved)
             && rc == CUDA_SUCCESS
             && after > before
         {

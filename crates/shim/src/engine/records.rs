@@ -32,10 +32,10 @@ pub enum Kind {
     Device(vramcap_core::cache::Shape),
     Managed,
     /// Stream-ordered (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`), with
-    /// the pool it is charged through (`held.rs`), or `None` when it is
-    /// charged by its own size (`VRAMCAP_COUNT=allocations`, or a pool the
-    /// driver would not describe).
-    Async(Option<usize>),
+    /// the serial of the pool entry it is charged through (`held.rs`), or
+    /// `None` when it is charged by its own size (`VRAMCAP_COUNT=allocations`,
+    /// or a pool the driver would not describe).
+    Async(Option<u64>),
     /// Past the cap, in managed memory kept on the host (see `spill`).
     SpillManaged,
     /// Past the cap, in pinned host memory (the host address).

@@ -185,3 +185,117 @@ fn counting_allocations_only_charges_by_size() {
     assert_eq!(e.slot(0).unwrap().pools.load(Ordering::Relaxed), 0);
     assert_eq!(info(e), (4 * GIB, 4 * GIB));
 }
+
+/// The settings and fake for the context tests below: a 4 GiB cap, the
+/// cache off, the context measured.
+const MEASURED: [(&str, &str); 3] = [
+    ("VRAMCAP_LIMIT", "4GiB"),
+    ("VRAMCAP_CACHE", "off"),
+    ("VRAMCAP_CONTEXT", "auto"),
+];
+
+/// In a container NVML lists host PIDs. With another process on the GPU
+/// the fallback is charged until this one can be told apart (the only one
+/// holding at least what it counts); the guess stays provisional, so it
+/// can fall again.
+#[test]
+fn in_a_container_the_context_is_a_provisional_guess() {
+    let e = engine_with(
+        Fake {
+            context: Some(300 * MIB),
+            container: true,
+            others: vec![(9, 100 * MIB)],
+            ..Fake::default()
+        },
+        &MEASURED,
+    );
+    assert_eq!(
+        info(e).0,
+        4 * GIB - 512 * MIB,
+        "two candidates: the fallback"
+    );
+    let a = alloc(e, GIB).unwrap();
+    assert_eq!(alloc(e, 4 * GIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    let s = e.slot(0).unwrap();
+    assert_eq!(
+        s.context.load(Ordering::Relaxed),
+        300 * MIB,
+        "told apart at the refusal"
+    );
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    e.context_measure(0);
+    assert_eq!(
+        s.context.load(Ordering::Relaxed),
+        512 * MIB,
+        "ambiguous again: back to the fallback, no figure locked in"
+    );
+}
+
+/// Outside a container only this process's PID counts: another process
+/// alone on the list is never taken for it.
+#[test]
+fn in_the_host_namespace_another_pid_is_never_taken_for_this_one() {
+    let e = engine_with(
+        Fake {
+            context: Some(300 * MIB),
+            not_available: true,
+            ..Fake::default()
+        },
+        &MEASURED,
+    );
+    // NVML lists this PID without a figure: the fallback, not 2^64 bytes.
+    assert_eq!(info(e).0, 4 * GIB - 512 * MIB);
+    let a = alloc(e, GIB).unwrap();
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+}
+
+/// `VRAMCAP_COUNT=allocations`: pools are never read, trimmed or charged,
+/// whatever the program does with them.
+#[test]
+fn counting_allocations_never_reads_a_pool() {
+    let e = engine(&[("VRAMCAP_LIMIT", "4GiB"), ("VRAMCAP_COUNT", "allocations")]);
+    let a = alloc_async(e, GIB).unwrap();
+    assert_eq!(used(e), GIB);
+    info(e);
+    let trim = || CUDA_SUCCESS;
+    assert_eq!(
+        e.mem_pool_trim_to(trim, POOL as CUmemoryPool, 0),
+        CUDA_SUCCESS
+    );
+    assert_eq!(used(e), GIB, "no pool charge on top");
+    assert_eq!(
+        e.mem_pool_destroy(|| CUDA_SUCCESS, POOL as CUmemoryPool),
+        CUDA_SUCCESS
+    );
+    assert_eq!(free_async(e, a, GIB), CUDA_SUCCESS);
+    assert_eq!(used(e), 0);
+}
+
+/// A pool destroyed with a live allocation stays charged until it is
+/// freed, and a new pool that gets the same handle is a pool of its own.
+#[test]
+fn a_destroyed_pool_is_charged_until_its_last_allocation_goes() {
+    let e = engine(&[("VRAMCAP_LIMIT", "4GiB"), ("VRAMCAP_CACHE", "off")]);
+    let a = alloc_async(e, GIB).unwrap();
+    let destroy = || {
+        // The driver keeps its memory; a new pool starts empty.
+        *e.driver.pool.lock().unwrap() = (0, 0, 0);
+        CUDA_SUCCESS
+    };
+    assert_eq!(
+        e.mem_pool_destroy(destroy, POOL as CUmemoryPool),
+        CUDA_SUCCESS
+    );
+    assert_eq!(used(e), GIB);
+    let b = alloc_async(e, 512 * MIB).unwrap();
+    assert_eq!(used(e), GIB + 512 * MIB);
+    // The destroyed pool's last allocation: its whole charge goes.
+    assert_eq!(
+        e.mem_free_async(Flavour::Legacy, || CUDA_SUCCESS, a, std::ptr::null_mut()),
+        CUDA_SUCCESS
+    );
+    assert_eq!(used(e), 512 * MIB);
+    // The new pool keeps what is freed, as pools do.
+    assert_eq!(free_async(e, b, 512 * MIB), CUDA_SUCCESS);
+    assert_eq!(used(e), 512 * MIB);
+}

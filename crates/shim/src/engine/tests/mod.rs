@@ -50,6 +50,12 @@ struct Fake {
     pool: Mutex<(u64, u64, u64)>,
     /// What NVML shows for this process beyond `live` and the pool (`None`: NVML lists nobody).
     context: Option<u64>,
+    /// In a container: NVML lists this process under another PID, beside
+    /// `others` (PID, bytes).
+    container: bool,
+    others: Vec<(u32, u64)>,
+    /// NVML has no figure for the process (`NVML_VALUE_NOT_AVAILABLE`).
+    not_available: bool,
 }
 
 /// The fake's one memory pool.
@@ -223,11 +229,22 @@ impl Driver for Fake {
     fn nvml_processes(&self, _device: usize, out: &mut [(u32, u64)]) -> Option<usize> {
         let ctx = self.context?;
         let pool = self.pool.lock().unwrap().0;
-        out[0] = (
-            std::process::id(),
-            self.live.load(Ordering::SeqCst) + pool + ctx,
-        );
-        Some(1)
+        let pid = if self.container {
+            7
+        } else {
+            std::process::id()
+        };
+        out[0] = (pid, self.live.load(Ordering::SeqCst) + pool + ctx);
+        if self.not_available {
+            out[0].1 = u64::MAX;
+        }
+        for (o, p) in out[1..].iter_mut().zip(&self.others) {
+            *o = *p;
+        }
+        Some(1 + self.others.len())
+    }
+    fn initial_pid_namespace(&self) -> bool {
+        !self.container
     }
     fn nvml_init(&self) -> bool {
         let there = self.machine.nvml.is_some() || self.context.is_some();
