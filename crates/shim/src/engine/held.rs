@@ -561,8 +561,13 @@ impl<D: Driver> Base<D> {
             None => None,
             // No real figure: the provisional one while there is none yet.
             Some(Err(f)) => fresh.then_some(f),
-            Some(Ok(f)) if fresh || self.settings.context != ContextCharge::Auto => Some(f),
-            Some(Ok(f)) => Some(f.max(current)),
+            Some(Ok(f)) if self.settings.context != ContextCharge::Auto => Some(f),
+            // A measured figure is charged with room to grow: the driver
+            // loads modules lazily, at a kernel's first launch, outside any
+            // call the shim sees (PyTorch's grew by 92 MiB at its cap on
+            // the H200).
+            Some(Ok(f)) if fresh => Some(with_growth(f)),
+            Some(Ok(f)) => Some(with_growth(f).max(current)),
         };
         if let Some(f) = charge {
             let old = slot.context.swap(f, Ordering::AcqRel);
@@ -735,10 +740,20 @@ impl<D: Driver> Base<D> {
                     Debug,
                     "device {device}: in a container, NVML's process holding {used} bytes taken for this one ({after} counted): context {f}, provisional"
                 );
-                Some(Err(f))
+                Some(Err(with_growth(f)))
             }
             None => fallback(),
         }
+    }
+}
+
+/// A measured footprint with its room to grow ([`CONTEXT_GROWTH`]); none
+/// where there is no footprint at all (NVML shows exactly what is counted).
+fn with_growth(f: u64) -> u64 {
+    if f == 0 {
+        0
+    } else {
+        f.saturating_add(CONTEXT_GROWTH)
     }
 }
 

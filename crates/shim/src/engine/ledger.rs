@@ -17,6 +17,9 @@ pub const POOL_GRANULE: u64 = 32 << 20;
 pub const CONTEXT_EVERY: Duration = Duration::from_secs(1);
 /// The least time between two measurements on the refusal path.
 pub const CONTEXT_AGAIN: Duration = Duration::from_millis(100);
+/// Room a measured context footprint is charged with, for modules the
+/// driver loads later (lazily, at a kernel's first launch).
+pub const CONTEXT_GROWTH: u64 = 128 << 20;
 /// An allocation that would bring the process within this of its cap
 /// measures the context first ([`NEAR_AGAIN`] apart at most).
 pub const NEAR_CAP: u64 = 256 << 20;
