@@ -11,6 +11,7 @@ mod fork;
 mod group;
 mod held;
 mod limit;
+mod live;
 mod paths;
 mod readers;
 mod shim;

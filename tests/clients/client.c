@@ -46,6 +46,16 @@
  *   info                  cuMemGetInfo_v2 -> "info -> RC free=F total=T"
  *   total N               cuDeviceTotalMem_v2 -> "total N -> RC bytes=B"
  *   standin               per device: "standin dev=N used=U peak=P"
+ *   abiversion            vramcap_version() through dlsym(RTLD_DEFAULT)
+ *                         -> "abiversion -> V" (-1: not preloaded)
+ *   setlimit DEV SIZE|max vramcap_set_limit -> "setlimit DEV BYTES -> RC"
+ *                         ("setlimit DEV max -> RC"; RC -1000: missing)
+ *   getlimit DEV          vramcap_get_limit -> "getlimit DEV -> BYTES"
+ *                         ("max" for UINT64_MAX, "missing")
+ *   abistats DEV          vramcap_memory_stats -> "abistats DEV -> RC
+ *                         size=.. limit=.. held=.. allocations=.. pools=..
+ *                         graphs=.. context=.. peak=.. cached=.. refusals=.."
+ *   emptycache            vramcap_empty_cache -> "emptycache -> BYTES"
  *   counts                "counts alloc=A free=F getprocaddress=G alias=X
  *                         sync=S capture=C ipc=I async=Y vmm=V vmm_host=H
  *                         array=R host_bytes=B managed_host_bytes=M
@@ -1938,6 +1948,67 @@ static int command(int argc, char **argv, bool run)
             while ((c = getchar()) != EOF && c != '\n') {
             }
             out("resumed");
+        }
+        return 1;
+    }
+    if (strcmp(cmd, "abiversion") == 0) {
+        if (run) {
+            int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "vramcap_version");
+            out("abiversion -> %d", f ? f() : -1);
+        }
+        return 1;
+    }
+    if (strcmp(cmd, "setlimit") == 0) {
+        NEED(2);
+        int dev = (int)strtol(argv[1], NULL, 10);
+        bool lift = strcmp(argv[2], "max") == 0;
+        uint64_t bytes = lift ? UINT64_MAX : (uint64_t)parse_size(argv[2]);
+        if (!run)
+            return 3;
+        int (*f)(int, uint64_t) =
+            (int (*)(int, uint64_t))dlsym(RTLD_DEFAULT, "vramcap_set_limit");
+        int rc = f ? f(dev, bytes) : -1000;
+        if (lift)
+            out("setlimit %d max -> %d", dev, rc);
+        else
+            out("setlimit %d %llu -> %d", dev, (unsigned long long)bytes, rc);
+        return 3;
+    }
+    if (strcmp(cmd, "getlimit") == 0) {
+        NEED(1);
+        int dev = (int)strtol(argv[1], NULL, 10);
+        if (!run)
+            return 2;
+        uint64_t (*f)(int) = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "vramcap_get_limit");
+        if (!f)
+            out("getlimit %d -> missing", dev);
+        else if (f(dev) == UINT64_MAX)
+            out("getlimit %d -> max", dev);
+        else
+            out("getlimit %d -> %llu", dev, (unsigned long long)f(dev));
+        return 2;
+    }
+    if (strcmp(cmd, "abistats") == 0) {
+        NEED(1);
+        int dev = (int)strtol(argv[1], NULL, 10);
+        if (!run)
+            return 2;
+        uint64_t st[12] = {0};
+        int (*f)(int, uint64_t *, size_t) =
+            (int (*)(int, uint64_t *, size_t))dlsym(RTLD_DEFAULT, "vramcap_memory_stats");
+        int rc = f ? f(dev, st, sizeof st) : -1000;
+        out("abistats %d -> %d size=%llu limit=%llu held=%llu allocations=%llu pools=%llu "
+            "graphs=%llu context=%llu peak=%llu cached=%llu refusals=%llu",
+            dev, rc, (unsigned long long)st[0], (unsigned long long)st[1],
+            (unsigned long long)st[3], (unsigned long long)st[4], (unsigned long long)st[5],
+            (unsigned long long)st[6], (unsigned long long)st[7], (unsigned long long)st[8],
+            (unsigned long long)st[9], (unsigned long long)st[11]);
+        return 2;
+    }
+    if (strcmp(cmd, "emptycache") == 0) {
+        if (run) {
+            int64_t (*f)(void) = (int64_t(*)(void))dlsym(RTLD_DEFAULT, "vramcap_empty_cache");
+            out("emptycache -> %lld", (long long)(f ? f() : -1000));
         }
         return 1;
     }

@@ -149,6 +149,29 @@ enum Command {
         #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_interval)]
         timeout: std::time::Duration,
     },
+    /// Change the cap of running processes: `vramcap limit --pid 4242 2GiB` (SPEC as --limit takes it, or none)
+    Limit {
+        /// Processes to change (repeatable)
+        #[arg(
+            long = "pid",
+            value_name = "PID",
+            required_unless_present = "all",
+            conflicts_with = "all"
+        )]
+        pids: Vec<u32>,
+        /// Every process of this user under the shim
+        #[arg(long)]
+        all: bool,
+        /// Wait until every target holds at most its new cap (exit 1 when the time is up)
+        #[arg(long, value_name = "SECONDS", value_parser = cli::stat::parse_interval)]
+        wait: Option<std::time::Duration>,
+        /// How long to wait for each process to take the change
+        #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_interval)]
+        timeout: std::time::Duration,
+        /// The new cap: 2GiB, 50%, 0=2GiB,1=4GiB, GPU-5ca1ab1e=2GiB, or none
+        #[arg(value_name = "SPEC")]
+        spec: String,
+    },
     /// Print the bytes of a size such as 4GiB (the grammar of --limit amounts)
     Size {
         /// A size: whole or decimal number, then B, K/KB/KiB, M/MB/MiB, G/GB/GiB or T/TB/TiB
@@ -319,6 +342,22 @@ fn main() -> ExitCode {
             .map(ExitCode::from),
         Command::Trim { pids, all, timeout } => cli::stat::stats_dirs(uid)
             .map(|dirs| ExitCode::from(cli::trim::run(&dirs, uid, &pids, all, timeout))),
+        Command::Limit {
+            pids,
+            all,
+            wait,
+            timeout,
+            spec,
+        } => cli::stat::stats_dirs(uid).map(|dirs| {
+            let args = cli::limit::LimitArgs {
+                pids: &pids,
+                all,
+                spec: &spec,
+                timeout,
+                wait,
+            };
+            ExitCode::from(cli::limit::run(&dirs, uid, &args))
+        }),
         Command::Size { size } => print_size(&size),
         Command::Doctor {
             probe: true,

@@ -75,7 +75,12 @@ pub struct Header {
     /// What the process's cap counts (`VRAMCAP_COUNT`): [`COUNTING_HELD`]
     /// or [`COUNTING_ALLOCATIONS`]; 0 in pages of shims before the field.
     pub counting: u64,
-    pub reserved0: [u64; 7],
+    /// Raised by `vramcap limit` after it has written the slots'
+    /// `requested` words; the shim applies them and sets `limit_acks` to
+    /// the value it saw.
+    pub limit_requests: AtomicU64,
+    pub limit_acks: AtomicU64,
+    pub reserved0: [u64; 5],
     /// `VRAMCAP_GROUP`, NUL-padded (empty when none).
     pub group: [u8; GROUP_LEN],
     /// The command line, arguments joined by spaces, NUL-padded, cut to fit.
@@ -128,7 +133,21 @@ pub struct DeviceSlot {
     pub pools: AtomicU64,
     pub graphs: AtomicU64,
     pub context: AtomicU64,
-    pub reserved: [AtomicU64; 12],
+    /// The process's own cap in force ([`crate::budget::NO_CAP`] for none;
+    /// 0 before it is worked out). `budget`'s limit is it made stricter by
+    /// the group's.
+    pub own: AtomicU64,
+    /// The own cap the process started with (what `VRAMCAP_LIMIT` gave it;
+    /// the program may raise its cap up to it, never above).
+    pub ceiling: AtomicU64,
+    /// A new own cap asked for by `vramcap limit`, applied at the next
+    /// round ([`Header::limit_requests`]); 0 for none.
+    pub requested: AtomicU64,
+    /// The device's memory (`cuDeviceTotalMem`), for percentages.
+    pub total: AtomicU64,
+    /// Times the cap was changed while the process ran.
+    pub limit_changes: AtomicU64,
+    pub reserved: [AtomicU64; 7],
 }
 
 /// [`Header::counting`]: everything the process holds on the GPU is capped.
@@ -199,6 +218,11 @@ impl DeviceSlot {
             &self.pools,
             &self.graphs,
             &self.context,
+            &self.own,
+            &self.ceiling,
+            &self.requested,
+            &self.total,
+            &self.limit_changes,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -249,7 +273,9 @@ impl Header {
         self.trim_requests = AtomicU64::new(0);
         self.trim_acks = AtomicU64::new(0);
         self.counting = 0;
-        self.reserved0 = [0; 7];
+        self.limit_requests = AtomicU64::new(0);
+        self.limit_acks = AtomicU64::new(0);
+        self.reserved0 = [0; 5];
         put_text(&mut self.group, group);
         put_text(&mut self.command, command);
         self.reserved = [0; 88];
@@ -463,7 +489,9 @@ mod tests {
             (offset_of!(Header, trim_requests), 56),
             (offset_of!(Header, trim_acks), 64),
             (offset_of!(Header, counting), 72),
-            (offset_of!(Header, reserved0), 80),
+            (offset_of!(Header, limit_requests), 80),
+            (offset_of!(Header, limit_acks), 88),
+            (offset_of!(Header, reserved0), 96),
             (offset_of!(Header, group), 136),
             (offset_of!(Header, command), 200),
             (offset_of!(Header, pod), 712),
@@ -492,7 +520,12 @@ mod tests {
             (offset_of!(DeviceSlot, pools), 136),
             (offset_of!(DeviceSlot, graphs), 144),
             (offset_of!(DeviceSlot, context), 152),
-            (offset_of!(DeviceSlot, reserved), 160),
+            (offset_of!(DeviceSlot, own), 160),
+            (offset_of!(DeviceSlot, ceiling), 168),
+            (offset_of!(DeviceSlot, requested), 176),
+            (offset_of!(DeviceSlot, total), 184),
+            (offset_of!(DeviceSlot, limit_changes), 192),
+            (offset_of!(DeviceSlot, reserved), 200),
         ];
         for (got, want) in s {
             assert_eq!(got, want);

@@ -14,7 +14,7 @@ use vramcap_core::text;
 
 /// The directories of `dirs` that may be used: all of them, or for the
 /// default ones those that are the user's own.
-fn usable(dirs: &StatsDirs) -> Vec<PathBuf> {
+pub fn usable(dirs: &StatsDirs) -> Vec<PathBuf> {
     dirs.dirs
         .iter()
         .filter(|d| {
@@ -26,7 +26,7 @@ fn usable(dirs: &StatsDirs) -> Vec<PathBuf> {
 }
 
 /// The page of `pid` in the first of `dirs` that has it.
-fn find(dirs: &[PathBuf], pid: u32, uid: u32) -> Result<PageMap, String> {
+pub fn find(dirs: &[PathBuf], pid: u32, uid: u32) -> Result<PageMap, String> {
     let mut first = None;
     for d in dirs {
         match map_for_write(d, pid, uid) {

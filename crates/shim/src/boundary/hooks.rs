@@ -167,9 +167,9 @@ mod tests {
     use std::path::PathBuf;
     use std::process::Command;
 
-    /// The built library exports exactly the hooks of this list and
-    /// `dlsym`: nothing else can be interposed by accident, and no hook is
-    /// missing from the exports.
+    /// The built library exports exactly the hooks of this list, `dlsym`
+    /// and the program's C ABI (`abi.rs`): nothing else can be interposed
+    /// by accident, and no hook is missing from the exports.
     #[test]
     fn exported_symbols_are_exactly_the_hooks() {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -199,6 +199,7 @@ mod tests {
             .iter()
             .map(|h| h.name.to_string_lossy().into_owned())
             .chain(["dlsym".to_string()])
+            .chain(super::super::abi::NAMES.iter().map(|n| n.to_string()))
             .collect();
         want.sort();
         assert_eq!(got, want);

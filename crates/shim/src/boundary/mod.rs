@@ -1,5 +1,6 @@
 //! The boundary: everything C sees. The exports (generated from the one
-//! list in `hooks.rs`), the `dlsym` trampoline, the `cuGetProcAddress*`
+//! list in `hooks.rs`), the program's own C ABI (`abi.rs`), the `dlsym`
+//! trampoline, the `cuGetProcAddress*`
 //! and `dlsym` answers, the real libraries' functions, the settings read
 //! once, the process's engine, and the panic boundary around every hook.
 //!
@@ -7,6 +8,7 @@
 //! else [`boundary`] → the engine's handler, with a closure for the real
 //! call → engine → [`RealDriver`] for any other driver function it needs.
 
+pub mod abi;
 mod dlsym;
 mod driver;
 pub mod hooks;

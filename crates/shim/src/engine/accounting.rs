@@ -120,11 +120,25 @@ impl<D: Driver> Base<D> {
         bytes: u64,
         limit: u64,
     ) -> Result<(), Refusal> {
+        // The cap can change while the process runs (`live.rs`): the word
+        // itself decides, read again after the reservation so that one
+        // made against a cap lowered meanwhile is taken back.
+        let limit = slot.budget.limit().unwrap_or(limit);
         slot.budget.try_reserve(bytes, limit).map_err(|r| Refusal {
             used: r.used,
             limit: r.limit,
             group: false,
         })?;
+        if let Some(now) = slot.budget.limit().filter(|&now| now < limit)
+            && slot.budget.used() > now
+        {
+            slot.budget.release(bytes);
+            return Err(Refusal {
+                used: slot.budget.used(),
+                limit: now,
+                group: false,
+            });
+        }
         if let Err(used) = self.group.reserve(device, bytes) {
             slot.budget.release(bytes);
             return Err(Refusal {
@@ -394,6 +408,8 @@ impl<D: Driver> Base<D> {
             slot.set_uuid(bytes);
         }
         let own = self.cap_from(&settings.limit, device, uuid)?;
+        slot.own.store(own, Ordering::Release);
+        slot.ceiling.store(own, Ordering::Release);
         let mut limit = own;
         if settings.group.is_some() {
             // Joining happens here; the group's limit is its first member's.

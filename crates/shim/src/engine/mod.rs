@@ -17,7 +17,8 @@
 //! - `state`: the [`Engine`], which owns all of the above.
 //! - the handlers, by family: `alloc` (plain, pitched and managed memory,
 //!   frees, memory queries), `pools` (stream-ordered), `vmm`, `arrays`,
-//!   `lifecycle` (contexts, captures, IPC), `nvml`.
+//!   `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps changed
+//!   while the program runs).
 //!
 //! # Concurrency
 //! - Budgets, counters, the capture count and every lazily made pointer are
@@ -68,6 +69,7 @@ mod group;
 mod held;
 mod ledger;
 mod lifecycle;
+mod live;
 mod nvml;
 mod page;
 mod pools;
@@ -81,5 +83,6 @@ mod worker;
 mod tests;
 
 pub use self::driver::{Driver, Flavour};
+pub use self::live::{EINVAL, ENODEV};
 pub use self::state::Engine;
 pub use self::worker::reset_after_fork as reset_worker_after_fork;

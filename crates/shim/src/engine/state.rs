@@ -84,22 +84,25 @@ impl<D: Driver> Engine<D> {
             self.start_worker();
         }
         let l = l?;
+        let total = self.driver.device_total_mem(device).unwrap_or(0);
+        s.total.store(total, Ordering::Relaxed);
         s.budget.set_limit(l);
         s.mark_active();
-        let base = if l == NO_CAP {
-            self.driver.device_total_mem(device).unwrap_or(0)
-        } else {
-            l
-        };
+        let base = if l == NO_CAP { total } else { l };
         self.cache
             .set_bound(device as u16, self.settings.cache.resolve(base));
         if self.settings.counting == Counting::Held {
-            // The context exists by now (a CUDA call with one brought us
-            // here); the background thread keeps its figure current.
+            // The background thread keeps the context's figure current.
             self.context_measure(device);
-            self.start_worker();
         }
-        Some(l)
+        // It also answers `vramcap limit`; one asked for before the device
+        // was used applies now.
+        self.start_worker();
+        let asked = s.requested.swap(0, Ordering::AcqRel);
+        if asked != 0 {
+            self.set_own_limit(device, asked);
+        }
+        Some(s.budget.limit().unwrap_or(l))
     }
 
     /// Starts the background thread if it is not running.
@@ -125,6 +128,7 @@ impl<D: Driver> Engine<D> {
             page.header.trim_acks.store(asked, Ordering::Release);
             log_at!(Info, "trim: released {bytes} cached bytes");
         }
+        self.apply_limit_requests();
         self.cache
             .release_idle(&self.base, self.settings.cache_idle);
         self.spill.reap(&self.base);

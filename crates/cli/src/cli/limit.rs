@@ -1,0 +1,229 @@
+//! `vramcap limit`: change the caps of running processes. For each GPU a
+//! process uses, the new own cap (the `VRAMCAP_LIMIT` grammar resolved for
+//! that GPU: its index, its UUID, a percentage of its memory) goes into the
+//! slot's `requested` word; then the header's `limit_requests` is raised
+//! and the shim's background thread applies it within a tick (100 ms) and
+//! acknowledges (see the shim's `engine/live.rs`).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::limit::{Amount, LIMIT_VAR, LimitSpec, parse_limit};
+use vramcap_core::page::{FLAG_ACTIVE, Page, uuid_text};
+use vramcap_core::{human_bytes, text};
+
+use super::stat::StatsDirs;
+use super::trim::{find, usable};
+use crate::read::{Bounds, Scope, Users, read_sources};
+
+/// What the SPEC asks for.
+pub enum Want {
+    /// `none`: lift the cap.
+    Lift,
+    Spec(LimitSpec),
+}
+
+/// Parses SPEC: `none` or the `VRAMCAP_LIMIT` grammar.
+pub fn parse_want(spec: &str) -> Result<Want, String> {
+    if spec.trim().eq_ignore_ascii_case("none") {
+        return Ok(Want::Lift);
+    }
+    let parsed = parse_limit(spec).map_err(|e| {
+        format!(
+            "{}; SPEC is a cap as {LIMIT_VAR} takes it or none, e.g. vramcap limit --pid 4242 2GiB",
+            e.to_string().replacen(&format!("{LIMIT_VAR}="), "SPEC ", 1)
+        )
+    })?;
+    if parsed.is_unlimited() {
+        return Err(format!(
+            "SPEC {spec:?} names no cap; e.g. vramcap limit --pid 4242 2GiB, or none to lift it"
+        ));
+    }
+    Ok(Want::Spec(parsed))
+}
+
+/// The new own cap of slot `index` (with `uuid` and `total` bytes), or
+/// `None` when SPEC leaves that GPU as it is.
+fn resolve(want: &Want, index: u32, uuid: Option<&str>, total: u64) -> Option<u64> {
+    match want {
+        Want::Lift => Some(NO_CAP),
+        Want::Spec(spec) => match spec.amount_for(index, uuid)? {
+            Amount::Bytes(b) => Some(b.max(1)),
+            a @ Amount::Percent(_) => (total > 0).then(|| a.resolve(total).max(1)),
+        },
+    }
+}
+
+fn shown(limit: u64) -> String {
+    if limit == NO_CAP {
+        "none".to_string()
+    } else {
+        human_bytes(limit)
+    }
+}
+
+/// The options of `vramcap limit`.
+pub struct LimitArgs<'a> {
+    pub pids: &'a [u32],
+    pub all: bool,
+    pub spec: &'a str,
+    /// How long to wait for each process to take the change.
+    pub timeout: Duration,
+    /// With a value: wait until each target holds at most its new cap.
+    pub wait: Option<Duration>,
+}
+
+/// Runs `vramcap limit`; the exit status: 0 when every target took the
+/// change (and, with `--wait`, is under it), 1 when some could not, 2 for a
+/// bad SPEC.
+pub fn run(dirs: &StatsDirs, uid: u32, a: &LimitArgs) -> u8 {
+    let want = match parse_want(a.spec) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("vramcap: {e}");
+            return 2;
+        }
+    };
+    let usable = usable(dirs);
+    let targets: Vec<u32> = if a.all {
+        let scope = Scope {
+            users: Users::Only(uid),
+            private_to: dirs.private_to,
+            bounds: Bounds::DEFAULT,
+        };
+        match read_sources(&dirs.dirs, &scope) {
+            Ok(r) => r.scan.pages.iter().map(|p| p.pid).collect(),
+            Err((dir, e)) => {
+                eprintln!(
+                    "vramcap: cannot read the stats directory {}: {e}",
+                    text::path(&dir)
+                );
+                return 1;
+            }
+        }
+    } else {
+        a.pids.to_vec()
+    };
+    if targets.is_empty() {
+        let shown: Vec<String> = dirs.dirs.iter().map(|d| text::path(d)).collect();
+        println!("no processes under vramcap in {}", shown.join(", "));
+        return 0;
+    }
+    let mut failed = false;
+    for pid in targets {
+        match change(&usable, uid, pid, &want, a) {
+            Ok(lines) => {
+                for l in lines {
+                    println!("{l}");
+                }
+            }
+            Err(e) => {
+                eprintln!("vramcap: {e}");
+                failed = true;
+            }
+        }
+    }
+    u8::from(failed)
+}
+
+/// Changes one process's caps; its report lines.
+fn change(
+    dirs: &[std::path::PathBuf],
+    uid: u32,
+    pid: u32,
+    want: &Want,
+    a: &LimitArgs,
+) -> Result<Vec<String>, String> {
+    let map = find(dirs, pid, uid)?;
+    let page = map.page();
+    // (slot, old cap in force, new own cap)
+    let mut asked = Vec::new();
+    for (i, s) in page.slots.iter().enumerate() {
+        if s.flags.load(Ordering::Relaxed) & FLAG_ACTIVE == 0 {
+            continue;
+        }
+        let uuid = uuid_text(&s.uuid_bytes());
+        let Some(new) = resolve(
+            want,
+            i as u32,
+            uuid.as_deref(),
+            s.total.load(Ordering::Relaxed),
+        ) else {
+            continue;
+        };
+        let old = s.budget.limit().unwrap_or(NO_CAP);
+        s.requested.store(new, Ordering::Release);
+        asked.push((i, old, new));
+    }
+    if asked.is_empty() {
+        return Err(format!(
+            "{pid}: SPEC {:?} names no GPU this process uses",
+            a.spec
+        ));
+    }
+    let ticket = page.header.limit_requests.fetch_add(1, Ordering::AcqRel) + 1;
+    let start = Instant::now();
+    while page.header.limit_acks.load(Ordering::Acquire) < ticket {
+        if map.shrank() {
+            return Err(format!(
+                "{pid}: its page was truncated while limit waited for an answer; nothing more can be asked of it"
+            ));
+        }
+        if start.elapsed() >= a.timeout {
+            return Err(format!(
+                "{pid} did not take the change within {:.1}s (it is not running, or its background thread is not); its cap is unchanged until it does",
+                a.timeout.as_secs_f64()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if let Some(wait) = a.wait {
+        let start = Instant::now();
+        while !under(page, &asked) {
+            if map.shrank() || start.elapsed() >= wait {
+                let mut lines = report(pid, page, &asked);
+                lines.push(format!(
+                    "{pid}: still over its new cap after {:.1}s",
+                    wait.as_secs_f64()
+                ));
+                return Err(lines.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(report(pid, page, &asked))
+}
+
+/// Whether every changed GPU holds at most its cap in force.
+fn under(page: &Page, asked: &[(usize, u64, u64)]) -> bool {
+    asked.iter().all(|&(i, _, _)| {
+        let s = &page.slots[i];
+        s.budget.used() <= s.budget.limit().unwrap_or(NO_CAP)
+    })
+}
+
+/// One line per changed GPU: old and new cap, what the process holds.
+fn report(pid: u32, page: &Page, asked: &[(usize, u64, u64)]) -> Vec<String> {
+    asked
+        .iter()
+        .map(|&(i, old, _)| {
+            let s = &page.slots[i];
+            let now = s.budget.limit().unwrap_or(NO_CAP);
+            let held = s.budget.used();
+            let mut line = format!(
+                "{pid} gpu {i}: limit {} -> {}, holds {}",
+                shown(old),
+                shown(now),
+                human_bytes(held)
+            );
+            if held > now {
+                line.push_str(&format!(
+                    ", over the new cap by {}: new allocations are refused until it frees",
+                    human_bytes(held - now)
+                ));
+            }
+            line
+        })
+        .collect()
+}

@@ -1,0 +1,158 @@
+//! Caps that change while the program runs: from outside (`vramcap limit`
+//! writes a slot's `requested` word and raises the header's
+//! `limit_requests`; the background thread applies it within a tick and
+//! acknowledges) and from inside (the C ABI of `boundary/abi.rs`, which
+//! calls [`Engine::set_limit_from_program`]).
+//!
+//! A change sets the process's own cap (`slot.own`); the cap in force
+//! (`slot.budget`'s limit) is it made stricter by the group's. The cap word
+//! decides every reservation, read again after it (`accounting.rs`), so a
+//! reservation made against a cap lowered at the same moment is taken back:
+//! once a change is applied, no new reservation passes the new cap. What
+//! the process holds already is not touched: lowered below it, the shim
+//! gives back cached blocks, and new allocations spill (with spill on) or
+//! are refused until the process is under the new cap again.
+//!
+//! Who may raise: from outside, anyone who may write the page (its owner,
+//! or root); from inside, up to the cap the process started with
+//! (`slot.ceiling`, what its operator set), never above.
+
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+
+use vramcap_core::MAX_DEVICES;
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::page::DeviceSlot;
+
+use super::cuda::CUdevice;
+use super::driver::Driver;
+use super::state::Engine;
+use crate::log::{log_at, log_once};
+
+/// `-EINVAL`, `-ENODEV`, `-EPERM` as the C ABI answers them.
+pub const EINVAL: c_int = -libc::EINVAL;
+pub const ENODEV: c_int = -libc::ENODEV;
+const EPERM: c_int = -libc::EPERM;
+
+impl<D: Driver> Engine<D> {
+    /// Sets the own cap of `device` (resolved) to `own` ([`NO_CAP`]: none)
+    /// and says what it did; (old, new) caps in force, or `None` when the
+    /// device's cap is not worked out yet.
+    pub fn set_own_limit(&self, device: CUdevice, own: u64) -> Option<(u64, u64)> {
+        let s = self.slot(device)?;
+        let old = s.budget.limit()?;
+        let new = own.min(self.group_cap(device)).max(1);
+        s.own.store(own, Ordering::Release);
+        s.budget.set_limit(new);
+        DeviceSlot::add(&s.limit_changes, 1);
+        let total = s.total.load(Ordering::Relaxed);
+        let base = if new == NO_CAP { total } else { new };
+        self.cache
+            .set_bound(device as u16, self.settings.cache.resolve(base));
+        let used = s.budget.used();
+        if used > new {
+            self.cache.evict(&self.base, device as u16, used - new);
+        }
+        let used = s.budget.used();
+        let shown = |b: u64| {
+            if b == NO_CAP {
+                "none".to_string()
+            } else {
+                b.to_string()
+            }
+        };
+        log_at!(
+            Info,
+            "device {device}: cap changed from {} to {} bytes",
+            shown(old),
+            shown(new)
+        );
+        if used > new {
+            log_once!(
+                Warn,
+                "device {device}: the cap is now {new} bytes and the process holds {used}, {} over: new allocations are refused until it frees",
+                used - new
+            );
+        }
+        Some((old, new))
+    }
+
+    /// The background thread's part: applies what `vramcap limit` asked
+    /// for, then acknowledges. A request for a device not used yet stays
+    /// until its cap is worked out (`Engine::limit_of`).
+    pub(super) fn apply_limit_requests(&self) {
+        let page = self.page.get(self.settings);
+        let asked = page.header.limit_requests.load(Ordering::Acquire);
+        if asked == page.header.limit_acks.load(Ordering::Acquire) {
+            return;
+        }
+        for (i, s) in page.slots.iter().enumerate() {
+            if s.budget.limit().is_none() {
+                continue;
+            }
+            let want = s.requested.swap(0, Ordering::AcqRel);
+            if want != 0 {
+                self.set_own_limit(i as CUdevice, want);
+            }
+        }
+        page.header.limit_acks.store(asked, Ordering::Release);
+    }
+
+    /// `vramcap_set_limit(device, bytes)`: `bytes` the new cap
+    /// (`UINT64_MAX`: none), for `device` or, for -1, every device the
+    /// process uses. 0 or a negative errno: `-EINVAL` for zero bytes or a
+    /// device below -1, `-ENODEV` for a device it cannot use (or none used
+    /// yet, for -1), `-EPERM` for a cap above the one it started with.
+    pub fn set_limit_from_program(&'static self, device: c_int, bytes: u64) -> c_int {
+        if bytes == 0 || device < -1 {
+            return EINVAL;
+        }
+        let devices: Vec<CUdevice> = if device == -1 {
+            let page = self.page.get(self.settings);
+            (0..MAX_DEVICES)
+                .filter(|&i| page.slots[i].budget.limit().is_some())
+                .map(|i| i as CUdevice)
+                .collect()
+        } else {
+            // Works out its cap if the program has not used it yet.
+            if !self.device_exists(device) || self.limit_of(device).is_none() {
+                return ENODEV;
+            }
+            vec![device]
+        };
+        if devices.is_empty() {
+            return ENODEV;
+        }
+        // Checked for all before any changes.
+        for &d in &devices {
+            let Some(s) = self.slot(d) else {
+                return ENODEV;
+            };
+            let ceiling = s.ceiling.load(Ordering::Acquire);
+            if bytes > ceiling {
+                log_once!(
+                    Warn,
+                    "vramcap_set_limit: {bytes} bytes on device {d} is above the {ceiling}-byte cap the process started with (VRAMCAP_LIMIT); a program may lower its cap and raise it back, never above that: refused with -EPERM"
+                );
+                return EPERM;
+            }
+        }
+        for d in devices {
+            self.set_own_limit(d, bytes);
+        }
+        0
+    }
+}
+
+impl<D: Driver> Engine<D> {
+    /// Whether `device` is one the process sees.
+    pub fn device_exists(&self, device: c_int) -> bool {
+        device >= 0 && self.driver.device_count().is_ok_and(|n| device < n)
+    }
+
+    /// `vramcap_empty_cache`: every cached block back to the driver; the
+    /// bytes released.
+    pub fn empty_cache(&self) -> u64 {
+        self.cache.trim_all(&self.base)
+    }
+}

@@ -1,0 +1,190 @@
+//! Caps changed while the program runs (`crates/shim/src/engine/live.rs`):
+//! from inside through the C ABI (`include/vramcap.h`) and from outside
+//! with `vramcap limit`. Exact bytes against the stand-in; one fresh
+//! process per case.
+
+use std::path::Path;
+
+use crate::util::*;
+
+const ONE_GIB: (&str, &str) = ("VRAMCAP_LIMIT", "1GiB");
+const NO_CACHE: (&str, &str) = ("VRAMCAP_CACHE", "off");
+
+/// The program lowers its cap below its start, gets exactly the room it
+/// left, raises it back, may not go above where it started, and reads its
+/// figures.
+#[test]
+fn the_program_lowers_and_raises_its_cap_through_the_c_abi() {
+    client(
+        "procaddr",
+        &[ONE_GIB, NO_CACHE],
+        &[
+            "init", "alloc", "256M", "setlimit", "0", "512M", "info", "fill", "16M", "setlimit",
+            "0", "1G", "fill", "16M", "setlimit", "0", "2G", "setlimit", "0", "max", "getlimit",
+            "0", "abistats", "0", "setlimit", "-2", "256M", "setlimit", "7", "256M", "abiversion",
+            "standin",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        &format!("alloc {} -> 0 #0", 256 * MIB),
+        &format!("setlimit 0 {} -> 0", 512 * MIB),
+        &format!("info -> 0 free={} total={}", 256 * MIB, 512 * MIB),
+        &format!("fill {} -> 16 allocs {} bytes rc=2", 16 * MIB, 256 * MIB),
+        &format!("setlimit 0 {GIB} -> 0"),
+        &format!("fill {} -> 32 allocs {} bytes rc=2", 16 * MIB, 512 * MIB),
+        // Never above the cap it started with.
+        &format!("setlimit 0 {} -> -1", 2 * GIB),
+        "setlimit 0 max -> -1",
+        &format!("getlimit 0 -> {GIB}"),
+        &format!(
+            "abistats 0 -> 0 size=96 limit={GIB} held={GIB} allocations={GIB} pools=0 graphs=0 context=0 peak={GIB} cached=0 refusals=2"
+        ),
+        &format!("setlimit -2 {} -> -22", 256 * MIB),
+        &format!("setlimit 7 {} -> -19", 256 * MIB),
+        "abiversion -> 1",
+        &format!("standin dev=0 used={GIB} peak={GIB}"),
+        "standin dev=1 used=0 peak=0",
+    ]);
+}
+
+/// Lowered below what it holds: cached blocks go back, new allocations
+/// are refused until it frees, then granted; the cache gives back what it
+/// keeps on request.
+#[test]
+fn lowered_below_what_it_holds_the_program_is_refused_until_it_frees() {
+    client(
+        "procaddr",
+        &[ONE_GIB],
+        &[
+            "init", "alloc", "768M", "alloc", "64M", "free", "1", "setlimit", "0", "512M", "alloc",
+            "1M", "free", "0", "alloc", "256M", "emptycache", "abistats", "0",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        &format!("alloc {} -> 0 #0", 768 * MIB),
+        &format!("alloc {} -> 0 #1", 64 * MIB),
+        "free #1 -> 0",
+        &format!("setlimit 0 {} -> 0", 512 * MIB),
+        &format!("alloc {MIB} -> 2"),
+        "free #0 -> 0",
+        &format!("alloc {} -> 0 #2", 256 * MIB),
+        "emptycache -> 0",
+        &format!(
+            "abistats 0 -> 0 size=96 limit={} held={} allocations={} pools=0 graphs=0 context=0 peak={} cached=0 refusals=1",
+            512 * MIB,
+            256 * MIB,
+            256 * MIB,
+            832 * MIB
+        ),
+    ]);
+}
+
+fn limit(dir: &Path, args: &[&str]) -> Ran {
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", dir).arg("limit").args(args);
+    run(cmd)
+}
+
+/// From outside: lowered, the process gets exactly the room left and sees
+/// the new total; raised again, the rest.
+#[test]
+fn vramcap_limit_lowers_and_raises_a_running_process() {
+    let dir = fresh_dir("live-outside");
+    let mut h = held_in(
+        &artefacts().client,
+        &dir,
+        &[ONE_GIB, NO_CACHE],
+        &[
+            "init", "alloc", "256M", "wait", "info", "fill", "16M", "wait", "fill", "16M",
+        ],
+    );
+    let pid = h.pid();
+    let p = pid.to_string();
+    limit(&dir, &["--pid", &p, "512MiB"]).expect_lines(&[&format!(
+        "{pid} gpu 0: limit 1.00 GiB -> 512 MiB, holds 256 MiB"
+    )]);
+    h.resume();
+    h.until("wait");
+    limit(&dir, &["--pid", &p, "1GiB"]).expect_lines(&[&format!(
+        "{pid} gpu 0: limit 512 MiB -> 1.00 GiB, holds 512 MiB"
+    )]);
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+    assert_eq!(
+        lines[lines.len() - 5..],
+        [
+            format!("info -> 0 free={} total={}", 256 * MIB, 512 * MIB),
+            format!("fill {} -> 16 allocs {} bytes rc=2", 16 * MIB, 256 * MIB),
+            "wait".to_string(),
+            "resumed".to_string(),
+            format!("fill {} -> 32 allocs {} bytes rc=2", 16 * MIB, 512 * MIB),
+        ]
+    );
+}
+
+/// Lowered below what it holds: `vramcap limit` says so, `--wait` gives up
+/// with exit 1; `none` lifts the cap from outside; bad input gets its exit
+/// code and one line.
+#[test]
+fn vramcap_limit_reports_over_cap_waits_lifts_and_refuses_bad_input() {
+    let dir = fresh_dir("live-over");
+    let mut h = held_in(
+        &artefacts().client,
+        &dir,
+        &[ONE_GIB, NO_CACHE],
+        &["init", "alloc", "768M", "wait", "alloc", "1M", "wait"],
+    );
+    let pid = h.pid();
+    let p = pid.to_string();
+    let over = format!(
+        "{pid} gpu 0: limit 1.00 GiB -> 512 MiB, holds 768 MiB, over the new cap by 256 MiB: new allocations are refused until it frees"
+    );
+    limit(&dir, &["--pid", &p, "512MiB"]).expect_lines(&[&over]);
+    let ran = limit(&dir, &["--pid", &p, "--wait", "0.2", "512MiB"]);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: {}\n{pid}: still over its new cap after 0.2s\n",
+            over.replace("limit 1.00 GiB", "limit 512 MiB")
+        )
+    );
+    h.resume();
+    h.until("wait");
+    limit(&dir, &["--pid", &p, "none"]).expect_lines(&[&format!(
+        "{pid} gpu 0: limit 512 MiB -> none, holds 768 MiB"
+    )]);
+
+    let ran = limit(&dir, &["--pid", &p, "8XB"]);
+    ran.expect_code(2);
+    assert!(
+        ran.stderr()
+            .starts_with("vramcap: SPEC \"8XB\" is not a valid limit: unknown unit"),
+        "{}",
+        ran.stderr()
+    );
+    assert!(
+        ran.stderr().ends_with(
+            "SPEC is a cap as VRAMCAP_LIMIT takes it or none, e.g. vramcap limit --pid 4242 2GiB\n"
+        ),
+        "{}",
+        ran.stderr()
+    );
+    let ran = limit(&dir, &["--pid", "999999", "1GiB"]);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: no process 999999 under vramcap in {}\n",
+            dir.display()
+        )
+    );
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+    assert_eq!(
+        lines[lines.len() - 3..],
+        [format!("alloc {MIB} -> 2"), "wait".to_string(), "resumed".to_string()]
+    );
+}
