@@ -52,6 +52,7 @@ struct vramcap_stats {
     uint64_t cached;      /* freed blocks kept for reuse (in `allocations`) */
     uint64_t spilled;     /* bytes placed in host memory past the cap */
     uint64_t refusals;    /* allocations refused because of the cap */
+    uint64_t total;       /* the device's memory, without the cap */
 };
 
 /*

@@ -185,6 +185,98 @@ fn vramcap_limit_reports_over_cap_waits_lifts_and_refuses_bad_input() {
     assert!(out.status.success(), "{lines:?}");
     assert_eq!(
         lines[lines.len() - 3..],
-        [format!("alloc {MIB} -> 2"), "wait".to_string(), "resumed".to_string()]
+        [
+            format!("alloc {MIB} -> 2"),
+            "wait".to_string(),
+            "resumed".to_string()
+        ]
     );
+}
+
+/// The Python package through the preloaded library: reads, lowers,
+/// restores with the context manager, refuses a raise above the start, and
+/// says how to start the program when it is not under vramcap.
+#[test]
+fn the_python_package_reads_and_changes_the_cap() {
+    let script = r#"
+import ctypes, sys
+sys.path.insert(0, sys.argv[1])
+import vramcap
+if not vramcap.is_active():
+    print("inactive")
+    try:
+        vramcap.get_limit(0)
+    except vramcap.NotActive as e:
+        print("NotActive:", e)
+    sys.exit(0)
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+print(vramcap.get_limit(0))
+vramcap.set_limit(0, "512MiB")
+print(vramcap.get_limit(0))
+with vramcap.limit(0, 256 << 20):
+    print(vramcap.get_limit(0))
+print(vramcap.get_limit(0))
+try:
+    vramcap.set_limit(0, "2GiB")
+except PermissionError as e:
+    print("PermissionError:", e)
+s = vramcap.memory_stats(0)
+print(s["limit"], s["held"], s["soft_limit"], s["total"])
+print(vramcap.empty_cache())
+"#;
+    let pkg = root().join("python");
+    let mut cmd = shimmed(Path::new("python3"));
+    cmd.env("VRAMCAP_LIMIT", "1GiB")
+        .env("VRAMCAP_STATS", "off")
+        .args(["-c", script])
+        .arg(&pkg);
+    run(cmd).expect_lines(&[
+        &GIB.to_string(),
+        &(512 * MIB).to_string(),
+        &(256 * MIB).to_string(),
+        &(512 * MIB).to_string(),
+        "PermissionError: set_limit(0, '2GiB'): above the cap this process started with (VRAMCAP_LIMIT); a program may lower its cap and raise it back, never above that",
+        &format!("{} 0 None {}", 512 * MIB, 16 * GIB),
+        "0",
+    ]);
+    let mut cmd = bare(Path::new("python3"));
+    cmd.args(["-c", script]).arg(&pkg);
+    run(cmd).expect_lines(&[
+        "inactive",
+        "NotActive: libvramcap.so is not loaded in this process: start it under vramcap, e.g. `vramcap run --limit 8GiB -- python train.py`, or with LD_PRELOAD=/path/to/libvramcap.so",
+    ]);
+}
+
+/// `pip install .` from the repository installs the package, without
+/// network access (the in-tree build backend needs only the standard
+/// library), and the installed package imports.
+#[test]
+fn pip_installs_the_python_package_offline() {
+    let target = fresh_dir("pip-target");
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-index",
+        "--target",
+    ])
+    .arg(&target)
+    .arg(root())
+    .env("PIP_DISABLE_PIP_VERSION_CHECK", "1");
+    let ran = run(cmd);
+    ran.expect_code(0);
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args([
+        "-c",
+        "import vramcap; print(vramcap.is_active(), vramcap.parse_amount('2GiB'))",
+    ])
+    .env("PYTHONPATH", &target)
+    .env_remove("LD_PRELOAD");
+    run(cmd).expect_lines(&[&format!("False {}", 2 * GIB)]);
 }

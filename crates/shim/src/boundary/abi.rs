@@ -38,6 +38,8 @@ pub struct VramcapStats {
     pub cached: u64,
     pub spilled: u64,
     pub refusals: u64,
+    /// The device's memory, as the driver reports it (without the cap).
+    pub total: u64,
 }
 
 const ENOSYS: c_int = -libc::ENOSYS;
@@ -118,6 +120,7 @@ pub unsafe extern "C" fn vramcap_memory_stats(
             cached: s.cached,
             spilled: s.spilled,
             refusals: s.refusals,
+            total: slot.total.load(std::sync::atomic::Ordering::Relaxed),
         };
         // SAFETY: `out` has `size` writable bytes (the caller's contract)
         // and `n` is at most that; the source is a local of at least `n`.

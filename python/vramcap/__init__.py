@@ -1,0 +1,230 @@
+"""Read and change this process's GPU memory caps while it runs.
+
+The functions call the C ABI of ``libvramcap.so`` (``include/vramcap.h``)
+through ctypes. They work when the library is preloaded, that is when the
+program was started with ``vramcap run --limit 8GiB -- python train.py``
+(or ``LD_PRELOAD=/path/to/libvramcap.so``); otherwise :func:`is_active`
+is False and the others raise :class:`NotActive`.
+
+Devices are the indices the process sees (after ``CUDA_VISIBLE_DEVICES``).
+A cap is a number of bytes, or a string as ``VRAMCAP_LIMIT`` takes an
+amount: ``"2GiB"``, ``"512MB"``, ``"50%"`` (of the device's memory);
+``None`` means no cap.
+
+With PyTorch: its caching allocator keeps freed memory reserved, which the
+cap counts. After lowering a cap below what PyTorch holds, call
+``torch.cuda.empty_cache()`` to give back what it keeps, then
+:func:`empty_cache` for what vramcap keeps.
+"""
+
+import ctypes
+import contextlib
+import errno
+import os
+import re
+
+__all__ = [
+    "NotActive",
+    "is_active",
+    "set_limit",
+    "get_limit",
+    "memory_stats",
+    "empty_cache",
+    "limit",
+    "parse_amount",
+]
+
+NO_CAP = (1 << 64) - 1
+ABI_VERSION = 1
+
+_HOW = (
+    "libvramcap.so is not loaded in this process: start it under vramcap, "
+    "e.g. `vramcap run --limit 8GiB -- python train.py`, or with "
+    "LD_PRELOAD=/path/to/libvramcap.so"
+)
+
+
+class NotActive(RuntimeError):
+    """The process does not run under vramcap."""
+
+    def __init__(self):
+        super().__init__(_HOW)
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "size",
+            "limit",
+            "soft_limit",
+            "held",
+            "allocations",
+            "pools",
+            "graphs",
+            "context",
+            "peak",
+            "cached",
+            "spilled",
+            "refusals",
+            "total",
+        )
+    ]
+
+
+def _lib():
+    """The preloaded library's functions, or None."""
+    try:
+        here = ctypes.CDLL(None)
+        version = here.vramcap_version
+    except (OSError, AttributeError):
+        return None
+    version.restype = ctypes.c_int
+    version.argtypes = []
+    if version() < ABI_VERSION:
+        return None
+    here.vramcap_set_limit.restype = ctypes.c_int
+    here.vramcap_set_limit.argtypes = [ctypes.c_int, ctypes.c_uint64]
+    here.vramcap_get_limit.restype = ctypes.c_uint64
+    here.vramcap_get_limit.argtypes = [ctypes.c_int]
+    here.vramcap_memory_stats.restype = ctypes.c_int
+    here.vramcap_memory_stats.argtypes = [
+        ctypes.c_int,
+        ctypes.POINTER(_Stats),
+        ctypes.c_size_t,
+    ]
+    here.vramcap_empty_cache.restype = ctypes.c_int64
+    here.vramcap_empty_cache.argtypes = []
+    return here
+
+
+def _need():
+    lib = _lib()
+    if lib is None:
+        raise NotActive()
+    return lib
+
+
+def _check(rc, what):
+    if rc < 0:
+        code = -rc
+        if code == errno.EPERM:
+            raise PermissionError(
+                f"{what}: above the cap this process started with "
+                "(VRAMCAP_LIMIT); a program may lower its cap and raise it "
+                "back, never above that"
+            )
+        if code == errno.ENODEV:
+            raise ValueError(f"{what}: no such device in this process (or none used yet)")
+        if code == errno.ENOSYS:
+            raise NotActive()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+    return rc
+
+
+def is_active():
+    """True when this process runs under vramcap."""
+    return _lib() is not None
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
+}
+
+
+def parse_amount(text, total=None):
+    """Bytes of an amount as ``VRAMCAP_LIMIT`` takes it: ``"2GiB"`` (units
+    powers of 1024, any case) or ``"50%"`` of ``total`` bytes."""
+    t = str(text).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", t)
+    if m:
+        p = float(m.group(1))
+        if not 0 < p <= 100:
+            raise ValueError(f"{text!r}: a percentage is above 0 and at most 100, e.g. '50%'")
+        if total is None:
+            raise ValueError(f"{text!r}: a percentage needs the device's memory")
+        return max(1, int(total * p / 100))
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)", t)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a size; e.g. '2GiB', '512MiB' or '50%'")
+    n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if n < 1:
+        raise ValueError(f"{text!r}: a cap is at least one byte, e.g. '2GiB'")
+    return int(n)
+
+
+def _devices(device):
+    if not isinstance(device, int) or device < -1:
+        raise ValueError(f"device {device!r}: an index the process sees, or -1 for all")
+    return device
+
+
+def set_limit(device, limit):
+    """Sets the cap of ``device`` (-1: every device in use) to ``limit``:
+    bytes, an amount string, or None for no cap."""
+    lib = _need()
+    device = _devices(device)
+    if limit is None:
+        bytes_ = NO_CAP
+    elif isinstance(limit, str):
+        total = None
+        if limit.strip().endswith("%"):
+            total = memory_stats(0 if device == -1 else device)["total"]
+        bytes_ = parse_amount(limit, total)
+    elif isinstance(limit, int) and limit > 0:
+        bytes_ = min(limit, NO_CAP)
+    else:
+        raise ValueError(f"limit {limit!r}: bytes above 0, a size such as '2GiB', or None")
+    _check(lib.vramcap_set_limit(device, bytes_), f"set_limit({device}, {limit!r})")
+
+
+def get_limit(device):
+    """The cap in force on ``device`` in bytes, or None for no cap."""
+    lib = _need()
+    value = lib.vramcap_get_limit(_devices(device))
+    if value == 0:
+        raise ValueError(f"get_limit({device}): no such device in this process")
+    return None if value == NO_CAP else value
+
+
+def memory_stats(device):
+    """What vramcap counts on ``device``, in bytes: limit (None: no cap),
+    soft_limit, held and its parts (allocations, pools, graphs, context),
+    peak, cached, spilled, refusals (a count) and total (the device's
+    memory without the cap)."""
+    lib = _need()
+    s = _Stats()
+    _check(
+        lib.vramcap_memory_stats(_devices(device), ctypes.byref(s), ctypes.sizeof(s)),
+        f"memory_stats({device})",
+    )
+    out = {name: getattr(s, name) for name, _ in _Stats._fields_ if name != "size"}
+    for k in ("limit", "soft_limit"):
+        if out[k] == NO_CAP:
+            out[k] = None
+    return out
+
+
+def empty_cache():
+    """Gives the blocks vramcap keeps cached back to the driver; the bytes
+    released."""
+    return _check(_need().vramcap_empty_cache(), "empty_cache()")
+
+
+@contextlib.contextmanager
+def limit(device, value):
+    """Sets a cap for the ``with`` block and restores the one before it::
+
+        with vramcap.limit(0, "2GiB"):
+            evaluate(model)
+    """
+    before = get_limit(device)
+    set_limit(device, value)
+    try:
+        yield
+    finally:
+        set_limit(device, before)
