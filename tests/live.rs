@@ -280,3 +280,18 @@ fn pip_installs_the_python_package_offline() {
     .env_remove("LD_PRELOAD");
     run(cmd).expect_lines(&[&format!("False {}", 2 * GIB)]);
 }
+
+/// 16 threads churn allocations under 1 GiB while the cap is lowered to
+/// 256 MiB: from the moment the change is acknowledged (the call
+/// returns), no allocation takes the driver past the new cap.
+#[test]
+fn a_cap_lowered_during_churn_holds_from_the_acknowledgement() {
+    for _ in 0..3 {
+        client(
+            "procaddr",
+            &[ONE_GIB, NO_CACHE],
+            &["init", "churnlimit", "16", "3000", "16M", "256M"],
+        )
+        .expect_lines(&["init -> 0", "churnlimit -> rc=0 past=0 other=0 oom=some"]);
+    }
+}

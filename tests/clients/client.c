@@ -70,6 +70,11 @@
  *   wait                  print "wait", block until a line or EOF arrives on
  *                         stdin, then print "resumed" (lets a test look at
  *                         the process while it holds memory, without sleeps)
+ *   churnlimit T ITERS MAX LOW  the threads below; a quarter of the way
+ *                         the main thread lowers device 0's cap to LOW
+ *                         (vramcap_set_limit) and has the stand-in count
+ *                         charges past LOW from then on
+ *                         -> "churnlimit -> rc=RC past=N other=E oom=some|none"
  *   threads T ITERS MAX   T threads allocating and freeing 1M..MAX
  *                         -> "threads -> ok=A oom=O other=E"
  *   forkbusy T N          T threads allocating and freeing 1M..4M without
@@ -264,6 +269,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -1187,6 +1194,9 @@ static void count_rc(struct worker *w, CUresult rc)
         w->other++;
 }
 
+/* Iterations done by every worker, for churnlimit. */
+static atomic_long g_iterations;
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
@@ -1203,6 +1213,7 @@ static void *worker_main(void *arg)
                 w->other++;
             live[victim] = live[--nlive];
         }
+        atomic_fetch_add(&g_iterations, 1);
         size_t size = (size_t)(xorshift64(&rng) % w->max_mib + 1) * MIB;
         CUdeviceptr p;
         CUresult rc = api.mem_alloc(&p, size);
@@ -1218,6 +1229,54 @@ static void *worker_main(void *arg)
             w->other++;
     }
     return NULL;
+}
+
+/*
+ * churnlimit: the workers of cmd_threads, and meanwhile, once a quarter of
+ * their iterations are done, the main thread lowers device 0's cap to
+ * `low` through vramcap_set_limit and from then on has the stand-in count
+ * every charge that takes the device past `low` (vramcap_standin_watch).
+ */
+static void cmd_churnlimit(long nthreads, long iters, size_t max_size, size_t low)
+{
+    int (*set)(int, uint64_t) =
+        (int (*)(int, uint64_t))dlsym(RTLD_DEFAULT, "vramcap_set_limit");
+    unsigned long (*watch)(int, size_t) =
+        (unsigned long (*)(int, size_t))dlsym(libcuda(), "vramcap_standin_watch");
+    if (set == NULL || watch == NULL) {
+        out("churnlimit -> unavailable");
+        return;
+    }
+    struct worker *w = calloc((size_t)nthreads, sizeof *w);
+    if (w == NULL)
+        die(EXIT_SOFTWARE, "out of memory");
+    CUcontext ctx = NULL;
+    primary_ctx(0, &ctx);
+    atomic_store(&g_iterations, 0);
+    for (long i = 0; i < nthreads; i++) {
+        w[i].index = (unsigned)i;
+        w[i].iters = iters;
+        w[i].max_mib = max_size / MIB;
+        w[i].ctx = ctx;
+        int err = pthread_create(&w[i].thread, NULL, worker_main, &w[i]);
+        if (err != 0)
+            die(EXIT_SOFTWARE, "pthread_create: %s", strerror(err));
+    }
+    while (atomic_load(&g_iterations) < nthreads * iters / 4)
+        sched_yield();
+    int rc = set(0, (uint64_t)low);
+    watch(0, low);
+    unsigned long ok = 0, oom = 0, other = 0;
+    for (long i = 0; i < nthreads; i++) {
+        pthread_join(w[i].thread, NULL);
+        ok += w[i].ok;
+        oom += w[i].oom;
+        other += w[i].other;
+    }
+    unsigned long past = watch(0, 0);
+    free(w);
+    out("churnlimit -> rc=%d past=%lu other=%lu oom=%s", rc, past, other, oom > 0 ? "some" : "none");
+    (void)ok;
 }
 
 static void cmd_threads(long nthreads, long iters, size_t max_size)
@@ -2039,6 +2098,18 @@ static int command(int argc, char **argv, bool run)
         if (run)
             cmd_threads(t, iters, max_size);
         return 4;
+    }
+    if (strcmp(cmd, "churnlimit") == 0) {
+        NEED(4);
+        long t = parse_uint(argv[1], MAX_THREADS, "thread count");
+        long iters = parse_uint(argv[2], 1L << 40, "iteration count");
+        size_t max_size = parse_size(argv[3]);
+        size_t low = parse_size(argv[4]);
+        if (t < 1 || max_size < MIB || low < 1)
+            die(EXIT_USAGE, "churnlimit needs T >= 1, MAXSIZE >= 1M and LOW >= 1");
+        if (run)
+            cmd_churnlimit(t, iters, max_size, low);
+        return 5;
     }
     if (strcmp(cmd, "forkbusy") == 0) {
         NEED(2);

@@ -364,6 +364,8 @@ struct device_state {
     size_t graph_reserved; /* graph memory pool: bytes held (in used) */
     size_t graph_used;     /* bytes of live graph allocations */
     size_t graph_reserved_peak, graph_used_peak;
+    size_t watch;          /* 0, or a limit: see vramcap_standin_watch */
+    unsigned long past_watch; /* charges that took used past watch */
 };
 static struct device_state g_dev[MAX_DEVICES];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -747,6 +749,8 @@ static void charge_locked(int dev, size_t bytes)
     d->used += bytes;
     if (d->used > d->peak)
         d->peak = d->used;
+    if (d->watch != 0 && bytes > 0 && d->used > d->watch)
+        d->past_watch++;
 }
 
 /*
@@ -4757,6 +4761,24 @@ size_t vramcap_standin_peak(int dev)
 size_t vramcap_standin_managed_host(int dev)
 {
     return device_field(dev, offsetof(struct device_state, managed_host));
+}
+
+/*
+ * Test hook: from now on, count every charge of device dev that leaves its
+ * used above `limit` (0 stops watching); returns the count so far and
+ * resets it.
+ */
+unsigned long vramcap_standin_watch(int dev, size_t limit)
+{
+    config();
+    if (!valid_device(dev))
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    unsigned long n = g_dev[dev].past_watch;
+    g_dev[dev].past_watch = 0;
+    g_dev[dev].watch = limit;
+    pthread_mutex_unlock(&g_lock);
+    return n;
 }
 
 int vramcap_standin_contexts(int dev)

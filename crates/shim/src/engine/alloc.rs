@@ -212,6 +212,8 @@ impl<D: Driver> Engine<D> {
             DeviceSlot::add(&slot.cache_misses, 1);
         }
 
+        // Counted in flight until the driver call is settled (`live.rs`).
+        let _inflight = self.inflight.enter();
         let (slot, limit) = match self.try_reserve_evicting(device, estimate) {
             Ok(x) => x,
             Err(why) => {

@@ -61,6 +61,7 @@ impl<D: Driver> Engine<D> {
         let Some((ctx, device)) = self.current() else {
             return real();
         };
+        let _inflight = self.inflight.enter();
         let (slot, limit) = match self.reserve(what, device, estimate) {
             Ok(x) => x,
             Err(rc) => return rc,

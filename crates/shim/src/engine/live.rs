@@ -7,11 +7,13 @@
 //! A change sets the process's own cap (`slot.own`); the cap in force
 //! (`slot.budget`'s limit) is it made stricter by the group's. The cap word
 //! decides every reservation, read again after it (`accounting.rs`), so a
-//! reservation made against a cap lowered at the same moment is taken back:
-//! once a change is applied, no new reservation passes the new cap. What
-//! the process holds already is not touched: lowered below it, the shim
-//! gives back cached blocks, and new allocations spill (with spill on) or
-//! are refused until the process is under the new cap again.
+//! reservation made against a cap lowered at the same moment is taken
+//! back; and a change is acknowledged only once every allocation that may
+//! have read the old cap has finished its driver call ([`InFlight`](super::inflight::InFlight)): from
+//! the acknowledgement on, no allocation takes the driver past the new cap.
+//! What the process holds already is not touched: lowered below it, the
+//! shim gives back cached blocks, and new allocations spill (with spill on)
+//! or are refused until the process is under the new cap again.
 //!
 //! Who may raise: from outside, anyone who may write the page (its owner,
 //! or root); from inside, up to the cap the process started with
@@ -37,13 +39,19 @@ const EPERM: c_int = -libc::EPERM;
 impl<D: Driver> Engine<D> {
     /// Sets the own cap of `device` (resolved) to `own` ([`NO_CAP`]: none)
     /// and says what it did; (old, new) caps in force, or `None` when the
-    /// device's cap is not worked out yet.
-    pub fn set_own_limit(&self, device: CUdevice, own: u64) -> Option<(u64, u64)> {
+    /// device's cap is not worked out yet. With `drain`, returns only once
+    /// no allocation granted under the old cap is still in flight
+    /// ([`InFlight`](super::inflight::InFlight)); a caller inside an allocation (the device's first
+    /// use, when nothing is granted under an older cap yet) passes false.
+    pub fn set_own_limit(&self, device: CUdevice, own: u64, drain: bool) -> Option<(u64, u64)> {
         let s = self.slot(device)?;
         let old = s.budget.limit()?;
         let new = own.min(self.group_cap(device)).max(1);
         s.own.store(own, Ordering::Release);
         s.budget.set_limit(new);
+        if drain {
+            self.inflight.drain();
+        }
         DeviceSlot::add(&s.limit_changes, 1);
         let total = s.total.load(Ordering::Relaxed);
         let base = if new == NO_CAP { total } else { new };
@@ -92,7 +100,7 @@ impl<D: Driver> Engine<D> {
             }
             let want = s.requested.swap(0, Ordering::AcqRel);
             if want != 0 {
-                self.set_own_limit(i as CUdevice, want);
+                self.set_own_limit(i as CUdevice, want, true);
             }
         }
         page.header.limit_acks.store(asked, Ordering::Release);
@@ -138,7 +146,7 @@ impl<D: Driver> Engine<D> {
             }
         }
         for d in devices {
-            self.set_own_limit(d, bytes);
+            self.set_own_limit(d, bytes, true);
         }
         0
     }

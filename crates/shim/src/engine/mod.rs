@@ -6,9 +6,10 @@
 //! tests (`tests.rs`) run it against a fake driver.
 //!
 //! # Parts, bottom up (no module imports one above it)
-//! - `cuda`, `driver`, `records`, `ledger`, `worker`: types, the driver
-//!   trait, the records of live allocations, the book of pools and the
-//!   context's measurement, the background thread.
+//! - `cuda`, `driver`, `records`, `ledger`, `inflight`, `worker`: types,
+//!   the driver trait, the records of live allocations, the book of pools
+//!   and the context's measurement, the allocations in flight, the
+//!   background thread.
 //! - `page`, `group`: the statistics page and the group membership.
 //! - `base` (+ `accounting`, `held`): what every part stands on, the
 //!   budgets, and what a process holds beyond its allocations (pools,
@@ -33,7 +34,9 @@
 //!   apply, which call nothing the shim hooks and never wait on the GPU. The page
 //!   and the group membership are made by one thread while others yield
 //!   (`page`, `group`); an allocation that needs the context's first figure
-//!   while another thread measures it sleeps until it is there (`held`).
+//!   while another thread measures it sleeps until it is there (`held`); a
+//!   cap change waits (yielding) for the allocations in flight under the
+//!   old cap to finish their driver calls (`live`), which never wait on it.
 //! - What allocates: making the engine (first hook), the page and the group
 //!   membership (first use of a device), the check that the limit's device
 //!   keys name GPUs (first use of any device, only when it names devices),
@@ -67,6 +70,7 @@ mod base;
 mod cache;
 mod group;
 mod held;
+mod inflight;
 mod ledger;
 mod lifecycle;
 mod live;

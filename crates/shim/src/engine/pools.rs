@@ -158,6 +158,7 @@ impl<D: Driver> Engine<D> {
         ctx: usize,
     ) -> Option<CUresult> {
         let dev = CUdevice::from(device);
+        let _inflight = self.inflight.enter();
         let mut claim = self.pool_claim(pool, device, bytes)?;
         let mut reserved = self.try_reserve_evicting(dev, claim.grow);
         if let Err(why) = reserved {
@@ -440,6 +441,7 @@ impl<D: Driver> Engine<D> {
         let expect = self.graph_expect(device, key, before);
         let what =
             ["cuGraphLaunch", "cuGraphLaunch_ptsz"][usize::from(flavour == Flavour::PerThread)];
+        let _inflight = self.inflight.enter();
         let held = match self.graph_admit(what, device, expect) {
             Ok(h) => h.map(|s| (s, expect)),
             Err(rc) => return rc,
@@ -553,6 +555,7 @@ impl<D: Driver> Engine<D> {
             "cuGraphInstantiateWithParams",
             "cuGraphInstantiateWithParams_ptsz",
         ][usize::from(flavour == Flavour::PerThread)];
+        let _inflight = self.inflight.enter();
         let held = match self.graph_admit(what, device, expect) {
             Ok(h) => h.map(|s| (s, expect)),
             Err(rc) => {

@@ -14,6 +14,7 @@ use super::base::Base;
 use super::cache::Cache;
 use super::cuda::CUdevice;
 use super::driver::Driver;
+use super::inflight::InFlight;
 use super::records::{Object, Record, Registry, registry};
 use super::spill::Spill;
 use crate::log::log_at;
@@ -38,6 +39,8 @@ pub struct Engine<D: Driver> {
     /// their instantiation was seen (`held.rs`).
     pub(super) graph_growth: Registry<u64>,
     pub(super) graph_size: Registry<u64>,
+    /// Allocations in flight, for cap changes (`live.rs`).
+    pub(super) inflight: InFlight,
 }
 
 impl<D: Driver> Deref for Engine<D> {
@@ -60,6 +63,7 @@ impl<D: Driver> Engine<D> {
             exports: registry(),
             graph_growth: registry(),
             graph_size: registry(),
+            inflight: InFlight::new(),
         }
     }
 
@@ -100,7 +104,7 @@ impl<D: Driver> Engine<D> {
         self.start_worker();
         let asked = s.requested.swap(0, Ordering::AcqRel);
         if asked != 0 {
-            self.set_own_limit(device, asked);
+            self.set_own_limit(device, asked, false);
         }
         Some(s.budget.limit().unwrap_or(l))
     }

@@ -45,6 +45,7 @@ impl<D: Driver> Engine<D> {
             return real(); // host memory: not the device cap's business
         }
         let device = location.id;
+        let _inflight = self.inflight.enter();
         let (slot, _) = match self.reserve("cuMemCreate", device, size as u64) {
             Ok(x) => x,
             Err(rc) => return rc,
