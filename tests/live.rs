@@ -295,3 +295,71 @@ fn a_cap_lowered_during_churn_holds_from_the_acknowledgement() {
         .expect_lines(&["init -> 0", "churnlimit -> rc=0 past=0 other=0 oom=some"]);
     }
 }
+
+/// `vramcap limit --group`: the group's limit changes for every member at
+/// once (the next reservation of each is held to it); percentages and
+/// index keys are refused for a group, whose GPUs are known by UUID.
+#[test]
+fn vramcap_limit_changes_a_groups_budget_for_all_members_at_once() {
+    let dir = fresh_dir("live-group");
+    let env = [ONE_GIB, NO_CACHE, ("VRAMCAP_GROUP", "g")];
+    let mut a = held_in(
+        &artefacts().client,
+        &dir,
+        &env,
+        &["init", "alloc", "256M", "wait", "fill", "16M", "wait"],
+    );
+    let mut b = held_in(
+        &artefacts().client,
+        &dir,
+        &env,
+        &["init", "alloc", "256M", "wait", "alloc", "16M"],
+    );
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", &dir).args(["stat", "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&run(cmd).ok_lines().join("")).unwrap();
+    let uuid = j["groups"][0]["devices"][0]["uuid"]
+        .as_str()
+        .expect("the group's GPU has a UUID")
+        .to_string();
+    limit(&dir, &["--group", "g", "768MiB"]).expect_lines(&[&format!(
+        "group g {uuid}: limit 1.00 GiB -> 768 MiB, holds 512 MiB"
+    )]);
+    a.resume();
+    a.until("wait");
+    // While the first member holds its share, the second is refused.
+    b.resume();
+    let (lines, out) = b.finish();
+    assert!(out.status.success(), "{lines:?}");
+    assert_eq!(lines.last().unwrap(), &format!("alloc {} -> 2", 16 * MIB));
+    let (lines, out) = a.finish();
+    assert!(out.status.success(), "{lines:?}");
+    assert!(
+        lines.contains(&format!(
+            "fill {} -> 16 allocs {} bytes rc=2",
+            16 * MIB,
+            256 * MIB
+        )),
+        "{lines:?}"
+    );
+
+    let ran = limit(&dir, &["--group", "g", "50%"]);
+    ran.expect_code(2);
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: SPEC \"50%\": a group's limit takes a size (the group file does not record its GPUs' memory), e.g. vramcap limit --group g 8GiB\n"
+    );
+    let ran = limit(&dir, &["--group", "g", "1=1GiB"]);
+    ran.expect_code(1);
+    assert!(
+        ran.stderr().contains("names no GPU of group \"g\""),
+        "{}",
+        ran.stderr()
+    );
+    let ran = limit(&dir, &["--group", "nope", "1GiB"]);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!("vramcap: no group \"nope\" in {}\n", dir.display())
+    );
+}

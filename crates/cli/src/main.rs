@@ -155,13 +155,16 @@ enum Command {
         #[arg(
             long = "pid",
             value_name = "PID",
-            required_unless_present = "all",
-            conflicts_with = "all"
+            required_unless_present_any = ["all", "group"],
+            conflicts_with_all = ["all", "group"]
         )]
         pids: Vec<u32>,
         /// Every process of this user under the shim
-        #[arg(long)]
+        #[arg(long, conflicts_with = "group")]
         all: bool,
+        /// A group: its limits change for all its members at once
+        #[arg(long, value_name = "NAME")]
+        group: Option<String>,
         /// Wait until every target holds at most its new cap (exit 1 when the time is up)
         #[arg(long, value_name = "SECONDS", value_parser = cli::stat::parse_interval)]
         wait: Option<std::time::Duration>,
@@ -345,6 +348,7 @@ fn main() -> ExitCode {
         Command::Limit {
             pids,
             all,
+            group,
             wait,
             timeout,
             spec,
@@ -352,6 +356,7 @@ fn main() -> ExitCode {
             let args = cli::limit::LimitArgs {
                 pids: &pids,
                 all,
+                group: group.as_deref(),
                 spec: &spec,
                 timeout,
                 wait,

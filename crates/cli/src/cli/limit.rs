@@ -67,6 +67,8 @@ fn shown(limit: u64) -> String {
 pub struct LimitArgs<'a> {
     pub pids: &'a [u32],
     pub all: bool,
+    /// A group whose limits change (for all its members at once).
+    pub group: Option<&'a str>,
     pub spec: &'a str,
     /// How long to wait for each process to take the change.
     pub timeout: Duration,
@@ -86,6 +88,20 @@ pub fn run(dirs: &StatsDirs, uid: u32, a: &LimitArgs) -> u8 {
         }
     };
     let usable = usable(dirs);
+    if let Some(name) = a.group {
+        return match change_group(&usable, uid, name, &want, a.spec) {
+            Ok(lines) => {
+                for l in lines {
+                    println!("{l}");
+                }
+                0
+            }
+            Err((code, e)) => {
+                eprintln!("vramcap: {e}");
+                code
+            }
+        };
+    }
     let targets: Vec<u32> = if a.all {
         let scope = Scope {
             users: Users::Only(uid),
@@ -226,4 +242,88 @@ fn report(pid: u32, page: &Page, asked: &[(usize, u64, u64)]) -> Vec<String> {
             line
         })
         .collect()
+}
+
+/// Changes group `name`'s limits: each of its GPUs that SPEC names (by
+/// UUID, or its default) at once, in the group file; every member's next
+/// reservation is held to the new limit, and their caps in force follow
+/// within a tick. Its report lines, or the exit status and message.
+fn change_group(
+    dirs: &[std::path::PathBuf],
+    uid: u32,
+    name: &str,
+    want: &Want,
+    spec: &str,
+) -> Result<Vec<String>, (u8, String)> {
+    if !vramcap_core::group::valid_name(name) {
+        return Err((
+            2,
+            format!(
+                "--group {name:?}: a group name is 1 to 63 letters, digits, '.', '_' or '-' (e.g. --group train-42)"
+            ),
+        ));
+    }
+    let mut first = None;
+    let map = dirs
+        .iter()
+        .find_map(|d| match crate::read::map_group_for_write(d, name, uid) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                first.get_or_insert(e);
+                None
+            }
+        })
+        .ok_or_else(|| {
+            (
+                1,
+                first.unwrap_or_else(|| format!("no group {name:?} (no statistics directory)")),
+            )
+        })?;
+    let page = map.page();
+    let mut lines = Vec::new();
+    for (i, d) in page.devices.iter().enumerate() {
+        let (Some(bytes), Some(old)) = (d.uuid_bytes(), d.limit()) else {
+            continue;
+        };
+        let uuid = uuid_text(&bytes);
+        let new = match want {
+            Want::Lift => NO_CAP,
+            // A group's GPUs are known by UUID only: index keys never match.
+            Want::Spec(s) => match s.amount_for(u32::MAX, uuid.as_deref()) {
+                None => continue,
+                Some(Amount::Bytes(b)) => b.max(1),
+                Some(Amount::Percent(_)) => {
+                    return Err((
+                        2,
+                        format!(
+                            "SPEC {spec:?}: a group's limit takes a size (the group file does not record its GPUs' memory), e.g. vramcap limit --group {name} 8GiB"
+                        ),
+                    ));
+                }
+            },
+        };
+        let _ = d.change_limit(new);
+        lines.push(format!(
+            "group {name} {}: limit {} -> {}, holds {}",
+            uuid.unwrap_or_else(|| format!("gpu entry {i}")),
+            shown(old),
+            shown(new),
+            human_bytes(page.used(i))
+        ));
+    }
+    if map.shrank() {
+        return Err((
+            1,
+            format!("group {name:?}: its file was truncated while being changed"),
+        ));
+    }
+    if lines.is_empty() {
+        return Err((
+            1,
+            format!(
+                "SPEC {spec:?} names no GPU of group {name:?} (a group's GPUs are named by UUID, e.g. GPU-5ca1ab1e=8GiB, or a plain size)"
+            ),
+        ));
+    }
+    Ok(lines)
 }

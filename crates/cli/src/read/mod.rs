@@ -54,9 +54,9 @@ mod testpages;
 use std::path::PathBuf;
 
 pub use budget::Bounds;
-pub use groups::GroupSnapshot;
 #[cfg(test)]
 pub use groups::{GroupDeviceSnapshot, MemberSnapshot};
+pub use groups::{GroupSnapshot, map_group_for_write};
 pub use pages::{PageMap, Scan, map_for_write};
 pub use sources::{Reading, Scope, check_source, is_pattern, read_sources};
 

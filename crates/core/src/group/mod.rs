@@ -331,6 +331,27 @@ impl GroupDevice {
         }
     }
 
+    /// Changes the group's limit on this GPU (`u64::MAX`: no cap), once
+    /// set (an entry still being made is left to its maker): every
+    /// member's next reservation on it is held to the new limit. The limit
+    /// before, or `None` when it was not set.
+    pub fn change_limit(&self, limit: u64) -> Option<u64> {
+        let word = if limit >= LOW63 {
+            LIMIT_SET | LOW63
+        } else {
+            LIMIT_SET | limit.max(1)
+        };
+        let old = self
+            .limit
+            .fetch_update(SeqCst, SeqCst, |v| (v != 0).then_some(word))
+            .ok()?;
+        Some(if old & LOW63 == LOW63 {
+            u64::MAX
+        } else {
+            old & LOW63
+        })
+    }
+
     /// Whether the entry is complete: its UUID and limit are written.
     pub fn ready(&self) -> bool {
         self.uuid_bytes().is_some() && self.limit().is_some()

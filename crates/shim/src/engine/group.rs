@@ -477,6 +477,13 @@ impl Membership {
         self.busy(device, |page, seat, i| page.release(i, seat, bytes));
     }
 
+    /// The group's limit on `device` now (`vramcap limit --group` may have
+    /// changed it), or `None` outside a group or before it is attached.
+    pub fn limit_now(&self, device: CUdevice) -> Option<u64> {
+        self.entry(device)
+            .and_then(|(p, _, i)| p.devices[i].limit())
+    }
+
     /// The group's bytes held on `device`, or `None` outside a group.
     pub fn used(&self, device: CUdevice) -> Option<u64> {
         self.entry(device).map(|(p, _, i)| p.used(i))

@@ -106,6 +106,28 @@ impl<D: Driver> Engine<D> {
         page.header.limit_acks.store(asked, Ordering::Release);
     }
 
+    /// The background thread's part for a group: a group limit changed
+    /// (`vramcap limit --group`) becomes this member's cap in force on that
+    /// GPU (its own, made stricter by the group's new one). The group's
+    /// budget itself follows at once: every reservation reads its limit.
+    pub(super) fn follow_group_caps(&self) {
+        if !self.group.configured() {
+            return;
+        }
+        for (i, cap) in self.group_caps.iter().enumerate() {
+            let device = i as CUdevice;
+            let Some(now) = self.group.limit_now(device) else {
+                continue;
+            };
+            if cap.swap(now, Ordering::AcqRel) != now
+                && let Some(s) = self.slot(device)
+            {
+                let own = s.own.load(Ordering::Acquire);
+                self.set_own_limit(device, own, true);
+            }
+        }
+    }
+
     /// `vramcap_set_limit(device, bytes)`: `bytes` the new cap
     /// (`UINT64_MAX`: none), for `device` or, for -1, every device the
     /// process uses. 0 or a negative errno: `-EINVAL` for zero bytes or a

@@ -133,6 +133,7 @@ impl<D: Driver> Engine<D> {
             log_at!(Info, "trim: released {bytes} cached bytes");
         }
         self.apply_limit_requests();
+        self.follow_group_caps();
         self.cache
             .release_idle(&self.base, self.settings.cache_idle);
         self.spill.reap(&self.base);
