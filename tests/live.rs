@@ -38,7 +38,7 @@ fn the_program_lowers_and_raises_its_cap_through_the_c_abi() {
         "setlimit 0 max -> -1",
         &format!("getlimit 0 -> {GIB}"),
         &format!(
-            "abistats 0 -> 0 size=96 limit={GIB} held={GIB} allocations={GIB} pools=0 graphs=0 context=0 peak={GIB} cached=0 refusals=2"
+            "abistats 0 -> 0 size=96 limit={GIB} soft=18446744073709551615 held={GIB} allocations={GIB} pools=0 graphs=0 context=0 peak={GIB} cached=0 refusals=2"
         ),
         &format!("setlimit -2 {} -> -22", 256 * MIB),
         &format!("setlimit 7 {} -> -19", 256 * MIB),
@@ -72,7 +72,7 @@ fn lowered_below_what_it_holds_the_program_is_refused_until_it_frees() {
         &format!("alloc {} -> 0 #2", 256 * MIB),
         "emptycache -> 0",
         &format!(
-            "abistats 0 -> 0 size=96 limit={} held={} allocations={} pools=0 graphs=0 context=0 peak={} cached=0 refusals=1",
+            "abistats 0 -> 0 size=96 limit={} soft=18446744073709551615 held={} allocations={} pools=0 graphs=0 context=0 peak={} cached=0 refusals=1",
             512 * MIB,
             256 * MIB,
             256 * MIB,
@@ -361,5 +361,68 @@ fn vramcap_limit_changes_a_groups_budget_for_all_members_at_once() {
     assert_eq!(
         ran.stderr(),
         format!("vramcap: no group \"nope\" in {}\n", dir.display())
+    );
+}
+
+/// Above the soft limit the cache gives back what passes it and the event
+/// is counted; with spill on, an allocation that would pass it goes to
+/// host memory instead (the cap is the hard limit).
+#[test]
+fn above_the_soft_limit_the_cache_shrinks_and_spill_is_preferred() {
+    let soft = ("VRAMCAP_SOFT_LIMIT", "512MiB");
+    client(
+        "procaddr",
+        &[ONE_GIB, soft],
+        &[
+            "init", "alloc", "256M", "alloc", "128M", "free", "0", "free", "1", "alloc", "400M",
+            "abistats", "0",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        &format!("alloc {} -> 0 #0", 256 * MIB),
+        &format!("alloc {} -> 0 #1", 128 * MIB),
+        "free #0 -> 0",
+        "free #1 -> 0",
+        &format!("alloc {} -> 0 #2", 400 * MIB),
+        &format!(
+            "abistats 0 -> 0 size=96 limit={GIB} soft={} held={} allocations={} pools=0 graphs=0 context=0 peak={} cached=0 refusals=0",
+            512 * MIB,
+            400 * MIB,
+            400 * MIB,
+            // The cache (a quarter of the cap) kept the 128 MiB block; the
+            // 400 MiB allocation took the process to 528 MiB, past the
+            // soft limit, and the cache gave the block back.
+            528 * MIB
+        ),
+    ]);
+    client(
+        "procaddr",
+        &[ONE_GIB, soft, ("VRAMCAP_SPILL", "host")],
+        &[
+            "init", "alloc", "400M", "alloc", "200M", "ptrkind", "1", "alloc", "100M", "ptrkind",
+            "2",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        &format!("alloc {} -> 0 #0", 400 * MIB),
+        &format!("alloc {} -> 0 #1", 200 * MIB),
+        "ptrkind #1 = host",
+        &format!("alloc {} -> 0 #2", 100 * MIB),
+        "ptrkind #2 = device",
+    ]);
+    let ran = client(
+        "procaddr",
+        &[ONE_GIB, ("VRAMCAP_SOFT_LIMIT", "lots")],
+        &["init"],
+    );
+    ran.expect_code(2);
+    assert!(
+        ran.stderr().contains(
+            "VRAMCAP_SOFT_LIMIT=\"lots\" is not valid: expected a soft limit in the grammar of VRAMCAP_LIMIT"
+        ),
+        "{}",
+        ran.stderr()
     );
 }

@@ -53,7 +53,7 @@
  *   getlimit DEV          vramcap_get_limit -> "getlimit DEV -> BYTES"
  *                         ("max" for UINT64_MAX, "missing")
  *   abistats DEV          vramcap_memory_stats -> "abistats DEV -> RC
- *                         size=.. limit=.. held=.. allocations=.. pools=..
+ *                         size=.. limit=.. soft=.. held=.. allocations=.. pools=..
  *                         graphs=.. context=.. peak=.. cached=.. refusals=.."
  *   emptycache            vramcap_empty_cache -> "emptycache -> BYTES"
  *   counts                "counts alloc=A free=F getprocaddress=G alias=X
@@ -2056,9 +2056,10 @@ static int command(int argc, char **argv, bool run)
         int (*f)(int, uint64_t *, size_t) =
             (int (*)(int, uint64_t *, size_t))dlsym(RTLD_DEFAULT, "vramcap_memory_stats");
         int rc = f ? f(dev, st, sizeof st) : -1000;
-        out("abistats %d -> %d size=%llu limit=%llu held=%llu allocations=%llu pools=%llu "
+        out("abistats %d -> %d size=%llu limit=%llu soft=%llu held=%llu allocations=%llu pools=%llu "
             "graphs=%llu context=%llu peak=%llu cached=%llu refusals=%llu",
             dev, rc, (unsigned long long)st[0], (unsigned long long)st[1],
+            (unsigned long long)st[2],
             (unsigned long long)st[3], (unsigned long long)st[4], (unsigned long long)st[5],
             (unsigned long long)st[6], (unsigned long long)st[7], (unsigned long long)st[8],
             (unsigned long long)st[9], (unsigned long long)st[11]);

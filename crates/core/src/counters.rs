@@ -154,6 +154,13 @@ counters! {
     used: u64 = |s| s.budget.used(), json "used_bytes", Gauge "vramcap_gpu_memory_used_bytes" "Bytes the process holds on the GPU as the cap counts them, cached blocks included.";
     /// The highest `used` so far.
     peak: u64 = |s| s.budget.peak(), json "peak_bytes", Gauge "vramcap_gpu_memory_peak_bytes" "Highest vramcap_gpu_memory_used_bytes of the process on the GPU so far.";
+    /// The soft limit (`VRAMCAP_SOFT_LIMIT`); `None` when there is none.
+    soft_limit: Option<u64> = |s| Some(load(&s.soft)).filter(|&v| v != 0 && v != NO_CAP),
+        json "soft_limit_bytes",
+        Gauge "vramcap_gpu_memory_soft_limit_bytes"
+        "Bytes above which the shim trims its cache and prefers spill for the process on the GPU (VRAMCAP_SOFT_LIMIT; no sample when there is none).";
+    /// Times the process went above its soft limit.
+    soft_events: u64 = |s| load(&s.soft_events), json "soft_limit_events", Counter "vramcap_soft_limit_events_total" "Times the process went above its soft limit on the GPU.";
     /// Bytes in freed blocks kept for reuse (part of `used`).
     cached: u64 = |s| load(&s.cached), json "cached_bytes", Gauge "vramcap_gpu_memory_cached_bytes" "Bytes in freed blocks the shim keeps for reuse (part of used).";
     /// Bytes the process's stream-ordered pools keep reserved, their live
@@ -231,6 +238,8 @@ mod tests {
             (&slot.pools, 13),
             (&slot.graphs, 14),
             (&slot.context, 15),
+            (&slot.soft, 16),
+            (&slot.soft_events, 17),
         ];
         for (w, v) in words {
             w.store(v, Ordering::Relaxed);
@@ -243,6 +252,8 @@ mod tests {
             ("limit_bytes", Some(1000)),
             ("used_bytes", Some(150)),
             ("peak_bytes", Some(200)),
+            ("soft_limit_bytes", Some(16)),
+            ("soft_limit_events", Some(17)),
             ("cached_bytes", Some(3)),
             ("pool_bytes", Some(13)),
             ("graph_bytes", Some(14)),

@@ -147,7 +147,11 @@ pub struct DeviceSlot {
     pub total: AtomicU64,
     /// Times the cap was changed while the process ran.
     pub limit_changes: AtomicU64,
-    pub reserved: [AtomicU64; 7],
+    /// The soft limit (`VRAMCAP_SOFT_LIMIT`) in bytes, 0 for none; and the
+    /// times the process went above it.
+    pub soft: AtomicU64,
+    pub soft_events: AtomicU64,
+    pub reserved: [AtomicU64; 5],
 }
 
 /// [`Header::counting`]: everything the process holds on the GPU is capped.
@@ -223,6 +227,8 @@ impl DeviceSlot {
             &self.requested,
             &self.total,
             &self.limit_changes,
+            &self.soft,
+            &self.soft_events,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -525,7 +531,9 @@ mod tests {
             (offset_of!(DeviceSlot, requested), 176),
             (offset_of!(DeviceSlot, total), 184),
             (offset_of!(DeviceSlot, limit_changes), 192),
-            (offset_of!(DeviceSlot, reserved), 200),
+            (offset_of!(DeviceSlot, soft), 200),
+            (offset_of!(DeviceSlot, soft_events), 208),
+            (offset_of!(DeviceSlot, reserved), 216),
         ];
         for (got, want) in s {
             assert_eq!(got, want);

@@ -158,7 +158,7 @@ fn readme_metric_table_is_what_the_exporter_serves() {
             ));
         }
     }
-    assert_eq!(want.len(), 19, "{text}");
+    assert_eq!(want.len(), 21, "{text}");
     let readme = readme();
     let rows: Vec<&str> = readme
         .lines()

@@ -23,6 +23,7 @@ pub const SPILL_VAR: &str = "VRAMCAP_SPILL";
 pub const GROUP_VAR: &str = "VRAMCAP_GROUP";
 pub const SPILL_LIMIT_VAR: &str = "VRAMCAP_SPILL_LIMIT";
 pub const COUNT_VAR: &str = "VRAMCAP_COUNT";
+pub const SOFT_LIMIT_VAR: &str = "VRAMCAP_SOFT_LIMIT";
 pub const CONTEXT_VAR: &str = "VRAMCAP_CONTEXT";
 /// Read by the CLI only: where `vramcap run`/`env` find the shim.
 pub const LIBRARY_VAR: &str = "VRAMCAP_LIBRARY";
@@ -41,6 +42,7 @@ pub const SETTING_VARS: &[&str] = &[
     GROUP_VAR,
     COUNT_VAR,
     CONTEXT_VAR,
+    SOFT_LIMIT_VAR,
     STATS_VAR,
     STATS_DIR_VAR,
     LIBRARY_VAR,
@@ -416,6 +418,9 @@ pub struct Settings {
     pub counting: Counting,
     /// `VRAMCAP_CONTEXT`: how the context's footprint is found.
     pub context: ContextCharge,
+    /// `VRAMCAP_SOFT_LIMIT`: above it the shim trims its cache and prefers
+    /// spill (the `VRAMCAP_LIMIT` grammar; empty: none).
+    pub soft: LimitSpec,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -575,10 +580,19 @@ impl Settings {
             None => ContextCharge::Auto,
             Some(v) => parse_context(&v)?,
         };
+        let soft = match get(SOFT_LIMIT_VAR) {
+            None => LimitSpec::default(),
+            Some(v) => parse_limit(&v).map_err(|_| SettingsError::Other {
+                var: SOFT_LIMIT_VAR,
+                value: v.clone(),
+                expected: "a soft limit in the grammar of VRAMCAP_LIMIT, below the cap (e.g. VRAMCAP_SOFT_LIMIT=6GiB with VRAMCAP_LIMIT=8GiB)",
+            })?,
+        };
         Ok(Settings {
             limit,
             counting,
             context,
+            soft,
             log,
             cuda_library,
             disabled,

@@ -110,7 +110,7 @@ pub unsafe extern "C" fn vramcap_memory_stats(
         let stats = VramcapStats {
             size: n as u64,
             limit: s.limit.unwrap_or(NO_CAP),
-            soft_limit: NO_CAP,
+            soft_limit: s.soft_limit.unwrap_or(NO_CAP),
             held: s.used,
             allocations: s.used.saturating_sub(beyond),
             pools: s.pools,

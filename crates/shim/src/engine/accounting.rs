@@ -410,6 +410,16 @@ impl<D: Driver> Base<D> {
         let own = self.cap_from(&settings.limit, device, uuid)?;
         slot.own.store(own, Ordering::Release);
         slot.ceiling.store(own, Ordering::Release);
+        if !settings.soft.is_unlimited() {
+            // A soft limit that cannot be worked out is none: it only
+            // trims and prefers spill, it never refuses.
+            let soft = self
+                .cap_from(&settings.soft, device, uuid)
+                .unwrap_or(NO_CAP);
+            if soft != NO_CAP {
+                slot.soft.store(soft.min(own), Ordering::Release);
+            }
+        }
         let mut limit = own;
         if settings.group.is_some() {
             // Joining happens here; the group's limit is its first member's.

@@ -74,7 +74,10 @@ impl<D: Driver> Engine<D> {
         let mut reclaimed = false;
         loop {
             match self.reserve_on(slot, device, estimate, limit) {
-                Ok(()) => return Ok((slot, limit)),
+                Ok(()) => {
+                    self.past_soft(slot, device, estimate);
+                    return Ok((slot, limit));
+                }
                 Err(r) => {
                     let need = r.used.saturating_add(estimate).saturating_sub(r.limit);
                     if self.cache.evict(&self.base, device as u16, need) > 0 {
@@ -89,6 +92,71 @@ impl<D: Driver> Engine<D> {
                 }
             }
         }
+    }
+
+    /// After a reservation of `bytes`: above the soft limit the cache gives
+    /// back what passes it, and going above it counts one event.
+    fn past_soft(&self, slot: &DeviceSlot, device: CUdevice, bytes: u64) {
+        let soft = slot.soft.load(std::sync::atomic::Ordering::Relaxed);
+        if soft == 0 {
+            return;
+        }
+        let used = slot.budget.used();
+        if used <= soft {
+            return;
+        }
+        if used.saturating_sub(bytes) <= soft {
+            DeviceSlot::add(&slot.soft_events, 1);
+            log_once!(
+                Info,
+                "device {device}: above the soft limit of {soft} bytes (VRAMCAP_SOFT_LIMIT): the cache gives back what passes it{}",
+                if self.settings.spill == vramcap_core::settings::Spill::Off {
+                    ""
+                } else {
+                    ", and allocations past it spill"
+                }
+            );
+        }
+        self.cache.evict(&self.base, device as u16, used - soft);
+    }
+
+    /// With spill on, an allocation that would take the process above its
+    /// soft limit goes to host memory first; `None` when it does not (no
+    /// soft limit, below it, or spill could not place it).
+    ///
+    /// # Safety
+    /// As [`Engine::capped_alloc`]; `dptr` is non-null.
+    unsafe fn spill_past_soft(
+        &self,
+        what: &'static str,
+        dptr: *mut CUdeviceptr,
+        estimate: u64,
+        request: Request,
+        ctx: usize,
+        device: CUdevice,
+    ) -> Option<CUresult> {
+        if self.settings.spill == vramcap_core::settings::Spill::Off
+            || matches!(request, Request::Pitch { .. })
+        {
+            return None;
+        }
+        let slot = self.slot(device)?;
+        let soft = slot.soft.load(std::sync::atomic::Ordering::Relaxed);
+        if soft == 0 || slot.budget.used().saturating_add(estimate) <= soft {
+            return None;
+        }
+        let flags = match request {
+            Request::Managed(f) => Some(f),
+            _ => None,
+        };
+        let (ptr, record) = self
+            .spill
+            .place(&self.base, what, device, ctx, estimate, flags)?;
+        DeviceSlot::add(&slot.soft_events, 1);
+        // SAFETY: `dptr` is non-null and writable (the caller's contract).
+        unsafe { *dptr = ptr };
+        self.insert(ptr, record);
+        Some(CUDA_SUCCESS)
     }
 
     /// Counts and logs a refusal; the out-of-memory code to return.
@@ -212,6 +280,11 @@ impl<D: Driver> Engine<D> {
             DeviceSlot::add(&slot.cache_misses, 1);
         }
 
+        // SAFETY: `dptr` is non-null (checked above); the caller's contract.
+        let soft = unsafe { self.spill_past_soft(what, dptr, estimate, request, ctx, device) };
+        if let Some(rc) = soft {
+            return rc;
+        }
         // Counted in flight until the driver call is settled (`live.rs`).
         let _inflight = self.inflight.enter();
         let (slot, limit) = match self.try_reserve_evicting(device, estimate) {

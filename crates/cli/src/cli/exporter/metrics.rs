@@ -235,6 +235,8 @@ mod tests {
             peak: 20,
             cached: 3,
             pools: 14,
+            soft_limit: Some(17),
+            soft_events: 18,
             graphs: 15,
             context: 16,
             spilled: 4,
@@ -295,6 +297,6 @@ mod tests {
                 seen.push(name);
             }
         }
-        assert_eq!(seen.len(), 19);
+        assert_eq!(seen.len(), 21);
     }
 }
