@@ -8,8 +8,10 @@
  *
  * Devices are the indices the process sees (after CUDA_VISIBLE_DEVICES).
  * Sizes are bytes; UINT64_MAX means "no cap". Errors are negative errno
- * values. With VRAMCAP_DISABLE=1 every function answers -ENOSYS (or 0 for
- * vramcap_get_limit).
+ * values; -EIO is an internal error. With VRAMCAP_DISABLE=1 every function
+ * answers -ENOSYS (vramcap_version too; 0 for vramcap_get_limit). None of
+ * them is async-signal-safe (vramcap_set_limit waits for allocations in
+ * flight): do not call them from a signal handler.
  */
 #ifndef VRAMCAP_H
 #define VRAMCAP_H
@@ -21,7 +23,7 @@
 extern "C" {
 #endif
 
-/* This ABI's version (1). */
+/* This ABI's version (1), or -ENOSYS with VRAMCAP_DISABLE=1. */
 int vramcap_version(void);
 
 /*
@@ -53,6 +55,8 @@ struct vramcap_stats {
     uint64_t spilled;     /* bytes placed in host memory past the cap */
     uint64_t refusals;    /* allocations refused because of the cap */
     uint64_t total;       /* the device's memory, without the cap */
+    uint64_t own_limit;   /* the process's own cap, before a group's makes it
+                             stricter (UINT64_MAX: none) */
 };
 
 /*

@@ -226,6 +226,11 @@ except PermissionError as e:
 s = vramcap.memory_stats(0)
 print(s["limit"], s["held"], s["soft_limit"], s["total"])
 print(vramcap.empty_cache())
+try:
+    with vramcap.limit(0, "128MiB"):
+        raise KeyError("the block's own error")
+except KeyError as e:
+    print("restored", vramcap.get_limit(0), e)
 "#;
     let pkg = root().join("python");
     let mut cmd = shimmed(Path::new("python3"));
@@ -241,6 +246,7 @@ print(vramcap.empty_cache())
         "PermissionError: set_limit(0, '2GiB'): above the cap this process started with (VRAMCAP_LIMIT); a program may lower its cap and raise it back, never above that",
         &format!("{} 0 None {}", 512 * MIB, 16 * GIB),
         "0",
+        &format!("restored {} \"the block's own error\"", 512 * MIB),
     ]);
     let mut cmd = bare(Path::new("python3"));
     cmd.args(["-c", script]).arg(&pkg);
@@ -425,4 +431,29 @@ fn above_the_soft_limit_the_cache_shrinks_and_spill_is_preferred() {
         "{}",
         ran.stderr()
     );
+}
+
+/// With `VRAMCAP_DISABLE=1` the ABI says so (`-ENOSYS`), so a program (and
+/// the Python package) knows no cap is kept.
+#[test]
+fn a_disabled_shim_answers_enosys() {
+    client(
+        "procaddr",
+        &[ONE_GIB, ("VRAMCAP_DISABLE", "1")],
+        &[
+            "init",
+            "abiversion",
+            "setlimit",
+            "0",
+            "512M",
+            "getlimit",
+            "0",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "abiversion -> -38",
+        &format!("setlimit 0 {} -> -38", 512 * MIB),
+        "getlimit 0 -> 0",
+    ]);
 }

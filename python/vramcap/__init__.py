@@ -68,6 +68,7 @@ class _Stats(ctypes.Structure):
             "spilled",
             "refusals",
             "total",
+            "own_limit",
         )
     ]
 
@@ -140,21 +141,29 @@ def parse_amount(text, total=None):
     """Bytes of an amount as ``VRAMCAP_LIMIT`` takes it: ``"2GiB"`` (units
     powers of 1024, any case) or ``"50%"`` of ``total`` bytes."""
     t = str(text).strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", t)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*%", t, re.ASCII)
     if m:
         p = float(m.group(1))
         if not 0 < p <= 100:
             raise ValueError(f"{text!r}: a percentage is above 0 and at most 100, e.g. '50%'")
-        if total is None:
-            raise ValueError(f"{text!r}: a percentage needs the device's memory")
+        if not total:
+            raise ValueError(
+                f"{text!r}: a percentage needs the device's memory, which is not known here; "
+                "give a size, e.g. '2GiB'"
+            )
         return max(1, int(total * p / 100))
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)", t)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)", t, re.ASCII)
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"{text!r} is not a size; e.g. '2GiB', '512MiB' or '50%'")
-    n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if re.match(r"0[0-9]", m.group(1)):
+        raise ValueError(f"{text!r}: a leading zero is refused (it looks octal); e.g. '8GiB'")
+    # Exact for whole numbers; decimals round down to a byte.
+    whole, _, frac = m.group(1).partition(".")
+    unit = _UNITS[m.group(2).lower()]
+    n = int(whole) * unit + (int(frac) * unit) // (10 ** len(frac)) if frac else int(whole) * unit
     if n < 1:
         raise ValueError(f"{text!r}: a cap is at least one byte, e.g. '2GiB'")
-    return int(n)
+    return n
 
 
 def _devices(device):
@@ -173,9 +182,14 @@ def set_limit(device, limit):
     elif isinstance(limit, str):
         total = None
         if limit.strip().endswith("%"):
-            total = memory_stats(0 if device == -1 else device)["total"]
+            if device == -1:
+                raise ValueError(
+                    f"set_limit(-1, {limit!r}): a percentage is of one device's memory; "
+                    "set each device, e.g. set_limit(0, '50%')"
+                )
+            total = memory_stats(device)["total"]
         bytes_ = parse_amount(limit, total)
-    elif isinstance(limit, int) and limit > 0:
+    elif isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
         bytes_ = min(limit, NO_CAP)
     else:
         raise ValueError(f"limit {limit!r}: bytes above 0, a size such as '2GiB', or None")
@@ -192,20 +206,28 @@ def get_limit(device):
 
 
 def memory_stats(device):
-    """What vramcap counts on ``device``, in bytes: limit (None: no cap),
+    """What vramcap counts on ``device``, in bytes: limit (the cap in
+    force; None: no cap), own_limit (the process's own, before a group's),
     soft_limit, held and its parts (allocations, pools, graphs, context),
     peak, cached, spilled, refusals (a count) and total (the device's
-    memory without the cap)."""
+    memory without the cap). A figure the library does not give is None."""
     lib = _need()
     s = _Stats()
     _check(
         lib.vramcap_memory_stats(_devices(device), ctypes.byref(s), ctypes.sizeof(s)),
         f"memory_stats({device})",
     )
-    out = {name: getattr(s, name) for name, _ in _Stats._fields_ if name != "size"}
-    for k in ("limit", "soft_limit"):
+    # Fields past what this library fills are unknown (an older library).
+    filled = s.size // 8
+    out = {}
+    for i, (name, _) in enumerate(_Stats._fields_):
+        if name != "size":
+            out[name] = getattr(s, name) if i < filled else None
+    for k in ("limit", "soft_limit", "own_limit"):
         if out[k] == NO_CAP:
             out[k] = None
+    if out["total"] == 0:
+        out["total"] = None
     return out
 
 
@@ -217,14 +239,24 @@ def empty_cache():
 
 @contextlib.contextmanager
 def limit(device, value):
-    """Sets a cap for the ``with`` block and restores the one before it::
+    """Sets a cap on one device for the ``with`` block and restores the
+    process's own cap from before it (a group's stricter one stays the
+    group's)::
 
         with vramcap.limit(0, "2GiB"):
             evaluate(model)
     """
-    before = get_limit(device)
+    if not isinstance(device, int) or device < 0:
+        raise ValueError(f"limit({device!r}, ...): one device index, e.g. limit(0, '2GiB')")
+    before = memory_stats(device)["own_limit"]
     set_limit(device, value)
     try:
         yield
-    finally:
-        set_limit(device, before)
+    except BaseException:
+        # The block's error is the one to see; restore as best we can.
+        try:
+            set_limit(device, before)
+        except Exception:  # noqa: BLE001
+            pass
+        raise
+    set_limit(device, before)

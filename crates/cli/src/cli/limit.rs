@@ -26,6 +26,9 @@ pub enum Want {
 
 /// Parses SPEC: `none` or the `VRAMCAP_LIMIT` grammar.
 pub fn parse_want(spec: &str) -> Result<Want, String> {
+    if spec.trim().is_empty() {
+        return Err("SPEC is empty; give a cap as VRAMCAP_LIMIT takes it, or none, e.g. vramcap limit --pid 4242 2GiB".into());
+    }
     if spec.trim().eq_ignore_ascii_case("none") {
         return Ok(Want::Lift);
     }
@@ -178,7 +181,11 @@ fn change(
             a.spec
         ));
     }
-    let ticket = page.header.limit_requests.fetch_add(1, Ordering::AcqRel) + 1;
+    let ticket = page
+        .header
+        .limit_requests
+        .fetch_add(1, Ordering::AcqRel)
+        .wrapping_add(1);
     let start = Instant::now();
     while page.header.limit_acks.load(Ordering::Acquire) < ticket {
         if map.shrank() {
@@ -263,6 +270,21 @@ fn change_group(
             ),
         ));
     }
+    if let Want::Spec(s) = want {
+        let percent = s
+            .default
+            .iter()
+            .chain(s.entries.iter().map(|(_, a)| a))
+            .any(|a| matches!(a, Amount::Percent(_)));
+        if percent {
+            return Err((
+                2,
+                format!(
+                    "SPEC {spec:?}: a group's limit takes a size (the group file does not record its GPUs' memory), e.g. vramcap limit --group {name} 8GiB"
+                ),
+            ));
+        }
+    }
     let mut first = None;
     let map = dirs
         .iter()
@@ -280,7 +302,9 @@ fn change_group(
             )
         })?;
     let page = map.page();
-    let mut lines = Vec::new();
+    // Every GPU resolved before any is changed: a SPEC that is wrong for
+    // one changes none.
+    let mut changes = Vec::new();
     for (i, d) in page.devices.iter().enumerate() {
         let (Some(bytes), Some(old)) = (d.uuid_bytes(), d.limit()) else {
             continue;
@@ -302,7 +326,11 @@ fn change_group(
                 }
             },
         };
-        let _ = d.change_limit(new);
+        changes.push((i, uuid, old, new));
+    }
+    let mut lines = Vec::new();
+    for (i, uuid, old, new) in changes {
+        let _ = page.devices[i].change_limit(new);
         lines.push(format!(
             "group {name} {}: limit {} -> {}, holds {}",
             uuid.unwrap_or_else(|| format!("gpu entry {i}")),

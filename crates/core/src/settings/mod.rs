@@ -585,7 +585,7 @@ impl Settings {
             Some(v) => parse_limit(&v).map_err(|_| SettingsError::Other {
                 var: SOFT_LIMIT_VAR,
                 value: v.clone(),
-                expected: "a soft limit in the grammar of VRAMCAP_LIMIT, below the cap (e.g. VRAMCAP_SOFT_LIMIT=6GiB with VRAMCAP_LIMIT=8GiB)",
+                expected: "a soft limit in the grammar of VRAMCAP_LIMIT, e.g. VRAMCAP_SOFT_LIMIT=6GiB (with VRAMCAP_LIMIT=8GiB)",
             })?,
         };
         Ok(Settings {

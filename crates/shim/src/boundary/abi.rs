@@ -3,8 +3,10 @@
 //! ctypes). A program built without vramcap finds these with
 //! `dlsym(RTLD_DEFAULT, "vramcap_set_limit")` when the library is preloaded.
 //!
-//! Every function runs inside the panic boundary. With `VRAMCAP_DISABLE=1`
-//! they answer `-ENOSYS` (no cap is kept, so none can be changed).
+//! Every function runs inside the panic boundary (an internal error answers
+//! `-EIO`). With `VRAMCAP_DISABLE=1` they answer `-ENOSYS` (no cap is
+//! kept, so none can be changed), `vramcap_get_limit` 0. None is
+//! async-signal-safe: `vramcap_set_limit` waits for allocations in flight.
 
 use std::ffi::c_int;
 
@@ -40,6 +42,9 @@ pub struct VramcapStats {
     pub refusals: u64,
     /// The device's memory, as the driver reports it (without the cap).
     pub total: u64,
+    /// The process's own cap (`UINT64_MAX`: none), before a group's makes
+    /// it stricter: what `vramcap_set_limit` sets and a restore puts back.
+    pub own_limit: u64,
 }
 
 const ENOSYS: c_int = -libc::ENOSYS;
@@ -48,7 +53,7 @@ const EIO: c_int = -libc::EIO;
 /// `int vramcap_version(void)`.
 #[unsafe(no_mangle)]
 pub extern "C" fn vramcap_version() -> c_int {
-    ABI_VERSION
+    if disabled() { ENOSYS } else { ABI_VERSION }
 }
 
 /// `int vramcap_set_limit(int device, uint64_t bytes)`.
@@ -121,6 +126,7 @@ pub unsafe extern "C" fn vramcap_memory_stats(
             spilled: s.spilled,
             refusals: s.refusals,
             total: slot.total.load(std::sync::atomic::Ordering::Relaxed),
+            own_limit: slot.own.load(std::sync::atomic::Ordering::Relaxed),
         };
         // SAFETY: `out` has `size` writable bytes (the caller's contract)
         // and `n` is at most that; the source is a local of at least `n`.

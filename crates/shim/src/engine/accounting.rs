@@ -417,7 +417,7 @@ impl<D: Driver> Base<D> {
                 .cap_from(&settings.soft, device, uuid)
                 .unwrap_or(NO_CAP);
             if soft != NO_CAP {
-                slot.soft.store(soft.min(own), Ordering::Release);
+                slot.soft.store(soft.max(1), Ordering::Release);
             }
         }
         let mut limit = own;

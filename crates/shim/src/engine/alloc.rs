@@ -152,7 +152,6 @@ impl<D: Driver> Engine<D> {
         let (ptr, record) = self
             .spill
             .place(&self.base, what, device, ctx, estimate, flags)?;
-        DeviceSlot::add(&slot.soft_events, 1);
         // SAFETY: `dptr` is non-null and writable (the caller's contract).
         unsafe { *dptr = ptr };
         self.insert(ptr, record);

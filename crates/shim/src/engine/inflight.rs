@@ -39,22 +39,34 @@ impl InFlight {
         }
     }
 
-    /// Counts an allocation in, before it reads the cap.
+    /// Counts an allocation in, before it reads the cap. Counted in the
+    /// epoch it saw, and again in the next if a change moved the epoch in
+    /// between (else a second change right after the first could miss it).
     pub fn enter(&self) -> Pending<'_> {
-        let e = self.epoch.load(Ordering::SeqCst);
-        let c = &self.pending[(e & 1) as usize];
-        c.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        Pending(c)
+        loop {
+            let e = self.epoch.load(Ordering::SeqCst);
+            let c = &self.pending[(e & 1) as usize];
+            c.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if self.epoch.load(Ordering::SeqCst) == e {
+                return Pending(c);
+            }
+            c.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Serialises cap changes: held across reading the caps, storing the
+    /// new ones and [`InFlight::drain`], so no change is lost to another.
+    pub fn changing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.changing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// After a new cap was stored: waits until every allocation that may
     /// have read the old one is done (yielding; each is one driver call).
+    /// The caller holds [`InFlight::changing`].
     pub fn drain(&self) {
-        let _one = self
-            .changing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         fence(Ordering::SeqCst);
         let e = self.epoch.fetch_add(1, Ordering::SeqCst);
         let c = &self.pending[(e & 1) as usize];

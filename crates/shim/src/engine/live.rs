@@ -39,19 +39,30 @@ const EPERM: c_int = -libc::EPERM;
 impl<D: Driver> Engine<D> {
     /// Sets the own cap of `device` (resolved) to `own` ([`NO_CAP`]: none)
     /// and says what it did; (old, new) caps in force, or `None` when the
-    /// device's cap is not worked out yet. With `drain`, returns only once
-    /// no allocation granted under the old cap is still in flight
-    /// ([`InFlight`](super::inflight::InFlight)); a caller inside an allocation (the device's first
-    /// use, when nothing is granted under an older cap yet) passes false.
-    pub fn set_own_limit(&self, device: CUdevice, own: u64, drain: bool) -> Option<(u64, u64)> {
+    /// device's cap is not worked out yet. Returns only once no allocation
+    /// granted under the old cap is still in flight
+    /// ([`InFlight`](super::inflight::InFlight)). Never called from inside
+    /// an allocation: it may wait for them.
+    pub fn set_own_limit(&self, device: CUdevice, own: u64) -> Option<(u64, u64)> {
+        self.change_own_limit(device, |_| own)
+    }
+
+    /// [`Engine::set_own_limit`] to `own(the own cap now)`, read and
+    /// stored under the lock that serialises changes: two changes at once
+    /// (`vramcap limit`, the program, a group's new limit) never lose one.
+    pub fn change_own_limit(
+        &self,
+        device: CUdevice,
+        own: impl FnOnce(u64) -> u64,
+    ) -> Option<(u64, u64)> {
         let s = self.slot(device)?;
+        let _one = self.inflight.changing();
         let old = s.budget.limit()?;
+        let own = own(s.own.load(Ordering::Acquire));
         let new = own.min(self.group_cap(device)).max(1);
         s.own.store(own, Ordering::Release);
         s.budget.set_limit(new);
-        if drain {
-            self.inflight.drain();
-        }
+        self.inflight.drain();
         DeviceSlot::add(&s.limit_changes, 1);
         let total = s.total.load(Ordering::Relaxed);
         let base = if new == NO_CAP { total } else { new };
@@ -86,8 +97,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// The background thread's part: applies what `vramcap limit` asked
-    /// for, then acknowledges. A request for a device not used yet stays
-    /// until its cap is worked out (`Engine::limit_of`).
+    /// for, then acknowledges (it asks only for devices in use).
     pub(super) fn apply_limit_requests(&self) {
         let page = self.page.get(self.settings);
         let asked = page.header.limit_requests.load(Ordering::Acquire);
@@ -100,7 +110,7 @@ impl<D: Driver> Engine<D> {
             }
             let want = s.requested.swap(0, Ordering::AcqRel);
             if want != 0 {
-                self.set_own_limit(i as CUdevice, want, true);
+                self.set_own_limit(i as CUdevice, want);
             }
         }
         page.header.limit_acks.store(asked, Ordering::Release);
@@ -119,11 +129,10 @@ impl<D: Driver> Engine<D> {
             let Some(now) = self.group.limit_now(device) else {
                 continue;
             };
-            if cap.swap(now, Ordering::AcqRel) != now
-                && let Some(s) = self.slot(device)
-            {
-                let own = s.own.load(Ordering::Acquire);
-                self.set_own_limit(device, own, true);
+            if cap.swap(now, Ordering::AcqRel) != now {
+                // The own cap as it is when the change runs (read under
+                // its lock), made stricter by the group's new one.
+                self.change_own_limit(device, |own| own);
             }
         }
     }
@@ -168,7 +177,7 @@ impl<D: Driver> Engine<D> {
             }
         }
         for d in devices {
-            self.set_own_limit(d, bytes, true);
+            self.set_own_limit(d, bytes);
         }
         0
     }

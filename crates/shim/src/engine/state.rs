@@ -99,14 +99,10 @@ impl<D: Driver> Engine<D> {
             // The background thread keeps the context's figure current.
             self.context_measure(device);
         }
-        // It also answers `vramcap limit`; one asked for before the device
-        // was used applies now.
+        // It also answers `vramcap limit` (which asks only for devices in
+        // use, so nothing can be pending for this one yet).
         self.start_worker();
-        let asked = s.requested.swap(0, Ordering::AcqRel);
-        if asked != 0 {
-            self.set_own_limit(device, asked, false);
-        }
-        Some(s.budget.limit().unwrap_or(l))
+        Some(l)
     }
 
     /// Starts the background thread if it is not running.
