@@ -50,3 +50,70 @@ fn size_refuses_bad_input_with_one_line_and_an_example() {
         );
     }
 }
+
+/// Small things a first try found: a negative --limit gets the limit's own
+/// message (not clap's `-- -1` tip), a timeout of 0 a timeout's example,
+/// `trim` alone names --all, `--dir` of a missing directory is said, the
+/// library goes into LD_PRELOAD once however often `env` is evaluated, and
+/// a closed pipe ends `doctor` without a panic.
+#[test]
+fn first_try_papercuts() {
+    let a = artefacts();
+    let mut cmd = bare(&a.cli);
+    cmd.args(["run", "--limit", "-1", "--", "true"]);
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert!(
+        ran.stderr()
+            .starts_with("vramcap: VRAMCAP_LIMIT=\"-1\" is not a valid limit"),
+        "{}",
+        ran.stderr()
+    );
+    let mut cmd = bare(&a.cli);
+    cmd.args(["trim", "--timeout", "0", "1"]);
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert!(
+        ran.stderr().contains("(e.g. --timeout 2 or --timeout 0.5)"),
+        "{}",
+        ran.stderr()
+    );
+    let mut cmd = bare(&a.cli);
+    cmd.arg("trim");
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: trim needs the processes to trim or --all, e.g. vramcap trim 4242 or vramcap trim --all\n"
+    );
+    let mut cmd = bare(&a.cli);
+    cmd.args(["stat", "--dir", "/nonexistent/vramcap"]);
+    let ran = run(cmd);
+    ran.expect_code(0);
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: --dir /nonexistent/vramcap: no such directory (yet); nothing is shown from it until a process under vramcap writes there\n"
+    );
+    let mut cmd = bare(&a.cli);
+    let twice = format!("{}:/opt/other.so:{}", a.shim.display(), a.shim.display());
+    cmd.args(["env", "--limit", "1GiB"])
+        .env("LD_PRELOAD", &twice);
+    let ran = run(cmd);
+    assert_eq!(
+        ran.ok_lines()[0],
+        format!("export LD_PRELOAD='{}:/opt/other.so'", a.shim.display())
+    );
+    let doctor = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "\"{}\" doctor | head -c 1 >/dev/null; echo \"${{PIPESTATUS:-done}}\"",
+            a.cli.display()
+        ))
+        .output()
+        .expect("sh runs");
+    assert!(
+        !String::from_utf8_lossy(&doctor.stderr).contains("panicked"),
+        "{}",
+        String::from_utf8_lossy(&doctor.stderr)
+    );
+}

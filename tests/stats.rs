@@ -135,8 +135,15 @@ fn a_held_allocation_shows_with_exact_bytes_and_goes_at_exit() {
     let j = stat_json(&dir, &["--gpu", "1"]);
     assert_eq!(j["processes"][0]["devices"].as_array().unwrap().len(), 1);
     assert_eq!(j["processes"][0]["devices"][0]["gpu"], 1);
-    let j = stat_json(&dir, &["--pid", "1"]);
+    // A PID that is not there: the (empty) answer, one line, exit 1.
+    let ran = stat(&dir, &["--json", "--pid", "1"]);
+    ran.expect_code(1);
+    let j: Value = serde_json::from_str(&ran.stdout()).unwrap();
     assert_eq!(j["processes"], serde_json::json!([]));
+    assert_eq!(
+        ran.stderr(),
+        format!("vramcap: no process 1 under vramcap in {}\n", dir.display())
+    );
     let j = stat_json(&dir, &["--gpu", "5"]);
     assert_eq!(j["processes"], serde_json::json!([]));
 

@@ -14,6 +14,7 @@ mod cli;
 mod read;
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -39,7 +40,7 @@ struct Cli {
 #[derive(clap::Args, Clone)]
 struct ShimOptions {
     /// The cap: 8GiB, 50%, 0=8GiB,1=4GiB, or 4GiB,1=2GiB (sets VRAMCAP_LIMIT)
-    #[arg(long, value_name = "SPEC")]
+    #[arg(long, value_name = "SPEC", allow_hyphen_values = true)]
     limit: Option<String>,
     /// error, warn, info or debug (sets VRAMCAP_LOG)
     #[arg(long, value_name = "LEVEL")]
@@ -135,18 +136,14 @@ enum Command {
     },
     /// Make processes give their cached blocks back to the driver now
     Trim {
-        /// Processes to trim
-        #[arg(
-            value_name = "PID",
-            required_unless_present = "all",
-            conflicts_with = "all"
-        )]
+        /// Processes to trim (or --all)
+        #[arg(value_name = "PID", conflicts_with = "all")]
         pids: Vec<u32>,
         /// Every process under the shim
         #[arg(long)]
         all: bool,
         /// How long to wait for each process to answer
-        #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_interval)]
+        #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_seconds)]
         timeout: std::time::Duration,
     },
     /// Change the cap of running processes: `vramcap limit --pid 4242 2GiB` (SPEC as --limit takes it, or none)
@@ -166,10 +163,10 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         group: Option<String>,
         /// Wait until every target holds at most its new cap (exit 1 when the time is up)
-        #[arg(long, value_name = "SECONDS", value_parser = cli::stat::parse_interval)]
+        #[arg(long, value_name = "SECONDS", value_parser = cli::stat::parse_seconds)]
         wait: Option<std::time::Duration>,
         /// How long to wait for each process to take the change
-        #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_interval)]
+        #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_seconds)]
         timeout: std::time::Duration,
         /// The new cap: 2GiB, 50%, 0=2GiB,1=4GiB, GPU-5ca1ab1e=2GiB, or none
         #[arg(value_name = "SPEC")]
@@ -237,8 +234,16 @@ fn shim_env(opts: &ShimOptions) -> Result<Vec<(String, OsString)>, String> {
     let lib = find_library()?;
     let mut preload = OsString::from(lib.as_os_str());
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
-        preload.push(":");
-        preload.push(existing);
+        // The library once (`eval "$(vramcap env)"` run twice), first.
+        let others: Vec<&[u8]> = existing
+            .as_bytes()
+            .split(|&b| b == b':' || b == b' ')
+            .filter(|p| !p.is_empty() && *p != lib.as_os_str().as_bytes())
+            .collect();
+        for p in others {
+            preload.push(":");
+            preload.push(std::ffi::OsStr::from_bytes(p));
+        }
     }
     let mut vars = vec![("LD_PRELOAD".to_string(), preload)];
     // A misspelt setting in the environment is told, as the shim will.
@@ -312,6 +317,13 @@ fn shell_quote(s: &str) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Exporter { .. }) {
+        // A reader that goes away (`vramcap doctor | head -1`) ends the
+        // command quietly, as it does other command-line tools; the
+        // exporter handles its clients' closed connections itself.
+        // SAFETY: setting a signal's disposition to its default.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     let result = match cli.command {
@@ -343,6 +355,10 @@ fn main() -> ExitCode {
         Command::Exporter { read, listen } => cli::stat::Sources::new(&read, uid)
             .and_then(|sources| cli::exporter::run(&listen, sources))
             .map(ExitCode::from),
+        Command::Trim { pids, all, .. } if pids.is_empty() && !all => Err(
+            "trim needs the processes to trim or --all, e.g. vramcap trim 4242 or vramcap trim --all"
+                .to_string(),
+        ),
         Command::Trim { pids, all, timeout } => cli::stat::stats_dirs(uid)
             .map(|dirs| ExitCode::from(cli::trim::run(&dirs, uid, &pids, all, timeout))),
         Command::Limit {

@@ -314,6 +314,12 @@ pub fn run(lib: Result<PathBuf, String>, stats_dirs: Result<StatsDirs, String>, 
                 "CUDA driver",
                 format!("{} at {at}", driver_name().to_string_lossy()),
             );
+            if !d.sym(c"vramcap_standin_devices").is_null() {
+                r.note(
+                    "CUDA driver",
+                    "this is vramcap's stand-in driver (tests/standin), not NVIDIA's: no GPU is used and no figure below is a GPU's",
+                );
+            }
             Some(d)
         }
         Err(e) => {

@@ -67,6 +67,7 @@ fn sample_json() -> serde_json::Value {
             dirs: vec![PathBuf::from("/d")],
             users: Users::All,
             private_to: None,
+            named: false,
         },
     };
     to_json(&scan, &args)

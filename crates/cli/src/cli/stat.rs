@@ -45,6 +45,8 @@ pub struct Sources {
     /// `Some(uid)`: `dirs` are the default directories, read only when
     /// they are this user's own (see `read::Scope::private_to`).
     pub private_to: Option<u32>,
+    /// The directories were named with `--dir`.
+    pub named: bool,
 }
 
 impl Sources {
@@ -69,6 +71,7 @@ impl Sources {
             dirs,
             users,
             private_to,
+            named: !opts.dirs.is_empty(),
         })
     }
 
@@ -89,11 +92,19 @@ impl Sources {
     /// a directory: nothing can match it until it is (a wrong path, such
     /// as a kubelet that keeps its pods elsewhere, would otherwise read as
     /// "no processes").
+    /// A named `--dir` that is no directory (yet) is said too.
     pub fn warnings(&self) -> Vec<String> {
         self.dirs
             .iter()
-            .filter(|d| crate::read::is_pattern(d))
             .filter_map(|d| {
+                if !crate::read::is_pattern(d) {
+                    return (self.named && !d.is_dir()).then(|| {
+                        format!(
+                            "vramcap: --dir {}: no such directory (yet); nothing is shown from it until a process under vramcap writes there",
+                            text::path(d)
+                        )
+                    });
+                }
                 let prefix: PathBuf = d.components().take_while(|c| c.as_os_str() != "*").collect();
                 (!prefix.is_dir()).then(|| {
                     format!(
@@ -425,10 +436,38 @@ pub fn run(a: &mut StatArgs) -> u8 {
         }
         drop(stdout);
         n += 1;
+        if a.interval.is_none() {
+            // Processes asked for by PID that are not there: said, and
+            // the exit status is 1, as for `vramcap trim`.
+            let missing: Vec<String> = a
+                .pids
+                .iter()
+                .filter(|pid| !s.pages.iter().any(|p| p.pid == **pid))
+                .map(u32::to_string)
+                .collect();
+            if !missing.is_empty() {
+                eprintln!(
+                    "vramcap: no process {} under vramcap in {}",
+                    missing.join(", "),
+                    a.sources.describe()
+                );
+                return 1;
+            }
+        }
         match a.interval {
             Some(d) if a.count.is_none_or(|c| n < c) => std::thread::sleep(d),
             _ => return 0,
         }
+    }
+}
+
+/// Parses a duration in seconds for `--timeout` and `--wait`.
+pub fn parse_seconds(text: &str) -> Result<Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!(
+            "\"{text}\" is not a duration: expected seconds, greater than 0 (e.g. --timeout 2 or --timeout 0.5)"
+        )),
     }
 }
 

@@ -266,6 +266,7 @@ mod tests {
             dirs: vec![PathBuf::from("/nonexistent")],
             users: crate::read::Users::All,
             private_to: None,
+            named: false,
         };
         let mut m = Model::new(sources);
         m.rows = vec![row(20, 0, 500, 0), row(10, 1, 1000, 1)];
