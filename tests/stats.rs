@@ -146,6 +146,60 @@ fn a_held_allocation_shows_with_exact_bytes_and_goes_at_exit() {
     );
     let j = stat_json(&dir, &["--gpu", "5"]);
     assert_eq!(j["processes"], serde_json::json!([]));
+    // nvidia-smi's conventions: -i with indices or UUID prefixes, CSV.
+    let j = stat_json(&dir, &["-i", "gpu-5CA1AB1E-0000-4000-8000-000000000000"]);
+    assert_eq!(j["processes"][0]["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(j["processes"][0]["devices"][0]["gpu"], 0);
+    let j = stat_json(&dir, &["-i", "0,1"]);
+    assert_eq!(j["processes"][0]["devices"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        j["time_unix_ms"].as_u64(),
+        j["time_unix_ns"].as_u64().map(|n| n / 1_000_000)
+    );
+    assert!(j["time"].as_str().unwrap().ends_with('Z'), "{}", j["time"]);
+    let ran = stat(&dir, &["-i", "x"]);
+    ran.expect_code(2);
+    assert!(
+        ran.stderr().contains(
+            "\"x\" names no GPU: give indices or UUID prefixes, comma-separated, e.g. -i 0,1 or -i GPU-5ca1ab1e"
+        ),
+        "{}",
+        ran.stderr()
+    );
+    let csv = stat(&dir, &["--format", "csv"]).ok_lines();
+    assert_eq!(
+        csv[0],
+        "gpu, uuid, pid, limit [MiB], used [MiB], peak [MiB], cached [MiB], pools [MiB], graphs [MiB], context [MiB], spilled [MiB], refusals, command"
+    );
+    assert!(
+        csv[1].starts_with(&format!(
+            "0, GPU-5ca1ab1e-0000-4000-8000-000000000000, {pid}, 1024 MiB, 300 MiB, 300 MiB, 0 MiB, 0 MiB, 0 MiB, 0 MiB, 0 MiB, 0, "
+        )),
+        "{csv:?}"
+    );
+    let csv = stat(&dir, &["--format", "csv,noheader,nounits", "-i", "1"]).ok_lines();
+    assert_eq!(csv.len(), 1, "{csv:?}");
+    assert!(csv[0].starts_with("1, "), "{csv:?}");
+    assert!(
+        csv[0].contains(&format!(", {pid}, 1024, 1024, 1024, 0, 0, 0, 0, 0, 1, ")),
+        "{csv:?}"
+    );
+    let ran = stat(&dir, &["--format", "tsv"]);
+    ran.expect_code(2);
+    assert!(
+        ran.stderr().contains("e.g. --format csv,noheader,nounits"),
+        "{}",
+        ran.stderr()
+    );
+    let looped = stat(&dir, &["-l", "0.01", "--count", "2"]).ok_lines();
+    assert_eq!(
+        looped
+            .iter()
+            .filter(|l| l.starts_with("# ") && l.ends_with('Z'))
+            .count(),
+        2,
+        "{looped:?}"
+    );
 
     assert_eq!(pages_in(&dir), [format!("{pid}.page")]);
     let (lines, out) = h.finish();

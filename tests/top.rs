@@ -462,10 +462,15 @@ fn without_a_terminal_it_prints_the_stat_table_each_refresh() {
         "0 {pid} 1.00 GiB 300 MiB 300 MiB 0 B 0 B 0 B 0 B 0 B 29.3% 0 {} procaddr init alloc 300M wait",
         artefacts().client.display()
     ));
-    assert_eq!(lines.len(), 4, "{lines:#?}");
-    for table in lines.chunks(2) {
-        assert_eq!(words(&table[0]), header, "{lines:#?}");
-        assert_eq!(words(&table[1]), row, "{lines:#?}");
+    assert_eq!(lines.len(), 6, "{lines:#?}");
+    for table in lines.chunks(3) {
+        // Each refresh starts with its time (RFC 3339, UTC).
+        assert!(
+            table[0].starts_with("# 20") && table[0].ends_with('Z'),
+            "{lines:#?}"
+        );
+        assert_eq!(words(&table[1]), header, "{lines:#?}");
+        assert_eq!(words(&table[2]), row, "{lines:#?}");
     }
     // No escape sequences, no screen clearing.
     assert!(!lines.iter().any(|l| l.contains('\x1b')), "{lines:#?}");
@@ -473,7 +478,7 @@ fn without_a_terminal_it_prints_the_stat_table_each_refresh() {
     let mut cmd = bare(&artefacts().cli);
     cmd.env("VRAMCAP_STATS_DIR", &dir)
         .args(["top", "--count", "1"]);
-    assert_eq!(run(cmd).ok_lines().len(), 2);
+    assert_eq!(run(cmd).ok_lines().len(), 3);
     h.finish();
 }
 

@@ -463,7 +463,7 @@ fn escape_sequences_in_pages_and_file_names_are_shown_escaped() {
     let top = run(cli(&dir, &["top", "--count", "1", "--interval", "0.01"]));
     no_controls("top's table", &top.out.stdout);
     assert!(
-        top.ok_lines()[1].ends_with(&format!("  {SHOWN_COMMAND}")),
+        top.ok_lines()[2].ends_with(&format!("  {SHOWN_COMMAND}")),
         "{}",
         top.stdout()
     );

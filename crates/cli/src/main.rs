@@ -91,8 +91,11 @@ enum Command {
         #[command(flatten)]
         read: cli::stat::ReadOptions,
         /// Print JSON (schema vramcap.stat version 1, documented in the README)
-        #[arg(long)]
+        #[arg(long, conflicts_with = "format")]
         json: bool,
+        /// Print CSV for scripts, as nvidia-smi: csv[,noheader][,nounits]
+        #[arg(long, value_name = "csv[,noheader][,nounits]", value_parser = cli::stat::parse_format)]
+        format: Option<cli::stat::CsvFormat>,
         /// Refresh every SECONDS until interrupted
         #[arg(short = 'l', long = "loop", value_name = "SECONDS", value_parser = cli::stat::parse_interval)]
         interval: Option<std::time::Duration>,
@@ -102,9 +105,11 @@ enum Command {
         /// Only these processes (repeatable)
         #[arg(long = "pid", value_name = "PID")]
         pids: Vec<u32>,
-        /// Only these GPUs, by index as the processes see them (repeatable)
-        #[arg(long = "gpu", value_name = "INDEX")]
-        gpus: Vec<u32>,
+        /// Only these GPUs: indices as the processes see them or UUID
+        /// prefixes, comma-separated, as `nvidia-smi -i` takes them
+        /// (repeatable; --gpu is the same)
+        #[arg(short = 'i', long = "id", visible_alias = "gpu", value_name = "ID[,ID…]", value_delimiter = ',', value_parser = cli::stat::parse_gpu)]
+        gpus: Vec<cli::stat::GpuSel>,
     },
     /// Live view of every process under the shim: memory bars, history and groups
     ///
@@ -330,6 +335,7 @@ fn main() -> ExitCode {
         Command::Stat {
             read,
             json,
+            format,
             interval,
             count,
             pids,
@@ -342,6 +348,7 @@ fn main() -> ExitCode {
                 count,
                 pids,
                 gpus,
+                csv: format,
                 sources,
             };
             ExitCode::from(cli::stat::run(&mut args))

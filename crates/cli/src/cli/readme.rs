@@ -63,6 +63,7 @@ fn sample_json() -> serde_json::Value {
         count: None,
         pids: Vec::new(),
         gpus: Vec::new(),
+        csv: None,
         sources: Sources {
             dirs: vec![PathBuf::from("/d")],
             users: Users::All,

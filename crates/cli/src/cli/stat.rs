@@ -131,8 +131,153 @@ pub struct StatArgs {
     pub interval: Option<Duration>,
     pub count: Option<u64>,
     pub pids: Vec<u32>,
-    pub gpus: Vec<u32>,
+    pub gpus: Vec<GpuSel>,
+    /// `--format csv[,noheader][,nounits]`.
+    pub csv: Option<CsvFormat>,
     pub sources: Sources,
+}
+
+/// A time (nanoseconds since the Unix epoch) as RFC 3339 in UTC, to the
+/// millisecond: `2026-12-01T16:50:00.123Z`.
+pub fn rfc3339(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let ms = (ns / 1_000_000) % 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (the proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+/// `--format csv[,noheader][,nounits]`, as nvidia-smi's `--format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CsvFormat {
+    pub header: bool,
+    pub units: bool,
+}
+
+/// Parses `--format`.
+pub fn parse_format(text: &str) -> Result<CsvFormat, String> {
+    let mut parts = text.split(',').map(str::trim);
+    let bad = || {
+        format!(
+            "{text:?} is not a format: csv, optionally with noheader and nounits, e.g. --format csv,noheader,nounits"
+        )
+    };
+    if parts.next() != Some("csv") {
+        return Err(bad());
+    }
+    let mut f = CsvFormat {
+        header: true,
+        units: true,
+    };
+    for p in parts {
+        match p {
+            "noheader" => f.header = false,
+            "nounits" => f.units = false,
+            _ => return Err(bad()),
+        }
+    }
+    Ok(f)
+}
+
+/// A CSV field: quoted when it holds a comma, a quote or a line break.
+fn csv_field(text: &str) -> String {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_string()
+    }
+}
+
+/// The CSV form: one line per process and GPU, sizes in whole MiB
+/// (rounded down) with ` MiB` unless `nounits`, `[N/A]` for no limit.
+pub fn to_csv(scan: &Scan, a: &StatArgs, f: CsvFormat) -> String {
+    let mib = |b: u64| {
+        if f.units {
+            format!("{} MiB", b >> 20)
+        } else {
+            (b >> 20).to_string()
+        }
+    };
+    let unit = if f.units { " [MiB]" } else { "" };
+    let mut out = String::new();
+    if f.header {
+        out.push_str(&format!(
+            "gpu, uuid, pid, limit{unit}, used{unit}, peak{unit}, cached{unit}, pools{unit}, graphs{unit}, context{unit}, spilled{unit}, refusals, command\n"
+        ));
+    }
+    for (p, devs) in filtered(scan, a) {
+        for d in devs {
+            let cells = [
+                d.device.to_string(),
+                vramcap_core::page::uuid_text(&d.uuid).unwrap_or_else(|| "[N/A]".into()),
+                p.pid.to_string(),
+                d.limit.map_or_else(|| "[N/A]".into(), mib),
+                mib(d.used),
+                mib(d.peak),
+                mib(d.cached),
+                mib(d.pools),
+                mib(d.graphs),
+                mib(d.context),
+                mib(d.spilled),
+                d.refusals.to_string(),
+                csv_field(&text::printable(&p.command)),
+            ];
+            out.push_str(&cells.join(", "));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// A GPU as `-i/--id` names it, as `nvidia-smi -i` does: an index as the
+/// process sees it, or a UUID prefix (`GPU-5ca1ab1e`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSel {
+    Index(u32),
+    Uuid(String),
+}
+
+impl GpuSel {
+    fn matches(&self, d: &SlotSnapshot) -> bool {
+        match self {
+            GpuSel::Index(i) => d.device == *i,
+            GpuSel::Uuid(prefix) => vramcap_core::page::uuid_text(&d.uuid)
+                .is_some_and(|u| u.to_ascii_lowercase().starts_with(prefix)),
+        }
+    }
+}
+
+/// Parses one item of `-i/--id`.
+pub fn parse_gpu(text: &str) -> Result<GpuSel, String> {
+    let t = text.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return t
+            .parse()
+            .map(GpuSel::Index)
+            .map_err(|_| format!("{text:?} is too large for a GPU index"));
+    }
+    let lower = t.to_ascii_lowercase();
+    if (lower.starts_with("gpu-") || lower.starts_with("mig-")) && lower.len() > 4 {
+        return Ok(GpuSel::Uuid(lower));
+    }
+    Err(format!(
+        "{text:?} names no GPU: give indices or UUID prefixes, comma-separated, e.g. -i 0,1 or -i GPU-5ca1ab1e"
+    ))
 }
 
 fn filtered(scan: &Scan, a: &StatArgs) -> Vec<(PageSnapshot, Vec<SlotSnapshot>)> {
@@ -143,7 +288,7 @@ fn filtered(scan: &Scan, a: &StatArgs) -> Vec<(PageSnapshot, Vec<SlotSnapshot>)>
             let devs = p
                 .devices
                 .iter()
-                .filter(|d| a.gpus.is_empty() || a.gpus.contains(&d.device))
+                .filter(|d| a.gpus.is_empty() || a.gpus.iter().any(|g| g.matches(d)))
                 .copied()
                 .collect();
             (p.clone(), devs)
@@ -284,6 +429,8 @@ pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
         "schema": "vramcap.stat",
         "version": 1,
         "time_unix_ns": now,
+        "time_unix_ms": now / 1_000_000,
+        "time": rfc3339(now),
         "dir": text::path(&a.sources.dirs[0]),
         "dirs": a.sources.dirs.iter().map(|d| text::path(d)).collect::<Vec<_>>(),
         "processes": processes,
@@ -419,13 +566,25 @@ pub fn run(a: &mut StatArgs) -> u8 {
         let mut stdout = std::io::stdout().lock();
         let text = if a.json {
             format!("{}\n", to_json(&s, a))
+        } else if let Some(f) = a.csv {
+            to_csv(&s, a, f)
         } else {
             let clear = if a.interval.is_some() && tty {
                 "\x1b[H\x1b[2J"
             } else {
                 ""
             };
-            format!("{clear}{}", to_table(&s, a, colour))
+            // With --loop, each refresh starts with its time.
+            let stamp = if a.interval.is_some() {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0);
+                format!("# {}\n", rfc3339(now))
+            } else {
+                String::new()
+            };
+            format!("{clear}{stamp}{}", to_table(&s, a, colour))
         };
         if stdout
             .write_all(text.as_bytes())
@@ -509,5 +668,21 @@ pub fn stats_dirs(uid: u32) -> Result<StatsDirs, String> {
             ),
             private_to: Some(uid),
         }),
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    #[test]
+    fn rfc3339_is_utc_to_the_millisecond() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            super::rfc3339(951_782_400_123_000_000),
+            "2000-02-29T00:00:00.123Z"
+        );
+        assert_eq!(
+            super::rfc3339(1_796_083_200_000_000_000 + 59_999_999_999),
+            "2026-12-01T00:00:59.999Z"
+        );
     }
 }

@@ -91,6 +91,7 @@ pub fn run(sources: Sources, interval: Duration, count: Option<u64>) -> u8 {
             count,
             pids: Vec::new(),
             gpus: Vec::new(),
+            csv: None,
             sources,
         };
         return super::stat::run(&mut args);
