@@ -9,13 +9,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use vramcap_core::budget::NO_CAP;
+use vramcap_core::human_bytes;
 use vramcap_core::limit::{Amount, LIMIT_VAR, LimitSpec, parse_limit};
 use vramcap_core::page::{FLAG_ACTIVE, Page, uuid_text};
-use vramcap_core::{human_bytes, text};
 
 use super::stat::StatsDirs;
-use super::trim::{find, usable};
-use crate::read::{Bounds, Scope, Users, read_sources};
+use super::trim::{find, targets, usable};
 
 /// What the SPEC asks for.
 pub enum Want {
@@ -105,30 +104,10 @@ pub fn run(dirs: &StatsDirs, uid: u32, a: &LimitArgs) -> u8 {
             }
         };
     }
-    let targets: Vec<u32> = if a.all {
-        let scope = Scope {
-            users: Users::Only(uid),
-            private_to: dirs.private_to,
-            bounds: Bounds::DEFAULT,
-        };
-        match read_sources(&dirs.dirs, &scope) {
-            Ok(r) => r.scan.pages.iter().map(|p| p.pid).collect(),
-            Err((dir, e)) => {
-                eprintln!(
-                    "vramcap: cannot read the stats directory {}: {e}",
-                    text::path(&dir)
-                );
-                return 1;
-            }
-        }
-    } else {
-        a.pids.to_vec()
+    let targets = match targets(dirs, uid, a.pids, a.all) {
+        Ok(t) => t,
+        Err(code) => return code,
     };
-    if targets.is_empty() {
-        let shown: Vec<String> = dirs.dirs.iter().map(|d| text::path(d)).collect();
-        println!("no processes under vramcap in {}", shown.join(", "));
-        return 0;
-    }
     let mut failed = false;
     for pid in targets {
         match change(&usable, uid, pid, &want, a) {

@@ -40,9 +40,10 @@ pub fn find(dirs: &[PathBuf], pid: u32, uid: u32) -> Result<PageMap, String> {
         .unwrap_or_else(|| format!("no process {pid} under vramcap (no statistics directory)")))
 }
 
-pub fn run(dirs: &StatsDirs, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> u8 {
-    let usable = usable(dirs);
-    let shown: Vec<String> = dirs.dirs.iter().map(|d| text::path(d)).collect();
+/// The processes a command is for: `pids`, or with `all` every process of
+/// `uid` the directories hold. `Err` with the exit status when there are
+/// none (0, said on stdout) or the directories cannot be read (1).
+pub fn targets(dirs: &StatsDirs, uid: u32, pids: &[u32], all: bool) -> Result<Vec<u32>, u8> {
     let targets: Vec<u32> = if all {
         let scope = Scope {
             users: Users::Only(uid),
@@ -56,16 +57,26 @@ pub fn run(dirs: &StatsDirs, uid: u32, pids: &[u32], all: bool, timeout: Duratio
                     "vramcap: cannot read the stats directory {}: {e}",
                     text::path(&dir)
                 );
-                return 1;
+                return Err(1);
             }
         }
     } else {
         pids.to_vec()
     };
     if targets.is_empty() {
+        let shown: Vec<String> = dirs.dirs.iter().map(|d| text::path(d)).collect();
         println!("no processes under vramcap in {}", shown.join(", "));
-        return 0;
+        return Err(0);
     }
+    Ok(targets)
+}
+
+pub fn run(dirs: &StatsDirs, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> u8 {
+    let usable = usable(dirs);
+    let targets = match targets(dirs, uid, pids, all) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let mut failed = false;
     for pid in targets {
         let map = match find(&usable, pid, uid) {

@@ -21,6 +21,54 @@ pub(super) fn reader_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// Opens `path`, one of this user's own files that is to be changed in
+/// place, read-write without following a link: the file, its length and
+/// its first `head` bytes (fewer when it is shorter). `missing` is the
+/// message when there is no such file; `what` names the kind of file in
+/// the one when it is not a regular file of `uid`'s.
+pub(super) fn open_own_for_write(
+    path: &std::path::Path,
+    uid: u32,
+    head: usize,
+    what: &str,
+    missing: impl FnOnce() -> String,
+) -> Result<(std::fs::File, u64, Vec<u8>), String> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let shown = vramcap_core::text::path(path);
+    let c =
+        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| "bad path".to_string())?;
+    // SAFETY: a valid path; no symbolic link is followed.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::ENOENT) {
+            missing()
+        } else {
+            format!("cannot open {shown}: {e}")
+        });
+    }
+    // SAFETY: fd is open and owned from here on.
+    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot inspect {shown}: {e}"))?;
+    if !meta.is_file() || meta.uid() != uid {
+        return Err(format!("{shown} is not {what} of this user"));
+    }
+    let mut bytes = vec![0u8; head];
+    let n = file
+        .read_at(&mut bytes, 0)
+        .map_err(|e| format!("cannot read {shown}: {e}"))?;
+    bytes.truncate(n);
+    Ok((file, meta.len(), bytes))
+}
+
 /// Types that every byte pattern of their size is a valid value of.
 ///
 /// # Safety

@@ -188,41 +188,14 @@ pub fn map_group_for_write(
     name: &str,
     uid: u32,
 ) -> Result<GroupMap, String> {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::MetadataExt;
     use vramcap_core::group::{GROUP_HEADER_SIZE, GROUP_PAGE_SIZE, check_group_header, file_name};
     let path = dir.join(file_name(name));
     let shown = text::path(&path);
-    let c =
-        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| "bad path".to_string())?;
-    // SAFETY: a valid path; no symbolic link is followed.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(if e.raw_os_error() == Some(libc::ENOENT) {
+    let (file, len, head) =
+        super::file::open_own_for_write(&path, uid, GROUP_HEADER_SIZE, "a group file", || {
             format!("no group {name:?} in {}", text::path(dir))
-        } else {
-            format!("cannot open {shown}: {e}")
-        });
-    }
-    // SAFETY: fd is open and owned from here on.
-    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot inspect {shown}: {e}"))?;
-    if !meta.is_file() || meta.uid() != uid {
-        return Err(format!("{shown} is not a group file of this user"));
-    }
-    let mut head = vec![0u8; GROUP_HEADER_SIZE];
-    let n = file
-        .read_at(&mut head, 0)
-        .map_err(|e| format!("cannot read {shown}: {e}"))?;
-    check_group_header(meta.len(), &head[..n], Some(uid)).map_err(|p| format!("{shown}: {p}"))?;
+        })?;
+    check_group_header(len, &head, Some(uid)).map_err(|p| format!("{shown}: {p}"))?;
     let map = Guarded::map(file.as_raw_fd(), GROUP_PAGE_SIZE, true)
         .map_err(|e| format!("{shown}: {e}"))?;
     Ok(GroupMap { map })

@@ -4,11 +4,9 @@
 //! shim's lock on its first byte is gone) is removed, only if the name
 //! still leads to the file that was read, and never reported.
 
-use std::ffi::{CString, OsStr};
-use std::io;
+use std::ffi::OsStr;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use vramcap_core::liveness::ofd_locked;
@@ -16,7 +14,7 @@ use vramcap_core::page::{self, HEADER_SIZE, PAGE_SIZE, Page, PageSnapshot};
 use vramcap_core::text;
 
 use super::dir::{Dir, FileId, NotOpened};
-use super::file::{CopyError, stable_copy};
+use super::file::{CopyError, open_own_for_write, stable_copy};
 use super::guard::Guarded;
 use super::{Skipped, Users};
 
@@ -126,36 +124,11 @@ impl PageMap {
 pub fn map_for_write(dir: &Path, pid: u32, uid: u32) -> Result<PageMap, String> {
     let path = dir.join(page::file_name(pid));
     let shown = text::path(&path);
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| "bad path".to_string())?;
-    // SAFETY: valid path; no symbolic links followed.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        return Err(if e.raw_os_error() == Some(libc::ENOENT) {
-            format!("no process {pid} under vramcap in {}", text::path(dir))
-        } else {
-            format!("cannot open {shown}: {e}")
-        });
-    }
-    // SAFETY: fd is open and owned from here on.
-    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot inspect {shown}: {e}"))?;
-    if !meta.is_file() || meta.uid() != uid {
-        return Err(format!("{shown} is not a page of this user"));
-    }
-    let mut head = vec![0u8; HEADER_SIZE];
-    let n = file
-        .read_at(&mut head, 0)
-        .map_err(|e| format!("cannot read {shown}: {e}"))?;
-    head.truncate(n);
-    page::check_header(meta.len(), &head, Some(uid)).map_err(|p| format!("{shown}: {p}"))?;
-    let map = Guarded::map(fd, PAGE_SIZE, true).map_err(|e| format!("{shown}: {e}"))?;
+    let (file, len, head) = open_own_for_write(&path, uid, HEADER_SIZE, "a page", || {
+        format!("no process {pid} under vramcap in {}", text::path(dir))
+    })?;
+    page::check_header(len, &head, Some(uid)).map_err(|p| format!("{shown}: {p}"))?;
+    let map =
+        Guarded::map(file.as_raw_fd(), PAGE_SIZE, true).map_err(|e| format!("{shown}: {e}"))?;
     Ok(PageMap { map })
 }

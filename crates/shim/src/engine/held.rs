@@ -200,12 +200,8 @@ impl<D: Driver> Base<D> {
                 self.pool_attr(e.pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
             };
             let old = e.charged;
-            let new = match r {
-                Some(r) if e.inflight == 0 => r,
-                Some(r) => r.max(old),
-                // Unreadable now: keep what was reserved for it.
-                None => old.saturating_add(grow),
-            };
+            // Unreadable now: keep what was reserved for it.
+            let new = r.map_or(old.saturating_add(grow), |r| e.charge_for(r));
             e.charged = new;
             Change {
                 device: e.device,
@@ -236,7 +232,7 @@ impl<D: Driver> Base<D> {
                 return true;
             };
             let old = e.charged;
-            e.charged = if e.inflight == 0 { r } else { r.max(old) };
+            e.charged = e.charge_for(r);
             Change {
                 device: e.device,
                 old,

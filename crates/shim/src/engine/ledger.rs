@@ -61,6 +61,17 @@ pub struct PoolEntry {
 }
 
 impl PoolEntry {
+    /// Its charge for a reserve of `r` just read (`held.rs`): `r` when no
+    /// allocation from it is in flight, else never below the charge now
+    /// (their estimates stay until they settle).
+    pub fn charge_for(&self, r: u64) -> u64 {
+        if self.inflight == 0 {
+            r
+        } else {
+            r.max(self.charged)
+        }
+    }
+
     pub fn new(pool: usize, serial: u64, device: u16, exempt: bool) -> PoolEntry {
         PoolEntry {
             pool,
