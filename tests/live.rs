@@ -81,6 +81,14 @@ fn lowered_below_what_it_holds_the_program_is_refused_until_it_frees() {
     ]);
 }
 
+/// The lines of `vramcap stat --pid PID` (the table and its notes).
+fn stat_lines(dir: &Path, pid: &str) -> Vec<String> {
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", dir)
+        .args(["stat", "--pid", pid]);
+    run(cmd).ok_lines()
+}
+
 fn limit(dir: &Path, args: &[&str]) -> Ran {
     let mut cmd = bare(&artefacts().cli);
     cmd.env("VRAMCAP_STATS_DIR", dir).arg("limit").args(args);
@@ -142,6 +150,14 @@ fn vramcap_limit_reports_over_cap_waits_lifts_and_refuses_bad_input() {
         "{pid} gpu 0: limit 1.00 GiB -> 512 MiB, holds 768 MiB, over the new cap by 256 MiB: new allocations are refused until it frees"
     );
     limit(&dir, &["--pid", &p, "512MiB"]).expect_lines(&[&over]);
+    // `stat` says so under its table.
+    assert!(
+        stat_lines(&dir, &p).contains(&format!(
+            "{pid} gpu 0: holds 768 MiB, over its cap of 512 MiB by 256 MiB: new allocations are refused until it frees"
+        )),
+        "{:?}",
+        stat_lines(&dir, &p)
+    );
     let ran = limit(&dir, &["--pid", &p, "--wait", "0.2", "512MiB"]);
     ran.expect_code(1);
     assert_eq!(
@@ -376,6 +392,32 @@ fn vramcap_limit_changes_a_groups_budget_for_all_members_at_once() {
 #[test]
 fn above_the_soft_limit_the_cache_shrinks_and_spill_is_preferred() {
     let soft = ("VRAMCAP_SOFT_LIMIT", "512MiB");
+    // `stat` says when a process is above its soft limit, and how often
+    // it went there.
+    let dir = fresh_dir("live-soft-stat");
+    let mut h = held_in(
+        &artefacts().client,
+        &dir,
+        &[ONE_GIB, NO_CACHE, soft],
+        &["init", "alloc", "600M", "wait", "free", "0", "wait"],
+    );
+    let p = h.pid().to_string();
+    let notes = |lines: Vec<String>| -> Vec<String> { lines.into_iter().skip(2).collect() };
+    assert_eq!(
+        notes(stat_lines(&dir, &p)),
+        [format!(
+            "{p} gpu 0: above its soft limit of 512 MiB by 88.0 MiB (went above it once)"
+        )]
+    );
+    h.resume();
+    h.until("wait");
+    assert_eq!(
+        notes(stat_lines(&dir, &p)),
+        [format!(
+            "{p} gpu 0: under its soft limit of 512 MiB, went above it once"
+        )]
+    );
+    h.finish();
     client(
         "procaddr",
         &[ONE_GIB, soft],
@@ -402,15 +444,28 @@ fn above_the_soft_limit_the_cache_shrinks_and_spill_is_preferred() {
             528 * MIB
         ),
     ]);
-    client(
+    let ran = client(
         "procaddr",
-        &[ONE_GIB, soft, ("VRAMCAP_SPILL", "host")],
+        &[
+            ONE_GIB,
+            soft,
+            ("VRAMCAP_SPILL", "host"),
+            ("VRAMCAP_LOG", "info"),
+        ],
         &[
             "init", "alloc", "400M", "alloc", "200M", "ptrkind", "1", "alloc", "100M", "ptrkind",
             "2",
         ],
-    )
-    .expect_lines(&[
+    );
+    // The log says which limit sent it to host memory.
+    assert!(
+        ran.stderr().contains(
+            "cuMemAlloc: the soft limit of device 0 (VRAMCAP_SOFT_LIMIT) is reached; spilling to host memory (host)"
+        ),
+        "{}",
+        ran.stderr()
+    );
+    ran.expect_lines(&[
         "init -> 0",
         &format!("alloc {} -> 0 #0", 400 * MIB),
         &format!("alloc {} -> 0 #1", 200 * MIB),
@@ -456,4 +511,79 @@ fn a_disabled_shim_answers_enosys() {
         &format!("setlimit 0 {} -> -38", 512 * MIB),
         "getlimit 0 -> 0",
     ]);
+}
+
+/// Another user's process takes a change only from root with
+/// `--all-users`; `--all-users` from anyone else is refused with one line.
+#[test]
+fn another_users_process_takes_a_change_only_from_root_with_all_users() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        let ran = limit(
+            &fresh_dir("live-users"),
+            &["--all-users", "--pid", "1", "1GiB"],
+        );
+        ran.expect_code(2);
+        assert!(
+            ran.stderr().contains("--all-users is for root"),
+            "{}",
+            ran.stderr()
+        );
+        eprintln!("not root: the owner half of this test needs chown and did not run");
+        return;
+    }
+    let dir = fresh_dir("live-users");
+    let mut h = held_in(
+        &artefacts().client,
+        &dir,
+        &[ONE_GIB, NO_CACHE],
+        &["init", "alloc", "256M", "wait", "info", "wait"],
+    );
+    let pid = h.pid();
+    let p = pid.to_string();
+    let page = dir.join(format!("{pid}.page"));
+    std::os::unix::fs::chown(&page, Some(4242), Some(4242)).unwrap();
+    let ran = limit(&dir, &["--pid", &p, "512MiB"]);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!("vramcap: {} is not a page of this user\n", page.display())
+    );
+    limit(&dir, &["--all-users", "--pid", &p, "512MiB"]).expect_lines(&[&format!(
+        "{pid} gpu 0: limit 1.00 GiB -> 512 MiB, holds 256 MiB"
+    )]);
+    h.resume();
+    h.until("wait");
+    assert_eq!(
+        h.lines.last().map(String::as_str),
+        Some("wait"),
+        "{:?}",
+        h.lines
+    );
+    let info = &h.lines[h.lines.len() - 2];
+    assert_eq!(
+        info,
+        &format!("info -> 0 free={} total={}", 256 * MIB, 512 * MIB)
+    );
+    // `trim` the same way.
+    let trim = |args: &[&str]| {
+        let mut cmd = bare(&artefacts().cli);
+        cmd.env("VRAMCAP_STATS_DIR", &dir).arg("trim").args(args);
+        run(cmd)
+    };
+    trim(&[&p]).expect_code(1);
+    trim(&["--all-users", &p]).expect_lines(&[&format!("{pid}: nothing cached")]);
+    // Anyone but root is refused the flag, before anything is read.
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=4242", "--regid=4242", "--clear-groups"])
+        .arg(&artefacts().cli)
+        .args(["limit", "--all-users", "--pid", &p, "2GiB"])
+        .env("VRAMCAP_STATS_DIR", &dir);
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: --all-users is for root (it changes other users' processes); without it, vramcap limit acts on your own, e.g. vramcap limit --pid 4242 2GiB\n"
+    );
+    h.finish();
 }

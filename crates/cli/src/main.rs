@@ -144,12 +144,14 @@ enum Command {
         /// Processes to trim (or --all)
         #[arg(value_name = "PID", conflicts_with = "all")]
         pids: Vec<u32>,
-        /// Every process under the shim
+        /// Every process of this user under the shim (with --all-users, of every user)
         #[arg(long)]
         all: bool,
         /// How long to wait for each process to answer
         #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_seconds)]
         timeout: std::time::Duration,
+        #[command(flatten)]
+        write: cli::trim::WriteOptions,
     },
     /// Change the cap of running processes: `vramcap limit --pid 4242 2GiB` (SPEC as --limit takes it, or none)
     Limit {
@@ -161,7 +163,7 @@ enum Command {
             conflicts_with_all = ["all", "group"]
         )]
         pids: Vec<u32>,
-        /// Every process of this user under the shim
+        /// Every process of this user under the shim (with --all-users, of every user)
         #[arg(long, conflicts_with = "group")]
         all: bool,
         /// A group: its limits change for all its members at once
@@ -176,6 +178,8 @@ enum Command {
         /// The new cap: 2GiB, 50%, 0=2GiB,1=4GiB, GPU-5ca1ab1e=2GiB, or none
         #[arg(value_name = "SPEC")]
         spec: String,
+        #[command(flatten)]
+        write: cli::trim::WriteOptions,
     },
     /// Print the bytes of a size such as 4GiB (the grammar of --limit amounts)
     Size {
@@ -366,8 +370,14 @@ fn main() -> ExitCode {
             "trim needs the processes to trim or --all, e.g. vramcap trim 4242 or vramcap trim --all"
                 .to_string(),
         ),
-        Command::Trim { pids, all, timeout } => cli::stat::stats_dirs(uid)
-            .map(|dirs| ExitCode::from(cli::trim::run(&dirs, uid, &pids, all, timeout))),
+        Command::Trim {
+            pids,
+            all,
+            timeout,
+            write,
+        } => write.resolve(uid, "trim").map(|(dirs, users)| {
+            ExitCode::from(cli::trim::run(&dirs, users, &pids, all, timeout))
+        }),
         Command::Limit {
             pids,
             all,
@@ -375,7 +385,8 @@ fn main() -> ExitCode {
             wait,
             timeout,
             spec,
-        } => cli::stat::stats_dirs(uid).map(|dirs| {
+            write,
+        } => write.resolve(uid, "limit").map(|(dirs, users)| {
             let args = cli::limit::LimitArgs {
                 pids: &pids,
                 all,
@@ -384,7 +395,7 @@ fn main() -> ExitCode {
                 timeout,
                 wait,
             };
-            ExitCode::from(cli::limit::run(&dirs, uid, &args))
+            ExitCode::from(cli::limit::run(&dirs, users, &args))
         }),
         Command::Size { size } => print_size(&size),
         Command::Doctor {

@@ -15,6 +15,7 @@ use vramcap_core::page::{FLAG_ACTIVE, Page, uuid_text};
 
 use super::stat::StatsDirs;
 use super::trim::{find, targets, usable};
+use crate::read::Users;
 
 /// What the SPEC asks for.
 pub enum Want {
@@ -81,7 +82,7 @@ pub struct LimitArgs<'a> {
 /// Runs `vramcap limit`; the exit status: 0 when every target took the
 /// change (and, with `--wait`, is under it), 1 when some could not, 2 for a
 /// bad SPEC.
-pub fn run(dirs: &StatsDirs, uid: u32, a: &LimitArgs) -> u8 {
+pub fn run(dirs: &StatsDirs, users: Users, a: &LimitArgs) -> u8 {
     let want = match parse_want(a.spec) {
         Ok(w) => w,
         Err(e) => {
@@ -91,7 +92,7 @@ pub fn run(dirs: &StatsDirs, uid: u32, a: &LimitArgs) -> u8 {
     };
     let usable = usable(dirs);
     if let Some(name) = a.group {
-        return match change_group(&usable, uid, name, &want, a.spec) {
+        return match change_group(&usable, users, name, &want, a.spec) {
             Ok(lines) => {
                 for l in lines {
                     println!("{l}");
@@ -104,13 +105,13 @@ pub fn run(dirs: &StatsDirs, uid: u32, a: &LimitArgs) -> u8 {
             }
         };
     }
-    let targets = match targets(dirs, uid, a.pids, a.all) {
+    let targets = match targets(dirs, users, a.pids, a.all) {
         Ok(t) => t,
         Err(code) => return code,
     };
     let mut failed = false;
     for pid in targets {
-        match change(&usable, uid, pid, &want, a) {
+        match change(&usable, users, pid, &want, a) {
             Ok(lines) => {
                 for l in lines {
                     println!("{l}");
@@ -128,12 +129,12 @@ pub fn run(dirs: &StatsDirs, uid: u32, a: &LimitArgs) -> u8 {
 /// Changes one process's caps; its report lines.
 fn change(
     dirs: &[std::path::PathBuf],
-    uid: u32,
+    users: Users,
     pid: u32,
     want: &Want,
     a: &LimitArgs,
 ) -> Result<Vec<String>, String> {
-    let map = find(dirs, pid, uid)?;
+    let map = find(dirs, pid, users)?;
     let page = map.page();
     // (slot, old cap in force, new own cap)
     let mut asked = Vec::new();
@@ -236,7 +237,7 @@ fn report(pid: u32, page: &Page, asked: &[(usize, u64, u64)]) -> Vec<String> {
 /// within a tick. Its report lines, or the exit status and message.
 fn change_group(
     dirs: &[std::path::PathBuf],
-    uid: u32,
+    users: Users,
     name: &str,
     want: &Want,
     spec: &str,
@@ -267,7 +268,7 @@ fn change_group(
     let mut first = None;
     let map = dirs
         .iter()
-        .find_map(|d| match crate::read::map_group_for_write(d, name, uid) {
+        .find_map(|d| match crate::read::map_group_for_write(d, name, users) {
             Ok(m) => Some(m),
             Err(e) => {
                 first.get_or_insert(e);

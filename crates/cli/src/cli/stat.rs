@@ -528,6 +528,14 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
         });
         out.push('\n');
     }
+    for (p, devs) in filtered(scan, a) {
+        for d in devs {
+            for n in notes(p.pid, &d) {
+                out.push_str(&n);
+                out.push('\n');
+            }
+        }
+    }
     if rows.is_empty() {
         out.push_str(&format!(
             "(no processes under vramcap in {})\n",
@@ -535,6 +543,47 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
         ));
     }
     out.push_str(&groups_table(&a.groups));
+    out
+}
+
+/// The lines under the table for one process's GPU: over its cap (after
+/// a cap was lowered below what it holds), above its soft limit.
+fn notes(pid: u32, d: &SlotSnapshot) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(l) = d.limit.filter(|&l| d.used > l) {
+        out.push(format!(
+            "{pid} gpu {}: holds {}, over its cap of {} by {}: new allocations are refused until it frees",
+            d.device,
+            human_bytes(d.used),
+            human_bytes(l),
+            human_bytes(d.used - l)
+        ));
+    }
+    if let Some(soft) = d.soft_limit {
+        let times = match d.soft_events {
+            1 => "once".to_string(),
+            n => format!("{n} times"),
+        };
+        if d.used > soft {
+            out.push(format!(
+                "{pid} gpu {}: above its soft limit of {} by {}{}",
+                d.device,
+                human_bytes(soft),
+                human_bytes(d.used - soft),
+                if d.soft_events > 0 {
+                    format!(" (went above it {times})")
+                } else {
+                    String::new()
+                }
+            ));
+        } else if d.soft_events > 0 {
+            out.push(format!(
+                "{pid} gpu {}: under its soft limit of {}, went above it {times}",
+                d.device,
+                human_bytes(soft)
+            ));
+        }
+    }
     out
 }
 

@@ -12,6 +12,57 @@ use crate::read::{Bounds, PageMap, Scope, Users, map_for_write, read_sources};
 use vramcap_core::human_bytes;
 use vramcap_core::text;
 
+/// `--dir` and `--all-users` of `trim` and `limit`, the commands that
+/// write to pages.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct WriteOptions {
+    /// Find the processes' pages in DIR instead of VRAMCAP_STATS_DIR or the
+    /// default; repeatable
+    #[arg(long = "dir", value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// Act on every user's processes, not only yours (root only)
+    #[arg(long)]
+    pub all_users: bool,
+}
+
+impl WriteOptions {
+    /// The directories and whose pages may be changed, for a caller of
+    /// real user `uid`; `command` names it in the messages.
+    pub fn resolve(&self, uid: u32, command: &str) -> Result<(StatsDirs, Users), String> {
+        let users = if !self.all_users {
+            Users::Only(uid)
+        } else if uid == 0 {
+            Users::All
+        } else {
+            return Err(format!(
+                "--all-users is for root (it changes other users' processes); without it, vramcap {command} acts on your own, e.g. vramcap {command} {}",
+                if command == "limit" {
+                    "--pid 4242 2GiB"
+                } else {
+                    "4242"
+                }
+            ));
+        };
+        let dirs = if self.dirs.is_empty() {
+            super::stat::stats_dirs(uid)?
+        } else {
+            for d in &self.dirs {
+                if !d.is_absolute() {
+                    return Err(format!(
+                        "--dir {}: expected an absolute directory path, e.g. --dir /run/vramcap",
+                        text::path(d)
+                    ));
+                }
+            }
+            StatsDirs {
+                dirs: self.dirs.clone(),
+                private_to: None,
+            }
+        };
+        Ok((dirs, users))
+    }
+}
+
 /// The directories of `dirs` that may be used: all of them, or for the
 /// default ones those that are the user's own.
 pub fn usable(dirs: &StatsDirs) -> Vec<PathBuf> {
@@ -26,10 +77,10 @@ pub fn usable(dirs: &StatsDirs) -> Vec<PathBuf> {
 }
 
 /// The page of `pid` in the first of `dirs` that has it.
-pub fn find(dirs: &[PathBuf], pid: u32, uid: u32) -> Result<PageMap, String> {
+pub fn find(dirs: &[PathBuf], pid: u32, users: Users) -> Result<PageMap, String> {
     let mut first = None;
     for d in dirs {
-        match map_for_write(d, pid, uid) {
+        match map_for_write(d, pid, users) {
             Ok(m) => return Ok(m),
             Err(e) => {
                 first.get_or_insert(e);
@@ -43,10 +94,10 @@ pub fn find(dirs: &[PathBuf], pid: u32, uid: u32) -> Result<PageMap, String> {
 /// The processes a command is for: `pids`, or with `all` every process of
 /// `uid` the directories hold. `Err` with the exit status when there are
 /// none (0, said on stdout) or the directories cannot be read (1).
-pub fn targets(dirs: &StatsDirs, uid: u32, pids: &[u32], all: bool) -> Result<Vec<u32>, u8> {
+pub fn targets(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool) -> Result<Vec<u32>, u8> {
     let targets: Vec<u32> = if all {
         let scope = Scope {
-            users: Users::Only(uid),
+            users,
             private_to: dirs.private_to,
             bounds: Bounds::DEFAULT,
         };
@@ -71,15 +122,15 @@ pub fn targets(dirs: &StatsDirs, uid: u32, pids: &[u32], all: bool) -> Result<Ve
     Ok(targets)
 }
 
-pub fn run(dirs: &StatsDirs, uid: u32, pids: &[u32], all: bool, timeout: Duration) -> u8 {
+pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Duration) -> u8 {
     let usable = usable(dirs);
-    let targets = match targets(dirs, uid, pids, all) {
+    let targets = match targets(dirs, users, pids, all) {
         Ok(t) => t,
         Err(code) => return code,
     };
     let mut failed = false;
     for pid in targets {
-        let map = match find(&usable, pid, uid) {
+        let map = match find(&usable, pid, users) {
             Ok(m) => m,
             Err(e) => {
                 eprintln!("vramcap: {e}");

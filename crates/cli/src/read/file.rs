@@ -28,7 +28,7 @@ pub(super) fn reader_uid() -> u32 {
 /// the one when it is not a regular file of `uid`'s.
 pub(super) fn open_own_for_write(
     path: &std::path::Path,
-    uid: u32,
+    users: super::Users,
     head: usize,
     what: &str,
     missing: impl FnOnce() -> String,
@@ -58,7 +58,7 @@ pub(super) fn open_own_for_write(
     let meta = file
         .metadata()
         .map_err(|e| format!("cannot inspect {shown}: {e}"))?;
-    if !meta.is_file() || meta.uid() != uid {
+    if !meta.is_file() || !users.accepts_owner(meta.uid()) {
         return Err(format!("{shown} is not {what} of this user"));
     }
     let mut bytes = vec![0u8; head];

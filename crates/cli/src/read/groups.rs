@@ -186,16 +186,16 @@ impl GroupMap {
 pub fn map_group_for_write(
     dir: &std::path::Path,
     name: &str,
-    uid: u32,
+    users: super::Users,
 ) -> Result<GroupMap, String> {
     use vramcap_core::group::{GROUP_HEADER_SIZE, GROUP_PAGE_SIZE, check_group_header, file_name};
     let path = dir.join(file_name(name));
     let shown = text::path(&path);
     let (file, len, head) =
-        super::file::open_own_for_write(&path, uid, GROUP_HEADER_SIZE, "a group file", || {
+        super::file::open_own_for_write(&path, users, GROUP_HEADER_SIZE, "a group file", || {
             format!("no group {name:?} in {}", text::path(dir))
         })?;
-    check_group_header(len, &head, Some(uid)).map_err(|p| format!("{shown}: {p}"))?;
+    check_group_header(len, &head, users.expected()).map_err(|p| format!("{shown}: {p}"))?;
     let map = Guarded::map(file.as_raw_fd(), GROUP_PAGE_SIZE, true)
         .map_err(|e| format!("{shown}: {e}"))?;
     Ok(GroupMap { map })

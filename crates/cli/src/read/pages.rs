@@ -121,13 +121,13 @@ impl PageMap {
 }
 
 /// Maps the page of `pid` in `dir` read-write, after the same checks as a scan.
-pub fn map_for_write(dir: &Path, pid: u32, uid: u32) -> Result<PageMap, String> {
+pub fn map_for_write(dir: &Path, pid: u32, users: Users) -> Result<PageMap, String> {
     let path = dir.join(page::file_name(pid));
     let shown = text::path(&path);
-    let (file, len, head) = open_own_for_write(&path, uid, HEADER_SIZE, "a page", || {
+    let (file, len, head) = open_own_for_write(&path, users, HEADER_SIZE, "a page", || {
         format!("no process {pid} under vramcap in {}", text::path(dir))
     })?;
-    page::check_header(len, &head, Some(uid)).map_err(|p| format!("{shown}: {p}"))?;
+    page::check_header(len, &head, users.expected()).map_err(|p| format!("{shown}: {p}"))?;
     let map =
         Guarded::map(file.as_raw_fd(), PAGE_SIZE, true).map_err(|e| format!("{shown}: {e}"))?;
     Ok(PageMap { map })

@@ -151,7 +151,7 @@ impl<D: Driver> Engine<D> {
         };
         let (ptr, record) = self
             .spill
-            .place(&self.base, what, device, ctx, estimate, flags)?;
+            .place(&self.base, what, true, device, ctx, estimate, flags)?;
         // SAFETY: `dptr` is non-null and writable (the caller's contract).
         unsafe { *dptr = ptr };
         self.insert(ptr, record);
@@ -368,7 +368,7 @@ impl<D: Driver> Engine<D> {
         if why.is_some()
             && let Some((ptr, record)) =
                 self.spill
-                    .place(&self.base, what, device, ctx, bytes, managed_flags)
+                    .place(&self.base, what, false, device, ctx, bytes, managed_flags)
         {
             // SAFETY: `dptr` is non-null and writable, as is `pitch_out`.
             unsafe {

@@ -152,11 +152,14 @@ impl Spill {
     /// on, the device can, and the spill limit allows. Returns the device
     /// address and the record to keep, or `None` to refuse as without
     /// spill. `managed_flags`: the program's own flags when it asked for
-    /// managed memory.
+    /// managed memory. `soft`: placed because the allocation would pass
+    /// the soft limit (said in the log), not the cap.
+    #[allow(clippy::too_many_arguments)]
     pub fn place<D: Driver>(
         &self,
         base: &Base<D>,
         what: &str,
+        soft: bool,
         device: CUdevice,
         ctx: usize,
         bytes: u64,
@@ -223,11 +226,19 @@ impl Spill {
             DeviceSlot::add(&s.allocs, 1);
             s.mark_active();
         }
-        log_once!(
-            Info,
-            "{what}: the cap of device {device} is reached; spilling to host memory ({})",
-            base.settings.spill.name()
-        );
+        if soft {
+            log_once!(
+                Info,
+                "{what}: the soft limit of device {device} (VRAMCAP_SOFT_LIMIT) is reached; spilling to host memory ({})",
+                base.settings.spill.name()
+            );
+        } else {
+            log_once!(
+                Info,
+                "{what}: the cap of device {device} is reached; spilling to host memory ({})",
+                base.settings.spill.name()
+            );
+        }
         log_at!(
             Debug,
             "{what}: spilled {bytes} bytes at {ptr:#x} for device {device}"

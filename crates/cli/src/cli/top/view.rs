@@ -132,6 +132,18 @@ fn slot_bar(width: usize, s: &SlotSnapshot) -> Line<'static> {
 /// component (`/opt/venv/bin/python3 /src/train.py` is `python3 train.py`),
 /// so rows tell programs apart in the column's width; prefixed with
 /// `POD/CONTAINER:` when the process recorded a Kubernetes identity.
+/// What the command column starts with when a process is over its cap
+/// (it was lowered below what the process holds) or above its soft limit.
+fn state_mark(s: &SlotSnapshot) -> &'static str {
+    if s.limit.is_some_and(|l| s.used > l) {
+        "[over its cap] "
+    } else if s.soft_limit.is_some_and(|l| s.used > l) {
+        "[above its soft limit] "
+    } else {
+        ""
+    }
+}
+
 fn shown_command(command: &str, pod: &str, container: &str) -> String {
     let short: Vec<&str> = command
         .split(' ')
@@ -273,7 +285,11 @@ fn draw_processes(m: &Model, f: &mut Frame, area: Rect) {
                 pct.map(|p| format!("{p:.1}%"))
                     .unwrap_or_else(|| "-".into()),
             );
-            let pct_cell = if pct.is_some_and(|p| p >= 90.0) {
+            let over = s.limit.is_some_and(|l| s.used > l);
+            let above_soft = s.soft_limit.is_some_and(|l| s.used > l);
+            let pct_cell = if over {
+                pct_cell.style(Style::default().fg(Color::Red).add_modifier(Modifier::BOLD))
+            } else if pct.is_some_and(|p| p >= 90.0) || above_soft {
                 pct_cell.style(Style::default().fg(Color::Yellow))
             } else {
                 pct_cell
@@ -302,7 +318,11 @@ fn draw_processes(m: &Model, f: &mut Frame, area: Rect) {
                     Style::default().fg(Color::Cyan),
                 )));
             }
-            cells.push(Cell::from(shown_command(&r.command, &r.pod, &r.container)));
+            cells.push(Cell::from(format!(
+                "{}{}",
+                state_mark(s),
+                shown_command(&r.command, &r.pod, &r.container)
+            )));
             Row::new(cells)
         })
         .collect();
@@ -502,6 +522,25 @@ mod tests {
         h.push(100);
         assert_eq!(sparkline(&h, 10, 8).chars().last(), Some('█'));
         assert_eq!(sparkline(&h, 0, 8), "");
+    }
+
+    #[test]
+    fn over_the_cap_and_above_the_soft_limit_are_marked() {
+        let at = |limit, soft_limit, used| SlotSnapshot {
+            limit,
+            soft_limit,
+            used,
+            ..SlotSnapshot::default()
+        };
+        assert_eq!(state_mark(&at(Some(100), None, 100)), "");
+        assert_eq!(state_mark(&at(Some(100), None, 101)), "[over its cap] ");
+        assert_eq!(state_mark(&at(Some(100), Some(80), 80)), "");
+        assert_eq!(
+            state_mark(&at(Some(100), Some(80), 81)),
+            "[above its soft limit] "
+        );
+        assert_eq!(state_mark(&at(Some(100), Some(80), 101)), "[over its cap] ");
+        assert_eq!(state_mark(&at(None, None, u64::MAX)), "");
     }
 
     #[test]
