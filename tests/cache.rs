@@ -23,15 +23,18 @@ fn lines_under_1gib(args: &[&str]) -> Vec<String> {
 }
 
 /// The `counts` line starts with `counts alloc=ALLOC free=FREE ` and, where
-/// `sync` is given, holds ` sync=SYNC `.
-fn assert_counts(lines: &[String], alloc: u64, free: u64, sync: Option<u64>) {
+/// `sync` is given, holds ` sync=SYNC ` (synchronisations) and ends with
+/// ` event=EVENT` (events recorded, the cache's orderings on the legacy
+/// stream).
+fn assert_counts(lines: &[String], alloc: u64, free: u64, sync: Option<(u64, u64)>) {
     let counts = counts_line(lines);
     assert!(
         counts.starts_with(&format!("counts alloc={alloc} free={free} ")),
         "{lines:?}"
     );
-    if let Some(sync) = sync {
+    if let Some((sync, event)) = sync {
         assert!(counts.contains(&format!(" sync={sync} ")), "{lines:?}");
+        assert!(counts.ends_with(&format!(" event={event}")), "{lines:?}");
     }
 }
 
@@ -40,8 +43,9 @@ fn pairs_of_one_size_reach_the_driver_once() {
     let lines = lines_under_1gib(&["init", "pairs", "1000", "1M", "counts"]);
     assert_eq!(lines[1], "pairs 1000 1048576 -> ok=1000 rc=0");
     // One real allocation; every reuse of a block freed since the last
-    // synchronisation costs one cuCtxSynchronize (the stream-safety rule).
-    assert_counts(&lines, 1, 0, Some(999));
+    // ordering costs one event on the legacy stream (the stream-safety
+    // rule) and no wait: no non-blocking stream exists.
+    assert_counts(&lines, 1, 0, Some((0, 999)));
 
     let lines = client(
         "procaddr",
@@ -49,7 +53,50 @@ fn pairs_of_one_size_reach_the_driver_once() {
         &["init", "pairs", "1000", "1M", "counts"],
     )
     .ok_lines();
-    assert_counts(&lines, 1000, 1000, Some(0));
+    assert_counts(&lines, 1000, 1000, Some((0, 0)));
+}
+
+/// Once the program asks for a non-blocking stream (which the legacy
+/// stream does not order), each burst of reuse waits for a
+/// synchronisation instead; a blocking stream changes nothing. The page
+/// counts both ways.
+#[test]
+fn reuse_waits_only_once_a_non_blocking_stream_exists() {
+    for (make, sync, event) in [
+        ("stream", 0, 3),
+        ("stream-nb", 3, 0),
+        ("stream-prio-nb", 3, 0),
+    ] {
+        let dir = fresh_dir("cache-streams");
+        let h = held_in(
+            &artefacts().client,
+            &dir,
+            &[("VRAMCAP_LIMIT", "1GiB")],
+            &["init", make, "pairs", "4", "1M", "counts", "wait"],
+        );
+        let d = stat_device0(&dir, h.pid());
+        let (lines, _) = h.finish();
+        assert_eq!(lines[1], format!("{make} -> 0"), "{lines:?}");
+        assert_counts(&lines, 1, 0, Some((sync, event)));
+        assert_eq!(
+            (d["cache_waits"].as_u64(), d["cache_ordered"].as_u64()),
+            (Some(sync), Some(event)),
+            "{make}: {d}"
+        );
+    }
+    // Made after some reuse, the stream turns the next burst into a wait.
+    let lines = lines_under_1gib(&[
+        "init",
+        "pairs",
+        "3",
+        "1M",
+        "stream-nb",
+        "pairs",
+        "3",
+        "1M",
+        "counts",
+    ]);
+    assert_counts(&lines, 1, 0, Some((3, 2)));
 }
 
 #[test]
@@ -64,7 +111,7 @@ fn blocks_freed_before_a_synchronisation_are_reused_without_another() {
         ],
     )
     .ok_lines();
-    assert_counts(&lines, 4, 0, Some(1));
+    assert_counts(&lines, 4, 0, Some((0, 1)));
 }
 
 #[test]
@@ -311,8 +358,8 @@ fn no_synchronisation_while_a_capture_runs() {
         "the capture was not invalidated: {lines:?}"
     );
     // The allocation during capture was fresh; after it the cached block is
-    // reused with a synchronisation.
-    assert_counts(&lines, 2, 0, Some(1));
+    // reused, ordered with an event (the capture stream is a blocking one).
+    assert_counts(&lines, 2, 0, Some((0, 1)));
 }
 
 #[test]

@@ -7,7 +7,12 @@
 //   cuda   cudaFree + cudaMalloc (what a program does; run with and without the cache)
 //   naive  the program itself reuses A without waiting: the control that
 //          shows this check detects clobbering
-// Prints "RESULT mode=M reused=0|1 clobbered=N total=T". Exit 1 on CUDA errors.
+// Usage: cache_safety [cuda|naive] [nonblocking|blocking]: s1 and s2 are
+// created cudaStreamNonBlocking (default; the shim's cache then waits for a
+// synchronisation before reuse) or with default flags (blocking streams,
+// which the legacy stream orders: the cache orders the reuse with an event
+// on it instead of waiting).
+// Prints "RESULT mode=M streams=S reused=0|1 clobbered=N total=T". Exit 1 on CUDA errors.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,9 +39,11 @@ __global__ void slow_fill(int *p, size_t n, int v, unsigned long long spin_ns) {
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "cuda";
     const size_t bytes = 64ull << 20, n = bytes / sizeof(int);
+    const char *streams = argc > 2 ? argv[2] : "nonblocking";
+    const unsigned flags = strcmp(streams, "blocking") == 0 ? cudaStreamDefault : cudaStreamNonBlocking;
     cudaStream_t s1, s2;
-    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-    CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&s1, flags));
+    CHECK(cudaStreamCreateWithFlags(&s2, flags));
     int *a = NULL, *b = NULL, *twos = NULL;
     CHECK(cudaHostAlloc((void **)&twos, bytes, cudaHostAllocDefault));
     for (size_t i = 0; i < n; ++i) twos[i] = 2;
@@ -59,6 +66,6 @@ int main(int argc, char **argv) {
     CHECK(cudaMemcpy(host.data(), b, bytes, cudaMemcpyDeviceToHost));
     size_t bad = 0;
     for (size_t i = 0; i < n; ++i) bad += host[i] != 2;
-    printf("RESULT mode=%s reused=%d clobbered=%zu total=%zu concurrent_kernels=%d\n", mode, (int)(a == b), bad, n, concurrent);
+    printf("RESULT mode=%s streams=%s reused=%d clobbered=%zu total=%zu concurrent_kernels=%d\n", mode, streams, (int)(a == b), bad, n, concurrent);
     return 0;
 }

@@ -3,7 +3,11 @@
 // runs three small kernels on them and frees them. Prints the wall time and
 // a checksum of what the kernels computed, so runs with and without the
 // shim's cache can be compared for speed and for identical results.
-// Usage: churn [ITERATIONS]   Prints "RESULT iters=N ms=T checksum=C".
+// Usage: churn [ITERATIONS [nbstream]]   Prints "RESULT iters=N ms=T checksum=C".
+// With "nbstream" it first creates a non-blocking stream it never uses: the
+// shim's cache then waits for a synchronisation before each burst of reuse
+// (as it must once such a stream exists), instead of ordering the reuse with
+// an event on the legacy stream.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +32,8 @@ __global__ void k_sum(unsigned long long *acc, const unsigned *b, size_t n, unsi
 
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 5000;
+    cudaStream_t unused = NULL;
+    if (argc > 2 && argv[2][0] == 'n') CHECK(cudaStreamCreateWithFlags(&unused, cudaStreamNonBlocking));
     const size_t bytes = 1 << 20, n = bytes / sizeof(unsigned);
     unsigned long long *acc = NULL;
     CHECK(cudaMalloc(&acc, sizeof *acc));

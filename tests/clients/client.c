@@ -105,6 +105,11 @@
  *   sync                  cuCtxSynchronize            -> "sync -> RC"
  *   stream                cuStreamCreate(flags 0), remembered as the
  *                         client's stream (NULL until then) -> "stream -> RC"
+ *   stream-nb             the same with CU_STREAM_NON_BLOCKING
+ *                         -> "stream-nb -> RC"
+ *   stream-prio-nb        cuStreamCreateWithPriority(CU_STREAM_NON_BLOCKING,
+ *                         priority -1), remembered the same way
+ *                         -> "stream-prio-nb -> RC"
  *   capture-begin         cuStreamBeginCapture_v2(client's stream,
  *                         CU_STREAM_CAPTURE_MODE_RELAXED)
  *                         -> "capture-begin -> RC"
@@ -331,6 +336,7 @@ struct api {
     CUresult (*device_total_mem)(size_t *, CUdevice);
     CUresult (*ctx_synchronize)(void);
     CUresult (*stream_create)(CUstream *, unsigned int);
+    CUresult (*stream_create_with_priority)(CUstream *, unsigned int, int);
     CUresult (*stream_begin_capture)(CUstream, CUstreamCaptureMode);
     CUresult (*stream_end_capture)(CUstream, CUgraph *);
     CUresult (*ipc_get_mem_handle)(CUipcMemHandle *, CUdeviceptr);
@@ -433,6 +439,7 @@ static const struct function g_functions[] = {
     FN(cuDeviceTotalMem, cuDeviceTotalMem_v2, 3020, device_total_mem),
     FN(cuCtxSynchronize, cuCtxSynchronize, 2000, ctx_synchronize),
     FN(cuStreamCreate, cuStreamCreate, 2000, stream_create),
+    FN(cuStreamCreateWithPriority, cuStreamCreateWithPriority, 5050, stream_create_with_priority),
     FN(cuStreamBeginCapture, cuStreamBeginCapture_v2, 10010, stream_begin_capture),
     FN(cuStreamEndCapture, cuStreamEndCapture, 10000, stream_end_capture),
     FN(cuIpcGetMemHandle, cuIpcGetMemHandle, 4010, ipc_get_mem_handle),
@@ -574,6 +581,10 @@ static CUresult l_ctx_synchronize(void) { return cuCtxSynchronize(); }
 static CUresult l_stream_create(CUstream *s, unsigned int f)
 {
     return cuStreamCreate(s, f);
+}
+static CUresult l_stream_create_with_priority(CUstream *s, unsigned int f, int p)
+{
+    return cuStreamCreateWithPriority(s, f, p);
 }
 static CUresult l_stream_begin_capture(CUstream s, CUstreamCaptureMode m)
 {
@@ -805,6 +816,7 @@ static void setup_linked(void)
         .device_total_mem = l_device_total_mem,
         .ctx_synchronize = l_ctx_synchronize,
         .stream_create = l_stream_create,
+        .stream_create_with_priority = l_stream_create_with_priority,
         .stream_begin_capture = l_stream_begin_capture,
         .stream_end_capture = l_stream_end_capture,
         .ipc_get_mem_handle = l_ipc_get_mem_handle,
@@ -2208,6 +2220,19 @@ static int command(int argc, char **argv, bool run)
     if (strcmp(cmd, "stream") == 0) {
         if (run)
             out("stream -> %d", api.stream_create(&g_stream, 0));
+        return 1;
+    }
+    if (strcmp(cmd, "stream-nb") == 0) {
+        if (run)
+            out("stream-nb -> %d",
+                api.stream_create(&g_stream, CU_STREAM_NON_BLOCKING));
+        return 1;
+    }
+    if (strcmp(cmd, "stream-prio-nb") == 0) {
+        if (run)
+            out("stream-prio-nb -> %d",
+                api.stream_create_with_priority(&g_stream,
+                                                CU_STREAM_NON_BLOCKING, -1));
         return 1;
     }
     if (strcmp(cmd, "capture-begin") == 0) {

@@ -1385,6 +1385,14 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 }
 LOCAL(cuStreamCreate)
 
+/* Streams carry no priority: cuStreamCreate with the same flags. */
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    (void)priority;
+    return cuStreamCreate(phStream, flags);
+}
+LOCAL(cuStreamCreateWithPriority)
+
 /* Destroying a capturing stream ends its capture. */
 CUresult cuStreamDestroy_v2(CUstream hStream)
 {
@@ -4332,6 +4340,7 @@ ALIAS(cuCtxGetCurrent, (CUcontext *c), (c))
 ALIAS(cuCtxGetDevice, (CUdevice *d), (d))
 ALIAS(cuCtxSynchronize, (void), ())
 ALIAS(cuStreamCreate, (CUstream *s, unsigned int f), (s, f))
+ALIAS(cuStreamCreateWithPriority, (CUstream *s, unsigned int f, int p), (s, f, p))
 ALIAS(cuStreamDestroy_v2, (CUstream s), (s))
 ALIAS(cuStreamBeginCapture, (CUstream s), (s))
 ALIAS(cuStreamBeginCapture_ptsz, (CUstream s), (s))
@@ -4537,6 +4546,7 @@ static const struct proc_entry g_procs[] = {
     { "cuCtxGetDevice", { V(2000, cuCtxGetDevice) }, { { 0 } } },
     { "cuCtxSynchronize", { V(2000, cuCtxSynchronize) }, { { 0 } } },
     { "cuStreamCreate", { V(2000, cuStreamCreate) }, { { 0 } } },
+    { "cuStreamCreateWithPriority", { V(5050, cuStreamCreateWithPriority) }, { { 0 } } },
     { "cuStreamDestroy", { V(4000, cuStreamDestroy_v2) }, { { 0 } } },
     { "cuStreamBeginCapture",
       { V(10000, cuStreamBeginCapture), V(10010, cuStreamBeginCapture_v2) },

@@ -179,6 +179,10 @@ counters! {
     refusals: u64 = |s| load(&s.refusals), json "refusals", Counter "vramcap_refusals_total" "Allocations refused (out of memory) because of the cap.";
     cache_hits: u64 = |s| load(&s.cache_hits), json "cache_hits", Counter "vramcap_cache_hits_total" "Allocations served from the freed-block cache.";
     cache_misses: u64 = |s| load(&s.cache_misses), json "cache_misses", Counter "vramcap_cache_misses_total" "Allocations the freed-block cache could not serve.";
+    /// Reuses the cache made after waiting for a synchronisation.
+    cache_waits: u64 = |s| load(&s.cache_waits), json "cache_waits", Counter "vramcap_cache_waits_total" "Times the freed-block cache waited for the GPU (a context synchronisation) before reusing a block.";
+    /// Reuses the cache ordered with an event on the legacy stream, no wait.
+    cache_ordered: u64 = |s| load(&s.cache_ordered), json "cache_ordered", Counter "vramcap_cache_ordered_total" "Times the freed-block cache ordered a reuse after earlier work with an event on the legacy stream instead of waiting.";
     /// Cached blocks given back to the driver for the bound or idle time.
     evictions: u64 = |s| load(&s.evictions), json "evictions", Counter "vramcap_cache_evictions_total" "Cached blocks given back to the driver for the cache's bound or idle time.";
     /// Cache trims done at `vramcap trim`'s request.
@@ -240,6 +244,8 @@ mod tests {
             (&slot.context, 15),
             (&slot.soft, 16),
             (&slot.soft_events, 17),
+            (&slot.cache_waits, 18),
+            (&slot.cache_ordered, 19),
         ];
         for (w, v) in words {
             w.store(v, Ordering::Relaxed);
@@ -264,6 +270,8 @@ mod tests {
             ("refusals", Some(7)),
             ("cache_hits", Some(8)),
             ("cache_misses", Some(9)),
+            ("cache_waits", Some(18)),
+            ("cache_ordered", Some(19)),
             ("evictions", Some(10)),
             ("trims", Some(11)),
             ("spill_allocations", Some(12)),

@@ -151,7 +151,12 @@ pub struct DeviceSlot {
     /// times the process went above it.
     pub soft: AtomicU64,
     pub soft_events: AtomicU64,
-    pub reserved: [AtomicU64; 5],
+    /// Reuses of a freed block the cache waited for a synchronisation
+    /// before, and those it ordered after the work before the free with an
+    /// event on the legacy stream instead (no wait).
+    pub cache_waits: AtomicU64,
+    pub cache_ordered: AtomicU64,
+    pub reserved: [AtomicU64; 3],
 }
 
 /// [`Header::counting`]: everything the process holds on the GPU is capped.
@@ -229,6 +234,8 @@ impl DeviceSlot {
             &self.limit_changes,
             &self.soft,
             &self.soft_events,
+            &self.cache_waits,
+            &self.cache_ordered,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -533,7 +540,9 @@ mod tests {
             (offset_of!(DeviceSlot, limit_changes), 192),
             (offset_of!(DeviceSlot, soft), 200),
             (offset_of!(DeviceSlot, soft_events), 208),
-            (offset_of!(DeviceSlot, reserved), 216),
+            (offset_of!(DeviceSlot, cache_waits), 216),
+            (offset_of!(DeviceSlot, cache_ordered), 224),
+            (offset_of!(DeviceSlot, reserved), 232),
         ];
         for (got, want) in s {
             assert_eq!(got, want);

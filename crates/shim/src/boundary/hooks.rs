@@ -54,6 +54,9 @@ hooks! {
         fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult, Lookup::cuda("cuDevicePrimaryCtxRelease", 11000), on panic NOT_FOUND => Engine::primary_ctx_teardown;
         fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult, Lookup::cuda("cuDevicePrimaryCtxReset", 11000), on panic NOT_FOUND => Engine::primary_ctx_teardown;
         fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuIpcGetMemHandle", 4010), on panic NOT_FOUND => Engine::ipc_get_mem_handle;
+        fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamCreate", 2000), on panic NOT_FOUND => Engine::stream_create;
+        fn cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int) -> CUresult, Lookup::cuda("cuStreamCreateWithPriority", 5050), on panic NOT_FOUND => Engine::stream_create_with_priority;
+        fn cuGreenCtxStreamCreate(stream: *mut CUstream, green: *mut c_void, flags: c_uint, priority: c_int) -> CUresult, Lookup::cuda("cuGreenCtxStreamCreate", 12040), on panic NOT_FOUND => Engine::green_ctx_stream_create;
 
         fn cuStreamBeginCapture(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).legacy_stream(), on panic NOT_FOUND => Engine::begin_capture;
         fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).per_thread_stream(), on panic NOT_FOUND => Engine::begin_capture;

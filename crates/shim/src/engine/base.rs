@@ -3,7 +3,7 @@
 //! count of stream captures in progress and the background thread. The
 //! cache and spill take a `&Base`; the engine derefs to it.
 
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 
 use vramcap_core::MAX_DEVICES;
 use vramcap_core::budget::NO_CAP;
@@ -32,10 +32,15 @@ pub struct Base<D: Driver> {
     pub group_caps: [AtomicU64; MAX_DEVICES],
     /// Pools, graph memory and the context (`held.rs`).
     pub held: Held,
+    /// Set (for good) when the program asked for a stream that is not
+    /// ordered with the legacy stream (`CU_STREAM_NON_BLOCKING`, green
+    /// context streams): the cache then waits for a synchronisation before
+    /// reusing a block (`cache.rs`).
+    pub nonblocking_streams: AtomicBool,
 }
 
 /// `CU_STREAM_LEGACY`: a handle value, not a pointer to anything.
-const CU_STREAM_LEGACY: usize = 1;
+pub const CU_STREAM_LEGACY: usize = 1;
 
 impl<D: Driver> Base<D> {
     pub fn new(driver: D, settings: &'static Settings) -> Base<D> {
@@ -49,7 +54,13 @@ impl<D: Driver> Base<D> {
             keys: AtomicU8::new(0),
             group_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
             held: Held::new(),
+            nonblocking_streams: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a stream unordered with the legacy stream may exist.
+    pub fn nonblocking_streams(&self) -> bool {
+        self.nonblocking_streams.load(Ordering::SeqCst)
     }
 
     /// The calling thread's current context and its device.

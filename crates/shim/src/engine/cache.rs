@@ -15,10 +15,27 @@
 //!   the free, hence after every launch that precedes the free in the
 //!   program's order; once it returned, that work is complete.
 //! - So a block is safe to hand out when `done > block.ticket`. If not, the
-//!   allocating thread takes a new ticket, calls `cuCtxSynchronize` (the
-//!   driver's free would have cost at least that), records `done`, and every
-//!   block freed before that ticket becomes safe at once: one
-//!   synchronisation per burst of reuse, not one per block.
+//!   allocating thread takes a new ticket, makes the work before it
+//!   harmless to what comes after (below), records `done`, and every block
+//!   freed before that ticket becomes safe at once: once per burst of
+//!   reuse, not once per block.
+//! - Making it harmless without waiting: the legacy stream is ordered with
+//!   every *blocking* stream of its context (all streams but those created
+//!   `CU_STREAM_NON_BLOCKING`, per-thread default streams included): work on
+//!   it starts after the work queued before it on those streams, and work
+//!   queued on them after it starts after it. So an event recorded on the
+//!   legacy stream (`cuEventRecord(ev, CU_STREAM_LEGACY)`, one event per
+//!   context, never waited for) orders every later use of the block after
+//!   every earlier one, and the CPU goes on at once. The shim sees every
+//!   stream creation (`cuStreamCreate`, `…WithPriority`,
+//!   `cuGreenCtxStreamCreate`); once a non-blocking stream was asked for,
+//!   the flag is set (before the stream exists, for good) and the ticket
+//!   is made safe the old way: `cuCtxSynchronize` (the driver's free would
+//!   have cost at least that). The flag is read after the ticket is taken,
+//!   hence after the frees it covers: a block used on a non-blocking
+//!   stream was freed after that stream was asked for, so the flag is seen.
+//!   A failed record also falls back to the synchronisation. The page
+//!   counts both ways (`cache_ordered`, `cache_waits`).
 //! - While any stream capture is in progress the cache never synchronises
 //!   (it would invalidate the capture): an unsafe block goes back and the
 //!   allocation is a fresh one.
@@ -51,9 +68,9 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::cache::{Block, Pool, Want};
 use vramcap_core::page::DeviceSlot;
 
-use super::base::Base;
-use super::cuda::CUDA_SUCCESS;
-use super::driver::Driver;
+use super::base::{Base, CU_STREAM_LEGACY};
+use super::cuda::{CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS};
+use super::driver::{Driver, Flavour};
 use crate::log::{log_at, log_once};
 
 #[derive(Default)]
@@ -66,6 +83,8 @@ struct Tickets {
 struct Inner {
     pool: Pool,
     tickets: HashMap<usize, Tickets>,
+    /// Each context's event for ordering on the legacy stream.
+    events: HashMap<usize, usize>,
 }
 
 struct DeviceCache {
@@ -167,19 +186,65 @@ impl Cache {
             t.started += 1;
             t.started
         };
-        let rc = base.driver.ctx_synchronize();
-        if rc != CUDA_SUCCESS {
-            log_once!(
-                Warn,
-                "cuCtxSynchronize returned {rc} before reusing a cached block; allocating afresh instead"
-            );
-            self.put_back(base, dev, block);
-            return None;
+        let slot = base.slot(i32::from(dev));
+        if !base.nonblocking_streams() && self.order_on_legacy(base, c, ctx) {
+            if let Some(s) = slot {
+                DeviceSlot::add(&s.cache_ordered, 1);
+            }
+        } else {
+            let rc = base.driver.ctx_synchronize();
+            if rc != CUDA_SUCCESS {
+                log_once!(
+                    Warn,
+                    "cuCtxSynchronize returned {rc} before reusing a cached block; allocating afresh instead"
+                );
+                self.put_back(base, dev, block);
+                return None;
+            }
+            if let Some(s) = slot {
+                DeviceSlot::add(&s.cache_waits, 1);
+            }
         }
         let mut g = c.lock();
         let t = g.tickets.entry(ctx).or_default();
         t.done = t.done.max(ticket);
         Some(block)
+    }
+
+    /// Records context `ctx`'s event (created at its first use) on the
+    /// legacy stream, `ctx` being current; false when that failed.
+    fn order_on_legacy<D: Driver>(&self, base: &Base<D>, c: &DeviceCache, ctx: usize) -> bool {
+        let known = c.lock().events.get(&ctx).copied();
+        let event = match known {
+            Some(e) => e,
+            None => {
+                let Ok(e) = base.driver.event_create(CU_EVENT_DISABLE_TIMING) else {
+                    return false;
+                };
+                let mut g = c.lock();
+                match g.events.get(&ctx) {
+                    Some(&other) => {
+                        drop(g);
+                        let _ = base.driver.event_destroy(e);
+                        other
+                    }
+                    None => {
+                        g.events.insert(ctx, e);
+                        e
+                    }
+                }
+            }
+        };
+        let rc = base
+            .driver
+            .event_record(event, CU_STREAM_LEGACY, Flavour::Legacy);
+        if rc != CUDA_SUCCESS {
+            log_once!(
+                Warn,
+                "cuEventRecord on the legacy stream returned {rc} before reusing a cached block; synchronising instead"
+            );
+        }
+        rc == CUDA_SUCCESS
     }
 
     fn put_back<D: Driver>(&self, base: &Base<D>, dev: u16, block: Block) {
@@ -234,7 +299,12 @@ impl Cache {
     /// Releases every cached block of context `ctx` (before it is destroyed).
     pub fn drain_ctx<D: Driver>(&self, base: &Base<D>, ctx: usize) {
         for (dev, c) in self.devices.iter().enumerate() {
-            let out = c.lock().pool.drain_ctx(ctx);
+            let out = {
+                let mut g = c.lock();
+                // The context's event goes with it.
+                g.events.remove(&ctx);
+                g.pool.drain_ctx(ctx)
+            };
             if !out.is_empty() {
                 self.release(base, dev as u16, out, Why::Evicted);
             }
@@ -245,7 +315,11 @@ impl Cache {
     /// destroyed: the memory is gone, only the accounting is left to settle.
     pub fn forget_ctx<D: Driver>(&self, base: &Base<D>, ctx: usize) {
         for (dev, c) in self.devices.iter().enumerate() {
-            let out = c.lock().pool.drain_ctx(ctx);
+            let out = {
+                let mut g = c.lock();
+                g.events.remove(&ctx);
+                g.pool.drain_ctx(ctx)
+            };
             for b in out {
                 if let Some(s) = base.slot(dev as i32) {
                     s.cached.fetch_sub(b.bytes, Ordering::Relaxed);

@@ -199,3 +199,9 @@ pub struct CUDA_GRAPH_INSTANTIATE_PARAMS {
 pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: u64 = 2;
 /// `CUgraphInstantiateResult`: the instantiation failed.
 pub const CUDA_GRAPH_INSTANTIATE_ERROR: c_int = 1;
+
+/// `CU_STREAM_NON_BLOCKING` (`CUstream_flags`): a stream the legacy stream
+/// does not wait for, nor it for the legacy stream.
+pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
+/// `CU_EVENT_DISABLE_TIMING` (`CUevent_flags`).
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;

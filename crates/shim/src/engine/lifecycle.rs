@@ -1,9 +1,10 @@
 //! Handlers that do not allocate but change what the engine may do with
 //! memory: contexts going away (their memory goes with them), stream
 //! capture (no synchronising or freeing while it runs) and IPC export (such
-//! blocks are not cached).
+//! blocks are not cached), and streams that the legacy stream does not
+//! order (the cache must wait before reusing a block).
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 
 use super::cuda::*;
@@ -130,6 +131,57 @@ impl<D: Driver> Engine<D> {
             r.exported = true;
         }
         rc
+    }
+
+    /// `cuStreamCreate`: a stream created `CU_STREAM_NON_BLOCKING` is not
+    /// ordered with the legacy stream, so from then on the cache waits for
+    /// a synchronisation before reusing a block (`cache.rs`). The flag is
+    /// set before the stream exists: no work can be on it unseen.
+    pub fn stream_create(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        _stream: *mut CUstream,
+        flags: c_uint,
+    ) -> CUresult {
+        self.note_stream_flags(flags);
+        real()
+    }
+
+    /// `cuStreamCreateWithPriority`: as [`Engine::stream_create`].
+    pub fn stream_create_with_priority(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        _stream: *mut CUstream,
+        flags: c_uint,
+        _priority: c_int,
+    ) -> CUresult {
+        self.note_stream_flags(flags);
+        real()
+    }
+
+    /// `cuGreenCtxStreamCreate`: green contexts' streams are always
+    /// non-blocking.
+    pub fn green_ctx_stream_create(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        _stream: *mut CUstream,
+        _green: *mut c_void,
+        _flags: c_uint,
+        _priority: c_int,
+    ) -> CUresult {
+        self.note_stream_flags(CU_STREAM_NON_BLOCKING);
+        real()
+    }
+
+    fn note_stream_flags(&self, flags: c_uint) {
+        if flags & CU_STREAM_NON_BLOCKING != 0
+            && !self.nonblocking_streams.swap(true, Ordering::SeqCst)
+        {
+            log_at!(
+                Info,
+                "the program asked for a non-blocking stream: from now on the freed-block cache waits for the GPU before reusing a block"
+            );
+        }
     }
 
     /// After any `cuStreamBeginCapture*` variant: one more capture in

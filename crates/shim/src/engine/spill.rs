@@ -47,7 +47,6 @@ const CU_DEVICE_CPU: CUdevice = -1;
 const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x01;
 const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x02;
 const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
-const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 
 /// A stream-ordered free of a spilled pointer, waiting for its event.
 struct Deferred {

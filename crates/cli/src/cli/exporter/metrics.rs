@@ -245,6 +245,8 @@ mod tests {
             refusals: 7,
             cache_hits: 8,
             cache_misses: 9,
+            cache_waits: 19,
+            cache_ordered: 21,
             evictions: 11,
             trims: 12,
             spill_allocs: 13,
@@ -297,6 +299,6 @@ mod tests {
                 seen.push(name);
             }
         }
-        assert_eq!(seen.len(), 21);
+        assert_eq!(seen.len(), 23);
     }
 }

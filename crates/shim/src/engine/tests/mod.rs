@@ -42,6 +42,8 @@ struct Fake {
     /// The most `live` ever was.
     peak: AtomicU64,
     syncs: AtomicUsize,
+    /// Events recorded on the legacy stream.
+    legacy_records: AtomicUsize,
     frees: AtomicUsize,
     /// Stream captures the fake reports (by stream handle), and on the legacy stream.
     capturing: Mutex<HashMap<usize, c_int>>,
@@ -182,7 +184,10 @@ impl Driver for Fake {
     fn event_create(&self, _flags: c_uint) -> Result<usize, CUresult> {
         Ok(1)
     }
-    fn event_record(&self, _event: usize, _stream: usize, _flavour: Flavour) -> CUresult {
+    fn event_record(&self, _event: usize, stream: usize, _flavour: Flavour) -> CUresult {
+        if stream == 1 {
+            self.legacy_records.fetch_add(1, Ordering::SeqCst);
+        }
         CUDA_SUCCESS
     }
     fn event_query(&self, _event: usize) -> CUresult {
@@ -381,9 +386,37 @@ fn racing_threads_never_hold_more_than_the_cap() {
     assert!(s.budget.peak() <= 100 * MIB);
 }
 
+/// With only blocking streams a reuse is ordered with an event on the
+/// legacy stream (no wait); once a non-blocking stream was asked for, it
+/// waits for a synchronisation. Either way once per burst.
 #[test]
-fn one_synchronisation_makes_every_block_freed_before_it_safe() {
-    let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
+fn one_ordering_makes_every_block_freed_before_it_safe() {
+    for nonblocking in [false, true] {
+        let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
+        let flags = c_uint::from(nonblocking);
+        assert_eq!(
+            e.stream_create(|| CUDA_SUCCESS, std::ptr::null_mut(), flags),
+            CUDA_SUCCESS
+        );
+        let (waits, ordered) = (&e.driver.syncs, &e.driver.legacy_records);
+        let (way, other) = if nonblocking {
+            (waits, ordered)
+        } else {
+            (ordered, waits)
+        };
+        reuse_once_per_burst(e, way);
+        assert_eq!(other.load(Ordering::SeqCst), 0);
+        let s = e.slot(0).unwrap();
+        let counted = if nonblocking {
+            &s.cache_waits
+        } else {
+            &s.cache_ordered
+        };
+        assert_eq!(counted.load(Ordering::Relaxed), 2);
+    }
+}
+
+fn reuse_once_per_burst(e: &'static Engine<Fake>, syncs: &AtomicUsize) {
     let a = alloc(e, 8 * MIB).unwrap();
     let b = alloc(e, 8 * MIB).unwrap();
     assert_eq!(free(e, a), CUDA_SUCCESS);
@@ -392,21 +425,22 @@ fn one_synchronisation_makes_every_block_freed_before_it_safe() {
     assert_eq!(e.driver.frees.load(Ordering::SeqCst), 0);
     assert_eq!(used(e), 16 * MIB);
     assert_eq!(e.slot(0).unwrap().cached.load(Ordering::Relaxed), 16 * MIB);
-    // The first reuse must wait for work that may still use the block...
+    // The first reuse must be made safe from work that may still use the
+    // block...
     let c = alloc(e, 8 * MIB).unwrap();
-    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 1);
-    // ...and that one synchronisation covers the other block too.
+    assert_eq!(syncs.load(Ordering::SeqCst), 1);
+    // ...and that covers the other block too.
     let d = alloc(e, 8 * MIB).unwrap();
-    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 1);
+    assert_eq!(syncs.load(Ordering::SeqCst), 1);
     let mut got = [c, d];
     got.sort();
     let mut want = [a, b];
     want.sort();
     assert_eq!(got, want);
-    // A block freed after that synchronisation needs a new one.
+    // A block freed after that needs another.
     assert_eq!(free(e, c), CUDA_SUCCESS);
     assert_eq!(alloc(e, 8 * MIB).unwrap(), c);
-    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 2);
+    assert_eq!(syncs.load(Ordering::SeqCst), 2);
     let s = e.slot(0).unwrap();
     assert_eq!(s.cache_hits.load(Ordering::Relaxed), 3);
     assert_eq!(s.cached.load(Ordering::Relaxed), 0);
@@ -425,6 +459,7 @@ fn while_a_capture_runs_the_cache_neither_synchronises_nor_keeps() {
     let b = alloc(e, 8 * MIB).unwrap();
     assert_ne!(b, a, "an unsafe block is not handed out during a capture");
     assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.legacy_records.load(Ordering::SeqCst), 0);
     // A free during the capture goes to the driver: keeping could evict.
     assert_eq!(free(e, b), CUDA_SUCCESS);
     assert_eq!(e.driver.frees.load(Ordering::SeqCst), 1);
@@ -440,7 +475,7 @@ fn while_a_capture_runs_the_cache_neither_synchronises_nor_keeps() {
     );
     assert!(!e.capturing());
     assert_eq!(alloc(e, 8 * MIB).unwrap(), a);
-    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.legacy_records.load(Ordering::SeqCst), 1);
 }
 
 #[test]
