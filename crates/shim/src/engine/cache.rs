@@ -50,10 +50,13 @@
 //! (least recently freed first) and the allocation is retried.
 //!
 //! # Concurrency and fork
-//! One mutex per device guards its pool and tickets; it is held for map
-//! operations only, never across a driver call (blocks are taken out under
-//! the lock, then synchronised or freed outside it), and never while
-//! another lock is held. Keeping a block allocates (the pool's maps). The
+//! One mutex per device guards its pool, tickets and contexts' events; it
+//! is held for map operations only, never across a driver call (blocks are
+//! taken out under the lock, then ordered, synchronised or freed outside it;
+//! an event is created outside it and, when another thread stored one for
+//! the context meanwhile, destroyed again), and never while another lock is
+//! held. The non-blocking-stream flag is one atomic, set before the stream
+//! exists and read after the ticket is taken. Keeping a block allocates (the pool's maps). The
 //! background thread (idle release and `vramcap trim`, see `worker`) is
 //! started by the engine when the first block is kept. After `fork` the
 //! child's new engine has fresh, empty caches: the parent's blocks belong to
