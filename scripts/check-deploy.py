@@ -65,7 +65,7 @@ def venv_python():
     if not os.path.exists(marker) or open(marker).read().strip() != VALIDATOR:
         print(f"check-deploy: installing {VALIDATOR} into {VENV}", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-        subprocess.run([py, "-m", "pip", "install", "-q", VALIDATOR], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "--no-cache-dir", VALIDATOR], check=True)
         with open(marker, "w") as f:
             f.write(VALIDATOR + "\n")
     return py

@@ -272,37 +272,6 @@ except KeyError as e:
     ]);
 }
 
-/// `pip install .` from the repository installs the package, without
-/// network access (the in-tree build backend needs only the standard
-/// library), and the installed package imports.
-#[test]
-fn pip_installs_the_python_package_offline() {
-    let target = fresh_dir("pip-target");
-    let mut cmd = std::process::Command::new("python3");
-    cmd.args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--no-deps",
-        "--no-index",
-        "--target",
-    ])
-    .arg(&target)
-    .arg(root())
-    .env("PIP_DISABLE_PIP_VERSION_CHECK", "1");
-    let ran = run(cmd);
-    ran.expect_code(0);
-    let mut cmd = std::process::Command::new("python3");
-    cmd.args([
-        "-c",
-        "import vramcap; print(vramcap.is_active(), vramcap.parse_amount('2GiB'))",
-    ])
-    .env("PYTHONPATH", &target)
-    .env_remove("LD_PRELOAD");
-    run(cmd).expect_lines(&[&format!("False {}", 2 * GIB)]);
-}
-
 /// 16 threads churn allocations under 1 GiB while the cap is lowered to
 /// 256 MiB: from the moment the change is acknowledged (the call
 /// returns), no allocation takes the driver past the new cap.

@@ -214,6 +214,11 @@ fn find_library() -> Result<PathBuf, String> {
         // .deb's layout under any prefix, and the tarball's).
         tried.push(prefix.join("lib/x86_64-linux-gnu/vramcap/libvramcap.so"));
         tried.push(prefix.join("lib/vramcap/libvramcap.so"));
+        // The wheel's: PREFIX/bin/vramcap and the package in
+        // PREFIX/lib/pythonX.Y/{site,dist}-packages/vramcap/ (a virtual
+        // environment, --user, a system prefix), or DIR/bin and DIR/vramcap
+        // (pip install --target DIR).
+        tried.extend(wheel_libraries(prefix));
     }
     if let Some(p) = std::env::var_os(vramcap_core::settings::LIBRARY_VAR) {
         tried.push(PathBuf::from(p));
@@ -236,6 +241,26 @@ fn find_library() -> Result<PathBuf, String> {
                 list.join(", ")
             )
         })
+}
+
+/// Where an installed wheel keeps the library, for its CLI in PREFIX/bin.
+fn wheel_libraries(prefix: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(prefix.join("lib")) {
+        let mut pythons: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path())
+            .collect();
+        pythons.sort();
+        for py in pythons {
+            for packages in ["site-packages", "dist-packages"] {
+                out.push(py.join(packages).join("vramcap/libvramcap.so"));
+            }
+        }
+    }
+    out.push(prefix.join("vramcap/libvramcap.so"));
+    out
 }
 
 /// The variables to set, after checking every value the way the shim will.
