@@ -3,8 +3,8 @@
 # (DIR/vramcap-*.whl, from scripts/package.sh) installed into a fresh
 # virtual environment caps PyTorch on the real driver.
 #
-# The environment sees the machine's own packages (--system-site-packages,
-# for torch); the wheel goes in with pip, offline. Rows: `vramcap doctor` on
+# The environment sees PYTHON's packages (for torch, through a .pth file);
+# the wheel goes in with pip, offline. Rows: `vramcap doctor` on
 # the real driver; `vramcap run --limit 2GiB -- python check_torch.py` and
 # the same through `python -m vramcap run`: mem_get_info's total 2 GiB,
 # torch.OutOfMemoryError at the end, at most 2 GiB filled; the package
@@ -31,6 +31,10 @@ if [ -z "$whl" ]; then
 fi
 run_cmd venv 120 "$PYTHON" -m venv --system-site-packages "$venv"
 [ "$RC" = 0 ] || ok=0
+# PYTHON's own packages (torch), also when PYTHON is itself a virtual
+# environment, whose packages --system-site-packages does not reach.
+"$PYTHON" -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' \
+    >"$(echo "$venv"/lib/python3*/site-packages)/outer-packages.pth" || ok=0
 run_cmd pip 120 env PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/pip" install --no-index --no-deps --no-cache-dir "$whl"
 [ "$RC" = 0 ] || ok=0
 add_row "pip install $(basename "$whl") into a fresh venv (offline)" "exit 0" "rc=$RC" "$(verdict)"
