@@ -19,17 +19,21 @@ run=(target/release/vramcap run --limit "$limit" -- target/release/vramcap-fill)
 
 echo
 echo "== ${run[*]}"
+err=$(mktemp)
+trap 'rm -f "$err"' EXIT
 set +e
-"${run[@]}"
+"${run[@]}" 2>"$err"
 rc=$?
 set -e
 if [ "$rc" -eq 3 ]; then
-    echo
-    echo "== no usable GPU here: using the stand-in driver (tests/standin, exact accounting, 16 GiB per fake device)"
+    # fill.c exits 3 when it finds no CUDA driver: not a failure of the demo.
+    echo "== this machine has no NVIDIA driver ($(sed -n 's/^fill: no CUDA driver: //p' "$err" | head -n 1)):"
+    echo "== using the stand-in driver instead (tests/standin, exact accounting, 16 GiB per fake device)"
     bash tests/standin/build.sh target/standin
     LD_LIBRARY_PATH="$PWD/target/standin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "${run[@]}"
     rc=$?
 else
+    cat "$err" >&2
     echo "== that was the real driver"
 fi
 exit "$rc"

@@ -149,7 +149,15 @@ fn vramcap_limit_reports_over_cap_waits_lifts_and_refuses_bad_input() {
     let over = format!(
         "{pid} gpu 0: limit 1.00 GiB -> 512 MiB, holds 768 MiB, over the new cap by 256 MiB: new allocations are refused until it frees"
     );
-    limit(&dir, &["--pid", &p, "512MiB"]).expect_lines(&[&over]);
+    // -i names the GPUs to change, as nvidia-smi -i does: this process
+    // uses only GPU 0.
+    let ran = limit(&dir, &["--pid", &p, "-i", "1", "512MiB"]);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!("vramcap: {pid}: SPEC \"512MiB\" with -i names no GPU this process uses\n")
+    );
+    limit(&dir, &["--pid", &p, "-i", "GPU-5ca1ab1e", "512MiB"]).expect_lines(&[&over]);
     // `stat` says so under its table.
     assert!(
         stat_lines(&dir, &p).contains(&format!(

@@ -479,6 +479,26 @@ fn without_a_terminal_it_prints_the_stat_table_each_refresh() {
     cmd.env("VRAMCAP_STATS_DIR", &dir)
         .args(["top", "--count", "1"]);
     assert_eq!(run(cmd).ok_lines().len(), 3);
+    // --once (as nvitop's): the table once, no time line; -i filters GPUs.
+    let top = |args: &[&str]| {
+        let mut cmd = bare(&artefacts().cli);
+        cmd.env("VRAMCAP_STATS_DIR", &dir).arg("top").args(args);
+        run(cmd).ok_lines()
+    };
+    let once = top(&["--once"]);
+    assert_eq!(once.len(), 2, "{once:#?}");
+    assert_eq!(words(&once[0]), header);
+    assert_eq!(words(&once[1]), row);
+    assert_eq!(top(&["--once", "-i", "0"]), once);
+    assert_eq!(top(&["--once", "--gpu", "GPU-5ca1ab1e"]), once);
+    assert_eq!(
+        top(&["--once", "-i", "1"]),
+        [
+            "GPU  PID  LIMIT  USED  PEAK  CACHED  POOLS  GRAPHS  CONTEXT  SPILLED  %LIMIT  OOM  COMMAND"
+                .to_string(),
+            format!("(no processes under vramcap in {})", dir.display())
+        ]
+    );
     h.finish();
 }
 
@@ -488,6 +508,8 @@ fn a_bad_interval_or_count_is_refused() {
         &["top", "--interval", "0"][..],
         &["top", "--interval", "soon"],
         &["top", "--count", "0"],
+        &["top", "--once", "--count", "2"],
+        &["top", "-i", "gpu0"],
     ] {
         let mut cmd = bare(&artefacts().cli);
         cmd.args(args);

@@ -126,13 +126,13 @@ fn bad_listen_values_exit_2_with_one_line() {
             .args(["exporter", "--listen", listen]);
         run(cmd)
     };
-    for bad in ["foo", "127.0.0.1", "127.0.0.1:99999", "9400", ""] {
+    for bad in ["foo", "127.0.0.1", "127.0.0.1:99999", "10077", ""] {
         let ran = exporter(bad);
         ran.expect_code(2);
         assert_eq!(
             ran.stderr(),
             format!(
-                "vramcap: --listen \"{bad}\" is not valid: expected ADDRESS:PORT, e.g. 127.0.0.1:9400\n"
+                "vramcap: --listen \"{bad}\" is not valid: expected ADDRESS:PORT, e.g. 127.0.0.1:10077\n"
             )
         );
     }

@@ -113,12 +113,20 @@ enum Command {
     },
     /// Live view of every process under the shim: memory bars, history and groups
     ///
-    /// Keys: u, p, g, o sort by used bytes, PID, GPU or refusals; r reverses;
-    /// q, Esc or Ctrl-C quits. Without a terminal, prints the `stat` table
-    /// every interval instead.
+    /// Keys: u, p, g, o sort by used bytes, PID, GPU or refusals; `,` and `.`
+    /// move the sort to the previous or next column and `/` (or r) reverses
+    /// it, as in nvitop; q, Esc or Ctrl-C quits. Without a terminal, prints
+    /// the `stat` table every interval instead.
     Top {
         #[command(flatten)]
         read: cli::stat::ReadOptions,
+        /// Only these GPUs: indices as the processes see them or UUID
+        /// prefixes, comma-separated, as `nvidia-smi -i` takes them (--gpu is the same)
+        #[arg(short = 'i', long = "id", visible_alias = "gpu", value_name = "ID[,ID…]", value_delimiter = ',', value_parser = cli::stat::parse_gpu)]
+        gpus: Vec<cli::stat::GpuSel>,
+        /// Print the table once and exit, as `nvitop --once` does
+        #[arg(long, conflicts_with = "count")]
+        once: bool,
         /// Refresh every SECONDS
         #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = cli::top::parse_interval)]
         interval: std::time::Duration,
@@ -175,6 +183,10 @@ enum Command {
         /// How long to wait for each process to take the change
         #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = cli::stat::parse_seconds)]
         timeout: std::time::Duration,
+        /// Only these GPUs of each process: indices or UUID prefixes,
+        /// comma-separated, as `nvidia-smi -i` takes them (--gpu is the same)
+        #[arg(short = 'i', long = "id", visible_alias = "gpu", value_name = "ID[,ID…]", value_delimiter = ',', value_parser = cli::stat::parse_gpu, conflicts_with = "group")]
+        gpus: Vec<cli::stat::GpuSel>,
         /// The new cap: 2GiB, 50%, 0=2GiB,1=4GiB, GPU-5ca1ab1e=2GiB, or none
         #[arg(value_name = "SPEC")]
         spec: String,
@@ -386,8 +398,16 @@ fn main() -> ExitCode {
             read,
             interval,
             count,
-        } => cli::stat::Sources::new(&read, uid)
-            .map(|sources| ExitCode::from(cli::top::run(sources, interval, count))),
+            gpus,
+            once,
+        } => cli::stat::Sources::new(&read, uid).map(|sources| {
+            ExitCode::from(cli::top::run(
+                sources,
+                interval,
+                if once { Some(0) } else { count },
+                gpus,
+            ))
+        }),
         Command::Exporter { read, listen } => cli::stat::Sources::new(&read, uid)
             .and_then(|sources| cli::exporter::run(&listen, sources))
             .map(ExitCode::from),
@@ -411,6 +431,7 @@ fn main() -> ExitCode {
             timeout,
             spec,
             write,
+            gpus,
         } => write.resolve(uid, "limit").map(|(dirs, users)| {
             let args = cli::limit::LimitArgs {
                 pids: &pids,
@@ -419,6 +440,7 @@ fn main() -> ExitCode {
                 spec: &spec,
                 timeout,
                 wait,
+                gpus: &gpus,
             };
             ExitCode::from(cli::limit::run(&dirs, users, &args))
         }),

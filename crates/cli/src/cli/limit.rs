@@ -77,6 +77,8 @@ pub struct LimitArgs<'a> {
     pub timeout: Duration,
     /// With a value: wait until each target holds at most its new cap.
     pub wait: Option<Duration>,
+    /// `-i/--id`: only these GPUs of each process (all when empty).
+    pub gpus: &'a [super::stat::GpuSel],
 }
 
 /// Runs `vramcap limit`; the exit status: 0 when every target took the
@@ -142,6 +144,12 @@ fn change(
         if s.flags.load(Ordering::Relaxed) & FLAG_ACTIVE == 0 {
             continue;
         }
+        if !a.gpus.is_empty() {
+            let snap = vramcap_core::counters::SlotSnapshot::read(i as u32, s);
+            if !a.gpus.iter().any(|g| g.matches(&snap)) {
+                continue;
+            }
+        }
         let uuid = uuid_text(&s.uuid_bytes());
         let Some(new) = resolve(
             want,
@@ -156,10 +164,14 @@ fn change(
         asked.push((i, old, new));
     }
     if asked.is_empty() {
-        return Err(format!(
-            "{pid}: SPEC {:?} names no GPU this process uses",
-            a.spec
-        ));
+        return Err(if a.gpus.is_empty() {
+            format!("{pid}: SPEC {:?} names no GPU this process uses", a.spec)
+        } else {
+            format!(
+                "{pid}: SPEC {:?} with -i names no GPU this process uses",
+                a.spec
+            )
+        });
     }
     let ticket = page
         .header

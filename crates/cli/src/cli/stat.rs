@@ -253,7 +253,7 @@ pub enum GpuSel {
 }
 
 impl GpuSel {
-    fn matches(&self, d: &SlotSnapshot) -> bool {
+    pub fn matches(&self, d: &SlotSnapshot) -> bool {
         match self {
             GpuSel::Index(i) => d.device == *i,
             GpuSel::Uuid(prefix) => vramcap_core::page::uuid_text(&d.uuid)

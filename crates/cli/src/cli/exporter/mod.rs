@@ -1,6 +1,6 @@
 //! `vramcap exporter`: the statistics pages as Prometheus metrics over HTTP.
 //!
-//! `vramcap exporter [--listen ADDRESS:PORT]` (default `127.0.0.1:9400`;
+//! `vramcap exporter [--listen ADDRESS:PORT]` (default `127.0.0.1:10077`;
 //! `:PORT` means every IPv4 interface, port 0 picks a free port) prints one
 //! line, `vramcap exporter listening on http://ADDRESS:PORT/metrics`, on
 //! stderr once it listens (after a warning for each `--dir` pattern whose
@@ -41,7 +41,7 @@ use crate::read::Reading;
 #[cfg(test)]
 pub(super) use self::metrics::render as render_metrics;
 
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10077";
 
 /// The addresses `--listen` names: `IP:PORT`, `[IPv6]:PORT`, `HOST:PORT` or
 /// `:PORT` (every IPv4 interface).
@@ -203,21 +203,21 @@ mod tests {
     #[test]
     fn listen_values() {
         assert_eq!(
-            parse_listen("127.0.0.1:9400").unwrap(),
-            ["127.0.0.1:9400".parse::<SocketAddr>().unwrap()]
+            parse_listen("127.0.0.1:10077").unwrap(),
+            ["127.0.0.1:10077".parse::<SocketAddr>().unwrap()]
         );
         assert_eq!(
             parse_listen("[::1]:0").unwrap(),
             ["[::1]:0".parse::<SocketAddr>().unwrap()]
         );
         assert_eq!(
-            parse_listen(":9400").unwrap(),
-            ["0.0.0.0:9400".parse::<SocketAddr>().unwrap()]
+            parse_listen(":10077").unwrap(),
+            ["0.0.0.0:10077".parse::<SocketAddr>().unwrap()]
         );
         for bad in [
             "",
             "foo",
-            "9400",
+            "10077",
             "127.0.0.1",
             "127.0.0.1:99999",
             "127.0.0.1:+1",
@@ -228,7 +228,7 @@ mod tests {
             let e = parse_listen(bad).unwrap_err();
             assert!(
                 e.starts_with(&format!("--listen \"{bad}\" is not valid: "))
-                    && e.ends_with("expected ADDRESS:PORT, e.g. 127.0.0.1:9400"),
+                    && e.ends_with("expected ADDRESS:PORT, e.g. 127.0.0.1:10077"),
                 "{e}"
             );
         }

@@ -70,7 +70,7 @@ use ratatui::DefaultTerminal;
 
 use self::model::{Model, SortBy};
 use self::terminal::Screen;
-use super::stat::{Sources, StatArgs, parse_interval as parse_seconds};
+use super::stat::{GpuSel, Sources, StatArgs, parse_interval as parse_seconds};
 
 /// `--interval`: seconds, greater than 0.
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
@@ -81,22 +81,24 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     })
 }
 
-/// Runs `top`; returns the exit code.
-pub fn run(sources: Sources, interval: Duration, count: Option<u64>) -> u8 {
-    if !io::stdout().is_terminal() {
+/// Runs `top`; returns the exit code. `count` `Some(0)` is `--once`: the
+/// `stat` table printed once, with or without a terminal.
+pub fn run(sources: Sources, interval: Duration, count: Option<u64>, gpus: Vec<GpuSel>) -> u8 {
+    let once = count == Some(0);
+    if once || !io::stdout().is_terminal() {
         let mut args = StatArgs {
             groups: Vec::new(),
             json: false,
-            interval: Some(interval),
-            count,
+            interval: (!once).then_some(interval),
+            count: count.filter(|_| !once),
             pids: Vec::new(),
-            gpus: Vec::new(),
+            gpus,
             csv: None,
             sources,
         };
         return super::stat::run(&mut args);
     }
-    let mut model = Model::new(sources);
+    let mut model = Model::new(sources, gpus);
     let outcome = (|| -> io::Result<Option<i32>> {
         let mut screen = Screen::enter()?;
         screen.terminal.clear()?;
@@ -158,6 +160,10 @@ fn live(
                     model.toggle_reverse();
                     terminal.draw(|f| view::draw(f, model))?;
                 }
+                Some(Action::Cycle(step)) => {
+                    model.sort_by(model.sort.cycled(step));
+                    terminal.draw(|f| view::draw(f, model))?;
+                }
                 None => {}
             },
             Event::Resize(..) => {
@@ -175,6 +181,8 @@ enum Action {
     Quit,
     Sort(SortBy),
     Reverse,
+    /// The previous (-1) or next (+1) column to sort by.
+    Cycle(i8),
 }
 
 fn action(key: KeyEvent) -> Option<Action> {
@@ -189,7 +197,9 @@ fn action(key: KeyEvent) -> Option<Action> {
             'p' => Some(Action::Sort(SortBy::Pid)),
             'g' => Some(Action::Sort(SortBy::Gpu)),
             'o' => Some(Action::Sort(SortBy::Refusals)),
-            'r' => Some(Action::Reverse),
+            'r' | '/' => Some(Action::Reverse),
+            ',' | '<' => Some(Action::Cycle(-1)),
+            '.' | '>' => Some(Action::Cycle(1)),
             _ => None,
         },
         _ => None,
@@ -221,6 +231,30 @@ mod tests {
             k(KeyCode::Char('r'), KeyModifiers::NONE),
             Some(Action::Reverse)
         );
+        // nvitop's: `/` reverses, `,` and `.` move the sort column.
+        assert_eq!(
+            k(KeyCode::Char('/'), KeyModifiers::NONE),
+            Some(Action::Reverse)
+        );
+        assert_eq!(
+            k(KeyCode::Char(','), KeyModifiers::NONE),
+            Some(Action::Cycle(-1))
+        );
+        assert_eq!(
+            k(KeyCode::Char('.'), KeyModifiers::NONE),
+            Some(Action::Cycle(1))
+        );
+        let mut by = SortBy::Gpu;
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            by = by.cycled(1);
+            seen.push(by);
+        }
+        assert_eq!(
+            seen,
+            [SortBy::Pid, SortBy::Used, SortBy::Refusals, SortBy::Gpu]
+        );
+        assert_eq!(SortBy::Gpu.cycled(-1), SortBy::Refusals);
     }
 
     #[test]

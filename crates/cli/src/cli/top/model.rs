@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use vramcap_core::counters::SlotSnapshot;
 
-use crate::cli::stat::Sources;
+use crate::cli::stat::{GpuSel, Sources};
 use crate::read::GroupSnapshot;
 
 /// Samples of `USED` kept per process and GPU for the sparkline.
@@ -19,6 +19,18 @@ pub enum SortBy {
     Pid,
     Gpu,
     Refusals,
+}
+
+impl SortBy {
+    /// The columns in the order the view shows them (GPU, PID, USED, OOM).
+    const ORDER: [SortBy; 4] = [SortBy::Gpu, SortBy::Pid, SortBy::Used, SortBy::Refusals];
+
+    /// The column `step` places to the right (negative: left), wrapping.
+    pub fn cycled(self, step: i8) -> SortBy {
+        let n = Self::ORDER.len() as i64;
+        let at = Self::ORDER.iter().position(|&s| s == self).unwrap_or(0) as i64;
+        Self::ORDER[(at + i64::from(step)).rem_euclid(n) as usize]
+    }
 }
 
 /// One process on one GPU.
@@ -107,6 +119,8 @@ impl History {
 /// The state of the view between refreshes.
 pub struct Model {
     pub sources: Sources,
+    /// `-i/--id`: only these GPUs (all when empty).
+    pub gpus: Vec<GpuSel>,
     /// Sorted by `sort` and `reverse`.
     pub rows: Vec<ProcRow>,
     pub groups: Vec<GroupSnapshot>,
@@ -122,9 +136,10 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn new(sources: Sources) -> Model {
+    pub fn new(sources: Sources, gpus: Vec<GpuSel>) -> Model {
         Model {
             sources,
+            gpus,
             rows: Vec::new(),
             groups: Vec::new(),
             processes: 0,
@@ -160,15 +175,19 @@ impl Model {
             .pages
             .iter()
             .flat_map(|p| {
-                p.devices.iter().map(|d| ProcRow {
-                    pid: p.pid,
-                    start_time: p.start_time,
-                    dir: p.dir.clone(),
-                    command: p.command.clone(),
-                    pod: p.pod.clone(),
-                    container: p.container.clone(),
-                    slot: *d,
-                })
+                let gpus = &self.gpus;
+                p.devices
+                    .iter()
+                    .filter(move |d| gpus.is_empty() || gpus.iter().any(|g| g.matches(d)))
+                    .map(|d| ProcRow {
+                        pid: p.pid,
+                        start_time: p.start_time,
+                        dir: p.dir.clone(),
+                        command: p.command.clone(),
+                        pod: p.pod.clone(),
+                        container: p.container.clone(),
+                        slot: *d,
+                    })
             })
             .collect();
         let mut seen = HashMap::with_capacity(self.rows.len());
@@ -268,7 +287,7 @@ mod tests {
             private_to: None,
             named: false,
         };
-        let mut m = Model::new(sources);
+        let mut m = Model::new(sources, Vec::new());
         m.rows = vec![row(20, 0, 500, 0), row(10, 1, 1000, 1)];
         m.toggle_reverse();
         assert_eq!(order(&m.rows), [(20, 0), (10, 1)]);
