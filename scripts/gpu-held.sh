@@ -125,30 +125,11 @@ nvml_of() {
 # output as "NVML what=TAG pid=P used_mib=U". Sets RC, OUTF, ERRF, NOTRUN as
 # run_cmd does (everything goes to the log).
 held_run() {
-    local name=$1 to=$2 left t0 line u fin fout cpid eof=0 rrc
+    local name=$1 to left t0 line u fin fout cpid eof=0 rrc
+    run_begin "$@" || return 0
+    to=$RUN_TO
+    t0=$RUN_T0
     shift 2
-    OUTF=$WORK/$name.out
-    ERRF=$WORK/$name.err
-    : >"$OUTF"
-    : >"$ERRF"
-    NOTRUN=0
-    left=$(time_left)
-    if ((left < ${RUN_MIN_LEFT:-5})); then
-        NOTRUN=1
-        RC=125
-        progress "$name: not run (time budget of ${BUDGET_S}s spent)"
-        return
-    fi
-    ((to > left)) && to=$left
-    progress "running $name (timeout ${to}s)"
-    {
-        echo
-        echo "=== $name ==="
-        echo "start: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-        printf 'cmd:'
-        printf ' %q' "$@"
-        echo
-    } >>"$LOG"
     rm -f "$WORK/$name.in" "$WORK/$name.pipe"
     if ! mkfifo "$WORK/$name.in" "$WORK/$name.pipe"; then
         RC=126
@@ -195,14 +176,7 @@ held_run() {
     wait "$cpid"
     RC=$?
     rm -f "$WORK/$name.in" "$WORK/$name.pipe"
-    {
-        echo "rc: $RC (wall $((SECONDS - t0)) s)"
-        echo "--- stdout (with the NVML lines of this script) ---"
-        head -c 1000000 "$OUTF"
-        echo "--- stderr ---"
-        head -c 1000000 "$ERRF"
-        echo "--- end $name ---"
-    } >>"$LOG"
+    run_end "$name" "stdout (with the NVML lines of this script)"
 }
 
 # holds_obs : "TAG: NVML U MiB (own view free F / total T); ..." for the last process.

@@ -11,7 +11,8 @@
 #   gpu_setup DIR          the three above
 #   gpu_commit, gpu_smi    COMMIT; NVSMI, GPU_NAME, GPU_DRIVER
 #   find_nvcc, build_cu    NVCC_BIN; nvcc with -lcuda and its fallbacks
-#   run_cmd, rc_note       one process under timeout, logged (RC, OUTF, ERRF, NOTRUN)
+#   run_cmd, rc_note       one process under timeout, logged (RC, OUTF, ERRF, NOTRUN);
+#   run_begin, run_end     its start and end, for scripts that run a process their own way
 #   add_row, gpu_report    the rows, then the table (printed, OUT/NAME.md, the log)
 
 NAME=${NAME:?set NAME before sourcing scripts/gpu/lib.sh}
@@ -261,7 +262,21 @@ OUTF=/dev/null
 ERRF=/dev/null
 NOTRUN=0
 run_cmd() {
-    local name=$1 to=$2 left t0
+    local name=$1
+    run_begin "$@" || return 0
+    shift 2
+    timeout -k 10 "$RUN_TO" "$@" >"$OUTF" 2>"$ERRF" </dev/null
+    RC=$?
+    run_end "$name" "stdout"
+}
+
+# run_begin NAME TIMEOUT CMD... : what every way of running one process
+# starts with: OUTF and ERRF emptied, NOTRUN; returns 1 (RC=125, NOTRUN=1)
+# when fewer than RUN_MIN_LEFT seconds of the budget are left; else logs the
+# command and sets RUN_TO (TIMEOUT, at most what is left) and RUN_T0.
+run_begin() {
+    local name=$1 left
+    RUN_TO=$2
     shift 2
     OUTF=$WORK/$name.out
     ERRF=$WORK/$name.err
@@ -273,10 +288,10 @@ run_cmd() {
         NOTRUN=1
         RC=125
         progress "$name: not run (time budget of ${BUDGET_S}s spent)"
-        return
+        return 1
     fi
-    ((to > left)) && to=$left
-    progress "running $name (timeout ${to}s)"
+    ((RUN_TO > left)) && RUN_TO=$left
+    progress "running $name (timeout ${RUN_TO}s)"
     {
         echo
         echo "=== $name ==="
@@ -285,16 +300,18 @@ run_cmd() {
         printf ' %q' "$@"
         echo
     } >>"$LOG"
-    t0=$SECONDS
-    timeout -k 10 "$to" "$@" >"$OUTF" 2>"$ERRF" </dev/null
-    RC=$?
+    RUN_T0=$SECONDS
+}
+
+# run_end NAME WHAT : logs RC, the wall time, stdout (titled WHAT) and stderr.
+run_end() {
     {
-        echo "rc: $RC (wall $((SECONDS - t0)) s)"
-        echo "--- stdout ---"
+        echo "rc: $RC (wall $((SECONDS - RUN_T0)) s)"
+        echo "--- $2 ---"
         head -c 1000000 "$OUTF"
         echo "--- stderr ---"
         head -c 1000000 "$ERRF"
-        echo "--- end $name ---"
+        echo "--- end $1 ---"
     } >>"$LOG"
 }
 
