@@ -34,3 +34,9 @@ bash scripts/check-package.sh
 # node, a capped pod and the exporter played out from them (installs
 # kubernetes-validate from PyPI into target/k8s-venv when missing).
 python3 scripts/check-deploy.py
+
+# The dashboard and alerting rules: the rules checked and unit-tested, the
+# dashboard's PromQL parsed, by promtool; metric names held to README.md's
+# table (downloads Debian's prometheus package into target/tools/prometheus
+# when missing).
+bash scripts/check-monitoring.sh
