@@ -161,6 +161,8 @@ counters! {
         "Bytes above which the shim trims its cache and prefers spill for the process on the GPU (VRAMCAP_SOFT_LIMIT; no sample when there is none).";
     /// Times the process went above its soft limit.
     soft_events: u64 = |s| load(&s.soft_events), json "soft_limit_events", Counter "vramcap_soft_limit_events_total" "Times the process went above its soft limit on the GPU.";
+    /// The operator's cap, which no change of the cap passes; `None` when there is none.
+    operator_limit: Option<u64> = |s| Some(load(&s.operator)).filter(|&v| v != 0 && v != NO_CAP), json "operator_limit_bytes";
     /// Bytes in freed blocks kept for reuse (part of `used`).
     cached: u64 = |s| load(&s.cached), json "cached_bytes", Gauge "vramcap_gpu_memory_cached_bytes" "Bytes in freed blocks the shim keeps for reuse (part of used).";
     /// Bytes the process's stream-ordered pools keep reserved, their live
@@ -246,6 +248,7 @@ mod tests {
             (&slot.soft_events, 17),
             (&slot.cache_waits, 18),
             (&slot.cache_ordered, 19),
+            (&slot.operator, 20),
         ];
         for (w, v) in words {
             w.store(v, Ordering::Relaxed);
@@ -260,6 +263,7 @@ mod tests {
             ("peak_bytes", Some(200)),
             ("soft_limit_bytes", Some(16)),
             ("soft_limit_events", Some(17)),
+            ("operator_limit_bytes", Some(20)),
             ("cached_bytes", Some(3)),
             ("pool_bytes", Some(13)),
             ("graph_bytes", Some(14)),

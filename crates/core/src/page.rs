@@ -156,7 +156,10 @@ pub struct DeviceSlot {
     /// event on the legacy stream instead (no wait).
     pub cache_waits: AtomicU64,
     pub cache_ordered: AtomicU64,
-    pub reserved: [AtomicU64; 3],
+    /// The operator's cap (`settings::OPERATOR_LIMIT_PATH`) in bytes; 0 or
+    /// [`crate::budget::NO_CAP`] for none. No change of the cap passes it.
+    pub operator: AtomicU64,
+    pub reserved: [AtomicU64; 2],
 }
 
 /// [`Header::counting`]: everything the process holds on the GPU is capped.
@@ -236,6 +239,7 @@ impl DeviceSlot {
             &self.soft_events,
             &self.cache_waits,
             &self.cache_ordered,
+            &self.operator,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -542,7 +546,8 @@ mod tests {
             (offset_of!(DeviceSlot, soft_events), 208),
             (offset_of!(DeviceSlot, cache_waits), 216),
             (offset_of!(DeviceSlot, cache_ordered), 224),
-            (offset_of!(DeviceSlot, reserved), 232),
+            (offset_of!(DeviceSlot, operator), 232),
+            (offset_of!(DeviceSlot, reserved), 240),
         ];
         for (got, want) in s {
             assert_eq!(got, want);

@@ -281,6 +281,31 @@ pub fn run(lib: Result<PathBuf, String>, stats_dirs: Result<StatsDirs, String>, 
                     "allocations only (VRAMCAP_COUNT=allocations): pools' retained memory, graph memory and the context are not capped, so the process can hold more than its cap",
                 ),
             }
+            if let Some(nv) = s.nvidia_limit {
+                r.ok(
+                    "NVIDIA_GPU_MEMORY_LIMIT",
+                    format!(
+                        "{} MiB on every GPU, with VRAMCAP_LIMIT the stricter applies",
+                        nv >> 20
+                    ),
+                );
+            }
+            use vramcap_core::settings::{OPERATOR_LIMIT_PATH, OperatorError, read_operator_limit};
+            match read_operator_limit(std::path::Path::new(OPERATOR_LIMIT_PATH)) {
+                Ok(None) => {}
+                Ok(Some(spec)) => r.ok(
+                    "operator's cap",
+                    format!("{OPERATOR_LIMIT_PATH}: {spec}; no variable lifts it"),
+                ),
+                Err(OperatorError::Unusable(why)) => {
+                    r.note("operator's cap", format!("{why}: the shim ignores it"))
+                }
+                Err(OperatorError::Bad(why)) => r.bad(
+                    "operator's cap",
+                    why,
+                    "write one cap into it as root, e.g. 8GiB, or remove it",
+                ),
+            }
             Some(s)
         }
         Err(e) => {

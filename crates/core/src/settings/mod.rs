@@ -25,6 +25,13 @@ pub const SPILL_LIMIT_VAR: &str = "VRAMCAP_SPILL_LIMIT";
 pub const COUNT_VAR: &str = "VRAMCAP_COUNT";
 pub const SOFT_LIMIT_VAR: &str = "VRAMCAP_SOFT_LIMIT";
 pub const CONTEXT_VAR: &str = "VRAMCAP_CONTEXT";
+/// NVIDIA's per-container GPU memory limit (the container toolkit's
+/// `apply-cuda-memory-limits` hook, drivers r615+): whole MiB, every GPU.
+pub const NVIDIA_LIMIT_VAR: &str = "NVIDIA_GPU_MEMORY_LIMIT";
+/// The operator's cap: a file only root can write (mounted read-only into a
+/// container), in the `VRAMCAP_LIMIT` grammar. It only ever makes the cap
+/// stricter; nothing in the process's environment lifts it.
+pub const OPERATOR_LIMIT_PATH: &str = "/run/vramcap/operator-limit";
 /// Read by the CLI only: where `vramcap run`/`env` find the shim.
 pub const LIBRARY_VAR: &str = "VRAMCAP_LIBRARY";
 
@@ -421,11 +428,82 @@ pub struct Settings {
     /// `VRAMCAP_SOFT_LIMIT`: above it the shim trims its cache and prefers
     /// spill (the `VRAMCAP_LIMIT` grammar; empty: none).
     pub soft: LimitSpec,
+    /// `NVIDIA_GPU_MEMORY_LIMIT` in bytes: a cap for every GPU, made one
+    /// with `VRAMCAP_LIMIT` by taking the stricter.
+    pub nvidia_limit: Option<u64>,
+    /// The operator's cap ([`OPERATOR_LIMIT_PATH`]), when the file is there
+    /// ([`read_operator_limit`]); `from_lookup` never sets it.
+    pub operator: Option<LimitSpec>,
+}
+
+/// Reads the operator's cap at `path`: `Ok(None)` when there is no file,
+/// `Err` with one line when it is there but cannot be used. Only a regular
+/// file (no link followed) owned by root and writable by no one else counts:
+/// anything else is `Err` too, and the shim then warns and goes on with the
+/// caps it has (ignoring such a file never loosens a cap). Blank lines and
+/// `#` comments are skipped; what is left is one `VRAMCAP_LIMIT` value.
+pub fn read_operator_limit(path: &std::path::Path) -> Result<Option<LimitSpec>, OperatorError> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let shown = path.display();
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(OperatorError::Unusable(format!(
+                "cannot inspect {shown}: {e}"
+            )));
+        }
+    };
+    if !meta.file_type().is_file() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        return Err(OperatorError::Unusable(format!(
+            "{shown} is not a regular file of root's that only root can write (owner uid {}, mode {:o})",
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    let mut text = String::new();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .and_then(|f| f.take(4096).read_to_string(&mut text))
+        .map_err(|e| OperatorError::Unusable(format!("cannot read {shown}: {e}")))?;
+    let value: Vec<&str> = text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let bad = |why: String| {
+        OperatorError::Bad(format!(
+            "{shown}: {why} (the file holds the operator's cap in the grammar of {LIMIT_VAR}, e.g. a line 8GiB)"
+        ))
+    };
+    match value.as_slice() {
+        [one] => match parse_limit(one) {
+            Ok(spec) if !spec.is_unlimited() => Ok(Some(spec)),
+            Ok(_) => Err(bad(format!("{one:?} names no cap"))),
+            Err(e) => Err(bad(e.to_string().replacen(&format!("{LIMIT_VAR}="), "", 1))),
+        },
+        [] => Err(bad("it is empty".to_string())),
+        _ => Err(bad(format!("{} values, expected one", value.len()))),
+    }
+}
+
+/// Why the operator's cap file cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperatorError {
+    /// Not root's, or unreadable: ignored with a warning.
+    Unusable(String),
+    /// Root's, but not a cap: the shim refuses to run.
+    Bad(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SettingsError {
     Limit(LimitError),
+    /// The operator's cap file is root's but holds no cap (the line says why).
+    Operator(String),
     Other {
         var: &'static str,
         value: String,
@@ -437,6 +515,7 @@ impl fmt::Display for SettingsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SettingsError::Limit(e) => e.fmt(f),
+            SettingsError::Operator(why) => f.write_str(why),
             SettingsError::Other {
                 var,
                 value,
@@ -580,6 +659,19 @@ impl Settings {
             None => ContextCharge::Auto,
             Some(v) => parse_context(&v)?,
         };
+        let nvidia_limit = match get(NVIDIA_LIMIT_VAR) {
+            None => None,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(mib) if mib > 0 && mib <= u64::MAX >> 20 => Some(mib << 20),
+                _ => {
+                    return Err(SettingsError::Other {
+                        var: NVIDIA_LIMIT_VAR,
+                        value: v,
+                        expected: "a whole number of MiB greater than 0, as NVIDIA's container toolkit takes it (e.g. NVIDIA_GPU_MEMORY_LIMIT=8192)",
+                    });
+                }
+            },
+        };
         let soft = match get(SOFT_LIMIT_VAR) {
             None => LimitSpec::default(),
             Some(v) => parse_limit(&v).map_err(|_| SettingsError::Other {
@@ -590,6 +682,8 @@ impl Settings {
         };
         Ok(Settings {
             limit,
+            nvidia_limit,
+            operator: None,
             counting,
             context,
             soft,

@@ -37,7 +37,7 @@ static DISABLED: AtomicBool = AtomicBool::new(false);
 /// a `VRAMCAP_*` name that is no setting (`VRAMCAP_LIMT`, `vramcap_limit`)
 /// gets a warning naming the closest one.
 pub fn settings() -> &'static Settings {
-    SETTINGS.get_or_init(|| match Settings::from_env() {
+    SETTINGS.get_or_init(|| match Settings::from_env().and_then(with_operator) {
         Ok(s) => {
             crate::log::set_level(s.log);
             DISABLED.store(s.disabled, Ordering::Relaxed);
@@ -54,6 +54,41 @@ pub fn settings() -> &'static Settings {
             unsafe { libc::_exit(2) }
         }
     })
+}
+
+/// Adds the operator's cap (`OPERATOR_LIMIT_PATH`) to the settings: a root
+/// file that is no cap stops the process like a bad variable; one that is
+/// not root's is warned about and ignored (it could only have made caps
+/// stricter). With an operator's cap, nothing in the environment may make
+/// the shim count less or stand aside: `VRAMCAP_DISABLE=1` and
+/// `VRAMCAP_COUNT=allocations` are ignored, with a warning.
+fn with_operator(mut s: Settings) -> Result<Settings, vramcap_core::settings::SettingsError> {
+    use vramcap_core::settings::{
+        Counting, OPERATOR_LIMIT_PATH, OperatorError, SettingsError, read_operator_limit,
+    };
+    match read_operator_limit(std::path::Path::new(OPERATOR_LIMIT_PATH)) {
+        Ok(None) => {}
+        Ok(Some(spec)) => {
+            if s.disabled {
+                crate::log::write_line(format_args!(
+                    "VRAMCAP_DISABLE=1 is ignored: the operator's cap ({OPERATOR_LIMIT_PATH}) applies"
+                ));
+                s.disabled = false;
+            }
+            if s.counting == Counting::Allocations {
+                crate::log::write_line(format_args!(
+                    "VRAMCAP_COUNT=allocations is ignored: under the operator's cap ({OPERATOR_LIMIT_PATH}) everything held is counted"
+                ));
+                s.counting = Counting::Held;
+            }
+            s.operator = Some(spec);
+        }
+        Err(OperatorError::Unusable(why)) => {
+            crate::log::write_line(format_args!("ignoring the operator's cap: {why}"));
+        }
+        Err(OperatorError::Bad(why)) => return Err(SettingsError::Operator(why)),
+    }
+    Ok(s)
 }
 
 pub fn disabled() -> bool {

@@ -348,7 +348,7 @@ impl<D: Driver> Base<D> {
 
     /// The cap `spec` gives `device` (whose UUID the driver gave as `uuid`),
     /// [`NO_CAP`] for none; `None` when it cannot be worked out.
-    fn cap_from(
+    pub(super) fn cap_from(
         &self,
         spec: &LimitSpec,
         device: CUdevice,
@@ -407,7 +407,16 @@ impl<D: Driver> Base<D> {
         if let Ok(bytes) = uuid {
             slot.set_uuid(bytes);
         }
-        let own = self.cap_from(&settings.limit, device, uuid)?;
+        let mut own = self.cap_from(&settings.limit, device, uuid)?;
+        if let Some(nvidia) = settings.nvidia_limit {
+            own = own.min(nvidia);
+        }
+        let operator = match &settings.operator {
+            Some(spec) => self.cap_from(spec, device, uuid)?,
+            None => NO_CAP,
+        };
+        own = own.min(operator);
+        slot.operator.store(operator, Ordering::Release);
         slot.own.store(own, Ordering::Release);
         slot.ceiling.store(own, Ordering::Release);
         if !settings.soft.is_unlimited() {

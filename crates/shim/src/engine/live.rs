@@ -58,7 +58,30 @@ impl<D: Driver> Engine<D> {
         let s = self.slot(device)?;
         let _one = self.inflight.changing();
         let old = s.budget.limit()?;
-        let own = own(s.own.load(Ordering::Acquire));
+        // Never past the operator's cap, whoever asks; asked for more, the
+        // file is read again (root may have raised it since).
+        let mut operator = match s.operator.load(Ordering::Acquire) {
+            0 => NO_CAP,
+            v => v,
+        };
+        let asked = own(s.own.load(Ordering::Acquire));
+        if asked > operator {
+            operator = self.operator_cap_again(device).unwrap_or(operator);
+            s.operator.store(operator, Ordering::Release);
+        }
+        let own = asked.min(operator);
+        if own < asked {
+            log_at!(
+                Warn,
+                "device {device}: a cap of {} asked for is above the operator's cap of {operator} bytes ({}): that applies",
+                if asked == NO_CAP {
+                    "none".to_string()
+                } else {
+                    format!("{asked} bytes")
+                },
+                vramcap_core::settings::OPERATOR_LIMIT_PATH
+            );
+        }
         let new = own.min(self.group_cap(device)).max(1);
         s.own.store(own, Ordering::Release);
         s.budget.set_limit(new);
@@ -94,6 +117,23 @@ impl<D: Driver> Engine<D> {
             );
         }
         Some((old, new))
+    }
+
+    /// The operator's cap of `device` as its file says now; `None` when the
+    /// file is gone or unusable (the cap in force then stays: only the
+    /// file, which only root writes, may raise it).
+    fn operator_cap_again(&self, device: CUdevice) -> Option<u64> {
+        use vramcap_core::settings::{OPERATOR_LIMIT_PATH, read_operator_limit};
+        match read_operator_limit(std::path::Path::new(OPERATOR_LIMIT_PATH)) {
+            Ok(Some(spec)) => self.cap_from(&spec, device, self.driver.device_uuid(device)),
+            Ok(None) | Err(_) => {
+                log_once!(
+                    Warn,
+                    "{OPERATOR_LIMIT_PATH} is gone or no longer usable: the operator's cap read at start stays"
+                );
+                None
+            }
+        }
     }
 
     /// The background thread's part: applies what `vramcap limit` asked

@@ -41,18 +41,25 @@ impl<D: Driver> Engine<D> {
         }
         // CUDA not used on this device yet: work the cap out from the
         // process's own limit (a group is joined on first CUDA use only).
-        let spec = &self.settings.limit;
-        if spec.is_unlimited() {
+        // The stricter of VRAMCAP_LIMIT, NVIDIA_GPU_MEMORY_LIMIT and the
+        // operator's cap, as `compute_limit` will make it.
+        let settings = self.settings;
+        let specs = std::iter::once(&settings.limit).chain(settings.operator.as_ref());
+        if settings.nvidia_limit.is_none() && specs.clone().all(|s| s.is_unlimited()) {
             return None;
         }
         let index = self.driver.nvml_device_index(device as usize)?;
         let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         let ordinal = cuda_ordinal(index, &uuid, cvd.as_deref())?;
-        let cap = match spec.amount_for(ordinal, Some(&uuid))? {
-            Amount::Bytes(b) => b,
-            a @ Amount::Percent(_) => a.resolve(total),
-        };
-        Some(capped_info(total, free, cap, 0, 0))
+        let mut cap = settings.nvidia_limit.unwrap_or(NO_CAP);
+        for spec in specs {
+            match spec.amount_for(ordinal, Some(&uuid)) {
+                Some(Amount::Bytes(b)) => cap = cap.min(b),
+                Some(a @ Amount::Percent(_)) => cap = cap.min(a.resolve(total)),
+                None => {}
+            }
+        }
+        (cap != NO_CAP).then(|| capped_info(total, free, cap, 0, 0))
     }
 
     /// `nvmlDeviceGetMemoryInfo`.

@@ -237,6 +237,7 @@ mod tests {
             pools: 14,
             soft_limit: Some(17),
             soft_events: 18,
+            operator_limit: None,
             graphs: 15,
             context: 16,
             spilled: 4,
