@@ -89,6 +89,15 @@ if [ -n "$CS" ]; then
         add_row "cache on: cudaFree while a kernel writes, cudaMalloc + copy on another stream, $streams streams" \
             "$exp" "${line:-no RESULT line} rc=$RC; waits: $waited" "$(verdict)"
     done
+    # The non-blocking stream created after an ordering (see cache_safety.cu's "late").
+    run_cmd shim-late 60 "${SHIM[@]}" "$CS" late
+    line=$(result_line "$OUTF" RESULT)
+    ok=1
+    [ "$RC" = 0 ] || ok=0
+    want_in clobbered 0 0
+    want_kv reused 1
+    add_row "cache on: a non-blocking stream created after an ordered reuse, copies on it into a block a kernel still writes" \
+        "reused=1 clobbered=0 (the shim waits for its orderings when the stream is asked for)" "${line:-no RESULT line} rc=$RC" "$(verdict)"
 else
     add_row "cache_safety.cu" "builds" "nvcc missing or build failed (see log)" FAIL
 fi

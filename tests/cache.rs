@@ -84,6 +84,41 @@ fn reuse_waits_only_once_a_non_blocking_stream_exists() {
             "{make}: {d}"
         );
     }
+    // Made after an ordering, the stream first waits for it: a block that
+    // ordering made safe (the second here) may meet work on the new
+    // stream, which the legacy stream does not order.
+    let dir = fresh_dir("cache-late-stream");
+    let h = held_in(
+        &artefacts().client,
+        &dir,
+        &[("VRAMCAP_LIMIT", "1GiB")],
+        &[
+            "init",
+            "alloc",
+            "1M",
+            "alloc",
+            "1M",
+            "free",
+            "0",
+            "free",
+            "1",
+            "alloc",
+            "1M",
+            "stream-nb",
+            "alloc",
+            "1M",
+            "counts",
+            "wait",
+        ],
+    );
+    let d = stat_device0(&dir, h.pid());
+    let (lines, _) = h.finish();
+    assert_counts(&lines, 2, 0, Some((0, 1)));
+    assert_eq!(
+        (d["cache_waits"].as_u64(), d["cache_ordered"].as_u64()),
+        (Some(1), Some(1)),
+        "{d}"
+    );
     // Made after some reuse, the stream turns the next burst into a wait.
     let lines = lines_under_1gib(&[
         "init",

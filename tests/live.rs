@@ -641,6 +641,11 @@ fn the_operators_cap_file_holds_whatever_the_environment_says() {
         &[("VRAMCAP_LIMIT", "16GiB")],
         &[ONE_GIB, ("VRAMCAP_DISABLE", "1")],
         &[ONE_GIB, ("VRAMCAP_COUNT", "allocations")],
+        &[ONE_GIB, ("VRAMCAP_CONTEXT", "0")],
+        &[
+            ONE_GIB,
+            ("VRAMCAP_CUDA_LIBRARY", "/nonexistent/libcuda.so.1"),
+        ],
     ] {
         let ran = run(with_operator_file(
             file,
@@ -657,10 +662,10 @@ fn the_operators_cap_file_holds_whatever_the_environment_says() {
             "setlimit 0 max -> -1",
             &format!("fill {} -> 4 allocs {} bytes rc=2", 64 * MIB, 256 * MIB),
         ]);
-        let warned = ran.stderr().contains("is ignored: the operator's cap")
-            || ran
+        let warned = ran.stderr().contains(" is ignored: ")
+            && ran
                 .stderr()
-                .contains("is ignored: under the operator's cap");
+                .contains("the operator's cap (/run/vramcap/operator-limit)");
         assert_eq!(warned, env.len() == 2, "{env:?}: {}", ran.stderr());
     }
 
@@ -670,7 +675,7 @@ fn the_operators_cap_file_holds_whatever_the_environment_says() {
         file,
         "644",
         &[ONE_GIB],
-        &["init", "alloc", "64M", "wait", "info"],
+        &["init", "alloc", "64M", "wait", "alloc", "448M", "info"],
     );
     cmd.env("VRAMCAP_STATS_DIR", &dir);
     let mut h = Held::spawn(cmd);
@@ -698,11 +703,26 @@ fn the_operators_cap_file_holds_whatever_the_environment_says() {
         512 * MIB,
         "{j}"
     );
+    // The page is the user's: a cap word written there does not pass the
+    // operator's cap, which the shim keeps in its own memory too.
+    {
+        use std::os::unix::fs::FileExt;
+        let page = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(format!("{pid}.page")))
+            .unwrap();
+        page.write_all_at(&u64::MAX.to_ne_bytes(), 1024).unwrap();
+    }
     h.resume();
     let (lines, out) = h.finish();
+    // 64 MiB held + 448 MiB fits the raised operator's cap exactly; the
+    // info line's total is that cap, not what the page's word says.
     assert_eq!(
-        lines.last(),
-        Some(&format!("info -> 0 free={} total={}", 448 * MIB, 512 * MIB)),
+        &lines[lines.len() - 2..],
+        [
+            format!("alloc {} -> 0 #1", 448 * MIB),
+            format!("info -> 0 free=0 total={}", 512 * MIB)
+        ],
         "{lines:?}"
     );
     assert!(
@@ -719,11 +739,29 @@ fn the_operators_cap_file_holds_whatever_the_environment_says() {
         ran.stderr()
             .contains("/run/vramcap/operator-limit: \"lots\" is not a valid limit: ")
             && ran.stderr().ends_with(
-                " (the file holds the operator's cap in the grammar of VRAMCAP_LIMIT, e.g. a line 8GiB)\n"
+                " (the file holds the operator's cap in the grammar of VRAMCAP_LIMIT, with a default and UUID keys only, e.g. a line 8GiB)\n"
             ),
         "{}",
         ran.stderr()
     );
+    // Index keys (CUDA_VISIBLE_DEVICES moves them) and a file without a
+    // default (a GPU it does not name would be uncapped) do not run either.
+    for (text, why) in [
+        ("0=256MiB", "\"0=256MiB\" has no default"),
+        (
+            "256MiB,1=128MiB",
+            "\"256MiB,1=128MiB\" names GPU 1 by index",
+        ),
+        (
+            "GPU-5ca1ab1e=256MiB",
+            "has no default, so a GPU it does not name would have no cap",
+        ),
+        ("256MiB\n512MiB\n", "2 values, expected one"),
+    ] {
+        let ran = run(with_operator_file(text, "644", &[ONE_GIB], &["init"]));
+        ran.expect_code(2);
+        assert!(ran.stderr().contains(why), "{text:?}: {}", ran.stderr());
+    }
     // One anyone may write is not the operator's: ignored, said.
     let ran = run(with_operator_file(
         file,
@@ -734,7 +772,7 @@ fn the_operators_cap_file_holds_whatever_the_environment_says() {
     ran.expect_lines(&["init -> 0", &format!("info -> 0 free={GIB} total={GIB}")]);
     assert!(
         ran.stderr().contains(
-            "ignoring the operator's cap: /run/vramcap/operator-limit is not a regular file of root's that only root can write (owner uid 0, mode 666)"
+            "ignoring the operator's cap: /run/vramcap/operator-limit could have been written by this user (owner uid 0, mode 666)"
         ),
         "{}",
         ran.stderr()

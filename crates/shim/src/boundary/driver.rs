@@ -314,6 +314,11 @@ impl Driver for RealDriver {
         unsafe { c::cuEventQuery::call(handle(event)) }
     }
 
+    fn event_synchronize(&self, event: usize) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuEventSynchronize::call(handle(event)) }
+    }
+
     fn event_destroy(&self, event: usize) -> CUresult {
         // SAFETY: see the impl.
         unsafe { c::cuEventDestroy_v2::call(handle(event)) }

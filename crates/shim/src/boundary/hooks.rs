@@ -56,7 +56,7 @@ hooks! {
         fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuIpcGetMemHandle", 4010), on panic NOT_FOUND => Engine::ipc_get_mem_handle;
         fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamCreate", 2000), on panic NOT_FOUND => Engine::stream_create;
         fn cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int) -> CUresult, Lookup::cuda("cuStreamCreateWithPriority", 5050), on panic NOT_FOUND => Engine::stream_create_with_priority;
-        fn cuGreenCtxStreamCreate(stream: *mut CUstream, green: *mut c_void, flags: c_uint, priority: c_int) -> CUresult, Lookup::cuda("cuGreenCtxStreamCreate", 12040), on panic NOT_FOUND => Engine::green_ctx_stream_create;
+        fn cuGreenCtxStreamCreate(stream: *mut CUstream, green: *mut c_void, flags: c_uint, priority: c_int) -> CUresult, Lookup::cuda("cuGreenCtxStreamCreate", 12050), on panic NOT_FOUND => Engine::green_ctx_stream_create;
 
         fn cuStreamBeginCapture(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).legacy_stream(), on panic NOT_FOUND => Engine::begin_capture;
         fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamBeginCapture", 10000).until(10010).per_thread_stream(), on panic NOT_FOUND => Engine::begin_capture;
@@ -147,6 +147,7 @@ pub mod calls {
         fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
         fn cuEventRecord_ptsz(event: CUevent, stream: CUstream) -> CUresult;
         fn cuEventQuery(event: CUevent) -> CUresult;
+        fn cuEventSynchronize(event: CUevent) -> CUresult;
         fn cuEventDestroy_v2(event: CUevent) -> CUresult;
         fn cuArrayGetMemoryRequirements(req: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, dev: CUdevice) -> CUresult;
         fn cuMipmappedArrayGetMemoryRequirements(req: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, dev: CUdevice) -> CUresult;

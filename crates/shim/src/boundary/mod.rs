@@ -64,7 +64,8 @@ pub fn settings() -> &'static Settings {
 /// `VRAMCAP_COUNT=allocations` are ignored, with a warning.
 fn with_operator(mut s: Settings) -> Result<Settings, vramcap_core::settings::SettingsError> {
     use vramcap_core::settings::{
-        Counting, OPERATOR_LIMIT_PATH, OperatorError, SettingsError, read_operator_limit,
+        ContextCharge, Counting, OPERATOR_LIMIT_PATH, OperatorError, SettingsError, Spill,
+        read_operator_limit,
     };
     match read_operator_limit(std::path::Path::new(OPERATOR_LIMIT_PATH)) {
         Ok(None) => {}
@@ -80,6 +81,24 @@ fn with_operator(mut s: Settings) -> Result<Settings, vramcap_core::settings::Se
                     "VRAMCAP_COUNT=allocations is ignored: under the operator's cap ({OPERATOR_LIMIT_PATH}) everything held is counted"
                 ));
                 s.counting = Counting::Held;
+            }
+            if let ContextCharge::Bytes(_) = s.context {
+                crate::log::write_line(format_args!(
+                    "VRAMCAP_CONTEXT is ignored: under the operator's cap ({OPERATOR_LIMIT_PATH}) the context is measured"
+                ));
+                s.context = ContextCharge::Auto;
+            }
+            if s.cuda_library.is_some() {
+                crate::log::write_line(format_args!(
+                    "VRAMCAP_CUDA_LIBRARY is ignored: under the operator's cap ({OPERATOR_LIMIT_PATH}) the shim caps the driver the program loads"
+                ));
+                s.cuda_library = None;
+            }
+            if s.spill == Spill::Managed {
+                crate::log::write_line(format_args!(
+                    "VRAMCAP_SPILL=managed is taken as host: under the operator's cap ({OPERATOR_LIMIT_PATH}) spilled memory may not be managed memory the program could move onto the GPU"
+                ));
+                s.spill = Spill::Host;
             }
             s.operator = Some(spec);
         }

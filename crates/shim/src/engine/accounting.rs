@@ -123,13 +123,15 @@ impl<D: Driver> Base<D> {
         // The cap can change while the process runs (`live.rs`): the word
         // itself decides, read again after the reservation so that one
         // made against a cap lowered meanwhile is taken back.
-        let limit = slot.budget.limit().unwrap_or(limit);
+        // Never past the operator's cap, whatever the page (which the user
+        // can write) says.
+        let limit = self.cap_in_force(slot, device).unwrap_or(limit);
         slot.budget.try_reserve(bytes, limit).map_err(|r| Refusal {
             used: r.used,
             limit: r.limit,
             group: false,
         })?;
-        if let Some(now) = slot.budget.limit().filter(|&now| now < limit)
+        if let Some(now) = self.cap_in_force(slot, device).filter(|&now| now < limit)
             && slot.budget.used() > now
         {
             slot.budget.release(bytes);
@@ -183,7 +185,7 @@ impl<D: Driver> Base<D> {
         free: u64,
     ) -> (u64, u64) {
         let cached = slot.cached.load(Ordering::Relaxed);
-        let own = slot.budget.limit().unwrap_or(NO_CAP);
+        let own = self.cap_in_force(slot, device).unwrap_or(NO_CAP);
         let (mut t, mut f) = capped_info(total, free, own, slot.budget.used(), cached);
         if let Some(used) = self.group.used(device) {
             let (gt, gf) = capped_info(total, free, self.group_cap(device), used, cached);
@@ -416,6 +418,12 @@ impl<D: Driver> Base<D> {
             None => NO_CAP,
         };
         own = own.min(operator);
+        if let Some(c) = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.operator_caps.get(d))
+        {
+            c.store(operator, Ordering::Release);
+        }
         slot.operator.store(operator, Ordering::Release);
         slot.own.store(own, Ordering::Release);
         slot.ceiling.store(own, Ordering::Release);

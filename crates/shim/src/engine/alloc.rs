@@ -608,7 +608,7 @@ impl<D: Driver> Engine<D> {
         };
         // What the pools and graphs hold may have shrunk at a synchronisation.
         self.pools_refresh(Some(device as u16));
-        if let Some(limit) = s.budget.limit() {
+        if let Some(limit) = self.cap_in_force(s, device) {
             self.context_check(device, s, 0, limit);
         }
         self.graphs_refresh(device);

@@ -32,6 +32,10 @@ pub struct Base<D: Driver> {
     pub group_caps: [AtomicU64; MAX_DEVICES],
     /// Pools, graph memory and the context (`held.rs`).
     pub held: Held,
+    /// The operator's cap of each device ([`NO_CAP`] for none), kept here
+    /// and not only in the page, which the user can write: every
+    /// reservation is held to it (`accounting.rs`).
+    pub operator_caps: [AtomicU64; MAX_DEVICES],
     /// Set (for good) when the program asked for a stream that is not
     /// ordered with the legacy stream (`CU_STREAM_NON_BLOCKING`, green
     /// context streams): the cache then waits for a synchronisation before
@@ -54,8 +58,24 @@ impl<D: Driver> Base<D> {
             keys: AtomicU8::new(0),
             group_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
             held: Held::new(),
+            operator_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
             nonblocking_streams: AtomicBool::new(false),
         }
+    }
+
+    /// The operator's cap of `device` ([`NO_CAP`] for none).
+    pub fn operator_cap(&self, device: CUdevice) -> u64 {
+        usize::try_from(device)
+            .ok()
+            .and_then(|d| self.operator_caps.get(d))
+            .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
+    }
+
+    /// The cap in force on `device` as the page says it, held to the
+    /// operator's cap (the page is the user's to write); `None` before it
+    /// is worked out.
+    pub fn cap_in_force(&self, slot: &vramcap_core::page::DeviceSlot, device: CUdevice) -> Option<u64> {
+        slot.budget.limit().map(|l| l.min(self.operator_cap(device)))
     }
 
     /// Whether a stream unordered with the legacy stream may exist.

@@ -64,7 +64,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use vramcap_core::MAX_DEVICES;
@@ -72,7 +72,7 @@ use vramcap_core::cache::{Block, Pool, Want};
 use vramcap_core::page::DeviceSlot;
 
 use super::base::{Base, CU_STREAM_LEGACY};
-use super::cuda::{CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS};
+use super::cuda::{CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS, CUresult};
 use super::driver::{Driver, Flavour};
 use crate::log::{log_at, log_once};
 
@@ -108,6 +108,12 @@ impl DeviceCache {
 pub struct Cache {
     devices: [DeviceCache; MAX_DEVICES],
     start: OnceLock<Instant>,
+    /// Held shared by a reuse from its capture check to the end of its
+    /// ordering (or synchronisation), and exclusively by what must not
+    /// happen in between: a stream capture beginning (recording on the
+    /// legacy stream would invalidate it) and the first non-blocking
+    /// stream being asked for ([`Cache::wait_for_orderings`]).
+    pub ordering: RwLock<()>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -125,6 +131,40 @@ impl Cache {
                 bound: AtomicU64::new(0),
             }),
             start: OnceLock::new(),
+            ordering: RwLock::new(()),
+        }
+    }
+
+    /// The ordering lock, shared (a reuse) or exclusive (see [`Cache::ordering`]).
+    pub fn ordering_shared(&self) -> RwLockReadGuard<'_, ()> {
+        self.ordering.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn ordering_exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.ordering.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for every context's last ordering event, the caller holding
+    /// the ordering lock exclusively: blocks made safe by an ordering (and
+    /// those handed out since) may then be used on any stream. Called once,
+    /// when the first non-blocking stream is asked for. Counted as waits.
+    pub fn wait_for_orderings<D: Driver>(&self, base: &Base<D>) {
+        for (dev, c) in self.devices.iter().enumerate() {
+            let events: Vec<usize> = c.lock().events.values().copied().collect();
+            for e in &events {
+                let rc = base.driver.event_synchronize(*e);
+                if rc != CUDA_SUCCESS {
+                    log_once!(
+                        Warn,
+                        "cuEventSynchronize of the cache's ordering event returned {rc}"
+                    );
+                }
+            }
+            if !events.is_empty()
+                && let Some(s) = base.slot(dev as i32)
+            {
+                DeviceSlot::add(&s.cache_waits, events.len() as u64);
+            }
         }
     }
 
@@ -179,6 +219,9 @@ impl Cache {
         if safe {
             return Some(block);
         }
+        // Until `done` is recorded: no capture may begin, and the
+        // non-blocking-stream flag does not change.
+        let _order = self.ordering_shared();
         if base.capture_in_progress() {
             self.put_back(base, dev, block);
             return None;
@@ -190,7 +233,19 @@ impl Cache {
             t.started
         };
         let slot = base.slot(i32::from(dev));
-        if !base.nonblocking_streams() && self.order_on_legacy(base, c, ctx) {
+        let ordered = if base.nonblocking_streams() {
+            Err(CUDA_SUCCESS)
+        } else {
+            self.order_on_legacy(base, c, ctx)
+        };
+        if let Err(rc) = ordered
+            && is_capture_error(rc)
+        {
+            // A capture the hooks did not see: neither record nor wait.
+            self.put_back(base, dev, block);
+            return None;
+        }
+        if ordered.is_ok() {
             if let Some(s) = slot {
                 DeviceSlot::add(&s.cache_ordered, 1);
             }
@@ -215,15 +270,19 @@ impl Cache {
     }
 
     /// Records context `ctx`'s event (created at its first use) on the
-    /// legacy stream, `ctx` being current; false when that failed.
-    fn order_on_legacy<D: Driver>(&self, base: &Base<D>, c: &DeviceCache, ctx: usize) -> bool {
+    /// legacy stream, `ctx` being current; the driver's error when that
+    /// failed.
+    fn order_on_legacy<D: Driver>(
+        &self,
+        base: &Base<D>,
+        c: &DeviceCache,
+        ctx: usize,
+    ) -> Result<(), CUresult> {
         let known = c.lock().events.get(&ctx).copied();
         let event = match known {
             Some(e) => e,
             None => {
-                let Ok(e) = base.driver.event_create(CU_EVENT_DISABLE_TIMING) else {
-                    return false;
-                };
+                let e = base.driver.event_create(CU_EVENT_DISABLE_TIMING)?;
                 let mut g = c.lock();
                 match g.events.get(&ctx) {
                     Some(&other) => {
@@ -246,8 +305,9 @@ impl Cache {
                 Warn,
                 "cuEventRecord on the legacy stream returned {rc} before reusing a cached block; synchronising instead"
             );
+            return Err(rc);
         }
-        rc == CUDA_SUCCESS
+        Ok(())
     }
 
     fn put_back<D: Driver>(&self, base: &Base<D>, dev: u16, block: Block) {
@@ -302,12 +362,15 @@ impl Cache {
     /// Releases every cached block of context `ctx` (before it is destroyed).
     pub fn drain_ctx<D: Driver>(&self, base: &Base<D>, ctx: usize) {
         for (dev, c) in self.devices.iter().enumerate() {
-            let out = {
+            let (out, event) = {
                 let mut g = c.lock();
-                // The context's event goes with it.
-                g.events.remove(&ctx);
-                g.pool.drain_ctx(ctx)
+                (g.pool.drain_ctx(ctx), g.events.remove(&ctx))
             };
+            // The context still lives: its event is destroyed now, not
+            // left to a later context at the same handle.
+            if let Some(e) = event {
+                let _ = base.driver.event_destroy(e);
+            }
             if !out.is_empty() {
                 self.release(base, dev as u16, out, Why::Evicted);
             }
@@ -384,4 +447,9 @@ impl Cache {
             }
         }
     }
+}
+
+/// `CUDA_ERROR_STREAM_CAPTURE_*` (900..=908): a capture is in progress.
+fn is_capture_error(rc: CUresult) -> bool {
+    (900..=908).contains(&rc)
 }

@@ -87,6 +87,8 @@ pub trait Driver: Send + Sync + 'static {
     fn event_record(&self, event: usize, stream: usize, flavour: Flavour) -> CUresult;
     /// `cuEventQuery`.
     fn event_query(&self, event: usize) -> CUresult;
+    /// `cuEventSynchronize`.
+    fn event_synchronize(&self, event: usize) -> CUresult;
     /// `cuEventDestroy_v2`.
     fn event_destroy(&self, event: usize) -> CUresult;
 

@@ -466,7 +466,7 @@ impl<D: Driver> Base<D> {
 
     /// Charges bytes the process holds already.
     fn charge_held(&self, slot: &DeviceSlot, device: CUdevice, bytes: u64, what: &str) {
-        let limit = slot.budget.limit().unwrap_or(NO_CAP);
+        let limit = self.cap_in_force(slot, device).unwrap_or(NO_CAP);
         if self.reserve_on(slot, device, bytes, limit).is_ok() {
             return;
         }

@@ -173,10 +173,17 @@ impl<D: Driver> Engine<D> {
         real()
     }
 
+    /// The first non-blocking stream: with the ordering lock held
+    /// exclusively, the flag is set and every ordering made so far is
+    /// waited for (blocks it made safe may now meet work on the new
+    /// stream, which the legacy stream does not order).
     fn note_stream_flags(&self, flags: c_uint) {
-        if flags & CU_STREAM_NON_BLOCKING != 0
-            && !self.nonblocking_streams.swap(true, Ordering::SeqCst)
-        {
+        if flags & CU_STREAM_NON_BLOCKING == 0 || self.nonblocking_streams() {
+            return;
+        }
+        let _only = self.cache.ordering_exclusive();
+        if !self.nonblocking_streams.swap(true, Ordering::SeqCst) {
+            self.cache.wait_for_orderings(&self.base);
             log_at!(
                 Info,
                 "the program asked for a non-blocking stream: from now on the freed-block cache waits for the GPU before reusing a block"
@@ -184,9 +191,14 @@ impl<D: Driver> Engine<D> {
         }
     }
 
-    /// After any `cuStreamBeginCapture*` variant: one more capture in
+    /// Any `cuStreamBeginCapture*` variant: one more capture in
     /// progress when it began.
-    fn began(&self, rc: CUresult) -> CUresult {
+    /// Begins it with the cache's ordering lock held exclusively, so that
+    /// no reuse of the cache records on the legacy stream between its check
+    /// for captures and its record (`cache.rs`).
+    fn began(&self, mut real: impl FnMut() -> CUresult) -> CUresult {
+        let _no_ordering = self.cache.ordering_exclusive();
+        let rc = real();
         if rc == CUDA_SUCCESS {
             self.captures.fetch_add(1, Ordering::SeqCst);
         }
@@ -196,27 +208,27 @@ impl<D: Driver> Engine<D> {
     /// `cuStreamBeginCapture[_ptsz]` (CUDA 10.0).
     pub fn begin_capture(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
+        real: impl FnMut() -> CUresult,
         _stream: CUstream,
     ) -> CUresult {
-        self.began(real())
+        self.began(real)
     }
 
     /// `cuStreamBeginCapture_v2[_ptsz]`.
     pub fn begin_capture_v2(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
+        real: impl FnMut() -> CUresult,
         _stream: CUstream,
         _mode: c_int,
     ) -> CUresult {
-        self.began(real())
+        self.began(real)
     }
 
     /// `cuStreamBeginCaptureToGraph[_ptsz]`.
     #[allow(clippy::too_many_arguments)]
     pub fn begin_capture_to_graph(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
+        real: impl FnMut() -> CUresult,
         _stream: CUstream,
         _graph: *mut c_void,
         _deps: *const c_void,
@@ -224,7 +236,7 @@ impl<D: Driver> Engine<D> {
         _count: usize,
         _mode: c_int,
     ) -> CUresult {
-        self.began(real())
+        self.began(real)
     }
 
     /// `cuStreamEndCapture[_ptsz]`: the capture is over when the stream says

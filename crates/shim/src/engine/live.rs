@@ -60,13 +60,16 @@ impl<D: Driver> Engine<D> {
         let old = s.budget.limit()?;
         // Never past the operator's cap, whoever asks; asked for more, the
         // file is read again (root may have raised it since).
-        let mut operator = match s.operator.load(Ordering::Acquire) {
-            0 => NO_CAP,
-            v => v,
-        };
+        let mut operator = self.operator_cap(device);
         let asked = own(s.own.load(Ordering::Acquire));
         if asked > operator {
             operator = self.operator_cap_again(device).unwrap_or(operator);
+            if let Some(c) = usize::try_from(device)
+                .ok()
+                .and_then(|d| self.operator_caps.get(d))
+            {
+                c.store(operator, Ordering::Release);
+            }
             s.operator.store(operator, Ordering::Release);
         }
         let own = asked.min(operator);

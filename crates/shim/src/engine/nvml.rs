@@ -35,7 +35,7 @@ impl<D: Driver> Engine<D> {
                 continue;
             }
             if uuid_text(&s.uuid_bytes()).is_some_and(|u| u.eq_ignore_ascii_case(&uuid)) {
-                let limit = s.budget.limit()?;
+                let limit = self.cap_in_force(s, i as i32)?;
                 return (limit != NO_CAP).then(|| self.picture(s, i as i32, total, free));
             }
         }

@@ -174,6 +174,15 @@ impl Spill {
         } else {
             mode
         };
+        if mode == Mode::Managed && base.settings.operator.is_some() {
+            // The program could prefetch managed pages onto the GPU, past
+            // the operator's cap: refused as without spill.
+            log_once!(
+                Warn,
+                "{what}: managed memory past the operator's cap is not spilled; refusing"
+            );
+            return None;
+        }
         if mode == Mode::Managed && !self.managed_ok(base, device) {
             return None;
         }

@@ -78,7 +78,7 @@ impl<D: Driver> Engine<D> {
             return None;
         }
         let s = self.slot(device)?;
-        if let Some(l) = s.budget.limit() {
+        if let Some(l) = self.cap_in_force(s, device) {
             return Some(l);
         }
         let l = self.compute_limit(device, s);

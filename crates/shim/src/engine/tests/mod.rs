@@ -42,8 +42,9 @@ struct Fake {
     /// The most `live` ever was.
     peak: AtomicU64,
     syncs: AtomicUsize,
-    /// Events recorded on the legacy stream.
+    /// Events recorded on the legacy stream, and events waited for.
     legacy_records: AtomicUsize,
+    event_syncs: AtomicUsize,
     frees: AtomicUsize,
     /// Stream captures the fake reports (by stream handle), and on the legacy stream.
     capturing: Mutex<HashMap<usize, c_int>>,
@@ -191,6 +192,10 @@ impl Driver for Fake {
         CUDA_SUCCESS
     }
     fn event_query(&self, _event: usize) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn event_synchronize(&self, _event: usize) -> CUresult {
+        self.event_syncs.fetch_add(1, Ordering::SeqCst);
         CUDA_SUCCESS
     }
     fn event_destroy(&self, _event: usize) -> CUresult {
@@ -414,6 +419,36 @@ fn one_ordering_makes_every_block_freed_before_it_safe() {
         };
         assert_eq!(counted.load(Ordering::Relaxed), 2);
     }
+}
+
+/// A non-blocking stream asked for after an ordering waits for it first:
+/// the block that ordering made safe is then handed out without another.
+#[test]
+fn a_late_non_blocking_stream_waits_for_the_orderings_made() {
+    let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
+    let a = alloc(e, 8 * MIB).unwrap();
+    let b = alloc(e, 8 * MIB).unwrap();
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    assert_eq!(free(e, b), CUDA_SUCCESS);
+    let _c = alloc(e, 8 * MIB).unwrap();
+    assert_eq!(e.driver.legacy_records.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.event_syncs.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        e.stream_create(|| CUDA_SUCCESS, std::ptr::null_mut(), 1),
+        CUDA_SUCCESS
+    );
+    assert_eq!(e.driver.event_syncs.load(Ordering::SeqCst), 1);
+    let _d = alloc(e, 8 * MIB).unwrap();
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 0);
+    // A second non-blocking stream changes nothing more.
+    assert_eq!(
+        e.stream_create(|| CUDA_SUCCESS, std::ptr::null_mut(), 1),
+        CUDA_SUCCESS
+    );
+    assert_eq!(e.driver.event_syncs.load(Ordering::SeqCst), 1);
+    let s = e.slot(0).unwrap();
+    assert_eq!(s.cache_waits.load(Ordering::Relaxed), 1);
+    assert_eq!(s.cache_ordered.load(Ordering::Relaxed), 1);
 }
 
 fn reuse_once_per_burst(e: &'static Engine<Fake>, syncs: &AtomicUsize) {
