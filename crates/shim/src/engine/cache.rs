@@ -34,11 +34,22 @@
 //!   have cost at least that). The flag is read after the ticket is taken,
 //!   hence after the frees it covers: a block used on a non-blocking
 //!   stream was freed after that stream was asked for, so the flag is seen.
-//!   A failed record also falls back to the synchronisation. The page
-//!   counts both ways (`cache_ordered`, `cache_waits`).
-//! - While any stream capture is in progress the cache never synchronises
-//!   (it would invalidate the capture): an unsafe block goes back and the
-//!   allocation is a fresh one.
+//!   Blocks an ordering made safe before the flag was set (and blocks
+//!   handed out since) may meet work on the new stream: so setting it first
+//!   waits for every context's ordering event (`wait_for_orderings`), and
+//!   it is set with the ordering lock held exclusively, which a reuse holds
+//!   shared from its capture check to its `done` (no ordering can fall
+//!   between the wait and the flag). A failed record falls back to the
+//!   synchronisation, except a capture error: then the block goes back.
+//!   The page counts both ways (`cache_ordered`, `cache_waits`).
+//! - Another context's work (peer access) or a device outside CUDA (RDMA)
+//!   using a block is ordered by neither way, as it was not by the
+//!   driver's `cuCtxSynchronize` of this context.
+//! - While any stream capture is in progress the cache neither records nor
+//!   synchronises (either would invalidate the capture): an unsafe block
+//!   goes back and the allocation is a fresh one. Captures begin under the
+//!   ordering lock held exclusively, so none begins between a reuse's check
+//!   and its record.
 //! - Blocks are reused only in the context that allocated them, never
 //!   split, and a block ever exported with `cuIpcGetMemHandle` is released
 //!   for real. Managed memory is never cached.
@@ -55,8 +66,11 @@
 //! taken out under the lock, then ordered, synchronised or freed outside it;
 //! an event is created outside it and, when another thread stored one for
 //! the context meanwhile, destroyed again), and never while another lock is
-//! held. The non-blocking-stream flag is one atomic, set before the stream
-//! exists and read after the ticket is taken. Keeping a block allocates (the pool's maps). The
+//! held, except the ordering lock, which comes first (a reuse: ordering
+//! shared, then the device mutex briefly; the flag's first setting and a
+//! capture's beginning: ordering exclusive, then device mutexes briefly).
+//! The non-blocking-stream flag is one atomic, set before the stream exists
+//! and read after the ticket is taken. Keeping a block allocates (the pool's maps). The
 //! background thread (idle release and `vramcap trim`, see `worker`) is
 //! started by the engine when the first block is kept. After `fork` the
 //! child's new engine has fresh, empty caches: the parent's blocks belong to
