@@ -778,3 +778,29 @@ fn the_operators_cap_file_holds_whatever_the_environment_says() {
         ran.stderr()
     );
 }
+
+/// A program that finds the driver in another library than the one
+/// `VRAMCAP_CUDA_LIBRARY` names would bypass the hooks: with a cap asked
+/// for, its lookup fails (it does not run uncapped); without one, it runs,
+/// uncounted, with a warning.
+#[test]
+fn a_driver_the_shim_does_not_use_is_not_reached_when_a_cap_was_asked_for() {
+    let wrong = ("VRAMCAP_CUDA_LIBRARY", "/nonexistent/libcuda.so.1");
+    let ran = client("procaddr", &[ONE_GIB, wrong], &["init", "fill", "256M"]);
+    ran.expect_code(69);
+    assert!(ran.stdout().is_empty(), "{}", ran.stdout());
+    assert!(
+        ran.stderr().contains(
+            "the program looked up \"cuGetProcAddress_v2\" in a library that is not the driver vramcap uses (\"/nonexistent/libcuda.so.1\"); calls through it would not be capped, so the lookup fails"
+        ),
+        "{}",
+        ran.stderr()
+    );
+    let ran = client("procaddr", &[wrong], &["init"]);
+    ran.expect_lines(&["init -> 0"]);
+    assert!(
+        ran.stderr().contains("calls through it are not counted"),
+        "{}",
+        ran.stderr()
+    );
+}

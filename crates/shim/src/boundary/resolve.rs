@@ -116,14 +116,33 @@ pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
     };
     match h.real.get() {
         Some(p) if p == found => h.hook.cast_mut(),
+        _ if found == h.hook.cast_mut() => found,
+        _ if capping_asked() => {
+            // Calls through it would bypass the cap the user asked for:
+            // the program is told there is no such function instead.
+            log_once!(
+                Error,
+                "the program looked up {:?} in a library that is not the driver vramcap uses ({:?}); calls through it would not be capped, so the lookup fails. Set VRAMCAP_CUDA_LIBRARY to the libcuda.so.1 the program loads, or unset it",
+                name,
+                driver_path()
+            );
+            std::ptr::null_mut()
+        }
         _ => {
             log_once!(
                 Warn,
-                "the program looked up {:?} in a library that is not the driver vramcap uses ({:?}); calls through it are not capped. Set VRAMCAP_CUDA_LIBRARY to the libcuda.so.1 the program loads",
+                "the program looked up {:?} in a library that is not the driver vramcap uses ({:?}); calls through it are not counted. Set VRAMCAP_CUDA_LIBRARY to the libcuda.so.1 the program loads",
                 name,
                 driver_path()
             );
             found
         }
     }
+}
+
+/// Whether any cap was asked for (a limit, NVIDIA's variable, the
+/// operator's file or a group): then nothing may bypass the hooks.
+fn capping_asked() -> bool {
+    let s = super::settings();
+    !s.limit.is_unlimited() || s.nvidia_limit.is_some() || s.operator.is_some() || s.group.is_some()
 }

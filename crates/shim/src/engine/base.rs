@@ -74,8 +74,14 @@ impl<D: Driver> Base<D> {
     /// The cap in force on `device` as the page says it, held to the
     /// operator's cap (the page is the user's to write); `None` before it
     /// is worked out.
-    pub fn cap_in_force(&self, slot: &vramcap_core::page::DeviceSlot, device: CUdevice) -> Option<u64> {
-        slot.budget.limit().map(|l| l.min(self.operator_cap(device)))
+    pub fn cap_in_force(
+        &self,
+        slot: &vramcap_core::page::DeviceSlot,
+        device: CUdevice,
+    ) -> Option<u64> {
+        slot.budget
+            .limit()
+            .map(|l| l.min(self.operator_cap(device)))
     }
 
     /// Whether a stream unordered with the legacy stream may exist.
