@@ -103,4 +103,12 @@ PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/pip" install --quiet --no-cache-dir -
 vlib=$(echo "$venv"/lib/python3*/site-packages/vramcap/libvramcap.so)
 doctor_finds "$(realpath "$vlib")" "$venv/bin/vramcap"
 capped_fill "$venv/bin/python" -m vramcap
+
+# `pip install -e .`: the package stays in python/, where the backend put
+# the shim; the CLI finds it through the environment's vramcap.pth.
+venv=$stage/venv-editable
+python3 -m venv "$venv"
+PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/pip" install --quiet --no-cache-dir --no-deps -e "$PWD"
+doctor_finds "$PWD/python/vramcap/libvramcap.so" "$venv/bin/vramcap"
+capped_fill "$venv/bin/vramcap"
 echo "check-package: ok"

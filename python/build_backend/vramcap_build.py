@@ -63,3 +63,17 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 def build_sdist(sdist_directory, config_settings=None):
     return maturin.build_sdist(sdist_directory, config_settings)
+
+
+# `pip install -e .` (PEP 660): the same, as maturin's editable wheel.
+def get_requires_for_build_editable(config_settings=None):
+    return maturin.get_requires_for_build_editable(config_settings)
+
+
+def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
+    return maturin.prepare_metadata_for_build_editable(metadata_directory, config_settings)
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    _place_shim()
+    return maturin.build_editable(wheel_directory, config_settings, metadata_directory)

@@ -228,7 +228,8 @@ fn find_library() -> Result<PathBuf, String> {
         tried.push(prefix.join("lib/vramcap/libvramcap.so"));
         // The wheel's: PREFIX/bin/vramcap and the package in
         // PREFIX/lib/pythonX.Y/{site,dist}-packages/vramcap/ (a virtual
-        // environment, --user, a system prefix), or DIR/bin and DIR/vramcap
+        // environment, --user, a system prefix; or where its vramcap.pth
+        // points, for an editable install), or DIR/bin and DIR/vramcap
         // (pip install --target DIR).
         tried.extend(wheel_libraries(prefix));
     }
@@ -267,7 +268,15 @@ fn wheel_libraries(prefix: &Path) -> Vec<PathBuf> {
         pythons.sort();
         for py in pythons {
             for packages in ["site-packages", "dist-packages"] {
-                out.push(py.join(packages).join("vramcap/libvramcap.so"));
+                let dir = py.join(packages);
+                out.push(dir.join("vramcap/libvramcap.so"));
+                // `pip install -e .`: a .pth file names the checkout's
+                // python/ folder, where the backend put the library.
+                if let Ok(pth) = std::fs::read_to_string(dir.join("vramcap.pth")) {
+                    for line in pth.lines().map(str::trim).filter(|l| l.starts_with('/')) {
+                        out.push(Path::new(line).join("vramcap/libvramcap.so"));
+                    }
+                }
             }
         }
     }
