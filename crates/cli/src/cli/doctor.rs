@@ -293,10 +293,23 @@ pub fn run(lib: Result<PathBuf, String>, stats_dirs: Result<StatsDirs, String>, 
             use vramcap_core::settings::{OPERATOR_LIMIT_PATH, OperatorError, read_operator_limit};
             match read_operator_limit(std::path::Path::new(OPERATOR_LIMIT_PATH)) {
                 Ok(None) => {}
-                Ok(Some(spec)) => r.ok(
-                    "operator's cap",
-                    format!("{OPERATOR_LIMIT_PATH}: {spec}; no variable lifts it"),
-                ),
+                Ok(Some(spec)) => {
+                    r.ok(
+                        "operator's cap",
+                        format!("{OPERATOR_LIMIT_PATH}: {spec}; no variable lifts it"),
+                    );
+                    if s.disabled
+                        || s.counting == vramcap_core::settings::Counting::Allocations
+                        || s.cuda_library.is_some()
+                        || matches!(s.context, vramcap_core::settings::ContextCharge::Bytes(_))
+                        || s.spill == vramcap_core::settings::Spill::Managed
+                    {
+                        r.note(
+                            "operator's cap",
+                            "under it the shim ignores VRAMCAP_DISABLE, VRAMCAP_COUNT=allocations, VRAMCAP_CONTEXT and VRAMCAP_CUDA_LIBRARY and takes VRAMCAP_SPILL=managed as host: what this environment sets of them does not apply",
+                        );
+                    }
+                }
                 Err(OperatorError::Unusable(why)) => {
                     r.note("operator's cap", format!("{why}: the shim ignores it"))
                 }
