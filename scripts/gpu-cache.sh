@@ -12,7 +12,9 @@
 #     either, and the shim's log says it waited only for non-blocking ones
 #   - churn.cu 5000 iterations, ROUNDS rounds interleaved: without the shim,
 #     cache off, cache on with an unused non-blocking stream (the cache
-#     waits), cache on (ordered, no wait); identical checksums; speed-ups
+#     waits), cache on (ordered, no wait), and without the shim its kernels
+#     alone with the buffers allocated once (the floor); identical
+#     checksums; speed-ups
 #   - bench_torch.py (MLP step): PyTorch's caching allocator without the
 #     shim, PYTORCH_NO_CUDA_MEMORY_CACHING=1 without and with the shim,
 #     ROUNDS rounds interleaved; ratios
@@ -29,7 +31,7 @@ set -u
 NAME=gpu-cache
 # shellcheck source-path=SCRIPTDIR source=gpu/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu/lib.sh"
-gpu_args 25 "$@"
+gpu_args 27 "$@"
 gpu_setup "$1"
 CUDA_ARCH=${CUDA_ARCH:-sm_90}
 BUDGET_S=${BUDGET_S:-300}
@@ -109,11 +111,12 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
 # ---- churn
 if [ -n "$CH" ]; then
     declare -A MS SUMS
-    for v in base off wait ordered; do MS[$v]=""; SUMS[$v]=""; done
+    for v in base off wait ordered once; do MS[$v]=""; SUMS[$v]=""; done
     for ((r = 1; r <= ROUNDS; r++)); do
-        for v in base off wait ordered; do
+        for v in base off wait ordered once; do
             case $v in
                 base) run_cmd "churn-$v-$r" 60 "${NOSHIM[@]}" "$CH" 5000 ;;
+                once) run_cmd "churn-$v-$r" 60 "${NOSHIM[@]}" "$CH" 5000 once ;;
                 off) run_cmd "churn-$v-$r" 60 "${SHIM[@]}" VRAMCAP_CACHE=off "$CH" 5000 ;;
                 wait) run_cmd "churn-$v-$r" 60 "${SHIM[@]}" "$CH" 5000 nbstream ;;
                 ordered) run_cmd "churn-$v-$r" 60 "${SHIM[@]}" "$CH" 5000 ;;
@@ -124,17 +127,18 @@ if [ -n "$CH" ]; then
         done
     done
     ok=1
-    all=$(printf '%s\n' "${SUMS[base]} ${SUMS[off]} ${SUMS[wait]} ${SUMS[ordered]}" | tr -s ' ' '\n' | grep . | sort -u)
+    all=$(printf '%s\n' "${SUMS[base]} ${SUMS[off]} ${SUMS[wait]} ${SUMS[ordered]} ${SUMS[once]}" | tr -s ' ' '\n' | grep . | sort -u)
     [ "$(printf '%s\n' "$all" | grep -c .)" = 1 ] && isint "$all" || ok=0
     mb=$(median "${MS[base]}")
     mo=$(median "${MS[off]}")
     mw=$(median "${MS[wait]}")
     mr=$(median "${MS[ordered]}")
+    m1=$(median "${MS[once]}")
     add_row "churn.cu 5000 iterations: identical results" "one checksum over every run" "checksums: $(printf '%s ' "$all")" "$(verdict)"
     ok=1
     awk -v a="$mb" -v b="$mr" 'BEGIN { exit !(a > 0 && b > 0 && a / b >= 10) }' || ok=0
     add_row "churn.cu speed-up over no shim (median ms of $ROUNDS)" "cache on, ordered: >= 10x (goal)" \
-        "no shim $mb ms; cache off $mo ms; cache waits $mw ms ($(ratio "$mb" "$mw")x); cache ordered $mr ms ($(ratio "$mb" "$mr")x)" "$(verdict)"
+        "no shim $mb ms; cache off $mo ms; cache waits $mw ms ($(ratio "$mb" "$mw")x); cache ordered $mr ms ($(ratio "$mb" "$mr")x); the kernels alone, buffers allocated once, no shim: $m1 ms ($(ratio "$mb" "$m1")x, the floor)" "$(verdict)"
 else
     add_row "churn.cu" "builds" "nvcc missing or build failed (see log)" FAIL
 fi

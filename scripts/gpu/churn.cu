@@ -3,7 +3,7 @@
 // runs three small kernels on them and frees them. Prints the wall time and
 // a checksum of what the kernels computed, so runs with and without the
 // shim's cache can be compared for speed and for identical results.
-// Usage: churn [ITERATIONS [nbstream]]   Prints "RESULT iters=N ms=T checksum=C".
+// Usage: churn [ITERATIONS [nbstream|once]]   Prints "RESULT iters=N ms=T checksum=C".
 // With "nbstream" it first creates a non-blocking stream it never uses: the
 // shim's cache then waits for a synchronisation before each burst of reuse
 // (as it must once such a stream exists), instead of ordering the reuse with
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "common.cuh"
 
@@ -39,16 +40,28 @@ int main(int argc, char **argv) {
     CHECK(cudaMalloc(&acc, sizeof *acc));
     CHECK(cudaMemset(acc, 0, sizeof *acc));
     CHECK(cudaDeviceSynchronize());
+    // "once": the two buffers allocated once, outside the loop: the same
+    // kernels without any allocation, the floor the cache can approach.
+    const bool once = argc > 2 && strcmp(argv[2], "once") == 0;
+    unsigned *keep_a = NULL, *keep_b = NULL;
+    if (once) {
+        CHECK(cudaMalloc(&keep_a, bytes));
+        CHECK(cudaMalloc(&keep_b, bytes));
+    }
     auto t0 = std::chrono::steady_clock::now();
     for (int it = 0; it < iters; ++it) {
-        unsigned *a = NULL, *b = NULL;
-        CHECK(cudaMalloc(&a, bytes));
-        CHECK(cudaMalloc(&b, bytes));
+        unsigned *a = keep_a, *b = keep_b;
+        if (!once) {
+            CHECK(cudaMalloc(&a, bytes));
+            CHECK(cudaMalloc(&b, bytes));
+        }
         k_fill<<<64, 256>>>(a, n, (unsigned)it);
         k_mix<<<64, 256>>>(b, a, n, (unsigned)it);
         k_sum<<<1, 256>>>(acc, b, n, (unsigned)it);
-        CHECK(cudaFree(a));
-        CHECK(cudaFree(b));
+        if (!once) {
+            CHECK(cudaFree(a));
+            CHECK(cudaFree(b));
+        }
     }
     CHECK(cudaDeviceSynchronize());
     auto t1 = std::chrono::steady_clock::now();
