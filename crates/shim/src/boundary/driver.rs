@@ -137,6 +137,13 @@ impl Driver for RealDriver {
         ok(rc, dev)
     }
 
+    fn ctx_get_id(&self, ctx: usize) -> Result<u64, CUresult> {
+        let mut id: u64 = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuCtxGetId::call(handle(ctx), &mut id) };
+        ok(rc, id)
+    }
+
     fn ctx_synchronize(&self) -> CUresult {
         // SAFETY: no arguments.
         unsafe { c::cuCtxSynchronize::call() }

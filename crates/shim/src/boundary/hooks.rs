@@ -118,6 +118,7 @@ pub mod calls {
         fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
         fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
         fn cuCtxSynchronize() -> CUresult;
+        fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult;
         fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
         fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult;

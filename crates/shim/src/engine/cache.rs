@@ -100,8 +100,12 @@ struct Tickets {
 struct Inner {
     pool: Pool,
     tickets: HashMap<usize, Tickets>,
-    /// Each context's event for ordering on the legacy stream.
-    events: HashMap<usize, usize>,
+    /// Each context's event for ordering on the legacy stream, with the
+    /// context's `cuCtxGetId` when the driver gives one: a context
+    /// destroyed through a call the hooks do not see leaves its entry, and
+    /// a new context at the same address has another ID, so the stale
+    /// handle is never recorded.
+    events: HashMap<usize, (usize, Option<u64>)>,
 }
 
 struct DeviceCache {
@@ -164,7 +168,7 @@ impl Cache {
     /// when the first non-blocking stream is asked for. Counted as waits.
     pub fn wait_for_orderings<D: Driver>(&self, base: &Base<D>) {
         for (dev, c) in self.devices.iter().enumerate() {
-            let events: Vec<usize> = c.lock().events.values().copied().collect();
+            let events: Vec<usize> = c.lock().events.values().map(|&(e, _)| e).collect();
             for e in &events {
                 let rc = base.driver.event_synchronize(*e);
                 if rc != CUDA_SUCCESS {
@@ -292,20 +296,30 @@ impl Cache {
         c: &DeviceCache,
         ctx: usize,
     ) -> Result<(), CUresult> {
-        let known = c.lock().events.get(&ctx).copied();
+        let id = base.driver.ctx_get_id(ctx).ok();
+        let current = |entry: Option<&(usize, Option<u64>)>| {
+            // The entry is this context's unless both IDs are known and differ.
+            entry.and_then(|&(e, known)| match (known, id) {
+                (Some(a), Some(b)) if a != b => None,
+                _ => Some(e),
+            })
+        };
+        let known = current(c.lock().events.get(&ctx));
         let event = match known {
             Some(e) => e,
             None => {
+                // A stale entry's handle belongs to a context that is gone
+                // (or by now to someone else's event): dropped, not destroyed.
                 let e = base.driver.event_create(CU_EVENT_DISABLE_TIMING)?;
                 let mut g = c.lock();
-                match g.events.get(&ctx) {
-                    Some(&other) => {
+                match current(g.events.get(&ctx)) {
+                    Some(other) => {
                         drop(g);
                         let _ = base.driver.event_destroy(e);
                         other
                     }
                     None => {
-                        g.events.insert(ctx, e);
+                        g.events.insert(ctx, (e, id));
                         e
                     }
                 }
@@ -382,7 +396,7 @@ impl Cache {
             };
             // The context still lives: its event is destroyed now, not
             // left to a later context at the same handle.
-            if let Some(e) = event {
+            if let Some((e, _)) = event {
                 let _ = base.driver.event_destroy(e);
             }
             if !out.is_empty() {

@@ -29,6 +29,9 @@ pub trait Driver: Send + Sync + 'static {
     fn ctx_get_current(&self) -> Result<usize, CUresult>;
     /// `cuCtxGetDevice` of the current context.
     fn ctx_get_device(&self) -> Result<CUdevice, CUresult>;
+    /// `cuCtxGetId` (CUDA 12.0): an ID no other context of the process
+    /// ever has.
+    fn ctx_get_id(&self, ctx: usize) -> Result<u64, CUresult>;
     /// `cuCtxSynchronize` of the current context.
     fn ctx_synchronize(&self) -> CUresult;
     /// `cuCtxPushCurrent_v2`.

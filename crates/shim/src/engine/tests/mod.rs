@@ -45,6 +45,11 @@ struct Fake {
     /// Events recorded on the legacy stream, and events waited for.
     legacy_records: AtomicUsize,
     event_syncs: AtomicUsize,
+    /// What `cuCtxGetId` answers for the one context (a test changes it
+    /// to play a new context at the same address), and events created.
+    ctx_id: AtomicU64,
+    events_created: AtomicUsize,
+    last_recorded: AtomicUsize,
     frees: AtomicUsize,
     /// Stream captures the fake reports (by stream handle), and on the legacy stream.
     capturing: Mutex<HashMap<usize, c_int>>,
@@ -103,6 +108,9 @@ impl Fake {
 impl Driver for Fake {
     fn ctx_get_current(&self) -> Result<usize, CUresult> {
         Ok(CTX)
+    }
+    fn ctx_get_id(&self, _ctx: usize) -> Result<u64, CUresult> {
+        Ok(self.ctx_id.load(Ordering::SeqCst))
     }
     fn ctx_get_device(&self) -> Result<CUdevice, CUresult> {
         Ok(0)
@@ -183,9 +191,10 @@ impl Driver for Fake {
         CUDA_SUCCESS
     }
     fn event_create(&self, _flags: c_uint) -> Result<usize, CUresult> {
-        Ok(1)
+        Ok(0x1000 + self.events_created.fetch_add(1, Ordering::SeqCst))
     }
-    fn event_record(&self, _event: usize, stream: usize, _flavour: Flavour) -> CUresult {
+    fn event_record(&self, event: usize, stream: usize, _flavour: Flavour) -> CUresult {
+        self.last_recorded.store(event, Ordering::SeqCst);
         if stream == 1 {
             self.legacy_records.fetch_add(1, Ordering::SeqCst);
         }
@@ -419,6 +428,32 @@ fn one_ordering_makes_every_block_freed_before_it_safe() {
         };
         assert_eq!(counted.load(Ordering::Relaxed), 2);
     }
+}
+
+/// A context destroyed through a call the hooks do not see, and a new one
+/// at the same address (another `cuCtxGetId`): the old event's handle is
+/// never recorded again; the new context gets its own.
+#[test]
+fn a_new_context_at_the_same_address_gets_its_own_event() {
+    let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
+    let reuse = || {
+        let a = alloc(e, 8 * MIB).unwrap();
+        assert_eq!(free(e, a), CUDA_SUCCESS);
+        let b = alloc(e, 8 * MIB).unwrap();
+        assert_eq!(b, a, "the cached block");
+        assert_eq!(free(e, b), CUDA_SUCCESS);
+    };
+    reuse();
+    assert_eq!(e.driver.last_recorded.load(Ordering::SeqCst), 0x1000);
+    reuse();
+    assert_eq!(e.driver.events_created.load(Ordering::SeqCst), 1);
+    e.driver.ctx_id.store(7, Ordering::SeqCst);
+    reuse();
+    assert_eq!(e.driver.last_recorded.load(Ordering::SeqCst), 0x1001);
+    assert_eq!(e.driver.events_created.load(Ordering::SeqCst), 2);
+    reuse();
+    assert_eq!(e.driver.events_created.load(Ordering::SeqCst), 2);
+    assert_eq!(e.driver.last_recorded.load(Ordering::SeqCst), 0x1001);
 }
 
 /// A non-blocking stream asked for after an ordering waits for it first:
