@@ -42,10 +42,6 @@ need_whole "" ROUNDS
 need_timeout
 gpu_commit
 gpu_smi
-GPU0_UUID=""
-if [ -n "$NVSMI" ]; then
-    GPU0_UUID=$(timeout 30 "$NVSMI" --query-gpu=uuid --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' \r')
-fi
 HEADER="vramcap gpu-cache — $(date -u '+%Y-%m-%d %H:%M:%S UTC') — commit $COMMIT — GPU $GPU_NAME, driver $GPU_DRIVER — VRAMCAP_LIMIT=$CAP, $ROUNDS rounds"
 export VRAMCAP_STATS_DIR=$WORK/stats
 VIS="CUDA_VISIBLE_DEVICES=${GPU0_UUID:-0}"

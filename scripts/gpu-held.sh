@@ -65,10 +65,6 @@ MIN_FILL=$((MIN_FILL_MIB * MiB))
 
 gpu_commit
 gpu_smi
-GPU0_UUID=""
-if [ -n "$NVSMI" ]; then
-    GPU0_UUID=$(timeout 30 "$NVSMI" --query-gpu=uuid --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' \r')
-fi
 HEADER="vramcap gpu-held — $(date -u '+%Y-%m-%d %H:%M:%S UTC') — commit $COMMIT — GPU $GPU_NAME, driver $GPU_DRIVER — CAP=$CAP ($CAP_BYTES bytes), NVML per-process figure <= $CAP_MIB MiB"
 {
     echo "$HEADER"

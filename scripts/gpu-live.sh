@@ -27,10 +27,6 @@ need_whole " of seconds" BUDGET_S
 need_timeout
 gpu_commit
 gpu_smi
-GPU0_UUID=""
-if [ -n "$NVSMI" ]; then
-    GPU0_UUID=$(timeout 30 "$NVSMI" --query-gpu=uuid --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' \r')
-fi
 HEADER="vramcap gpu-live — $(date -u '+%Y-%m-%d %H:%M:%S UTC') — commit $COMMIT — GPU $GPU_NAME, driver $GPU_DRIVER — started at VRAMCAP_LIMIT=8GiB"
 export VRAMCAP_STATS_DIR=$WORK/stats
 SHIMENV=(env "LD_PRELOAD=$SHIM" VRAMCAP_LIMIT=8GiB "CUDA_VISIBLE_DEVICES=${GPU0_UUID:-0}")

@@ -52,27 +52,28 @@ def cli(res, key, args):
     return p.returncode
 
 
-def refused(res, key, alloc, oom):
-    """alloc() expected to raise oom: records key=1 when it did, 0 when it fit."""
+def attempt(res, key, alloc, oom, refusal):
+    """Runs alloc(); records key=1 when the outcome is the one expected
+    (refusal: alloc raised oom; else: it fit), 0 otherwise, and the error
+    text. Returns what alloc gave, or None."""
     try:
         keep = alloc()
     except oom as e:
-        res[key] = 1
+        res[key] = int(refusal)
         res.setdefault("errors", {})[key] = result.one_line(e)[:200]
         return None
-    res[key] = 0
+    res[key] = int(not refusal)
     return keep
+
+
+def refused(res, key, alloc, oom):
+    """alloc() expected to raise oom."""
+    return attempt(res, key, alloc, oom, True)
 
 
 def fits(res, key, alloc, oom):
-    try:
-        keep = alloc()
-    except oom as e:
-        res[key] = 0
-        res.setdefault("errors", {})[key] = result.one_line(e)[:200]
-        return None
-    res[key] = 1
-    return keep
+    """alloc() expected to fit."""
+    return attempt(res, key, alloc, oom, False)
 
 
 def start_total(res, total):

@@ -9,7 +9,7 @@
 #   gpu_outputs            OUT created, LOG (emptied) and MD
 #   gpu_workdir            WORK, a temp folder removed at exit unless KEEP_WORK=1
 #   gpu_setup DIR          the three above
-#   gpu_commit, gpu_smi    COMMIT; NVSMI, GPU_NAME, GPU_DRIVER
+#   gpu_commit, gpu_smi    COMMIT; NVSMI, GPU_NAME, GPU_DRIVER, GPU0_UUID
 #   find_nvcc, build_cu    NVCC_BIN; nvcc with -lcuda and its fallbacks
 #   run_cmd, rc_note       one process under timeout, logged (RC, OUTF, ERRF, NOTRUN);
 #   run_begin, run_end     its start and end, for scripts that run a process their own way
@@ -141,10 +141,12 @@ gpu_commit() {
     [ -n "$COMMIT" ] || COMMIT=unknown
 }
 
-# nvidia-smi, and the first GPU's name and driver from it.
+# nvidia-smi, and the first GPU's name, driver and UUID (GPU0_UUID, empty
+# when unknown) from it.
 # shellcheck disable=SC2034  # for the sourcing scripts
 gpu_smi() {
     local c q
+    GPU0_UUID=""
     NVSMI=$(command -v nvidia-smi 2>/dev/null || true)
     [ -n "$NVSMI" ] || for c in /usr/local/nvidia/bin/nvidia-smi /usr/bin/nvidia-smi; do
         [ -x "$c" ] && NVSMI=$c && break
@@ -157,6 +159,7 @@ gpu_smi() {
             GPU_NAME=$(echo "${q%,*}" | sed 's/^ *//; s/ *$//')
             GPU_DRIVER=$(echo "${q##*,}" | sed 's/^ *//; s/ *$//')
         fi
+        GPU0_UUID=$(timeout 30 "$NVSMI" --query-gpu=uuid --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' \r')
     fi
 }
 

@@ -1491,7 +1491,7 @@ static void cmd_ptrkind(size_t n)
 
 /* ---- nvml ------------------------------------------------------------- */
 
-/* The NVML functions "nvml" calls, always found with dlsym. */
+/* The NVML functions "nvml" and "nvmlprocs" call, always found with dlsym. */
 struct nvml_api {
     nvmlReturn_t (*init)(void);
     nvmlReturn_t (*shutdown)(void);
@@ -1500,6 +1500,8 @@ struct nvml_api {
     nvmlReturn_t (*get_uuid)(nvmlDevice_t, char *, unsigned int);
     nvmlReturn_t (*get_memory)(nvmlDevice_t, nvmlMemory_t *);
     nvmlReturn_t (*get_memory_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
+    nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *);
+    nvmlReturn_t (*procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 };
 
 static const struct {
@@ -1513,22 +1515,30 @@ static const struct {
     { "nvmlDeviceGetUUID", offsetof(struct nvml_api, get_uuid) },
     { "nvmlDeviceGetMemoryInfo", offsetof(struct nvml_api, get_memory) },
     { "nvmlDeviceGetMemoryInfo_v2", offsetof(struct nvml_api, get_memory_v2) },
+    { "nvmlDeviceGetHandleByUUID", offsetof(struct nvml_api, by_uuid) },
+    { "nvmlDeviceGetComputeRunningProcesses_v3", offsetof(struct nvml_api, procs) },
 };
 
-/* One line per device; see the top of the file. */
-static void cmd_nvml(void)
+/* Fills *nv from libnvidia-ml.so.1; false when it or a function is missing. */
+static bool nvml_load(struct nvml_api *nv)
 {
     static void *lib;
     if (lib == NULL)
         lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-    struct nvml_api nv;
     for (size_t i = 0; lib != NULL && i < COUNT(g_nvml_functions); i++) {
         void *p = dlsym(lib, g_nvml_functions[i].name);
         if (p == NULL)
-            lib = NULL;
-        memcpy((char *)&nv + g_nvml_functions[i].offset, &p, sizeof p);
+            return false;
+        memcpy((char *)nv + g_nvml_functions[i].offset, &p, sizeof p);
     }
-    if (lib == NULL) {
+    return lib != NULL;
+}
+
+/* One line per device; see the top of the file. */
+static void cmd_nvml(void)
+{
+    struct nvml_api nv;
+    if (!nvml_load(&nv)) {
         out("nvml -> unavailable");
         return;
     }
@@ -1748,44 +1758,11 @@ static void cmd_instantiate(const char *how)
     out("instantiate%s -> %d", autofree ? " autofree" : "", rc);
 }
 
-/* The NVML functions "nvmlprocs" calls. */
-struct nvml_procs_api {
-    nvmlReturn_t (*init)(void);
-    nvmlReturn_t (*shutdown)(void);
-    nvmlReturn_t (*get_count)(unsigned int *);
-    nvmlReturn_t (*get_handle)(unsigned int, nvmlDevice_t *);
-    nvmlReturn_t (*get_uuid)(nvmlDevice_t, char *, unsigned int);
-    nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *);
-    nvmlReturn_t (*procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
-};
-
-static const struct {
-    const char *name;
-    size_t offset;
-} g_nvml_procs_functions[] = {
-    { "nvmlInit_v2", offsetof(struct nvml_procs_api, init) },
-    { "nvmlShutdown", offsetof(struct nvml_procs_api, shutdown) },
-    { "nvmlDeviceGetCount_v2", offsetof(struct nvml_procs_api, get_count) },
-    { "nvmlDeviceGetHandleByIndex_v2", offsetof(struct nvml_procs_api, get_handle) },
-    { "nvmlDeviceGetUUID", offsetof(struct nvml_procs_api, get_uuid) },
-    { "nvmlDeviceGetHandleByUUID", offsetof(struct nvml_procs_api, by_uuid) },
-    { "nvmlDeviceGetComputeRunningProcesses_v3", offsetof(struct nvml_procs_api, procs) },
-};
-
 /* Per device: its processes, asked for like nvidia-smi (count, then list). */
 static void cmd_nvmlprocs(void)
 {
-    static void *lib;
-    if (lib == NULL)
-        lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-    struct nvml_procs_api nv;
-    for (size_t i = 0; lib != NULL && i < COUNT(g_nvml_procs_functions); i++) {
-        void *p = dlsym(lib, g_nvml_procs_functions[i].name);
-        if (p == NULL)
-            lib = NULL;
-        memcpy((char *)&nv + g_nvml_procs_functions[i].offset, &p, sizeof p);
-    }
-    if (lib == NULL) {
+    struct nvml_api nv;
+    if (!nvml_load(&nv)) {
         out("nvmlprocs -> unavailable");
         return;
     }

@@ -121,10 +121,10 @@ impl<D: Driver> Base<D> {
         limit: u64,
     ) -> Result<(), Refusal> {
         // The cap can change while the process runs (`live.rs`): the word
-        // itself decides, read again after the reservation so that one
-        // made against a cap lowered meanwhile is taken back.
-        // Never past the operator's cap, whatever the page (which the user
-        // can write) says.
+        // itself decides (held to the operator's cap, whatever the page,
+        // which the user can write, says), read again after the
+        // reservation so that one made against a cap lowered meanwhile is
+        // taken back.
         let limit = self.cap_in_force(slot, device).unwrap_or(limit);
         slot.budget.try_reserve(bytes, limit).map_err(|r| Refusal {
             used: r.used,
@@ -418,13 +418,7 @@ impl<D: Driver> Base<D> {
             None => NO_CAP,
         };
         own = own.min(operator);
-        if let Some(c) = usize::try_from(device)
-            .ok()
-            .and_then(|d| self.operator_caps.get(d))
-        {
-            c.store(operator, Ordering::Release);
-        }
-        slot.operator.store(operator, Ordering::Release);
+        self.set_operator_cap(slot, device, operator);
         slot.own.store(own, Ordering::Release);
         slot.ceiling.store(own, Ordering::Release);
         if !settings.soft.is_unlimited() {

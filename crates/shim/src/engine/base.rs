@@ -71,6 +71,23 @@ impl<D: Driver> Base<D> {
             .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
     }
 
+    /// Records the operator's cap of `device`: here, and in the page for
+    /// readers.
+    pub fn set_operator_cap(
+        &self,
+        slot: &vramcap_core::page::DeviceSlot,
+        device: CUdevice,
+        cap: u64,
+    ) {
+        if let Some(c) = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.operator_caps.get(d))
+        {
+            c.store(cap, Ordering::Release);
+        }
+        slot.operator.store(cap, Ordering::Release);
+    }
+
     /// The cap in force on `device` as the page says it, held to the
     /// operator's cap (the page is the user's to write); `None` before it
     /// is worked out.

@@ -131,7 +131,7 @@ pub struct Cache {
     /// happen in between: a stream capture beginning (recording on the
     /// legacy stream would invalidate it) and the first non-blocking
     /// stream being asked for ([`Cache::wait_for_orderings`]).
-    pub ordering: RwLock<()>,
+    ordering: RwLock<()>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

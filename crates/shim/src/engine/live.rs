@@ -64,24 +64,21 @@ impl<D: Driver> Engine<D> {
         let asked = own(s.own.load(Ordering::Acquire));
         if asked > operator {
             operator = self.operator_cap_again(device).unwrap_or(operator);
-            if let Some(c) = usize::try_from(device)
-                .ok()
-                .and_then(|d| self.operator_caps.get(d))
-            {
-                c.store(operator, Ordering::Release);
-            }
-            s.operator.store(operator, Ordering::Release);
+            self.set_operator_cap(s, device, operator);
         }
+        let shown = |b: u64| {
+            if b == NO_CAP {
+                "none".to_string()
+            } else {
+                format!("{b} bytes")
+            }
+        };
         let own = asked.min(operator);
         if own < asked {
             log_at!(
                 Warn,
                 "device {device}: a cap of {} asked for is above the operator's cap of {operator} bytes ({}): that applies",
-                if asked == NO_CAP {
-                    "none".to_string()
-                } else {
-                    format!("{asked} bytes")
-                },
+                shown(asked),
                 vramcap_core::settings::OPERATOR_LIMIT_PATH
             );
         }
@@ -99,16 +96,9 @@ impl<D: Driver> Engine<D> {
             self.cache.evict(&self.base, device as u16, used - new);
         }
         let used = s.budget.used();
-        let shown = |b: u64| {
-            if b == NO_CAP {
-                "none".to_string()
-            } else {
-                b.to_string()
-            }
-        };
         log_at!(
             Info,
-            "device {device}: cap changed from {} to {} bytes",
+            "device {device}: cap changed from {} to {}",
             shown(old),
             shown(new)
         );
