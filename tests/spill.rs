@@ -169,7 +169,7 @@ fn bad_spill_settings_are_refused() {
         (
             "VRAMCAP_SPILL",
             "disk",
-            "VRAMCAP_SPILL=\"disk\" is not valid: expected off, managed or host (e.g. VRAMCAP_SPILL=managed)",
+            "VRAMCAP_SPILL=\"disk\" is not valid: expected off, managed, host or tiered (e.g. VRAMCAP_SPILL=tiered)",
         ),
         (
             "VRAMCAP_SPILL_LIMIT",

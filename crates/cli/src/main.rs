@@ -51,7 +51,7 @@ struct ShimOptions {
     /// Return cached blocks idle this long, e.g. 5s (sets VRAMCAP_CACHE_IDLE)
     #[arg(long, value_name = "DURATION")]
     cache_idle: Option<String>,
-    /// Past the cap, spill to host memory: off, managed or host (sets VRAMCAP_SPILL)
+    /// Past the cap, spill to host memory: off, managed, host or tiered (sets VRAMCAP_SPILL)
     #[arg(long, value_name = "MODE")]
     spill: Option<String>,
     /// Host memory spill may take: a size or a percentage of RAM (sets VRAMCAP_SPILL_LIMIT)

@@ -119,9 +119,9 @@ pub struct DeviceSlot {
     pub evictions: AtomicU64,
     pub trims: AtomicU64,
     pub spill_allocs: AtomicU64,
-    /// Zero. Was `promotions`, which nothing wrote; kept so the words after
-    /// it stay where they are.
-    pub reserved0: AtomicU64,
+    /// Tiered spill (`VRAMCAP_SPILL=tiered`): blocks moved from the host
+    /// onto the GPU (this word was reserved, always zero, before).
+    pub promotions: AtomicU64,
     /// The device UUID's 16 bytes (two native-endian words), zero if unknown.
     pub uuid: [AtomicU64; 2],
     /// Parts of `budget.used` (all zero under `VRAMCAP_COUNT=allocations`):
@@ -159,7 +159,10 @@ pub struct DeviceSlot {
     /// The operator's cap (`settings::OPERATOR_LIMIT_PATH`) in bytes; 0 or
     /// [`crate::budget::NO_CAP`] for none. No change of the cap passes it.
     pub operator: AtomicU64,
-    pub reserved: [AtomicU64; 2],
+    /// Tiered spill: blocks moved from the GPU to the host, and the bytes
+    /// of every move either way (these two words were reserved before).
+    pub demotions: AtomicU64,
+    pub moved_bytes: AtomicU64,
 }
 
 /// [`Header::counting`]: everything the process holds on the GPU is capped.
@@ -226,7 +229,7 @@ impl DeviceSlot {
             &self.evictions,
             &self.trims,
             &self.spill_allocs,
-            &self.reserved0,
+            &self.promotions,
             &self.pools,
             &self.graphs,
             &self.context,
@@ -240,6 +243,8 @@ impl DeviceSlot {
             &self.cache_waits,
             &self.cache_ordered,
             &self.operator,
+            &self.demotions,
+            &self.moved_bytes,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -532,7 +537,7 @@ mod tests {
             (offset_of!(DeviceSlot, evictions), 88),
             (offset_of!(DeviceSlot, trims), 96),
             (offset_of!(DeviceSlot, spill_allocs), 104),
-            (offset_of!(DeviceSlot, reserved0), 112),
+            (offset_of!(DeviceSlot, promotions), 112),
             (offset_of!(DeviceSlot, uuid), 120),
             (offset_of!(DeviceSlot, pools), 136),
             (offset_of!(DeviceSlot, graphs), 144),
@@ -547,7 +552,8 @@ mod tests {
             (offset_of!(DeviceSlot, cache_waits), 216),
             (offset_of!(DeviceSlot, cache_ordered), 224),
             (offset_of!(DeviceSlot, operator), 232),
-            (offset_of!(DeviceSlot, reserved), 240),
+            (offset_of!(DeviceSlot, demotions), 240),
+            (offset_of!(DeviceSlot, moved_bytes), 248),
         ];
         for (got, want) in s {
             assert_eq!(got, want);

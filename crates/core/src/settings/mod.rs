@@ -246,6 +246,10 @@ pub enum Spill {
     Managed,
     /// Pinned host memory mapped into the device's address space.
     Host,
+    /// Plain device memory becomes managed memory that vramcap moves
+    /// between the GPU and the host by how often kernels use it: the
+    /// most-used blocks on the GPU, within the cap, the rest on the host.
+    Tiered,
 }
 
 impl Spill {
@@ -254,6 +258,7 @@ impl Spill {
             Spill::Off => "off",
             Spill::Managed => "managed",
             Spill::Host => "host",
+            Spill::Tiered => "tiered",
         }
     }
 }
@@ -284,10 +289,11 @@ pub fn parse_spill(value: &str) -> Result<Spill, SettingsError> {
         "off" => Ok(Spill::Off),
         "managed" => Ok(Spill::Managed),
         "host" => Ok(Spill::Host),
+        "tiered" => Ok(Spill::Tiered),
         _ => Err(SettingsError::Other {
             var: SPILL_VAR,
             value: value.to_string(),
-            expected: "off, managed or host (e.g. VRAMCAP_SPILL=managed)",
+            expected: "off, managed, host or tiered (e.g. VRAMCAP_SPILL=tiered)",
         }),
     }
 }

@@ -140,7 +140,7 @@ fn spill_values() {
     let e = read(&[("VRAMCAP_SPILL", "disk")]).unwrap_err().to_string();
     assert_eq!(
         e,
-        "VRAMCAP_SPILL=\"disk\" is not valid: expected off, managed or host (e.g. VRAMCAP_SPILL=managed)"
+        "VRAMCAP_SPILL=\"disk\" is not valid: expected off, managed, host or tiered (e.g. VRAMCAP_SPILL=tiered)"
     );
     let e = read(&[("VRAMCAP_SPILL_LIMIT", "0")])
         .unwrap_err()

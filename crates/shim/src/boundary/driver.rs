@@ -321,6 +321,104 @@ impl Driver for RealDriver {
         unsafe { c::cuEventQuery::call(handle(event)) }
     }
 
+    fn param_info(&self, func: usize, index: usize) -> Result<(usize, usize), CUresult> {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: see the impl; the driver checks the handle.
+        let rc =
+            unsafe { c::cuFuncGetParamInfo::call(handle(func), index, &mut offset, &mut size) };
+        if rc == CUDA_SUCCESS {
+            return Ok((offset, size));
+        }
+        // SAFETY: as above.
+        let rc2 =
+            unsafe { c::cuKernelGetParamInfo::call(handle(func), index, &mut offset, &mut size) };
+        if rc2 == CUDA_SUCCESS {
+            Ok((offset, size))
+        } else {
+            Err(rc)
+        }
+    }
+
+    fn vmm_granularity(&self, location: CUmemLocation) -> Result<u64, CUresult> {
+        let prop = vmm_prop(location);
+        let mut g = 0usize;
+        // SAFETY: see the impl; `prop` is a whole CUmemAllocationProp.
+        let rc = unsafe { c::cuMemGetAllocationGranularity::call(&mut g, &prop, 0) };
+        ok(rc, g as u64)
+    }
+
+    fn vmm_create(&self, bytes: u64, location: CUmemLocation) -> Result<u64, CUresult> {
+        let prop = vmm_prop(location);
+        let mut handle = 0;
+        // SAFETY: see the impl; the real function, not the hook: the engine
+        // counts what it makes itself.
+        let rc = unsafe {
+            h::cuMemCreate::call(&mut handle, bytes as usize, ptr::from_ref(&prop).cast(), 0)
+        };
+        ok(rc, handle)
+    }
+
+    fn vmm_release(&self, handle: u64) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { h::cuMemRelease::call(handle) }
+    }
+
+    fn vmm_reserve(&self, bytes: u64) -> Result<CUdeviceptr, CUresult> {
+        let mut p = 0;
+        // SAFETY: see the impl.
+        let rc = unsafe { c::cuMemAddressReserve::call(&mut p, bytes as usize, 0, 0, 0) };
+        ok(rc, p)
+    }
+
+    fn vmm_free_address(&self, p: CUdeviceptr, bytes: u64) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuMemAddressFree::call(p, bytes as usize) }
+    }
+
+    fn vmm_map(&self, p: CUdeviceptr, bytes: u64, handle: u64, device: CUdevice) -> CUresult {
+        // SAFETY: see the impl.
+        let rc = unsafe { h::cuMemMap::call(p, bytes as usize, 0, handle, 0) };
+        if rc != CUDA_SUCCESS {
+            return rc;
+        }
+        let desc = CUmemAccessDesc {
+            location: CUmemLocation {
+                kind: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: see the impl; one descriptor.
+        let rc = unsafe { c::cuMemSetAccess::call(p, bytes as usize, &desc, 1) };
+        if rc != CUDA_SUCCESS {
+            // SAFETY: undoing the map just made.
+            let _ = unsafe { h::cuMemUnmap::call(p, bytes as usize) };
+        }
+        rc
+    }
+
+    fn vmm_unmap(&self, p: CUdeviceptr, bytes: u64) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { h::cuMemUnmap::call(p, bytes as usize) }
+    }
+
+    fn copy_dtod(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: u64, stream: usize) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { h::cuMemcpyDtoDAsync_v2::call(dst, src, bytes as usize, handle(stream)) }
+    }
+
+    fn stream_create(&self, flags: c_uint) -> Result<usize, CUresult> {
+        let mut st: CUstream = ptr::null_mut();
+        // SAFETY: see the impl.
+        let rc = unsafe { h::cuStreamCreate::call(&mut st, flags) };
+        ok(rc, st as usize)
+    }
+
+    fn stream_synchronize(&self, stream: usize) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuStreamSynchronize::call(handle(stream)) }
+    }
+
     fn event_synchronize(&self, event: usize) -> CUresult {
         // SAFETY: see the impl.
         unsafe { c::cuEventSynchronize::call(handle(event)) }
@@ -481,5 +579,16 @@ impl Driver for RealDriver {
         // and handlers (the CUDA runtime's among them) would call into the
         // driver and the program while its other threads go on.
         unsafe { libc::_exit(status) }
+    }
+}
+
+/// Pinned memory at `location`, for `cuMemCreate` and its granularity.
+fn vmm_prop(location: CUmemLocation) -> CUmemAllocationPropFull {
+    CUmemAllocationPropFull {
+        kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+        handle_types: 0,
+        location,
+        win32_metadata: ptr::null_mut(),
+        alloc_flags: [0; 8],
     }
 }

@@ -89,6 +89,56 @@ hooks! {
         fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).legacy_stream(), on panic OOM => Engine::graph_launch[LEGACY];
         fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).per_thread_stream(), on panic OOM => Engine::graph_launch[PTSZ];
 
+        // Only handed out under VRAMCAP_SPILL=tiered (resolve.rs): launches
+        // count uses, and launches, copies and memsets pass a gate that
+        // moves close (engine/tier.rs).
+        fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 4000).legacy_stream(), on panic NOT_FOUND => Engine::launch_kernel;
+        fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::launch_kernel;
+        fn cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 11060).legacy_stream(), on panic NOT_FOUND => Engine::launch_kernel_ex;
+        fn cuLaunchKernelEx_ptsz(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::launch_kernel_ex;
+        fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 9000).legacy_stream(), on panic NOT_FOUND => Engine::launch_cooperative;
+        fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::launch_cooperative;
+        fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyHtoDAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyHtoDAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoHAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoHAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoDAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoDAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpy2DAsync_v2(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy2DAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated2;
+        fn cuMemcpy2DAsync_v2_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy2DAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated2;
+        fn cuMemcpy3DAsync_v2(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated2;
+        fn cuMemcpy3DAsync_v2_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated2;
+        fn cuMemcpyPeerAsync(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyPeerAsync", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated6;
+        fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyPeerAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated6;
+        fn cuMemsetD16Async(dst: CUdeviceptr, value: u16, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD16Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD16Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD32Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD32Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD8Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD8Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpy", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpy", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult, Lookup::cuda("cuMemcpyHtoD", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult, Lookup::cuda("cuMemcpyHtoD", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoH", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoH", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoD", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoD", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemcpy2D_v2(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2D", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated1;
+        fn cuMemcpy2D_v2_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2D", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated1;
+        fn cuMemcpy3D_v2(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3D", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated1;
+        fn cuMemcpy3D_v2_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3D", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated1;
+        fn cuMemcpyPeer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CUresult, Lookup::cuda("cuMemcpyPeer", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
+        fn cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CUresult, Lookup::cuda("cuMemcpyPeer", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
+        fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) -> CUresult, Lookup::cuda("cuMemsetD8", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, n: usize) -> CUresult, Lookup::cuda("cuMemsetD8", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemsetD16_v2(dst: CUdeviceptr, value: u16, n: usize) -> CUresult, Lookup::cuda("cuMemsetD16", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, n: usize) -> CUresult, Lookup::cuda("cuMemsetD16", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemsetD32_v2(dst: CUdeviceptr, value: c_uint, n: usize) -> CUresult, Lookup::cuda("cuMemsetD32", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: c_uint, n: usize) -> CUresult, Lookup::cuda("cuMemsetD32", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
+
         fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult, Lookup::cuda("cuMemCreate", 10020), on panic OOM => Engine::mem_create;
         fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemRelease", 10020), on panic NOT_FOUND => Engine::mem_release;
         fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult, Lookup::cuda("cuMemRetainAllocationHandle", 11000), on panic NOT_FOUND => Engine::mem_retain_allocation_handle;
@@ -144,6 +194,13 @@ pub mod calls {
         fn cuMemHostAlloc(host: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
         fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, host: *mut c_void, flags: c_uint) -> CUresult;
         fn cuMemFreeHost(host: *mut c_void) -> CUresult;
+        fn cuFuncGetParamInfo(func: CUfunction, index: usize, offset: *mut usize, size: *mut usize) -> CUresult;
+        fn cuKernelGetParamInfo(kernel: CUfunction, index: usize, offset: *mut usize, size: *mut usize) -> CUresult;
+        fn cuStreamSynchronize(stream: CUstream) -> CUresult;
+        fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationPropFull, option: c_int) -> CUresult;
+        fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64) -> CUresult;
+        fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult;
+        fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult;
         fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CUresult;
         fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
         fn cuEventRecord_ptsz(event: CUevent, stream: CUstream) -> CUresult;

@@ -53,6 +53,7 @@ macro_rules! real_fns {
             /// # Safety
             /// The function's own C contract.
             #[inline]
+            #[allow(clippy::too_many_arguments)]
             pub unsafe fn call($($arg: $ty),*) -> $ret {
                 match SLOT.get() {
                     // SAFETY: the caller keeps the function's contract.
@@ -88,6 +89,7 @@ macro_rules! hooks {
         $( $(
             $(#[$meta])*
             #[unsafe(no_mangle)]
+            #[allow(clippy::too_many_arguments)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                 // SAFETY: the caller's arguments go to the real function unchanged.
                 let real = move || unsafe { real::$name::call($($arg),*) };

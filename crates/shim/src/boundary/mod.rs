@@ -94,9 +94,10 @@ fn with_operator(mut s: Settings) -> Result<Settings, vramcap_core::settings::Se
                 ));
                 s.cuda_library = None;
             }
-            if s.spill == Spill::Managed {
+            if matches!(s.spill, Spill::Managed | Spill::Tiered) {
                 crate::log::write_line(format_args!(
-                    "VRAMCAP_SPILL=managed is taken as host: under the operator's cap ({OPERATOR_LIMIT_PATH}) spilled memory may not be managed memory the program could move onto the GPU"
+                    "VRAMCAP_SPILL={} is taken as host: under the operator's cap ({OPERATOR_LIMIT_PATH}) spilled memory may not be managed memory the program could move onto the GPU",
+                    s.spill.name()
                 ));
                 s.spill = Spill::Host;
             }

@@ -10,13 +10,14 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use super::hooks::HOOKS;
+use super::hooks::{HOOKS, Hook};
 use super::real::{Lib, driver_path};
 use super::{RealDriver, disabled};
 use crate::engine::Engine;
 use crate::engine::cuda::{CUDA_SUCCESS, CUresult};
 use crate::log::{log_at, log_once};
 use crate::lookup;
+use vramcap_core::settings::Spill;
 
 /// Replaces a function pointer handed out by `cuGetProcAddress*` with the
 /// hook for the same variant.
@@ -39,7 +40,7 @@ unsafe fn substitute(
     // them up here would load NVML as a side effect.
     let by_pointer = HOOKS
         .iter()
-        .filter(|h| h.real.lib == Lib::Cuda)
+        .filter(|h| h.real.lib == Lib::Cuda && handed_out(h))
         .find(|h| h.real.get() == Some(p));
     if let Some(h) = by_pointer {
         // SAFETY: guaranteed by the caller.
@@ -51,7 +52,9 @@ unsafe fn substitute(
     }
     // SAFETY: the real resolver accepted it as a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if let Some(i) = lookup::by_name(HOOKS.iter().map(|h| &h.lookup), name, cuda_version, flags) {
+    if let Some(i) = lookup::by_name(HOOKS.iter().map(|h| &h.lookup), name, cuda_version, flags)
+        && handed_out(&HOOKS[i])
+    {
         let h = &HOOKS[i];
         log_at!(
             Debug,
@@ -111,7 +114,11 @@ pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
     if found.is_null() || disabled() || !(n.starts_with(b"cu") || n.starts_with(b"nvml")) {
         return found;
     }
-    let Some(h) = HOOKS.iter().find(|h| h.name == name) else {
+    let Some(h) = HOOKS
+        .iter()
+        .find(|h| h.name == name)
+        .filter(|h| handed_out(h))
+    else {
         return found;
     };
     match h.real.get() {
@@ -138,6 +145,18 @@ pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
             found
         }
     }
+}
+
+/// Whether the hook of `h` is handed out: the launch, copy and memset
+/// hooks only under tiered spill, which needs them (`engine/tier.rs`);
+/// otherwise the program gets the driver's own functions and pays nothing.
+fn handed_out(h: &Hook) -> bool {
+    !tiered_only(h.name.to_bytes()) || super::settings().spill == Spill::Tiered
+}
+
+/// The hooks only tiered spill needs.
+pub fn tiered_only(name: &[u8]) -> bool {
+    name.starts_with(b"cuLaunch") || name.starts_with(b"cuMemcpy") || name.starts_with(b"cuMemset")
 }
 
 /// Whether any cap was asked for (a limit, NVIDIA's variable, the

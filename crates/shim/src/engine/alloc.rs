@@ -226,6 +226,12 @@ impl<D: Driver> Engine<D> {
         if self.limit_of(device).is_none() {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
+        if matches!(request, Request::Plain) && self.tiers.on() {
+            // SAFETY: `dptr` is non-null (checked above) and writable.
+            if let Some(rc) = unsafe { self.tiered_alloc(what, dptr, estimate, ctx, device) } {
+                return rc;
+            }
+        }
         let want = match request {
             Request::Plain => Some(Want::Plain { bytes: estimate }),
             Request::Pitch {
@@ -390,7 +396,9 @@ impl<D: Driver> Engine<D> {
     /// was released behind its back: its old record is settled first.
     pub(super) fn insert(&self, ptr: CUdeviceptr, record: Record) {
         if let Some(stale) = self.table.insert(ptr, record) {
-            if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+            if stale.kind == Kind::Tiered {
+                self.tier_forget(ptr, &stale);
+            } else if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, &stale);
             } else if let Kind::Async(Some(serial)) = stale.kind {
                 self.pool_freed(serial);
@@ -517,6 +525,13 @@ impl<D: Driver> Engine<D> {
         let Some((_, r)) = self.table.remove(&dptr) else {
             return self.free_unknown(real, dptr);
         };
+        if r.kind == Kind::Tiered {
+            let rc = self.tier_free(dptr, &r);
+            if rc != CUDA_SUCCESS {
+                self.table.insert(dptr, r);
+            }
+            return rc;
+        }
         if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
             let rc = self.spill.free(&self.base, dptr, &r);
             if rc != CUDA_SUCCESS {

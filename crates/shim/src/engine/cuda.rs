@@ -14,6 +14,7 @@ pub type CUcontext = *mut c_void;
 pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 pub type CUarray = *mut c_void;
+pub type CUfunction = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
 pub type nvmlReturn_t = c_int;
 pub type nvmlDevice_t = *mut c_void;
@@ -46,6 +47,29 @@ pub struct CUmemAllocationProp {
     pub handle_types: c_int,
     pub location: CUmemLocation,
 }
+
+/// The whole `CUmemAllocationProp`, for the allocations the engine makes.
+#[repr(C)]
+pub struct CUmemAllocationPropFull {
+    pub kind: c_int,
+    pub handle_types: c_int,
+    pub location: CUmemLocation,
+    pub win32_metadata: *mut c_void,
+    pub alloc_flags: [u8; 8],
+}
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_int,
+}
+
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
 #[repr(C)]

@@ -84,6 +84,33 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuMemFreeHost`.
     fn mem_free_host(&self, host: usize) -> CUresult;
 
+    /// `cuFuncGetParamInfo` (CUDA 12.4), else `cuKernelGetParamInfo` for
+    /// a handle that is a `CUkernel`: the offset and size of parameter
+    /// `index` of the function a launch names.
+    fn param_info(&self, func: usize, index: usize) -> Result<(usize, usize), CUresult>;
+    /// `cuMemGetAllocationGranularity` (minimum) of pinned memory at `location`.
+    fn vmm_granularity(&self, location: CUmemLocation) -> Result<u64, CUresult>;
+    /// `cuMemCreate` (the real one) of pinned memory at `location`: the handle.
+    fn vmm_create(&self, bytes: u64, location: CUmemLocation) -> Result<u64, CUresult>;
+    /// `cuMemRelease` (the real one).
+    fn vmm_release(&self, handle: u64) -> CUresult;
+    /// `cuMemAddressReserve` of `bytes` anywhere: the address.
+    fn vmm_reserve(&self, bytes: u64) -> Result<CUdeviceptr, CUresult>;
+    /// `cuMemAddressFree`.
+    fn vmm_free_address(&self, ptr: CUdeviceptr, bytes: u64) -> CUresult;
+    /// `cuMemMap` (the real one) of all of `handle` at `ptr`, then
+    /// `cuMemSetAccess` giving `device` read and write access.
+    fn vmm_map(&self, ptr: CUdeviceptr, bytes: u64, handle: u64, device: CUdevice) -> CUresult;
+    /// `cuMemUnmap` (the real one).
+    fn vmm_unmap(&self, ptr: CUdeviceptr, bytes: u64) -> CUresult;
+    /// `cuMemcpyDtoDAsync_v2` (the real one) on `stream`.
+    fn copy_dtod(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: u64, stream: usize) -> CUresult;
+    /// `cuStreamCreate` (the real one: never the shim's hook), in the
+    /// current context.
+    fn stream_create(&self, flags: c_uint) -> Result<usize, CUresult>;
+    /// `cuStreamSynchronize`.
+    fn stream_synchronize(&self, stream: usize) -> CUresult;
+
     /// `cuEventCreate`.
     fn event_create(&self, flags: c_uint) -> Result<usize, CUresult>;
     /// `cuEventRecord[_ptsz]`.

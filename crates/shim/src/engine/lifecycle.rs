@@ -11,7 +11,7 @@ use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::records::Kind;
 use super::state::Engine;
-use crate::log::log_at;
+use crate::log::{log_at, log_once};
 
 impl<D: Driver> Engine<D> {
     /// Drops the records of every allocation of a context the driver
@@ -21,17 +21,20 @@ impl<D: Driver> Engine<D> {
     /// `scripts/gpu/teardown.cu`), and their free gives the bytes back.
     fn forget_ctx(&self, ctx: usize) {
         self.cache.forget_ctx(&self.base, ctx);
+        self.tiers.forget_ctx(ctx);
         let mut gone = Vec::new();
-        self.table.retain(|_, r| {
+        self.table.retain(|&p, r| {
             if r.ctx == ctx && !matches!(r.kind, Kind::Async(_)) {
-                gone.push(*r);
+                gone.push((p, *r));
                 false
             } else {
                 true
             }
         });
-        for r in &gone {
-            if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+        for (p, r) in &gone {
+            if r.kind == Kind::Tiered {
+                self.tier_forget(*p, r);
+            } else if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, r);
             } else if let Some(s) = self.slot(CUdevice::from(r.device)) {
                 self.release_on(s, CUdevice::from(r.device), r.bytes);
@@ -124,6 +127,17 @@ impl<D: Driver> Engine<D> {
         _handle: *mut c_void,
         dptr: CUdeviceptr,
     ) -> CUresult {
+        if self
+            .table
+            .get(&dptr)
+            .is_some_and(|r| r.kind == Kind::Tiered)
+        {
+            log_once!(
+                Warn,
+                "cuIpcGetMemHandle: the block at {dptr:#x} is tiered (VRAMCAP_SPILL=tiered), and tiered blocks cannot be shared with other processes; run without tiered spill to share memory"
+            );
+            return CUDA_ERROR_INVALID_VALUE;
+        }
         let rc = real();
         if rc == CUDA_SUCCESS
             && let Some(mut r) = self.table.get_mut(&dptr)

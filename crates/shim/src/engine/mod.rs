@@ -76,10 +76,12 @@ mod lifecycle;
 mod live;
 mod nvml;
 mod page;
+mod placement;
 mod pools;
 mod records;
 mod spill;
 mod state;
+mod tier;
 mod vmm;
 mod worker;
 

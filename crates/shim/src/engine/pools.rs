@@ -216,13 +216,33 @@ impl<D: Driver> Engine<D> {
         if dptr == 0 {
             return real();
         }
-        let Some((_, r)) = self.table.remove(&dptr) else {
+        let Some((_, mut r)) = self.table.remove(&dptr) else {
             return self.free_unknown(real, dptr);
         };
-        if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+        let tiered = if r.kind == Kind::Tiered {
+            // Never moved again; settled by where it is when it goes.
+            let b = self.tiers.detach(dptr);
+            r.kind = Kind::TieredFreed {
+                on_device: b.as_ref().is_none_or(|b| b.on_device()),
+                handle: b.as_ref().map_or(0, |b| b.handle()),
+            };
+            b
+        } else {
+            None
+        };
+        if matches!(
+            r.kind,
+            Kind::SpillManaged | Kind::SpillHost(_) | Kind::TieredFreed { .. }
+        ) {
             let rc = self
                 .spill
                 .free_when_reached(&self.base, dptr, r, stream as usize, flavour);
+            if rc != CUDA_SUCCESS
+                && let Some(b) = tiered
+            {
+                r.kind = Kind::Tiered;
+                self.tiers.reattach(b);
+            }
             if rc == CUDA_SUCCESS {
                 self.start_worker(); // reaps it
             } else {
@@ -425,6 +445,8 @@ impl<D: Driver> Engine<D> {
         exec: CUgraphExec,
         stream: CUstream,
     ) -> CUresult {
+        // Tiered spill moves no block while a graph is being launched.
+        let _open = self.tiers.enter();
         if self.settings.counting != Counting::Held || exec.is_null() {
             return real();
         }

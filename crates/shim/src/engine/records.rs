@@ -40,6 +40,15 @@ pub enum Kind {
     SpillManaged,
     /// Past the cap, in pinned host memory (the host address).
     SpillHost(u64),
+    /// Tiered spill: managed memory on the device or the host as the
+    /// block's entry in `tier` says (it moves).
+    Tiered,
+    /// A tiered block freed stream-ordered, waiting for its stream (only in
+    /// spill's deferred list), and where it was when it was freed.
+    TieredFreed {
+        on_device: bool,
+        handle: u64,
+    },
 }
 
 /// Device pointers are 512-byte aligned and spread over a wide range; a

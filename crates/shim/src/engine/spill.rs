@@ -103,7 +103,8 @@ impl Spill {
         })
     }
 
-    fn take<D: Driver>(&self, base: &Base<D>, bytes: u64) -> bool {
+    /// Takes `bytes` of the spill limit; false when they do not fit.
+    pub(super) fn take<D: Driver>(&self, base: &Base<D>, bytes: u64) -> bool {
         let limit = self.limit(base);
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
@@ -112,7 +113,13 @@ impl Spill {
             .is_ok()
     }
 
-    fn give_back(&self, bytes: u64) {
+    /// What the spill limit still allows.
+    pub(super) fn room<D: Driver>(&self, base: &Base<D>) -> u64 {
+        self.limit(base)
+            .saturating_sub(self.used.load(Ordering::Acquire))
+    }
+
+    pub(super) fn give_back(&self, bytes: u64) {
         let _ = self
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
@@ -171,6 +178,9 @@ impl Spill {
         self.reap(base);
         let mode = if managed_flags.is_some() {
             Mode::Managed
+        } else if mode == Mode::Tiered {
+            // What tiered spill does not take (small, pitched): pinned host memory.
+            Mode::Host
         } else {
             mode
         };
@@ -222,7 +232,7 @@ impl Spill {
                     }
                 },
             },
-            Mode::Off => None,
+            Mode::Off | Mode::Tiered => None,
         };
         let Some((ptr, kind)) = placed else {
             self.give_back(bytes);
@@ -267,6 +277,14 @@ impl Spill {
     pub fn free<D: Driver>(&self, base: &Base<D>, ptr: CUdeviceptr, r: &Record) -> CUresult {
         let rc = match r.kind {
             Kind::SpillHost(h) => base.driver.mem_free_host(h as usize),
+            Kind::TieredFreed { handle, .. } => {
+                let rc = base.driver.vmm_unmap(ptr, r.bytes);
+                if rc == CUDA_SUCCESS {
+                    let _ = base.driver.vmm_release(handle);
+                    let _ = base.driver.vmm_free_address(ptr, r.bytes);
+                }
+                rc
+            }
             // In its own context: the background thread, which frees
             // deferred stream-ordered frees, has none.
             _ => base.free_in_ctx(ptr, r.ctx),
@@ -279,6 +297,13 @@ impl Spill {
 
     /// Settles the counters of a spilled allocation that is gone.
     pub fn forget<D: Driver>(&self, base: &Base<D>, r: &Record) {
+        if let Kind::TieredFreed {
+            on_device: true, ..
+        } = r.kind
+        {
+            base.give_back(r.device, r.bytes);
+            return;
+        }
         self.give_back(r.bytes);
         if let Some(s) = base.slot(CUdevice::from(r.device)) {
             s.spilled.fetch_sub(r.bytes, Ordering::Relaxed);

@@ -17,6 +17,7 @@ use super::driver::Driver;
 use super::inflight::InFlight;
 use super::records::{Object, Record, Registry, registry};
 use super::spill::Spill;
+use super::tier::Tiers;
 use crate::log::log_at;
 
 /// All the state of one process's shim (one per process; a test makes its own).
@@ -24,6 +25,7 @@ pub struct Engine<D: Driver> {
     pub(super) base: Base<D>,
     pub(super) cache: Cache,
     pub(super) spill: Spill,
+    pub(super) tiers: Tiers,
     /// Live allocations by device address.
     pub(super) table: Registry<Record>,
     /// `cuMemCreate` allocations by handle.
@@ -56,6 +58,7 @@ impl<D: Driver> Engine<D> {
             base: Base::new(driver, settings),
             cache: Cache::new(),
             spill: Spill::new(),
+            tiers: Tiers::new(settings.spill == vramcap_core::settings::Spill::Tiered),
             table: registry(),
             vmm: registry(),
             arrays: registry(),
@@ -133,6 +136,7 @@ impl<D: Driver> Engine<D> {
         self.cache
             .release_idle(&self.base, self.settings.cache_idle);
         self.spill.reap(&self.base);
+        self.tier_round();
         self.held_round();
         self.group.tick();
     }

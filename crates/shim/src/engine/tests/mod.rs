@@ -21,6 +21,7 @@ use super::state::Engine;
 mod frees;
 mod held;
 mod limits;
+mod tiered;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -64,6 +65,11 @@ struct Fake {
     others: Vec<(u32, u64)>,
     /// NVML has no figure for the process (`NVML_VALUE_NOT_AVAILABLE`).
     not_available: bool,
+    /// VMM physical allocations by handle: (bytes, on the host); device
+    /// ones count in `live`. Mappings: address -> handle. Copies made.
+    vmm: Mutex<HashMap<u64, (u64, bool)>>,
+    maps: Mutex<HashMap<u64, u64>>,
+    copies: AtomicUsize,
 }
 
 /// The fake's one memory pool.
@@ -201,6 +207,63 @@ impl Driver for Fake {
         CUDA_SUCCESS
     }
     fn event_query(&self, _event: usize) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn param_info(&self, func: usize, index: usize) -> Result<(usize, usize), CUresult> {
+        // Function handle N has N parameters of 8 bytes each.
+        if index < func {
+            Ok((index * 8, 8))
+        } else {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    }
+    fn vmm_granularity(&self, _: CUmemLocation) -> Result<u64, CUresult> {
+        Ok(2 * MIB)
+    }
+    fn vmm_create(&self, bytes: u64, at: CUmemLocation) -> Result<u64, CUresult> {
+        let host = at.kind == CU_MEM_LOCATION_TYPE_HOST;
+        let h = 0x9000_0000 + self.next_ptr.fetch_add(512, Ordering::SeqCst);
+        if !host {
+            let now = self.live.fetch_add(bytes, Ordering::SeqCst) + bytes;
+            self.peak.fetch_max(now, Ordering::SeqCst);
+        }
+        self.vmm.lock().unwrap().insert(h, (bytes, host));
+        Ok(h)
+    }
+    fn vmm_release(&self, handle: u64) -> CUresult {
+        match self.vmm.lock().unwrap().remove(&handle) {
+            Some((bytes, false)) => {
+                self.live.fetch_sub(bytes, Ordering::SeqCst);
+                CUDA_SUCCESS
+            }
+            Some(_) => CUDA_SUCCESS,
+            None => CUDA_ERROR_INVALID_VALUE,
+        }
+    }
+    fn vmm_reserve(&self, bytes: u64) -> Result<CUdeviceptr, CUresult> {
+        Ok(0x7000_0000_0000 + self.next_ptr.fetch_add(bytes.max(512), Ordering::SeqCst))
+    }
+    fn vmm_free_address(&self, _: CUdeviceptr, _: u64) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn vmm_map(&self, ptr: CUdeviceptr, _: u64, handle: u64, _: CUdevice) -> CUresult {
+        self.maps.lock().unwrap().insert(ptr, handle);
+        CUDA_SUCCESS
+    }
+    fn vmm_unmap(&self, ptr: CUdeviceptr, _: u64) -> CUresult {
+        match self.maps.lock().unwrap().remove(&ptr) {
+            Some(_) => CUDA_SUCCESS,
+            None => CUDA_ERROR_INVALID_VALUE,
+        }
+    }
+    fn copy_dtod(&self, _: CUdeviceptr, _: CUdeviceptr, _: u64, _: usize) -> CUresult {
+        self.copies.fetch_add(1, Ordering::SeqCst);
+        CUDA_SUCCESS
+    }
+    fn stream_create(&self, _flags: c_uint) -> Result<usize, CUresult> {
+        Ok(0x7000)
+    }
+    fn stream_synchronize(&self, _stream: usize) -> CUresult {
         CUDA_SUCCESS
     }
     fn event_synchronize(&self, _event: usize) -> CUresult {

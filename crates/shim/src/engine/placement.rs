@@ -1,0 +1,554 @@
+//! The handlers of tiered spill: the allocation, the frees, the placement
+//! rounds and the launch, copy and memset hooks. What they decide with and
+//! how, the locks and the moves, is in `tier`.
+
+use std::ffi::{c_uint, c_void};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::page::DeviceSlot;
+
+use super::cuda::*;
+use super::driver::Driver;
+use super::records::{Kind, Record};
+use super::state::Engine;
+use super::tier::{DECAY, ON_DEVICE, ON_HOST, Plan, STOP_WAIT, TierBlock, location, plan};
+use crate::log::{log_at, log_once};
+
+/// Makes physical memory of `bytes` on the host or `device` and maps it at
+/// `ptr` for the device: the handle, with nothing left behind on failure.
+fn make_mapped<D: Driver>(
+    driver: &D,
+    ptr: u64,
+    bytes: u64,
+    host: bool,
+    device: CUdevice,
+) -> Result<u64, CUresult> {
+    let h = driver.vmm_create(bytes, location(host, device))?;
+    let rc = driver.vmm_map(ptr, bytes, h, device);
+    if rc != CUDA_SUCCESS {
+        let _ = driver.vmm_release(h);
+        return Err(rc);
+    }
+    Ok(h)
+}
+
+/// One move being carried out: the new memory, mapped at a scratch address.
+struct Staged {
+    block: Arc<TierBlock>,
+    to_host: bool,
+    handle: u64,
+    scratch: u64,
+    stream: usize,
+}
+
+impl<D: Driver> Engine<D> {
+    /// `cuMemAlloc_v2` under tiered spill (module docs): physical memory
+    /// on the device within the cap, on the host past it, behind an
+    /// address of its own. `None`: the request is not tiered (smaller than
+    /// the granularity, or no VMM), for the ordinary path.
+    ///
+    /// # Safety
+    /// `dptr` is non-null and writable.
+    pub(super) unsafe fn tiered_alloc(
+        &'static self,
+        what: &'static str,
+        dptr: *mut CUdeviceptr,
+        bytes: u64,
+        ctx: usize,
+        device: CUdevice,
+    ) -> Option<CUresult> {
+        let g = self.tiers.granularity(&self.driver, device)?;
+        if bytes < g {
+            return None;
+        }
+        let size = bytes.checked_next_multiple_of(g)?;
+        let dev16 = device as u16;
+        let _inflight = self.inflight.enter();
+        let reserved = self.try_reserve_evicting(device, size);
+        let on_device = reserved.is_ok();
+        if let Err(why) = &reserved {
+            if why.is_none() {
+                return Some(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            if !self.spill.take(&self.base, size) {
+                log_once!(
+                    Warn,
+                    "{what}: the spill limit (VRAMCAP_SPILL_LIMIT) is reached too; refusing"
+                );
+                if let (Some(s), Err(Some(r))) = (self.slot(device), reserved) {
+                    DeviceSlot::add(&s.refusals, 1);
+                    self.refused(what, device, size, r);
+                }
+                return Some(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+        }
+        let undo = |this: &Self| match &reserved {
+            Ok((slot, _)) => {
+                this.release_on(slot, device, size);
+            }
+            Err(_) => this.spill.give_back(size),
+        };
+        let ptr = match self.driver.vmm_reserve(size) {
+            Ok(p) => p,
+            Err(rc) => {
+                undo(self);
+                return Some(rc);
+            }
+        };
+        let handle = match make_mapped(&self.driver, ptr, size, !on_device, device) {
+            Ok(h) => h,
+            Err(rc) => {
+                let _ = self.driver.vmm_free_address(ptr, size);
+                undo(self);
+                return Some(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
+                    CUDA_ERROR_OUT_OF_MEMORY
+                } else {
+                    rc
+                });
+            }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { *dptr = ptr };
+        if let Some(s) = self.slot(device) {
+            DeviceSlot::add(&s.allocs, 1);
+            if !on_device {
+                DeviceSlot::add(&s.spilled, size);
+                DeviceSlot::add(&s.spill_allocs, 1);
+                s.mark_active();
+                log_once!(
+                    Info,
+                    "{what}: the cap of device {device} is reached; new blocks go to host memory and the most-used move onto the GPU (VRAMCAP_SPILL=tiered)"
+                );
+            }
+        }
+        self.tiers.add(ptr, size, dev16, ctx, handle, on_device);
+        self.insert(
+            ptr,
+            Record {
+                device: dev16,
+                exported: false,
+                bytes: size,
+                ctx,
+                kind: Kind::Tiered,
+            },
+        );
+        log_at!(
+            Debug,
+            "{what}: {bytes} bytes at {ptr:#x}, tiered ({size} mapped), on the {}",
+            if on_device { "device" } else { "host" }
+        );
+        Some(CUDA_SUCCESS)
+    }
+
+    /// Settles the bytes of a tiered block that is gone.
+    pub(super) fn tier_settle(&self, r: &Record, on_device: bool) {
+        if on_device {
+            self.give_back(r.device, r.bytes);
+        } else {
+            self.spill.give_back(r.bytes);
+            if let Some(s) = self.slot(CUdevice::from(r.device)) {
+                s.spilled.fetch_sub(r.bytes, Ordering::Relaxed);
+                DeviceSlot::add(&s.frees, 1);
+            }
+        }
+    }
+
+    /// A tiered block whose memory went with its context: settled at once
+    /// (the driver released the mappings and physical memory with it).
+    pub(super) fn tier_forget(&self, ptr: u64, r: &Record) {
+        let on_device = self.tiers.detach(ptr).is_none_or(|b| b.on_device());
+        self.tier_settle(r, on_device);
+    }
+
+    /// Frees a tiered block: unmaps it, releases its memory and its
+    /// address. The program's `cuMemFree_v2` of a tiered address comes
+    /// here instead of the driver, which would refuse a mapped range.
+    pub(super) fn tier_free(&self, ptr: u64, r: &Record) -> CUresult {
+        let Some(b) = self.tiers.detach(ptr) else {
+            self.tier_settle(r, true);
+            return CUDA_SUCCESS;
+        };
+        let rc = self.driver.vmm_unmap(ptr, b.bytes);
+        if rc != CUDA_SUCCESS {
+            self.tiers.reattach(b);
+            return rc;
+        }
+        let _ = self.driver.vmm_release(b.handle.load(Ordering::SeqCst));
+        let _ = self.driver.vmm_free_address(ptr, b.bytes);
+        self.tier_settle(r, b.on_device());
+        CUDA_SUCCESS
+    }
+
+    /// One placement round of the background thread (module docs).
+    pub(super) fn tier_round(&self) {
+        if !self.tiers.on() {
+            return;
+        }
+        let _no_capture_begins = self.cache.ordering_shared();
+        if self.capture_in_progress() {
+            return;
+        }
+        let blocks = self.tiers.snapshot();
+        if blocks.is_empty() {
+            return;
+        }
+        let round = self.tiers.round.fetch_add(1, Ordering::Relaxed) + 1;
+        for b in &blocks {
+            let heat = b.heat.swap(0, Ordering::Relaxed);
+            let s = b.score() * DECAY + f64::from(heat);
+            b.score.store(s.to_bits(), Ordering::Relaxed);
+        }
+        let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        for dev in devices {
+            let device = CUdevice::from(dev);
+            let Some(slot) = self.slot(device) else {
+                continue;
+            };
+            let Some(limit) = self.cap_in_force(slot, device) else {
+                continue;
+            };
+            let soft = slot.soft.load(Ordering::Relaxed);
+            let target = if soft > 0 { limit.min(soft) } else { limit };
+            let mine: Vec<Arc<TierBlock>> =
+                blocks.iter().filter(|b| b.device == dev).cloned().collect();
+            let room = if target == NO_CAP {
+                i128::from(u64::MAX)
+            } else {
+                let margin = target / 64;
+                i128::from(target) - i128::from(margin) - i128::from(slot.budget.used())
+            };
+            let p = plan(&mine, room, self.spill.room(&self.base), round);
+            if !p.demote.is_empty() || !p.promote.is_empty() {
+                self.apply(slot, device, limit, round, p);
+            }
+        }
+    }
+
+    /// Stages one move: claims the block, reserves a promotion's bytes,
+    /// makes the new memory and maps it at a scratch address.
+    fn stage(
+        &self,
+        slot: &DeviceSlot,
+        device: CUdevice,
+        limit: u64,
+        b: Arc<TierBlock>,
+        to_host: bool,
+    ) -> Result<Staged, bool> {
+        if !b.claim() {
+            return Err(false);
+        }
+        let Some(stream) = self.tiers.mover(&self.driver, b.ctx) else {
+            b.unclaim();
+            return Err(true);
+        };
+        if !to_host && self.reserve_on(slot, device, b.bytes, limit).is_err() {
+            b.unclaim();
+            return Err(true);
+        }
+        if to_host && !self.spill.take(&self.base, b.bytes) {
+            b.unclaim();
+            return Err(false);
+        }
+        let undo = |b: &TierBlock| {
+            if to_host {
+                self.spill.give_back(b.bytes);
+            } else {
+                self.release_on(slot, device, b.bytes);
+            }
+            b.unclaim();
+        };
+        let Ok(scratch) = self.driver.vmm_reserve(b.bytes) else {
+            undo(&b);
+            return Err(true);
+        };
+        match make_mapped(&self.driver, scratch, b.bytes, to_host, device) {
+            Ok(handle) => Ok(Staged {
+                block: b,
+                to_host,
+                handle,
+                scratch,
+                stream,
+            }),
+            Err(_) => {
+                let _ = self.driver.vmm_free_address(scratch, b.bytes);
+                undo(&b);
+                Err(true)
+            }
+        }
+    }
+
+    /// Undoes a staged move that did not happen.
+    fn unstage(&self, slot: &DeviceSlot, device: CUdevice, m: Staged) {
+        let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
+        let _ = self.driver.vmm_release(m.handle);
+        let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
+        if m.to_host {
+            self.spill.give_back(m.block.bytes);
+        } else {
+            self.release_on(slot, device, m.block.bytes);
+        }
+        m.block.unclaim();
+    }
+
+    /// Carries out one device's plan (module docs): the demotions, then
+    /// the promotions, which often need the room the demotions make.
+    fn apply(&self, slot: &DeviceSlot, device: CUdevice, limit: u64, round: u64, p: Plan) {
+        let mut staged = Vec::new();
+        for b in p.demote {
+            if let Ok(m) = self.stage(slot, device, limit, b, true) {
+                staged.push(m);
+            }
+        }
+        let down = self.move_staged(slot, device, round, staged);
+        let mut staged = Vec::new();
+        for b in p.promote {
+            match self.stage(slot, device, limit, b, false) {
+                Ok(m) => staged.push(m),
+                Err(true) => break,
+                Err(false) => {}
+            }
+        }
+        let up = self.move_staged(slot, device, round, staged);
+        if up + down > 0 {
+            log_at!(
+                Debug,
+                "tiered spill, device {device}: round {round} promoted {up} and demoted {down} blocks; {} launches decoded, {} uses seen",
+                self.tiers.launches.load(Ordering::Relaxed),
+                self.tiers.hits.load(Ordering::Relaxed)
+            );
+        }
+    }
+
+    /// Stops the world, copies and remaps the staged moves, opens the gate
+    /// and settles them: how many moved.
+    fn move_staged(
+        &self,
+        slot: &DeviceSlot,
+        device: CUdevice,
+        round: u64,
+        staged: Vec<Staged>,
+    ) -> usize {
+        if staged.is_empty() {
+            return 0;
+        }
+        let Some(gate) = self.tiers.stop() else {
+            log_at!(
+                Debug,
+                "tiered spill: the program kept the gate busy for {STOP_WAIT:?}; moving nothing this round"
+            );
+            for m in staged {
+                self.unstage(slot, device, m);
+            }
+            return 0;
+        };
+        // Nothing the program issued may still touch a block.
+        let mut ctxs: Vec<usize> = staged.iter().map(|m| m.block.ctx).collect();
+        ctxs.sort_unstable();
+        ctxs.dedup();
+        for &c in &ctxs {
+            if self.driver.ctx_push_current(c) == CUDA_SUCCESS {
+                let _ = self.driver.ctx_synchronize();
+                let _ = self.driver.ctx_pop_current();
+            }
+        }
+        let mut done = Vec::new();
+        let mut failed = Vec::new();
+        for m in staged {
+            let b = &m.block;
+            let copied = self.driver.copy_dtod(m.scratch, b.ptr, b.bytes, m.stream) == CUDA_SUCCESS
+                && self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS;
+            if !copied || self.driver.vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS {
+                failed.push(m);
+                continue;
+            }
+            if self.driver.vmm_map(b.ptr, b.bytes, m.handle, device) != CUDA_SUCCESS {
+                // Put the old memory back where it was.
+                let old = b.handle.load(Ordering::SeqCst);
+                if self.driver.vmm_map(b.ptr, b.bytes, old, device) != CUDA_SUCCESS {
+                    log_once!(
+                        Error,
+                        "tiered spill: the block at {:#x} could not be mapped again after a failed move; the program will fault on it",
+                        b.ptr
+                    );
+                }
+                failed.push(m);
+                continue;
+            }
+            done.push(m);
+        }
+        drop(gate);
+        for m in failed {
+            self.unstage(slot, device, m);
+        }
+        let moved = done.len();
+        for m in done {
+            let b = &m.block;
+            let old = b.handle.swap(m.handle, Ordering::SeqCst);
+            let _ = self.driver.vmm_unmap(m.scratch, b.bytes);
+            let _ = self.driver.vmm_free_address(m.scratch, b.bytes);
+            let _ = self.driver.vmm_release(old);
+            b.moved.store(round, Ordering::Relaxed);
+            DeviceSlot::add(&slot.moved_bytes, b.bytes);
+            if m.to_host {
+                b.state.store(ON_HOST, Ordering::SeqCst);
+                self.release_on(slot, device, b.bytes);
+                DeviceSlot::add(&slot.spilled, b.bytes);
+                DeviceSlot::add(&slot.demotions, 1);
+            } else {
+                b.state.store(ON_DEVICE, Ordering::SeqCst);
+                self.spill.give_back(b.bytes);
+                slot.spilled.fetch_sub(b.bytes, Ordering::Relaxed);
+                DeviceSlot::add(&slot.promotions, 1);
+            }
+            b.unclaim();
+        }
+        moved
+    }
+
+    /// Counts uses for tiered spill, then makes the launch through the gate.
+    ///
+    /// # Safety
+    /// The launch function's contract.
+    unsafe fn launched(
+        &'static self,
+        func: CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+        mut real: impl FnMut() -> CUresult,
+    ) -> CUresult {
+        if !self.tiers.on() {
+            return real();
+        }
+        // SAFETY: the launch function's contract.
+        unsafe {
+            self.tiers
+                .note_launch(&self.driver, func as usize, params, extra)
+        };
+        let _open = self.tiers.enter();
+        real()
+    }
+
+    /// `cuLaunchKernel[_ptsz]`.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_kernel(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        f: CUfunction,
+        _gx: c_uint,
+        _gy: c_uint,
+        _gz: c_uint,
+        _bx: c_uint,
+        _by: c_uint,
+        _bz: c_uint,
+        _shared: c_uint,
+        _stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult {
+        // SAFETY: the driver function's contract.
+        unsafe { self.launched(f, params, extra, real) }
+    }
+
+    /// `cuLaunchKernelEx[_ptsz]`.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn launch_kernel_ex(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        _config: *const c_void,
+        f: CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult {
+        // SAFETY: the driver function's contract.
+        unsafe { self.launched(f, params, extra, real) }
+    }
+
+    /// `cuLaunchCooperativeKernel[_ptsz]`.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_cooperative(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        f: CUfunction,
+        _gx: c_uint,
+        _gy: c_uint,
+        _gz: c_uint,
+        _bx: c_uint,
+        _by: c_uint,
+        _bz: c_uint,
+        _shared: c_uint,
+        _stream: CUstream,
+        params: *mut *mut c_void,
+    ) -> CUresult {
+        // SAFETY: the driver function's contract.
+        unsafe { self.launched(f, params, std::ptr::null_mut(), real) }
+    }
+
+    /// A copy or memset: passes the gate under tiered spill.
+    fn gated(&self, mut real: impl FnMut() -> CUresult) -> CUresult {
+        let _open = self.tiers.enter();
+        real()
+    }
+
+    /// The copy and memset hooks, by argument count (they only pass the gate).
+    pub fn gated1<A>(&'static self, real: impl FnMut() -> CUresult, _: A) -> CUresult {
+        self.gated(real)
+    }
+    pub fn gated2<A, B>(&'static self, real: impl FnMut() -> CUresult, _: A, _: B) -> CUresult {
+        self.gated(real)
+    }
+    pub fn gated3<A, B, C>(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        _: A,
+        _: B,
+        _: C,
+    ) -> CUresult {
+        self.gated(real)
+    }
+    pub fn gated4<A, B, C, E>(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        _: A,
+        _: B,
+        _: C,
+        _: E,
+    ) -> CUresult {
+        self.gated(real)
+    }
+    pub fn gated5<A, B, C, E, F>(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        _: A,
+        _: B,
+        _: C,
+        _: E,
+        _: F,
+    ) -> CUresult {
+        self.gated(real)
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated6<A, B, C, E, F, G>(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        _: A,
+        _: B,
+        _: C,
+        _: E,
+        _: F,
+        _: G,
+    ) -> CUresult {
+        self.gated(real)
+    }
+}

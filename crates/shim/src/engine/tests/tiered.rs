@@ -1,0 +1,206 @@
+//! Tiered spill against the fake driver: where blocks are made, how
+//! launches heat them, what a round moves, and what a free settles. Rounds
+//! are called directly, so nothing here waits for the background thread.
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+const TIERED: (&str, &str) = ("VRAMCAP_SPILL", "tiered");
+
+fn tiered(cap: &str) -> &'static Engine<Fake> {
+    engine(&[("VRAMCAP_LIMIT", cap), TIERED, ("VRAMCAP_CACHE", "off")])
+}
+
+fn spilled(e: &'static Engine<Fake>) -> u64 {
+    e.slot(0).unwrap().spilled.load(Ordering::Relaxed)
+}
+
+/// A launch of the fake's function with one 8-byte parameter per word.
+fn launch(e: &'static Engine<Fake>, words: &[u64]) -> CUresult {
+    let mut vals: Vec<u64> = words.to_vec();
+    let mut params: Vec<*mut c_void> = vals
+        .iter_mut()
+        .map(|v| std::ptr::from_mut(v).cast::<c_void>())
+        .collect();
+    // SAFETY: one valid pointer per parameter of the fake's function
+    // `words.len()` (which has that many 8-byte parameters).
+    unsafe {
+        e.launch_kernel(
+            || CUDA_SUCCESS,
+            words.len() as *mut c_void,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+fn rounds(e: &'static Engine<Fake>, n: usize) {
+    for _ in 0..n {
+        e.tier_round();
+    }
+}
+
+fn device_resident(e: &'static Engine<Fake>) -> u64 {
+    e.driver
+        .vmm
+        .lock()
+        .unwrap()
+        .values()
+        .filter(|(_, host)| !host)
+        .map(|(b, _)| b)
+        .sum()
+}
+
+#[test]
+fn within_the_cap_blocks_are_device_memory_past_it_host_memory() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 32 * MIB).unwrap();
+    assert_eq!(
+        (used(e), spilled(e), device_resident(e)),
+        (32 * MIB, 0, 32 * MIB)
+    );
+    // 3 MiB is mapped and charged as 4 (the granularity is 2 MiB).
+    let b = alloc(e, 3 * MIB).unwrap();
+    assert_eq!(used(e), 36 * MIB);
+    let c = alloc(e, 40 * MIB).unwrap();
+    assert_eq!(
+        (used(e), spilled(e), device_resident(e)),
+        (36 * MIB, 40 * MIB, 36 * MIB)
+    );
+    // Smaller than the granularity: the ordinary path (the driver's cuMemAlloc).
+    let d = alloc(e, MIB).unwrap();
+    assert_eq!(
+        (used(e), e.driver.sizes.lock().unwrap().len()),
+        (37 * MIB, 1)
+    );
+    for p in [a, b, c] {
+        assert_eq!(free(e, p), CUDA_SUCCESS);
+    }
+    assert_eq!(free(e, d), CUDA_SUCCESS);
+    assert_eq!((used(e), spilled(e), device_resident(e)), (0, 0, 0));
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
+    assert!(e.driver.maps.lock().unwrap().is_empty());
+    // A second free of a tiered address is the driver's answer for an unknown one.
+    assert_ne!(free(e, a), CUDA_SUCCESS);
+}
+
+#[test]
+fn launches_count_uses_of_the_blocks_their_words_point_into() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 8 * MIB).unwrap();
+    assert_eq!(
+        launch(e, &[a, a + 8 * MIB - 1, a + 8 * MIB, 7]),
+        CUDA_SUCCESS
+    );
+    assert_eq!(e.tiers.hits.load(Ordering::Relaxed), 2);
+    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 32 * MIB).unwrap();
+    let b = alloc(e, 16 * MIB).unwrap();
+    let c = alloc(e, 32 * MIB).unwrap(); // past the cap: on the host
+    assert_eq!((used(e), spilled(e)), (48 * MIB, 32 * MIB));
+    launch(e, &[a]);
+    for _ in 0..50 {
+        launch(e, &[c, c + 64]);
+    }
+    // Fresh blocks stay put for MIN_ROUNDS rounds.
+    rounds(e, 4);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
+    rounds(e, 1);
+    // b and a were demoted (coldest first, until c fits), then c promoted.
+    let s = e.slot(0).unwrap();
+    assert_eq!(
+        (
+            s.demotions.load(Ordering::Relaxed),
+            s.promotions.load(Ordering::Relaxed)
+        ),
+        (2, 1)
+    );
+    assert_eq!(s.moved_bytes.load(Ordering::Relaxed), 80 * MIB);
+    assert_eq!(
+        (used(e), spilled(e), device_resident(e)),
+        (32 * MIB, 48 * MIB, 32 * MIB)
+    );
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 3);
+    // The device never held more than the cap, even while moving.
+    assert!(e.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
+    // Addresses never change: every block is still mapped where it was.
+    let maps = e.driver.maps.lock().unwrap().clone();
+    for p in [a, b, c] {
+        let h = maps[&p];
+        assert!(e.driver.vmm.lock().unwrap().contains_key(&h));
+    }
+    assert_eq!(maps.len(), 3, "no scratch mapping is left behind");
+    // Frees settle by where the block is now.
+    assert_eq!(free(e, c), CUDA_SUCCESS);
+    assert_eq!((used(e), spilled(e)), (0, 48 * MIB));
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    assert_eq!(free(e, b), CUDA_SUCCESS);
+    assert_eq!((used(e), spilled(e), device_resident(e)), (0, 0, 0));
+}
+
+#[test]
+fn nothing_moves_while_a_capture_runs() {
+    let e = tiered("64MiB");
+    let _a = alloc(e, 48 * MIB).unwrap();
+    let c = alloc(e, 32 * MIB).unwrap();
+    for _ in 0..50 {
+        launch(e, &[c]);
+    }
+    e.captures.fetch_add(1, Ordering::SeqCst);
+    rounds(e, 10);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
+    e.captures.fetch_sub(1, Ordering::SeqCst);
+    // Rounds skipped during the capture did not count towards MIN_ROUNDS.
+    rounds(e, 4);
+    assert_eq!(e.slot(0).unwrap().promotions.load(Ordering::Relaxed), 0);
+    rounds(e, 1);
+    assert_eq!(e.slot(0).unwrap().promotions.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn the_spill_limit_bounds_host_blocks() {
+    let e = engine(&[
+        ("VRAMCAP_LIMIT", "32MiB"),
+        TIERED,
+        ("VRAMCAP_SPILL_LIMIT", "16MiB"),
+    ]);
+    let _a = alloc(e, 32 * MIB).unwrap();
+    let _b = alloc(e, 16 * MIB).unwrap();
+    assert_eq!(alloc(e, 2 * MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    assert_eq!(e.slot(0).unwrap().refusals.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_stream_ordered_free_of_a_tiered_block_waits_for_its_stream() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 32 * MIB).unwrap();
+    let rc = e.mem_free_async(Flavour::Legacy, || CUDA_SUCCESS, a, std::ptr::null_mut());
+    assert_eq!(rc, CUDA_SUCCESS);
+    // The fake's events complete at once: the next reap frees it.
+    e.spill.reap(&e.base);
+    assert_eq!((used(e), device_resident(e)), (0, 0));
+    assert!(e.driver.maps.lock().unwrap().is_empty());
+}
+
+#[test]
+fn without_tiered_spill_launches_are_not_decoded() {
+    let e = engine(&[("VRAMCAP_LIMIT", "64MiB")]);
+    let a = alloc(e, 8 * MIB).unwrap();
+    assert_eq!(launch(e, &[a]), CUDA_SUCCESS);
+    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
+}

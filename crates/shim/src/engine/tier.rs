@@ -1,0 +1,685 @@
+//! Tiered spill (`VRAMCAP_SPILL=tiered`): the blocks kernels use most live
+//! on the GPU within the cap, the others in pinned host memory the GPU
+//! reads over the link, and a block moves between the two without changing
+//! its address.
+//!
+//! # How
+//! - **Blocks.** A plain `cuMemAlloc_v2` of at least the device's VMM
+//!   granularity (2 MiB) becomes a reserved address range with one
+//!   physical allocation mapped behind it (`cuMemAddressReserve`,
+//!   `cuMemCreate`, `cuMemMap`, `cuMemSetAccess` for the device), its size
+//!   rounded up to the granularity, which is what is charged. Within the
+//!   cap the physical memory is the device's and is reserved under the
+//!   cap; past it, it is pinned host memory (`CU_MEM_LOCATION_TYPE_HOST`)
+//!   and counts as spilled. Smaller allocations, pitched, stream-ordered,
+//!   VMM and array memory stay as they are and never move.
+//!   Managed memory was measured first and is not used: the driver keeps a
+//!   managed block's device pages allocated after they move to the host
+//!   (docs/gpu-results.md), so it cannot keep a cap.
+//! - **Heat.** Every kernel launch (`cuLaunchKernel`, `cuLaunchKernelEx`,
+//!   `cuLaunchCooperativeKernel` and their `_ptsz` forms) is decoded: the
+//!   function's parameter layout (`cuFuncGetParamInfo`, or
+//!   `cuKernelGetParamInfo` for a `CUkernel` handle; asked once per
+//!   function and kept) gives each parameter's bytes, or the `extra`
+//!   buffer is taken whole, and every 8-byte word that falls inside a
+//!   tiered block adds one to that block's heat. Pointers inside
+//!   device-side structures, graph kernels and copies are not seen.
+//! - **Placement.** Each round of the background thread (every
+//!   [`TICK`](super::worker::TICK)), outside stream captures, folds the
+//!   heat into a decaying score and ranks blocks by score per byte. Hot
+//!   host blocks are promoted into the room under the cap (less a margin),
+//!   then swapped with device blocks colder by more than [`HYSTERESIS`];
+//!   a process above its cap (lowered while it runs) demotes its coldest
+//!   blocks until it is under. A block moved stays put for [`MIN_ROUNDS`]
+//!   rounds, and a round moves at most [`ROUND_BYTES`].
+//! - **Moves.** A move makes the new physical memory (a promotion reserves
+//!   its bytes under the cap first) and maps it at a scratch address. Then
+//!   the world stops: the gate that every launch, copy and memset hook
+//!   passes is closed, and the moving blocks' contexts are synchronised, so
+//!   nothing the program issued can be touching the block. The data is
+//!   copied, the block's address is unmapped and mapped to the new memory,
+//!   and the old memory is released (a demotion's bytes leave the
+//!   reservation only then). The gate opens again. Copies and memsets are
+//!   hooked only for this gate.
+//! - The launch, copy and memset hooks are handed out by `cuGetProcAddress`
+//!   and `dlsym` only in this mode (`boundary/resolve.rs`); otherwise the
+//!   program gets the driver's own functions and pays nothing.
+//!
+//! # Concurrency
+//! - The blocks are an ordered map (start address → `Arc<TierBlock>`) under
+//!   an `RwLock`: launches take it shared for one lookup pass; allocation
+//!   and free take it exclusively for one insert or remove. The parameter
+//!   layouts are a map under their own `RwLock`, written once per
+//!   function. Neither is held across a driver call or with another lock.
+//! - The gate is an `RwLock<()>`: hooks hold it shared across their driver
+//!   call, a round's stop holds it exclusively. The round takes it with
+//!   `try_write` in a yielding loop for at most [`STOP_WAIT`] and gives up
+//!   the round otherwise, so a program thread that blocks inside a gated
+//!   call on something another thread would do after its next gated call
+//!   cannot deadlock with it. Lock order: the cache's ordering lock, then
+//!   the gate; hooks take only the gate.
+//! - A block's place (`state`, `handle`) changes only in a round, while the
+//!   block is claimed (`moving`). A free first removes the block from the
+//!   map and sets `freed`, then waits (yielding) while it is claimed; a
+//!   round sets `moving`, then skips the block if `freed` is set. Both
+//!   orders are sequentially consistent, so either the round sees the free
+//!   or the free waits for the move: a block is never freed during a move,
+//!   and its bytes are settled by the place it ends in.
+//! - A round holds the cache's ordering lock shared, so no capture begins
+//!   while it makes driver calls (captures begin under that lock held
+//!   exclusively), and it makes none while a capture is in progress.
+//! - What allocates: a block's insert, a function's layout, a round's
+//!   snapshot and plan, the first mover stream of a context.
+//! - Killed at any instruction: nothing here outlives the process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::cuda::*;
+use super::driver::Driver;
+use crate::log::log_once;
+
+pub(super) const ON_DEVICE: u8 = 0;
+pub(super) const ON_HOST: u8 = 1;
+
+/// A block's score decays by this factor each round.
+pub(super) const DECAY: f64 = 0.7;
+/// A host block displaces device blocks only when its score per byte is
+/// this many times theirs.
+pub const HYSTERESIS: f64 = 1.5;
+/// Rounds a moved block stays where it went.
+pub const MIN_ROUNDS: u64 = 5;
+/// The most bytes one round moves (promotions and demotions together).
+pub const ROUND_BYTES: u64 = 2 << 30;
+/// The most parameter bytes a launch is scanned for.
+const SCAN_BYTES: usize = 8192;
+/// How long a round waits for the gate before it gives up.
+pub const STOP_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+const CU_STREAM_NON_BLOCKING: c_uint = 1;
+/// `extra` keys of `cuLaunchKernel`.
+const CU_LAUNCH_PARAM_END: usize = 0;
+const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+/// One tiered allocation.
+pub struct TierBlock {
+    pub ptr: u64,
+    /// Rounded up to the granularity: what is mapped and charged.
+    pub bytes: u64,
+    pub device: u16,
+    pub ctx: usize,
+    /// The physical allocation mapped at `ptr` now.
+    pub(super) handle: AtomicU64,
+    pub(super) state: AtomicU8,
+    moving: AtomicBool,
+    freed: AtomicBool,
+    pub(super) heat: AtomicU32,
+    /// f64 bits; only rounds touch it.
+    pub(super) score: AtomicU64,
+    /// The round that last moved it.
+    pub(super) moved: AtomicU64,
+}
+
+impl TierBlock {
+    pub fn on_device(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == ON_DEVICE
+    }
+    /// The physical allocation mapped at the block now.
+    pub fn handle(&self) -> u64 {
+        self.handle.load(Ordering::SeqCst)
+    }
+    pub(super) fn score(&self) -> f64 {
+        f64::from_bits(self.score.load(Ordering::Relaxed))
+    }
+    fn density(&self) -> f64 {
+        self.score() / (self.bytes.max(1) as f64)
+    }
+    /// Claims the block for a move: false when it is being freed.
+    pub(super) fn claim(&self) -> bool {
+        if self.moving.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        if self.freed.load(Ordering::SeqCst) {
+            self.moving.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+    pub(super) fn unclaim(&self) {
+        self.moving.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A function's parameters: (offset, size) each; `None` when the driver
+/// would not say.
+type Layout = Option<Arc<[(u32, u32)]>>;
+
+/// The process's tiered blocks and what decides their place.
+pub struct Tiers {
+    on: bool,
+    blocks: RwLock<BTreeMap<u64, Arc<TierBlock>>>,
+    /// Lowest start and highest end of any block ever made: a cheap first
+    /// test for the words a launch passes.
+    lo: AtomicU64,
+    hi: AtomicU64,
+    layouts: RwLock<HashMap<usize, Layout>>,
+    /// (context, its mover stream).
+    movers: Mutex<Vec<(usize, usize)>>,
+    /// Closed while blocks move (module docs).
+    gate: RwLock<()>,
+    /// Each device's VMM granularity, 0 until asked (`u64::MAX`: none).
+    granularity: [AtomicU64; vramcap_core::MAX_DEVICES],
+    pub(super) round: AtomicU64,
+    /// Launches decoded, and words in them that named a tiered block.
+    pub launches: AtomicU64,
+    pub hits: AtomicU64,
+}
+
+/// Reads a lock, carrying on after a panic elsewhere (every write is one
+/// insert or remove, never left half done).
+macro_rules! read {
+    ($l:expr) => {
+        $l.read().unwrap_or_else(|e| e.into_inner())
+    };
+}
+macro_rules! write {
+    ($l:expr) => {
+        $l.write().unwrap_or_else(|e| e.into_inner())
+    };
+}
+
+impl Tiers {
+    pub fn new(on: bool) -> Tiers {
+        Tiers {
+            on,
+            blocks: RwLock::new(BTreeMap::new()),
+            lo: AtomicU64::new(u64::MAX),
+            hi: AtomicU64::new(0),
+            layouts: RwLock::new(HashMap::new()),
+            movers: Mutex::new(Vec::new()),
+            gate: RwLock::new(()),
+            granularity: [const { AtomicU64::new(0) }; vramcap_core::MAX_DEVICES],
+            round: AtomicU64::new(0),
+            launches: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether tiered spill is on.
+    pub fn on(&self) -> bool {
+        self.on
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn add(
+        &self,
+        ptr: u64,
+        bytes: u64,
+        device: u16,
+        ctx: usize,
+        handle: u64,
+        on_device: bool,
+    ) {
+        let b = Arc::new(TierBlock {
+            ptr,
+            bytes,
+            device,
+            ctx,
+            handle: AtomicU64::new(handle),
+            state: AtomicU8::new(if on_device { ON_DEVICE } else { ON_HOST }),
+            moving: AtomicBool::new(false),
+            freed: AtomicBool::new(false),
+            heat: AtomicU32::new(0),
+            score: AtomicU64::new(0f64.to_bits()),
+            moved: AtomicU64::new(self.round.load(Ordering::Relaxed)),
+        });
+        write!(self.blocks).insert(ptr, b);
+        self.lo.fetch_min(ptr, Ordering::Relaxed);
+        self.hi
+            .fetch_max(ptr.saturating_add(bytes), Ordering::Relaxed);
+    }
+
+    /// Takes the block at `ptr` out for a free, once no move holds it.
+    pub fn detach(&self, ptr: u64) -> Option<Arc<TierBlock>> {
+        let b = write!(self.blocks).remove(&ptr)?;
+        b.freed.store(true, Ordering::SeqCst);
+        while b.moving.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        Some(b)
+    }
+
+    /// Puts a detached block back (its free failed).
+    pub fn reattach(&self, b: Arc<TierBlock>) {
+        b.freed.store(false, Ordering::SeqCst);
+        write!(self.blocks).insert(b.ptr, b);
+    }
+
+    /// The parameter layout of `func`, asked of the driver once.
+    fn layout<D: Driver>(&self, driver: &D, func: usize) -> Layout {
+        if let Some(l) = read!(self.layouts).get(&func) {
+            return l.clone();
+        }
+        let mut params = Vec::new();
+        while params.len() < 4096 {
+            match driver.param_info(func, params.len()) {
+                Ok((off, size)) => params.push((off as u32, size as u32)),
+                Err(_) => break,
+            }
+        }
+        let l: Layout = if params.is_empty() {
+            None
+        } else {
+            Some(params.into())
+        };
+        if l.is_none() {
+            log_once!(
+                Info,
+                "tiered spill: the driver gives no parameter layout for some kernels (cuFuncGetParamInfo); their launches do not count as uses"
+            );
+        }
+        write!(self.layouts).insert(func, l.clone());
+        l
+    }
+
+    /// A kernel launch: counts a use of every tiered block a parameter word
+    /// points into.
+    ///
+    /// # Safety
+    /// `params` and `extra` are what the program passed to a launch: null,
+    /// or as the driver's launch functions require.
+    pub unsafe fn note_launch<D: Driver>(
+        &self,
+        driver: &D,
+        func: usize,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) {
+        let (lo, hi) = (
+            self.lo.load(Ordering::Relaxed),
+            self.hi.load(Ordering::Relaxed),
+        );
+        if lo >= hi || func == 0 {
+            return;
+        }
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        let mut words: [u64; 64] = [0; 64];
+        let mut n = 0usize;
+        let mut hits = 0u64;
+        let flush = |words: &[u64], hits: &mut u64| {
+            let map = read!(self.blocks);
+            for &w in words {
+                if let Some((_, b)) = map.range(..=w).next_back()
+                    && w < b.ptr.saturating_add(b.bytes)
+                {
+                    b.heat.fetch_add(1, Ordering::Relaxed);
+                    *hits += 1;
+                }
+            }
+        };
+        let push = |w: u64, words: &mut [u64; 64], n: &mut usize, hits: &mut u64| {
+            if w >= lo && w < hi {
+                words[*n] = w;
+                *n += 1;
+                if *n == words.len() {
+                    flush(&words[..], hits);
+                    *n = 0;
+                }
+            }
+        };
+        if !params.is_null() {
+            let Some(layout) = self.layout(driver, func) else {
+                return;
+            };
+            let mut budget = SCAN_BYTES;
+            for (i, &(_, size)) in layout.iter().enumerate() {
+                let size = size as usize;
+                if size < 8 {
+                    continue;
+                }
+                // SAFETY: the launch passes one pointer per parameter.
+                let p = unsafe { *params.add(i) } as *const u8;
+                if p.is_null() {
+                    continue;
+                }
+                let take = size.min(budget);
+                budget -= take;
+                for k in 0..take / 8 {
+                    // SAFETY: parameter i holds `size` bytes at `p`.
+                    let w = unsafe { p.add(k * 8).cast::<u64>().read_unaligned() };
+                    push(w, &mut words, &mut n, &mut hits);
+                }
+                if budget == 0 {
+                    break;
+                }
+            }
+        } else if !extra.is_null() {
+            let (mut buf, mut len) = (std::ptr::null::<u8>(), 0usize);
+            let mut i = 0;
+            while i < 64 {
+                // SAFETY: `extra` is a key/value list ending in CU_LAUNCH_PARAM_END.
+                let key = unsafe { *extra.add(i) } as usize;
+                if key == CU_LAUNCH_PARAM_END {
+                    break;
+                }
+                // SAFETY: as above: every key but the end has a value.
+                let value = unsafe { *extra.add(i + 1) };
+                match key {
+                    CU_LAUNCH_PARAM_BUFFER_POINTER => buf = value as *const u8,
+                    CU_LAUNCH_PARAM_BUFFER_SIZE if !value.is_null() => {
+                        // SAFETY: the size's value points to a size_t.
+                        len = unsafe { *(value as *const usize) }
+                    }
+                    _ => {}
+                }
+                i += 2;
+            }
+            if !buf.is_null() {
+                for k in 0..len.min(SCAN_BYTES) / 8 {
+                    // SAFETY: the buffer holds `len` bytes.
+                    let w = unsafe { buf.add(k * 8).cast::<u64>().read_unaligned() };
+                    push(w, &mut words, &mut n, &mut hits);
+                }
+            }
+        }
+        if n > 0 {
+            flush(&words[..n], &mut hits);
+        }
+        if hits > 0 {
+            self.hits.fetch_add(hits, Ordering::Relaxed);
+        }
+    }
+
+    /// The mover stream of `ctx`, made on first use.
+    pub(super) fn mover<D: Driver>(&self, driver: &D, ctx: usize) -> Option<usize> {
+        let mut movers = self.movers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, s)) = movers.iter().find(|(c, _)| *c == ctx) {
+            return Some(s);
+        }
+        if driver.ctx_push_current(ctx) != CUDA_SUCCESS {
+            return None;
+        }
+        let made = driver.stream_create(CU_STREAM_NON_BLOCKING);
+        let _ = driver.ctx_pop_current();
+        match made {
+            Ok(s) => {
+                movers.push((ctx, s));
+                Some(s)
+            }
+            Err(rc) => {
+                log_once!(
+                    Warn,
+                    "tiered spill: cannot make a stream to move blocks on ({rc}); blocks stay where they are"
+                );
+                None
+            }
+        }
+    }
+
+    /// A context went away: its mover stream with it.
+    pub fn forget_ctx(&self, ctx: usize) {
+        self.movers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(c, _)| *c != ctx);
+    }
+
+    pub(super) fn snapshot(&self) -> Vec<Arc<TierBlock>> {
+        read!(self.blocks).values().cloned().collect()
+    }
+
+    /// Passes the gate: held for a gated driver call.
+    pub fn enter(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
+        self.on.then(|| read!(self.gate))
+    }
+
+    /// Closes the gate, waiting at most [`STOP_WAIT`].
+    pub(super) fn stop(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
+        let until = std::time::Instant::now() + STOP_WAIT;
+        loop {
+            match self.gate.try_write() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            if std::time::Instant::now() >= until {
+                return None;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// The VMM granularity of `device`, asked once; `None` when the driver
+    /// has no VMM there.
+    pub(super) fn granularity<D: Driver>(&self, driver: &D, device: CUdevice) -> Option<u64> {
+        let slot = self.granularity.get(usize::try_from(device).ok()?)?;
+        let g = match slot.load(Ordering::Relaxed) {
+            0 => {
+                let g = driver
+                    .vmm_granularity(location(false, device))
+                    .ok()
+                    .filter(|g| g.is_power_of_two())
+                    .unwrap_or(u64::MAX);
+                if g == u64::MAX {
+                    log_once!(
+                        Warn,
+                        "tiered spill: device {device} has no virtual memory management; its allocations do not move"
+                    );
+                }
+                slot.store(g, Ordering::Relaxed);
+                g
+            }
+            g => g,
+        };
+        (g != u64::MAX).then_some(g)
+    }
+}
+
+pub(super) fn location(host: bool, device: CUdevice) -> CUmemLocation {
+    if host {
+        CUmemLocation {
+            kind: CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        }
+    } else {
+        CUmemLocation {
+            kind: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        }
+    }
+}
+
+/// One round's moves for a device.
+#[derive(Default)]
+pub(super) struct Plan {
+    pub(super) demote: Vec<Arc<TierBlock>>,
+    pub(super) promote: Vec<Arc<TierBlock>>,
+}
+
+/// Chooses the moves for the blocks of one device. `room`: bytes that may
+/// still be reserved under the device's target (negative when above it);
+/// `host_room`: bytes the spill limit still allows on the host.
+pub(super) fn plan(blocks: &[Arc<TierBlock>], room: i128, host_room: u64, round: u64) -> Plan {
+    let settled =
+        |b: &TierBlock| round.saturating_sub(b.moved.load(Ordering::Relaxed)) >= MIN_ROUNDS;
+    let mut dev: Vec<&Arc<TierBlock>> = blocks.iter().filter(|b| b.on_device()).collect();
+    let mut host: Vec<&Arc<TierBlock>> = blocks
+        .iter()
+        .filter(|b| !b.on_device() && b.score() > 0.0 && settled(b))
+        .collect();
+    // Coldest device blocks first, hottest host blocks first.
+    dev.sort_by(|a, b| a.density().total_cmp(&b.density()));
+    host.sort_by(|a, b| b.density().total_cmp(&a.density()));
+    let mut out = Plan::default();
+    let mut room = room;
+    let mut host_room = i128::from(host_room);
+    let mut budget = i128::from(ROUND_BYTES);
+    let mut next = 0usize; // the next device block to demote
+    // Above the target: demote the coldest until under, settled or not.
+    while room < 0 && next < dev.len() && budget > 0 {
+        let b = dev[next];
+        next += 1;
+        if i128::from(b.bytes) > host_room {
+            continue;
+        }
+        room += i128::from(b.bytes);
+        host_room -= i128::from(b.bytes);
+        budget -= i128::from(b.bytes);
+        out.demote.push(b.clone());
+    }
+    if room < 0 {
+        return out;
+    }
+    for h in host {
+        let bytes = i128::from(h.bytes);
+        if bytes > budget {
+            continue;
+        }
+        if bytes <= room {
+            room -= bytes;
+            host_room += bytes;
+            budget -= bytes;
+            out.promote.push(h.clone());
+            continue;
+        }
+        // Swap: colder settled device blocks make the room.
+        let mut gain = 0i128;
+        let mut j = next;
+        let mut taken = Vec::new();
+        while room + gain < bytes && j < dev.len() {
+            let d = dev[j];
+            j += 1;
+            if d.density() * HYSTERESIS >= h.density() {
+                break;
+            }
+            if !settled(d) {
+                continue;
+            }
+            gain += i128::from(d.bytes);
+            taken.push(d.clone());
+        }
+        let moved: i128 = gain + bytes;
+        if room + gain < bytes || moved > budget || gain - bytes > host_room {
+            continue;
+        }
+        next = j;
+        room += gain - bytes;
+        host_room -= gain - bytes;
+        budget -= moved;
+        out.demote.extend(taken);
+        out.promote.push(h.clone());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(ptr: u64, bytes: u64, on_device: bool, score: f64, moved: u64) -> Arc<TierBlock> {
+        Arc::new(TierBlock {
+            ptr,
+            bytes,
+            device: 0,
+            ctx: 1,
+            handle: AtomicU64::new(0),
+            state: AtomicU8::new(if on_device { ON_DEVICE } else { ON_HOST }),
+            moving: AtomicBool::new(false),
+            freed: AtomicBool::new(false),
+            heat: AtomicU32::new(0),
+            score: AtomicU64::new(score.to_bits()),
+            moved: AtomicU64::new(moved),
+        })
+    }
+
+    fn ptrs(v: &[Arc<TierBlock>]) -> Vec<u64> {
+        v.iter().map(|b| b.ptr).collect()
+    }
+
+    const M: u64 = 1 << 20;
+
+    #[test]
+    fn hot_host_blocks_fill_the_room_first() {
+        let b = [
+            block(1, 100 * M, false, 10.0, 0),
+            block(2, 100 * M, false, 50.0, 0),
+            block(3, 100 * M, false, 0.0, 0),
+        ];
+        let p = plan(&b, i128::from(150 * M), u64::MAX, 100);
+        assert_eq!(ptrs(&p.promote), vec![2]);
+        assert!(p.demote.is_empty());
+    }
+
+    #[test]
+    fn swaps_need_the_hysteresis_margin() {
+        // Device block 1 has density 10/100M; host block 2 has 14/100M:
+        // not 1.5x hotter, so nothing moves; host block 3 (20/100M) is.
+        let b = [
+            block(1, 100 * M, true, 10.0, 0),
+            block(2, 100 * M, false, 14.0, 0),
+        ];
+        let p = plan(&b, 0, u64::MAX, 100);
+        assert!(p.promote.is_empty() && p.demote.is_empty());
+        let b = [
+            block(1, 100 * M, true, 10.0, 0),
+            block(3, 100 * M, false, 20.0, 0),
+        ];
+        let p = plan(&b, 0, u64::MAX, 100);
+        assert_eq!((ptrs(&p.demote), ptrs(&p.promote)), (vec![1], vec![3]));
+    }
+
+    #[test]
+    fn recently_moved_blocks_stay() {
+        let b = [
+            block(1, 100 * M, true, 1.0, 98),
+            block(2, 100 * M, false, 50.0, 0),
+        ];
+        let p = plan(&b, 0, u64::MAX, 100);
+        assert!(p.promote.is_empty() && p.demote.is_empty());
+        let b = [
+            block(1, 100 * M, true, 1.0, 0),
+            block(2, 100 * M, false, 50.0, 97),
+        ];
+        let p = plan(&b, 0, u64::MAX, 100);
+        assert!(p.promote.is_empty() && p.demote.is_empty());
+    }
+
+    #[test]
+    fn above_the_target_the_coldest_go_first() {
+        let b = [
+            block(1, 100 * M, true, 9.0, 99),
+            block(2, 100 * M, true, 1.0, 99),
+            block(3, 100 * M, true, 5.0, 99),
+        ];
+        let p = plan(&b, -i128::from(150 * M), u64::MAX, 100);
+        assert_eq!(ptrs(&p.demote), vec![2, 3]);
+        assert!(p.promote.is_empty());
+    }
+
+    #[test]
+    fn the_spill_limit_bounds_demotions() {
+        let b = [
+            block(1, 100 * M, true, 1.0, 0),
+            block(2, 100 * M, false, 50.0, 0),
+        ];
+        // A swap moves no bytes to the host on balance: allowed with no room.
+        let p = plan(&b, 0, 0, 100);
+        assert_eq!((ptrs(&p.demote), ptrs(&p.promote)), (vec![1], vec![2]));
+        let b = [block(1, 100 * M, true, 1.0, 0)];
+        let p = plan(&b, -1, 0, 100);
+        assert!(p.demote.is_empty());
+    }
+
+    #[test]
+    fn a_round_moves_at_most_its_budget() {
+        let b: Vec<_> = (0..10)
+            .map(|i| block(i + 1, 512 * M, false, 100.0, 0))
+            .collect();
+        let p = plan(&b, i128::from(100 * 512 * M), u64::MAX, 100);
+        let moved: u64 = p.promote.iter().map(|b| b.bytes).sum();
+        assert_eq!(moved, ROUND_BYTES);
+    }
+}

@@ -1,0 +1,121 @@
+"""Training under a cap smaller than its working set, for tiered spill.
+
+Usage: check_tiered.py {llama|mlp} [--steps S] [--timed T]
+
+llama: a Llama-style causal LM from `transformers` (random initialisation,
+no download): hidden 1024, 16 layers, 16 heads, MLP 2816, vocabulary 32000
+(271 M parameters), AdamW, fp32, batch 8 x 512 tokens.
+mlp: 8 x Linear(4096) with ReLU, AdamW, batch 256.
+
+Deterministic (fixed seeds, TF32 off, deterministic algorithms). Prints one
+`RESULTKV` line: `losses` (every step's loss, repr, joined by ','),
+`ms_per_step` (median of the last T steps), `first_ms` (the first timed
+step), `peak_reserved_mib` (torch's reserved peak), `max_proc_mib` (NVML's
+figure for this process, sampled after each step: the driver's own count,
+which the shim does not change), `max_dev_used_mib` (the whole GPU's used
+memory, NVML, sampled the same way) and `oom`.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def nvml():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+        def sample():
+            mine = 0
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if p.pid == os.getpid():
+                    mine = (p.usedGpuMemory or 0) / 2**20
+            return mine, pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20
+
+        return sample
+    except Exception:  # noqa: BLE001
+        return lambda: (-1, -1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", choices=["llama", "mlp"])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--timed", type=int, default=10)
+    a = ap.parse_args()
+    import torch
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.use_deterministic_algorithms(True)
+    sample = nvml()
+    losses, times = [], []
+    oom = 0
+    max_proc = max_dev = 0.0
+    try:
+        if a.model == "llama":
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            cfg = LlamaConfig(
+                vocab_size=32000,
+                hidden_size=1024,
+                intermediate_size=2816,
+                num_hidden_layers=16,
+                num_attention_heads=16,
+                num_key_value_heads=16,
+                max_position_embeddings=512,
+                attn_implementation="eager",
+            )
+            model = LlamaForCausalLM(cfg).cuda()
+            g = torch.Generator(device="cuda").manual_seed(1)
+            ids = torch.randint(0, 32000, (8, 512), device="cuda", generator=g)
+
+            def step_loss():
+                return model(input_ids=ids, labels=ids).loss
+        else:
+            layers = []
+            for _ in range(8):
+                layers += [torch.nn.Linear(4096, 4096), torch.nn.ReLU()]
+            model = torch.nn.Sequential(*layers).cuda()
+            x = torch.randn(256, 4096, device="cuda")
+            y = torch.randn(256, 4096, device="cuda")
+
+            def step_loss():
+                return torch.nn.functional.mse_loss(model(x), y)
+
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for _ in range(a.steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = step_loss()
+            loss.backward()
+            opt.step()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(repr(loss.item()))
+            p, d = sample()
+            max_proc, max_dev = max(max_proc, p), max(max_dev, d)
+    except torch.OutOfMemoryError as e:
+        oom = 1
+        print("OOM", str(e).splitlines()[0])
+    timed = sorted(times[-a.timed:]) if times else [float("nan")]
+    first = times[-a.timed] if len(times) >= a.timed else float("nan")
+    print(
+        f"RESULTKV model={a.model} losses={','.join(losses) or 'none'} "
+        f"ms_per_step={1000 * timed[len(timed) // 2]:.1f} first_ms={1000 * first:.1f} "
+        f"peak_reserved_mib={torch.cuda.max_memory_reserved() / 2**20:.0f} "
+        f"max_proc_mib={max_proc:.0f} max_dev_used_mib={max_dev:.0f} oom={oom}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
