@@ -407,6 +407,25 @@ impl Driver for RealDriver {
         unsafe { h::cuMemcpyDtoDAsync_v2::call(dst, src, bytes as usize, handle(stream)) }
     }
 
+    fn func_name(&self, func: usize) -> Option<String> {
+        let mut name: *const c_char = ptr::null();
+        // SAFETY: see the impl; the driver checks the handle.
+        let mut rc = unsafe { c::cuFuncGetName::call(&mut name, handle(func)) };
+        if rc != CUDA_SUCCESS {
+            // SAFETY: as above.
+            rc = unsafe { c::cuKernelGetName::call(&mut name, handle(func)) };
+        }
+        if rc != CUDA_SUCCESS || name.is_null() {
+            return None;
+        }
+        // SAFETY: the driver answers a NUL-terminated name it keeps.
+        Some(
+            unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+
     fn stream_create(&self, flags: c_uint) -> Result<usize, CUresult> {
         let mut st: CUstream = ptr::null_mut();
         // SAFETY: see the impl.

@@ -195,6 +195,8 @@ pub mod calls {
         fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, host: *mut c_void, flags: c_uint) -> CUresult;
         fn cuMemFreeHost(host: *mut c_void) -> CUresult;
         fn cuFuncGetParamInfo(func: CUfunction, index: usize, offset: *mut usize, size: *mut usize) -> CUresult;
+        fn cuFuncGetName(name: *mut *const c_char, func: CUfunction) -> CUresult;
+        fn cuKernelGetName(name: *mut *const c_char, kernel: CUfunction) -> CUresult;
         fn cuKernelGetParamInfo(kernel: CUfunction, index: usize, offset: *mut usize, size: *mut usize) -> CUresult;
         fn cuStreamSynchronize(stream: CUstream) -> CUresult;
         fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationPropFull, option: c_int) -> CUresult;

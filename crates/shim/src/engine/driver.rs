@@ -105,6 +105,9 @@ pub trait Driver: Send + Sync + 'static {
     fn vmm_unmap(&self, ptr: CUdeviceptr, bytes: u64) -> CUresult;
     /// `cuMemcpyDtoDAsync_v2` (the real one) on `stream`.
     fn copy_dtod(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: u64, stream: usize) -> CUresult;
+    /// `cuFuncGetName` (CUDA 12.3), else `cuKernelGetName` for a `CUkernel`
+    /// handle: the function's (mangled) name.
+    fn func_name(&self, func: usize) -> Option<String>;
     /// `cuStreamCreate` (the real one: never the shim's hook), in the
     /// current context.
     fn stream_create(&self, flags: c_uint) -> Result<usize, CUresult>;

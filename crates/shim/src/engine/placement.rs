@@ -13,7 +13,9 @@ use super::cuda::*;
 use super::driver::Driver;
 use super::records::{Kind, Record};
 use super::state::Engine;
-use super::tier::{DECAY, ON_DEVICE, ON_HOST, Plan, STOP_WAIT, TierBlock, location, plan};
+use super::tier::{
+    HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, Plan, STOP_WAIT, TierBlock, location, plan,
+};
 use crate::log::{log_at, log_once};
 
 /// Makes physical memory of `bytes` on the host or `device` and maps it at
@@ -187,7 +189,9 @@ impl<D: Driver> Engine<D> {
             return;
         }
         let _no_capture_begins = self.cache.ordering_shared();
-        if self.capture_in_progress() {
+        // Captures the hooks saw; one begun unseen shows on the legacy
+        // stream of its context, which `move_staged` asks with it current.
+        if self.capturing() {
             return;
         }
         let blocks = self.tiers.snapshot();
@@ -195,9 +199,22 @@ impl<D: Driver> Engine<D> {
             return;
         }
         let round = self.tiers.round.fetch_add(1, Ordering::Relaxed) + 1;
+        let launches = self.tiers.launches.load(Ordering::Relaxed);
+        let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
+        let decay = 0.5f64.powf(since as f64 / HALF_LIFE_LAUNCHES);
+        if round.is_multiple_of(50) {
+            let on = blocks.iter().filter(|b| b.on_device()).count();
+            log_at!(
+                Debug,
+                "tiered spill: round {round}: {} blocks, {on} on the device; {} launches decoded, {} uses seen",
+                blocks.len(),
+                self.tiers.launches.load(Ordering::Relaxed),
+                self.tiers.hits.load(Ordering::Relaxed)
+            );
+        }
         for b in &blocks {
             let heat = b.heat.swap(0, Ordering::Relaxed);
-            let s = b.score() * DECAY + f64::from(heat);
+            let s = b.score() * decay + f64::from(heat);
             b.score.store(s.to_bits(), Ordering::Relaxed);
         }
         let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
@@ -215,13 +232,17 @@ impl<D: Driver> Engine<D> {
             let target = if soft > 0 { limit.min(soft) } else { limit };
             let mine: Vec<Arc<TierBlock>> =
                 blocks.iter().filter(|b| b.device == dev).cloned().collect();
-            let room = if target == NO_CAP {
-                i128::from(u64::MAX)
+            let used = i128::from(slot.budget.used());
+            let (over, room) = if target == NO_CAP {
+                (0, i128::from(u64::MAX))
             } else {
-                let margin = target / 64;
-                i128::from(target) - i128::from(margin) - i128::from(slot.budget.used())
+                let margin = i128::from(target / 64);
+                (
+                    used - i128::from(target),
+                    i128::from(target) - margin - used,
+                )
             };
-            let p = plan(&mine, room, self.spill.room(&self.base), round);
+            let p = plan(&mine, over, room, self.spill.room(&self.base), round);
             if !p.demote.is_empty() || !p.promote.is_empty() {
                 self.apply(slot, device, limit, round, p);
             }
@@ -345,15 +366,29 @@ impl<D: Driver> Engine<D> {
             }
             return 0;
         };
-        // Nothing the program issued may still touch a block.
+        // Nothing the program issued may still touch a block; and no
+        // capture the hooks did not see may be running (a synchronisation
+        // would break it).
         let mut ctxs: Vec<usize> = staged.iter().map(|m| m.block.ctx).collect();
         ctxs.sort_unstable();
         ctxs.dedup();
+        let mut quiet = true;
         for &c in &ctxs {
-            if self.driver.ctx_push_current(c) == CUDA_SUCCESS {
-                let _ = self.driver.ctx_synchronize();
-                let _ = self.driver.ctx_pop_current();
+            if self.driver.ctx_push_current(c) != CUDA_SUCCESS {
+                quiet = false;
+                continue;
             }
+            if self.capture_in_progress() || self.driver.ctx_synchronize() != CUDA_SUCCESS {
+                quiet = false;
+            }
+            let _ = self.driver.ctx_pop_current();
+        }
+        if !quiet {
+            drop(gate);
+            for m in staged {
+                self.unstage(slot, device, m);
+            }
+            return 0;
         }
         let mut done = Vec::new();
         let mut failed = Vec::new();

@@ -84,15 +84,16 @@ use crate::log::log_once;
 pub(super) const ON_DEVICE: u8 = 0;
 pub(super) const ON_HOST: u8 = 1;
 
-/// A block's score decays by this factor each round.
-pub(super) const DECAY: f64 = 0.7;
+/// A block's score halves every this many launches (not rounds: a score
+/// then covers the same stretch of a program's work at any speed).
+pub(super) const HALF_LIFE_LAUNCHES: f64 = 4000.0;
 /// A host block displaces device blocks only when its score per byte is
 /// this many times theirs.
-pub const HYSTERESIS: f64 = 1.5;
+pub const HYSTERESIS: f64 = 2.0;
 /// Rounds a moved block stays where it went.
-pub const MIN_ROUNDS: u64 = 5;
+pub const MIN_ROUNDS: u64 = 20;
 /// The most bytes one round moves (promotions and demotions together).
-pub const ROUND_BYTES: u64 = 2 << 30;
+pub const ROUND_BYTES: u64 = 1 << 30;
 /// The most parameter bytes a launch is scanned for.
 const SCAN_BYTES: usize = 8192;
 /// How long a round waits for the gate before it gives up.
@@ -153,9 +154,42 @@ impl TierBlock {
     }
 }
 
-/// A function's parameters: (offset, size) each; `None` when the driver
-/// would not say.
-type Layout = Option<Arc<[(u32, u32)]>>;
+/// What the engine knows of a launched function: its parameters' (offset,
+/// size), `None` when the driver would not say; and what one use by it
+/// weighs.
+struct Kernel {
+    params: Option<Box<[(u32, u32)]>>,
+    weight: u32,
+}
+
+type Layout = Arc<Kernel>;
+
+/// What a use by a matrix product or convolution weighs against one by
+/// any other kernel. Such kernels read their operands many times over
+/// (once per tile), so an operand in host memory costs them many trips
+/// over the link, where an element-wise kernel reads it once.
+pub const PRODUCT_WEIGHT: u32 = 32;
+
+/// Whether a kernel's (mangled) name is that of a matrix product or a
+/// convolution, by the words cuBLAS, CUTLASS, cuDNN and Triton put there.
+pub fn is_product(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "gemm",
+        "gemv",
+        "xmma",
+        "cutlass",
+        "convolve",
+        "convolution",
+        "fprop",
+        "dgrad",
+        "wgrad",
+        "matmul",
+        "_mm_",
+    ]
+    .iter()
+    .any(|w| n.contains(w))
+}
 
 /// The process's tiered blocks and what decides their place.
 pub struct Tiers {
@@ -173,6 +207,8 @@ pub struct Tiers {
     /// Each device's VMM granularity, 0 until asked (`u64::MAX`: none).
     granularity: [AtomicU64; vramcap_core::MAX_DEVICES],
     pub(super) round: AtomicU64,
+    /// `launches` when scores were last decayed.
+    pub(super) scored: AtomicU64,
     /// Launches decoded, and words in them that named a tiered block.
     pub launches: AtomicU64,
     pub hits: AtomicU64,
@@ -203,6 +239,7 @@ impl Tiers {
             gate: RwLock::new(()),
             granularity: [const { AtomicU64::new(0) }; vramcap_core::MAX_DEVICES],
             round: AtomicU64::new(0),
+            scored: AtomicU64::new(0),
             launches: AtomicU64::new(0),
             hits: AtomicU64::new(0),
         }
@@ -252,6 +289,14 @@ impl Tiers {
         Some(b)
     }
 
+    /// The heat of the block at `ptr` since the last round.
+    #[cfg(test)]
+    pub(super) fn heat_of(&self, ptr: u64) -> Option<u32> {
+        read!(self.blocks)
+            .get(&ptr)
+            .map(|b| b.heat.load(Ordering::Relaxed))
+    }
+
     /// Puts a detached block back (its free failed).
     pub fn reattach(&self, b: Arc<TierBlock>) {
         b.freed.store(false, Ordering::SeqCst);
@@ -270,12 +315,15 @@ impl Tiers {
                 Err(_) => break,
             }
         }
-        let l: Layout = if params.is_empty() {
-            None
-        } else {
-            Some(params.into())
+        let weight = match driver.func_name(func) {
+            Some(n) if is_product(&n) => PRODUCT_WEIGHT,
+            _ => 1,
         };
-        if l.is_none() {
+        let l: Layout = Arc::new(Kernel {
+            params: (!params.is_empty()).then(|| params.into()),
+            weight,
+        });
+        if l.params.is_none() {
             log_once!(
                 Info,
                 "tiered spill: the driver gives no parameter layout for some kernels (cuFuncGetParamInfo); their launches do not count as uses"
@@ -306,6 +354,8 @@ impl Tiers {
             return;
         }
         self.launches.fetch_add(1, Ordering::Relaxed);
+        let kernel = self.layout(driver, func);
+        let weight = kernel.weight;
         let mut words: [u64; 64] = [0; 64];
         let mut n = 0usize;
         let mut hits = 0u64;
@@ -315,7 +365,7 @@ impl Tiers {
                 if let Some((_, b)) = map.range(..=w).next_back()
                     && w < b.ptr.saturating_add(b.bytes)
                 {
-                    b.heat.fetch_add(1, Ordering::Relaxed);
+                    b.heat.fetch_add(weight, Ordering::Relaxed);
                     *hits += 1;
                 }
             }
@@ -331,7 +381,7 @@ impl Tiers {
             }
         };
         if !params.is_null() {
-            let Some(layout) = self.layout(driver, func) else {
+            let Some(layout) = kernel.params.as_deref() else {
                 return;
             };
             let mut budget = SCAN_BYTES;
@@ -499,10 +549,18 @@ pub(super) struct Plan {
     pub(super) promote: Vec<Arc<TierBlock>>,
 }
 
-/// Chooses the moves for the blocks of one device. `room`: bytes that may
-/// still be reserved under the device's target (negative when above it);
-/// `host_room`: bytes the spill limit still allows on the host.
-pub(super) fn plan(blocks: &[Arc<TierBlock>], room: i128, host_room: u64, round: u64) -> Plan {
+/// Chooses the moves for the blocks of one device. `over`: bytes reserved
+/// above the device's target (demoted, coldest first, when positive);
+/// `room`: bytes promotions may still take (the target less a margin, less
+/// what is reserved); `host_room`: bytes the spill limit still allows on
+/// the host.
+pub(super) fn plan(
+    blocks: &[Arc<TierBlock>],
+    over: i128,
+    room: i128,
+    host_room: u64,
+    round: u64,
+) -> Plan {
     let settled =
         |b: &TierBlock| round.saturating_sub(b.moved.load(Ordering::Relaxed)) >= MIN_ROUNDS;
     let mut dev: Vec<&Arc<TierBlock>> = blocks.iter().filter(|b| b.on_device()).collect();
@@ -515,24 +573,27 @@ pub(super) fn plan(blocks: &[Arc<TierBlock>], room: i128, host_room: u64, round:
     host.sort_by(|a, b| b.density().total_cmp(&a.density()));
     let mut out = Plan::default();
     let mut room = room;
+    let mut over = over;
     let mut host_room = i128::from(host_room);
     let mut budget = i128::from(ROUND_BYTES);
     let mut next = 0usize; // the next device block to demote
     // Above the target: demote the coldest until under, settled or not.
-    while room < 0 && next < dev.len() && budget > 0 {
+    while over > 0 && next < dev.len() && budget > 0 {
         let b = dev[next];
         next += 1;
         if i128::from(b.bytes) > host_room {
             continue;
         }
+        over -= i128::from(b.bytes);
         room += i128::from(b.bytes);
         host_room -= i128::from(b.bytes);
         budget -= i128::from(b.bytes);
         out.demote.push(b.clone());
     }
-    if room < 0 {
+    if over > 0 {
         return out;
     }
+    room = room.max(0);
     for h in host {
         let bytes = i128::from(h.bytes);
         if bytes > budget {
@@ -595,6 +656,30 @@ mod tests {
         })
     }
 
+    #[test]
+    fn products_are_told_by_their_names() {
+        for n in [
+            "sm90_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3",
+            "ampere_sgemm_128x64_nn",
+            "_ZN7cutlass6KernelI...",
+            "gemv2T_kernel_val",
+            "cudnn::detail::implicit_convolve_sgemm",
+            "triton_tem_fused_mm_0_matmul",
+        ] {
+            assert!(is_product(n), "{n}");
+        }
+        for n in [
+            "_ZN2at6native29vectorized_elementwise_kernel",
+            "multi_tensor_apply_kernel",
+            "softmax_warp_forward",
+            "reduce_kernel",
+            "layer_norm_kernel_gamma_beta",
+            "unrolled_elementwise_kernel_convert",
+        ] {
+            assert!(!is_product(n), "{n}");
+        }
+    }
+
     fn ptrs(v: &[Arc<TierBlock>]) -> Vec<u64> {
         v.iter().map(|b| b.ptr).collect()
     }
@@ -608,42 +693,42 @@ mod tests {
             block(2, 100 * M, false, 50.0, 0),
             block(3, 100 * M, false, 0.0, 0),
         ];
-        let p = plan(&b, i128::from(150 * M), u64::MAX, 100);
+        let p = plan(&b, 0, i128::from(150 * M), u64::MAX, 100);
         assert_eq!(ptrs(&p.promote), vec![2]);
         assert!(p.demote.is_empty());
     }
 
     #[test]
     fn swaps_need_the_hysteresis_margin() {
-        // Device block 1 has density 10/100M; host block 2 has 14/100M:
-        // not 1.5x hotter, so nothing moves; host block 3 (20/100M) is.
+        // Device block 1 has density 10/100M; host block 2 has 19/100M:
+        // not 2x hotter, so nothing moves; host block 3 (21/100M) is.
         let b = [
             block(1, 100 * M, true, 10.0, 0),
-            block(2, 100 * M, false, 14.0, 0),
+            block(2, 100 * M, false, 19.0, 0),
         ];
-        let p = plan(&b, 0, u64::MAX, 100);
+        let p = plan(&b, 0, 0, u64::MAX, 100);
         assert!(p.promote.is_empty() && p.demote.is_empty());
         let b = [
             block(1, 100 * M, true, 10.0, 0),
-            block(3, 100 * M, false, 20.0, 0),
+            block(3, 100 * M, false, 21.0, 0),
         ];
-        let p = plan(&b, 0, u64::MAX, 100);
+        let p = plan(&b, 0, 0, u64::MAX, 100);
         assert_eq!((ptrs(&p.demote), ptrs(&p.promote)), (vec![1], vec![3]));
     }
 
     #[test]
     fn recently_moved_blocks_stay() {
         let b = [
-            block(1, 100 * M, true, 1.0, 98),
+            block(1, 100 * M, true, 1.0, 90),
             block(2, 100 * M, false, 50.0, 0),
         ];
-        let p = plan(&b, 0, u64::MAX, 100);
+        let p = plan(&b, 0, 0, u64::MAX, 100);
         assert!(p.promote.is_empty() && p.demote.is_empty());
         let b = [
             block(1, 100 * M, true, 1.0, 0),
-            block(2, 100 * M, false, 50.0, 97),
+            block(2, 100 * M, false, 50.0, 85),
         ];
-        let p = plan(&b, 0, u64::MAX, 100);
+        let p = plan(&b, 0, 0, u64::MAX, 100);
         assert!(p.promote.is_empty() && p.demote.is_empty());
     }
 
@@ -654,7 +739,7 @@ mod tests {
             block(2, 100 * M, true, 1.0, 99),
             block(3, 100 * M, true, 5.0, 99),
         ];
-        let p = plan(&b, -i128::from(150 * M), u64::MAX, 100);
+        let p = plan(&b, i128::from(150 * M), 0, u64::MAX, 100);
         assert_eq!(ptrs(&p.demote), vec![2, 3]);
         assert!(p.promote.is_empty());
     }
@@ -666,10 +751,10 @@ mod tests {
             block(2, 100 * M, false, 50.0, 0),
         ];
         // A swap moves no bytes to the host on balance: allowed with no room.
-        let p = plan(&b, 0, 0, 100);
+        let p = plan(&b, 0, 0, 0, 100);
         assert_eq!((ptrs(&p.demote), ptrs(&p.promote)), (vec![1], vec![2]));
         let b = [block(1, 100 * M, true, 1.0, 0)];
-        let p = plan(&b, -1, 0, 100);
+        let p = plan(&b, 1, 0, 0, 100);
         assert!(p.demote.is_empty());
     }
 
@@ -678,7 +763,7 @@ mod tests {
         let b: Vec<_> = (0..10)
             .map(|i| block(i + 1, 512 * M, false, 100.0, 0))
             .collect();
-        let p = plan(&b, i128::from(100 * 512 * M), u64::MAX, 100);
+        let p = plan(&b, 0, i128::from(100 * 512 * M), u64::MAX, 100);
         let moved: u64 = p.promote.iter().map(|b| b.bytes).sum();
         assert_eq!(moved, ROUND_BYTES);
     }

@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 use super::*;
+use crate::engine::tier::MIN_ROUNDS;
 
 const TIERED: (&str, &str) = ("VRAMCAP_SPILL", "tiered");
 
@@ -107,6 +108,17 @@ fn launches_count_uses_of_the_blocks_their_words_point_into() {
 }
 
 #[test]
+fn a_use_by_a_matrix_product_weighs_more() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 8 * MIB).unwrap();
+    let b = alloc(e, 8 * MIB).unwrap();
+    launch(e, &[a, b]); // an element-wise kernel
+    launch(e, &[a, 0, 0, 0, 0, 0, 0]); // function 7: a matrix product
+    assert_eq!(e.tiers.heat_of(a), Some(1 + 32));
+    assert_eq!(e.tiers.heat_of(b), Some(1));
+}
+
+#[test]
 fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     let e = tiered("64MiB");
     let a = alloc(e, 32 * MIB).unwrap();
@@ -118,7 +130,7 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
         launch(e, &[c, c + 64]);
     }
     // Fresh blocks stay put for MIN_ROUNDS rounds.
-    rounds(e, 4);
+    rounds(e, MIN_ROUNDS as usize - 1);
     assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
     rounds(e, 1);
     // b and a were demoted (coldest first, until c fits), then c promoted.
@@ -166,7 +178,7 @@ fn nothing_moves_while_a_capture_runs() {
     assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
     e.captures.fetch_sub(1, Ordering::SeqCst);
     // Rounds skipped during the capture did not count towards MIN_ROUNDS.
-    rounds(e, 4);
+    rounds(e, MIN_ROUNDS as usize - 1);
     assert_eq!(e.slot(0).unwrap().promotions.load(Ordering::Relaxed), 0);
     rounds(e, 1);
     assert_eq!(e.slot(0).unwrap().promotions.load(Ordering::Relaxed), 1);
