@@ -18,4 +18,5 @@ mod shim;
 mod spill;
 mod standin_model;
 mod stats;
+mod tiered;
 mod top;

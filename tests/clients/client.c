@@ -60,6 +60,9 @@
  *                         sync=S capture=C ipc=I async=Y vmm=V vmm_host=H
  *                         array=R host_bytes=B managed_host_bytes=M
  *                         event=E" (one line)
+ *   kcounts               "kcounts launch=L fault=F": the stand-in's kernel
+ *                         launches that ran and launches or copies that
+ *                         named reserved but unmapped addresses
  *   kinds                 per device "kinds dev=N device=D managed_host=M"
  *                         (D: vramcap_standin_used, M: the device's managed
  *                         bytes preferring the host), then "kinds host=H"
@@ -197,6 +200,15 @@
  *   setpool               cuDeviceSetMemPool(current device, client's pool)
  *                         -> "setpool -> RC"
  *   destroypool           cuMemPoolDestroy(client's pool) -> "destroypool -> RC"
+ *   kernel NAME           cuModuleLoadData (once) and cuModuleGetFunction of
+ *                         the stand-in's function NAME (touchN, gemm_touchN)
+ *                         -> "kernel NAME -> RC"
+ *   kernel-launch T #S..  cuLaunchKernel of that function T times, its
+ *                         parameters the slots' pointers (1 to 8)
+ *                         -> "kernel-launch T -> RC" (the first failure)
+ *   memset32 SLOT SIZE V  cuMemsetD32_v2 of SIZE bytes -> "memset32 #SLOT -> RC"
+ *   read32 SLOT           cuMemcpyDtoH_v2 of 4 bytes
+ *                         -> "read32 #SLOT -> RC value=V"
  *   streamsync            cuStreamSynchronize(client's stream)
  *                         -> "streamsync -> RC"
  *   graphmem ATTR         cuDeviceGetGraphMemAttribute(current device); ATTR
@@ -409,6 +421,15 @@ struct api {
     CUresult (*device_set_graph_mem_attribute)(CUdevice, CUgraphMem_attribute,
                                                void *);
     CUresult (*device_graph_mem_trim)(CUdevice);
+    /* Obtained only when a command needs them (see g_kernel_functions). */
+    CUresult (*module_load_data)(CUmodule *, const void *);
+    CUresult (*module_get_function)(CUfunction *, CUmodule, const char *);
+    CUresult (*launch_kernel)(CUfunction, unsigned int, unsigned int,
+                              unsigned int, unsigned int, unsigned int,
+                              unsigned int, unsigned int, CUstream, void **,
+                              void **);
+    CUresult (*memset_d32)(CUdeviceptr, unsigned int, size_t);
+    CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
 };
 static struct api api;
 
@@ -514,6 +535,21 @@ static const struct function g_graph_functions[] = {
 
 /* Whether the command line uses a command of g_graph_functions. */
 static bool g_need_graph;
+
+/*
+ * The functions of the kernel commands (kernel, kernel-launch, memset32,
+ * read32), obtained only when the command line uses one (g_need_kernel).
+ */
+static const struct function g_kernel_functions[] = {
+    FN(cuModuleLoadData, cuModuleLoadData, 2000, module_load_data),
+    FN(cuModuleGetFunction, cuModuleGetFunction, 2000, module_get_function),
+    FN(cuLaunchKernel, cuLaunchKernel, 4000, launch_kernel),
+    FN(cuMemsetD32, cuMemsetD32_v2, 3020, memset_d32),
+    FN(cuMemcpyDtoH, cuMemcpyDtoH_v2, 3020, memcpy_dtoh),
+};
+
+/* Whether the command line uses a command of g_kernel_functions. */
+static bool g_need_kernel;
 
 _Static_assert(sizeof(void *) == sizeof(void (*)(void)),
                "function pointers must fit in void *");
@@ -800,6 +836,32 @@ static CUresult l_device_graph_mem_trim(CUdevice d)
     return cuDeviceGraphMemTrim(d);
 }
 
+static CUresult l_module_load_data(CUmodule *m, const void *i)
+{
+    return cuModuleLoadData(m, i);
+}
+static CUresult l_module_get_function(CUfunction *f, CUmodule m,
+                                      const char *n)
+{
+    return cuModuleGetFunction(f, m, n);
+}
+static CUresult l_launch_kernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                unsigned int gz, unsigned int bx,
+                                unsigned int by, unsigned int bz,
+                                unsigned int sh, CUstream s, void **p,
+                                void **e)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, e);
+}
+static CUresult l_memset_d32(CUdeviceptr d, unsigned int v, size_t n)
+{
+    return cuMemsetD32_v2(d, v, n);
+}
+static CUresult l_memcpy_dtoh(void *h, CUdeviceptr s, size_t n)
+{
+    return cuMemcpyDtoH_v2(h, s, n);
+}
+
 static void setup_linked(void)
 {
     api = (struct api){
@@ -866,6 +928,11 @@ static void setup_linked(void)
         .device_get_graph_mem_attribute = l_device_get_graph_mem_attribute,
         .device_set_graph_mem_attribute = l_device_set_graph_mem_attribute,
         .device_graph_mem_trim = l_device_graph_mem_trim,
+        .module_load_data = l_module_load_data,
+        .module_get_function = l_module_get_function,
+        .launch_kernel = l_launch_kernel,
+        .memset_d32 = l_memset_d32,
+        .memcpy_dtoh = l_memcpy_dtoh,
     };
 }
 #endif
@@ -889,6 +956,8 @@ static void setup_dlsym(void)
         dlsym_functions(g_ext_functions, COUNT(g_ext_functions));
     if (g_need_graph)
         dlsym_functions(g_graph_functions, COUNT(g_graph_functions));
+    if (g_need_kernel)
+        dlsym_functions(g_kernel_functions, COUNT(g_kernel_functions));
 }
 
 /*
@@ -955,6 +1024,8 @@ static void setup_procaddr(void)
         resolve_functions(g_ext_functions, COUNT(g_ext_functions));
     if (g_need_graph)
         resolve_functions(g_graph_functions, COUNT(g_graph_functions));
+    if (g_need_kernel)
+        resolve_functions(g_kernel_functions, COUNT(g_kernel_functions));
 }
 
 /* ---- Helpers ------------------------------------------------------------- */
@@ -1150,6 +1221,7 @@ static CUmemoryPool g_pool;
    the executable graph from "instantiate" (NULL until then). */
 static CUgraph g_graph, g_captured;
 static CUgraphExec g_exec;
+static CUfunction g_func; /* the function "kernel" obtained */
 static int g_exported_fd = -1;
 static size_t g_exported_size;
 
@@ -2066,6 +2138,20 @@ static int command(int argc, char **argv, bool run)
             cmd_counts();
         return 1;
     }
+    if (strcmp(cmd, "kcounts") == 0) {
+        if (run) {
+            void *p = dlsym(libcuda(), "vramcap_standin_count");
+            unsigned long (*count)(const char *) = NULL;
+            if (p != NULL)
+                memcpy(&count, &p, sizeof p);
+            if (count == NULL)
+                out("kcounts -> unavailable");
+            else
+                out("kcounts launch=%lu fault=%lu", count("launch"),
+                    count("fault"));
+        }
+        return 1;
+    }
     if (strcmp(cmd, "kinds") == 0) {
         if (run)
             cmd_kinds();
@@ -2512,6 +2598,69 @@ static int command(int argc, char **argv, bool run)
         if (run)
             out("destroypool -> %d", api.mem_pool_destroy(g_pool));
         return 1;
+    }
+    if (strcmp(cmd, "kernel") == 0) {
+        NEED(1);
+        g_need_kernel = true;
+        if (!run)
+            return 2;
+        static CUmodule module;
+        CUresult rc = CUDA_SUCCESS;
+        if (module == NULL)
+            rc = api.module_load_data(&module, "stand-in image");
+        if (rc == CUDA_SUCCESS)
+            rc = api.module_get_function(&g_func, module, argv[1]);
+        out("kernel %s -> %d", argv[1], rc);
+        return 2;
+    }
+    if (strcmp(cmd, "kernel-launch") == 0) {
+        NEED(2);
+        g_need_kernel = true;
+        long times = parse_uint(argv[1], 1000000, "times");
+        int n = 0;
+        while (n + 2 < argc && n < 8 && (argv[n + 2][0] == '#'))
+            n++;
+        if (n == 0)
+            die(EXIT_USAGE, "kernel-launch: no #SLOT arguments");
+        size_t slots[8];
+        for (int i = 0; i < n; i++)
+            slots[i] = parse_slot(argv[i + 2]);
+        if (!run)
+            return 2 + n;
+        CUdeviceptr words[8];
+        void *params[8];
+        for (int i = 0; i < n; i++) {
+            words[i] = slot(slots[i])->ptr;
+            params[i] = &words[i];
+        }
+        CUresult rc = CUDA_SUCCESS;
+        for (long t = 0; t < times && rc == CUDA_SUCCESS; t++)
+            rc = api.launch_kernel(g_func, 1, 1, 1, 1, 1, 1, 0, NULL, params,
+                                   NULL);
+        out("kernel-launch %ld -> %d", times, rc);
+        return 2 + n;
+    }
+    if (strcmp(cmd, "memset32") == 0) {
+        NEED(3);
+        g_need_kernel = true;
+        size_t n = parse_slot(argv[1]);
+        size_t size = parse_size(argv[2]);
+        unsigned int v = (unsigned int)parse_uint(argv[3], 0xffffffffL, "value");
+        if (run)
+            out("memset32 #%zu -> %d", n,
+                api.memset_d32(slot(n)->ptr, v, size / 4));
+        return 4;
+    }
+    if (strcmp(cmd, "read32") == 0) {
+        NEED(1);
+        g_need_kernel = true;
+        size_t n = parse_slot(argv[1]);
+        if (!run)
+            return 2;
+        unsigned int v = 0;
+        CUresult rc = api.memcpy_dtoh(&v, slot(n)->ptr, sizeof v);
+        out("read32 #%zu -> %d value=%u", n, rc, v);
+        return 2;
     }
     if (strcmp(cmd, "streamsync") == 0) {
         g_need_graph = true;

@@ -215,6 +215,8 @@ struct vmm_alloc {
     long refs;            /* create, retain, import: +1; release: -1 */
     long maps;            /* live mappings of it */
     bool live;            /* false: its memory went back */
+    uint32_t tag;         /* its contents: every 32-bit word holds tag (see
+                             "Kernels and copies") */
 };
 struct vmm_map {          /* a cuMemMap'ed range */
     CUdeviceptr va;
@@ -381,6 +383,9 @@ static atomic_ulong g_vmm_creates;         /* cuMemCreate on a device */
 static atomic_ulong g_vmm_host_creates;    /* cuMemCreate on the host */
 static atomic_ulong g_array_creates;       /* arrays of all three kinds */
 static atomic_ulong g_event_records;       /* successful cuEventRecord(_ptsz) */
+static atomic_ulong g_launches;            /* successful kernel launches */
+static atomic_ulong g_faults;              /* launches or copies that named an
+                                              address reserved but unmapped */
 
 /*
  * The calling thread's context stack; the top (t_stack[t_depth - 1]) is its
@@ -4097,6 +4102,207 @@ CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
 }
 LOCAL(cuMemAdvise_v2)
 
+/* ---- Kernels and copies --------------------------------------------------- */
+
+/*
+ * Kernels: cuModuleLoadData gives the one fake module; in it the function
+ * "touchN" (N 1..8) has N parameters of 8 bytes and "gemm_touchN" the same
+ * under a matrix product's name. A launch runs nothing: it checks that
+ * every parameter word that falls in a cuMemAddressReserve'd range falls in
+ * a mapping too (else it counts a fault and fails with
+ * CUDA_ERROR_ILLEGAL_ADDRESS, as a kernel touching an unmapped address
+ * would). Contents are modelled for VMM memory only, one 32-bit value per
+ * physical allocation (its tag): cuMemsetD32_v2 of a whole mapping sets it,
+ * cuMemcpyDtoDAsync_v2 between two mappings copies it, cuMemcpyDtoH_v2 from
+ * a mapping writes it to every word. Other device memory reads as zeros.
+ */
+struct CUmod_st {
+    int unused;
+};
+struct CUfunc_st {
+    int params;
+    bool product;
+    char name[16];
+};
+static struct CUmod_st g_module;
+static struct CUfunc_st g_funcs[2][8];
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(module != NULL && image != NULL, CUDA_ERROR_INVALID_VALUE);
+    if (current_device() < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *module = &g_module;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuModuleLoadData)
+
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(hfunc != NULL && name != NULL && hmod == &g_module,
+          CUDA_ERROR_INVALID_VALUE);
+    bool product = strncmp(name, "gemm_", 5) == 0;
+    const char *rest = product ? name + 5 : name;
+    if (strncmp(rest, "touch", 5) != 0 || rest[5] < '1' || rest[5] > '8' ||
+        rest[6] != '\0')
+        return CUDA_ERROR_NOT_FOUND;
+    int n = rest[5] - '0';
+    struct CUfunc_st *f = &g_funcs[product][n - 1];
+    f->params = n;
+    f->product = product;
+    snprintf(f->name, sizeof f->name, "%s", name);
+    *hfunc = f;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuModuleGetFunction)
+
+static struct CUfunc_st *func_of(CUfunction f)
+{
+    for (int p = 0; p < 2; p++)
+        if (array_index(f, g_funcs[p], 8, sizeof g_funcs[p][0]) >= 0 &&
+            ((struct CUfunc_st *)f)->params > 0)
+            return f;
+    return NULL;
+}
+
+CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex,
+                            size_t *paramOffset, size_t *paramSize)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    struct CUfunc_st *f = func_of(func);
+    CHECK(f != NULL, CUDA_ERROR_INVALID_HANDLE);
+    CHECK(paramOffset != NULL && paramSize != NULL, CUDA_ERROR_INVALID_VALUE);
+    if (paramIndex >= (size_t)f->params)
+        return CUDA_ERROR_INVALID_VALUE;
+    *paramOffset = paramIndex * 8;
+    *paramSize = 8;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuFuncGetParamInfo)
+
+CUresult cuFuncGetName(const char **name, CUfunction hfunc)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    struct CUfunc_st *f = func_of(hfunc);
+    CHECK(f != NULL, CUDA_ERROR_INVALID_HANDLE);
+    CHECK(name != NULL, CUDA_ERROR_INVALID_VALUE);
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuFuncGetName)
+
+/* The mapping that contains p, or NULL. Caller holds g_lock. */
+static const struct vmm_map *mapping_of_locked(CUdeviceptr p)
+{
+    for (size_t i = 0; i < g_vmm_nmaps; i++)
+        if (range_within(p, 1, g_vmm_maps[i].va, g_vmm_maps[i].size))
+            return &g_vmm_maps[i];
+    return NULL;
+}
+
+/* Whether p is reserved address space with nothing mapped there. */
+static bool unmapped_locked(CUdeviceptr p)
+{
+    bool reserved = false;
+    for (size_t i = 0; i < g_va_nranges; i++)
+        reserved |= range_within(p, 1, g_va_ranges[i].va, g_va_ranges[i].size);
+    return reserved && mapping_of_locked(p) == NULL;
+}
+
+static CUresult launch(CUfunction f, CUstream hStream, void **kernelParams,
+                       void **extra, bool ptsz)
+{
+    (void)hStream; (void)ptsz;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    struct CUfunc_st *fn = func_of(f);
+    CHECK(fn != NULL, CUDA_ERROR_INVALID_HANDLE);
+    CHECK(kernelParams != NULL && extra == NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < fn->params; i++) {
+        CUdeviceptr w;
+        memcpy(&w, kernelParams[i], sizeof w);
+        if (unmapped_locked(w))
+            rc = CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    atomic_fetch_add_explicit(rc == CUDA_SUCCESS ? &g_launches : &g_faults, 1,
+                              memory_order_relaxed);
+    return rc;
+}
+WITH_PTSZ(cuLaunchKernel,
+          (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+           unsigned int bx, unsigned int by, unsigned int bz,
+           unsigned int sharedMemBytes, CUstream hStream, void **kernelParams,
+           void **extra),
+          launch, ((void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz,
+                   (void)sharedMemBytes, f), hStream, kernelParams, extra)
+
+/* A copy or memset names an address: unmapped reserved space faults. */
+static CUresult touch_locked(CUdeviceptr p)
+{
+    if (unmapped_locked(p)) {
+        atomic_fetch_add_explicit(&g_faults, 1, memory_order_relaxed);
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
+                          CUstream hStream, bool ptsz)
+{
+    (void)hStream; (void)ptsz; (void)n;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = touch_locked(dst);
+    if (rc == CUDA_SUCCESS)
+        rc = touch_locked(src);
+    const struct vmm_map *d = mapping_of_locked(dst), *s = mapping_of_locked(src);
+    if (rc == CUDA_SUCCESS && d != NULL)
+        vmm_alloc_of_locked(d->handle)->tag =
+            s != NULL ? vmm_alloc_of_locked(s->handle)->tag : 0;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+WITH_PTSZ(cuMemcpyDtoDAsync_v2,
+          (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hStream),
+          copy_dtod, dst, src, n, hStream)
+
+CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = touch_locked(dstDevice);
+    const struct vmm_map *m = mapping_of_locked(dstDevice);
+    if (rc == CUDA_SUCCESS && m != NULL) {
+        if (m->va == dstDevice && N * 4 == m->size)
+            vmm_alloc_of_locked(m->handle)->tag = ui;
+        else
+            rc = CUDA_ERROR_NOT_SUPPORTED; /* only whole mappings are modelled */
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemsetD32_v2)
+
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(dstHost != NULL, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = touch_locked(srcDevice);
+    const struct vmm_map *m = mapping_of_locked(srcDevice);
+    uint32_t tag = m != NULL ? vmm_alloc_of_locked(m->handle)->tag : 0;
+    pthread_mutex_unlock(&g_lock);
+    if (rc == CUDA_SUCCESS)
+        for (size_t i = 0; i < ByteCount; i++)
+            ((unsigned char *)dstHost)[i] = (unsigned char)(tag >> (8 * (i % 4)));
+    return rc;
+}
+LOCAL(cuMemcpyDtoH_v2)
+
 /* ---- Events --------------------------------------------------------------- */
 
 /* The live event h, or NULL. Caller holds g_lock. */
@@ -4365,6 +4571,25 @@ ALIAS(cuMemsetD8Async,
       (CUdeviceptr p, unsigned char c, size_t n, CUstream s), (p, c, n, s))
 ALIAS(cuMemsetD8Async_ptsz,
       (CUdeviceptr p, unsigned char c, size_t n, CUstream s), (p, c, n, s))
+#define LAUNCH_PARAMS (CUfunction f, unsigned int gx, unsigned int gy,       \
+                       unsigned int gz, unsigned int bx, unsigned int by,     \
+                       unsigned int bz, unsigned int sh, CUstream s,          \
+                       void **kp, void **ex)
+#define LAUNCH_ARGS (f, gx, gy, gz, bx, by, bz, sh, s, kp, ex)
+ALIAS(cuLaunchKernel, LAUNCH_PARAMS, LAUNCH_ARGS)
+ALIAS(cuLaunchKernel_ptsz, LAUNCH_PARAMS, LAUNCH_ARGS)
+ALIAS(cuMemcpyDtoDAsync_v2,
+      (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st), (d, s, n, st))
+ALIAS(cuMemcpyDtoDAsync_v2_ptsz,
+      (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st), (d, s, n, st))
+ALIAS(cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))
+ALIAS(cuMemcpyDtoH_v2, (void *h, CUdeviceptr s, size_t n), (h, s, n))
+ALIAS(cuFuncGetParamInfo, (CUfunction f, size_t i, size_t *o, size_t *z),
+      (f, i, o, z))
+ALIAS(cuFuncGetName, (const char **n, CUfunction f), (n, f))
+ALIAS(cuModuleLoadData, (CUmodule *m, const void *i), (m, i))
+ALIAS(cuModuleGetFunction, (CUfunction *f, CUmodule m, const char *n),
+      (f, m, n))
 ALIAS(cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s))
 ALIAS(cuMemAllocAsync_ptsz, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s))
 ALIAS(cuMemAllocFromPoolAsync,
@@ -4564,6 +4789,16 @@ static const struct proc_entry g_procs[] = {
     { "cuMemGetInfo", { V(3020, cuMemGetInfo_v2) }, { { 0 } } },
     { "cuMemsetD8Async", { V(3020, cuMemsetD8Async) },
       { V(7000, cuMemsetD8Async_ptsz) } },
+    { "cuLaunchKernel", { V(4000, cuLaunchKernel) },
+      { V(7000, cuLaunchKernel_ptsz) } },
+    { "cuMemcpyDtoDAsync", { V(3020, cuMemcpyDtoDAsync_v2) },
+      { V(7000, cuMemcpyDtoDAsync_v2_ptsz) } },
+    { "cuMemsetD32", { V(3020, cuMemsetD32_v2) }, { { 0 } } },
+    { "cuMemcpyDtoH", { V(3020, cuMemcpyDtoH_v2) }, { { 0 } } },
+    { "cuFuncGetParamInfo", { V(12040, cuFuncGetParamInfo) }, { { 0 } } },
+    { "cuFuncGetName", { V(12030, cuFuncGetName) }, { { 0 } } },
+    { "cuModuleLoadData", { V(2000, cuModuleLoadData) }, { { 0 } } },
+    { "cuModuleGetFunction", { V(2000, cuModuleGetFunction) }, { { 0 } } },
     { "cuIpcGetMemHandle", { V(4010, cuIpcGetMemHandle) }, { { 0 } } },
     { "cuMemAllocAsync", { V(11020, cuMemAllocAsync) },
       { V(11020, cuMemAllocAsync_ptsz) } },
@@ -4840,6 +5075,8 @@ unsigned long vramcap_standin_count(const char *what)
         { "vmm_host", &g_vmm_host_creates },
         { "array", &g_array_creates },
         { "event", &g_event_records },
+        { "launch", &g_launches },
+        { "fault", &g_faults },
     };
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         if (strcmp(what, counters[i].what) == 0)

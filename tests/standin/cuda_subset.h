@@ -31,6 +31,8 @@ typedef int CUdriverProcAddressQueryResult; /* enum in cuda.h */
 typedef int CUstreamCaptureMode;       /* enum CUstreamCaptureMode_enum */
 typedef int CUstreamCaptureStatus;     /* enum CUstreamCaptureStatus_enum */
 typedef struct CUmemPoolHandle_st *CUmemoryPool; /* opaque memory pool */
+typedef struct CUmod_st *CUmodule;     /* opaque module handle */
+typedef struct CUfunc_st *CUfunction;  /* opaque function handle */
 typedef struct CUarray_st *CUarray;    /* opaque CUDA array */
 typedef struct CUmipmappedArray_st *CUmipmappedArray; /* opaque */
 typedef unsigned long long CUmemGenericAllocationHandle; /* _v1 */
@@ -190,6 +192,7 @@ enum {
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
@@ -446,6 +449,29 @@ CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                          CUstream hStream);
 CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
                               size_t N, CUstream hStream);
+
+/* Kernels and copies (the stand-in's fake module; see cuda_standin.c). */
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex,
+                            size_t *paramOffset, size_t *paramSize);
+CUresult cuFuncGetName(const char **name, CUfunction hfunc);
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX,
+                        unsigned int gridDimY, unsigned int gridDimZ,
+                        unsigned int blockDimX, unsigned int blockDimY,
+                        unsigned int blockDimZ, unsigned int sharedMemBytes,
+                        CUstream hStream, void **kernelParams, void **extra);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                             unsigned int gridDimY, unsigned int gridDimZ,
+                             unsigned int blockDimX, unsigned int blockDimY,
+                             unsigned int blockDimZ, unsigned int sharedMemBytes,
+                             CUstream hStream, void **kernelParams, void **extra);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                              size_t ByteCount, CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                   size_t ByteCount, CUstream hStream);
+CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N);
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 
 /* Pinned host memory. */
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);

@@ -191,6 +191,11 @@ counters! {
     trims: u64 = |s| load(&s.trims), json "trims";
     /// Allocations placed in host memory past the cap.
     spill_allocs: u64 = |s| load(&s.spill_allocs), json "spill_allocations", Counter "vramcap_spill_allocations_total" "Allocations placed in host memory past the cap.";
+    /// Tiered spill: blocks moved onto the GPU, and to the host.
+    promotions: u64 = |s| load(&s.promotions), json "promotions", Counter "vramcap_spill_promotions_total" "Blocks tiered spill moved from host memory onto the GPU.";
+    demotions: u64 = |s| load(&s.demotions), json "demotions", Counter "vramcap_spill_demotions_total" "Blocks tiered spill moved from the GPU to host memory.";
+    /// Tiered spill: bytes of every move, either way.
+    moved_bytes: u64 = |s| load(&s.moved_bytes), json "moved_bytes", Counter "vramcap_spill_moved_bytes_total" "Bytes tiered spill moved between the GPU and host memory, either way.";
 }
 
 #[cfg(test)]
@@ -249,6 +254,9 @@ mod tests {
             (&slot.cache_waits, 18),
             (&slot.cache_ordered, 19),
             (&slot.operator, 20),
+            (&slot.promotions, 21),
+            (&slot.demotions, 22),
+            (&slot.moved_bytes, 23),
         ];
         for (w, v) in words {
             w.store(v, Ordering::Relaxed);
@@ -279,6 +287,9 @@ mod tests {
             ("evictions", Some(10)),
             ("trims", Some(11)),
             ("spill_allocations", Some(12)),
+            ("promotions", Some(21)),
+            ("demotions", Some(22)),
+            ("moved_bytes", Some(23)),
         ];
         assert_eq!(got, want);
         assert_eq!((s.device, s.uuid), (2, [7; 16]));

@@ -160,7 +160,7 @@ fn readme_metric_table_is_what_the_exporter_serves() {
             ));
         }
     }
-    assert_eq!(want.len(), 23, "{text}");
+    assert_eq!(want.len(), 26, "{text}");
     let readme = readme();
     let rows: Vec<&str> = readme
         .lines()

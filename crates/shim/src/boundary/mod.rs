@@ -94,7 +94,7 @@ fn with_operator(mut s: Settings) -> Result<Settings, vramcap_core::settings::Se
                 ));
                 s.cuda_library = None;
             }
-            if matches!(s.spill, Spill::Managed | Spill::Tiered) {
+            if s.spill == Spill::Managed {
                 crate::log::write_line(format_args!(
                     "VRAMCAP_SPILL={} is taken as host: under the operator's cap ({OPERATOR_LIMIT_PATH}) spilled memory may not be managed memory the program could move onto the GPU",
                     s.spill.name()

@@ -251,6 +251,9 @@ mod tests {
             evictions: 11,
             trims: 12,
             spill_allocs: 13,
+            promotions: 22,
+            demotions: 23,
+            moved_bytes: 24,
             uuid: [0; 16],
         }
     }
@@ -282,6 +285,9 @@ mod tests {
         );
         assert!(!text.contains(&format!("vramcap_gpu_memory_limit_bytes{labels3}")));
         assert!(text.contains(&format!("\nvramcap_spill_allocations_total{labels3} 13\n")));
+        assert!(text.contains(&format!("\nvramcap_spill_promotions_total{labels3} 22\n")));
+        assert!(text.contains(&format!("\nvramcap_spill_demotions_total{labels3} 23\n")));
+        assert!(text.contains(&format!("\nvramcap_spill_moved_bytes_total{labels3} 24\n")));
         assert!(text.contains("\n# TYPE vramcap_frees_total counter\n"));
         assert!(text.contains("\n# TYPE vramcap_group_members gauge\n"));
         assert!(text.ends_with("\nvramcap_pages_skipped 2\n"), "{text}");
@@ -300,6 +306,6 @@ mod tests {
                 seen.push(name);
             }
         }
-        assert_eq!(seen.len(), 23);
+        assert_eq!(seen.len(), 26);
     }
 }

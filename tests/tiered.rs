@@ -1,0 +1,163 @@
+//! Tiered spill (`VRAMCAP_SPILL=tiered`) against the stand-in driver, in
+//! fresh processes: blocks within the cap are device memory and past it
+//! host memory; kernel launches that name a host block get it promoted
+//! (after a colder block makes room) with its address and contents kept;
+//! the device never holds more than the cap; no launch or copy ever meets
+//! an unmapped address; and without tiered spill the launch hooks are not
+//! handed out at all.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::*;
+
+fn tiered(cap: &'static str) -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("VRAMCAP_LIMIT", cap),
+        ("VRAMCAP_SPILL", "tiered"),
+        ("VRAMCAP_SPILL_LIMIT", "1GiB"),
+        ("VRAMCAP_CACHE", "off"),
+    ]
+}
+
+fn stat_device0(dir: &Path, pid: u32) -> Value {
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", dir)
+        .args(["stat", "--json", "--pid", &pid.to_string()]);
+    let j: Value = serde_json::from_str(&run(cmd).ok_lines().join("")).unwrap();
+    j["processes"][0]["devices"][0].clone()
+}
+
+/// A hot host block is promoted: the cold device block that makes room goes
+/// to the host, the hot one comes to the device, the stand-in's device
+/// never holds more than the 64 MiB cap, and the hot block's contents (the
+/// stand-in's tag, written before the move and read after it) survive.
+#[test]
+fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
+    let dir = fresh_dir("tiered-promote");
+    let mut h = held_in(
+        &artefacts().client,
+        &dir,
+        &tiered("64MiB"),
+        &[
+            "init", "alloc", "32M", "alloc", "16M", "alloc", "32M", "memset32", "2", "32M",
+            "77", "memset32", "0", "32M", "5", "kernel", "touch2", "kernel-launch", "3000",
+            "#2", "#2", "wait", "read32", "2", "read32", "0", "kernel-launch", "1", "#0",
+            "#2", "kcounts", "standin", "free", "0", "free", "1", "free", "2", "standin",
+        ],
+    );
+    let start = Instant::now();
+    let d = loop {
+        let d = stat_device0(&dir, h.pid());
+        if d["promotions"] == 1 {
+            break d;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no promotion within 30 s: {d}"
+        );
+        std::thread::yield_now();
+    };
+    // #0 (32 MiB, never launched) was the block to make room for #2.
+    assert_eq!(d["demotions"], 1, "{d}");
+    assert_eq!(d["moved_bytes"], 64 * MIB, "{d}");
+    assert_eq!(d["used_bytes"], 48 * MIB, "{d}");
+    assert_eq!(d["spilled_bytes"], 32 * MIB, "{d}");
+    h.resume();
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+    let tail: Vec<&str> = lines.iter().map(String::as_str).skip_while(|l| *l != "resumed").collect();
+    assert_eq!(
+        tail,
+        [
+            "resumed",
+            "read32 #2 -> 0 value=77",
+            "read32 #0 -> 0 value=5",
+            "kernel-launch 1 -> 0",
+            "kcounts launch=3001 fault=0",
+            // The peak: 48 MiB, never the 80 MiB a move that made the new
+            // memory before giving back the old would have needed.
+            &format!("standin dev=0 used={} peak={}", 48 * MIB, 48 * MIB),
+            "standin dev=1 used=0 peak=0",
+            "free #0 -> 0",
+            "free #1 -> 0",
+            "free #2 -> 0",
+            &format!("standin dev=0 used=0 peak={}", 48 * MIB),
+            "standin dev=1 used=0 peak=0",
+        ]
+    );
+}
+
+/// Past the cap a tiered block is host memory; the spill limit bounds it;
+/// allocations under the granularity take the ordinary path.
+#[test]
+fn past_the_cap_blocks_are_host_memory_within_the_spill_limit() {
+    let mut env = tiered("64MiB");
+    env[2] = ("VRAMCAP_SPILL_LIMIT", "32MiB");
+    client(
+        "procaddr",
+        &env,
+        &[
+            "init", "alloc", "3M", "alloc", "60M", "alloc", "32M", "alloc", "2M", "alloc",
+            "1M", "standin", "info",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        // 3 MiB is mapped and charged as 4 MiB (the 2 MiB granularity).
+        &format!("alloc {} -> 0 #0", 3 * MIB),
+        &format!("alloc {} -> 0 #1", 60 * MIB),
+        &format!("alloc {} -> 0 #2", 32 * MIB),
+        &format!("alloc {} -> 2", 2 * MIB),
+        // 1 MiB: the ordinary path, whose spill the full spill limit refuses too.
+        &format!("alloc {} -> 2", MIB),
+        &format!("standin dev=0 used={} peak={}", 64 * MIB, 64 * MIB),
+        "standin dev=1 used=0 peak=0",
+        &format!("info -> 0 free=0 total={}", 64 * MIB),
+    ]);
+}
+
+/// Without tiered spill the resolver hands out the driver's own launch,
+/// copy and memset functions; with it, the shim's.
+#[test]
+#[rustfmt::skip]
+fn the_launch_hooks_are_handed_out_only_under_tiered_spill() {
+    let args = [
+        "resolve", "cuLaunchKernel", "4000", "1",
+        "resolve", "cuMemcpyDtoDAsync", "3020", "1",
+        "resolve", "cuMemsetD8Async", "3020", "1",
+        "resolve", "cuMemAlloc", "3020", "0",
+    ];
+    client("procaddr", &[("VRAMCAP_LIMIT", "1GiB")], &args).expect_lines(&[
+        "resolve cuLaunchKernel 4000 1 -> 0 status=0 lib=libcuda.so.1",
+        "resolve cuMemcpyDtoDAsync 3020 1 -> 0 status=0 lib=libcuda.so.1",
+        "resolve cuMemsetD8Async 3020 1 -> 0 status=0 lib=libcuda.so.1",
+        "resolve cuMemAlloc 3020 0 -> 0 status=0 lib=libvramcap.so",
+    ]);
+    client("procaddr", &tiered("1GiB"), &args).expect_lines(&[
+        "resolve cuLaunchKernel 4000 1 -> 0 status=0 lib=libvramcap.so",
+        "resolve cuMemcpyDtoDAsync 3020 1 -> 0 status=0 lib=libvramcap.so",
+        "resolve cuMemsetD8Async 3020 1 -> 0 status=0 lib=libvramcap.so",
+        "resolve cuMemAlloc 3020 0 -> 0 status=0 lib=libvramcap.so",
+    ]);
+}
+
+/// A program linked against the driver calls the shim's exported launch
+/// function whatever the mode; without tiered spill it is the driver's.
+#[test]
+fn a_linked_launch_without_tiered_spill_is_the_drivers() {
+    client(
+        "linked",
+        &[("VRAMCAP_LIMIT", "1GiB")],
+        &["init", "alloc", "4M", "kernel", "touch1", "kernel-launch", "5", "#0", "kcounts"],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        &format!("alloc {} -> 0 #0", 4 * MIB),
+        "kernel touch1 -> 0",
+        "kernel-launch 5 -> 0",
+        "kcounts launch=5 fault=0",
+    ]);
+}
