@@ -42,10 +42,45 @@ fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
         &dir,
         &tiered("64MiB"),
         &[
-            "init", "alloc", "32M", "alloc", "16M", "alloc", "32M", "memset32", "2", "32M",
-            "77", "memset32", "0", "32M", "5", "kernel", "touch2", "kernel-launch", "3000",
-            "#2", "#2", "wait", "read32", "2", "read32", "0", "kernel-launch", "1", "#0",
-            "#2", "kcounts", "standin", "free", "0", "free", "1", "free", "2", "standin",
+            "init",
+            "alloc",
+            "32M",
+            "alloc",
+            "16M",
+            "alloc",
+            "32M",
+            "memset32",
+            "2",
+            "32M",
+            "77",
+            "memset32",
+            "0",
+            "32M",
+            "5",
+            "kernel",
+            "touch2",
+            "kernel-launch",
+            "3000",
+            "#2",
+            "#2",
+            "wait",
+            "read32",
+            "2",
+            "read32",
+            "0",
+            "kernel-launch",
+            "1",
+            "#0",
+            "#2",
+            "kcounts",
+            "standin",
+            "free",
+            "0",
+            "free",
+            "1",
+            "free",
+            "2",
+            "standin",
         ],
     );
     let start = Instant::now();
@@ -68,7 +103,11 @@ fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
     h.resume();
     let (lines, out) = h.finish();
     assert!(out.status.success(), "{lines:?}");
-    let tail: Vec<&str> = lines.iter().map(String::as_str).skip_while(|l| *l != "resumed").collect();
+    let tail: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .skip_while(|l| *l != "resumed")
+        .collect();
     assert_eq!(
         tail,
         [
@@ -100,8 +139,8 @@ fn past_the_cap_blocks_are_host_memory_within_the_spill_limit() {
         "procaddr",
         &env,
         &[
-            "init", "alloc", "3M", "alloc", "60M", "alloc", "32M", "alloc", "2M", "alloc",
-            "1M", "standin", "info",
+            "init", "alloc", "3M", "alloc", "60M", "alloc", "32M", "alloc", "2M", "alloc", "1M",
+            "standin", "info",
         ],
     )
     .expect_lines(&[
@@ -151,7 +190,17 @@ fn a_linked_launch_without_tiered_spill_is_the_drivers() {
     client(
         "linked",
         &[("VRAMCAP_LIMIT", "1GiB")],
-        &["init", "alloc", "4M", "kernel", "touch1", "kernel-launch", "5", "#0", "kcounts"],
+        &[
+            "init",
+            "alloc",
+            "4M",
+            "kernel",
+            "touch1",
+            "kernel-launch",
+            "5",
+            "#0",
+            "kcounts",
+        ],
     )
     .expect_lines(&[
         "init -> 0",

@@ -14,12 +14,14 @@
 //! - `base` (+ `accounting`, `held`): what every part stands on, the
 //!   budgets, and what a process holds beyond its allocations (pools,
 //!   graph memory, the context).
-//! - `cache`, `spill`: the freed-block cache and spill to host memory.
+//! - `cache`, `spill`, `tier`: the freed-block cache, spill to host memory
+//!   and tiered spill's blocks, heat, plan and gate.
 //! - `state`: the [`Engine`], which owns all of the above.
 //! - the handlers, by family: `alloc` (plain, pitched and managed memory,
 //!   frees, memory queries), `pools` (stream-ordered), `vmm`, `arrays`,
 //!   `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps changed
-//!   while the program runs).
+//!   while the program runs), `placement` (tiered spill's allocation,
+//!   frees, rounds and launch, copy and memset hooks).
 //!
 //! # Concurrency
 //! - Budgets, counters, the capture count and every lazily made pointer are
@@ -29,7 +31,9 @@
 //!   pools and the graph-reserve mutex (`ledger`, `held`), and `OnceLock`s
 //!   of values made once. Each is held for a map or list operation only,
 //!   never across `dlopen` or `dlsym`, and never two at once: there is no
-//!   lock order. Only the book of pools and the graph-reserve mutex are
+//!   lock order, except under tiered spill (`tier`: the cache's ordering
+//!   lock, then its gate, which a round holds across the driver calls of
+//!   a move). Only the book of pools and the graph-reserve mutex are
 //!   held across driver calls, the attribute reads whose figures they
 //!   apply, which call nothing the shim hooks and never wait on the GPU. The page
 //!   and the group membership are made by one thread while others yield
