@@ -139,6 +139,37 @@ hooks! {
         fn cuMemsetD32_v2(dst: CUdeviceptr, value: c_uint, n: usize) -> CUresult, Lookup::cuda("cuMemsetD32", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
         fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: c_uint, n: usize) -> CUresult, Lookup::cuda("cuMemsetD32", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
 
+        fn cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D8", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
+        fn cuMemsetD2D8_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D8", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
+        fn cuMemsetD2D16_v2(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D16", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
+        fn cuMemsetD2D16_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D16", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
+        fn cuMemsetD2D32_v2(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D32", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
+        fn cuMemsetD2D32_v2_ptds(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D32", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
+        fn cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D8Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated6;
+        fn cuMemsetD2D8Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D8Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated6;
+        fn cuMemsetD2D16Async(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D16Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated6;
+        fn cuMemsetD2D16Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D16Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated6;
+        fn cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D32Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated6;
+        fn cuMemsetD2D32Async_ptsz(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D32Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated6;
+        fn cuMemcpy2DUnaligned_v2(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2DUnaligned", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated1;
+        fn cuMemcpy2DUnaligned_v2_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2DUnaligned", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated1;
+        fn cuMemcpy3DPeer(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3DPeer", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated1;
+        fn cuMemcpy3DPeer_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3DPeer", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated1;
+        fn cuMemcpy3DPeerAsync(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DPeerAsync", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated2;
+        fn cuMemcpy3DPeerAsync_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DPeerAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated2;
+        fn cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue32", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuStreamWriteValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue32", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue64", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuStreamWriteValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue64", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue32", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuStreamWaitValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue32", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue64", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuStreamWaitValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue64", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuStreamBatchMemOp_v2(stream: CUstream, count: c_uint, params: *mut c_void, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamBatchMemOp", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuStreamBatchMemOp_v2_ptsz(stream: CUstream, count: c_uint, params: *mut c_void, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamBatchMemOp", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuModuleUnload(module: *mut c_void) -> CUresult, Lookup::cuda("cuModuleUnload", 2000), on panic NOT_FOUND => Engine::code_unloaded;
+        fn cuLibraryUnload(library: *mut c_void) -> CUresult, Lookup::cuda("cuLibraryUnload", 12000), on panic NOT_FOUND => Engine::code_unloaded;
+
         fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult, Lookup::cuda("cuMemCreate", 10020), on panic OOM => Engine::mem_create;
         fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemRelease", 10020), on panic NOT_FOUND => Engine::mem_release;
         fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult, Lookup::cuda("cuMemRetainAllocationHandle", 11000), on panic NOT_FOUND => Engine::mem_retain_allocation_handle;

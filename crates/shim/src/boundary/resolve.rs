@@ -156,7 +156,18 @@ fn handed_out(h: &Hook) -> bool {
 
 /// The hooks only tiered spill needs.
 pub fn tiered_only(name: &[u8]) -> bool {
-    name.starts_with(b"cuLaunch") || name.starts_with(b"cuMemcpy") || name.starts_with(b"cuMemset")
+    [
+        &b"cuLaunch"[..],
+        b"cuMemcpy",
+        b"cuMemset",
+        b"cuStreamWriteValue",
+        b"cuStreamWaitValue",
+        b"cuStreamBatchMemOp",
+        b"cuModuleUnload",
+        b"cuLibraryUnload",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
 }
 
 /// Whether any cap was asked for (a limit, NVIDIA's variable, the

@@ -33,7 +33,7 @@ impl<D: Driver> Engine<D> {
         });
         for (p, r) in &gone {
             if r.kind == Kind::Tiered {
-                self.tier_forget(*p, r);
+                self.tier_release(*p, r);
             } else if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, r);
             } else if let Some(s) = self.slot(CUdevice::from(r.device)) {

@@ -14,7 +14,7 @@ use super::driver::Driver;
 use super::records::{Kind, Record};
 use super::state::Engine;
 use super::tier::{
-    HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, Plan, STOP_WAIT, TierBlock, location, plan,
+    HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, Plan, STOP_WAIT, SYNC_WAIT, TierBlock, location, plan,
 };
 use crate::log::{log_at, log_once};
 
@@ -68,7 +68,25 @@ impl<D: Driver> Engine<D> {
         let size = bytes.checked_next_multiple_of(g)?;
         let dev16 = device as u16;
         let _inflight = self.inflight.enter();
-        let reserved = self.try_reserve_evicting(device, size);
+        // Above the soft limit new blocks start on the host, as a round
+        // would put them there (the round's target is the soft limit).
+        let soft = self.slot(device).map_or(0, |s| {
+            let soft = s.soft.load(Ordering::Relaxed);
+            if soft > 0 && s.budget.used().saturating_add(size) > soft {
+                soft
+            } else {
+                0
+            }
+        });
+        let reserved = if soft > 0 && self.spill.room(&self.base) >= size {
+            Err(Some(super::accounting::Refusal {
+                used: self.slot(device).map_or(0, |s| s.budget.used()),
+                limit: soft,
+                group: false,
+            }))
+        } else {
+            self.try_reserve_evicting(device, size)
+        };
         let on_device = reserved.is_ok();
         if let Err(why) = &reserved {
             if why.is_none() {
@@ -125,7 +143,8 @@ impl<D: Driver> Engine<D> {
                 );
             }
         }
-        self.tiers.add(ptr, size, dev16, ctx, handle, on_device);
+        // The record first: a stale one at this address (released behind
+        // the engine's back) is settled before the new block is tracked.
         self.insert(
             ptr,
             Record {
@@ -136,6 +155,7 @@ impl<D: Driver> Engine<D> {
                 kind: Kind::Tiered,
             },
         );
+        self.tiers.add(ptr, size, dev16, ctx, handle, on_device);
         log_at!(
             Debug,
             "{what}: {bytes} bytes at {ptr:#x}, tiered ({size} mapped), on the {}",
@@ -157,34 +177,95 @@ impl<D: Driver> Engine<D> {
         }
     }
 
-    /// A tiered block whose memory went with its context: settled at once
-    /// (the driver released the mappings and physical memory with it).
+    /// A tiered record found stale (its address handed out again): only
+    /// its bytes are settled; its driver objects are not touched, since
+    /// the address is someone else's now.
     pub(super) fn tier_forget(&self, ptr: u64, r: &Record) {
         let on_device = self.tiers.detach(ptr).is_none_or(|b| b.on_device());
         self.tier_settle(r, on_device);
     }
 
-    /// Frees a tiered block: unmaps it, releases its memory and its
-    /// address. The program's `cuMemFree_v2` of a tiered address comes
-    /// here instead of the driver, which would refuse a mapped range.
-    pub(super) fn tier_free(&self, ptr: u64, r: &Record) -> CUresult {
+    /// A tiered block of a context that went away: VMM memory outlives its
+    /// context, so the mapping, the memory and the address are released
+    /// here (no work of the context can be running), then the bytes.
+    pub(super) fn tier_release(&self, ptr: u64, r: &Record) {
+        match self.tiers.detach(ptr) {
+            Some(b) => {
+                self.release_vmm(&b);
+                self.tier_settle(r, b.on_device());
+            }
+            None => self.tier_settle(r, true),
+        }
+    }
+
+    /// Unmaps a detached block and releases its memory and address.
+    fn release_vmm(&self, b: &TierBlock) -> CUresult {
+        let rc = self.driver.vmm_unmap(b.ptr, b.bytes);
+        if rc == CUDA_SUCCESS {
+            let _ = self.driver.vmm_release(b.handle());
+            let _ = self.driver.vmm_free_address(b.ptr, b.bytes);
+        }
+        rc
+    }
+
+    /// Frees a tiered block: as the driver's `cuMemFree` does, it first
+    /// waits for the block's context to finish its work (unmapping memory
+    /// a kernel still uses makes the kernel fault, and the context with
+    /// it), then unmaps it and releases its memory and address. The
+    /// program's `cuMemFree_v2` of a tiered address comes here instead of
+    /// the driver, which would refuse a mapped range. During a capture,
+    /// when a synchronisation would break it, the free is left to the next
+    /// round (which runs only outside captures).
+    pub(super) fn tier_free(&'static self, ptr: u64, r: &Record) -> CUresult {
         let Some(b) = self.tiers.detach(ptr) else {
             self.tier_settle(r, true);
             return CUDA_SUCCESS;
         };
-        let rc = self.driver.vmm_unmap(ptr, b.bytes);
+        if self.capture_in_progress() {
+            self.tiers.defer_free(b, *r);
+            self.start_worker();
+            return CUDA_SUCCESS;
+        }
+        let _ = self.sync_ctx(b.ctx);
+        let rc = self.release_vmm(&b);
         if rc != CUDA_SUCCESS {
             self.tiers.reattach(b);
             return rc;
         }
-        let _ = self.driver.vmm_release(b.handle.load(Ordering::SeqCst));
-        let _ = self.driver.vmm_free_address(ptr, b.bytes);
         self.tier_settle(r, b.on_device());
         CUDA_SUCCESS
     }
 
+    /// `cuCtxSynchronize` of `ctx` (pushed for the call when it is not current).
+    fn sync_ctx(&self, ctx: usize) -> CUresult {
+        if self.driver.ctx_get_current() == Ok(ctx) {
+            return self.driver.ctx_synchronize();
+        }
+        let rc = self.driver.ctx_push_current(ctx);
+        if rc != CUDA_SUCCESS {
+            return rc;
+        }
+        let out = self.driver.ctx_synchronize();
+        let _ = self.driver.ctx_pop_current();
+        out
+    }
+
+    /// The frees left to a round (made during a capture): done now.
+    fn deferred_frees(&self) {
+        for (b, r) in self.tiers.take_deferred() {
+            let _ = self.sync_ctx(b.ctx);
+            if self.release_vmm(&b) != CUDA_SUCCESS {
+                log_once!(
+                    Warn,
+                    "tiered spill: a free left for after a capture failed; its bytes are given back anyway"
+                );
+            }
+            self.tier_settle(&r, b.on_device());
+        }
+    }
+
     /// One placement round of the background thread (module docs).
-    pub(super) fn tier_round(&self) {
+    pub(super) fn tier_round(&'static self) {
         if !self.tiers.on() {
             return;
         }
@@ -192,6 +273,10 @@ impl<D: Driver> Engine<D> {
         // Captures the hooks saw; one begun unseen shows on the legacy
         // stream of its context, which `move_staged` asks with it current.
         if self.capturing() {
+            return;
+        }
+        self.deferred_frees();
+        if self.tiers.stalled(self.tiers.round.load(Ordering::Relaxed)) {
             return;
         }
         let blocks = self.tiers.snapshot();
@@ -317,7 +402,7 @@ impl<D: Driver> Engine<D> {
 
     /// Carries out one device's plan (module docs): the demotions, then
     /// the promotions, which often need the room the demotions make.
-    fn apply(&self, slot: &DeviceSlot, device: CUdevice, limit: u64, round: u64, p: Plan) {
+    fn apply(&'static self, slot: &DeviceSlot, device: CUdevice, limit: u64, round: u64, p: Plan) {
         let mut staged = Vec::new();
         for b in p.demote {
             if let Ok(m) = self.stage(slot, device, limit, b, true) {
@@ -347,7 +432,7 @@ impl<D: Driver> Engine<D> {
     /// Stops the world, copies and remaps the staged moves, opens the gate
     /// and settles them: how many moved.
     fn move_staged(
-        &self,
+        &'static self,
         slot: &DeviceSlot,
         device: CUdevice,
         round: u64,
@@ -369,7 +454,10 @@ impl<D: Driver> Engine<D> {
         // Nothing the program issued may still touch a block; and no
         // capture the hooks did not see may be running (a synchronisation
         // would break it).
+        // Every context that owns tiered blocks: another one's work may
+        // reach a moving block too.
         let mut ctxs: Vec<usize> = staged.iter().map(|m| m.block.ctx).collect();
+        ctxs.extend(self.tiers.contexts());
         ctxs.sort_unstable();
         ctxs.dedup();
         let mut quiet = true;
@@ -378,10 +466,13 @@ impl<D: Driver> Engine<D> {
                 quiet = false;
                 continue;
             }
-            if self.capture_in_progress() || self.driver.ctx_synchronize() != CUDA_SUCCESS {
+            if self.capture_in_progress() {
                 quiet = false;
             }
             let _ = self.driver.ctx_pop_current();
+        }
+        if quiet && !self.quiesce(&ctxs, round) {
+            quiet = false;
         }
         if !quiet {
             drop(gate);
@@ -442,6 +533,52 @@ impl<D: Driver> Engine<D> {
             b.unclaim();
         }
         moved
+    }
+
+    /// Waits, with the gate closed, for the contexts' work to finish, for
+    /// at most [`SYNC_WAIT`]: work that waits on something the program
+    /// would do after its next launch (a kernel waiting on another GPU's,
+    /// a stream waiting on a value the host writes) never finishes while
+    /// the program is held. The synchronisation runs on a thread of its
+    /// own; past the wait the round gives up (that thread finishes when
+    /// the GPU does), and moves pause for a minute, for good after three.
+    fn quiesce(&'static self, ctxs: &[usize], round: u64) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let driver = &self.driver;
+        let list = ctxs.to_vec();
+        let spawned = std::thread::Builder::new()
+            .name("vramcap-quiesce".into())
+            .spawn(move || {
+                let mut ok = true;
+                for c in list {
+                    if driver.ctx_push_current(c) != CUDA_SUCCESS {
+                        ok = false;
+                        continue;
+                    }
+                    ok &= driver.ctx_synchronize() == CUDA_SUCCESS;
+                    let _ = driver.ctx_pop_current();
+                }
+                let _ = tx.send(ok);
+            });
+        if spawned.is_err() {
+            return false;
+        }
+        match rx.recv_timeout(SYNC_WAIT) {
+            Ok(ok) => ok,
+            Err(_) => {
+                let n = self.tiers.stall(round);
+                log_at!(
+                    Warn,
+                    "tiered spill: the GPU did not finish its work within {SYNC_WAIT:?} while the program was held for a move (work waiting on the program?); {}",
+                    if n >= 3 {
+                        "blocks no longer move"
+                    } else {
+                        "moves pause for a minute"
+                    }
+                );
+                false
+            }
+        }
     }
 
     /// Counts uses for tiered spill, then makes the launch through the gate.
@@ -528,6 +665,20 @@ impl<D: Driver> Engine<D> {
     ) -> CUresult {
         // SAFETY: the driver function's contract.
         unsafe { self.launched(f, params, std::ptr::null_mut(), real) }
+    }
+
+    /// `cuModuleUnload`, `cuLibraryUnload`: the functions' handles may come
+    /// back for other functions, so every parameter layout is asked again.
+    pub fn code_unloaded(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        _handle: *mut c_void,
+    ) -> CUresult {
+        let rc = real();
+        if self.tiers.on() {
+            self.tiers.forget_layouts();
+        }
+        rc
     }
 
     /// A copy or memset: passes the gate under tiered spill.

@@ -114,7 +114,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// One round of the background thread.
-    fn background_round(&self) {
+    fn background_round(&'static self) {
         if self.capturing() {
             // Frees from this thread could invalidate the capture: wait.
             return;

@@ -34,13 +34,22 @@
 //!   rounds, and a round moves at most [`ROUND_BYTES`].
 //! - **Moves.** A move makes the new physical memory (a promotion reserves
 //!   its bytes under the cap first) and maps it at a scratch address. Then
-//!   the world stops: the gate that every launch, copy and memset hook
-//!   passes is closed, and the moving blocks' contexts are synchronised, so
+//!   the world stops: the gate that every launch, copy, memset and stream
+//!   memory operation hook passes is closed, and every context that owns
+//!   tiered blocks is synchronised (on a thread of its own, for at most
+//!   [`SYNC_WAIT`]: work waiting on something the held program would do
+//!   never finishes, and then the round gives up and moves pause), so
 //!   nothing the program issued can be touching the block. The data is
 //!   copied, the block's address is unmapped and mapped to the new memory,
 //!   and the old memory is released (a demotion's bytes leave the
 //!   reservation only then). The gate opens again. Copies and memsets are
 //!   hooked only for this gate.
+//! - **Frees.** `cuMemFree` of a tiered block synchronises its context
+//!   first, as the driver's does (unmapping memory a kernel still uses
+//!   faults the kernel); during a capture it is left to the next round. A
+//!   context that goes away does not take VMM memory with it: its blocks
+//!   are unmapped and released then. Parameter layouts are forgotten when
+//!   a module or library is unloaded (its handles come back).
 //! - The launch, copy and memset hooks are handed out by `cuGetProcAddress`
 //!   and `dlsym` only in this mode (`boundary/resolve.rs`); otherwise the
 //!   program gets the driver's own functions and pays nothing.
@@ -98,6 +107,13 @@ pub const ROUND_BYTES: u64 = 1 << 30;
 const SCAN_BYTES: usize = 8192;
 /// How long a round waits for the gate before it gives up.
 pub const STOP_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long a round waits, with the gate closed, for the GPU to finish the
+/// program's work before it gives up.
+pub const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Rounds moves pause for after a round gave up waiting for the GPU.
+const STALL_ROUNDS: u64 = 600;
+/// The most parameter layouts kept (then they are forgotten and asked again).
+const MAX_LAYOUTS: usize = 1 << 16;
 
 const CU_STREAM_NON_BLOCKING: c_uint = 1;
 /// `extra` keys of `cuLaunchKernel`.
@@ -209,6 +225,11 @@ pub struct Tiers {
     pub(super) round: AtomicU64,
     /// `launches` when scores were last decayed.
     pub(super) scored: AtomicU64,
+    /// Frees made during a capture, left to the next round.
+    deferred: Mutex<Vec<(Arc<TierBlock>, super::records::Record)>>,
+    /// Rounds that gave up waiting for the GPU, and the round moves resume.
+    stalls: AtomicU64,
+    resume: AtomicU64,
     /// Launches decoded, and words in them that named a tiered block.
     pub launches: AtomicU64,
     pub hits: AtomicU64,
@@ -240,6 +261,9 @@ impl Tiers {
             granularity: [const { AtomicU64::new(0) }; vramcap_core::MAX_DEVICES],
             round: AtomicU64::new(0),
             scored: AtomicU64::new(0),
+            deferred: Mutex::new(Vec::new()),
+            stalls: AtomicU64::new(0),
+            resume: AtomicU64::new(0),
             launches: AtomicU64::new(0),
             hits: AtomicU64::new(0),
         }
@@ -297,6 +321,14 @@ impl Tiers {
             .map(|b| b.heat.load(Ordering::Relaxed))
     }
 
+    /// Whether `addr` lies in a tiered block.
+    pub fn contains(&self, addr: u64) -> bool {
+        read!(self.blocks)
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(_, b)| addr < b.ptr.saturating_add(b.bytes))
+    }
+
     /// Puts a detached block back (its free failed).
     pub fn reattach(&self, b: Arc<TierBlock>) {
         b.freed.store(false, Ordering::SeqCst);
@@ -329,7 +361,11 @@ impl Tiers {
                 "tiered spill: the driver gives no parameter layout for some kernels (cuFuncGetParamInfo); their launches do not count as uses"
             );
         }
-        write!(self.layouts).insert(func, l.clone());
+        let mut layouts = write!(self.layouts);
+        if layouts.len() >= MAX_LAYOUTS {
+            layouts.clear();
+        }
+        layouts.insert(func, l.clone());
         l
     }
 
@@ -481,6 +517,52 @@ impl Tiers {
         read!(self.blocks).values().cloned().collect()
     }
 
+    /// Leaves a detached block's free to the next round.
+    pub(super) fn defer_free(&self, b: Arc<TierBlock>, r: super::records::Record) {
+        self.deferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((b, r));
+    }
+
+    /// The frees left to this round.
+    pub(super) fn take_deferred(&self) -> Vec<(Arc<TierBlock>, super::records::Record)> {
+        std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// A round gave up waiting for the GPU: how many have.
+    pub(super) fn stall(&self, round: u64) -> u64 {
+        let n = self.stalls.fetch_add(1, Ordering::Relaxed) + 1;
+        let until = if n >= 3 {
+            u64::MAX
+        } else {
+            round + STALL_ROUNDS
+        };
+        self.resume.store(until, Ordering::Relaxed);
+        n
+    }
+
+    /// Whether moves pause in this round.
+    pub(super) fn stalled(&self, round: u64) -> bool {
+        round < self.resume.load(Ordering::Relaxed)
+    }
+
+    /// The contexts that own tiered blocks (those with a mover stream).
+    pub(super) fn contexts(&self) -> Vec<usize> {
+        self.movers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(c, _)| *c)
+            .collect()
+    }
+
+    /// Modules or libraries were unloaded: their functions' handles may
+    /// come back for other functions, so every layout is asked again.
+    pub fn forget_layouts(&self) {
+        write!(self.layouts).clear();
+    }
+
     /// Passes the gate: held for a gated driver call.
     pub fn enter(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
         self.on.then(|| read!(self.gate))
@@ -594,9 +676,11 @@ pub(super) fn plan(
         return out;
     }
     room = room.max(0);
+    let full = i128::from(ROUND_BYTES);
     for h in host {
         let bytes = i128::from(h.bytes);
-        if bytes > budget {
+        // A block larger than a round's budget moves alone in a round.
+        if bytes > budget && budget < full {
             continue;
         }
         if bytes <= room {
@@ -623,7 +707,7 @@ pub(super) fn plan(
             taken.push(d.clone());
         }
         let moved: i128 = gain + bytes;
-        if room + gain < bytes || moved > budget || gain - bytes > host_room {
+        if room + gain < bytes || (moved > budget && budget < full) || gain - bytes > host_room {
             continue;
         }
         next = j;
@@ -756,6 +840,16 @@ mod tests {
         let b = [block(1, 100 * M, true, 1.0, 0)];
         let p = plan(&b, 1, 0, 0, 100);
         assert!(p.demote.is_empty());
+    }
+
+    #[test]
+    fn a_block_larger_than_a_rounds_budget_moves_alone() {
+        let b = [
+            block(1, 3 * ROUND_BYTES, false, 1000.0, 0),
+            block(2, 512 * M, false, 50.0, 0),
+        ];
+        let p = plan(&b, 0, i128::from(8 * ROUND_BYTES), u64::MAX, 100);
+        assert_eq!(ptrs(&p.promote), vec![1]);
     }
 
     #[test]

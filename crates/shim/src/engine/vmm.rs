@@ -183,8 +183,14 @@ impl<D: Driver> Engine<D> {
         &'static self,
         mut real: impl FnMut() -> CUresult,
         handle: *mut CUmemGenericAllocationHandle,
-        _addr: *mut c_void,
+        addr: *mut c_void,
     ) -> CUresult {
+        if self.tiers.on() && self.tiers.contains(addr as u64) {
+            // A tiered block is plain device memory to the program, which
+            // the driver would refuse here; its memory also changes when
+            // it moves, which a handle held elsewhere would not follow.
+            return CUDA_ERROR_INVALID_VALUE;
+        }
         let rc = real();
         if rc == CUDA_SUCCESS && !handle.is_null() {
             // SAFETY: written by the driver on success.

@@ -216,3 +216,78 @@ fn without_tiered_spill_launches_are_not_decoded() {
     assert_eq!(launch(e, &[a]), CUDA_SUCCESS);
     assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn a_free_waits_for_the_gpu_as_the_drivers_does() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 8 * MIB).unwrap();
+    let before = e.driver.syncs.load(Ordering::SeqCst);
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), before + 1);
+    assert!(e.driver.maps.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_free_during_a_capture_is_left_to_the_next_round() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 8 * MIB).unwrap();
+    e.captures.fetch_add(1, Ordering::SeqCst);
+    let before = e.driver.syncs.load(Ordering::SeqCst);
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    // No synchronisation, nothing released yet; the bytes still count.
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), before);
+    assert_eq!((e.driver.maps.lock().unwrap().len(), used(e)), (1, 8 * MIB));
+    rounds(e, 1);
+    assert_eq!(
+        e.driver.maps.lock().unwrap().len(),
+        1,
+        "not during the capture"
+    );
+    e.captures.fetch_sub(1, Ordering::SeqCst);
+    rounds(e, 1);
+    assert_eq!((e.driver.maps.lock().unwrap().len(), used(e)), (0, 0));
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_context_that_goes_away_takes_its_blocks_memory_with_it() {
+    let e = tiered("64MiB");
+    let _a = alloc(e, 32 * MIB).unwrap();
+    let _b = alloc(e, 48 * MIB).unwrap(); // on the host
+    assert_eq!(
+        e.ctx_destroy(|| CUDA_SUCCESS, CTX as CUcontext),
+        CUDA_SUCCESS
+    );
+    // VMM memory outlives its context: the shim released it.
+    assert!(e.driver.maps.lock().unwrap().is_empty());
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
+    assert_eq!((used(e), spilled(e)), (0, 0));
+}
+
+#[test]
+fn above_the_soft_limit_new_blocks_start_on_the_host() {
+    let e = engine(&[
+        ("VRAMCAP_LIMIT", "64MiB"),
+        ("VRAMCAP_SOFT_LIMIT", "32MiB"),
+        TIERED,
+        ("VRAMCAP_CACHE", "off"),
+    ]);
+    let _a = alloc(e, 24 * MIB).unwrap();
+    let _b = alloc(e, 16 * MIB).unwrap();
+    assert_eq!((used(e), spilled(e)), (24 * MIB, 16 * MIB));
+    // A round finds nothing to correct.
+    rounds(e, MIN_ROUNDS as usize + 1);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a_tiered_address_gives_no_allocation_handle() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 8 * MIB).unwrap();
+    let mut h: CUmemGenericAllocationHandle = 0;
+    // SAFETY: a writable handle; the address is passed as a value.
+    let rc = unsafe {
+        e.mem_retain_allocation_handle(|| CUDA_SUCCESS, &mut h, (a + 4096) as *mut c_void)
+    };
+    assert_eq!(rc, CUDA_ERROR_INVALID_VALUE);
+}
