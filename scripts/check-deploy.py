@@ -43,7 +43,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, "target", "k8s-venv")
 VALIDATOR = "kubernetes-validate==1.37.0"
 K8S_VERSIONS = ["1.29.0", "1.37.0"]
-MANIFESTS = ["deploy/daemonset.yaml", "deploy/pod-example.yaml"]
+MANIFESTS = [
+    "deploy/daemonset.yaml",
+    "deploy/pod-example.yaml",
+    "deploy/device-plugin.yaml",
+    "deploy/pod-gpu-memory.yaml",
+]
 IMAGE_CONTEXT = os.path.join(ROOT, "target", "package", "image")
 STANDIN = os.path.join(ROOT, "target", "standin-package")
 KUBELET_PODS = "/var/lib/kubelet/pods"

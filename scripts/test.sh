@@ -26,6 +26,11 @@ fi
 
 cargo test --workspace --locked "$@"
 
+# The device plugin against a stand-in kubelet (grpcio, from the official
+# proto; installed from PyPI into target/kubelet-venv when missing), then a
+# container made from its Allocate answer (needs the debug build above).
+python3 scripts/check-device-plugin.py
+
 # Release packages: glibc 2.17 floor, .deb contents, doctor from a staged
 # install (installs cargo-zigbuild, zig and cargo-deb when missing).
 bash scripts/check-package.sh

@@ -23,6 +23,11 @@
  * container's NVML shows host PIDs); then STANDIN_NVML_OTHERS (0..64,
  * default 0) other processes, PIDs 4000000 + i, of 100 MiB each, on every
  * device. Those others also count in the devices' memory info.
+ *
+ * A GPU can be lost while a process runs: STANDIN_NVML_LOST_FILE names a
+ * file read at every nvmlDeviceGetHandleByUUID and nvmlDeviceGetMemoryInfo
+ * call; the devices whose indices it lists (decimal, separated by anything
+ * else) answer NVML_ERROR_GPU_IS_LOST, as a GPU fallen off the bus does.
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "nvml_subset.h"
@@ -250,6 +255,31 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name,
     return NVML_SUCCESS;
 }
 
+/* Whether STANDIN_NVML_LOST_FILE lists device dev now (see the top). */
+static bool lost(int dev)
+{
+    const char *path = getenv("STANDIN_NVML_LOST_FILE");
+    if (path == NULL || *path == '\0')
+        return false;
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    char text[256];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    for (char *p = text; *p != '\0';) {
+        if (*p >= '0' && *p <= '9') {
+            long v = strtol(p, &p, 10);
+            if (v == dev)
+                return true;
+        } else {
+            p++;
+        }
+    }
+    return false;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     if (!initialized())
@@ -257,6 +287,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
     int dev = device_index(device);
     if (dev < 0 || memory == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(dev))
+        return NVML_ERROR_GPU_IS_LOST;
     unsigned long long used = cuda_used(dev);
     memory->total = g_cfg.total_bytes;
     memory->used = used;
@@ -293,6 +325,8 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
         char text[NVML_DEVICE_UUID_BUFFER_SIZE];
         snprintf(text, sizeof text, "GPU-5ca1ab1e-0000-4000-8000-%012x", i);
         if (strcmp(text, uuid) == 0) {
+            if (lost((int)i))
+                return NVML_ERROR_GPU_IS_LOST;
             *device = &g_devices[i];
             return NVML_SUCCESS;
         }

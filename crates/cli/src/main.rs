@@ -199,6 +199,54 @@ enum Command {
         #[arg(value_name = "SIZE", allow_hyphen_values = true)]
         size: String,
     },
+    /// Serve GPU memory to the kubelet as vramcap.io/gpu-memory (a device plugin, API v1beta1; docs/device-plugin.md)
+    DevicePlugin {
+        /// The kubelet's device-plugin directory (its kubelet.sock is there)
+        #[arg(
+            long,
+            value_name = "DIR",
+            default_value = "/var/lib/kubelet/device-plugins"
+        )]
+        plugin_dir: PathBuf,
+        /// The plugin's socket, in that directory
+        #[arg(long, value_name = "NAME", default_value = "vramcap-gpu-memory.sock")]
+        socket: String,
+        /// The extended resource advertised
+        #[arg(long, value_name = "NAME", default_value = "vramcap.io/gpu-memory")]
+        resource: String,
+        /// Memory of one advertised device (unit), e.g. 256MiB
+        #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_unit)]
+        unit: u64,
+        /// Memory of each GPU not advertised (room for the CUDA contexts the caps count)
+        #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_reserve)]
+        reserve: u64,
+        /// The shim on the node (where the DaemonSet's init container puts it), mounted read-only into each container
+        #[arg(
+            long,
+            value_name = "PATH",
+            default_value = "/opt/vramcap/lib/libvramcap.so"
+        )]
+        library: PathBuf,
+        /// Where containers see the shim (named by their /etc/ld.so.preload)
+        #[arg(
+            long,
+            value_name = "PATH",
+            default_value = "/opt/vramcap/lib/libvramcap.so"
+        )]
+        library_in_container: PathBuf,
+        /// The plugin's directory on the node: ld.so.preload and one directory per allocation
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/vramcap")]
+        state_dir: PathBuf,
+        /// How containers get their GPUs: env (NVIDIA_VISIBLE_DEVICES, for the NVIDIA container runtime) or cdi (CDI device names)
+        #[arg(long, value_name = "env|cdi", default_value = "env", value_parser = parse_device_mode)]
+        devices: cli::plugin::layout::DeviceMode,
+        /// Advertise only these GPUs (UUID, repeatable; default every GPU NVML lists)
+        #[arg(long = "gpu", value_name = "UUID")]
+        gpus: Vec<String>,
+        /// How often each GPU's health is asked of NVML, e.g. 1s
+        #[arg(long, value_name = "DURATION", default_value = "1", value_parser = cli::stat::parse_seconds)]
+        health_interval: std::time::Duration,
+    },
     /// Check the installation: shim, driver, and that interposition works
     Doctor {
         /// Internal: the check that runs under the shim
@@ -208,6 +256,33 @@ enum Command {
         #[arg(long, hide = true, conflicts_with = "probe")]
         probe_limit: bool,
     },
+}
+
+/// `--unit`: a size of at least 1 MiB.
+fn parse_unit(text: &str) -> Result<u64, String> {
+    match vramcap_core::size::parse_size(text) {
+        Ok(b) if b >= 1 << 20 => Ok(b),
+        Ok(_) => Err(format!(
+            "{text:?} is less than 1 MiB; give a unit such as 256MiB"
+        )),
+        Err(e) => Err(format!("{e}; give a unit such as 256MiB")),
+    }
+}
+
+/// `--reserve`: a size, 0 for none.
+fn parse_reserve(text: &str) -> Result<u64, String> {
+    vramcap_core::size::parse_size(text).map_err(|e| format!("{e}; e.g. 1GiB or 0"))
+}
+
+/// `--devices`.
+fn parse_device_mode(text: &str) -> Result<cli::plugin::layout::DeviceMode, String> {
+    match text {
+        "env" => Ok(cli::plugin::layout::DeviceMode::Env),
+        "cdi" => Ok(cli::plugin::layout::DeviceMode::Cdi),
+        _ => Err(format!(
+            "{text:?} is not a way to give containers their GPUs: env or cdi (e.g. --devices cdi)"
+        )),
+    }
 }
 
 /// Where the shim is: beside this binary, then `VRAMCAP_LIBRARY`, then the
@@ -454,6 +529,34 @@ fn main() -> ExitCode {
             ExitCode::from(cli::limit::run(&dirs, users, &args))
         }),
         Command::Size { size } => print_size(&size),
+        Command::DevicePlugin {
+            plugin_dir,
+            socket,
+            resource,
+            unit,
+            reserve,
+            library,
+            library_in_container,
+            state_dir,
+            devices,
+            gpus,
+            health_interval,
+        } => cli::plugin::run(cli::plugin::Args {
+            plugin_dir,
+            socket,
+            resource,
+            health_interval,
+            config: cli::plugin::layout::Config {
+                unit,
+                reserve,
+                library,
+                library_in_container,
+                state_dir,
+                device_mode: devices,
+            },
+            only: (!gpus.is_empty()).then_some(gpus),
+        })
+        .map(ExitCode::from),
         Command::Doctor {
             probe: true,
             probe_limit: false,

@@ -133,6 +133,62 @@ impl Nvml {
     }
 }
 
+/// An NVML session for the device plugin: the GPUs with their memory, and
+/// whether each is still there.
+pub struct Inventory(Nvml);
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+impl Inventory {
+    /// NVML opened and started; `None` without it.
+    pub fn open() -> Option<Inventory> {
+        Nvml::open().map(Inventory)
+    }
+
+    /// Every GPU's UUID and memory in bytes; `None` when NVML cannot say
+    /// (a call failed, or a GPU is in MIG mode).
+    pub fn gpus(&self) -> Option<Vec<(String, u64)>> {
+        let list = self.0.gpus()?;
+        list.into_iter()
+            .map(|(uuid, _)| self.memory(&uuid).map(|t| (uuid, t)))
+            .collect()
+    }
+
+    /// The memory of the GPU `uuid`, asked through its UUID: `None` when
+    /// NVML no longer finds it or cannot read it (a GPU fallen off the
+    /// bus answers `NVML_ERROR_GPU_IS_LOST`).
+    pub fn memory(&self, uuid: &str) -> Option<u64> {
+        type ByUuid = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
+        type Memory = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_int;
+        // SAFETY: each type is the nvml.h signature of the function named.
+        let (by_uuid, memory) = unsafe {
+            (
+                self.0.func::<ByUuid>(c"nvmlDeviceGetHandleByUUID")?,
+                self.0.func::<Memory>(c"nvmlDeviceGetMemoryInfo")?,
+            )
+        };
+        let text = std::ffi::CString::new(uuid).ok()?;
+        let mut dev: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated UUID and a valid out-pointer.
+        if unsafe { by_uuid(text.as_ptr(), &mut dev) } != NVML_SUCCESS {
+            return None;
+        }
+        let mut m = NvmlMemory {
+            total: 0,
+            free: 0,
+            used: 0,
+        };
+        // SAFETY: a device handle from NVML and a valid out-pointer.
+        (unsafe { memory(dev, &mut m) } == NVML_SUCCESS).then_some(m.total)
+    }
+}
+
 impl Drop for Nvml {
     fn drop(&mut self) {
         type Shutdown = unsafe extern "C" fn() -> c_int;

@@ -2,6 +2,7 @@ pub mod doctor;
 pub mod exporter;
 pub mod limit;
 pub mod machine;
+pub mod plugin;
 pub mod stat;
 pub mod top;
 pub mod trim;

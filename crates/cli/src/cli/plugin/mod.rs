@@ -1,0 +1,484 @@
+//! `vramcap device-plugin`: a kubelet device plugin (API `v1beta1`) that
+//! advertises GPU memory as `vramcap.io/gpu-memory`, one device per unit of
+//! each GPU, and answers `Allocate` with the cap, the GPU, the shim and the
+//! mounts that make the cap unavoidable in the container. The design and
+//! its reasons are in docs/device-plugin.md; the answers are `layout`.
+//!
+//! # How it runs
+//! - One thread owns NVML: it lists the GPUs at start and then asks each
+//!   by UUID every `--health-interval`; a GPU NVML no longer finds or
+//!   cannot read is `Unhealthy`, and `Healthy` again when it answers. The
+//!   list goes to the gRPC side through a `watch` channel, which every
+//!   `ListAndWatch` stream follows.
+//! - The gRPC side is a tokio runtime: the `DevicePlugin` service on
+//!   `--plugin-dir`/`--socket`, and a client of `Registration` on the
+//!   kubelet's socket there. After registering, the plugin watches the
+//!   kubelet's socket (its inode, every 500 ms) and its own: when the kubelet
+//!   restarts (its socket is made anew, and the kubelet removes the
+//!   plugins' sockets) the plugin stops its server, makes its socket again
+//!   and registers again; a failed registration is retried every second.
+//! - `Allocate` writes, per container, `alloc/<id>/operator-limit` (the
+//!   cap, which the shim prefers to any variable and which only lowers)
+//!   and makes `alloc/<id>/stats` under `--state-dir`, before answering.
+//!   `ld.so.preload` there names the shim's path in the container.
+//! - SIGTERM or SIGINT ends it: the server stops and its socket goes.
+
+pub mod layout;
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::{Endpoint, Server, Uri};
+use tonic::{Request, Response, Status};
+
+use self::layout::{Config, Gpu};
+
+#[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub)]
+pub mod api {
+    tonic::include_proto!("v1beta1");
+}
+
+use api::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use api::registration_client::RegistrationClient;
+
+/// The API version the plugin speaks.
+pub const VERSION: &str = "v1beta1";
+pub const HEALTHY: &str = "Healthy";
+pub const UNHEALTHY: &str = "Unhealthy";
+
+/// What `vramcap device-plugin` was asked to do.
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub plugin_dir: PathBuf,
+    pub socket: String,
+    pub resource: String,
+    pub health_interval: Duration,
+    pub config: Config,
+    /// Instead of NVML's list: the GPUs of this node (UUID, bytes), for
+    /// nodes whose NVML lists more than the plugin may advertise. Health
+    /// still comes from NVML.
+    pub only: Option<Vec<String>>,
+}
+
+/// The node's GPUs and their health, as the gRPC side sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Node {
+    gpus: Vec<Gpu>,
+    healthy: Vec<bool>,
+}
+
+fn log(text: impl std::fmt::Display) {
+    eprintln!("vramcap device-plugin: {text}");
+}
+
+struct Plugin {
+    config: Config,
+    node: watch::Receiver<Node>,
+}
+
+impl Plugin {
+    fn devices(&self, node: &Node) -> Vec<api::Device> {
+        node.gpus
+            .iter()
+            .zip(&node.healthy)
+            .flat_map(|(g, &ok)| {
+                (0..layout::units(g, &self.config)).map(move |n| api::Device {
+                    id: layout::unit_id(&g.uuid, n),
+                    health: if ok { HEALTHY } else { UNHEALTHY }.to_string(),
+                    topology: None,
+                })
+            })
+            .collect()
+    }
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
+
+/// Writes `text` to `path` through a temporary file and a rename, mode 0644.
+fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Makes the allocation's directory: its operator's cap file and its
+/// statistics directory (writable by the container's user, whoever it is;
+/// no other container has it mounted).
+fn prepare(config: &Config, a: &layout::Allocation) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = layout::alloc_dir(config, &a.id);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    write_file(&dir.join("operator-limit"), &a.operator_file)?;
+    let stats = dir.join("stats");
+    std::fs::create_dir_all(&stats)?;
+    std::fs::set_permissions(&stats, std::fs::Permissions::from_mode(0o1777))
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for Plugin {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
+        Ok(Response::new(options()))
+    }
+
+    type ListAndWatchStream = DeviceStream;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let this = Plugin {
+            config: self.config.clone(),
+            node: self.node.clone(),
+        };
+        let stream = WatchStream::new(self.node.clone()).map(move |node| {
+            Ok(api::ListAndWatchResponse {
+                devices: this.devices(&node),
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<api::PreferredAllocationRequest>,
+    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .iter()
+            .map(|r| api::ContainerPreferredAllocationResponse {
+                device_i_ds: layout::preferred(
+                    &r.available_device_i_ds,
+                    &r.must_include_device_i_ds,
+                    usize::try_from(r.allocation_size).unwrap_or(0),
+                ),
+            })
+            .collect();
+        Ok(Response::new(api::PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
+        let gpus = self.node.borrow().gpus.clone();
+        let mut container_responses = Vec::new();
+        for r in request.into_inner().container_requests {
+            let a = layout::allocate(&r.devices_ids, &gpus, &self.config).map_err(|e| {
+                log(&e);
+                Status::invalid_argument(e)
+            })?;
+            prepare(&self.config, &a).map_err(|e| {
+                let e = format!(
+                    "Allocate: cannot write {}: {e}",
+                    layout::alloc_dir(&self.config, &a.id).display()
+                );
+                log(&e);
+                Status::internal(e)
+            })?;
+            log(format_args!(
+                "allocated {} units: {}",
+                r.devices_ids.len(),
+                a.envs["VRAMCAP_LIMIT"]
+            ));
+            container_responses.push(api::ContainerAllocateResponse {
+                envs: a.envs.into_iter().collect(),
+                mounts: a
+                    .mounts
+                    .into_iter()
+                    .map(|(container_path, host_path, read_only)| api::Mount {
+                        container_path,
+                        host_path,
+                        read_only,
+                    })
+                    .collect(),
+                devices: Vec::new(),
+                annotations: Default::default(),
+                cdi_devices: a
+                    .cdi_devices
+                    .into_iter()
+                    .map(|name| api::CdiDevice { name })
+                    .collect(),
+            });
+        }
+        Ok(Response::new(api::AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<api::PreStartContainerRequest>,
+    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
+
+fn options() -> api::DevicePluginOptions {
+    api::DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}
+
+/// `Registration.Register` with the kubelet at `kubelet`.
+async fn register(kubelet: &Path, args: &Args) -> Result<(), String> {
+    let path = kubelet.to_path_buf();
+    // The URI is not used: every connection is to the socket.
+    let channel = Endpoint::try_from("http://[::]:0")
+        .map_err(|e| e.to_string())?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(p).await?)) }
+        }))
+        .await
+        .map_err(|e| format!("cannot reach the kubelet at {}: {e}", kubelet.display()))?;
+    RegistrationClient::new(channel)
+        .register(api::RegisterRequest {
+            version: VERSION.to_string(),
+            endpoint: args.socket.clone(),
+            resource_name: args.resource.clone(),
+            options: Some(options()),
+        })
+        .await
+        .map_err(|s| format!("the kubelet refused the registration: {}", s.message()))?;
+    Ok(())
+}
+
+/// (device, inode) of a path, `None` when it is not there.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The node's GPUs as NVML lists them (all, or those of `--gpu`).
+fn list_gpus(
+    inventory: &crate::cli::machine::Inventory,
+    only: Option<&[String]>,
+) -> Result<Vec<Gpu>, String> {
+    let listed = inventory.gpus().ok_or(
+        "NVML cannot list the GPUs (or a GPU is in MIG mode, which the plugin does not serve)",
+    )?;
+    let gpus: Vec<Gpu> = match only {
+        None => listed
+            .into_iter()
+            .map(|(uuid, total)| Gpu { uuid, total })
+            .collect(),
+        Some(only) => {
+            let mut out = Vec::new();
+            for u in only {
+                let Some((uuid, total)) = listed.iter().find(|(x, _)| x == u).cloned() else {
+                    return Err(format!(
+                        "--gpu {u}: NVML lists no such GPU (it lists {})",
+                        listed
+                            .iter()
+                            .map(|(x, _)| x.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                };
+                out.push(Gpu { uuid, total });
+            }
+            out
+        }
+    };
+    if gpus.is_empty() {
+        return Err("NVML lists no GPU on this node: nothing to advertise".into());
+    }
+    Ok(gpus)
+}
+
+/// The NVML thread (NVML's handles stay on it): the node's GPUs, then
+/// their health every interval.
+fn watch_health(args: &Args) -> Result<watch::Receiver<Node>, String> {
+    let (first_tx, first_rx) = std::sync::mpsc::channel::<Result<watch::Receiver<Node>, String>>();
+    let only = args.only.clone();
+    let interval = args.health_interval;
+    let config = args.config.clone();
+    std::thread::Builder::new()
+        .name("nvml-health".into())
+        .spawn(move || {
+            let Some(inventory) = crate::cli::machine::Inventory::open() else {
+                let _ = first_tx.send(Err(
+                    "NVML (libnvidia-ml.so.1) cannot be loaded or started: the plugin needs it to list the GPUs".into(),
+                ));
+                return;
+            };
+            let gpus = match list_gpus(&inventory, only.as_deref()) {
+                Ok(g) => g,
+                Err(e) => {
+                    let _ = first_tx.send(Err(e));
+                    return;
+                }
+            };
+            for g in &gpus {
+                log(format_args!(
+                    "{}: {} bytes, {} units of {} bytes",
+                    g.uuid,
+                    g.total,
+                    layout::units(g, &config),
+                    config.unit
+                ));
+            }
+            let mut last = Node {
+                healthy: vec![true; gpus.len()],
+                gpus,
+            };
+            let (tx, rx) = watch::channel(last.clone());
+            if first_tx.send(Ok(rx)).is_err() {
+                return;
+            }
+            loop {
+                std::thread::sleep(interval);
+                let healthy: Vec<bool> = last
+                    .gpus
+                    .iter()
+                    .map(|g| inventory.memory(&g.uuid).is_some())
+                    .collect();
+                if healthy == last.healthy {
+                    continue;
+                }
+                for (g, (&was, &now)) in last.gpus.iter().zip(last.healthy.iter().zip(&healthy)) {
+                    if was != now {
+                        log(format_args!(
+                            "{}: {}",
+                            g.uuid,
+                            if now {
+                                "healthy again"
+                            } else {
+                                "unhealthy: NVML no longer answers for it"
+                            }
+                        ));
+                    }
+                }
+                last.healthy = healthy;
+                if tx.send(last.clone()).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the health thread: {e}"))?;
+    first_rx
+        .recv()
+        .map_err(|_| "the health thread ended before listing the GPUs".to_string())?
+}
+
+/// Runs the plugin until SIGTERM or SIGINT; the exit status.
+pub fn run(args: Args) -> Result<u8, String> {
+    let node = watch_health(&args)?;
+    std::fs::create_dir_all(&args.config.state_dir).map_err(|e| {
+        format!(
+            "--state-dir {}: cannot make it: {e}",
+            args.config.state_dir.display()
+        )
+    })?;
+    let preload = args.config.state_dir.join("ld.so.preload");
+    write_file(
+        &preload,
+        &format!("{}\n", args.config.library_in_container.display()),
+    )
+    .map_err(|e| format!("cannot write {}: {e}", preload.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the gRPC runtime: {e}"))?;
+    rt.block_on(serve(args, node))
+}
+
+async fn serve(args: Args, node: watch::Receiver<Node>) -> Result<u8, String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let kubelet = args.plugin_dir.join("kubelet.sock");
+    let socket = args.plugin_dir.join(&args.socket);
+    let plugin = Arc::new(Plugin {
+        config: args.config.clone(),
+        node,
+    });
+    loop {
+        let _ = std::fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket)
+            .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let service = DevicePluginServer::from_arc(plugin.clone());
+        let server = tokio::spawn(
+            Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                }),
+        );
+        log(format_args!(
+            "serving {} on {}",
+            args.resource,
+            socket.display()
+        ));
+        // Register (again every second until the kubelet takes it).
+        let registered = loop {
+            match register(&kubelet, &args).await {
+                Ok(()) => break identity(&kubelet),
+                Err(e) => log(format_args!("{e}; trying again in 1 s")),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = term.recv() => return stop_and_exit(stop, server, &socket).await,
+                _ = int.recv() => return stop_and_exit(stop, server, &socket).await,
+            }
+        };
+        log(format_args!(
+            "registered with the kubelet at {}",
+            kubelet.display()
+        ));
+        let mine = identity(&socket);
+        // Watch for a kubelet restart: its socket made anew, or ours gone.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = term.recv() => return stop_and_exit(stop, server, &socket).await,
+                _ = int.recv() => return stop_and_exit(stop, server, &socket).await,
+            }
+            let now = identity(&kubelet);
+            if now.is_some() && now != registered || identity(&socket) != mine {
+                log("the kubelet restarted: serving and registering again");
+                break;
+            }
+        }
+        let _ = stop.send(());
+        let _ = server.await;
+    }
+}
+
+async fn stop_and_exit(
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    socket: &Path,
+) -> Result<u8, String> {
+    let _ = stop.send(());
+    let _ = server.await;
+    let _ = std::fs::remove_file(socket);
+    log("stopped");
+    Ok(0)
+}

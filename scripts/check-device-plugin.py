@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""check-device-plugin.py: `vramcap device-plugin` against a stand-in kubelet.
+
+The stand-in kubelet is written here from the kubelet's device-plugin API
+(crates/cli/proto/deviceplugin/v1beta1/api.proto, the official file, compiled
+by grpcio-tools into target/kubelet-venv), not from the plugin's code. The
+plugin runs as a separate process over the stand-in NVML (two GPUs of
+4 GiB, tests/standin/) and is checked for:
+
+1. registration: the Register request, field by field;
+2. GetDevicePluginOptions, and ListAndWatch's list for the two GPUs (IDs
+   and health exact);
+3. GetPreferredAllocation keeping requests on one GPU (the fullest that
+   fits), honouring must-include IDs;
+4. Allocate: the response field by field, the operator's cap file and the
+   statistics directory it made; an ID it never advertised is refused;
+5. a GPU lost (the stand-in NVML's STANDIN_NVML_LOST_FILE): its units turn
+   Unhealthy in ListAndWatch, and Healthy again when it is back;
+6. a kubelet restart (its socket made anew, the plugin's removed): the
+   plugin registers again and serves;
+7. a container-like process with exactly the environment and mounts
+   Allocate returned, in a private mount namespace: the stand-in client
+   under no LD_PRELOAD at all (the shim comes from /etc/ld.so.preload) is
+   capped at the 1 GiB it was given, and so are children that unset
+   VRAMCAP_LIMIT, raise it to 100% or set VRAMCAP_DISABLE=1.
+
+Usage: scripts/check-device-plugin.py, as root (step 7 needs a mount
+namespace), after `cargo build` (target/debug/vramcap and libvramcap.so).
+Installs grpcio and grpcio-tools (pinned) into target/kubelet-venv when
+missing. Exits non-zero with one line naming the first difference.
+"""
+
+import os
+import queue
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV = os.path.join(ROOT, "target", "kubelet-venv")
+GEN = os.path.join(VENV, "gen")
+PINS = ["grpcio==1.76.0", "grpcio-tools==1.76.0"]
+PROTO_DIR = os.path.join(ROOT, "crates", "cli", "proto")
+PROTO = os.path.join(PROTO_DIR, "deviceplugin", "v1beta1", "api.proto")
+STANDIN = os.path.join(ROOT, "target", "standin-plugin")
+CLI = os.path.join(ROOT, "target", "debug", "vramcap")
+SHIM = os.path.join(ROOT, "target", "debug", "libvramcap.so")
+UUID0 = "GPU-5ca1ab1e-0000-4000-8000-000000000000"
+UUID1 = "GPU-5ca1ab1e-0000-4000-8000-000000000001"
+GIB = 1 << 30
+UNIT = 256 << 20
+UNITS = 12  # (4 GiB - 1 GiB reserve) / 256 MiB
+LIB_IN_CONTAINER = "/opt/vramcap/lib/libvramcap.so"
+
+
+def fail(msg):
+    print(f"check-device-plugin: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def step(msg):
+    print(f"check-device-plugin: {msg}", flush=True)
+
+
+def want(what, got, expected):
+    if got != expected:
+        fail(f"{what}: got {got!r}, expected {expected!r}")
+
+
+def ensure_venv():
+    py = os.path.join(VENV, "bin", "python")
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    probe = subprocess.run([py, "-c", "import grpc, grpc_tools"], capture_output=True)
+    if probe.returncode != 0:
+        subprocess.run([py, "-m", "pip", "install", "-q", "--no-cache-dir", *PINS], check=True)
+    os.makedirs(GEN, exist_ok=True)
+    subprocess.run(
+        [py, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={GEN}",
+         f"--grpc_python_out={GEN}", PROTO],
+        check=True,
+    )
+    return py
+
+
+def main():
+    if os.geteuid() != 0:
+        fail("must run as root (step 7 needs a private mount namespace)")
+    for p in (CLI, SHIM):
+        if not os.path.exists(p):
+            fail(f"{p} is missing: run cargo build -p vramcap -p vramcap-shim first")
+    py = ensure_venv()
+    if sys.executable != py and os.environ.get("CHECK_DEVICE_PLUGIN_IN_VENV") != "1":
+        env = dict(os.environ, CHECK_DEVICE_PLUGIN_IN_VENV="1")
+        sys.exit(subprocess.run([py, os.path.abspath(__file__)], env=env).returncode)
+    subprocess.run(["sh", os.path.join(ROOT, "tests", "standin", "build.sh"), STANDIN], check=True)
+    sys.path.insert(0, GEN)
+    run_checks()
+    step("all checks passed")
+
+
+def run_checks():
+    import grpc
+    from concurrent import futures
+
+    from deviceplugin.v1beta1 import api_pb2 as pb
+    from deviceplugin.v1beta1 import api_pb2_grpc as rpc
+
+    work = tempfile.mkdtemp(prefix="vramcap-plugin-")
+    plugin_dir = os.path.join(work, "device-plugins")
+    state_dir = os.path.join(work, "state")
+    lost = os.path.join(work, "lost")
+    os.makedirs(plugin_dir)
+    kubelet_sock = os.path.join(plugin_dir, "kubelet.sock")
+    plugin_sock = os.path.join(plugin_dir, "vramcap-gpu-memory.sock")
+    registrations = queue.Queue()
+
+    class Registration(rpc.RegistrationServicer):
+        def Register(self, request, context):
+            registrations.put(request)
+            return pb.Empty()
+
+    def start_kubelet():
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        rpc.add_RegistrationServicer_to_server(Registration(), server)
+        server.add_insecure_port(f"unix://{kubelet_sock}")
+        server.start()
+        return server
+
+    kubelet = start_kubelet()
+    env = dict(
+        os.environ,
+        LD_LIBRARY_PATH=os.path.join(STANDIN, "lib"),
+        STANDIN_DEVICES="2",
+        STANDIN_TOTAL_MIB="4096",
+        STANDIN_NVML_LOST_FILE=lost,
+    )
+    for k in list(env):
+        if k.startswith("VRAMCAP_") or k == "LD_PRELOAD":
+            del env[k]
+    log = open(os.path.join(work, "plugin.log"), "w")
+    plugin = subprocess.Popen(
+        [CLI, "device-plugin", "--plugin-dir", plugin_dir, "--state-dir", state_dir,
+         "--library", SHIM, "--library-in-container", LIB_IN_CONTAINER,
+         "--health-interval", "0.1"],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, lost,
+               lambda: kubelet, start_kubelet, work)
+    except SystemExit:
+        log.flush()
+        with open(os.path.join(work, "plugin.log")) as f:
+            sys.stderr.write("--- the plugin's output ---\n" + f.read())
+        raise
+    finally:
+        plugin.terminate()
+        try:
+            plugin.wait(10)
+        except subprocess.TimeoutExpired:
+            plugin.kill()
+    want("the plugin's exit status at SIGTERM", plugin.returncode, 0)
+    want("the plugin's socket after it stopped", os.path.exists(plugin_sock), False)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def connect(grpc, sock):
+    """A channel to the plugin as the kubelet opens it (grpc-go sends the
+    authority "localhost" for a Unix socket; grpc-core would send the
+    percent-encoded path, which no HTTP/2 server has to accept)."""
+    return grpc.insecure_channel(f"unix://{sock}", options=[("grpc.default_authority", "localhost")])
+
+
+def registered(registrations, what):
+    try:
+        return registrations.get(timeout=30)
+    except queue.Empty:
+        fail(f"{what}: no Register request within 30 s")
+
+
+def units(uuid, ns):
+    return [f"{uuid}::{n}" for n in ns]
+
+
+def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, lost,
+           kubelet, start_kubelet, work):
+    # 1. registration
+    r = registered(registrations, "registration")
+    want("Register.version", r.version, "v1beta1")
+    want("Register.endpoint", r.endpoint, "vramcap-gpu-memory.sock")
+    want("Register.resource_name", r.resource_name, "vramcap.io/gpu-memory")
+    want("Register.options.pre_start_required", r.options.pre_start_required, False)
+    want("Register.options.get_preferred_allocation_available",
+         r.options.get_preferred_allocation_available, True)
+    step("1. registration: as the API says")
+
+    channel = connect(grpc, plugin_sock)
+    stub = rpc.DevicePluginStub(channel)
+
+    # 2. options and the device list
+    o = stub.GetDevicePluginOptions(pb.Empty(), timeout=10)
+    want("GetDevicePluginOptions", (o.pre_start_required, o.get_preferred_allocation_available),
+         (False, True))
+    watch = stub.ListAndWatch(pb.Empty(), timeout=60)
+    first = next(watch)
+    all_ids = units(UUID0, range(UNITS)) + units(UUID1, range(UNITS))
+    want("ListAndWatch IDs", [d.ID for d in first.devices], all_ids)
+    want("ListAndWatch health", {d.health for d in first.devices}, {"Healthy"})
+    want("ListAndWatch topology", [d.HasField("topology") for d in first.devices][:1], [False])
+    step(f"2. ListAndWatch: {len(all_ids)} units, {UNITS} per GPU, all Healthy")
+
+    # 3. preferred allocation
+    taken = set(units(UUID0, range(8)))
+    avail = [i for i in all_ids if i not in taken]
+
+    def prefer(size, must=()):
+        req = pb.PreferredAllocationRequest(container_requests=[
+            pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=avail, must_include_deviceIDs=list(must),
+                allocation_size=size)])
+        resp = stub.GetPreferredAllocation(req, timeout=10)
+        want("GetPreferredAllocation responses", len(resp.container_responses), 1)
+        return list(resp.container_responses[0].deviceIDs)
+
+    want("preferred 4 (GPU 0 has 4 free, GPU 1 12)", prefer(4), units(UUID0, range(8, 12)))
+    want("preferred 6 (only GPU 1 fits)", prefer(6), units(UUID1, range(6)))
+    want("preferred 2 with GPU 1's unit 7", prefer(2, [f"{UUID1}::7"]),
+         [f"{UUID1}::0", f"{UUID1}::7"])
+    step("3. GetPreferredAllocation: one GPU, the fullest that fits, must-include kept")
+
+    # 4. allocate
+    ids = units(UUID0, range(8, 12))
+    resp = stub.Allocate(pb.AllocateRequest(container_requests=[
+        pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
+    want("Allocate responses", len(resp.container_responses), 1)
+    c = resp.container_responses[0]
+    want("Allocate envs", dict(c.envs), {
+        "NVIDIA_VISIBLE_DEVICES": UUID0,
+        "VRAMCAP_LIMIT": f"{UUID0}={GIB}",
+        "VRAMCAP_STATS_DIR": "/run/vramcap/stats",
+    })
+    mounts = [(m.container_path, m.host_path, m.read_only) for m in c.mounts]
+    alloc = [h for (cp, h, _) in mounts if cp == "/run/vramcap/stats"]
+    if len(alloc) != 1:
+        fail(f"Allocate mounts: no statistics directory in {mounts}")
+    adir = os.path.dirname(alloc[0])
+    if os.path.dirname(adir) != os.path.join(state_dir, "alloc"):
+        fail(f"Allocate: the allocation directory {adir} is not under {state_dir}/alloc")
+    want("Allocate mounts", mounts, [
+        (LIB_IN_CONTAINER, SHIM, True),
+        ("/etc/ld.so.preload", os.path.join(state_dir, "ld.so.preload"), True),
+        ("/run/vramcap/operator-limit", os.path.join(adir, "operator-limit"), True),
+        ("/run/vramcap/stats", os.path.join(adir, "stats"), False),
+    ])
+    want("Allocate devices", list(c.devices), [])
+    want("Allocate annotations", dict(c.annotations), {})
+    want("Allocate cdi_devices", list(c.cdi_devices), [])
+    with open(os.path.join(adir, "operator-limit")) as f:
+        want("the operator's cap file", f.read().splitlines()[-1], f"{GIB},{UUID0}={GIB}")
+    with open(os.path.join(state_dir, "ld.so.preload")) as f:
+        want("ld.so.preload", f.read(), LIB_IN_CONTAINER + "\n")
+    want("the statistics directory's mode",
+         stat.S_IMODE(os.stat(os.path.join(adir, "stats")).st_mode), 0o1777)
+    try:
+        stub.Allocate(pb.AllocateRequest(container_requests=[
+            pb.ContainerAllocateRequest(devices_ids=["nvidia0"])]), timeout=10)
+        fail("Allocate of an ID never advertised succeeded")
+    except grpc.RpcError as e:
+        want("Allocate of a foreign ID: code", e.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        if "is not a vramcap unit ID" not in e.details():
+            fail(f"Allocate of a foreign ID: {e.details()!r} does not say why")
+    step("4. Allocate: envs, mounts, cap file and statistics directory exact; a foreign ID refused")
+
+    # 5. health
+    with open(lost, "w") as f:
+        f.write("1\n")
+    update = next(watch)
+    want("ListAndWatch after GPU 1 was lost",
+         [(d.ID, d.health) for d in update.devices],
+         [(i, "Healthy") for i in units(UUID0, range(UNITS))]
+         + [(i, "Unhealthy") for i in units(UUID1, range(UNITS))])
+    os.remove(lost)
+    update = next(watch)
+    want("ListAndWatch after GPU 1 came back", {d.health for d in update.devices}, {"Healthy"})
+    step("5. health: a lost GPU's units Unhealthy, Healthy again when it is back")
+
+    # 6. a kubelet restart
+    channel.close()
+    kubelet().stop(0).wait()
+    for p in (kubelet_sock, plugin_sock):
+        if os.path.exists(p):
+            os.remove(p)
+    start_kubelet()
+    r = registered(registrations, "re-registration after the kubelet restarted")
+    want("Register.endpoint again", r.endpoint, "vramcap-gpu-memory.sock")
+    deadline = time.time() + 10
+    while not os.path.exists(plugin_sock) and time.time() < deadline:
+        time.sleep(0.05)
+    stub = rpc.DevicePluginStub(connect(grpc, plugin_sock))
+    want("ListAndWatch after the restart", len(next(stub.ListAndWatch(pb.Empty(), timeout=10)).devices),
+         2 * UNITS)
+    step("6. kubelet restart: registered again and serving")
+
+    # 7. the container
+    container(c, work)
+    step("7. container: capped at 1 GiB without LD_PRELOAD, whatever VRAMCAP_LIMIT or VRAMCAP_DISABLE say")
+
+
+def container(c, work):
+    """Runs the stand-in client with exactly c's environment and mounts."""
+    etc = os.path.join(work, "etc")
+    shutil.copytree("/etc", etc, symlinks=True)
+    if os.path.exists(os.path.join(etc, "ld.so.preload")):
+        os.remove(os.path.join(etc, "ld.so.preload"))
+    open(os.path.join(etc, "ld.so.preload"), "w").close()
+    # As a runtime does, every mount is in place before the container's
+    # first process; ld.so.preload last, since every process after it
+    # loads the shim (which then reads the operator's cap file).
+    ordered = sorted(c.mounts, key=lambda m: m.container_path == "/etc/ld.so.preload")
+    binds = []
+    for m in ordered:
+        binds.append(f'bind "{m.host_path}" "{m.container_path}" {"ro" if m.read_only else "rw"}')
+    client = os.path.join(STANDIN, "bin", "client")
+    script = f"""
+set -e
+bind() {{
+    if [ -d "$1" ]; then mkdir -p "$2"; else mkdir -p "$(dirname "$2")"; [ -e "$2" ] || touch "$2"; fi
+    mount --bind "$1" "$2"
+    if [ "$3" = ro ]; then mount -o remount,bind,ro "$2"; fi
+}}
+mount --bind "{etc}" /etc
+mount -t tmpfs none /run
+mount -t tmpfs none /opt
+{chr(10).join(binds)}
+echo '--- no LD_PRELOAD at all'
+env -u LD_PRELOAD "{client}" procaddr init info fill 256M
+echo '--- children that unset VRAMCAP_LIMIT, raise it, or disable the shim'
+env -u LD_PRELOAD -u VRAMCAP_LIMIT "{client}" procaddr init info
+env -u LD_PRELOAD VRAMCAP_LIMIT=100% "{client}" procaddr init info
+env -u LD_PRELOAD VRAMCAP_DISABLE=1 "{client}" procaddr init info
+"""
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "LD_LIBRARY_PATH": os.path.join(STANDIN, "lib"),
+        "STANDIN_DEVICES": "2",
+        "STANDIN_TOTAL_MIB": "4096",
+        **dict(c.envs),
+    }
+    out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                         env=env, capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        fail(f"the container-like run failed ({out.returncode}): {out.stderr.strip()}")
+    lines = [l for l in out.stdout.splitlines()]
+    want("the container's output", lines, [
+        "--- no LD_PRELOAD at all",
+        "init -> 0",
+        f"info -> 0 free={GIB} total={GIB}",
+        f"fill {256 << 20} -> 4 allocs {GIB} bytes rc=2",
+        "--- children that unset VRAMCAP_LIMIT, raise it, or disable the shim",
+        "init -> 0",
+        f"info -> 0 free={GIB} total={GIB}",
+        "init -> 0",
+        f"info -> 0 free={GIB} total={GIB}",
+        "init -> 0",
+        f"info -> 0 free={GIB} total={GIB}",
+    ])
+
+
+if __name__ == "__main__":
+    main()
