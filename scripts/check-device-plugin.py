@@ -15,7 +15,9 @@ plugin runs as a separate process over the stand-in NVML (two GPUs of
 4. Allocate: the response field by field, the operator's cap file and the
    statistics directory it made; an ID it never advertised is refused;
 5. a GPU lost (the stand-in NVML's STANDIN_NVML_LOST_FILE): its units turn
-   Unhealthy in ListAndWatch, and Healthy again when it is back;
+   Unhealthy in ListAndWatch, and Healthy again when it is back; a critical
+   Xid error (STANDIN_NVML_XID_FILE) makes a GPU's units Unhealthy, an
+   application's Xid does not;
 6. a kubelet restart (its socket made anew, the plugin's removed): the
    plugin registers again and serves;
 7. a container-like process with exactly the environment and mounts
@@ -138,6 +140,7 @@ def run_checks():
         STANDIN_DEVICES="2",
         STANDIN_TOTAL_MIB="4096",
         STANDIN_NVML_LOST_FILE=lost,
+        STANDIN_NVML_XID_FILE=os.path.join(work, "xid"),
     )
     for k in list(env):
         if k.startswith("VRAMCAP_") or k == "LD_PRELOAD":
@@ -286,7 +289,17 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
     os.remove(lost)
     update = next(watch)
     want("ListAndWatch after GPU 1 came back", {d.health for d in update.devices}, {"Healthy"})
-    step("5. health: a lost GPU's units Unhealthy, Healthy again when it is back")
+    # An application's Xid (13) on GPU 1 changes nothing; a critical one (79,
+    # fallen off the bus) on GPU 0 makes its units Unhealthy for good.
+    with open(os.path.join(work, "xid"), "w") as f:
+        f.write("1 13\n0 79\n")
+    update = next(watch)
+    want("ListAndWatch after Xid 13 on GPU 1 and Xid 79 on GPU 0",
+         [(d.ID, d.health) for d in update.devices],
+         [(i, "Unhealthy") for i in units(UUID0, range(UNITS))]
+         + [(i, "Healthy") for i in units(UUID1, range(UNITS))])
+    step("5. health: a lost GPU's units Unhealthy, Healthy again when it is back; "
+         "a critical Xid makes them Unhealthy, an application's does not")
 
     # 6. a kubelet restart
     channel.close()

@@ -28,6 +28,13 @@
  * file read at every nvmlDeviceGetHandleByUUID and nvmlDeviceGetMemoryInfo
  * call; the devices whose indices it lists (decimal, separated by anything
  * else) answer NVML_ERROR_GPU_IS_LOST, as a GPU fallen off the bus does.
+ *
+ * Xid events: STANDIN_NVML_XID_FILE names a file of lines "DEVICE XID"
+ * (decimal). An event set (nvmlEventSetCreate; one per process is enough)
+ * that a device registered for nvmlEventTypeXidCriticalError delivers, at
+ * each nvmlEventSetWait_v2, the next line not yet delivered for a
+ * registered device; with none it waits up to the timeout (checking the
+ * file every 10 ms) and answers NVML_ERROR_TIMEOUT.
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "nvml_subset.h"
@@ -41,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MIB (1ULL << 20)
@@ -313,6 +321,96 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
     memory->used = used;
     memory->free = g_cfg.total_bytes - used;
     return NVML_SUCCESS;
+}
+
+struct nvmlEventSet_st {
+    bool registered[MAX_DEVICES];
+    unsigned long delivered; /* lines of the Xid file delivered so far */
+};
+static struct nvmlEventSet_st g_event_set;
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(&g_event_set, 0, sizeof g_event_set);
+    *set = &g_event_set;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device,
+                                      unsigned long long eventTypes,
+                                      nvmlEventSet_t set)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    int dev = device_index(device);
+    if (dev < 0 || set != &g_event_set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (eventTypes & nvmlEventTypeXidCriticalError)
+        set->registered[dev] = true;
+    return NVML_SUCCESS;
+}
+
+/* The next undelivered Xid line for a registered device, if any. */
+static bool next_xid(nvmlEventSet_t set, int *dev, unsigned long long *xid)
+{
+    const char *path = getenv("STANDIN_NVML_XID_FILE");
+    if (path == NULL || *path == '\0')
+        return false;
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    char line[128];
+    unsigned long n = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f) != NULL) {
+        int d;
+        unsigned long long x;
+        if (sscanf(line, "%d %llu", &d, &x) != 2)
+            continue;
+        if (n++ < set->delivered)
+            continue;
+        set->delivered = n;
+        if (d >= 0 && d < MAX_DEVICES && set->registered[d]) {
+            *dev = d;
+            *xid = x;
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                 unsigned int timeoutms)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (set != &g_event_set || data == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int waited = 0;; waited += 10) {
+        int dev;
+        unsigned long long xid;
+        if (next_xid(set, &dev, &xid)) {
+            memset(data, 0, sizeof *data);
+            data->device = &g_devices[dev];
+            data->eventType = nvmlEventTypeXidCriticalError;
+            data->eventData = xid;
+            return NVML_SUCCESS;
+        }
+        if (waited >= timeoutms)
+            return NVML_ERROR_TIMEOUT;
+        struct timespec t = { 0, 10 * 1000 * 1000 };
+        nanosleep(&t, NULL);
+    }
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    return set == &g_event_set ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)

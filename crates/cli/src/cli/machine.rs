@@ -145,7 +145,88 @@ struct NvmlMemory {
     used: u64,
 }
 
+/// `nvmlEventData_t`.
+#[repr(C)]
+struct NvmlEventData {
+    device: *mut c_void,
+    event_type: u64,
+    event_data: u64,
+    gpu_instance: c_uint,
+    compute_instance: c_uint,
+}
+
+/// `nvmlEventTypeXidCriticalError`.
+const XID_CRITICAL: u64 = 0x8;
+
+/// An NVML event set with GPUs registered for Xid errors.
+pub struct XidWatch {
+    set: *mut c_void,
+    /// The device handles, in the order of the UUIDs registered.
+    devices: Vec<*mut c_void>,
+}
+
 impl Inventory {
+    /// An event set on which the GPUs `uuids` report Xid errors; `None`
+    /// when NVML has no events or none of them can register (then only
+    /// `memory` tells health).
+    pub fn xid_watch(&self, uuids: &[String]) -> Option<XidWatch> {
+        type Create = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+        type Register = unsafe extern "C" fn(*mut c_void, u64, *mut c_void) -> c_int;
+        type ByUuid = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
+        // SAFETY: each type is the nvml.h signature of the function named.
+        let (create, register, by_uuid) = unsafe {
+            (
+                self.0.func::<Create>(c"nvmlEventSetCreate")?,
+                self.0.func::<Register>(c"nvmlDeviceRegisterEvents")?,
+                self.0.func::<ByUuid>(c"nvmlDeviceGetHandleByUUID")?,
+            )
+        };
+        let mut set: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        if unsafe { create(&mut set) } != NVML_SUCCESS {
+            return None;
+        }
+        let mut devices = Vec::new();
+        let mut any = false;
+        for u in uuids {
+            let text = std::ffi::CString::new(u.as_str()).ok()?;
+            let mut dev: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a NUL-terminated UUID and a valid out-pointer.
+            if unsafe { by_uuid(text.as_ptr(), &mut dev) } != NVML_SUCCESS {
+                dev = std::ptr::null_mut();
+            }
+            // SAFETY: a device handle from NVML and our set.
+            if !dev.is_null() && unsafe { register(dev, XID_CRITICAL, set) } == NVML_SUCCESS {
+                any = true;
+            }
+            devices.push(dev);
+        }
+        any.then_some(XidWatch { set, devices })
+    }
+
+    /// Waits up to `timeout_ms` for an Xid error: the index (in the UUIDs
+    /// given to `xid_watch`) of the GPU and the Xid; `None` at the timeout.
+    pub fn wait_xid(&self, w: &XidWatch, timeout_ms: u32) -> Option<(usize, u64)> {
+        type Wait = unsafe extern "C" fn(*mut c_void, *mut NvmlEventData, c_uint) -> c_int;
+        // SAFETY: the nvml.h signature of nvmlEventSetWait_v2.
+        let wait = unsafe { self.0.func::<Wait>(c"nvmlEventSetWait_v2")? };
+        let mut data = NvmlEventData {
+            device: std::ptr::null_mut(),
+            event_type: 0,
+            event_data: 0,
+            gpu_instance: 0,
+            compute_instance: 0,
+        };
+        // SAFETY: our event set and a valid out-pointer.
+        if unsafe { wait(w.set, &mut data, timeout_ms) } != NVML_SUCCESS
+            || data.event_type & XID_CRITICAL == 0
+        {
+            return None;
+        }
+        let i = w.devices.iter().position(|&d| d == data.device)?;
+        Some((i, data.event_data))
+    }
+
     /// NVML opened and started; `None` without it.
     pub fn open() -> Option<Inventory> {
         Nvml::open().map(Inventory)

@@ -7,7 +7,10 @@
 //! # How it runs
 //! - One thread owns NVML: it lists the GPUs at start and then asks each
 //!   by UUID every `--health-interval`; a GPU NVML no longer finds or
-//!   cannot read is `Unhealthy`, and `Healthy` again when it answers. The
+//!   cannot read is `Unhealthy`, and `Healthy` again when it answers. It
+//!   waits for Xid errors meanwhile (NVML's event set): a GPU that reports
+//!   one that is not the program's (`APPLICATION_XIDS`) is `Unhealthy`
+//!   until the plugin restarts, as with NVIDIA's plugin. The
 //!   list goes to the gRPC side through a `watch` channel, which every
 //!   `ListAndWatch` stream follows.
 //! - The gRPC side is a tokio runtime: the `DevicePlugin` service on
@@ -47,6 +50,10 @@ pub mod api {
 
 use api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use api::registration_client::RegistrationClient;
+
+/// Xid errors of the program, not of the GPU (NVIDIA's device plugin
+/// skips the same ones): a GPU that reports one stays healthy.
+pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// The API version the plugin speaks.
 pub const VERSION: &str = "v1beta1";
@@ -342,6 +349,12 @@ fn watch_health(args: &Args) -> Result<watch::Receiver<Node>, String> {
                     config.unit
                 ));
             }
+            let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+            let xids = inventory.xid_watch(&uuids);
+            if xids.is_none() {
+                log("NVML gives no Xid events here: a GPU is unhealthy only when NVML no longer answers for it");
+            }
+            let mut failed = vec![false; gpus.len()];
             let mut last = Node {
                 healthy: vec![true; gpus.len()],
                 gpus,
@@ -350,12 +363,32 @@ fn watch_health(args: &Args) -> Result<watch::Receiver<Node>, String> {
             if first_tx.send(Ok(rx)).is_err() {
                 return;
             }
+            let ms = u32::try_from(interval.as_millis()).unwrap_or(u32::MAX).max(1);
             loop {
-                std::thread::sleep(interval);
+                match &xids {
+                    Some(w) => {
+                        if let Some((i, xid)) = inventory.wait_xid(w, ms) {
+                            if APPLICATION_XIDS.contains(&xid) {
+                                log(format_args!(
+                                    "{}: Xid {xid} (an application's error): still healthy",
+                                    last.gpus[i].uuid
+                                ));
+                            } else if !failed[i] {
+                                failed[i] = true;
+                                log(format_args!(
+                                    "{}: Xid {xid}: unhealthy until the plugin restarts",
+                                    last.gpus[i].uuid
+                                ));
+                            }
+                        }
+                    }
+                    None => std::thread::sleep(interval),
+                }
                 let healthy: Vec<bool> = last
                     .gpus
                     .iter()
-                    .map(|g| inventory.memory(&g.uuid).is_some())
+                    .zip(&failed)
+                    .map(|(g, &f)| !f && inventory.memory(&g.uuid).is_some())
                     .collect();
                 if healthy == last.healthy {
                     continue;
