@@ -26,6 +26,10 @@ plugin runs as a separate process over the stand-in NVML (two GPUs of
    capped at the 1 GiB it was given, and so are children that unset
    VRAMCAP_LIMIT, raise it to 100% or set VRAMCAP_DISABLE=1.
 
+8. a second plugin with the same state directory is refused; 9. a GPU
+   lost at start is left out and the others served; and the plugin stops
+   promptly at SIGTERM with the kubelet's ListAndWatch stream open.
+
 Usage: scripts/check-device-plugin.py, as root (step 7 needs a mount
 namespace), after `cargo build` (target/debug/vramcap and libvramcap.so).
 Installs grpcio and grpcio-tools (pinned) into target/kubelet-venv when
@@ -123,6 +127,14 @@ def run_checks():
 
     class Registration(rpc.RegistrationServicer):
         def Register(self, request, context):
+            # As the kubelet does, reach the plugin at the endpoint it named:
+            # a plugin that registers before it serves fails here.
+            try:
+                stub = rpc.DevicePluginStub(connect(grpc, os.path.join(plugin_dir, request.endpoint)))
+                stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
+            except grpc.RpcError as e:
+                registrations.put(f"the plugin did not answer at its endpoint: {e.code()}")
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "plugin not serving")
             registrations.put(request)
             return pb.Empty()
 
@@ -134,17 +146,7 @@ def run_checks():
         return server
 
     kubelet = start_kubelet()
-    env = dict(
-        os.environ,
-        LD_LIBRARY_PATH=os.path.join(STANDIN, "lib"),
-        STANDIN_DEVICES="2",
-        STANDIN_TOTAL_MIB="4096",
-        STANDIN_NVML_LOST_FILE=lost,
-        STANDIN_NVML_XID_FILE=os.path.join(work, "xid"),
-    )
-    for k in list(env):
-        if k.startswith("VRAMCAP_") or k == "LD_PRELOAD":
-            del env[k]
+    env = plugin_env(work)
     log = open(os.path.join(work, "plugin.log"), "w")
     plugin = subprocess.Popen(
         [CLI, "device-plugin", "--plugin-dir", plugin_dir, "--state-dir", state_dir,
@@ -155,6 +157,10 @@ def run_checks():
     try:
         checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, lost,
                lambda: kubelet, start_kubelet, work)
+        # SIGTERM while the kubelet's ListAndWatch stream is open, as it
+        # always is: the plugin must still stop, promptly.
+        watcher = rpc.DevicePluginStub(connect(grpc, plugin_sock)).ListAndWatch(pb.Empty(), timeout=60)
+        next(watcher)
     except SystemExit:
         log.flush()
         with open(os.path.join(work, "plugin.log")) as f:
@@ -162,13 +168,33 @@ def run_checks():
         raise
     finally:
         plugin.terminate()
+        started = time.time()
         try:
             plugin.wait(10)
         except subprocess.TimeoutExpired:
             plugin.kill()
-    want("the plugin's exit status at SIGTERM", plugin.returncode, 0)
+            plugin.wait()
+    want("the plugin's exit status at SIGTERM with a stream open", plugin.returncode, 0)
+    if time.time() - started > 5:
+        fail(f"the plugin took {time.time() - started:.1f} s to stop at SIGTERM")
     want("the plugin's socket after it stopped", os.path.exists(plugin_sock), False)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def plugin_env(work):
+    """The plugin's environment: the stand-in NVML of two 4 GiB GPUs."""
+    env = dict(
+        os.environ,
+        LD_LIBRARY_PATH=os.path.join(STANDIN, "lib"),
+        STANDIN_DEVICES="2",
+        STANDIN_TOTAL_MIB="4096",
+        STANDIN_NVML_LOST_FILE=os.path.join(work, "lost"),
+        STANDIN_NVML_XID_FILE=os.path.join(work, "xid"),
+    )
+    for k in list(env):
+        if k.startswith("VRAMCAP_") or k == "LD_PRELOAD":
+            del env[k]
+    return env
 
 
 def connect(grpc, sock):
@@ -180,9 +206,12 @@ def connect(grpc, sock):
 
 def registered(registrations, what):
     try:
-        return registrations.get(timeout=30)
+        r = registrations.get(timeout=30)
     except queue.Empty:
         fail(f"{what}: no Register request within 30 s")
+    if isinstance(r, str):
+        fail(f"{what}: {r}")
+    return r
 
 
 def units(uuid, ns):
@@ -243,7 +272,7 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
     c = resp.container_responses[0]
     want("Allocate envs", dict(c.envs), {
         "NVIDIA_VISIBLE_DEVICES": UUID0,
-        "VRAMCAP_LIMIT": f"{UUID0}={GIB}",
+        "VRAMCAP_LIMIT": f"1B,{UUID0}=1024MiB",
         "VRAMCAP_STATS_DIR": "/run/vramcap/stats",
     })
     mounts = [(m.container_path, m.host_path, m.read_only) for m in c.mounts]
@@ -263,7 +292,16 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
     want("Allocate annotations", dict(c.annotations), {})
     want("Allocate cdi_devices", list(c.cdi_devices), [])
     with open(os.path.join(adir, "operator-limit")) as f:
-        want("the operator's cap file", f.read().splitlines()[-1], f"{GIB},{UUID0}={GIB}")
+        want("the operator's cap file", f.read().splitlines()[-1], f"1B,{UUID0}=1024MiB")
+    st = os.stat(os.path.join(adir, "operator-limit"))
+    want("the operator's cap file's owner and mode", (st.st_uid, stat.S_IMODE(st.st_mode)), (0, 0o644))
+    want("the allocation directory's mode", stat.S_IMODE(os.stat(adir).st_mode), 0o700)
+    # The same units again (the next pod): a directory of its own.
+    again = stub.Allocate(pb.AllocateRequest(container_requests=[
+        pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=10).container_responses[0]
+    other = [m.host_path for m in again.mounts if m.container_path == "/run/vramcap/stats"]
+    if other == alloc:
+        fail(f"a second Allocate of the same units got the same directory {alloc}")
     with open(os.path.join(state_dir, "ld.so.preload")) as f:
         want("ld.so.preload", f.read(), LIB_IN_CONTAINER + "\n")
     want("the statistics directory's mode",
@@ -320,7 +358,40 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
 
     # 7. the container
     container(c, work)
-    step("7. container: capped at 1 GiB without LD_PRELOAD, whatever VRAMCAP_LIMIT or VRAMCAP_DISABLE say")
+    step("7. container: capped at 1 GiB without LD_PRELOAD, whatever VRAMCAP_LIMIT or VRAMCAP_DISABLE say; "
+         "its other GPU at 0")
+
+    # 8. a second plugin on the node is refused
+    second = subprocess.run(
+        [CLI, "device-plugin", "--plugin-dir", os.path.dirname(plugin_sock), "--state-dir", state_dir],
+        env=plugin_env(work), capture_output=True, text=True, timeout=30)
+    want("a second plugin's exit status", second.returncode, 2)
+    if "another vramcap device-plugin runs" not in second.stderr:
+        fail(f"a second plugin did not say why it stopped: {second.stderr.strip()!r}")
+    step("8. a second plugin with the same state directory is refused in one line")
+
+    # 9. a GPU lost at start: the plugin serves the others (and --gpu)
+    lost_dir = os.path.join(work, "lost-start")
+    os.makedirs(lost_dir)
+    with open(lost, "w") as f:
+        f.write("1\n")
+    env = plugin_env(work)
+    p = subprocess.Popen(
+        [CLI, "device-plugin", "--plugin-dir", lost_dir, "--state-dir", os.path.join(lost_dir, "state"),
+         "--gpu", UUID0], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in p.stdout:
+        lines.append(line.rstrip())
+        if "trying again" in line:
+            break
+    p.terminate()
+    p.wait(10)
+    os.remove(lost)
+    if f"vramcap device-plugin: {UUID1}: NVML cannot read its memory: not advertised" not in lines \
+            or f"vramcap device-plugin: {UUID0}: {4 * GIB} bytes, {UNITS} units of {UNIT} bytes" not in lines:
+        fail(f"a plugin started with GPU 1 lost: {lines}")
+    want("its exit status at SIGTERM", p.returncode, 0)
+    step("9. a GPU lost at start is left out; the others are served")
 
 
 def container(c, work):
@@ -355,6 +426,8 @@ echo '--- children that unset VRAMCAP_LIMIT, raise it, or disable the shim'
 env -u LD_PRELOAD -u VRAMCAP_LIMIT "{client}" procaddr init info
 env -u LD_PRELOAD VRAMCAP_LIMIT=100% "{client}" procaddr init info
 env -u LD_PRELOAD VRAMCAP_DISABLE=1 "{client}" procaddr init info
+echo '--- the GPU it was not given (its own NVIDIA_VISIBLE_DEVICES=all)'
+env -u LD_PRELOAD "{client}" procaddr init ctx 1 info alloc 1M || true
 """
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -380,6 +453,11 @@ env -u LD_PRELOAD VRAMCAP_DISABLE=1 "{client}" procaddr init info
         f"info -> 0 free={GIB} total={GIB}",
         "init -> 0",
         f"info -> 0 free={GIB} total={GIB}",
+        "--- the GPU it was not given (its own NVIDIA_VISIBLE_DEVICES=all)",
+        "init -> 0",
+        "ctx 1 -> 0",
+        "info -> 0 free=1 total=1",
+        f"alloc {1 << 20} -> 2",
     ])
 
 

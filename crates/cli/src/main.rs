@@ -447,7 +447,10 @@ fn shell_quote(s: &str) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Exporter { .. }) {
+    if !matches!(
+        cli.command,
+        Command::Exporter { .. } | Command::DevicePlugin { .. }
+    ) {
         // A reader that goes away (`vramcap doctor | head -1`) ends the
         // command quietly, as it does other command-line tools; the
         // exporter handles its clients' closed connections itself.

@@ -232,13 +232,64 @@ impl Inventory {
         Nvml::open().map(Inventory)
     }
 
-    /// Every GPU's UUID and memory in bytes; `None` when NVML cannot say
-    /// (a call failed, or a GPU is in MIG mode).
-    pub fn gpus(&self) -> Option<Vec<(String, u64)>> {
-        let list = self.0.gpus()?;
-        list.into_iter()
-            .map(|(uuid, _)| self.memory(&uuid).map(|t| (uuid, t)))
-            .collect()
+    /// Every GPU NVML lists, one by one: its UUID and memory in bytes, or
+    /// why it cannot be served (a call failed, MIG mode); `None` when
+    /// NVML cannot even count them.
+    pub fn gpus(&self) -> Option<Vec<Result<(String, u64), String>>> {
+        type Count = unsafe extern "C" fn(*mut c_uint) -> c_int;
+        type Handle = unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int;
+        type Text = unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> c_int;
+        type Mig = unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut c_uint) -> c_int;
+        // SAFETY: each type is the nvml.h signature of the function named.
+        let (count, handle, uuid, mig) = unsafe {
+            (
+                self.0.func::<Count>(c"nvmlDeviceGetCount_v2")?,
+                self.0.func::<Handle>(c"nvmlDeviceGetHandleByIndex_v2")?,
+                self.0.func::<Text>(c"nvmlDeviceGetUUID")?,
+                self.0.func::<Mig>(c"nvmlDeviceGetMigMode"),
+            )
+        };
+        let mut n: c_uint = 0;
+        // SAFETY: a valid out-pointer.
+        if unsafe { count(&mut n) } != NVML_SUCCESS {
+            return None;
+        }
+        let mut out = Vec::new();
+        for i in 0..n {
+            let mut dev: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            if unsafe { handle(i, &mut dev) } != NVML_SUCCESS {
+                out.push(Err(format!("GPU {i}: NVML gives no handle for it")));
+                continue;
+            }
+            let mut buf = [0 as c_char; 128];
+            // SAFETY: a device handle from NVML and the buffer's own length.
+            if unsafe { uuid(dev, buf.as_mut_ptr(), 128) } != NVML_SUCCESS {
+                out.push(Err(format!("GPU {i}: NVML gives no UUID for it")));
+                continue;
+            }
+            buf[127] = 0;
+            // SAFETY: NUL-terminated inside the buffer (set above).
+            let u = unsafe { CStr::from_ptr(buf.as_ptr()) }
+                .to_string_lossy()
+                .into_owned();
+            if let Some(mig) = mig {
+                let (mut current, mut pending): (c_uint, c_uint) = (0, 0);
+                // SAFETY: a device handle and valid out-pointers.
+                let rc = unsafe { mig(dev, &mut current, &mut pending) };
+                if rc == NVML_SUCCESS && current != 0 {
+                    out.push(Err(format!(
+                        "{u}: in MIG mode, which the plugin does not serve"
+                    )));
+                    continue;
+                }
+            }
+            match self.memory(&u) {
+                Some(total) => out.push(Ok((u, total))),
+                None => out.push(Err(format!("{u}: NVML cannot read its memory"))),
+            }
+        }
+        Some(out)
     }
 
     /// The memory of the GPU `uuid`, asked through its UUID: `None` when

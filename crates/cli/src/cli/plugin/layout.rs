@@ -50,9 +50,10 @@ pub fn unit_id(uuid: &str, n: u64) -> String {
 
 /// The GPU UUID and unit number of a unit ID.
 pub fn parse_unit_id(id: &str) -> Option<(&str, u64)> {
-    let (uuid, n) = id.rsplit_once("::")?;
-    let n = n.parse().ok().filter(|_| !uuid.is_empty())?;
-    Some((uuid, n))
+    let (uuid, text) = id.rsplit_once("::")?;
+    let n: u64 = text.parse().ok().filter(|_| !uuid.is_empty())?;
+    // Only the form the plugin writes: no sign, no leading zero.
+    (n.to_string() == text).then_some((uuid, n))
 }
 
 /// How many units a GPU advertises.
@@ -162,14 +163,37 @@ pub fn alloc_dir(cfg: &Config, id: &str) -> PathBuf {
     cfg.state_dir.join("alloc").join(id)
 }
 
+/// The cap of every GPU a container was not given.
+pub const NOT_GIVEN: &str = "1B";
+
+/// A byte count as the limit grammar reads it: whole MiB as `NMiB`
+/// (shorter: the operator's file holds at most 511 characters a line).
+fn size_text(bytes: u64) -> String {
+    if bytes.is_multiple_of(1 << 20) {
+        format!("{}MiB", bytes >> 20)
+    } else {
+        bytes.to_string()
+    }
+}
+
 /// `Allocate` for one container given the unit IDs `ids`: each GPU is
-/// capped at its units' bytes. Unknown or malformed IDs are refused.
-pub fn allocate(ids: &[String], known: &[Gpu], cfg: &Config) -> Result<Allocation, String> {
+/// capped at its units' bytes, and every other GPU at one byte, so that a
+/// container that reaches more GPUs than it was given (its own
+/// `NVIDIA_VISIBLE_DEVICES=all`, which the kubelet lets a pod set after
+/// the plugin's) can use none of their memory. `serial` makes the
+/// allocation's directory unique (a later pod given the same units gets a
+/// directory of its own). Unknown or malformed IDs are refused.
+pub fn allocate(
+    ids: &[String],
+    known: &[Gpu],
+    cfg: &Config,
+    serial: u64,
+) -> Result<Allocation, String> {
     if ids.is_empty() {
         return Err("Allocate: a container request with no devices".into());
     }
     let mut count: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut seen = BTreeSet::new();
+    let mut seen: BTreeSet<(&str, u64)> = BTreeSet::new();
     for id in ids {
         let Some((uuid, n)) = parse_unit_id(id) else {
             return Err(format!(
@@ -181,7 +205,7 @@ pub fn allocate(ids: &[String], known: &[Gpu], cfg: &Config) -> Result<Allocatio
                 "Allocate: {id:?} names a GPU this node does not have"
             ));
         };
-        if n >= units(gpu, cfg) || !seen.insert(id.as_str()) {
+        if n >= units(gpu, cfg) || !seen.insert((uuid, n)) {
             return Err(format!(
                 "Allocate: {id:?} is not a unit this plugin advertised once"
             ));
@@ -194,16 +218,24 @@ pub fn allocate(ids: &[String], known: &[Gpu], cfg: &Config) -> Result<Allocatio
         .collect();
     let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();
     sorted.sort_unstable();
-    let id = hash_hex(&sorted.join(","));
-    let keyed: Vec<String> = caps.iter().map(|(u, b)| format!("{u}={b}")).collect();
-    let smallest = caps.iter().map(|(_, b)| *b).min().unwrap_or(0);
-    let operator_file = format!(
-        "# written by vramcap device-plugin for this container's allocation\n{smallest},{}\n",
-        keyed.join(",")
-    );
+    let id = format!("{}-{serial}", hash_hex(&sorted.join(",")));
+    let keyed: Vec<String> = caps
+        .iter()
+        .map(|(u, b)| format!("{u}={}", size_text(*b)))
+        .collect();
+    // The grammar has no zero cap: one byte, in which nothing fits.
+    let spec = format!("{NOT_GIVEN},{}", keyed.join(","));
+    if spec.len() > 511 {
+        return Err(format!(
+            "Allocate: the cap of {} GPUs does not fit the operator's file's 511 characters; give containers fewer GPUs",
+            caps.len()
+        ));
+    }
+    let operator_file =
+        format!("# written by vramcap device-plugin for this container's allocation\n{spec}\n");
     let uuids: Vec<&str> = caps.iter().map(|(u, _)| u.as_str()).collect();
     let mut envs = BTreeMap::new();
-    envs.insert("VRAMCAP_LIMIT".to_string(), keyed.join(","));
+    envs.insert("VRAMCAP_LIMIT".to_string(), spec.clone());
     envs.insert(
         "VRAMCAP_STATS_DIR".to_string(),
         STATS_IN_CONTAINER.to_string(),
@@ -324,18 +356,19 @@ mod tests {
         let c = cfg();
         let mut req = ids(A, 0..4);
         req.push(unit_id(B, 2));
-        let a = allocate(&req, &gpus(), &c).unwrap();
+        let a = allocate(&req, &gpus(), &c, 7).unwrap();
         assert_eq!(a.caps, vec![(A.to_string(), G), (B.to_string(), 256 << 20)]);
         assert_eq!(
             a.envs["VRAMCAP_LIMIT"],
-            format!("{A}={G},{B}={}", 256 << 20)
+            format!("1B,{A}=1024MiB,{B}=256MiB")
         );
         assert_eq!(a.envs["NVIDIA_VISIBLE_DEVICES"], format!("{A},{B}"));
         assert_eq!(a.envs["VRAMCAP_STATS_DIR"], "/run/vramcap/stats");
         assert_eq!(
             a.operator_file.lines().last().unwrap(),
-            format!("{},{A}={G},{B}={}", 256 << 20, 256 << 20)
+            format!("1B,{A}=1024MiB,{B}=256MiB")
         );
+        assert!(a.id.ends_with("-7"), "{}", a.id);
         let dir = format!("/var/lib/vramcap/alloc/{}", a.id);
         assert_eq!(
             a.mounts,
@@ -358,15 +391,18 @@ mod tests {
                 ("/run/vramcap/stats".into(), format!("{dir}/stats"), false),
             ]
         );
-        // The same IDs in another order: the same directory.
+        // The same IDs in another order, another call: another directory
+        // with the same stem.
         req.reverse();
-        assert_eq!(allocate(&req, &gpus(), &c).unwrap().id, a.id);
+        let again = allocate(&req, &gpus(), &c, 8).unwrap().id;
+        assert_eq!(again.split('-').next(), a.id.split('-').next());
+        assert_ne!(again, a.id);
         // CDI names instead of the runtime's variable.
         let cdi = Config {
             device_mode: DeviceMode::Cdi,
             ..cfg()
         };
-        let a = allocate(&req, &gpus(), &cdi).unwrap();
+        let a = allocate(&req, &gpus(), &cdi, 9).unwrap();
         assert!(!a.envs.contains_key("NVIDIA_VISIBLE_DEVICES"));
         assert_eq!(
             a.cdi_devices,
@@ -386,8 +422,10 @@ mod tests {
             ),
             (vec![unit_id(A, 12)], "advertised once"),
             (vec![unit_id(A, 1), unit_id(A, 1)], "advertised once"),
+            (vec![format!("{A}::07")], "is not a vramcap unit ID"),
+            (vec![format!("{A}::+7")], "is not a vramcap unit ID"),
         ] {
-            let e = allocate(&bad, &gpus(), &c).unwrap_err();
+            let e = allocate(&bad, &gpus(), &c, 0).unwrap_err();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
     }

@@ -36,8 +36,8 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
-use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::transport::{Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
 
@@ -88,21 +88,32 @@ fn log(text: impl std::fmt::Display) {
 struct Plugin {
     config: Config,
     node: watch::Receiver<Node>,
+    /// Allocations answered (each gets a directory of its own), over
+    /// every server this run made.
+    serial: Arc<std::sync::atomic::AtomicU64>,
+    /// Set when the server stops: every `ListAndWatch` stream ends then,
+    /// so that the server's shutdown does not wait for the kubelet.
+    stop: watch::Receiver<bool>,
 }
 
 impl Plugin {
-    fn devices(&self, node: &Node) -> Vec<api::Device> {
-        node.gpus
-            .iter()
-            .zip(&node.healthy)
-            .flat_map(|(g, &ok)| {
-                (0..layout::units(g, &self.config)).map(move |n| api::Device {
-                    id: layout::unit_id(&g.uuid, n),
-                    health: if ok { HEALTHY } else { UNHEALTHY }.to_string(),
-                    topology: None,
+    /// What `ListAndWatch` sends for a state of the node.
+    fn view(config: &Config) -> impl Fn(&Node) -> api::ListAndWatchResponse + use<> {
+        let config = config.clone();
+        move |node| api::ListAndWatchResponse {
+            devices: node
+                .gpus
+                .iter()
+                .zip(&node.healthy)
+                .flat_map(|(g, &ok)| {
+                    (0..layout::units(g, &config)).map(move |n| api::Device {
+                        id: layout::unit_id(&g.uuid, n),
+                        health: if ok { HEALTHY } else { UNHEALTHY }.to_string(),
+                        topology: None,
+                    })
                 })
-            })
-            .collect()
+                .collect(),
+        }
     }
 }
 
@@ -112,11 +123,13 @@ type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, 
 fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o644)
         .open(&tmp)?;
     f.write_all(text.as_bytes())?;
@@ -131,7 +144,12 @@ fn prepare(config: &Config, a: &layout::Allocation) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let dir = layout::alloc_dir(config, &a.id);
     std::fs::create_dir_all(&dir)?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    // Root's alone: the runtime mounts what is inside by path, and no user
+    // of the node needs to reach another container's statistics.
+    if let Some(parent) = dir.parent() {
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))?;
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
     write_file(&dir.join("operator-limit"), &a.operator_file)?;
     let stats = dir.join("stats");
     std::fs::create_dir_all(&stats)?;
@@ -153,16 +171,24 @@ impl DevicePlugin for Plugin {
         &self,
         _: Request<api::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let this = Plugin {
-            config: self.config.clone(),
-            node: self.node.clone(),
-        };
-        let stream = WatchStream::new(self.node.clone()).map(move |node| {
-            Ok(api::ListAndWatchResponse {
-                devices: this.devices(&node),
-            })
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut node = self.node.clone();
+        let mut stop = self.stop.clone();
+        let config = self.config.clone();
+        tokio::spawn(async move {
+            let view = Plugin::view(&config);
+            loop {
+                let list = view(&node.borrow_and_update());
+                if tx.send(Ok(list)).await.is_err() {
+                    return; // the kubelet went away
+                }
+                tokio::select! {
+                    changed = node.changed() => if changed.is_err() { return },
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
         });
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn get_preferred_allocation(
@@ -193,7 +219,15 @@ impl DevicePlugin for Plugin {
         let gpus = self.node.borrow().gpus.clone();
         let mut container_responses = Vec::new();
         for r in request.into_inner().container_requests {
-            let a = layout::allocate(&r.devices_ids, &gpus, &self.config).map_err(|e| {
+            let serial = self
+                .serial
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            // Unique across restarts of the plugin too: the time, then the count.
+            let unique = stamp.saturating_mul(1_000_000).saturating_add(serial);
+            let a = layout::allocate(&r.devices_ids, &gpus, &self.config, unique).map_err(|e| {
                 log(&e);
                 Status::invalid_argument(e)
             })?;
@@ -285,9 +319,16 @@ fn list_gpus(
     inventory: &crate::cli::machine::Inventory,
     only: Option<&[String]>,
 ) -> Result<Vec<Gpu>, String> {
-    let listed = inventory.gpus().ok_or(
-        "NVML cannot list the GPUs (or a GPU is in MIG mode, which the plugin does not serve)",
-    )?;
+    let all = inventory
+        .gpus()
+        .ok_or("NVML cannot count the GPUs of this node")?;
+    let mut listed = Vec::new();
+    for g in all {
+        match g {
+            Ok(x) => listed.push(x),
+            Err(why) => log(format_args!("{why}: not advertised")),
+        }
+    }
     let gpus: Vec<Gpu> = match only {
         None => listed
             .into_iter()
@@ -312,7 +353,13 @@ fn list_gpus(
         }
     };
     if gpus.is_empty() {
-        return Err("NVML lists no GPU on this node: nothing to advertise".into());
+        return Err(
+            "NVML lists no GPU this plugin can serve on this node: nothing to advertise".into(),
+        );
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(g) = gpus.iter().find(|g| !seen.insert(g.uuid.clone())) {
+        return Err(format!("--gpu {}: given twice", g.uuid));
     }
     Ok(gpus)
 }
@@ -418,15 +465,53 @@ fn watch_health(args: &Args) -> Result<watch::Receiver<Node>, String> {
         .map_err(|_| "the health thread ended before listing the GPUs".to_string())?
 }
 
+/// The most units one node may advertise: a `ListAndWatch` message must
+/// stay well under gRPC's 4 MiB default (a device is some 70 bytes).
+pub const MAX_UNITS: u64 = 32_768;
+
 /// Runs the plugin until SIGTERM or SIGINT; the exit status.
 pub fn run(args: Args) -> Result<u8, String> {
-    let node = watch_health(&args)?;
     std::fs::create_dir_all(&args.config.state_dir).map_err(|e| {
         format!(
             "--state-dir {}: cannot make it: {e}",
             args.config.state_dir.display()
         )
     })?;
+    // One plugin per node: a second would take the socket from the first.
+    let lock_path = args.config.state_dir.join("device-plugin.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+    // SAFETY: a descriptor we own; flock has no other preconditions.
+    if unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&lock),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    } != 0
+    {
+        return Err(format!(
+            "another vramcap device-plugin runs with --state-dir {} (it holds {}); only one may run on a node",
+            args.config.state_dir.display(),
+            lock_path.display()
+        ));
+    }
+    let node = watch_health(&args)?;
+    let total: u64 = node
+        .borrow()
+        .gpus
+        .iter()
+        .map(|g| layout::units(g, &args.config))
+        .sum();
+    if total > MAX_UNITS {
+        return Err(format!(
+            "--unit {} makes {total} units on this node, more than the {MAX_UNITS} a device list may carry; give a larger unit, e.g. --unit 256MiB",
+            args.config.unit
+        ));
+    }
     let preload = args.config.state_dir.join("ld.so.preload");
     write_file(
         &preload,
@@ -438,7 +523,37 @@ pub fn run(args: Args) -> Result<u8, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the gRPC runtime: {e}"))?;
-    rt.block_on(serve(args, node))
+    let out = rt.block_on(serve(args, node));
+    drop(lock);
+    out
+}
+
+/// How long a stopping server may take to close its connections.
+const SHUTDOWN: Duration = Duration::from_secs(2);
+/// How long a registration may take.
+const REGISTER: Duration = Duration::from_secs(5);
+
+/// A running server: how to stop it.
+struct Running {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Running {
+    /// Ends every stream, gives the server `SHUTDOWN` to close, then aborts it.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let mut task = self.task;
+        if tokio::time::timeout(SHUTDOWN, &mut task).await.is_err() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+enum Wake {
+    Signal,
+    Restart,
 }
 
 async fn serve(args: Args, node: watch::Receiver<Node>) -> Result<u8, String> {
@@ -447,70 +562,90 @@ async fn serve(args: Args, node: watch::Receiver<Node>) -> Result<u8, String> {
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
     let kubelet = args.plugin_dir.join("kubelet.sock");
     let socket = args.plugin_dir.join(&args.socket);
-    let plugin = Arc::new(Plugin {
-        config: args.config.clone(),
-        node,
-    });
+    let serial = Arc::new(std::sync::atomic::AtomicU64::new(0));
     loop {
         let _ = std::fs::remove_file(&socket);
         let listener = UnixListener::bind(&socket)
             .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let service = DevicePluginServer::from_arc(plugin.clone());
-        let server = tokio::spawn(
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let plugin = Plugin {
+            config: args.config.clone(),
+            node: node.clone(),
+            serial: serial.clone(),
+            stop: stop_rx.clone(),
+        };
+        let mut stopped = stop_rx;
+        let task = tokio::spawn(
             Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stopped.await;
+                .add_service(DevicePluginServer::new(plugin))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    let _ = stopped.wait_for(|s| *s).await;
                 }),
         );
+        let running = Running {
+            stop: stop_tx,
+            task,
+        };
         log(format_args!(
             "serving {} on {}",
             args.resource,
             socket.display()
         ));
-        // Register (again every second until the kubelet takes it).
+        let mine = identity(&socket);
+        // Register (again every second until the kubelet takes it); the
+        // kubelet's socket as it was before the call, so that a restart
+        // during it is seen.
+        let mut attempts = 0u64;
         let registered = loop {
-            match register(&kubelet, &args).await {
-                Ok(()) => break identity(&kubelet),
-                Err(e) => log(format_args!("{e}; trying again in 1 s")),
+            let before = identity(&kubelet);
+            attempts += 1;
+            // The first failure and then one a minute: a node without a
+            // kubelet yet is not worth a line a second.
+            let say = attempts == 1 || attempts.is_multiple_of(60);
+            let wake = tokio::select! {
+                r = tokio::time::timeout(REGISTER, register(&kubelet, &args)) => match r {
+                    Ok(Ok(())) => break before,
+                    Ok(Err(e)) => { if say { log(format_args!("{e}; trying again every second")) } None }
+                    Err(_) => { if say { log(format_args!("the kubelet did not answer the registration within {REGISTER:?}; trying again every second")) } None }
+                },
+                _ = term.recv() => Some(Wake::Signal),
+                _ = int.recv() => Some(Wake::Signal),
+            };
+            if wake.is_some() {
+                return stop_and_exit(running, &socket).await;
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = term.recv() => return stop_and_exit(stop, server, &socket).await,
-                _ = int.recv() => return stop_and_exit(stop, server, &socket).await,
+                _ = term.recv() => return stop_and_exit(running, &socket).await,
+                _ = int.recv() => return stop_and_exit(running, &socket).await,
             }
         };
         log(format_args!(
             "registered with the kubelet at {}",
             kubelet.display()
         ));
-        let mine = identity(&socket);
         // Watch for a kubelet restart: its socket made anew, or ours gone.
-        loop {
+        let wake = loop {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                _ = term.recv() => return stop_and_exit(stop, server, &socket).await,
-                _ = int.recv() => return stop_and_exit(stop, server, &socket).await,
+                _ = term.recv() => break Wake::Signal,
+                _ = int.recv() => break Wake::Signal,
             }
             let now = identity(&kubelet);
             if now.is_some() && now != registered || identity(&socket) != mine {
-                log("the kubelet restarted: serving and registering again");
-                break;
+                break Wake::Restart;
             }
+        };
+        if let Wake::Signal = wake {
+            return stop_and_exit(running, &socket).await;
         }
-        let _ = stop.send(());
-        let _ = server.await;
+        log("the kubelet restarted: serving and registering again");
+        running.stop().await;
     }
 }
 
-async fn stop_and_exit(
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-    socket: &Path,
-) -> Result<u8, String> {
-    let _ = stop.send(());
-    let _ = server.await;
+async fn stop_and_exit(running: Running, socket: &Path) -> Result<u8, String> {
+    running.stop().await;
     let _ = std::fs::remove_file(socket);
     log("stopped");
     Ok(0)
