@@ -235,15 +235,6 @@ fn bad_cache_settings_are_refused() {
     }
 }
 
-fn stat_device0(dir: &Path, pid: u32) -> Value {
-    let mut cmd = bare(&artefacts().cli);
-    cmd.env("VRAMCAP_STATS_DIR", dir)
-        .args(["stat", "--json", "--pid", &pid.to_string()]);
-    let text = run(cmd).ok_lines().join("");
-    let j: Value = serde_json::from_str(&text).unwrap();
-    j["processes"][0]["devices"][0].clone()
-}
-
 /// Polls `stat` until `cond` holds (the process acts on its own clock);
 /// fails after 10 seconds.
 fn poll_until(dir: &Path, pid: u32, what: &str, cond: impl Fn(&Value) -> bool) -> Value {

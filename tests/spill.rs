@@ -2,7 +2,6 @@
 //! device never holds more than the cap, spilled memory is where the mode
 //! says, everything comes back on free, and the spill limit holds.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::util::*;
@@ -186,14 +185,6 @@ fn bad_spill_settings_are_refused() {
         ran.expect_code(2);
         assert!(ran.stderr().contains(msg), "{}", ran.stderr());
     }
-}
-
-fn stat_device0(dir: &Path, pid: u32) -> Value {
-    let mut cmd = bare(&artefacts().cli);
-    cmd.env("VRAMCAP_STATS_DIR", dir)
-        .args(["stat", "--json", "--pid", &pid.to_string()]);
-    let j: Value = serde_json::from_str(&run(cmd).ok_lines().join("")).unwrap();
-    j["processes"][0]["devices"][0].clone()
 }
 
 #[test]

@@ -6,10 +6,7 @@
 //! an unmapped address; and without tiered spill the launch hooks are not
 //! handed out at all.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
-
-use serde_json::Value;
 
 use crate::util::*;
 
@@ -20,14 +17,6 @@ fn tiered(cap: &'static str) -> Vec<(&'static str, &'static str)> {
         ("VRAMCAP_SPILL_LIMIT", "1GiB"),
         ("VRAMCAP_CACHE", "off"),
     ]
-}
-
-fn stat_device0(dir: &Path, pid: u32) -> Value {
-    let mut cmd = bare(&artefacts().cli);
-    cmd.env("VRAMCAP_STATS_DIR", dir)
-        .args(["stat", "--json", "--pid", &pid.to_string()]);
-    let j: Value = serde_json::from_str(&run(cmd).ok_lines().join("")).unwrap();
-    j["processes"][0]["devices"][0].clone()
 }
 
 /// A hot host block is promoted: the cold device block that makes room goes

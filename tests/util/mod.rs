@@ -291,3 +291,12 @@ pub fn client_bare(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
 
 pub const GIB: u64 = 1 << 30;
 pub const MIB: u64 = 1 << 20;
+
+/// Device 0 of process `pid` as `vramcap stat --json` shows it, from `dir`.
+pub fn stat_device0(dir: &Path, pid: u32) -> serde_json::Value {
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", dir)
+        .args(["stat", "--json", "--pid", &pid.to_string()]);
+    let j: serde_json::Value = serde_json::from_str(&run(cmd).ok_lines().join("")).unwrap();
+    j["processes"][0]["devices"][0].clone()
+}

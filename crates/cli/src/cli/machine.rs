@@ -92,20 +92,7 @@ impl Nvml {
                 self.func::<Mig>(c"nvmlDeviceGetMigMode"),
             )
         };
-        let text = |f: Text, dev: *mut c_void| -> Option<String> {
-            let mut buf = [0 as c_char; 128];
-            // SAFETY: a device handle from NVML and the buffer's own length.
-            if unsafe { f(dev, buf.as_mut_ptr(), 128) } != NVML_SUCCESS {
-                return None;
-            }
-            buf[127] = 0;
-            // SAFETY: NUL-terminated inside the buffer (set above).
-            Some(
-                unsafe { CStr::from_ptr(buf.as_ptr()) }
-                    .to_string_lossy()
-                    .into_owned(),
-            )
-        };
+        let text = |f: Text, dev: *mut c_void| device_text(f, dev);
         let mut n: c_uint = 0;
         // SAFETY: a valid out-pointer.
         if unsafe { count(&mut n) } != NVML_SUCCESS {
@@ -262,17 +249,10 @@ impl Inventory {
                 out.push(Err(format!("GPU {i}: NVML gives no handle for it")));
                 continue;
             }
-            let mut buf = [0 as c_char; 128];
-            // SAFETY: a device handle from NVML and the buffer's own length.
-            if unsafe { uuid(dev, buf.as_mut_ptr(), 128) } != NVML_SUCCESS {
+            let Some(u) = device_text(uuid, dev) else {
                 out.push(Err(format!("GPU {i}: NVML gives no UUID for it")));
                 continue;
-            }
-            buf[127] = 0;
-            // SAFETY: NUL-terminated inside the buffer (set above).
-            let u = unsafe { CStr::from_ptr(buf.as_ptr()) }
-                .to_string_lossy()
-                .into_owned();
+            };
             if let Some(mig) = mig {
                 let (mut current, mut pending): (c_uint, c_uint) = (0, 0);
                 // SAFETY: a device handle and valid out-pointers.
@@ -319,6 +299,26 @@ impl Inventory {
         // SAFETY: a device handle from NVML and a valid out-pointer.
         (unsafe { memory(dev, &mut m) } == NVML_SUCCESS).then_some(m.total)
     }
+}
+
+/// A device's text from an NVML getter of the `(device, buffer, length)`
+/// kind (UUID, name).
+fn device_text(
+    f: unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> c_int,
+    dev: *mut c_void,
+) -> Option<String> {
+    let mut buf = [0 as c_char; 128];
+    // SAFETY: a device handle from NVML and the buffer's own length.
+    if unsafe { f(dev, buf.as_mut_ptr(), 128) } != NVML_SUCCESS {
+        return None;
+    }
+    buf[127] = 0;
+    // SAFETY: NUL-terminated inside the buffer (set above).
+    Some(
+        unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 impl Drop for Nvml {
