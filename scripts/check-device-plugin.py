@@ -52,6 +52,7 @@ GEN = os.path.join(VENV, "gen")
 PINS = ["grpcio==1.76.0", "grpcio-tools==1.76.0"]
 PROTO_DIR = os.path.join(ROOT, "crates", "cli", "proto")
 PROTO = os.path.join(PROTO_DIR, "deviceplugin", "v1beta1", "api.proto")
+PODRES_PROTO = os.path.join(PROTO_DIR, "podresources", "v1", "api.proto")
 STANDIN = os.path.join(ROOT, "target", "standin-plugin")
 CLI = os.path.join(ROOT, "target", "debug", "vramcap")
 SHIM = os.path.join(ROOT, "target", "debug", "libvramcap.so")
@@ -87,7 +88,7 @@ def ensure_venv():
     os.makedirs(GEN, exist_ok=True)
     subprocess.run(
         [py, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={GEN}",
-         f"--grpc_python_out={GEN}", PROTO],
+         f"--grpc_python_out={GEN}", PROTO, PODRES_PROTO],
         check=True,
     )
     return py
@@ -115,6 +116,8 @@ def run_checks():
 
     from deviceplugin.v1beta1 import api_pb2 as pb
     from deviceplugin.v1beta1 import api_pb2_grpc as rpc
+    from podresources.v1 import api_pb2 as prpb
+    from podresources.v1 import api_pb2_grpc as prrpc
 
     work = tempfile.mkdtemp(prefix="vramcap-plugin-")
     plugin_dir = os.path.join(work, "device-plugins")
@@ -145,18 +148,36 @@ def run_checks():
         server.start()
         return server
 
+    # The kubelet's PodResources API: the units a pod's container holds.
+    held = {"ids": units(UUID0, range(8, 12))}
+
+    class PodResources(prrpc.PodResourcesListerServicer):
+        def List(self, request, context):
+            devices = [prpb.ContainerDevices(resource_name="vramcap.io/gpu-memory",
+                                             device_ids=held["ids"])] if held["ids"] else []
+            return prpb.ListPodResourcesResponse(pod_resources=[prpb.PodResources(
+                name="train", namespace="default",
+                containers=[prpb.ContainerResources(name="train", devices=devices)])])
+
+    podres = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    prrpc.add_PodResourcesListerServicer_to_server(PodResources(), podres)
+    podres_sock = os.path.join(work, "pod-resources.sock")
+    podres.add_insecure_port(f"unix://{podres_sock}")
+    podres.start()
+
     kubelet = start_kubelet()
     env = plugin_env(work)
     log = open(os.path.join(work, "plugin.log"), "w")
     plugin = subprocess.Popen(
         [CLI, "device-plugin", "--plugin-dir", plugin_dir, "--state-dir", state_dir,
          "--library", SHIM, "--library-in-container", LIB_IN_CONTAINER,
-         "--health-interval", "0.1"],
+         "--health-interval", "0.1", "--pod-resources", podres_sock,
+         "--sweep-interval", "0.2", "--sweep-grace", "0.001"],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
         checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, lost,
-               lambda: kubelet, start_kubelet, work)
+               lambda: kubelet, start_kubelet, work, held)
         # SIGTERM while the kubelet's ListAndWatch stream is open, as it
         # always is: the plugin must still stop, promptly.
         watcher = rpc.DevicePluginStub(connect(grpc, plugin_sock)).ListAndWatch(pb.Empty(), timeout=60)
@@ -218,8 +239,16 @@ def units(uuid, ns):
     return [f"{uuid}::{n}" for n in ns]
 
 
+def gone_within(path, seconds, what):
+    deadline = time.time() + seconds
+    while os.path.exists(path):
+        if time.time() > deadline:
+            fail(f"{what}: {path} is still there after {seconds} s")
+        time.sleep(0.05)
+
+
 def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, lost,
-           kubelet, start_kubelet, work):
+           kubelet, start_kubelet, work, held):
     # 1. registration
     r = registered(registrations, "registration")
     want("Register.version", r.version, "v1beta1")
@@ -296,16 +325,22 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
     st = os.stat(os.path.join(adir, "operator-limit"))
     want("the operator's cap file's owner and mode", (st.st_uid, stat.S_IMODE(st.st_mode)), (0, 0o644))
     want("the allocation directory's mode", stat.S_IMODE(os.stat(adir).st_mode), 0o700)
+    with open(os.path.join(state_dir, "ld.so.preload")) as f:
+        want("ld.so.preload", f.read(), LIB_IN_CONTAINER + "\n")
+    want("the statistics directory's mode",
+         stat.S_IMODE(os.stat(os.path.join(adir, "stats")).st_mode), 0o1777)
     # The same units again (the next pod): a directory of its own.
     again = stub.Allocate(pb.AllocateRequest(container_requests=[
         pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=10).container_responses[0]
     other = [m.host_path for m in again.mounts if m.container_path == "/run/vramcap/stats"]
     if other == alloc:
         fail(f"a second Allocate of the same units got the same directory {alloc}")
-    with open(os.path.join(state_dir, "ld.so.preload")) as f:
-        want("ld.so.preload", f.read(), LIB_IN_CONTAINER + "\n")
-    want("the statistics directory's mode",
-         stat.S_IMODE(os.stat(os.path.join(adir, "stats")).st_mode), 0o1777)
+    # The sweep: the kubelet holds these units for one container, the
+    # later allocation; the earlier one's directory goes, the later stays.
+    gone_within(adir, 10, "the directory of an allocation the same units went to again")
+    if not os.path.isdir(os.path.dirname(other[0])):
+        fail("the sweep removed the directory of the allocation the kubelet still holds")
+    c = again
     try:
         stub.Allocate(pb.AllocateRequest(container_requests=[
             pb.ContainerAllocateRequest(devices_ids=["nvidia0"])]), timeout=10)
@@ -314,7 +349,8 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
         want("Allocate of a foreign ID: code", e.code(), grpc.StatusCode.INVALID_ARGUMENT)
         if "is not a vramcap unit ID" not in e.details():
             fail(f"Allocate of a foreign ID: {e.details()!r} does not say why")
-    step("4. Allocate: envs, mounts, cap file and statistics directory exact; a foreign ID refused")
+    step("4. Allocate: envs, mounts, cap file and statistics directory exact; a foreign ID refused; "
+         "the same units again get a directory of their own, and the earlier one is swept")
 
     # 5. health
     with open(lost, "w") as f:
@@ -359,7 +395,7 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
     # 7. the container
     container(c, work)
     step("7. container: capped at 1 GiB without LD_PRELOAD, whatever VRAMCAP_LIMIT or VRAMCAP_DISABLE say; "
-         "its other GPU at 0")
+         "its other GPU at one byte")
 
     # 8. a second plugin on the node is refused
     second = subprocess.run(
@@ -392,6 +428,12 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
         fail(f"a plugin started with GPU 1 lost: {lines}")
     want("its exit status at SIGTERM", p.returncode, 0)
     step("9. a GPU lost at start is left out; the others are served")
+
+    # 10. the pod ends: its allocation's directory goes too
+    held["ids"] = []
+    last = [m.host_path for m in c.mounts if m.container_path == "/run/vramcap/stats"][0]
+    gone_within(os.path.dirname(last), 10, "the directory of an allocation that ended")
+    step("10. the directory of an allocation the kubelet no longer holds is swept")
 
 
 def container(c, work):

@@ -243,9 +243,22 @@ enum Command {
         /// Advertise only these GPUs (UUID, repeatable; default every GPU NVML lists)
         #[arg(long = "gpu", value_name = "UUID")]
         gpus: Vec<String>,
-        /// How often each GPU's health is asked of NVML, e.g. 1s
-        #[arg(long, value_name = "DURATION", default_value = "1", value_parser = cli::stat::parse_seconds)]
+        /// How often each GPU's health is asked of NVML, in seconds
+        #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = cli::stat::parse_seconds)]
         health_interval: std::time::Duration,
+        /// The kubelet's PodResources socket, asked which allocations are still there
+        #[arg(
+            long,
+            value_name = "PATH",
+            default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
+        )]
+        pod_resources: PathBuf,
+        /// How often the directories of ended allocations are swept, in seconds
+        #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = cli::stat::parse_seconds)]
+        sweep_interval: std::time::Duration,
+        /// How old an ended allocation's directory must be to go, in seconds
+        #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = cli::stat::parse_seconds)]
+        sweep_grace: std::time::Duration,
     },
     /// Check the installation: shim, driver, and that interposition works
     Doctor {
@@ -544,11 +557,17 @@ fn main() -> ExitCode {
             devices,
             gpus,
             health_interval,
+            pod_resources,
+            sweep_interval,
+            sweep_grace,
         } => cli::plugin::run(cli::plugin::Args {
             plugin_dir,
             socket,
             resource,
             health_interval,
+            pod_resources,
+            sweep_interval,
+            sweep_grace,
             config: cli::plugin::layout::Config {
                 unit,
                 reserve,

@@ -158,6 +158,43 @@ fn hash_hex(text: &str) -> String {
     format!("{h:016x}")
 }
 
+/// The stem of the directories of allocations of these unit IDs.
+pub fn ids_stem(ids: &[String]) -> String {
+    let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    hash_hex(&sorted.join(","))
+}
+
+/// Which allocation directories (by name, `<stem>-<serial>`) belong to
+/// allocations that ended, given the stems of the units the kubelet still
+/// has allocated: those whose stem is not among them, and of those whose
+/// stem is, all but the newest (the same units given to a later pod).
+/// Names not of that form are left alone.
+pub fn ended(names: &[String], live: &BTreeSet<String>) -> Vec<String> {
+    let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
+    let parsed: Vec<(&str, &str, u64)> = names
+        .iter()
+        .filter_map(|n| {
+            let (stem, serial) = n.rsplit_once('-')?;
+            let serial = serial.parse().ok()?;
+            (stem.len() == 16 && stem.bytes().all(|b| b.is_ascii_hexdigit())).then_some((
+                n.as_str(),
+                stem,
+                serial,
+            ))
+        })
+        .collect();
+    for &(_, stem, serial) in &parsed {
+        let e = newest.entry(stem).or_insert(serial);
+        *e = (*e).max(serial);
+    }
+    parsed
+        .into_iter()
+        .filter(|&(_, stem, serial)| !live.contains(stem) || newest[stem] != serial)
+        .map(|(n, _, _)| n.to_string())
+        .collect()
+}
+
 /// The allocation directory of an allocation.
 pub fn alloc_dir(cfg: &Config, id: &str) -> PathBuf {
     cfg.state_dir.join("alloc").join(id)
@@ -216,9 +253,7 @@ pub fn allocate(
         .iter()
         .map(|(u, n)| (u.to_string(), n.saturating_mul(cfg.unit)))
         .collect();
-    let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();
-    sorted.sort_unstable();
-    let id = format!("{}-{serial}", hash_hex(&sorted.join(",")));
+    let id = format!("{}-{serial}", ids_stem(ids));
     let keyed: Vec<String> = caps
         .iter()
         .map(|(u, b)| format!("{u}={}", size_text(*b)))
@@ -408,6 +443,25 @@ mod tests {
             a.cdi_devices,
             vec![format!("nvidia.com/gpu={A}"), format!("nvidia.com/gpu={B}")]
         );
+    }
+
+    #[test]
+    fn ended_allocations_are_those_the_kubelet_no_longer_has() {
+        let a = ids_stem(&ids(A, 0..4));
+        let b = ids_stem(&ids(B, 0..2));
+        let names: Vec<String> = vec![
+            format!("{a}-100"),
+            format!("{a}-250"),
+            format!("{b}-120"),
+            "lost+found".into(),
+            "notahex0notahex0-5".into(),
+        ];
+        let live: BTreeSet<String> = [a.clone()].into();
+        assert_eq!(
+            ended(&names, &live),
+            vec![format!("{a}-100"), format!("{b}-120")]
+        );
+        assert_eq!(ended(&names, &BTreeSet::new()).len(), 3);
     }
 
     #[test]

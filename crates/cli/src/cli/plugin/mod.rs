@@ -48,6 +48,18 @@ pub mod api {
     tonic::include_proto!("v1beta1");
 }
 
+/// The kubelet's PodResources API (a client only).
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    missing_docs,
+    unreachable_pub,
+    dead_code
+)]
+pub mod podresources {
+    tonic::include_proto!("v1");
+}
+
 use api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use api::registration_client::RegistrationClient;
 
@@ -72,6 +84,12 @@ pub struct Args {
     /// nodes whose NVML lists more than the plugin may advertise. Health
     /// still comes from NVML.
     pub only: Option<Vec<String>>,
+    /// The kubelet's PodResources socket, asked every `sweep_interval`
+    /// which allocations are still there; directories of ended ones older
+    /// than `sweep_grace` are removed.
+    pub pod_resources: PathBuf,
+    pub sweep_interval: Duration,
+    pub sweep_grace: Duration,
 }
 
 /// The node's GPUs and their health, as the gRPC side sees them.
@@ -284,16 +302,94 @@ fn options() -> api::DevicePluginOptions {
     }
 }
 
-/// `Registration.Register` with the kubelet at `kubelet`.
-async fn register(kubelet: &Path, args: &Args) -> Result<(), String> {
-    let path = kubelet.to_path_buf();
+/// A gRPC channel over the Unix socket `path`.
+async fn unix_channel(path: &Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
     // The URI is not used: every connection is to the socket.
-    let channel = Endpoint::try_from("http://[::]:0")
-        .map_err(|e| e.to_string())?
+    Endpoint::from_static("http://[::]:0")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let p = path.clone();
             async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(p).await?)) }
         }))
+        .await
+}
+
+/// One sweep: the stems of the allocations the kubelet still has, then
+/// the directories of the others (older than the grace) removed.
+async fn sweep(args: &Args) -> Result<usize, String> {
+    use podresources::pod_resources_lister_client::PodResourcesListerClient;
+    let channel = unix_channel(&args.pod_resources).await.map_err(|e| {
+        format!(
+            "cannot reach the kubelet's PodResources API at {}: {e}",
+            args.pod_resources.display()
+        )
+    })?;
+    let list = PodResourcesListerClient::new(channel)
+        .list(podresources::ListPodResourcesRequest {})
+        .await
+        .map_err(|s| {
+            format!(
+                "the kubelet's PodResources API refused List: {}",
+                s.message()
+            )
+        })?
+        .into_inner();
+    let live: std::collections::BTreeSet<String> = list
+        .pod_resources
+        .iter()
+        .flat_map(|p| &p.containers)
+        .flat_map(|c| &c.devices)
+        .filter(|d| d.resource_name == args.resource)
+        .map(|d| layout::ids_stem(&d.device_ids))
+        .collect();
+    let dir = args.config.state_dir.join("alloc");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(0);
+    };
+    let names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir() && !t.is_symlink()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    let mut removed = 0;
+    for name in layout::ended(&names, &live) {
+        let path = dir.join(&name);
+        let old = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= args.sweep_grace);
+        if old && std::fs::remove_dir_all(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Sweeps every interval; says once when the API cannot be reached.
+async fn sweeper(args: Args) {
+    let mut said = false;
+    loop {
+        tokio::time::sleep(args.sweep_interval).await;
+        match sweep(&args).await {
+            Ok(0) => {}
+            Ok(n) => log(format_args!(
+                "removed the directories of {n} allocations that ended"
+            )),
+            Err(e) if !said => {
+                said = true;
+                log(format_args!(
+                    "{e}; allocation directories are kept until it answers"
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// `Registration.Register` with the kubelet at `kubelet`.
+async fn register(kubelet: &Path, args: &Args) -> Result<(), String> {
+    let channel = unix_channel(kubelet)
         .await
         .map_err(|e| format!("cannot reach the kubelet at {}: {e}", kubelet.display()))?;
     RegistrationClient::new(channel)
@@ -563,9 +659,24 @@ async fn serve(args: Args, node: watch::Receiver<Node>) -> Result<u8, String> {
     let kubelet = args.plugin_dir.join("kubelet.sock");
     let socket = args.plugin_dir.join(&args.socket);
     let serial = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sweeping = tokio::spawn(sweeper(args.clone()));
+    let out = serve_loop(&args, node, &mut term, &mut int, &kubelet, &socket, serial).await;
+    sweeping.abort();
+    out
+}
+
+async fn serve_loop(
+    args: &Args,
+    node: watch::Receiver<Node>,
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+    kubelet: &Path,
+    socket: &Path,
+    serial: Arc<std::sync::atomic::AtomicU64>,
+) -> Result<u8, String> {
     loop {
-        let _ = std::fs::remove_file(&socket);
-        let listener = UnixListener::bind(&socket)
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket)
             .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let plugin = Plugin {
@@ -591,19 +702,19 @@ async fn serve(args: Args, node: watch::Receiver<Node>) -> Result<u8, String> {
             args.resource,
             socket.display()
         ));
-        let mine = identity(&socket);
+        let mine = identity(socket);
         // Register (again every second until the kubelet takes it); the
         // kubelet's socket as it was before the call, so that a restart
         // during it is seen.
         let mut attempts = 0u64;
         let registered = loop {
-            let before = identity(&kubelet);
+            let before = identity(kubelet);
             attempts += 1;
             // The first failure and then one a minute: a node without a
             // kubelet yet is not worth a line a second.
             let say = attempts == 1 || attempts.is_multiple_of(60);
             let wake = tokio::select! {
-                r = tokio::time::timeout(REGISTER, register(&kubelet, &args)) => match r {
+                r = tokio::time::timeout(REGISTER, register(kubelet, args)) => match r {
                     Ok(Ok(())) => break before,
                     Ok(Err(e)) => { if say { log(format_args!("{e}; trying again every second")) } None }
                     Err(_) => { if say { log(format_args!("the kubelet did not answer the registration within {REGISTER:?}; trying again every second")) } None }
@@ -612,12 +723,12 @@ async fn serve(args: Args, node: watch::Receiver<Node>) -> Result<u8, String> {
                 _ = int.recv() => Some(Wake::Signal),
             };
             if wake.is_some() {
-                return stop_and_exit(running, &socket).await;
+                return stop_and_exit(running, socket).await;
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = term.recv() => return stop_and_exit(running, &socket).await,
-                _ = int.recv() => return stop_and_exit(running, &socket).await,
+                _ = term.recv() => return stop_and_exit(running, socket).await,
+                _ = int.recv() => return stop_and_exit(running, socket).await,
             }
         };
         log(format_args!(
@@ -631,13 +742,13 @@ async fn serve(args: Args, node: watch::Receiver<Node>) -> Result<u8, String> {
                 _ = term.recv() => break Wake::Signal,
                 _ = int.recv() => break Wake::Signal,
             }
-            let now = identity(&kubelet);
-            if now.is_some() && now != registered || identity(&socket) != mine {
+            let now = identity(kubelet);
+            if now.is_some() && now != registered || identity(socket) != mine {
                 break Wake::Restart;
             }
         };
         if let Wake::Signal = wake {
-            return stop_and_exit(running, &socket).await;
+            return stop_and_exit(running, socket).await;
         }
         log("the kubelet restarted: serving and registering again");
         running.stop().await;
