@@ -7,7 +7,10 @@
 # under per-device limits:
 #   VRAMCAP_LIMIT="0=2GiB,1=3GiB"                       caps follow the visible order,
 #   the same with CUDA_VISIBLE_DEVICES swapped,         also when that order is swapped,
-#   VRAMCAP_LIMIT="GPU-<uuid prefix of 1>=1GiB,2GiB"    the UUID names the physical GPU.
+#   VRAMCAP_LIMIT="GPU-<uuid prefix of 1>=1GiB,2GiB"    the UUID names the physical GPU,
+#   VRAMCAP_LIMIT="GPU-ffffffff=1GiB,2GiB"              a key naming no GPU stops the process;
+# then PyTorch on both devices (scripts/gpu/check_2gpu.py): each context charged
+# to its own device, and a live cap change on one device only.
 # Every process has CUDA_DEVICE_ORDER=PCI_BUS_ID (so CUDA's order is nvidia-smi's).
 # Prints a markdown table at the end; the full log goes to
 # ${OUT:-/tmp}/gpu-check-2gpu.log (the table also to ${OUT:-/tmp}/gpu-check-2gpu.md).
@@ -26,7 +29,7 @@ set -u
 NAME=gpu-check-2gpu
 # shellcheck source-path=SCRIPTDIR source=gpu/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu/lib.sh"
-gpu_args 22 "$@"
+gpu_args 25 "$@"
 gpu_setup "$1"
 CUDA_ARCH=${CUDA_ARCH:-sm_90}
 CU_TIMEOUT=${CU_TIMEOUT:-120}
@@ -256,6 +259,50 @@ for cvd in - "$SWAP_CVD"; do
     [ "$seen1" != none ] || ok=0
     add_row "$rowname" "$exp" "${note:+$note; }key $UKEY; physical 1 is $seen1; $(dev_obs 0)$(dev_obs 1)rc=$RC" "$(verdict)"
 done
+
+# 7. a key that names no GPU: the process stops, and the line lists both GPUs.
+rowname="twodev, VRAMCAP_LIMIT=GPU-ffffffff=1GiB,2GiB (names no GPU)"
+exp="the process stops before allocating (rc != 0); its one line lists both GPUs' UUIDs"
+if run_twodev "$rowname" "$exp" twodev-unmatched twodev "GPU-ffffffff=1GiB,2GiB" -; then
+    # It must stop: exit status 0 would mean it ran without the cap it asked
+    # for; 124 or 137, that it hung.
+    ok=1
+    case $RC in 0 | 124 | 137) ok=0 ;; esac
+    line=$(grep -a "GPU-ffffffff" "$ERRF" | head -n 1)
+    for u in "$PHYS0" "$PHYS1"; do
+        [[ $u == GPU-* ]] && grep -qi -- "$u" <<<"$line" || ok=0
+    done
+    add_row "$rowname" "$exp" "rc=$RC; $(printf '%s' "$line" | cut -c1-400)" "$(verdict)"
+fi
+
+# 8/9. PyTorch on both devices (scripts/gpu/check_2gpu.py): each context is
+# charged to its own device; a live cap change on one device leaves the other.
+export VRAMCAP_STATS_DIR=$WORK/stats
+py2() { # NAME MODE : check_2gpu.py MODE under the shim at 8 GiB per device; sets line
+    run_cmd "$1" 180 "${WITHSHIM[@]}" VRAMCAP_LIMIT=8GiB "$PYTHON" "$GPU_SRC/check_2gpu.py" "$2" --cli "$CLI"
+    line=$(result_line "$OUTF" RESULTKV)
+    ok=1
+    [ "$RC" = 0 ] && [ -n "$line" ] || ok=0
+}
+py2 torch-context context
+for d in 0 1; do
+    c=$(kv "ctx${d}_mib" "$line")
+    u=$(kv "used${d}_mib" "$line")
+    n=$(kv "nvml${d}_mib" "$line")
+    isint "$c" && isint "$u" && isint "$n" && ((c >= 100 && u >= c && (u - n <= 64 && n - u <= 64))) || ok=0
+done
+add_row "PyTorch, 256 MiB on cuda:0 and 512 MiB on cuda:1: the contexts" \
+    "each device's context (>= 100 MiB) is charged there; held within 64 MiB of NVML's figure for the process on that GPU" \
+    "$(rc_note)${line:-no result}" "$(verdict)"
+py2 torch-live live
+want_kv limit_rc 0
+want_kv total0 $((8 * GiB))
+want_kv total1 $((2 * GiB))
+want_kv extra0 fits
+want_kv extra1 refused
+add_row "PyTorch on both devices, \`vramcap limit -i <uuid of 1> 2GiB\` from inside" \
+    "exit 0; device 1's total 2 GiB and 1.5 GiB more refused; device 0's total 8 GiB and 1.5 GiB more fits" \
+    "$(rc_note)${line:-no result}" "$(verdict)"
 
 # ---------------------------------------------------------------- report
 
