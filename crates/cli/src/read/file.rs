@@ -97,7 +97,7 @@ fn read_from_start(file: &std::fs::File, buf: &mut [u8]) -> std::io::Result<usiz
 /// Why [`stable_copy`] gave no copy.
 #[derive(Debug)]
 pub(super) enum CopyError<E> {
-    /// `check` refused the first read.
+    /// `check` refused the first read, or the copy that was kept.
     Refused(E),
     /// A read failed, or came up short (the file shrank).
     Read(String),
@@ -108,10 +108,11 @@ pub(super) enum CopyError<E> {
 /// bytes when the file is shorter); once accepted, reads are repeated
 /// until two agree (at most 8 more), so a copy is not torn by a writer in
 /// the middle of an update (the last is kept if they never agree: every
-/// field is still a value some writer stored).
+/// field is still a value some writer stored). The copy kept is given to
+/// `check` again: a writer may have changed what the first read showed.
 pub(super) fn stable_copy<T: AnyBytes, E>(
     file: &std::fs::File,
-    check: impl FnOnce(&[u8]) -> Result<(), E>,
+    check: impl Fn(&[u8]) -> Result<(), E>,
 ) -> Result<Box<T>, CopyError<E>> {
     let size = std::mem::size_of::<T>();
     let (mut a, mut b) = (vec![0u8; size], vec![0u8; size]);
@@ -133,6 +134,7 @@ pub(super) fn stable_copy<T: AnyBytes, E>(
         }
         std::mem::swap(&mut a, &mut b);
     }
+    check(&a).map_err(CopyError::Refused)?;
     let mut boxed = Box::<T>::new_uninit();
     // SAFETY: `a` holds exactly size_of::<T>() bytes and the box has room
     // for them; they do not overlap.
