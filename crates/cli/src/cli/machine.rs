@@ -75,9 +75,10 @@ impl Nvml {
         unsafe { sym(self.handle, name) }
     }
 
-    /// Every GPU: (UUID, name), or `None` when NVML cannot say for sure
-    /// (a call failed, or a GPU is in MIG mode).
-    fn gpus(&self) -> Option<Vec<(String, Option<String>)>> {
+    /// Every GPU NVML lists, one by one: its UUID, name and MIG mode, or
+    /// why it cannot be told (no handle, no UUID); `None` when NVML cannot
+    /// even count them.
+    fn entries(&self) -> Option<Vec<Result<Entry, String>>> {
         type Count = unsafe extern "C" fn(*mut c_uint) -> c_int;
         type Handle = unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int;
         type Text = unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> c_int;
@@ -92,7 +93,6 @@ impl Nvml {
                 self.func::<Mig>(c"nvmlDeviceGetMigMode"),
             )
         };
-        let text = |f: Text, dev: *mut c_void| device_text(f, dev);
         let mut n: c_uint = 0;
         // SAFETY: a valid out-pointer.
         if unsafe { count(&mut n) } != NVML_SUCCESS {
@@ -103,21 +103,62 @@ impl Nvml {
             let mut dev: *mut c_void = std::ptr::null_mut();
             // SAFETY: a valid out-pointer.
             if unsafe { handle(i, &mut dev) } != NVML_SUCCESS {
-                return None;
+                out.push(Err(format!("GPU {i}: NVML gives no handle for it")));
+                continue;
             }
-            if let Some(mig) = mig {
-                let (mut current, mut pending): (c_uint, c_uint) = (0, 0);
-                // SAFETY: a device handle and valid out-pointers.
-                match unsafe { mig(dev, &mut current, &mut pending) } {
-                    NVML_SUCCESS if current == 0 => {}
-                    NVML_ERROR_NOT_SUPPORTED => {}
-                    _ => return None,
+            let Some(u) = device_text(uuid, dev) else {
+                out.push(Err(format!("GPU {i}: NVML gives no UUID for it")));
+                continue;
+            };
+            let mig = match mig {
+                None => MigMode::Off,
+                Some(f) => {
+                    let (mut current, mut pending): (c_uint, c_uint) = (0, 0);
+                    // SAFETY: a device handle and valid out-pointers.
+                    match unsafe { f(dev, &mut current, &mut pending) } {
+                        NVML_SUCCESS if current == 0 => MigMode::Off,
+                        NVML_SUCCESS => MigMode::On,
+                        NVML_ERROR_NOT_SUPPORTED => MigMode::Off,
+                        _ => MigMode::Unknown,
+                    }
                 }
-            }
-            out.push((text(uuid, dev)?, name.and_then(|f| text(f, dev))));
+            };
+            out.push(Ok(Entry {
+                uuid: u,
+                name: name.and_then(|f| device_text(f, dev)),
+                mig,
+            }));
         }
         Some(out)
     }
+
+    /// Every GPU: (UUID, name), or `None` when NVML cannot say for sure
+    /// (a call failed, or a GPU is in MIG mode).
+    fn gpus(&self) -> Option<Vec<(String, Option<String>)>> {
+        self.entries()?
+            .into_iter()
+            .map(|e| {
+                e.ok()
+                    .filter(|e| e.mig == MigMode::Off)
+                    .map(|e| (e.uuid, e.name))
+            })
+            .collect()
+    }
+}
+
+/// Whether a GPU is in MIG mode (`Unknown`: NVML would not say).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MigMode {
+    Off,
+    On,
+    Unknown,
+}
+
+/// One GPU as NVML lists it.
+struct Entry {
+    uuid: String,
+    name: Option<String>,
+    mig: MigMode,
 }
 
 /// An NVML session for the device plugin: the GPUs with their memory, and
@@ -223,53 +264,25 @@ impl Inventory {
     /// why it cannot be served (a call failed, MIG mode); `None` when
     /// NVML cannot even count them.
     pub fn gpus(&self) -> Option<Vec<Result<(String, u64), String>>> {
-        type Count = unsafe extern "C" fn(*mut c_uint) -> c_int;
-        type Handle = unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int;
-        type Text = unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> c_int;
-        type Mig = unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut c_uint) -> c_int;
-        // SAFETY: each type is the nvml.h signature of the function named.
-        let (count, handle, uuid, mig) = unsafe {
-            (
-                self.0.func::<Count>(c"nvmlDeviceGetCount_v2")?,
-                self.0.func::<Handle>(c"nvmlDeviceGetHandleByIndex_v2")?,
-                self.0.func::<Text>(c"nvmlDeviceGetUUID")?,
-                self.0.func::<Mig>(c"nvmlDeviceGetMigMode"),
-            )
-        };
-        let mut n: c_uint = 0;
-        // SAFETY: a valid out-pointer.
-        if unsafe { count(&mut n) } != NVML_SUCCESS {
-            return None;
-        }
-        let mut out = Vec::new();
-        for i in 0..n {
-            let mut dev: *mut c_void = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer.
-            if unsafe { handle(i, &mut dev) } != NVML_SUCCESS {
-                out.push(Err(format!("GPU {i}: NVML gives no handle for it")));
-                continue;
-            }
-            let Some(u) = device_text(uuid, dev) else {
-                out.push(Err(format!("GPU {i}: NVML gives no UUID for it")));
-                continue;
-            };
-            if let Some(mig) = mig {
-                let (mut current, mut pending): (c_uint, c_uint) = (0, 0);
-                // SAFETY: a device handle and valid out-pointers.
-                let rc = unsafe { mig(dev, &mut current, &mut pending) };
-                if rc == NVML_SUCCESS && current != 0 {
-                    out.push(Err(format!(
-                        "{u}: in MIG mode, which the plugin does not serve"
-                    )));
-                    continue;
-                }
-            }
-            match self.memory(&u) {
-                Some(total) => out.push(Ok((u, total))),
-                None => out.push(Err(format!("{u}: NVML cannot read its memory"))),
-            }
-        }
-        Some(out)
+        let entries = self.0.entries()?;
+        Some(
+            entries
+                .into_iter()
+                .map(|e| {
+                    let e = e?;
+                    if e.mig == MigMode::On {
+                        return Err(format!(
+                            "{}: in MIG mode, which the plugin does not serve",
+                            e.uuid
+                        ));
+                    }
+                    match self.memory(&e.uuid) {
+                        Some(total) => Ok((e.uuid, total)),
+                        None => Err(format!("{}: NVML cannot read its memory", e.uuid)),
+                    }
+                })
+                .collect(),
+        )
     }
 
     /// The memory of the GPU `uuid`, asked through its UUID: `None` when
