@@ -243,7 +243,21 @@ fn threads_never_pass_the_group_limit() {
                     x ^= x >> 7;
                     x ^= x << 17;
                     let n = x % 3000 + 1;
-                    if g.reserve(d, me, n).is_ok() {
+                    // As the shim does: a reservation in the way of others'
+                    // announcements is tried again (on two cores, threads
+                    // preempted between announcing and retracting can stand
+                    // in one thread's way for all its tries otherwise).
+                    let mut tries = 0;
+                    let got = loop {
+                        match g.reserve(d, me, n) {
+                            Err(Refusal::Contended { .. }) if tries < 1000 => {
+                                tries += 1;
+                                std::thread::yield_now();
+                            }
+                            r => break r.is_ok(),
+                        }
+                    };
+                    if got {
                         ok += 1;
                         let now = holding.fetch_add(n, SeqCst) + n;
                         assert!(now <= 10_000, "{now} held together");
