@@ -64,8 +64,19 @@ impl Worker {
                         BUSY.fetch_sub(1, Ordering::SeqCst);
                         return;
                     }
-                    round();
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&round));
                     BUSY.fetch_sub(1, Ordering::SeqCst);
+                    if ran.is_err() {
+                        // A bug. What the round held was let go by
+                        // unwinding (locks carry on past poisoning; a block
+                        // claimed for a move is unclaimed), so the next
+                        // rounds run: they apply limits asked from outside
+                        // and keep the group's membership alive.
+                        log_once!(
+                            Error,
+                            "the background thread's round panicked (a vramcap bug: please report it, with this log); rounds go on"
+                        );
+                    }
                 }
             });
         if let Err(e) = spawned {
