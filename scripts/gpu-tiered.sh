@@ -18,7 +18,13 @@
 # Environment: PYTHON, OUT, KEEP_WORK=1, BUDGET_S (default 500), MODELS
 # (default "llama mlp"), RATIOS (default "1.5 1.25 1.1"), HOST_SPILL=1 to
 # add host spill at the first ratio (slow), CONTEXT_MIB (default 520),
-# STEPS (default 30).
+# STEPS (default 30), LAUNCH_COST=0 to skip the launch-cost row, NVCC,
+# CUDA_ARCH (default sm_90), VARIANTS ("NAME=PATH ...": tiered rows also with each
+# of these builds of libvramcap.so, side by side, for policy comparisons).
+#
+# After each tiered row, scripts/gpu/tier_report.py says where the blocks
+# were, by what they hold (parameters, gradients, optimizer state, other):
+# in the log and in ${OUT:-/tmp}/gpu-tiered-report.txt.
 
 set -u
 
@@ -44,12 +50,47 @@ BASE=(env -u LD_PRELOAD -u VRAMCAP_LIMIT -u VRAMCAP_SPILL -u PYTORCH_CUDA_ALLOC_
 train() {
     local name=$1 model=$2 steps=$3
     shift 3
-    run_cmd "$name" 300 "${BASE[@]}" "$@" "$PYTHON" "$GPU_SRC/check_tiered.py" "$model" --steps "$steps" --timed $((steps / 3))
+    run_cmd "$name" 300 "${BASE[@]}" "$@" "$PYTHON" "$GPU_SRC/check_tiered.py" "$model" --steps "$steps" --timed $((steps / 3)) --map
     line=$(result_line "$OUTF" RESULTKV)
-    grep -a "tiered spill" "$ERRF" | tail -n 3 >>"$LOG"
+    grep -a "tiered spill" "$ERRF" | grep -av "block 0x" | tail -n 3 >>"$LOG"
+}
+
+REPORT=${OUT:-/tmp}/gpu-tiered-report.txt
+: >"$REPORT"
+# report NAME STEPS: where the last run's blocks were.
+report() {
+    { echo "## $1"; "$PYTHON" "$GPU_SRC/tier_report.py" "$ERRF" "$OUTF" "$2" | sed 's/^REPORT //'; } | tee -a "$REPORT" >>"$LOG"
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", b / a; else print "NA" }'; }
+
+# What the launch hook costs a launch-bound program (scripts/gpu/launch_cost.cu:
+# an empty kernel with four pointers into tiered blocks, launched 200000
+# times a round): without the shim, with the shim and spill off (the hooks
+# are not handed out), and tiered; side by side, each the median of 5 rounds.
+CUDA_ARCH=${CUDA_ARCH:-sm_90}
+find_nvcc
+if [ "${LAUNCH_COST:-1}" = 1 ]; then
+    if [ -n "$NVCC_BIN" ] && build_cu "$GPU_SRC/launch_cost.cu" "$WORK/launch_cost"; then
+        declare -A per
+        for m in none off tiered; do
+            case $m in
+            none) run_cmd "launch-$m" 120 "${BASE[@]}" "$WORK/launch_cost" ;;
+            *) run_cmd "launch-$m" 120 "${BASE[@]}" "LD_PRELOAD=$SHIM" VRAMCAP_LIMIT=8GiB "VRAMCAP_SPILL=$m" "$WORK/launch_cost" ;;
+            esac
+            per[$m]=$(kv median_ns_per_launch "$(result_line "$OUTF" RESULT)")
+        done
+        extra=$(awk -v a="${per[none]}" -v b="${per[tiered]}" 'BEGIN { if (a > 0 && b > 0) printf "%.0f", b - a; else print "NA" }')
+        ok=1
+        awk -v e="$extra" 'BEGIN { exit !(e != "NA" && e < 1000) }' || ok=0
+        add_row "launch cost: an empty kernel with 4 pointers into tiered blocks, 200000 launches, median of 5 rounds" \
+            "tiered adds < 1000 ns a launch (goal); spill off reported" \
+            "no shim ${per[none]} ns; shim, spill off ${per[off]} ns ($(ratio "${per[none]}" "${per[off]}")x); tiered ${per[tiered]} ns ($(ratio "${per[none]}" "${per[tiered]}")x, +$extra ns)" \
+            "$(verdict)"
+    else
+        add_row "launch cost" "launch_cost.cu builds" "nvcc ${NVCC_BIN:-not found}; see the log" FAIL
+    fi
+fi
 
 for model in ${MODELS:-llama mlp}; do
     train "$model-ref" "$model" "$STEPS"
@@ -66,12 +107,25 @@ for model in ${MODELS:-llama mlp}; do
     for r in ${RATIOS:-1.5 1.25 1.1}; do
         cap=$(awk -v c="$CONTEXT_MIB" -v p="$peak" -v r="$r" 'BEGIN { printf "%d", c + p / r }')
         modes=(tiered)
+        for v in ${VARIANTS:-}; do modes+=("tiered:$v"); done
         [ "${HOST_SPILL:-0}" = 1 ] && [ $first = 1 ] && modes+=(host)
         first=0
-        for mode in "${modes[@]}"; do
+        for spec in "${modes[@]}"; do
+            mode=${spec%%:*}
+            shim=$SHIM
+            label=$mode
+            run=$model-$mode-$r
+            if [ "$spec" != "$mode" ]; then
+                v=${spec#*:}
+                shim=${v#*=}
+                label="$mode, build ${v%%=*}"
+                run=$run-${v%%=*}
+                [ -f "$shim" ] || { add_row "$model at ${r}x, $label" "the build is there" "no file $shim" FAIL; continue; }
+            fi
             steps=$STEPS
             [ "$mode" = host ] && steps=6
-            train "$model-$mode-$r" "$model" "$steps" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=${cap}MiB" "VRAMCAP_SPILL=$mode" VRAMCAP_SPILL_LIMIT=12GiB VRAMCAP_LOG=debug
+            train "$run" "$model" "$steps" "LD_PRELOAD=$shim" "VRAMCAP_LIMIT=${cap}MiB" "VRAMCAP_SPILL=$mode" VRAMCAP_SPILL_LIMIT=12GiB VRAMCAP_LOG=debug
+            [ "$mode" = tiered ] && report "$model at ${r}x, $label" "$steps"
             ok=1
             [ -n "$line" ] && [ "$(kv oom "$line")" = 0 ] || ok=0
             want=$(kv losses "$ref")
@@ -87,7 +141,7 @@ for model in ${MODELS:-llama mlp}; do
                 awk -v s="$slow" -v g="$goal" 'BEGIN { exit !(s != "NA" && s <= g) }' || ok=0
             fi
             moves=$(grep -a "tiered spill, device" "$ERRF" | grep -c "promoted")
-            add_row "$model at ${r}x: cap ${cap} MiB, VRAMCAP_SPILL=$mode" \
+            add_row "$model at ${r}x: cap ${cap} MiB, VRAMCAP_SPILL=$label" \
                 "losses identical at every step; NVML process max <= cap$([ "$mode" = tiered ] && [ $goal != none ] && echo "; step <= ${goal}x uncapped")" \
                 "rc=$RC; $(kv ms_per_step "$line") ms/step (${slow}x of $ref_ms), first timed step $(kv first_ms "$line") ms; losses $([ "$got" = "$want" ] && echo identical || echo "DIFFER: $(printf '%s' "$got" | cut -c1-80)"); NVML process max ${mp:-?} MiB; GPU used max $(kv max_dev_used_mib "$line") MiB; rounds that moved: $moves" \
                 "$(verdict)"

@@ -48,6 +48,11 @@ def main() -> int:
     ap.add_argument("model", choices=["llama", "mlp"])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--timed", type=int, default=10)
+    ap.add_argument(
+        "--map",
+        action="store_true",
+        help="print a TENSORMAP line (category, address, bytes) for every parameter, gradient and optimizer state tensor at the end",
+    )
     a = ap.parse_args()
     import torch
 
@@ -106,6 +111,15 @@ def main() -> int:
     except torch.OutOfMemoryError as e:
         oom = 1
         print("OOM", str(e).splitlines()[0])
+    if a.map and not oom:
+        for p in model.parameters():
+            print(f"TENSORMAP param {p.data_ptr():#x} {p.numel() * p.element_size()}")
+            if p.grad is not None:
+                g = p.grad
+                print(f"TENSORMAP grad {g.data_ptr():#x} {g.numel() * g.element_size()}")
+            for k, t in opt.state.get(p, {}).items():
+                if torch.is_tensor(t) and t.is_cuda and t.numel() > 1:
+                    print(f"TENSORMAP {k} {t.data_ptr():#x} {t.numel() * t.element_size()}")
     timed = sorted(times[-a.timed:]) if times else [float("nan")]
     first = times[-a.timed] if len(times) >= a.timed else float("nan")
     print(

@@ -8,13 +8,14 @@ use std::sync::atomic::Ordering;
 
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
+use vramcap_core::settings::LogLevel;
 
 use super::cuda::*;
 use super::driver::Driver;
 use super::records::{Kind, Record};
 use super::state::Engine;
 use super::tier::{
-    HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, Plan, STOP_WAIT, SYNC_WAIT, TierBlock, location, plan,
+    Claim, HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, Plan, STOP_WAIT, TierBlock, location, plan,
 };
 use crate::log::{log_at, log_once};
 
@@ -38,7 +39,7 @@ fn make_mapped<D: Driver>(
 
 /// One move being carried out: the new memory, mapped at a scratch address.
 struct Staged {
-    block: Arc<TierBlock>,
+    block: Claim,
     to_host: bool,
     handle: u64,
     scratch: u64,
@@ -287,7 +288,13 @@ impl<D: Driver> Engine<D> {
         let launches = self.tiers.launches.load(Ordering::Relaxed);
         let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
         let decay = 0.5f64.powf(since as f64 / HALF_LIFE_LAUNCHES);
-        if round.is_multiple_of(50) {
+        for b in &blocks {
+            let heat = b.heat.swap(0, Ordering::Relaxed);
+            b.weight.fetch_add(u64::from(heat), Ordering::Relaxed);
+            let s = b.score() * decay + b.take_passes();
+            b.score.store(s.to_bits(), Ordering::Relaxed);
+        }
+        if round.is_multiple_of(50) && crate::log::enabled(LogLevel::Debug) {
             let on = blocks.iter().filter(|b| b.on_device()).count();
             log_at!(
                 Debug,
@@ -296,11 +303,20 @@ impl<D: Driver> Engine<D> {
                 self.tiers.launches.load(Ordering::Relaxed),
                 self.tiers.hits.load(Ordering::Relaxed)
             );
-        }
-        for b in &blocks {
-            let heat = b.heat.swap(0, Ordering::Relaxed);
-            let s = b.score() * decay + f64::from(heat);
-            b.score.store(s.to_bits(), Ordering::Relaxed);
+            // The table placement decisions are made from, one line a block.
+            for b in &blocks {
+                log_at!(
+                    Debug,
+                    "tiered spill: round {round}: block {:#x} {} bytes on the {} score {:.1} uses {} weighted {} moved at round {}",
+                    b.ptr,
+                    b.bytes,
+                    if b.on_device() { "device" } else { "host" },
+                    b.score(),
+                    b.uses.load(Ordering::Relaxed),
+                    b.weight.load(Ordering::Relaxed),
+                    b.moved.load(Ordering::Relaxed)
+                );
+            }
         }
         let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
         devices.sort_unstable();
@@ -344,19 +360,16 @@ impl<D: Driver> Engine<D> {
         b: Arc<TierBlock>,
         to_host: bool,
     ) -> Result<Staged, bool> {
-        if !b.claim() {
+        let Some(b) = b.claim() else {
             return Err(false);
-        }
+        };
         let Some(stream) = self.tiers.mover(&self.driver, b.ctx) else {
-            b.unclaim();
             return Err(true);
         };
         if !to_host && self.reserve_on(slot, device, b.bytes, limit).is_err() {
-            b.unclaim();
             return Err(true);
         }
         if to_host && !self.spill.take(&self.base, b.bytes) {
-            b.unclaim();
             return Err(false);
         }
         let undo = |b: &TierBlock| {
@@ -365,7 +378,6 @@ impl<D: Driver> Engine<D> {
             } else {
                 self.release_on(slot, device, b.bytes);
             }
-            b.unclaim();
         };
         let Ok(scratch) = self.driver.vmm_reserve(b.bytes) else {
             undo(&b);
@@ -397,7 +409,6 @@ impl<D: Driver> Engine<D> {
         } else {
             self.release_on(slot, device, m.block.bytes);
         }
-        m.block.unclaim();
     }
 
     /// Carries out one device's plan (module docs): the demotions, then
@@ -530,18 +541,17 @@ impl<D: Driver> Engine<D> {
                 slot.spilled.fetch_sub(b.bytes, Ordering::Relaxed);
                 DeviceSlot::add(&slot.promotions, 1);
             }
-            b.unclaim();
         }
         moved
     }
 
     /// Waits, with the gate closed, for the contexts' work to finish, for
-    /// at most [`SYNC_WAIT`]: work that waits on something the program
+    /// at most [`sync_wait`](super::tier::Tiers::sync_wait): work that waits on something the program
     /// would do after its next launch (a kernel waiting on another GPU's,
     /// a stream waiting on a value the host writes) never finishes while
     /// the program is held. The synchronisation runs on a thread of its
     /// own; past the wait the round gives up (that thread finishes when
-    /// the GPU does), and moves pause for a minute, for good after three.
+    /// the GPU does), and moves pause for 10 s, for good after three.
     fn quiesce(&'static self, ctxs: &[usize], round: u64) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
         let driver = &self.driver;
@@ -563,17 +573,18 @@ impl<D: Driver> Engine<D> {
         if spawned.is_err() {
             return false;
         }
-        match rx.recv_timeout(SYNC_WAIT) {
+        let wait = self.tiers.sync_wait();
+        match rx.recv_timeout(wait) {
             Ok(ok) => ok,
             Err(_) => {
                 let n = self.tiers.stall(round);
                 log_at!(
                     Warn,
-                    "tiered spill: the GPU did not finish its work within {SYNC_WAIT:?} while the program was held for a move (work waiting on the program?); {}",
+                    "tiered spill: the GPU did not finish its work within {wait:?} while the program was held for a move (work waiting on the program?); {}",
                     if n >= 3 {
                         "blocks no longer move"
                     } else {
-                        "moves pause for a minute"
+                        "moves pause for 10 s, and the next move waits twice as long"
                     }
                 );
                 false

@@ -22,11 +22,19 @@
 //!   `cuKernelGetParamInfo` for a `CUkernel` handle; asked once per
 //!   function and kept) gives each parameter's bytes, or the `extra`
 //!   buffer is taken whole, and every 8-byte word that falls inside a
-//!   tiered block adds one to that block's heat. Pointers inside
-//!   device-side structures, graph kernels and copies are not seen.
+//!   tiered block is a use of it at that offset. A block keeps the
+//!   distinct offsets of a round's uses ([`SPOTS`] of them) and their
+//!   weight; a use is taken to touch the bytes from its offset to the next
+//!   offset used (or the block's end), as element-wise kernels touch a
+//!   whole tensor and PyTorch's segments hold tensors end to end. The
+//!   round's heat of a block is then its cost on the host in passes over
+//!   each of its bytes. (Counting uses alone made a segment of many small
+//!   tensors look hotter than one large tensor read as often; measured in
+//!   docs/gpu-results.md.) Pointers inside device-side structures, graph
+//!   kernels and copies are not seen.
 //! - **Placement.** Each round of the background thread (every
 //!   [`TICK`](super::worker::TICK)), outside stream captures, folds the
-//!   heat into a decaying score and ranks blocks by score per byte. Hot
+//!   heat into a decaying score and ranks blocks by it. Hot
 //!   host blocks are promoted into the room under the cap (less a margin),
 //!   then swapped with device blocks colder by more than [`HYSTERESIS`];
 //!   a process above its cap (lowered while it runs) demotes its coldest
@@ -37,8 +45,9 @@
 //!   the world stops: the gate that every launch, copy, memset and stream
 //!   memory operation hook passes is closed, and every context that owns
 //!   tiered blocks is synchronised (on a thread of its own, for at most
-//!   [`SYNC_WAIT`]: work waiting on something the held program would do
-//!   never finishes, and then the round gives up and moves pause), so
+//!   [`SYNC_WAIT`], doubled each time it was not enough: work waiting on
+//!   something the held program would do never finishes, and then the
+//!   round gives up and moves pause), so
 //!   nothing the program issued can be touching the block. The data is
 //!   copied, the block's address is unmapped and mapped to the new memory,
 //!   and the old memory is released (a demotion's bytes leave the
@@ -67,6 +76,12 @@
 //!   call on something another thread would do after its next gated call
 //!   cannot deadlock with it. Lock order: the cache's ordering lock, then
 //!   the gate; hooks take only the gate.
+//! - A block's heat, uses and spots are atomics, with no lock: a launch
+//!   takes a free spot with one compare-and-swap (from zero to its offset
+//!   plus one) and adds its weight there; a round swaps every spot back to
+//!   zero as it reads it. A launch racing that reset can add one use's
+//!   weight to a spot another offset then takes: a heuristic's error, never
+//!   a torn value.
 //! - A block's place (`state`, `handle`) changes only in a round, while the
 //!   block is claimed (`moving`). A free first removes the block from the
 //!   map and sets `freed`, then waits (yielding) while it is claimed; a
@@ -107,11 +122,18 @@ pub const ROUND_BYTES: u64 = 1 << 30;
 const SCAN_BYTES: usize = 8192;
 /// How long a round waits for the gate before it gives up.
 pub const STOP_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
-/// How long a round waits, with the gate closed, for the GPU to finish the
-/// program's work before it gives up.
+/// How long a round first waits, with the gate closed, for the GPU to
+/// finish the program's work before it gives up; each time it gave up the
+/// wait doubles (2, 4, then 8 s), and after three moves stop for good. A
+/// program whose blocks are on the host runs slowly, and its queue can hold
+/// seconds of work (training at 1.5x its cap, 2.8 s a step, gave up at a
+/// fixed 2 s: docs/gpu-results.md); work that waits on the held program
+/// itself (a stream waiting for a value a held thread would write, a
+/// kernel waiting on another GPU's in single-process NCCL) never finishes,
+/// and each try at it holds the program for the wait.
 pub const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Rounds moves pause for after a round gave up waiting for the GPU.
-const STALL_ROUNDS: u64 = 600;
+const STALL_ROUNDS: u64 = 100;
 /// The most parameter layouts kept (then they are forgotten and asked again).
 const MAX_LAYOUTS: usize = 1 << 16;
 
@@ -134,6 +156,15 @@ pub struct TierBlock {
     moving: AtomicBool,
     freed: AtomicBool,
     pub(super) heat: AtomicU32,
+    /// Where in the block uses pointed since the last round, and their
+    /// weight there: what a use touches is taken to reach from its offset
+    /// to the next offset used (module docs).
+    spots: [Spot; SPOTS],
+    /// The weight of uses that found no free spot.
+    unplaced: AtomicU32,
+    /// Uses seen since it was made (unweighted), and their weight.
+    pub(super) uses: AtomicU64,
+    pub(super) weight: AtomicU64,
     /// f64 bits; only rounds touch it.
     pub(super) score: AtomicU64,
     /// The round that last moved it.
@@ -151,22 +182,135 @@ impl TierBlock {
     pub(super) fn score(&self) -> f64 {
         f64::from_bits(self.score.load(Ordering::Relaxed))
     }
+    /// What keeping the block on the host costs per byte: its score is
+    /// already in passes over each byte.
     fn density(&self) -> f64 {
-        self.score() / (self.bytes.max(1) as f64)
+        self.score()
     }
-    /// Claims the block for a move: false when it is being freed.
-    pub(super) fn claim(&self) -> bool {
+    /// Claims the block for a move: `None` when it is being freed or
+    /// moved already. The claim ends when the [`Claim`] is dropped, on a
+    /// panic's unwinding too, so a free never waits on a move that died.
+    pub(super) fn claim(self: &Arc<Self>) -> Option<Claim> {
         if self.moving.swap(true, Ordering::SeqCst) {
-            return false;
+            return None;
         }
         if self.freed.load(Ordering::SeqCst) {
             self.moving.store(false, Ordering::SeqCst);
-            return false;
+            return None;
         }
-        true
+        Some(Claim(self.clone()))
     }
-    pub(super) fn unclaim(&self) {
-        self.moving.store(false, Ordering::SeqCst);
+}
+
+/// A block claimed for a move ([`TierBlock::claim`]).
+pub(super) struct Claim(Arc<TierBlock>);
+
+impl std::ops::Deref for Claim {
+    type Target = TierBlock;
+    fn deref(&self) -> &TierBlock {
+        &self.0
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.0.moving.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Distinct offsets a block keeps per round.
+pub const SPOTS: usize = 16;
+
+/// One offset uses pointed at: `at` is the offset plus one (0: free).
+#[derive(Default)]
+struct Spot {
+    at: AtomicU64,
+    weight: AtomicU32,
+}
+
+impl TierBlock {
+    fn new(
+        ptr: u64,
+        bytes: u64,
+        device: u16,
+        ctx: usize,
+        handle: u64,
+        state: u8,
+        round: u64,
+    ) -> Self {
+        TierBlock {
+            ptr,
+            bytes,
+            device,
+            ctx,
+            handle: AtomicU64::new(handle),
+            state: AtomicU8::new(state),
+            moving: AtomicBool::new(false),
+            freed: AtomicBool::new(false),
+            heat: AtomicU32::new(0),
+            spots: Default::default(),
+            unplaced: AtomicU32::new(0),
+            uses: AtomicU64::new(0),
+            weight: AtomicU64::new(0),
+            score: AtomicU64::new(0f64.to_bits()),
+            moved: AtomicU64::new(round),
+        }
+    }
+
+    /// A use of `weight` at `offset` into the block. Lock-free: a spot is
+    /// taken by one compare-and-swap; a race with a round's reset at worst
+    /// moves one use's weight to another offset.
+    fn note(&self, offset: u64, weight: u32) {
+        self.heat.fetch_add(weight, Ordering::Relaxed);
+        self.uses.fetch_add(1, Ordering::Relaxed);
+        let key = offset + 1;
+        for s in &self.spots {
+            let mut at = s.at.load(Ordering::Relaxed);
+            if at == 0 {
+                at = match s
+                    .at
+                    .compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    Ok(_) => key,
+                    Err(now) => now,
+                };
+            }
+            if at == key {
+                s.weight.fetch_add(weight, Ordering::Relaxed);
+                return;
+            }
+        }
+        self.unplaced.fetch_add(weight, Ordering::Relaxed);
+    }
+
+    /// The round's cost of keeping the block on the host, in weighted
+    /// passes over each of its bytes: every use counts the bytes from its
+    /// offset to the next offset used (or the block's end), as element-wise
+    /// kernels touch a whole tensor and PyTorch's segments hold tensors
+    /// end to end; uses that found no spot count a [`SPOTS`]th of the
+    /// block. Resets the spots for the next round.
+    pub(super) fn take_passes(&self) -> f64 {
+        let mut seen: [(u64, u32); SPOTS] = [(0, 0); SPOTS];
+        let mut n = 0;
+        for s in &self.spots {
+            let at = s.at.swap(0, Ordering::Relaxed);
+            let w = s.weight.swap(0, Ordering::Relaxed);
+            if at != 0 && w != 0 {
+                seen[n] = (at - 1, w);
+                n += 1;
+            }
+        }
+        let seen = &mut seen[..n];
+        seen.sort_unstable();
+        let size = self.bytes.max(1);
+        let mut bytes = 0f64;
+        for (i, &(off, w)) in seen.iter().enumerate() {
+            let end = seen.get(i + 1).map_or(size, |n| n.0).min(size);
+            bytes += f64::from(w) * end.saturating_sub(off) as f64;
+        }
+        let unplaced = self.unplaced.swap(0, Ordering::Relaxed);
+        bytes += f64::from(unplaced) * (size / SPOTS as u64) as f64;
+        bytes / size as f64
     }
 }
 
@@ -284,19 +428,15 @@ impl Tiers {
         handle: u64,
         on_device: bool,
     ) {
-        let b = Arc::new(TierBlock {
+        let b = Arc::new(TierBlock::new(
             ptr,
             bytes,
             device,
             ctx,
-            handle: AtomicU64::new(handle),
-            state: AtomicU8::new(if on_device { ON_DEVICE } else { ON_HOST }),
-            moving: AtomicBool::new(false),
-            freed: AtomicBool::new(false),
-            heat: AtomicU32::new(0),
-            score: AtomicU64::new(0f64.to_bits()),
-            moved: AtomicU64::new(self.round.load(Ordering::Relaxed)),
-        });
+            handle,
+            if on_device { ON_DEVICE } else { ON_HOST },
+            self.round.load(Ordering::Relaxed),
+        ));
         write!(self.blocks).insert(ptr, b);
         self.lo.fetch_min(ptr, Ordering::Relaxed);
         self.hi
@@ -401,7 +541,7 @@ impl Tiers {
                 if let Some((_, b)) = map.range(..=w).next_back()
                     && w < b.ptr.saturating_add(b.bytes)
                 {
-                    b.heat.fetch_add(weight, Ordering::Relaxed);
+                    b.note(w - b.ptr, weight);
                     *hits += 1;
                 }
             }
@@ -540,6 +680,11 @@ impl Tiers {
         };
         self.resume.store(until, Ordering::Relaxed);
         n
+    }
+
+    /// How long this round's stop waits for the GPU ([`SYNC_WAIT`]).
+    pub(super) fn sync_wait(&self) -> std::time::Duration {
+        SYNC_WAIT * (1u32 << self.stalls.load(Ordering::Relaxed).min(3))
     }
 
     /// Whether moves pause in this round.
@@ -725,19 +870,63 @@ mod tests {
     use super::*;
 
     fn block(ptr: u64, bytes: u64, on_device: bool, score: f64, moved: u64) -> Arc<TierBlock> {
-        Arc::new(TierBlock {
+        let b = TierBlock::new(
             ptr,
             bytes,
-            device: 0,
-            ctx: 1,
-            handle: AtomicU64::new(0),
-            state: AtomicU8::new(if on_device { ON_DEVICE } else { ON_HOST }),
-            moving: AtomicBool::new(false),
-            freed: AtomicBool::new(false),
-            heat: AtomicU32::new(0),
-            score: AtomicU64::new(score.to_bits()),
-            moved: AtomicU64::new(moved),
-        })
+            0,
+            1,
+            0,
+            if on_device { ON_DEVICE } else { ON_HOST },
+            moved,
+        );
+        b.score.store(score.to_bits(), Ordering::Relaxed);
+        Arc::new(b)
+    }
+
+    #[test]
+    fn a_use_touches_up_to_the_next_offset_used() {
+        let b = block(1 << 40, 32 * M, false, 0.0, 0);
+        // One use at the start of the block: one pass over it.
+        b.note(0, 1);
+        assert_eq!(b.take_passes(), 1.0);
+        // Taken: the spots start again.
+        assert_eq!(b.take_passes(), 0.0);
+        // Two tensors end to end, the second used three times (once by a
+        // matrix product): (1 x 16 MiB + (1 + 1 + 32) x 16 MiB) / 32 MiB.
+        b.note(0, 1);
+        b.note(16 * M, 1);
+        b.note(16 * M, 1);
+        b.note(16 * M, PRODUCT_WEIGHT);
+        assert_eq!(b.take_passes(), (16.0 + 34.0 * 16.0) / 32.0);
+        assert_eq!(b.uses.load(Ordering::Relaxed), 5);
+        assert_eq!(b.heat.load(Ordering::Relaxed), 4 + 32);
+    }
+
+    #[test]
+    fn uses_past_the_spots_count_a_share_of_the_block() {
+        let b = block(1 << 40, 32 * M, false, 0.0, 0);
+        for i in 0..=SPOTS as u64 {
+            b.note(i * M, 1);
+        }
+        // Spots 0..15 reach 1 MiB each but the last, which reaches the end
+        // (17 MiB); the use that found no spot counts 32 MiB / 16.
+        assert_eq!(b.take_passes(), (15.0 + 17.0 + 2.0) / 32.0);
+    }
+
+    #[test]
+    fn a_claim_ends_when_a_move_panics() {
+        let t = Tiers::new(true);
+        t.add(1 << 40, 4 * M, 0, 1, 0, true);
+        let b = t.snapshot().pop().unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _c = b.claim().unwrap();
+            assert!(b.claim().is_none(), "one claim at a time");
+            panic!("a bug in a move");
+        }));
+        assert!(r.is_err());
+        // The free does not wait for ever: the claim ended with the unwinding.
+        assert!(t.detach(1 << 40).is_some());
+        assert!(b.claim().is_none(), "a freed block is not claimed");
     }
 
     #[test]
