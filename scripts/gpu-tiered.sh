@@ -18,7 +18,8 @@
 # Environment: PYTHON, OUT, KEEP_WORK=1, BUDGET_S (default 500), MODELS
 # (default "llama mlp"), RATIOS (default "1.5 1.25 1.1"), HOST_SPILL=1 to
 # add host spill at the first ratio (slow), CONTEXT_MIB (default 520),
-# STEPS (default 30), LAUNCH_COST=0 to skip the launch-cost row, NVCC,
+# STEPS (default 30), LAUNCH_COST=0 / BATCH_COPY=0 to skip the launch-cost
+# and batched-copy rows, NVCC,
 # CUDA_ARCH (default sm_90), VARIANTS ("NAME=PATH ...": tiered rows also with each
 # of these builds of libvramcap.so, side by side, for policy comparisons).
 #
@@ -89,6 +90,24 @@ if [ "${LAUNCH_COST:-1}" = 1 ]; then
             "$(verdict)"
     else
         add_row "launch cost" "launch_cost.cu builds" "nvcc ${NVCC_BIN:-not found}; see the log" FAIL
+    fi
+fi
+
+# The batched copies tiered spill gates (scripts/gpu/batch_copy.cu): the
+# runtime's cudaMemcpyBatchAsync, and the driver's cuMemcpyBatchAsync as
+# resolved for CUDA 12.8 and for 13.0, on tiered blocks; each answered by
+# the shim and every byte copied.
+if [ "${BATCH_COPY:-1}" = 1 ]; then
+    if [ -n "$NVCC_BIN" ] && build_cu "$GPU_SRC/batch_copy.cu" "$WORK/batch_copy"; then
+        run_cmd batch-copy 120 "${BASE[@]}" "LD_PRELOAD=$SHIM" VRAMCAP_LIMIT=8GiB VRAMCAP_SPILL=tiered "$WORK/batch_copy"
+        line=$(result_line "$OUTF" RESULT)
+        ok=1
+        [ "$RC" = 0 ] && [ "$(kv lib12080 "$line")" = libvramcap.so ] && [ "$(kv lib13000 "$line")" = libvramcap.so ] || ok=0
+        add_row "batched copies on tiered blocks: cudaMemcpyBatchAsync, cuMemcpyBatchAsync for 12.8 and 13.0" \
+            "every byte copied by each; the driver's forms answered by the shim (libvramcap.so)" \
+            "rc=$RC; ${line:-no result}" "$(verdict)"
+    else
+        add_row "batched copies" "batch_copy.cu builds" "nvcc ${NVCC_BIN:-not found}; see the log" FAIL
     fi
 fi
 

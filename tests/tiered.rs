@@ -199,3 +199,49 @@ fn a_linked_launch_without_tiered_spill_is_the_drivers() {
         "kcounts launch=5 fault=0",
     ]);
 }
+
+/// The batched copy (`cuMemcpyBatchAsync`, both its CUDA 12.8 form with a
+/// failure index and its 13.0 form without) is the shim's under tiered
+/// spill, so that it waits for a move, and it copies what it is asked to,
+/// on the host block as on the device ones (the stand-in models contents
+/// for VMM mappings only: tiered blocks); without tiered spill it is the
+/// driver's.
+#[test]
+#[rustfmt::skip]
+fn the_batched_copy_passes_the_gate_in_both_its_forms() {
+    let copies = [
+        "init", "alloc", "32M", "alloc", "32M", "alloc", "32M",
+        "memset32", "0", "32M", "5", "memset32", "2", "32M", "77",
+        "batch-copy", "13000", "1", "0", "32M",
+        "batch-copy", "12080", "0", "2", "32M",
+    ];
+    let mut args = copies.to_vec();
+    args.extend(["read32", "1", "read32", "0"]);
+    let allocs = [
+        "init -> 0".to_string(),
+        format!("alloc {} -> 0 #0", 32 * MIB),
+        format!("alloc {} -> 0 #1", 32 * MIB),
+        format!("alloc {} -> 0 #2", 32 * MIB),
+    ];
+    let lines = |lib: &str| {
+        let mut l = allocs.to_vec();
+        l.extend([
+            "memset32 #0 -> 0".to_string(),
+            "memset32 #2 -> 0".into(),
+            format!("batch-copy 13000 #1 #0 -> 0 lib={lib}"),
+            format!("batch-copy 12080 #0 #2 -> 0 fail=99 lib={lib}"),
+        ]);
+        l
+    };
+    let mut want = lines("libvramcap.so");
+    want.extend(["read32 #1 -> 0 value=5".to_string(), "read32 #0 -> 0 value=77".into()]);
+    let mut env = tiered("64MiB");
+    env.push(("VRAMCAP_LOG", "info"));
+    let d = client("procaddr", &env, &args);
+    d.expect_lines(&want.iter().map(String::as_str).collect::<Vec<_>>());
+    // The third block is past the cap: the second copy read host memory.
+    assert!(d.stderr().contains("new blocks go to host memory"), "{}", d.stderr());
+    let want = lines("libcuda.so.1");
+    client("procaddr", &[("VRAMCAP_LIMIT", "1GiB")], &copies)
+        .expect_lines(&want.iter().map(String::as_str).collect::<Vec<_>>());
+}

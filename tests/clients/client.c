@@ -209,6 +209,10 @@
  *   memset32 SLOT SIZE V  cuMemsetD32_v2 of SIZE bytes -> "memset32 #SLOT -> RC"
  *   read32 SLOT           cuMemcpyDtoH_v2 of 4 bytes
  *                         -> "read32 #SLOT -> RC value=V"
+ *   batch-copy VER D S SIZE  (procaddr) cuMemcpyBatchAsync as resolved for
+ *                         VER (12080 or 13000), one copy of SIZE bytes from
+ *                         slot S to slot D -> "batch-copy VER #D #S -> RC
+ *                         [fail=I] lib=LIB"
  *   streamsync            cuStreamSynchronize(client's stream)
  *                         -> "streamsync -> RC"
  *   graphmem ATTR         cuDeviceGetGraphMemAttribute(current device); ATTR
@@ -1671,6 +1675,43 @@ static void cmd_resolve(const char *cmd, const char *name, int version,
         (unsigned long long)flags, rc, status_text, lib_of(p));
 }
 
+/* batch-copy VERSION D S SIZE: resolve cuMemcpyBatchAsync for VERSION
+ * (12080: the form with a failure index; 13000: without) and copy SIZE bytes
+ * of slot S onto slot D with it, one copy, on the legacy stream. */
+typedef CUresult (*batch12_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+                               void *, size_t *, size_t, size_t *, CUstream);
+typedef CUresult (*batch13_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+                               void *, size_t *, size_t, CUstream);
+
+static void cmd_batch_copy(int version, size_t d, size_t s, size_t size)
+{
+    if (!have_resolver()) {
+        out("batch-copy -> unsupported");
+        return;
+    }
+    void *p = NULL;
+    CUresult rc = lookup("cuMemcpyBatchAsync", &p, version, 0, NULL);
+    if (rc != CUDA_SUCCESS || p == NULL) {
+        out("batch-copy %d -> %d (not resolved)", version, rc);
+        return;
+    }
+    CUdeviceptr dsts[1] = { slot(d)->ptr }, srcs[1] = { slot(s)->ptr };
+    size_t sizes[1] = { size }, idx[1] = { 0 }, fail = 99;
+    unsigned char attrs[64] = { 0 }; /* opaque to the stand-in */
+    if (version >= 13000) {
+        batch13_fn f;
+        memcpy(&f, &p, sizeof p);
+        rc = f(dsts, srcs, sizes, 1, attrs, idx, 1, NULL);
+        out("batch-copy %d #%zu #%zu -> %d lib=%s", version, d, s, rc, lib_of(p));
+    } else {
+        batch12_fn f;
+        memcpy(&f, &p, sizeof p);
+        rc = f(dsts, srcs, sizes, 1, attrs, idx, 1, &fail, NULL);
+        out("batch-copy %d #%zu #%zu -> %d fail=%zu lib=%s", version, d, s, rc,
+            fail, lib_of(p));
+    }
+}
+
 /* call-resolved cuMemAlloc: resolve now, then allocate 1 MiB through it. */
 static void cmd_call_resolved(const char *name)
 {
@@ -2228,6 +2269,15 @@ static int command(int argc, char **argv, bool run)
         if (run)
             out("default %s -> lib=%s", argv[1], lib_of(dlsym(RTLD_DEFAULT, argv[1])));
         return 2;
+    }
+    if (strcmp(cmd, "batch-copy") == 0) {
+        NEED(4);
+        int version = parse_version(argv[1]);
+        size_t d = parse_slot(argv[2]), src = parse_slot(argv[3]);
+        size_t size = parse_size(argv[4]);
+        if (run)
+            cmd_batch_copy(version, d, src, size);
+        return 5;
     }
     if (strcmp(cmd, "call-resolved") == 0) {
         NEED(1);

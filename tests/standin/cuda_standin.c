@@ -4270,6 +4270,50 @@ WITH_PTSZ(cuMemcpyDtoDAsync_v2,
           (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hStream),
           copy_dtod, dst, src, n, hStream)
 
+/* Each copy of a batch as cuMemcpyDtoDAsync_v2 does it; the first that
+ * fails stops the batch (its index in *failIdx, where there is one). */
+static CUresult copy_batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                           size_t count, size_t *failIdx, CUstream hStream,
+                           bool ptsz)
+{
+    CHECK(count == 0 || (dsts != NULL && srcs != NULL && sizes != NULL),
+          CUDA_ERROR_INVALID_VALUE);
+    for (size_t i = 0; i < count; i++) {
+        CUresult rc = copy_dtod(dsts[i], srcs[i], sizes[i], hStream, ptsz);
+        if (rc != CUDA_SUCCESS) {
+            if (failIdx != NULL)
+                *failIdx = i;
+            return rc;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy_batch_12(CUdeviceptr *dsts, CUdeviceptr *srcs,
+                              size_t *sizes, size_t count, size_t *failIdx,
+                              CUstream hStream, bool ptsz)
+{
+    return copy_batch(dsts, srcs, sizes, count, failIdx, hStream, ptsz);
+}
+WITH_PTSZ(cuMemcpyBatchAsync,
+          (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+           void *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx,
+           CUstream hStream),
+          copy_batch_12, ((void)attrs, (void)attrsIdxs, (void)numAttrs, dsts),
+          srcs, sizes, count, failIdx, hStream)
+
+static CUresult copy_batch_13(CUdeviceptr *dsts, CUdeviceptr *srcs,
+                              size_t *sizes, size_t count, CUstream hStream,
+                              bool ptsz)
+{
+    return copy_batch(dsts, srcs, sizes, count, NULL, hStream, ptsz);
+}
+WITH_PTSZ(cuMemcpyBatchAsync_v2,
+          (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+           void *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream),
+          copy_batch_13, ((void)attrs, (void)attrsIdxs, (void)numAttrs, dsts),
+          srcs, sizes, count, hStream)
+
 CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
     CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
@@ -4582,6 +4626,15 @@ ALIAS(cuMemcpyDtoDAsync_v2,
       (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st), (d, s, n, st))
 ALIAS(cuMemcpyDtoDAsync_v2_ptsz,
       (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st), (d, s, n, st))
+#define BATCH12_PARAMS (CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, \
+                        void *a, size_t *ai, size_t na, size_t *fi,         \
+                        CUstream st)
+#define BATCH13_PARAMS (CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, \
+                        void *a, size_t *ai, size_t na, CUstream st)
+ALIAS(cuMemcpyBatchAsync, BATCH12_PARAMS, (d, s, z, c, a, ai, na, fi, st))
+ALIAS(cuMemcpyBatchAsync_ptsz, BATCH12_PARAMS, (d, s, z, c, a, ai, na, fi, st))
+ALIAS(cuMemcpyBatchAsync_v2, BATCH13_PARAMS, (d, s, z, c, a, ai, na, st))
+ALIAS(cuMemcpyBatchAsync_v2_ptsz, BATCH13_PARAMS, (d, s, z, c, a, ai, na, st))
 ALIAS(cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))
 ALIAS(cuMemcpyDtoH_v2, (void *h, CUdeviceptr s, size_t n), (h, s, n))
 ALIAS(cuFuncGetParamInfo, (CUfunction f, size_t i, size_t *o, size_t *z),
@@ -4793,6 +4846,9 @@ static const struct proc_entry g_procs[] = {
       { V(7000, cuLaunchKernel_ptsz) } },
     { "cuMemcpyDtoDAsync", { V(3020, cuMemcpyDtoDAsync_v2) },
       { V(7000, cuMemcpyDtoDAsync_v2_ptsz) } },
+    { "cuMemcpyBatchAsync",
+      { V(12080, cuMemcpyBatchAsync), V(13000, cuMemcpyBatchAsync_v2) },
+      { V(12080, cuMemcpyBatchAsync_ptsz), V(13000, cuMemcpyBatchAsync_v2_ptsz) } },
     { "cuMemsetD32", { V(3020, cuMemsetD32_v2) }, { { 0 } } },
     { "cuMemcpyDtoH", { V(3020, cuMemcpyDtoH_v2) }, { { 0 } } },
     { "cuFuncGetParamInfo", { V(12040, cuFuncGetParamInfo) }, { { 0 } } },

@@ -472,6 +472,23 @@ CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                    size_t ByteCount, CUstream hStream);
 CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N);
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+/* The batched copy: CUDA 12.8's form takes a failure index, 13.0's (_v2)
+ * does not. The attributes are taken as opaque here. */
+CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                            size_t count, void *attrs, size_t *attrsIdxs,
+                            size_t numAttrs, size_t *failIdx, CUstream hStream);
+CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr *dsts, CUdeviceptr *srcs,
+                                 size_t *sizes, size_t count, void *attrs,
+                                 size_t *attrsIdxs, size_t numAttrs,
+                                 size_t *failIdx, CUstream hStream);
+CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs,
+                               size_t *sizes, size_t count, void *attrs,
+                               size_t *attrsIdxs, size_t numAttrs,
+                               CUstream hStream);
+CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr *dsts, CUdeviceptr *srcs,
+                                    size_t *sizes, size_t count, void *attrs,
+                                    size_t *attrsIdxs, size_t numAttrs,
+                                    CUstream hStream);
 
 /* Pinned host memory. */
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);

@@ -736,6 +736,37 @@ impl<D: Driver> Engine<D> {
         self.gated(real)
     }
     #[allow(clippy::too_many_arguments)]
+    pub fn gated8<A, B, C, E, F, G, H, I>(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        _: A,
+        _: B,
+        _: C,
+        _: E,
+        _: F,
+        _: G,
+        _: H,
+        _: I,
+    ) -> CUresult {
+        self.gated(real)
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated9<A, B, C, E, F, G, H, I, J>(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        _: A,
+        _: B,
+        _: C,
+        _: E,
+        _: F,
+        _: G,
+        _: H,
+        _: I,
+        _: J,
+    ) -> CUresult {
+        self.gated(real)
+    }
+    #[allow(clippy::too_many_arguments)]
     pub fn gated6<A, B, C, E, F, G>(
         &'static self,
         real: impl FnMut() -> CUresult,
