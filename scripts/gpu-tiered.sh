@@ -16,8 +16,9 @@
 # ${OUT:-/tmp}/gpu-tiered.md. Exits 1 if any row fails.
 #
 # Environment: PYTHON, OUT, KEEP_WORK=1, BUDGET_S (default 500), MODELS
-# (default "llama mlp"), RATIOS (default "1.5 1.25 1.1"), HOST_SPILL=1 to
-# add host spill at the first ratio (slow), CONTEXT_MIB (default 520),
+# (default "llama mlp"; " " for none), RATIOS (default "1.5 1.25 1.1"),
+# HOST_SPILL=1 to add host spill at the first ratio (slow), CONTEXT_MIB
+# (default 520),
 # STEPS (default 30), LAUNCH_COST=0 / BATCH_COPY=0 to skip the launch-cost
 # and batched-copy rows, NVCC,
 # CUDA_ARCH (default sm_90), VARIANTS ("NAME=PATH ...": tiered rows also with each

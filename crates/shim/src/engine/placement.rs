@@ -38,6 +38,19 @@ fn make_mapped<D: Driver>(
 }
 
 /// One move being carried out: the new memory, mapped at a scratch address.
+/// The copy and memset hooks, by argument count: each only passes the
+/// gate, whatever its arguments are.
+macro_rules! gated_by_arity {
+    ($($name:ident($($t:ident),*)),* $(,)?) => {
+        $(
+            #[allow(clippy::too_many_arguments)]
+            pub fn $name<$($t),*>(&'static self, real: impl FnMut() -> CUresult, $(_: $t),*) -> CUresult {
+                self.gated(real)
+            }
+        )*
+    };
+}
+
 struct Staged {
     block: Claim,
     to_host: bool,
@@ -698,85 +711,9 @@ impl<D: Driver> Engine<D> {
         real()
     }
 
-    /// The copy and memset hooks, by argument count (they only pass the gate).
-    pub fn gated1<A>(&'static self, real: impl FnMut() -> CUresult, _: A) -> CUresult {
-        self.gated(real)
-    }
-    pub fn gated2<A, B>(&'static self, real: impl FnMut() -> CUresult, _: A, _: B) -> CUresult {
-        self.gated(real)
-    }
-    pub fn gated3<A, B, C>(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        _: A,
-        _: B,
-        _: C,
-    ) -> CUresult {
-        self.gated(real)
-    }
-    pub fn gated4<A, B, C, E>(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        _: A,
-        _: B,
-        _: C,
-        _: E,
-    ) -> CUresult {
-        self.gated(real)
-    }
-    pub fn gated5<A, B, C, E, F>(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        _: A,
-        _: B,
-        _: C,
-        _: E,
-        _: F,
-    ) -> CUresult {
-        self.gated(real)
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub fn gated8<A, B, C, E, F, G, H, I>(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        _: A,
-        _: B,
-        _: C,
-        _: E,
-        _: F,
-        _: G,
-        _: H,
-        _: I,
-    ) -> CUresult {
-        self.gated(real)
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub fn gated9<A, B, C, E, F, G, H, I, J>(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        _: A,
-        _: B,
-        _: C,
-        _: E,
-        _: F,
-        _: G,
-        _: H,
-        _: I,
-        _: J,
-    ) -> CUresult {
-        self.gated(real)
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub fn gated6<A, B, C, E, F, G>(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        _: A,
-        _: B,
-        _: C,
-        _: E,
-        _: F,
-        _: G,
-    ) -> CUresult {
-        self.gated(real)
+    gated_by_arity! {
+        gated1(A), gated2(A, B), gated3(A, B, C), gated4(A, B, C, E),
+        gated5(A, B, C, E, F), gated6(A, B, C, E, F, G),
+        gated8(A, B, C, E, F, G, H, I), gated9(A, B, C, E, F, G, H, I, J),
     }
 }
