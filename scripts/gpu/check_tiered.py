@@ -1,11 +1,16 @@
 """Training under a cap smaller than its working set, for tiered spill.
 
-Usage: check_tiered.py {llama|mlp} [--steps S] [--timed T]
+Usage: check_tiered.py {llama|mlp} [--steps S] [--timed T] [--map] [--save-on-cpu]
 
 llama: a Llama-style causal LM from `transformers` (random initialisation,
 no download): hidden 1024, 16 layers, 16 heads, MLP 2816, vocabulary 32000
 (271 M parameters), AdamW, fp32, batch 8 x 512 tokens.
 mlp: 8 x Linear(4096) with ReLU, AdamW, batch 256.
+
+--save-on-cpu runs each forward and backward pass inside PyTorch's
+torch.autograd.graph.save_on_cpu(pin_memory=True): the program itself keeps
+the activations saved for the backward pass in host memory (what a program
+that may be changed can do; for comparison with tiered spill).
 
 Deterministic (fixed seeds, TF32 off, deterministic algorithms). Prints one
 `RESULTKV` line: `losses` (every step's loss, repr, joined by ','),
@@ -48,6 +53,11 @@ def main() -> int:
     ap.add_argument("model", choices=["llama", "mlp"])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--timed", type=int, default=10)
+    ap.add_argument(
+        "--save-on-cpu",
+        action="store_true",
+        help="keep the activations saved for backward in pinned host memory (torch.autograd.graph.save_on_cpu)",
+    )
     ap.add_argument(
         "--map",
         action="store_true",
@@ -100,8 +110,13 @@ def main() -> int:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = step_loss()
-            loss.backward()
+            if a.save_on_cpu:
+                with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                    loss = step_loss()
+                    loss.backward()
+            else:
+                loss = step_loss()
+                loss.backward()
             opt.step()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
