@@ -37,7 +37,6 @@ fn make_mapped<D: Driver>(
     Ok(h)
 }
 
-/// One move being carried out: the new memory, mapped at a scratch address.
 /// The copy and memset hooks, by argument count: each only passes the
 /// gate, whatever its arguments are.
 macro_rules! gated_by_arity {
@@ -51,6 +50,7 @@ macro_rules! gated_by_arity {
     };
 }
 
+/// One move being carried out: the new memory, mapped at a scratch address.
 struct Staged {
     block: Claim,
     to_host: bool,
