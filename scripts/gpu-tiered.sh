@@ -17,10 +17,13 @@
 #
 # Environment: PYTHON, OUT, KEEP_WORK=1, BUDGET_S (default 500), MODELS
 # (default "llama mlp"; " " for none), RATIOS (default "1.5 1.25 1.1"),
-# HOST_SPILL=1 to add host spill at the first ratio (slow), SAVE_ON_CPU=1
-# to add, at the first ratio, tiered spill of a program that keeps its saved
-# activations on the host itself (PyTorch's save_on_cpu: what a program that
-# may be changed can do; no goal applies), CONTEXT_MIB (default 520),
+# HOST_SPILL=1 to add host spill at the first ratio (slow), PROGRAMS
+# (changed programs, each run uncapped and tiered at PROGRAM_RATIOS, default
+# RATIOS, under the unchanged program's caps: save_on_cpu, the program
+# keeping its saved activations on the host itself with PyTorch's
+# save_on_cpu; fused, AdamW(fused=True); or both, save_on_cpu+fused; what a
+# program that may be changed can do, so no goal applies; SAVE_ON_CPU=1
+# adds save_on_cpu), CONTEXT_MIB (default 520),
 # STEPS (default 30), LAUNCH_COST=0 / BATCH_COPY=0 to skip the launch-cost
 # and batched-copy rows, NVCC,
 # CUDA_ARCH (default sm_90), VARIANTS ("NAME=PATH ...": tiered rows also with each
@@ -115,11 +118,71 @@ if [ "${BATCH_COPY:-1}" = 1 ]; then
     fi
 fi
 
+# capped MODEL R CAP MODE LABEL RUN SHIM REF_LINE GOAL [ARGS...]: one capped
+# run of check_tiered.py (with ARGS) and its row, against REF_LINE (an
+# uncapped run of the same program); GOAL: the step-time goal or none.
+capped() {
+    local model=$1 r=$2 cap=$3 mode=$4 label=$5 run=$6 shim=$7 ref=$8 goal=$9
+    shift 9
+    local steps=$STEPS ok want got mp slow ref_ms moves
+    ref_ms=$(kv ms_per_step "$ref")
+    [ "$mode" = host ] && steps=6
+    TRAIN_ARGS=("$@")
+    train "$run" "$model" "$steps" "LD_PRELOAD=$shim" "VRAMCAP_LIMIT=${cap}MiB" "VRAMCAP_SPILL=$mode" VRAMCAP_SPILL_LIMIT=12GiB VRAMCAP_LOG=debug
+    TRAIN_ARGS=()
+    [ "$mode" = tiered ] && report "$model at ${r}x, $label" "$steps"
+    ok=1
+    [ -n "$line" ] && [ "$(kv oom "$line")" = 0 ] || ok=0
+    want=$(kv losses "$ref")
+    got=$(kv losses "$line")
+    [ "$mode" = host ] && want=$(printf '%s' "$want" | cut -d, -f1-"$steps")
+    [ -n "$got" ] && [ "$got" = "$want" ] || ok=0
+    mp=$(kv max_proc_mib "$line")
+    isint "$mp" && ((mp <= cap)) || ok=0
+    slow=$(ratio "$ref_ms" "$(kv ms_per_step "$line")")
+    if [ "$mode" = tiered ] && [ "$goal" != none ]; then
+        awk -v s="$slow" -v g="$goal" 'BEGIN { exit !(s != "NA" && s <= g) }' || ok=0
+    fi
+    # Against the unchanged program uncapped too, when this one is changed.
+    local also=""
+    if [ $# -gt 0 ]; then
+        also=" = $(ratio "$ORIG_MS" "$(kv ms_per_step "$line")")x of the unchanged program uncapped ($ORIG_MS ms)"
+    fi
+    moves=$(grep -a "tiered spill, device" "$ERRF" | grep -c "promoted")
+    add_row "$model at ${r}x: cap ${cap} MiB, VRAMCAP_SPILL=$label" \
+        "losses identical at every step; NVML process max <= cap$([ "$mode" = tiered ] && [ "$goal" != none ] && echo "; step <= ${goal}x uncapped")" \
+        "rc=$RC; $(kv ms_per_step "$line") ms/step (${slow}x of $ref_ms$also), first timed step $(kv first_ms "$line") ms; losses $([ "$got" = "$want" ] && echo identical || echo "DIFFER: $(printf '%s' "$got" | cut -c1-80)"); NVML process max ${mp:-?} MiB; GPU used max $(kv max_dev_used_mib "$line") MiB; rounds that moved: $moves" \
+        "$(verdict)"
+}
+
+# The program changes PROGRAMS names, as check_tiered.py arguments.
+program_args() {
+    local p=$1 part
+    local -a args=()
+    for part in ${p//+/ }; do
+        case $part in
+        save_on_cpu) args+=(--save-on-cpu) ;;
+        fused) args+=(--fused-adamw) ;;
+        *) return 1 ;;
+        esac
+    done
+    printf '%s\n' "${args[@]}"
+}
+PROGRAMS=${PROGRAMS:-}
+[ "${SAVE_ON_CPU:-0}" = 1 ] && PROGRAMS="save_on_cpu $PROGRAMS"
+for p in $PROGRAMS; do
+    program_args "$p" >/dev/null || {
+        echo "gpu-tiered.sh: PROGRAMS=\"$PROGRAMS\": \"$p\" is not a program change (use save_on_cpu, fused, or both joined by +, e.g. PROGRAMS=\"save_on_cpu fused save_on_cpu+fused\")" >&2
+        exit 2
+    }
+done
+
 for model in ${MODELS:-llama mlp}; do
     train "$model-ref" "$model" "$STEPS"
     ref=$line
     peak=$(kv peak_reserved_mib "$ref")
     ref_ms=$(kv ms_per_step "$ref")
+    ORIG_MS=$ref_ms
     if ! isint "$peak" || [ "$(kv oom "$ref")" != 0 ]; then
         add_row "$model, uncapped" "runs" "rc=$RC; ${ref:-no result}" FAIL
         continue
@@ -129,57 +192,41 @@ for model in ${MODELS:-llama mlp}; do
     first=1
     for r in ${RATIOS:-1.5 1.25 1.1}; do
         cap=$(awk -v c="$CONTEXT_MIB" -v p="$peak" -v r="$r" 'BEGIN { printf "%d", c + p / r }')
-        modes=(tiered)
-        for v in ${VARIANTS:-}; do modes+=("tiered:$v"); done
-        [ "${HOST_SPILL:-0}" = 1 ] && [ $first = 1 ] && modes+=(host)
-        [ "${SAVE_ON_CPU:-0}" = 1 ] && [ $first = 1 ] && modes+=(tiered+save_on_cpu)
+        goal=none
+        case $r in 1.5) goal=3 ;; 1.1) goal=1.3 ;; esac
+        capped "$model" "$r" "$cap" tiered tiered "$model-tiered-$r" "$SHIM" "$ref" "$goal"
+        for v in ${VARIANTS:-}; do
+            shim=${v#*=}
+            if [ -f "$shim" ]; then
+                capped "$model" "$r" "$cap" tiered "tiered, build ${v%%=*}" "$model-tiered-$r-${v%%=*}" "$shim" "$ref" "$goal"
+            else
+                add_row "$model at ${r}x, tiered, build ${v%%=*}" "the build is there" "no file $shim" FAIL
+            fi
+        done
+        if [ "${HOST_SPILL:-0}" = 1 ] && [ $first = 1 ]; then
+            capped "$model" "$r" "$cap" host host "$model-host-$r" "$SHIM" "$ref" none
+        fi
         first=0
-        for spec in "${modes[@]}"; do
-            mode=${spec%%:*}
-            shim=$SHIM
-            label=$mode
-            run=$model-$mode-$r
-            script_args=()
-            if [ "$mode" = tiered+save_on_cpu ]; then
-                mode=tiered
-                label="tiered, the program keeping saved activations on the host (save_on_cpu)"
-                run=$model-saveoncpu-$r
-                script_args=(--save-on-cpu)
-            fi
-            if [[ $spec == *:* ]]; then
-                v=${spec#*:}
-                shim=${v#*=}
-                label="$mode, build ${v%%=*}"
-                run=$run-${v%%=*}
-                [ -f "$shim" ] || { add_row "$model at ${r}x, $label" "the build is there" "no file $shim" FAIL; continue; }
-            fi
-            steps=$STEPS
-            [ "$mode" = host ] && steps=6
-            TRAIN_ARGS=("${script_args[@]}")
-            train "$run" "$model" "$steps" "LD_PRELOAD=$shim" "VRAMCAP_LIMIT=${cap}MiB" "VRAMCAP_SPILL=$mode" VRAMCAP_SPILL_LIMIT=12GiB VRAMCAP_LOG=debug
-            TRAIN_ARGS=()
-            [ "$mode" = tiered ] && report "$model at ${r}x, $label" "$steps"
-            ok=1
-            [ -n "$line" ] && [ "$(kv oom "$line")" = 0 ] || ok=0
-            want=$(kv losses "$ref")
-            got=$(kv losses "$line")
-            [ "$mode" = host ] && want=$(printf '%s' "$want" | cut -d, -f1-"$steps")
-            [ -n "$got" ] && [ "$got" = "$want" ] || ok=0
-            mp=$(kv max_proc_mib "$line")
-            isint "$mp" && ((mp <= cap)) || ok=0
-            slow=$(ratio "$ref_ms" "$(kv ms_per_step "$line")")
-            goal=none
-            case $r in 1.5) goal=3 ;; 1.1) goal=1.3 ;; esac
-            # The goals are for programs as they are; save_on_cpu changes the program.
-            [ ${#script_args[@]} = 0 ] || goal=none
-            if [ "$mode" = tiered ] && [ $goal != none ]; then
-                awk -v s="$slow" -v g="$goal" 'BEGIN { exit !(s != "NA" && s <= g) }' || ok=0
-            fi
-            moves=$(grep -a "tiered spill, device" "$ERRF" | grep -c "promoted")
-            add_row "$model at ${r}x: cap ${cap} MiB, VRAMCAP_SPILL=$label" \
-                "losses identical at every step; NVML process max <= cap$([ "$mode" = tiered ] && [ $goal != none ] && echo "; step <= ${goal}x uncapped")" \
-                "rc=$RC; $(kv ms_per_step "$line") ms/step (${slow}x of $ref_ms), first timed step $(kv first_ms "$line") ms; losses $([ "$got" = "$want" ] && echo identical || echo "DIFFER: $(printf '%s' "$got" | cut -c1-80)"); NVML process max ${mp:-?} MiB; GPU used max $(kv max_dev_used_mib "$line") MiB; rounds that moved: $moves" \
-                "$(verdict)"
+    done
+    # Changed programs (PROGRAMS): each against an uncapped run of its own
+    # (its losses) and the unchanged program's uncapped time, under the
+    # same caps as the unchanged program. The goals are for programs as
+    # they are, so none applies.
+    for p in $PROGRAMS; do
+        mapfile -t pargs < <(program_args "$p")
+        TRAIN_ARGS=("${pargs[@]}")
+        train "$model-$p-ref" "$model" "$STEPS"
+        TRAIN_ARGS=()
+        pref=$line
+        if [ -z "$pref" ] || [ "$(kv oom "$pref")" != 0 ]; then
+            add_row "$model, program $p, uncapped" "runs" "rc=$RC; ${pref:-no result}" FAIL
+            continue
+        fi
+        add_row "$model, program $p, uncapped" "runs; reserved peak and step time" \
+            "reserved peak $(kv peak_reserved_mib "$pref") MiB; $(kv ms_per_step "$pref") ms/step ($(ratio "$ORIG_MS" "$(kv ms_per_step "$pref")")x of the unchanged program); NVML process max $(kv max_proc_mib "$pref") MiB" PASS
+        for r in ${PROGRAM_RATIOS:-${RATIOS:-1.5 1.25 1.1}}; do
+            cap=$(awk -v c="$CONTEXT_MIB" -v p="$peak" -v r="$r" 'BEGIN { printf "%d", c + p / r }')
+            capped "$model" "$r" "$cap" tiered "tiered, program $p" "$model-$p-$r" "$SHIM" "$pref" none "${pargs[@]}"
         done
     done
 done

@@ -1,6 +1,7 @@
 """Training under a cap smaller than its working set, for tiered spill.
 
 Usage: check_tiered.py {llama|mlp} [--steps S] [--timed T] [--map] [--save-on-cpu]
+                       [--fused-adamw]
 
 llama: a Llama-style causal LM from `transformers` (random initialisation,
 no download): hidden 1024, 16 layers, 16 heads, MLP 2816, vocabulary 32000
@@ -11,6 +12,10 @@ mlp: 8 x Linear(4096) with ReLU, AdamW, batch 256.
 torch.autograd.graph.save_on_cpu(pin_memory=True): the program itself keeps
 the activations saved for the backward pass in host memory (what a program
 that may be changed can do; for comparison with tiered spill).
+--fused-adamw uses AdamW(fused=True): one kernel reads and writes each
+optimizer state byte once a step, where the default (foreach) makes several
+passes. Its losses differ from the default's in the last bits, so it is
+compared with an uncapped run of its own.
 
 Deterministic (fixed seeds, TF32 off, deterministic algorithms). Prints one
 `RESULTKV` line: `losses` (every step's loss, repr, joined by ','),
@@ -59,6 +64,11 @@ def main() -> int:
         help="keep the activations saved for backward in pinned host memory (torch.autograd.graph.save_on_cpu)",
     )
     ap.add_argument(
+        "--fused-adamw",
+        action="store_true",
+        help="AdamW(fused=True): one kernel a step for the optimizer",
+    )
+    ap.add_argument(
         "--map",
         action="store_true",
         help="print a TENSORMAP line (category, address, bytes) for every parameter, gradient and optimizer state tensor at the end",
@@ -105,7 +115,7 @@ def main() -> int:
             def step_loss():
                 return torch.nn.functional.mse_loss(model(x), y)
 
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if a.fused_adamw else {}))
         for _ in range(a.steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
