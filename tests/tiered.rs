@@ -245,3 +245,39 @@ fn the_batched_copy_passes_the_gate_in_both_its_forms() {
     client("procaddr", &[("VRAMCAP_LIMIT", "1GiB")], &copies)
         .expect_lines(&want.iter().map(String::as_str).collect::<Vec<_>>());
 }
+
+/// The copies between arrays and device memory (`cuMemcpyAtoD`,
+/// `cuMemcpyDtoA`, and their per-thread forms) and the launches of
+/// parameters set beforehand (`cuLaunch`, `cuLaunchGrid`,
+/// `cuLaunchGridAsync`) are the shim's under tiered spill, so that they
+/// wait for a move, and reach the driver; without tiered spill they are
+/// the driver's.
+#[test]
+#[rustfmt::skip]
+fn array_copies_and_grid_launches_pass_the_gate() {
+    let args = [
+        "init", "alloc", "32M", "array", "1000", "64", "0x20", "4",
+        "kernel", "touch1", "array-copies", "@0", "#0", "grid-launches", "kcounts",
+        "resolve", "cuMemcpyAtoD", "7000", "2",
+        "resolve", "cuMemcpyDtoA", "7000", "2",
+    ];
+    let lines = |lib: &str| {
+        vec![
+            "init -> 0".to_string(),
+            format!("alloc {} -> 0 #0", 32 * MIB),
+            "array 1000 64 0x20 4 -> 0 @0".into(),
+            "kernel touch1 -> 0".into(),
+            format!("array-copies @0 #0 -> atod=0 dtoa=0 lib={lib},{lib}"),
+            format!("grid-launches -> 0 0 0 lib={lib},{lib},{lib}"),
+            "kcounts launch=3 fault=0".into(),
+            format!("resolve cuMemcpyAtoD 7000 2 -> 0 status=0 lib={lib}"),
+            format!("resolve cuMemcpyDtoA 7000 2 -> 0 status=0 lib={lib}"),
+        ]
+    };
+    let want = lines("libvramcap.so");
+    client("procaddr", &tiered("64MiB"), &args)
+        .expect_lines(&want.iter().map(String::as_str).collect::<Vec<_>>());
+    let want = lines("libcuda.so.1");
+    client("procaddr", &[("VRAMCAP_LIMIT", "1GiB")], &args)
+        .expect_lines(&want.iter().map(String::as_str).collect::<Vec<_>>());
+}

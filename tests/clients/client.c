@@ -213,6 +213,12 @@
  *                         VER (12080 or 13000), one copy of SIZE bytes from
  *                         slot S to slot D -> "batch-copy VER #D #S -> RC
  *                         [fail=I] lib=LIB"
+ *   array-copies @A #S    (procaddr) cuMemcpyAtoD and cuMemcpyDtoA as resolved
+ *                         for 3020, 4 bytes between array A and slot S
+ *                         -> "array-copies @A #S -> atod=RC dtoa=RC lib=L1,L2"
+ *   grid-launches         (procaddr) cuLaunch, cuLaunchGrid and
+ *                         cuLaunchGridAsync of the "kernel" function
+ *                         -> "grid-launches -> RC RC RC lib=L1,L2,L3"
  *   streamsync            cuStreamSynchronize(client's stream)
  *                         -> "streamsync -> RC"
  *   graphmem ATTR         cuDeviceGetGraphMemAttribute(current device); ATTR
@@ -1712,6 +1718,61 @@ static void cmd_batch_copy(int version, size_t d, size_t s, size_t size)
     }
 }
 
+/* array-copies @A #S: cuMemcpyAtoD and cuMemcpyDtoA as resolved for 3020,
+ * 4 bytes between array A's start and slot S. */
+static void cmd_array_copies(size_t a, size_t s)
+{
+    if (!have_resolver()) {
+        out("array-copies -> unsupported");
+        return;
+    }
+    void *atod = NULL, *dtoa = NULL;
+    CUresult r1 = lookup("cuMemcpyAtoD", &atod, 3020, 0, NULL);
+    CUresult r2 = lookup("cuMemcpyDtoA", &dtoa, 3020, 0, NULL);
+    if (r1 != CUDA_SUCCESS || r2 != CUDA_SUCCESS || atod == NULL || dtoa == NULL) {
+        out("array-copies -> %d %d (not resolved)", r1, r2);
+        return;
+    }
+    CUresult (*to_dev)(CUdeviceptr, CUarray, size_t, size_t);
+    CUresult (*to_array)(CUarray, size_t, CUdeviceptr, size_t);
+    memcpy(&to_dev, &atod, sizeof atod);
+    memcpy(&to_array, &dtoa, sizeof dtoa);
+    CUarray arr = aslot(a)->array;
+    CUresult rc1 = to_dev(slot(s)->ptr, arr, 0, 4);
+    CUresult rc2 = to_array(arr, 0, slot(s)->ptr, 4);
+    out("array-copies @%zu #%zu -> atod=%d dtoa=%d lib=%s,%s", a, s, rc1, rc2,
+        lib_of(atod), lib_of(dtoa));
+}
+
+/* grid-launches: cuLaunch, cuLaunchGrid and cuLaunchGridAsync as resolved
+ * for 2000, of the function "kernel" obtained. */
+static void cmd_grid_launches(void)
+{
+    if (!have_resolver()) {
+        out("grid-launches -> unsupported");
+        return;
+    }
+    void *l = NULL, *g = NULL, *ga = NULL;
+    CUresult r1 = lookup("cuLaunch", &l, 2000, 0, NULL);
+    CUresult r2 = lookup("cuLaunchGrid", &g, 2000, 0, NULL);
+    CUresult r3 = lookup("cuLaunchGridAsync", &ga, 2000, 0, NULL);
+    if (r1 != CUDA_SUCCESS || r2 != CUDA_SUCCESS || r3 != CUDA_SUCCESS ||
+        l == NULL || g == NULL || ga == NULL) {
+        out("grid-launches -> %d %d %d (not resolved)", r1, r2, r3);
+        return;
+    }
+    CUresult (*launch)(CUfunction);
+    CUresult (*grid)(CUfunction, int, int);
+    CUresult (*grid_async)(CUfunction, int, int, CUstream);
+    memcpy(&launch, &l, sizeof l);
+    memcpy(&grid, &g, sizeof g);
+    memcpy(&grid_async, &ga, sizeof ga);
+    CUresult a = launch(g_func), b = grid(g_func, 1, 1),
+             c = grid_async(g_func, 1, 1, g_stream);
+    out("grid-launches -> %d %d %d lib=%s,%s,%s", a, b, c, lib_of(l), lib_of(g),
+        lib_of(ga));
+}
+
 /* call-resolved cuMemAlloc: resolve now, then allocate 1 MiB through it. */
 static void cmd_call_resolved(const char *name)
 {
@@ -2278,6 +2339,19 @@ static int command(int argc, char **argv, bool run)
         if (run)
             cmd_batch_copy(version, d, src, size);
         return 5;
+    }
+    if (strcmp(cmd, "array-copies") == 0) {
+        NEED(2);
+        size_t a = parse_prefixed(argv[1], '@', "array slot");
+        size_t sl = parse_slot(argv[2]);
+        if (run)
+            cmd_array_copies(a, sl);
+        return 3;
+    }
+    if (strcmp(cmd, "grid-launches") == 0) {
+        if (run)
+            cmd_grid_launches();
+        return 1;
     }
     if (strcmp(cmd, "call-resolved") == 0) {
         NEED(1);

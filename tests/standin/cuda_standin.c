@@ -4314,6 +4314,84 @@ WITH_PTSZ(cuMemcpyBatchAsync_v2,
           copy_batch_13, ((void)attrs, (void)attrsIdxs, (void)numAttrs, dsts),
           srcs, sizes, count, hStream)
 
+/*
+ * Copies between an array and device memory. Arrays hold no modelled
+ * contents, so nothing is copied; the device side is touched as the other
+ * copies touch it (unmapped reserved space faults), and the array must be
+ * a live one.
+ */
+static CUresult copy_array(CUarray a, CUdeviceptr d, bool ptds)
+{
+    (void)ptds;
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(array_index(a, g_arrays, ARRAY_SLOTS, sizeof g_arrays[0]) >= 0,
+          CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = a->a.live ? touch_locked(d) : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray,
+                         size_t srcOffset, size_t ByteCount)
+{
+    (void)srcOffset; (void)ByteCount;
+    return copy_array(srcArray, dstDevice, false);
+}
+LOCAL(cuMemcpyAtoD_v2)
+CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray,
+                              size_t srcOffset, size_t ByteCount)
+{
+    (void)srcOffset; (void)ByteCount;
+    return copy_array(srcArray, dstDevice, true);
+}
+LOCAL(cuMemcpyAtoD_v2_ptds)
+CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset,
+                         CUdeviceptr srcDevice, size_t ByteCount)
+{
+    (void)dstOffset; (void)ByteCount;
+    return copy_array(dstArray, srcDevice, false);
+}
+LOCAL(cuMemcpyDtoA_v2)
+CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset,
+                              CUdeviceptr srcDevice, size_t ByteCount)
+{
+    (void)dstOffset; (void)ByteCount;
+    return copy_array(dstArray, srcDevice, true);
+}
+LOCAL(cuMemcpyDtoA_v2_ptds)
+
+/*
+ * The launches of parameters set with cuParamSet* (not modelled): a launch
+ * of a known function that touches nothing, counted as launches are.
+ */
+static CUresult launch_grid(CUfunction f)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(func_of(f) != NULL, CUDA_ERROR_INVALID_HANDLE);
+    atomic_fetch_add_explicit(&g_launches, 1, memory_order_relaxed);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLaunch(CUfunction f)
+{
+    return launch_grid(f);
+}
+LOCAL(cuLaunch)
+CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
+{
+    (void)grid_width; (void)grid_height;
+    return launch_grid(f);
+}
+LOCAL(cuLaunchGrid)
+CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height,
+                           CUstream hStream)
+{
+    (void)grid_width; (void)grid_height; (void)hStream;
+    return launch_grid(f);
+}
+LOCAL(cuLaunchGridAsync)
+
 CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
     CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
@@ -4635,6 +4713,18 @@ ALIAS(cuMemcpyBatchAsync, BATCH12_PARAMS, (d, s, z, c, a, ai, na, fi, st))
 ALIAS(cuMemcpyBatchAsync_ptsz, BATCH12_PARAMS, (d, s, z, c, a, ai, na, fi, st))
 ALIAS(cuMemcpyBatchAsync_v2, BATCH13_PARAMS, (d, s, z, c, a, ai, na, st))
 ALIAS(cuMemcpyBatchAsync_v2_ptsz, BATCH13_PARAMS, (d, s, z, c, a, ai, na, st))
+ALIAS(cuMemcpyAtoD_v2, (CUdeviceptr d, CUarray a, size_t o, size_t n),
+      (d, a, o, n))
+ALIAS(cuMemcpyAtoD_v2_ptds, (CUdeviceptr d, CUarray a, size_t o, size_t n),
+      (d, a, o, n))
+ALIAS(cuMemcpyDtoA_v2, (CUarray a, size_t o, CUdeviceptr d, size_t n),
+      (a, o, d, n))
+ALIAS(cuMemcpyDtoA_v2_ptds, (CUarray a, size_t o, CUdeviceptr d, size_t n),
+      (a, o, d, n))
+ALIAS(cuLaunch, (CUfunction f), (f))
+ALIAS(cuLaunchGrid, (CUfunction f, int w, int h), (f, w, h))
+ALIAS(cuLaunchGridAsync, (CUfunction f, int w, int h, CUstream s),
+      (f, w, h, s))
 ALIAS(cuMemsetD32_v2, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))
 ALIAS(cuMemcpyDtoH_v2, (void *h, CUdeviceptr s, size_t n), (h, s, n))
 ALIAS(cuFuncGetParamInfo, (CUfunction f, size_t i, size_t *o, size_t *z),
@@ -4849,6 +4939,13 @@ static const struct proc_entry g_procs[] = {
     { "cuMemcpyBatchAsync",
       { V(12080, cuMemcpyBatchAsync), V(13000, cuMemcpyBatchAsync_v2) },
       { V(12080, cuMemcpyBatchAsync_ptsz), V(13000, cuMemcpyBatchAsync_v2_ptsz) } },
+    { "cuMemcpyAtoD", { V(3020, cuMemcpyAtoD_v2) },
+      { V(7000, cuMemcpyAtoD_v2_ptds) } },
+    { "cuMemcpyDtoA", { V(3020, cuMemcpyDtoA_v2) },
+      { V(7000, cuMemcpyDtoA_v2_ptds) } },
+    { "cuLaunch", { V(2000, cuLaunch) }, { { 0 } } },
+    { "cuLaunchGrid", { V(2000, cuLaunchGrid) }, { { 0 } } },
+    { "cuLaunchGridAsync", { V(2000, cuLaunchGridAsync) }, { { 0 } } },
     { "cuMemsetD32", { V(3020, cuMemsetD32_v2) }, { { 0 } } },
     { "cuMemcpyDtoH", { V(3020, cuMemcpyDtoH_v2) }, { { 0 } } },
     { "cuFuncGetParamInfo", { V(12040, cuFuncGetParamInfo) }, { { 0 } } },

@@ -472,6 +472,19 @@ CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                    size_t ByteCount, CUstream hStream);
 CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N);
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray,
+                         size_t srcOffset, size_t ByteCount);
+CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray,
+                              size_t srcOffset, size_t ByteCount);
+CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset,
+                         CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset,
+                              CUdeviceptr srcDevice, size_t ByteCount);
+/* The launches of parameters set with cuParamSet* (deprecated). */
+CUresult cuLaunch(CUfunction f);
+CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height);
+CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height,
+                           CUstream hStream);
 /* The batched copy: CUDA 12.8's form takes a failure index, 13.0's (_v2)
  * does not. The attributes are taken as opaque here. */
 CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,

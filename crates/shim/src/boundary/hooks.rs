@@ -171,6 +171,15 @@ hooks! {
         fn cuMemcpy3DPeer_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3DPeer", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated1;
         fn cuMemcpy3DPeerAsync(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DPeerAsync", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated2;
         fn cuMemcpy3DPeerAsync_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DPeerAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated2;
+        fn cuMemcpyAtoD_v2(dst: CUdeviceptr, src: *mut c_void, src_offset: usize, n: usize) -> CUresult, Lookup::cuda("cuMemcpyAtoD", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, src: *mut c_void, src_offset: usize, n: usize) -> CUresult, Lookup::cuda("cuMemcpyAtoD", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyDtoA_v2(dst: *mut c_void, dst_offset: usize, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoA", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemcpyDtoA_v2_ptds(dst: *mut c_void, dst_offset: usize, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoA", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        // The launches of parameters set with cuParamSet*: no heat (their
+        // parameters are not at hand), only the gate.
+        fn cuLaunch(f: CUfunction) -> CUresult, Lookup::cuda("cuLaunch", 2000), on panic NOT_FOUND => Engine::gated1;
+        fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int) -> CUresult, Lookup::cuda("cuLaunchGrid", 2000), on panic NOT_FOUND => Engine::gated3;
+        fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> CUresult, Lookup::cuda("cuLaunchGridAsync", 2000), on panic NOT_FOUND => Engine::gated4;
         fn cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue32", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
         fn cuStreamWriteValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue32", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
         fn cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue64", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
