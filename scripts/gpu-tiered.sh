@@ -110,7 +110,8 @@ if [ "${BATCH_COPY:-1}" = 1 ]; then
         line=$(result_line "$OUTF" RESULT)
         ok=1
         [ "$RC" = 0 ] && [ "$(kv lib12080 "$line")" = libvramcap.so ] && [ "$(kv lib13000 "$line")" = libvramcap.so ] || ok=0
-        add_row "batched copies on tiered blocks: cudaMemcpyBatchAsync, cuMemcpyBatchAsync for 12.8 and 13.0" \
+        [ "$(kv libarray "$line")" = libvramcap.so,libvramcap.so ] && [ "$(kv liblaunch "$line")" = libvramcap.so,libvramcap.so,libvramcap.so ] || ok=0
+        add_row "batched copies on tiered blocks: cudaMemcpyBatchAsync, cuMemcpyBatchAsync for 12.8 and 13.0; cuMemcpyDtoA and cuMemcpyAtoD through an array; who answers cuLaunch, cuLaunchGrid, cuLaunchGridAsync" \
             "every byte copied by each; the driver's forms answered by the shim (libvramcap.so)" \
             "rc=$RC; ${line:-no result}" "$(verdict)"
     else

@@ -6,7 +6,13 @@
 // a failure index) and for 13.0 (without), called through what
 // cuGetProcAddress answered. Prints which library answered and whether
 // every byte arrived:
-// "RESULT runtime=OK v12080=OK lib12080=L v13000=OK lib13000=L".
+// "RESULT runtime=OK v12080=OK lib12080=L v13000=OK lib13000=L ...".
+// Then the copies between arrays and device memory: 64 KiB of A into a
+// 1D array by cuMemcpyDtoA and back into C by cuMemcpyAtoD, each resolved
+// for 3020 ("array=OK libarray=L,L"), and which library answers for the
+// deprecated launches cuLaunch, cuLaunchGrid and cuLaunchGridAsync
+// ("liblaunch=L,L,L"; they are not called: their parameters would be set
+// with the cuParamSet* functions).
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -82,11 +88,43 @@ int main() {
         CHECK(cudaStreamSynchronize(s));
         ok13 = r13 == CUDA_SUCCESS && all(c, 0x5a, n);
     }
-    printf("RESULT runtime=%s runtime_rc=%s v12080=%s rc12080=%s lib12080=%s v13000=%s rc13000=%s lib13000=%s\n",
+    // Through an array: A to the array, the array to C.
+    const size_t an = 64 << 10;
+    void *pd = NULL, *pa = NULL;
+    CUresult rd2 = cuGetProcAddress("cuMemcpyDtoA", &pd, 3020, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    CUresult ra2 = cuGetProcAddress("cuMemcpyAtoD", &pa, 3020, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    bool ok_array = false;
+    CUresult rarr = CUDA_ERROR_NOT_FOUND;
+    if (rd2 == CUDA_SUCCESS && ra2 == CUDA_SUCCESS && pd != NULL && pa != NULL) {
+        CUDA_ARRAY_DESCRIPTOR desc = {};
+        desc.Width = an;
+        desc.Height = 0;
+        desc.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+        desc.NumChannels = 1;
+        CUarray arr;
+        rarr = cuArrayCreate(&arr, &desc);
+        if (rarr == CUDA_SUCCESS) {
+            CHECK(cudaMemset(c, 0, n));
+            CHECK(cudaDeviceSynchronize());
+            rarr = ((CUresult(*)(CUarray, size_t, CUdeviceptr, size_t))pd)(arr, 0, (CUdeviceptr)a, an);
+            if (rarr == CUDA_SUCCESS)
+                rarr = ((CUresult(*)(CUdeviceptr, CUarray, size_t, size_t))pa)((CUdeviceptr)c, arr, 0, an);
+            CHECK(cudaDeviceSynchronize());
+            ok_array = rarr == CUDA_SUCCESS && all(c, 0x5a, an);
+            cuArrayDestroy(arr);
+        }
+    }
+    void *pl = NULL, *pg = NULL, *pga = NULL;
+    cuGetProcAddress("cuLaunch", &pl, 2000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    cuGetProcAddress("cuLaunchGrid", &pg, 2000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    cuGetProcAddress("cuLaunchGridAsync", &pga, 2000, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    printf("RESULT runtime=%s runtime_rc=%s v12080=%s rc12080=%s lib12080=%s v13000=%s rc13000=%s lib13000=%s "
+           "array=%s array_rc=%s libarray=%s,%s liblaunch=%s,%s,%s\n",
            runtime_ok ? "OK" : "BAD", rt_name(re), ok12 ? "OK" : "BAD", drv_name(r12), lib_of(p12),
-           ok13 ? "OK" : "BAD", drv_name(r13), lib_of(p13));
+           ok13 ? "OK" : "BAD", drv_name(r13), lib_of(p13), ok_array ? "OK" : "BAD", drv_name(rarr), lib_of(pd),
+           lib_of(pa), lib_of(pl), lib_of(pg), lib_of(pga));
     CHECK(cudaFree(a));
     CHECK(cudaFree(b));
     CHECK(cudaFree(c));
-    return runtime_ok && ok12 && ok13 ? 0 : 1;
+    return runtime_ok && ok12 && ok13 && ok_array ? 0 : 1;
 }
