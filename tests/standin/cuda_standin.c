@@ -4332,34 +4332,21 @@ static CUresult copy_array(CUarray a, CUdeviceptr d, bool ptds)
     return rc;
 }
 
-CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray,
-                         size_t srcOffset, size_t ByteCount)
-{
-    (void)srcOffset; (void)ByteCount;
-    return copy_array(srcArray, dstDevice, false);
-}
-LOCAL(cuMemcpyAtoD_v2)
-CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray,
-                              size_t srcOffset, size_t ByteCount)
-{
-    (void)srcOffset; (void)ByteCount;
-    return copy_array(srcArray, dstDevice, true);
-}
-LOCAL(cuMemcpyAtoD_v2_ptds)
-CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset,
-                         CUdeviceptr srcDevice, size_t ByteCount)
-{
-    (void)dstOffset; (void)ByteCount;
-    return copy_array(dstArray, srcDevice, false);
-}
-LOCAL(cuMemcpyDtoA_v2)
-CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset,
-                              CUdeviceptr srcDevice, size_t ByteCount)
-{
-    (void)dstOffset; (void)ByteCount;
-    return copy_array(dstArray, srcDevice, true);
-}
-LOCAL(cuMemcpyDtoA_v2_ptds)
+/* NAME and its per-thread default stream twin NAME_ptds, as WITH_PTSZ. */
+#define WITH_PTDS(name, params, impl, ...)                                    \
+    CUresult name params { return impl(__VA_ARGS__, false); }                 \
+    LOCAL(name)                                                               \
+    CUresult name##_ptds params { return impl(__VA_ARGS__, true); }           \
+    LOCAL(name##_ptds)
+
+WITH_PTDS(cuMemcpyAtoD_v2,
+          (CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset,
+           size_t ByteCount),
+          copy_array, ((void)srcOffset, (void)ByteCount, srcArray), dstDevice)
+WITH_PTDS(cuMemcpyDtoA_v2,
+          (CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice,
+           size_t ByteCount),
+          copy_array, ((void)dstOffset, (void)ByteCount, dstArray), srcDevice)
 
 /*
  * The launches of parameters set with cuParamSet* (not modelled): a launch
