@@ -114,9 +114,9 @@ pub(super) const HALF_LIFE_LAUNCHES: f64 = 4000.0;
 /// A host block displaces device blocks only when its score per byte is
 /// this many times theirs. At 2 a weight-holding block (read by matrix
 /// products) could stay on the host beside optimizer state it was not
-/// twice as hot as; 1.25 brought it back and ran 1.39x and 1.40x where
-/// 2 ran 1.51x and 1.52x, training at 1.1x its cap side by side
-/// (docs/gpu-results.md).
+/// twice as hot as. Training side by side with 2 (docs/gpu-results.md),
+/// 1.25 ran 1.39x and 1.40x at 1.1x its cap (2: 1.51x, 1.52x) and 2.62x
+/// at 1.25x (3.78x), but 8.62x at 1.5x (7.80x), where more blocks swapped.
 pub const HYSTERESIS: f64 = 1.25;
 /// Rounds a moved block stays where it went.
 pub const MIN_ROUNDS: u64 = 20;
