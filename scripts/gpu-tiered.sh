@@ -70,6 +70,10 @@ report() {
     { echo "## $1"; "$PYTHON" "$GPU_SRC/tier_report.py" "$ERRF" "$OUTF" "$2" | sed 's/^REPORT //'; } | tee -a "$REPORT" >>"$LOG"
 }
 
+# cap_for R: the cap (MiB) that oversubscribes the uncapped run's reserved
+# peak ($peak) R times, the context counted.
+cap_for() { awk -v c="$CONTEXT_MIB" -v p="$peak" -v r="$1" 'BEGIN { printf "%d", c + p / r }'; }
+
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", b / a; else print "NA" }'; }
 
 # What the launch hook costs a launch-bound program (scripts/gpu/launch_cost.cu:
@@ -192,7 +196,7 @@ for model in ${MODELS:-llama mlp}; do
         "reserved peak $peak MiB; $ref_ms ms/step; NVML process max $(kv max_proc_mib "$ref") MiB" PASS
     first=1
     for r in ${RATIOS:-1.5 1.25 1.1}; do
-        cap=$(awk -v c="$CONTEXT_MIB" -v p="$peak" -v r="$r" 'BEGIN { printf "%d", c + p / r }')
+        cap=$(cap_for "$r")
         goal=none
         case $r in 1.5) goal=3 ;; 1.1) goal=1.3 ;; esac
         capped "$model" "$r" "$cap" tiered tiered "$model-tiered-$r" "$SHIM" "$ref" "$goal"
@@ -226,7 +230,7 @@ for model in ${MODELS:-llama mlp}; do
         add_row "$model, program $p, uncapped" "runs; reserved peak and step time" \
             "reserved peak $(kv peak_reserved_mib "$pref") MiB; $(kv ms_per_step "$pref") ms/step ($(ratio "$ORIG_MS" "$(kv ms_per_step "$pref")")x of the unchanged program); NVML process max $(kv max_proc_mib "$pref") MiB" PASS
         for r in ${PROGRAM_RATIOS:-${RATIOS:-1.5 1.25 1.1}}; do
-            cap=$(awk -v c="$CONTEXT_MIB" -v p="$peak" -v r="$r" 'BEGIN { printf "%d", c + p / r }')
+            cap=$(cap_for "$r")
             capped "$model" "$r" "$cap" tiered "tiered, program $p" "$model-$p-$r" "$SHIM" "$pref" none "${pargs[@]}"
         done
     done

@@ -559,8 +559,8 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Waits, with the gate closed, for the contexts' work to finish, for
-    /// at most [`sync_wait`](super::tier::Tiers::sync_wait): work that waits on something the program
-    /// would do after its next launch (a kernel waiting on another GPU's,
+    /// at most [`sync_wait`](super::tier::Tiers::sync_wait): work that
+    /// waits on something the program would do after its next launch (a kernel waiting on another GPU's,
     /// a stream waiting on a value the host writes) never finishes while
     /// the program is held. The synchronisation runs on a thread of its
     /// own; past the wait the round gives up (that thread finishes when
