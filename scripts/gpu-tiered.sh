@@ -23,7 +23,9 @@
 # keeping its saved activations on the host itself with PyTorch's
 # save_on_cpu; fused, AdamW(fused=True); or both, save_on_cpu+fused; what a
 # program that may be changed can do, so no goal applies; SAVE_ON_CPU=1
-# adds save_on_cpu), CONTEXT_MIB (default 520),
+# adds save_on_cpu), PROFILE=1 (every run profiles two more steps, and
+# scripts/gpu/kernel_delta.py says, after each capped row, which kernels
+# took the extra time against the uncapped run), CONTEXT_MIB (default 520),
 # STEPS (default 30), LAUNCH_COST=0 / BATCH_COPY=0 to skip the launch-cost
 # and batched-copy rows, NVCC,
 # CUDA_ARCH (default sm_90), VARIANTS ("NAME=PATH ...": tiered rows also with each
@@ -58,7 +60,9 @@ TRAIN_ARGS=()
 train() {
     local name=$1 model=$2 steps=$3
     shift 3
-    run_cmd "$name" 300 "${BASE[@]}" "$@" "$PYTHON" "$GPU_SRC/check_tiered.py" "$model" --steps "$steps" --timed $((steps / 3)) --map "${TRAIN_ARGS[@]}"
+    local prof=()
+    [ "${PROFILE:-0}" = 1 ] && prof=(--profile "$WORK/kernels-$name.txt")
+    run_cmd "$name" 300 "${BASE[@]}" "$@" "$PYTHON" "$GPU_SRC/check_tiered.py" "$model" --steps "$steps" --timed $((steps / 3)) --map "${prof[@]}" "${TRAIN_ARGS[@]}"
     line=$(result_line "$OUTF" RESULTKV)
     grep -a "tiered spill" "$ERRF" | grep -av "block 0x" | tail -n 3 >>"$LOG"
 }
@@ -136,6 +140,9 @@ capped() {
     train "$run" "$model" "$steps" "LD_PRELOAD=$shim" "VRAMCAP_LIMIT=${cap}MiB" "VRAMCAP_SPILL=$mode" VRAMCAP_SPILL_LIMIT=12GiB VRAMCAP_LOG=debug
     TRAIN_ARGS=()
     [ "$mode" = tiered ] && report "$model at ${r}x, $label" "$steps"
+    if [ "${PROFILE:-0}" = 1 ]; then
+        { echo "## kernels: $model at ${r}x, $label"; "$PYTHON" "$GPU_SRC/kernel_delta.py" "$WORK/kernels-$REF_RUN.txt" "$WORK/kernels-$run.txt" | sed 's/^REPORT //'; } | tee -a "$REPORT" >>"$LOG"
+    fi
     ok=1
     [ -n "$line" ] && [ "$(kv oom "$line")" = 0 ] || ok=0
     want=$(kv losses "$ref")
@@ -185,6 +192,7 @@ done
 for model in ${MODELS:-llama mlp}; do
     train "$model-ref" "$model" "$STEPS"
     ref=$line
+    REF_RUN=$model-ref
     peak=$(kv peak_reserved_mib "$ref")
     ref_ms=$(kv ms_per_step "$ref")
     ORIG_MS=$ref_ms
@@ -223,6 +231,7 @@ for model in ${MODELS:-llama mlp}; do
         train "$model-$p-ref" "$model" "$STEPS"
         TRAIN_ARGS=()
         pref=$line
+        REF_RUN=$model-$p-ref
         if [ -z "$pref" ] || [ "$(kv oom "$pref")" != 0 ]; then
             add_row "$model, program $p, uncapped" "runs" "rc=$RC; ${pref:-no result}" FAIL
             continue

@@ -1,7 +1,7 @@
 """Training under a cap smaller than its working set, for tiered spill.
 
 Usage: check_tiered.py {llama|mlp} [--steps S] [--timed T] [--map] [--save-on-cpu]
-                       [--fused-adamw]
+                       [--fused-adamw] [--profile FILE]
 
 llama: a Llama-style causal LM from `transformers` (random initialisation,
 no download): hidden 1024, 16 layers, 16 heads, MLP 2816, vocabulary 32000
@@ -16,6 +16,11 @@ that may be changed can do; for comparison with tiered spill).
 optimizer state byte once a step, where the default (foreach) makes several
 passes. Its losses differ from the default's in the last bits, so it is
 compared with an uncapped run of its own.
+--profile FILE runs two more steps after the timed ones under
+torch.profiler and writes every kernel they ran to FILE, one a line in the
+order the GPU ran them: index, microseconds, name, tab-separated (for
+scripts/gpu/kernel_delta.py, which compares two runs kernel by kernel).
+Those steps are not timed and their losses are not printed.
 
 Deterministic (fixed seeds, TF32 off, deterministic algorithms). Prints one
 `RESULTKV` line: `losses` (every step's loss, repr, joined by ','),
@@ -53,6 +58,27 @@ def nvml():
         return lambda: (-1, -1)
 
 
+def profile(torch, step, path):
+    """Two steps under torch.profiler; their kernels, in order, to `path`."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+    kernels = []
+    for e in p.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.elapsed_us() >= 0:
+            kernels.append((e.time_range.start, e.time_range.elapsed_us(), e.name))
+    kernels.sort()
+    with open(path, "w") as f:
+        for i, (_, us, name) in enumerate(kernels):
+            f.write(f"{i}\t{us}\t{name.replace(chr(9), ' ')}\n")
+    print(f"PROFILE {len(kernels)} kernels to {path}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", choices=["llama", "mlp"])
@@ -67,6 +93,11 @@ def main() -> int:
         "--fused-adamw",
         action="store_true",
         help="AdamW(fused=True): one kernel a step for the optimizer",
+    )
+    ap.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="after the timed steps, profile two more and write their kernels to FILE",
     )
     ap.add_argument(
         "--map",
@@ -116,9 +147,8 @@ def main() -> int:
                 return torch.nn.functional.mse_loss(model(x), y)
 
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if a.fused_adamw else {}))
-        for _ in range(a.steps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
+
+        def step():
             opt.zero_grad(set_to_none=True)
             if a.save_on_cpu:
                 with torch.autograd.graph.save_on_cpu(pin_memory=True):
@@ -128,11 +158,19 @@ def main() -> int:
                 loss = step_loss()
                 loss.backward()
             opt.step()
+            return loss
+
+        for _ in range(a.steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = step()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             losses.append(repr(loss.item()))
             p, d = sample()
             max_proc, max_dev = max(max_proc, p), max(max_dev, d)
+        if a.profile:
+            profile(torch, step, a.profile)
     except torch.OutOfMemoryError as e:
         oom = 1
         print("OOM", str(e).splitlines()[0])
