@@ -26,8 +26,8 @@
 # adds save_on_cpu), PROFILE=1 (every run profiles two more steps, and
 # scripts/gpu/kernel_delta.py says, after each capped row, which kernels
 # took the extra time against the uncapped run), CONTEXT_MIB (default 520),
-# STEPS (default 30), LAUNCH_COST=0 / BATCH_COPY=0 to skip the launch-cost
-# and batched-copy rows, NVCC,
+# STEPS (default 30), LAUNCH_COST=0 / BATCH_COPY=0 / GRAPH_HEAT=0 to skip
+# the launch-cost, batched-copy and graph-heat rows, NVCC,
 # CUDA_ARCH (default sm_90), VARIANTS ("NAME=PATH ...": tiered rows also with each
 # of these builds of libvramcap.so, side by side, for policy comparisons).
 #
@@ -124,6 +124,33 @@ if [ "${BATCH_COPY:-1}" = 1 ]; then
             "rc=$RC; ${line:-no result}" "$(verdict)"
     else
         add_row "batched copies" "batch_copy.cu builds" "nvcc ${NVCC_BIN:-not found}; see the log" FAIL
+    fi
+fi
+
+# A block only a CUDA graph's kernel uses (scripts/gpu/graph_heat.cu): it
+# starts on the host past a cap of the context plus 512 MiB, and is
+# promoted only if the graph's launches count as its uses; its data must
+# survive the moves under the running graph.
+if [ "${GRAPH_HEAT:-1}" = 1 ]; then
+    if [ -n "$NVCC_BIN" ] && build_cu "$GPU_SRC/graph_heat.cu" "$WORK/graph_heat"; then
+        for how in instantiated updated; do
+            args=(8)
+            [ $how = updated ] && args+=(update)
+            run_cmd "graph-heat-$how" 120 "${BASE[@]}" "LD_PRELOAD=$SHIM" "VRAMCAP_LIMIT=$((CONTEXT_MIB + 512))MiB" VRAMCAP_SPILL=tiered VRAMCAP_LOG=debug "$WORK/graph_heat" "${args[@]}"
+            line=$(result_line "$OUTF" RESULT)
+            moves=$(grep -a "tiered spill, device" "$ERRF" | grep -c "promoted")
+            ok=1
+            [ "$RC" = 0 ] && [ "$(kv verify "$line")" = ok ] || ok=0
+            awk -v f="$(kv first_ms "$line")" -v l="$(kv last_ms "$line")" 'BEGIN { exit !(f > 0 && l > 0 && l * 4 < f) }' || ok=0
+            ((moves > 0)) || ok=0
+            what="the executable graph instantiated from it"
+            [ $how = updated ] && what="the executable graph updated to it (cudaGraphExecUpdate) from one whose kernel used another block"
+            add_row "graph heat: a 192 MiB block on the host that only a CUDA graph's kernel uses, $what; cap $((CONTEXT_MIB + 512)) MiB" \
+                "promoted (a launch of the graph 4x faster at the end than at the start); every element right" \
+                "rc=$RC; ${line:-no result}; rounds that moved: $moves" "$(verdict)"
+        done
+    else
+        add_row "graph heat" "graph_heat.cu builds" "nvcc ${NVCC_BIN:-not found}; see the log" FAIL
     fi
 fi
 

@@ -3,8 +3,8 @@
 //! host memory; kernel launches that name a host block get it promoted
 //! (after a colder block makes room) with its address and contents kept;
 //! the device never holds more than the cap; no launch or copy ever meets
-//! an unmapped address; and without tiered spill the launch hooks are not
-//! handed out at all.
+//! an unmapped address; a CUDA graph's kernels heat blocks as launches do;
+//! and without tiered spill the launch hooks are not handed out at all.
 
 use std::time::{Duration, Instant};
 
@@ -115,6 +115,188 @@ fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
             &format!("standin dev=0 used=0 peak={}", 48 * MIB),
             "standin dev=1 used=0 peak=0",
         ]
+    );
+}
+
+/// The graph commands of [`graph_promotes`] for one graph whose kernel
+/// names the host block #2.
+const CAPTURE_2: [&str; 7] = [
+    "capture-begin",
+    "kernel-launch",
+    "1",
+    "#2",
+    "#2",
+    "capture-end",
+    "instantiate",
+];
+
+/// Three blocks under a 64 MiB cap (#0 32 MiB and #1 16 MiB on the device,
+/// #2 32 MiB on the host), both device blocks warmed by ten launches (more
+/// than one captured launch alone gives the host block); then `graph` (the
+/// commands making the executable graph) and 3000 launches of it, which
+/// must promote #2 (#0 making room) with its contents kept and no fault.
+/// `said`: what the graph commands answer.
+fn graph_promotes(name: &str, graph: &[&str], said: &[&str]) {
+    let dir = fresh_dir(name);
+    let mut cmds = vec![
+        "init",
+        "alloc",
+        "32M",
+        "alloc",
+        "16M",
+        "alloc",
+        "32M",
+        "memset32",
+        "2",
+        "32M",
+        "77",
+        "memset32",
+        "0",
+        "32M",
+        "5",
+        "kernel",
+        "touch2",
+        "kernel-launch",
+        "10",
+        "#0",
+        "#1",
+        "stream",
+    ];
+    cmds.extend_from_slice(graph);
+    cmds.extend_from_slice(&[
+        "launches",
+        "3000",
+        "wait",
+        "read32",
+        "2",
+        "read32",
+        "0",
+        "launch",
+        "kcounts",
+        "standin",
+        "execdestroy",
+        "free",
+        "0",
+        "free",
+        "1",
+        "free",
+        "2",
+        "standin",
+    ]);
+    let mut h = held_in(&artefacts().client, &dir, &tiered("64MiB"), &cmds);
+    let start = Instant::now();
+    let d = loop {
+        let d = stat_device0(&dir, h.pid());
+        if d["promotions"] == 1 {
+            break d;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no promotion within 30 s: {d}"
+        );
+        std::thread::yield_now();
+    };
+    assert_eq!(d["demotions"], 1, "{d}");
+    assert_eq!(d["moved_bytes"], 64 * MIB, "{d}");
+    assert_eq!(d["used_bytes"], 48 * MIB, "{d}");
+    assert_eq!(d["spilled_bytes"], 32 * MIB, "{d}");
+    h.resume();
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+    let before: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .take_while(|l| *l != "resumed")
+        .filter(|l| {
+            [
+                "kernel-launch",
+                "launches",
+                "capture",
+                "instantiate",
+                "execupdate",
+            ]
+            .iter()
+            .any(|c| l.starts_with(c))
+        })
+        .collect();
+    let mut want = vec!["kernel-launch 10 -> 0"];
+    want.extend_from_slice(said);
+    want.push("launches 3000 -> 0");
+    assert_eq!(before, want);
+    let tail: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .skip_while(|l| *l != "resumed")
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "resumed",
+            "read32 #2 -> 0 value=77",
+            "read32 #0 -> 0 value=5",
+            "launch -> 0",
+            // Captured launches ran nothing; each graph launch ran its one kernel.
+            "kcounts launch=3011 fault=0",
+            &format!("standin dev=0 used={} peak={}", 48 * MIB, 48 * MIB),
+            "standin dev=1 used=0 peak=0",
+            "execdestroy -> 0",
+            "free #0 -> 0",
+            "free #1 -> 0",
+            "free #2 -> 0",
+            &format!("standin dev=0 used=0 peak={}", 48 * MIB),
+            "standin dev=1 used=0 peak=0",
+        ]
+    );
+}
+
+/// A host block that only a CUDA graph's kernel uses heats as launched
+/// blocks do: the kernel captured on a stream becomes a kernel node, whose
+/// parameters the shim reads when the graph is instantiated and counts at
+/// each launch of it. The block is promoted, keeps its contents, and the
+/// graph's kernels never meet an unmapped address.
+#[test]
+fn a_block_only_a_graph_uses_moves_onto_the_gpu() {
+    graph_promotes(
+        "tiered-graph",
+        &CAPTURE_2,
+        &[
+            "capture-begin -> 0",
+            "kernel-launch 1 -> 0",
+            "capture-end -> 0",
+            "instantiate -> 0",
+        ],
+    );
+}
+
+/// An executable graph made from a graph whose kernel names #1, then
+/// updated (`cuGraphExecUpdate`) to one whose kernel names #2: its
+/// launches are uses of #2, which is promoted.
+#[test]
+fn an_updated_graph_heats_what_its_new_kernels_name() {
+    let mut graph = vec![
+        "capture-begin",
+        "kernel-launch",
+        "1",
+        "#1",
+        "#1",
+        "capture-end",
+        "instantiate",
+    ];
+    graph.extend_from_slice(&CAPTURE_2[..6]);
+    graph.push("execupdate");
+    graph_promotes(
+        "tiered-graph-update",
+        &graph,
+        &[
+            "capture-begin -> 0",
+            "kernel-launch 1 -> 0",
+            "capture-end -> 0",
+            "instantiate -> 0",
+            "capture-begin -> 0",
+            "kernel-launch 1 -> 0",
+            "capture-end -> 0",
+            "execupdate -> 0 result=0",
+        ],
     );
 }
 

@@ -203,9 +203,10 @@
  *   kernel NAME           cuModuleLoadData (once) and cuModuleGetFunction of
  *                         the stand-in's function NAME (touchN, gemm_touchN)
  *                         -> "kernel NAME -> RC"
- *   kernel-launch T #S..  cuLaunchKernel of that function T times, its
- *                         parameters the slots' pointers (1 to 8)
- *                         -> "kernel-launch T -> RC" (the first failure)
+ *   kernel-launch T #S..  cuLaunchKernel of that function T times on the
+ *                         client's stream, its parameters the slots'
+ *                         pointers (1 to 8) -> "kernel-launch T -> RC" (the
+ *                         first failure)
  *   memset32 SLOT SIZE V  cuMemsetD32_v2 of SIZE bytes -> "memset32 #SLOT -> RC"
  *   read32 SLOT           cuMemcpyDtoH_v2 of 4 bytes
  *                         -> "read32 #SLOT -> RC value=V"
@@ -252,6 +253,12 @@
  *                         result=R" (R the CUgraphInstantiateResult)
  *   launch, upload        cuGraphLaunch / cuGraphUpload of the executable
  *                         graph on the client's stream -> "launch -> RC"
+ *   launches T            cuGraphLaunch of it T times, stopping at the
+ *                         first failure -> "launches T -> RC"
+ *   execupdate            cuGraphExecUpdate (12000 ABI: the _v2 form) of the
+ *                         executable graph to the client's graph (as
+ *                         "instantiate" picks it) -> "execupdate -> RC
+ *                         result=R" (R the CUgraphExecUpdateResult)
  *   execdestroy           cuGraphExecDestroy -> "execdestroy -> RC"
  *   nvmlprocs             NVML like "nvml"; per device the handle by index,
  *                         its UUID, the handle by UUID (must be the same),
@@ -266,6 +273,7 @@
  * obtained only when the command line uses one of them (cudart's versions:
  * cuMemPool* and cuDevice(Get|Set)MemPool 11020, cuStreamSynchronize 2000,
  * cuGraphCreate/Destroy/GetNodes/NodeGetType/ExecDestroy/Launch 10000,
+ * cuGraphExecUpdate 12000,
  * cuGraphUpload 11010, the memory node and graph memory calls 11040,
  * cuGraphInstantiate and cuGraphInstantiateWithParams 12000).
  *
@@ -424,6 +432,8 @@ struct api {
     CUresult (*graph_instantiate_with_params)(CUgraphExec *, CUgraph,
                                               CUDA_GRAPH_INSTANTIATE_PARAMS *);
     CUresult (*graph_exec_destroy)(CUgraphExec);
+    CUresult (*graph_exec_update)(CUgraphExec, CUgraph,
+                                  CUgraphExecUpdateResultInfo *);
     CUresult (*graph_launch)(CUgraphExec, CUstream);
     CUresult (*graph_upload)(CUgraphExec, CUstream);
     CUresult (*device_get_graph_mem_attribute)(CUdevice, CUgraphMem_attribute,
@@ -536,6 +546,7 @@ static const struct function g_graph_functions[] = {
     FN(cuGraphInstantiate, cuGraphInstantiateWithFlags, 12000, graph_instantiate),
     FN(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, graph_instantiate_with_params),
     FN(cuGraphExecDestroy, cuGraphExecDestroy, 10000, graph_exec_destroy),
+    FN(cuGraphExecUpdate, cuGraphExecUpdate_v2, 12000, graph_exec_update),
     FN(cuGraphLaunch, cuGraphLaunch, 10000, graph_launch),
     FN(cuGraphUpload, cuGraphUpload, 11010, graph_upload),
     FN(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, 11040, device_get_graph_mem_attribute),
@@ -821,6 +832,11 @@ static CUresult l_graph_exec_destroy(CUgraphExec e)
 {
     return cuGraphExecDestroy(e);
 }
+static CUresult l_graph_exec_update(CUgraphExec e, CUgraph g,
+                                    CUgraphExecUpdateResultInfo *i)
+{
+    return cuGraphExecUpdate_v2(e, g, i);
+}
 static CUresult l_graph_launch(CUgraphExec e, CUstream s)
 {
     return cuGraphLaunch(e, s);
@@ -933,6 +949,7 @@ static void setup_linked(void)
         .graph_instantiate = l_graph_instantiate,
         .graph_instantiate_with_params = l_graph_instantiate_with_params,
         .graph_exec_destroy = l_graph_exec_destroy,
+        .graph_exec_update = l_graph_exec_update,
         .graph_launch = l_graph_launch,
         .graph_upload = l_graph_upload,
         .device_get_graph_mem_attribute = l_device_get_graph_mem_attribute,
@@ -2759,8 +2776,8 @@ static int command(int argc, char **argv, bool run)
         }
         CUresult rc = CUDA_SUCCESS;
         for (long t = 0; t < times && rc == CUDA_SUCCESS; t++)
-            rc = api.launch_kernel(g_func, 1, 1, 1, 1, 1, 1, 0, NULL, params,
-                                   NULL);
+            rc = api.launch_kernel(g_func, 1, 1, 1, 1, 1, 1, 0, g_stream,
+                                   params, NULL);
         out("kernel-launch %ld -> %d", times, rc);
         return 2 + n;
     }
@@ -2845,6 +2862,27 @@ static int command(int argc, char **argv, bool run)
         if (run)
             cmd_instantiate(how);
         return how != NULL ? 2 : 1;
+    }
+    if (strcmp(cmd, "execupdate") == 0) {
+        g_need_graph = true;
+        if (run) {
+            CUgraphExecUpdateResultInfo info = { .result = -1 };
+            CUresult rc = api.graph_exec_update(g_exec, client_graph(), &info);
+            out("execupdate -> %d result=%d", rc, info.result);
+        }
+        return 1;
+    }
+    if (strcmp(cmd, "launches") == 0) {
+        NEED(1);
+        g_need_graph = true;
+        long times = parse_uint(argv[1], 1000000, "times");
+        if (!run)
+            return 2;
+        CUresult rc = CUDA_SUCCESS;
+        for (long t = 0; t < times && rc == CUDA_SUCCESS; t++)
+            rc = api.graph_launch(g_exec, g_stream);
+        out("launches %ld -> %d", times, rc);
+        return 2;
     }
     if (strcmp(cmd, "launch") == 0 || strcmp(cmd, "upload") == 0 ||
         strcmp(cmd, "execdestroy") == 0) {

@@ -284,8 +284,10 @@ static uintptr_t g_host_next = HOST_BASE; /* next fake host address */
 
 /*
  * Graphs, protected by g_lock. A graph (cuGraphCreate, or the one a stream
- * capture builds) holds nodes of three kinds: memory allocation, memory
- * free and child graph nodes. A child graph node owns a clone of its graph
+ * capture builds) holds nodes of four kinds: memory allocation, memory
+ * free, child graph and kernel nodes (a launch on a capturing stream makes
+ * one, with a copy of its parameters; a launch of the executable graph runs
+ * them as launches run). A child graph node owns a clone of its graph
  * (owner set). Every allocation node gets a fixed address from the graph
  * window and an entry in g_gallocs (never removed, the window is never
  * reused), which says whether a launch made it live. An executable graph
@@ -303,6 +305,10 @@ struct CUgraphNode_st {
     CUmemAccessDesc *access;     /* allocation: a copy of accessDescs */
     size_t naccess;
     CUgraph child;               /* child graph node: the graph it owns */
+    CUfunction func;             /* kernel: the function and its words */
+    int nparams;
+    CUdeviceptr words[8];
+    void *wptrs[8];              /* kernel: &words[i], as kernelParams */
 };
 struct CUgraph_st {
     CUgraphNode *nodes;
@@ -317,6 +323,16 @@ struct CUgraphExec_st {
     size_t nallocs;
     CUdeviceptr *frees;
     size_t nfrees;
+    struct exec_kernel *kernels; /* kernel nodes, child graphs included */
+    size_t nkernels;
+};
+/* A kernel node as instantiated: the node it was made from, its function
+ * and parameter words. */
+struct exec_kernel {
+    CUgraphNode node;
+    struct CUfunc_st *func;
+    int nparams;
+    CUdeviceptr words[8];
 };
 struct galloc {
     CUdeviceptr addr;
@@ -2582,6 +2598,17 @@ CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
 }
 LOCAL(cuGraphMemFreeNodeGetParams)
 
+/* A kernel node's function and words, copied from src into n. */
+static void node_copy_kernel(CUgraphNode n, CUgraphNode src)
+{
+    n->func = src->func;
+    n->nparams = src->nparams;
+    for (int i = 0; i < 8; i++) {
+        n->words[i] = src->words[i];
+        n->wptrs[i] = &n->words[i];
+    }
+}
+
 /* A registered copy of g (child graph nodes only), owned by owner. */
 static CUgraph graph_clone_locked(CUgraph g, CUgraphNode owner)
 {
@@ -2591,6 +2618,8 @@ static CUgraph graph_clone_locked(CUgraph g, CUgraphNode owner)
     c->owner = owner;
     for (size_t i = 0; i < g->nnodes; i++) {
         CUgraphNode n = graph_add_node_locked(c, g->nodes[i]->type);
+        if (n != NULL)
+            node_copy_kernel(n, g->nodes[i]);
         if (n == NULL ||
             (g->nodes[i]->child != NULL &&
              (n->child = graph_clone_locked(g->nodes[i]->child, n)) == NULL)) {
@@ -2694,7 +2723,42 @@ CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
 }
 LOCAL(cuGraphNodeGetType)
 
-/* Collect g's allocations and frees (child graphs included) into e. */
+/* A kernel node's function and parameters (pointers into the node, valid
+ * while it lives); v1 writes the fields before kern. */
+static CUresult kernel_node_params(CUgraphNode hNode,
+                                   CUDA_KERNEL_NODE_PARAMS *p, bool v2)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(p != NULL, CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUgraphNode n = node_live_locked(hNode);
+    if (n != NULL && n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+        CUDA_KERNEL_NODE_PARAMS k = { .func = n->func, .gridDimX = 1,
+            .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1, .blockDimY = 1,
+            .blockDimZ = 1, .kernelParams = n->wptrs };
+        memcpy(p, &k, v2 ? sizeof k : offsetof(CUDA_KERNEL_NODE_PARAMS, kern));
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUresult cuGraphKernelNodeGetParams(CUgraphNode hNode,
+                                    CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+    return kernel_node_params(hNode, nodeParams, false);
+}
+LOCAL(cuGraphKernelNodeGetParams)
+
+CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode,
+                                       CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+    return kernel_node_params(hNode, nodeParams, true);
+}
+LOCAL(cuGraphKernelNodeGetParams_v2)
+
+/* Collect g's allocations, frees and kernels (child graphs included) into e. */
 static bool exec_collect_locked(CUgraphExec e, CUgraph g)
 {
     for (size_t i = 0; i < g->nnodes; i++) {
@@ -2711,6 +2775,17 @@ static bool exec_collect_locked(CUgraphExec e, CUgraph g)
                 return false;
             e->frees = f;
             f[e->nfrees++] = n->dptr;
+        } else if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+            struct exec_kernel *k =
+                realloc(e->kernels, (e->nkernels + 1) * sizeof *k);
+            if (k == NULL)
+                return false;
+            e->kernels = k;
+            k[e->nkernels].node = n;
+            k[e->nkernels].func = n->func;
+            k[e->nkernels].nparams = n->nparams;
+            memcpy(k[e->nkernels].words, n->words, sizeof n->words);
+            e->nkernels++;
         } else if (n->child != NULL && !exec_collect_locked(e, n->child)) {
             return false;
         }
@@ -2722,6 +2797,7 @@ static void exec_free(CUgraphExec e)
 {
     free(e->allocs);
     free(e->frees);
+    free(e->kernels);
     free(e);
 }
 
@@ -2735,6 +2811,8 @@ static void exec_destroy_locked(CUgraphExec e)
 }
 
 static CUresult graph_reserve_locked(CUgraphExec e, bool autofree);
+static CUresult run_kernel_locked(const struct CUfunc_st *fn,
+                                  const CUdeviceptr *words);
 
 #define INSTANTIATE_FLAGS                                   \
     (CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |      \
@@ -2928,6 +3006,74 @@ static CUresult graph_stream(CUstream h, bool ptsz, CUcontext *ctx,
     return rc;
 }
 
+CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                              CUgraphExecUpdateResultInfo *resultInfo)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = exec_live_locked(hGraphExec) && graph_live_locked(hGraph)
+                      ? CUDA_SUCCESS
+                      : CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st fresh = { 0 };
+    if (rc == CUDA_SUCCESS && !exec_collect_locked(&fresh, hGraph))
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc == CUDA_SUCCESS &&
+        (fresh.nkernels != hGraphExec->nkernels || fresh.nallocs > 0 ||
+         fresh.nfrees > 0 || hGraphExec->nallocs > 0 || hGraphExec->nfrees > 0))
+        rc = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    if (rc == CUDA_SUCCESS) {
+        free(hGraphExec->kernels);
+        hGraphExec->kernels = fresh.kernels;
+        fresh.kernels = NULL;
+    }
+    free(fresh.kernels);
+    free(fresh.allocs);
+    free(fresh.frees);
+    pthread_mutex_unlock(&g_lock);
+    if (resultInfo != NULL && rc != CUDA_ERROR_INVALID_VALUE)
+        *resultInfo = (CUgraphExecUpdateResultInfo){
+            .result = rc == CUDA_SUCCESS ? 0 : 1 };
+    return rc;
+}
+LOCAL(cuGraphExecUpdate_v2)
+
+static CUresult exec_kernel_set(CUgraphExec e, CUgraphNode hNode,
+                                const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(p != NULL && p->kernelParams != NULL && p->extra == NULL,
+          CUDA_ERROR_INVALID_VALUE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; exec_live_locked(e) && i < e->nkernels; i++) {
+        struct exec_kernel *k = &e->kernels[i];
+        if (k->node != hNode || (p->func != NULL && p->func != k->func))
+            continue;
+        for (int j = 0; j < k->nparams && j < 8; j++)
+            memcpy(&k->words[j], p->kernelParams[j], sizeof k->words[j]);
+        rc = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec hGraphExec,
+                                        CUgraphNode hNode,
+                                        const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    return exec_kernel_set(hGraphExec, hNode, p);
+}
+LOCAL(cuGraphExecKernelNodeSetParams)
+
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec,
+                                           CUgraphNode hNode,
+                                           const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    return exec_kernel_set(hGraphExec, hNode, p);
+}
+LOCAL(cuGraphExecKernelNodeSetParams_v2)
+
 /* Reserves what a launch of e will need (graph_reserve_locked). */
 static CUresult graph_upload(CUgraphExec e, CUstream h, bool ptsz)
 {
@@ -2950,7 +3096,8 @@ WITH_PTSZ(cuGraphUpload, (CUgraphExec hGraphExec, CUstream hStream),
 /*
  * A launch runs at once: its allocations become live (graph memory in use
  * rises by their bytes, from the graph pool's reserve, grown as needed),
- * then its free nodes free what they name (if live). As the real driver
+ * then its free nodes free what they name (if live), then its kernels run
+ * as launches do (the first fault is the answer). As the real driver
  * documents, launching while an allocation of a previous launch is still
  * live gives CUDA_ERROR_INVALID_VALUE, unless the executable graph was made
  * with AUTO_FREE_ON_LAUNCH: then those are freed first.
@@ -2988,6 +3135,12 @@ static CUresult graph_launch(CUgraphExec e, CUstream h, bool ptsz)
             long gi = galloc_index_locked(e->frees[i]);
             if (gi >= 0 && g_gallocs[gi].live)
                 galloc_free_locked((size_t)gi);
+        }
+        for (size_t i = 0; i < e->nkernels; i++) {
+            CUresult k = run_kernel_locked(e->kernels[i].func,
+                                           e->kernels[i].words);
+            if (rc == CUDA_SUCCESS)
+                rc = k;
         }
     }
     pthread_mutex_unlock(&g_lock);
@@ -4211,25 +4364,54 @@ static bool unmapped_locked(CUdeviceptr p)
     return reserved && mapping_of_locked(p) == NULL;
 }
 
+/* A launch of fn with these words: a fault where one names reserved space
+ * with nothing mapped there, counted either way. Caller holds g_lock. */
+static CUresult run_kernel_locked(const struct CUfunc_st *fn,
+                                  const CUdeviceptr *words)
+{
+    CUresult rc = CUDA_SUCCESS;
+    for (int i = 0; i < fn->params; i++)
+        if (unmapped_locked(words[i]))
+            rc = CUDA_ERROR_ILLEGAL_ADDRESS;
+    atomic_fetch_add_explicit(rc == CUDA_SUCCESS ? &g_launches : &g_faults, 1,
+                              memory_order_relaxed);
+    return rc;
+}
+
+/*
+ * On a created stream that is capturing, the launch becomes a kernel node
+ * of the graph being captured (its parameters copied), and nothing runs;
+ * on one whose capture was invalidated it fails.
+ */
 static CUresult launch(CUfunction f, CUstream hStream, void **kernelParams,
                        void **extra, bool ptsz)
 {
-    (void)hStream; (void)ptsz;
     CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
     struct CUfunc_st *fn = func_of(f);
     CHECK(fn != NULL, CUDA_ERROR_INVALID_HANDLE);
     CHECK(kernelParams != NULL && extra == NULL, CUDA_ERROR_INVALID_VALUE);
-    CUresult rc = CUDA_SUCCESS;
+    CUdeviceptr words[8] = { 0 };
+    for (int i = 0; i < fn->params && i < 8; i++)
+        memcpy(&words[i], kernelParams[i], sizeof words[i]);
     pthread_mutex_lock(&g_lock);
-    for (int i = 0; i < fn->params; i++) {
-        CUdeviceptr w;
-        memcpy(&w, kernelParams[i], sizeof w);
-        if (unmapped_locked(w))
-            rc = CUDA_ERROR_ILLEGAL_ADDRESS;
+    struct CUstream_st *s = stream_kind(hStream, ptsz) == STREAM_CREATED
+                                ? live_stream_locked(hStream)
+                                : NULL;
+    CUresult rc;
+    if (s != NULL && s->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (s != NULL && s->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+        CUgraphNode n = graph_add_node_locked(s->graph, CU_GRAPH_NODE_TYPE_KERNEL);
+        rc = n != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        if (n != NULL) {
+            struct CUgraphNode_st k = { .func = fn, .nparams = fn->params };
+            memcpy(k.words, words, sizeof words);
+            node_copy_kernel(n, &k);
+        }
+    } else {
+        rc = run_kernel_locked(fn, words);
     }
     pthread_mutex_unlock(&g_lock);
-    atomic_fetch_add_explicit(rc == CUDA_SUCCESS ? &g_launches : &g_faults, 1,
-                              memory_order_relaxed);
     return rc;
 }
 WITH_PTSZ(cuLaunchKernel,
@@ -4582,6 +4764,10 @@ static const struct {
     { CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
       "operation would make the legacy stream depend on a capturing blocking "
       "stream" },
+    { CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+      "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE",
+      "the graph update was not performed because it included changes which "
+      "violated constraints specific to instantiated graph update" },
     { CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error" },
 };
 
@@ -4819,6 +5005,10 @@ ALIAS(cuGraphAddChildGraphNode,
 ALIAS(cuGraphChildGraphNodeGetGraph, (CUgraphNode n, CUgraph *g), (n, g))
 ALIAS(cuGraphGetNodes, (CUgraph g, CUgraphNode *n, size_t *c), (g, n, c))
 ALIAS(cuGraphNodeGetType, (CUgraphNode n, CUgraphNodeType *t), (n, t))
+ALIAS(cuGraphKernelNodeGetParams,
+      (CUgraphNode n, CUDA_KERNEL_NODE_PARAMS *p), (n, p))
+ALIAS(cuGraphKernelNodeGetParams_v2,
+      (CUgraphNode n, CUDA_KERNEL_NODE_PARAMS *p), (n, p))
 ALIAS(cuGraphInstantiate,
       (CUgraphExec *e, CUgraph g, CUgraphNode *n, char *l, size_t b),
       (e, g, n, l, b))
@@ -4832,6 +5022,14 @@ ALIAS(cuGraphInstantiateWithParams,
 ALIAS(cuGraphInstantiateWithParams_ptsz,
       (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p))
 ALIAS(cuGraphExecDestroy, (CUgraphExec e), (e))
+ALIAS(cuGraphExecUpdate_v2,
+      (CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *i), (e, g, i))
+ALIAS(cuGraphExecKernelNodeSetParams,
+      (CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p),
+      (e, n, p))
+ALIAS(cuGraphExecKernelNodeSetParams_v2,
+      (CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p),
+      (e, n, p))
 ALIAS(cuGraphLaunch, (CUgraphExec e, CUstream s), (e, s))
 ALIAS(cuGraphLaunch_ptsz, (CUgraphExec e, CUstream s), (e, s))
 ALIAS(cuGraphUpload, (CUgraphExec e, CUstream s), (e, s))
@@ -4972,6 +5170,10 @@ static const struct proc_entry g_procs[] = {
       { V(10000, cuGraphChildGraphNodeGetGraph) }, { { 0 } } },
     { "cuGraphGetNodes", { V(10000, cuGraphGetNodes) }, { { 0 } } },
     { "cuGraphNodeGetType", { V(10000, cuGraphNodeGetType) }, { { 0 } } },
+    { "cuGraphKernelNodeGetParams",
+      { V(10000, cuGraphKernelNodeGetParams),
+        V(12000, cuGraphKernelNodeGetParams_v2) },
+      { { 0 } } },
     /* From 12000 the name means cuGraphInstantiateWithFlags's ABI. */
     { "cuGraphInstantiate",
       { V(10000, cuGraphInstantiate), V(11000, cuGraphInstantiate_v2),
@@ -4983,6 +5185,11 @@ static const struct proc_entry g_procs[] = {
       { V(12000, cuGraphInstantiateWithParams) },
       { V(12000, cuGraphInstantiateWithParams_ptsz) } },
     { "cuGraphExecDestroy", { V(10000, cuGraphExecDestroy) }, { { 0 } } },
+    { "cuGraphExecUpdate", { V(12000, cuGraphExecUpdate_v2) }, { { 0 } } },
+    { "cuGraphExecKernelNodeSetParams",
+      { V(10010, cuGraphExecKernelNodeSetParams),
+        V(12000, cuGraphExecKernelNodeSetParams_v2) },
+      { { 0 } } },
     { "cuGraphLaunch", { V(10000, cuGraphLaunch) },
       { V(10000, cuGraphLaunch_ptsz) } },
     { "cuGraphUpload", { V(11010, cuGraphUpload) },

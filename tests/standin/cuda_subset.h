@@ -143,6 +143,27 @@ typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
     CUdeviceptr dptr;                /* out: the allocation's address */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
 
+/* A kernel node's parameters (CUDA_KERNEL_NODE_PARAMS_v2; v1 is the same
+   without kern and ctx). */
+typedef struct CUDA_KERNEL_NODE_PARAMS_st {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    void *kern;                      /* CUkernel, used when func is NULL */
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS;
+
+/* What cuGraphExecUpdate_v2 says of an update (CUgraphExecUpdateResultInfo;
+   result 0 is CU_GRAPH_EXEC_UPDATE_SUCCESS, 1 CU_GRAPH_EXEC_UPDATE_ERROR). */
+typedef struct CUgraphExecUpdateResultInfo_st {
+    int result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+
 /* cuGraphInstantiateWithParams's in/out parameters. */
 typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
     cuuint64_t flags;                /* CUDA_GRAPH_INSTANTIATE_FLAG_* */
@@ -157,6 +178,8 @@ _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
 _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc ABI");
 _Static_assert(sizeof(CUDA_MEM_ALLOC_NODE_PARAMS) == 120,
                "CUDA_MEM_ALLOC_NODE_PARAMS ABI");
+_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS) == 72,
+               "CUDA_KERNEL_NODE_PARAMS ABI");
 _Static_assert(sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS) == 32,
                "CUDA_GRAPH_INSTANTIATE_PARAMS ABI");
 _Static_assert(sizeof(CUDA_ARRAY_DESCRIPTOR) == 24,
@@ -198,6 +221,7 @@ enum {
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
     CUDA_ERROR_UNKNOWN = 999
 };
 
@@ -568,6 +592,23 @@ CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph,
 CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph);
 CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes);
 CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type);
+/* Kernel nodes are made only by a launch on a capturing stream. */
+CUresult cuGraphKernelNodeGetParams(CUgraphNode hNode,
+                                    CUDA_KERNEL_NODE_PARAMS *nodeParams);
+CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode,
+                                       CUDA_KERNEL_NODE_PARAMS *nodeParams);
+/* The executable graph's kernels take those of hGraph, which must have as
+   many kernel nodes and no memory nodes (nor may the executable graph). */
+CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                              CUgraphExecUpdateResultInfo *resultInfo);
+/* The kernel of the executable graph made from hNode takes these
+   parameters (func the same as the node's or NULL). */
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec hGraphExec,
+                                        CUgraphNode hNode,
+                                        const CUDA_KERNEL_NODE_PARAMS *p);
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec,
+                                           CUgraphNode hNode,
+                                           const CUDA_KERNEL_NODE_PARAMS *p);
 /* 10.0 and 11.0 ABI; CUDA 12 headers map the name cuGraphInstantiate to
    cuGraphInstantiateWithFlags, and so does cuGetProcAddress from 12000. */
 CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,

@@ -68,6 +68,9 @@ pub fn in_initial_pid_namespace() -> bool {
 /// Child graphs deeper than this are not looked into (the driver's own
 /// nesting is far shallower).
 const GRAPH_DEPTH: u32 = 16;
+/// A graph the driver says has more nodes than this is not looked into (a
+/// count that large is not a real graph's, and its array is not made).
+const GRAPH_NODES: usize = 1 << 22;
 
 /// [`Driver::graph_alloc_bytes`] at nesting `depth`.
 fn graph_bytes(graph: usize, round: u64, depth: u32) -> Option<u64> {
@@ -77,7 +80,7 @@ fn graph_bytes(graph: usize, round: u64, depth: u32) -> Option<u64> {
     let mut count: usize = 0;
     // SAFETY: a null node array asks for the count only.
     let rc = unsafe { c::cuGraphGetNodes::call(handle(graph), ptr::null_mut(), &mut count) };
-    if rc != CUDA_SUCCESS {
+    if rc != CUDA_SUCCESS || count > GRAPH_NODES {
         return None;
     }
     let mut nodes: Vec<CUgraphNode> = vec![ptr::null_mut(); count];
@@ -118,6 +121,72 @@ fn graph_bytes(graph: usize, round: u64, depth: u32) -> Option<u64> {
         total = total.checked_add(bytes)?;
     }
     Some(total)
+}
+
+/// [`Driver::graph_kernels`] at nesting `depth`.
+fn graph_kernels_at(
+    graph: usize,
+    depth: u32,
+    visit: &mut dyn FnMut(usize, *mut *mut c_void, *mut *mut c_void),
+) -> bool {
+    if depth > GRAPH_DEPTH {
+        return false;
+    }
+    let mut count: usize = 0;
+    // SAFETY: a null node array asks for the count only.
+    let rc = unsafe { c::cuGraphGetNodes::call(handle(graph), ptr::null_mut(), &mut count) };
+    if rc != CUDA_SUCCESS || count > GRAPH_NODES {
+        return false;
+    }
+    let mut nodes: Vec<CUgraphNode> = vec![ptr::null_mut(); count];
+    // SAFETY: the array holds `count` nodes.
+    let rc = unsafe { c::cuGraphGetNodes::call(handle(graph), nodes.as_mut_ptr(), &mut count) };
+    if rc != CUDA_SUCCESS {
+        return false;
+    }
+    let mut all = true;
+    for &node in nodes.iter().take(count) {
+        let mut kind: c_int = 0;
+        // SAFETY: a node of the graph and a local out-pointer.
+        if unsafe { c::cuGraphNodeGetType::call(node, &mut kind) } != CUDA_SUCCESS {
+            all = false;
+            continue;
+        }
+        match kind {
+            CU_GRAPH_NODE_TYPE_KERNEL => {
+                // SAFETY: zero is a valid value of these plain fields.
+                let mut p: CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                // SAFETY: a kernel node and a local out-pointer to the v2
+                // structure (v1 writes a prefix of it).
+                let mut rc = unsafe { c::cuGraphKernelNodeGetParams_v2::call(node, &mut p) };
+                if rc == CUDA_ERROR_NOT_FOUND {
+                    // SAFETY: as above.
+                    rc = unsafe { c::cuGraphKernelNodeGetParams::call(node, &mut p) };
+                }
+                if rc != CUDA_SUCCESS {
+                    all = false;
+                    continue;
+                }
+                let func = if p.func.is_null() { p.kern } else { p.func };
+                visit(func as usize, p.kernel_params, p.extra);
+            }
+            CU_GRAPH_NODE_TYPE_GRAPH => {
+                let mut child: CUgraph = ptr::null_mut();
+                // SAFETY: a child-graph node and a local out-pointer.
+                if unsafe { c::cuGraphChildGraphNodeGetGraph::call(node, &mut child) }
+                    != CUDA_SUCCESS
+                {
+                    all = false;
+                    continue;
+                }
+                all &= graph_kernels_at(child as usize, depth + 1, visit);
+            }
+            // Its bodies are not read.
+            CU_GRAPH_NODE_TYPE_CONDITIONAL => all = false,
+            _ => {}
+        }
+    }
+    all
 }
 
 // SAFETY (for every call below): each passes valid out-pointers to locals
@@ -507,6 +576,14 @@ impl Driver for RealDriver {
 
     fn graph_alloc_bytes(&self, graph: usize, round: u64) -> Option<u64> {
         graph_bytes(graph, round, 0)
+    }
+
+    fn graph_kernels(
+        &self,
+        graph: usize,
+        visit: &mut dyn FnMut(usize, *mut *mut c_void, *mut *mut c_void),
+    ) -> bool {
+        graph_kernels_at(graph, 0, visit)
     }
 
     fn nvml_init(&self) -> bool {

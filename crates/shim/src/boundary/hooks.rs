@@ -84,10 +84,15 @@ hooks! {
         fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult, Lookup::cuda("cuGraphInstantiateWithParams", 12000).legacy_stream(), on panic OOM => Engine::graph_instantiate_with_params[LEGACY];
         fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult, Lookup::cuda("cuGraphInstantiateWithParams", 12000).per_thread_stream(), on panic OOM => Engine::graph_instantiate_with_params[PTSZ];
         fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult, Lookup::cuda("cuGraphExecDestroy", 10000), on panic NOT_FOUND => Engine::graph_exec_destroy;
+        fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, err_node: *mut CUgraphNode, result: *mut c_int) -> CUresult, Lookup::cuda("cuGraphExecUpdate", 10020).until(12000), on panic NOT_FOUND => Engine::graph_exec_update;
+        fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) -> CUresult, Lookup::cuda("cuGraphExecUpdate", 12000), on panic NOT_FOUND => Engine::graph_exec_update_v2;
+        fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CUresult, Lookup::cuda("cuGraphExecKernelNodeSetParams", 10010).until(12000), on panic NOT_FOUND => Engine::graph_exec_node_set;
+        fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CUresult, Lookup::cuda("cuGraphExecKernelNodeSetParams", 12000), on panic NOT_FOUND => Engine::graph_exec_node_set;
+        fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut c_void) -> CUresult, Lookup::cuda("cuGraphExecNodeSetParams", 12020), on panic NOT_FOUND => Engine::graph_exec_node_set_any;
         fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphLaunch", 10000).legacy_stream(), on panic OOM => Engine::graph_launch[LEGACY];
         fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphLaunch", 10000).per_thread_stream(), on panic OOM => Engine::graph_launch[PTSZ];
-        fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).legacy_stream(), on panic OOM => Engine::graph_launch[LEGACY];
-        fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).per_thread_stream(), on panic OOM => Engine::graph_launch[PTSZ];
+        fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).legacy_stream(), on panic OOM => Engine::graph_upload[LEGACY];
+        fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).per_thread_stream(), on panic OOM => Engine::graph_upload[PTSZ];
 
         // Only handed out under VRAMCAP_SPILL=tiered (resolve.rs): launches
         // count uses, and launches, copies and memsets pass a gate that
@@ -243,6 +248,8 @@ pub mod calls {
         fn cuGraphNodeGetType(node: CUgraphNode, kind: *mut c_int) -> CUresult;
         fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
         fn cuGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) -> CUresult;
+        fn cuGraphKernelNodeGetParams(node: CUgraphNode, params: *mut CUDA_KERNEL_NODE_PARAMS) -> CUresult;
+        fn cuGraphKernelNodeGetParams_v2(node: CUgraphNode, params: *mut CUDA_KERNEL_NODE_PARAMS) -> CUresult;
         fn cuMemAdvise(ptr: CUdeviceptr, bytes: usize, advice: c_int, dev: CUdevice) -> CUresult;
         fn cuMemAdvise_v2(ptr: CUdeviceptr, bytes: usize, advice: c_int, location: CUmemLocation) -> CUresult;
         fn cuMemHostAlloc(host: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;

@@ -148,7 +148,8 @@ pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
 }
 
 /// Whether the hook of `h` is handed out: the launch, copy and memset
-/// hooks only under tiered spill, which needs them (`engine/tier.rs`);
+/// hooks, and those of changes to executable graphs, only under tiered
+/// spill, which needs them (`engine/tier.rs`);
 /// otherwise the program gets the driver's own functions and pays nothing.
 fn handed_out(h: &Hook) -> bool {
     !tiered_only(h.name.to_bytes()) || super::settings().spill == Spill::Tiered
@@ -165,6 +166,9 @@ pub fn tiered_only(name: &[u8]) -> bool {
         b"cuStreamBatchMemOp",
         b"cuModuleUnload",
         b"cuLibraryUnload",
+        b"cuGraphExecUpdate",
+        b"cuGraphExecKernelNodeSetParams",
+        b"cuGraphExecNodeSetParams",
     ]
     .iter()
     .any(|p| name.starts_with(p))

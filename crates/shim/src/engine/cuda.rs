@@ -196,8 +196,10 @@ pub type CUgraph = *mut c_void;
 pub type CUgraphNode = *mut c_void;
 
 /// `CUgraphNodeType` values the engine looks for.
+pub const CU_GRAPH_NODE_TYPE_KERNEL: c_int = 0;
 pub const CU_GRAPH_NODE_TYPE_GRAPH: c_int = 4;
 pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+pub const CU_GRAPH_NODE_TYPE_CONDITIONAL: c_int = 13;
 
 /// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1): the pool's properties (88 bytes),
 /// the access descriptors, the size and the address the driver chose.
@@ -209,6 +211,27 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
     pub bytesize: usize,
     pub dptr: CUdeviceptr,
 }
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (CUDA 12.0): a kernel node's function
+/// (or, when that is null, its `CUkernel`), launch shape and parameters;
+/// v1 is the same without the last two fields.
+#[repr(C)]
+pub struct CUDA_KERNEL_NODE_PARAMS {
+    pub func: *mut c_void,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: *mut c_void,
+    pub ctx: *mut c_void,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS>() == 72);
+    assert!(std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS, kernel_params) == 40);
+    assert!(std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS, kern) == 56);
+};
 
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS`: flags, upload stream, and two outputs.
 #[repr(C)]

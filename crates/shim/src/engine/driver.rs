@@ -12,7 +12,7 @@
 //! stops a process that must not run without the cap it asked for (the
 //! fake records it instead, so tests can see it).
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_uint, c_void};
 
 use super::cuda::{CUdevice, CUdeviceptr, CUmemLocation, CUresult};
 
@@ -147,6 +147,16 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuGraphChildGraphNodeGetGraph`), each rounded up to `round`; `None`
     /// when the driver will not say.
     fn graph_alloc_bytes(&self, graph: usize, round: u64) -> Option<u64>;
+    /// Calls `visit` with the function (or `CUkernel`), parameter array
+    /// and `extra` of every kernel node of `graph` and of the graphs of its
+    /// child-graph nodes (`cuGraphKernelNodeGetParams_v2`, else v1); the
+    /// pointers are the driver's and valid during the call only. False
+    /// when the driver would not say (what was visited stands).
+    fn graph_kernels(
+        &self,
+        graph: usize,
+        visit: &mut dyn FnMut(usize, *mut *mut c_void, *mut *mut c_void),
+    ) -> bool;
 
     /// `nvmlInit_v2`: true when NVML is there and started (each success
     /// is balanced by [`Driver::nvml_shutdown`]).

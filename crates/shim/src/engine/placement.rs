@@ -311,7 +311,7 @@ impl<D: Driver> Engine<D> {
             let on = blocks.iter().filter(|b| b.on_device()).count();
             log_at!(
                 Debug,
-                "tiered spill: round {round}: {} blocks, {on} on the device; {} launches decoded, {} uses seen",
+                "tiered spill: round {round}: {} blocks, {on} on the device; {} launches seen (a graph's kernels each), {} uses",
                 blocks.len(),
                 self.tiers.launches.load(Ordering::Relaxed),
                 self.tiers.hits.load(Ordering::Relaxed)
@@ -446,7 +446,7 @@ impl<D: Driver> Engine<D> {
         if up + down > 0 {
             log_at!(
                 Debug,
-                "tiered spill, device {device}: round {round} promoted {up} and demoted {down} blocks; {} launches decoded, {} uses seen",
+                "tiered spill, device {device}: round {round} promoted {up} and demoted {down} blocks; {} launches seen (a graph's kernels each), {} uses",
                 self.tiers.launches.load(Ordering::Relaxed),
                 self.tiers.hits.load(Ordering::Relaxed)
             );

@@ -26,7 +26,7 @@ use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::records::{Kind, Record};
 use super::state::Engine;
-use crate::log::log_at;
+use crate::log::{log_at, log_once};
 
 /// What graph memory grows by at least (32 MiB for a 1-byte node,
 /// measured on the H200, driver 580), and what each allocation node is
@@ -434,11 +434,26 @@ impl<D: Driver> Engine<D> {
         }
     }
 
-    /// `cuGraphLaunch[_ptsz]` and `cuGraphUpload[_ptsz]`: graph memory
+    /// `cuGraphLaunch[_ptsz]`: under tiered spill the uses of the graph's
+    /// kernels; then as an upload.
+    pub fn graph_launch(
+        &'static self,
+        flavour: Flavour,
+        real: impl FnMut() -> CUresult,
+        exec: CUgraphExec,
+        stream: CUstream,
+    ) -> CUresult {
+        if self.tiers.on() && !exec.is_null() {
+            self.tiers.note_graph(exec as u64);
+        }
+        self.graph_upload(flavour, real, exec, stream)
+    }
+
+    /// `cuGraphUpload[_ptsz]`, and what a launch does besides: graph memory
     /// (`held.rs`). What the graph may add is reserved first, and the call
     /// refused with out-of-memory when it does not fit; after it the
     /// device's graph charge follows its graph reserve.
-    pub fn graph_launch(
+    pub fn graph_upload(
         &'static self,
         flavour: Flavour,
         mut real: impl FnMut() -> CUresult,
@@ -473,15 +488,23 @@ impl<D: Driver> Engine<D> {
         rc
     }
 
-    /// Notes the allocation nodes' bytes of the graph `exec` was made from.
+    /// Notes the allocation nodes' bytes of the graph `exec` was made from,
+    /// and under tiered spill what its kernel nodes use.
     fn graph_instantiated(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
-        if rc != CUDA_SUCCESS || self.settings.counting != Counting::Held {
+        if rc != CUDA_SUCCESS {
             return;
         }
         // SAFETY: on success the driver wrote the handle.
         let Some(exec) = (unsafe { exec.as_ref() }).map(|e| *e as u64) else {
             return;
         };
+        if self.tiers.on() {
+            self.tiers
+                .graph_instantiated(&self.driver, exec, graph as usize);
+        }
+        if self.settings.counting != Counting::Held {
+            return;
+        }
         self.graph_growth.remove(&exec);
         match self
             .driver
@@ -596,6 +619,83 @@ impl<D: Driver> Engine<D> {
         rc
     }
 
+    /// `cuGraphExecUpdate` (CUDA 10.2): under tiered spill the updated
+    /// graph's uses are read again from the graph it now follows.
+    pub fn graph_exec_update(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        exec: CUgraphExec,
+        graph: CUgraph,
+        _err_node: *mut CUgraphNode,
+        _result: *mut c_int,
+    ) -> CUresult {
+        let rc = real();
+        self.graph_updated(rc, exec, graph);
+        rc
+    }
+
+    /// `cuGraphExecUpdate_v2` (CUDA 12.0): as [`Engine::graph_exec_update`].
+    pub fn graph_exec_update_v2(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        exec: CUgraphExec,
+        graph: CUgraph,
+        _info: *mut c_void,
+    ) -> CUresult {
+        let rc = real();
+        self.graph_updated(rc, exec, graph);
+        rc
+    }
+
+    fn graph_updated(&self, rc: CUresult, exec: CUgraphExec, graph: CUgraph) {
+        if rc == CUDA_SUCCESS && self.tiers.on() && !exec.is_null() {
+            self.tiers
+                .graph_instantiated(&self.driver, exec as u64, graph as usize);
+        }
+    }
+
+    /// `cuGraphExecKernelNodeSetParams[_v2]`: a kernel node of the
+    /// executable graph changed in place. Under tiered spill its launches
+    /// count no uses from then on (which node's uses to replace is not
+    /// kept), rather than the old parameters' uses.
+    pub fn graph_exec_node_set(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        exec: CUgraphExec,
+        _node: CUgraphNode,
+        _params: *const c_void,
+    ) -> CUresult {
+        let rc = real();
+        if rc == CUDA_SUCCESS && self.tiers.on() && self.tiers.take_graph(exec as u64).is_some() {
+            log_once!(
+                Info,
+                "tiered spill: a kernel node of an executable graph was changed in place (cuGraphExecKernelNodeSetParams or cuGraphExecNodeSetParams); that graph's launches count no uses from then on"
+            );
+        }
+        rc
+    }
+
+    /// `cuGraphExecNodeSetParams` (CUDA 12.2), any kind of node: for a
+    /// kernel node as [`Engine::graph_exec_node_set`].
+    ///
+    /// # Safety
+    /// The driver function's contract (`params` null or a whole
+    /// `CUgraphNodeParams`, whose first field is the node's type).
+    pub unsafe fn graph_exec_node_set_any(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        exec: CUgraphExec,
+        node: CUgraphNode,
+        params: *mut c_void,
+    ) -> CUresult {
+        // SAFETY: null or the caller's parameters, which begin with the type.
+        let kind = unsafe { params.cast::<c_int>().as_ref() }.copied();
+        if kind != Some(CU_GRAPH_NODE_TYPE_KERNEL) {
+            return real();
+        }
+        self.graph_exec_node_set(real, exec, node, params)
+    }
+
     /// `cuGraphExecDestroy`: what is known of the graph goes (its
     /// allocations not yet freed stay graph memory, as the driver keeps
     /// them).
@@ -604,10 +704,19 @@ impl<D: Driver> Engine<D> {
         mut real: impl FnMut() -> CUresult,
         exec: CUgraphExec,
     ) -> CUresult {
+        // Taken before the call: once it returns, the handle may come back
+        // for another thread's new graph.
+        let uses = self
+            .tiers
+            .on()
+            .then(|| self.tiers.take_graph(exec as u64))
+            .flatten();
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.graph_size.remove(&(exec as u64));
             self.graph_growth.remove(&(exec as u64));
+        } else if let Some(u) = uses {
+            self.tiers.put_graph(exec as u64, u);
         }
         rc
     }

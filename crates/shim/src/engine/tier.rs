@@ -30,8 +30,21 @@
 //!   round's heat of a block is then its cost on the host in passes over
 //!   each of its bytes. (Counting uses alone made a segment of many small
 //!   tensors look hotter than one large tensor read as often; measured in
-//!   docs/gpu-results.md.) Pointers inside device-side structures, graph
-//!   kernels and copies are not seen.
+//!   docs/gpu-results.md.) Pointers inside device-side structures and
+//!   copies are not seen.
+//! - **Graphs.** When an executable graph is instantiated its kernel nodes
+//!   are read (`cuGraphKernelNodeGetParams_v2`, child graphs included) and
+//!   decoded as launches are; the words that name a tiered block are kept
+//!   (one entry a word, weights summed), and each `cuGraphLaunch` counts
+//!   them as uses, found by address then, and its kernels as launches for
+//!   the scores' decay. Only blocks that exist when it is instantiated are
+//!   looked for. An executable graph updated with `cuGraphExecUpdate` is
+//!   read again from its new graph; one whose kernel node is changed in
+//!   place (`cuGraphExecKernelNodeSetParams`, `cuGraphExecNodeSetParams`)
+//!   counts no uses from then on, rather than the old parameters' uses.
+//!   The bodies of conditional nodes are not read, and at most
+//!   [`MAX_GRAPHS`] executable graphs are kept at once. A launch on a
+//!   capturing stream counts once as it is captured, though nothing runs.
 //! - **Placement.** Each round of the background thread (every
 //!   [`TICK`](super::worker::TICK)), outside stream captures, folds the
 //!   heat into a decaying score and ranks blocks by it. Hot
@@ -68,7 +81,10 @@
 //!   an `RwLock`: launches take it shared for one lookup pass; allocation
 //!   and free take it exclusively for one insert or remove. The parameter
 //!   layouts are a map under their own `RwLock`, written once per
-//!   function. Neither is held across a driver call or with another lock.
+//!   function, and the executable graphs' uses another, written once per
+//!   instantiation and destruction (a graph launch clones its entry's
+//!   `Arc` and lets go before it takes the blocks' lock). None is held
+//!   across a driver call or with another lock.
 //! - The gate is an `RwLock<()>`: hooks hold it shared across their driver
 //!   call, a round's stop holds it exclusively. The round takes it with
 //!   `try_write` in a yielding loop for at most [`STOP_WAIT`] and gives up
@@ -92,7 +108,8 @@
 //! - A round holds the cache's ordering lock shared, so no capture begins
 //!   while it makes driver calls (captures begin under that lock held
 //!   exclusively), and it makes none while a capture is in progress.
-//! - What allocates: a block's insert, a function's layout, a round's
+//! - What allocates: a block's insert, a function's layout, an executable
+//!   graph's uses (at its instantiation, never at its launch), a round's
 //!   snapshot and plan, the first mover stream of a context.
 //! - Killed at any instruction: nothing here outlives the process.
 
@@ -140,6 +157,9 @@ pub const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 const STALL_ROUNDS: u64 = 100;
 /// The most parameter layouts kept (then they are forgotten and asked again).
 const MAX_LAYOUTS: usize = 1 << 16;
+/// The most executable graphs whose uses are kept at once (graphs
+/// instantiated while that many are kept count no uses).
+const MAX_GRAPHS: usize = 1 << 14;
 
 const CU_STREAM_NON_BLOCKING: c_uint = 1;
 /// `extra` keys of `cuLaunchKernel`.
@@ -328,6 +348,14 @@ struct Kernel {
 
 type Layout = Arc<Kernel>;
 
+/// What the kernel nodes of an executable graph name in tiered blocks:
+/// each word once, with the weights of its uses summed; and how many
+/// kernel nodes it has.
+pub struct GraphUses {
+    kernels: u64,
+    words: Box<[(u64, u32)]>,
+}
+
 /// What a use by a matrix product or convolution weighs against one by
 /// any other kernel. Such kernels read their operands many times over
 /// (once per tile), so an operand in host memory costs them many trips
@@ -364,6 +392,8 @@ pub struct Tiers {
     lo: AtomicU64,
     hi: AtomicU64,
     layouts: RwLock<HashMap<usize, Layout>>,
+    /// Executable graphs' uses, by handle.
+    graphs: RwLock<HashMap<u64, Arc<GraphUses>>>,
     /// (context, its mover stream).
     movers: Mutex<Vec<(usize, usize)>>,
     /// Closed while blocks move (module docs).
@@ -378,7 +408,9 @@ pub struct Tiers {
     /// Rounds that gave up waiting for the GPU, and the round moves resume.
     stalls: AtomicU64,
     resume: AtomicU64,
-    /// Launches decoded, and words in them that named a tiered block.
+    /// Launches seen (a graph's launch counts each of its kernels), and
+    /// words in them that named a tiered block (a graph's merged words
+    /// count once each launch).
     pub launches: AtomicU64,
     pub hits: AtomicU64,
 }
@@ -404,6 +436,7 @@ impl Tiers {
             lo: AtomicU64::new(u64::MAX),
             hi: AtomicU64::new(0),
             layouts: RwLock::new(HashMap::new()),
+            graphs: RwLock::new(HashMap::new()),
             movers: Mutex::new(Vec::new()),
             gate: RwLock::new(()),
             granularity: [const { AtomicU64::new(0) }; vramcap_core::MAX_DEVICES],
@@ -526,101 +559,136 @@ impl Tiers {
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
     ) {
-        let (lo, hi) = (
-            self.lo.load(Ordering::Relaxed),
-            self.hi.load(Ordering::Relaxed),
-        );
+        let (lo, hi) = self.span();
         if lo >= hi || func == 0 {
             return;
         }
         self.launches.fetch_add(1, Ordering::Relaxed);
         let kernel = self.layout(driver, func);
-        let weight = kernel.weight;
         let mut words: [u64; 64] = [0; 64];
         let mut n = 0usize;
         let mut hits = 0u64;
-        let flush = |words: &[u64], hits: &mut u64| {
-            let map = read!(self.blocks);
-            for &w in words {
-                if let Some((_, b)) = map.range(..=w).next_back()
-                    && w < b.ptr.saturating_add(b.bytes)
-                {
-                    b.note(w - b.ptr, weight);
-                    *hits += 1;
+        // SAFETY: the caller's contract.
+        unsafe {
+            scan(&kernel, params, extra, lo, hi, |w| {
+                words[n] = w;
+                n += 1;
+                if n == words.len() {
+                    hits += self.note_words(&words, kernel.weight);
+                    n = 0;
                 }
-            }
+            })
         };
-        let push = |w: u64, words: &mut [u64; 64], n: &mut usize, hits: &mut u64| {
-            if w >= lo && w < hi {
-                words[*n] = w;
-                *n += 1;
-                if *n == words.len() {
-                    flush(&words[..], hits);
-                    *n = 0;
-                }
-            }
-        };
-        if !params.is_null() {
-            let Some(layout) = kernel.params.as_deref() else {
-                return;
-            };
-            let mut budget = SCAN_BYTES;
-            for (i, &(_, size)) in layout.iter().enumerate() {
-                let size = size as usize;
-                if size < 8 {
-                    continue;
-                }
-                // SAFETY: the launch passes one pointer per parameter.
-                let p = unsafe { *params.add(i) } as *const u8;
-                if p.is_null() {
-                    continue;
-                }
-                let take = size.min(budget);
-                budget -= take;
-                for k in 0..take / 8 {
-                    // SAFETY: parameter i holds `size` bytes at `p`.
-                    let w = unsafe { p.add(k * 8).cast::<u64>().read_unaligned() };
-                    push(w, &mut words, &mut n, &mut hits);
-                }
-                if budget == 0 {
-                    break;
-                }
-            }
-        } else if !extra.is_null() {
-            let (mut buf, mut len) = (std::ptr::null::<u8>(), 0usize);
-            let mut i = 0;
-            while i < 64 {
-                // SAFETY: `extra` is a key/value list ending in CU_LAUNCH_PARAM_END.
-                let key = unsafe { *extra.add(i) } as usize;
-                if key == CU_LAUNCH_PARAM_END {
-                    break;
-                }
-                // SAFETY: as above: every key but the end has a value.
-                let value = unsafe { *extra.add(i + 1) };
-                match key {
-                    CU_LAUNCH_PARAM_BUFFER_POINTER => buf = value as *const u8,
-                    CU_LAUNCH_PARAM_BUFFER_SIZE if !value.is_null() => {
-                        // SAFETY: the size's value points to a size_t.
-                        len = unsafe { *(value as *const usize) }
-                    }
-                    _ => {}
-                }
-                i += 2;
-            }
-            if !buf.is_null() {
-                for k in 0..len.min(SCAN_BYTES) / 8 {
-                    // SAFETY: the buffer holds `len` bytes.
-                    let w = unsafe { buf.add(k * 8).cast::<u64>().read_unaligned() };
-                    push(w, &mut words, &mut n, &mut hits);
-                }
-            }
-        }
         if n > 0 {
-            flush(&words[..n], &mut hits);
+            hits += self.note_words(&words[..n], kernel.weight);
         }
         if hits > 0 {
             self.hits.fetch_add(hits, Ordering::Relaxed);
         }
+    }
+
+    /// The lowest start and highest end of any block ever made.
+    fn span(&self) -> (u64, u64) {
+        (
+            self.lo.load(Ordering::Relaxed),
+            self.hi.load(Ordering::Relaxed),
+        )
+    }
+
+    /// A use of `weight` of every block a word points into: how many did.
+    fn note_words(&self, words: &[u64], weight: u32) -> u64 {
+        let map = read!(self.blocks);
+        words.iter().filter(|&&w| note_in(&map, w, weight)).count() as u64
+    }
+
+    /// `exec` was instantiated from `graph`, or updated to follow it: what
+    /// its kernel nodes' words name in tiered blocks now is kept, to count
+    /// as uses at each launch (the driver copies a graph's parameters into
+    /// the executable graph as it is instantiated).
+    pub fn graph_instantiated<D: Driver>(&self, driver: &D, exec: u64, graph: usize) {
+        let (lo, hi) = self.span();
+        if lo >= hi {
+            // No tiered block yet: nothing the graph names can be one.
+            write!(self.graphs).remove(&exec);
+            return;
+        }
+        let mut kernels = 0u64;
+        let mut words: Vec<(u64, u32)> = Vec::new();
+        let whole = driver.graph_kernels(graph, &mut |func, params, extra| {
+            kernels += 1;
+            if func == 0 {
+                return;
+            }
+            let k = self.layout(driver, func);
+            // SAFETY: the driver's own parameters of the node, laid out as
+            // a launch's.
+            unsafe { scan(&k, params, extra, lo, hi, |w| words.push((w, k.weight))) };
+        });
+        if !whole {
+            log_once!(
+                Info,
+                "tiered spill: the driver would not say what some graph holds (its nodes, a kernel node's parameters, or a conditional node's body): what it did not say counts no uses"
+            );
+        }
+        // One entry a word, weights summed; only words in a block now.
+        words.sort_unstable();
+        words.dedup_by(|next, kept| {
+            next.0 == kept.0 && {
+                kept.1 = kept.1.saturating_add(next.1);
+                true
+            }
+        });
+        {
+            let map = read!(self.blocks);
+            words.retain(|&(w, _)| {
+                map.range(..=w)
+                    .next_back()
+                    .is_some_and(|(_, b)| w < b.ptr.saturating_add(b.bytes))
+            });
+        }
+        let uses = Arc::new(GraphUses {
+            kernels,
+            words: words.into(),
+        });
+        let mut graphs = write!(self.graphs);
+        if graphs.len() >= MAX_GRAPHS && !graphs.contains_key(&exec) {
+            drop(graphs);
+            log_once!(
+                Info,
+                "tiered spill: more than {MAX_GRAPHS} executable graphs at once; the launches of those made after count no uses"
+            );
+            return;
+        }
+        graphs.insert(exec, uses);
+    }
+
+    /// A launch of `exec`: its kernels' uses ([`Tiers::graph_instantiated`]),
+    /// and its kernels count as launches for the scores' decay.
+    pub fn note_graph(&self, exec: u64) {
+        let Some(g) = read!(self.graphs).get(&exec).cloned() else {
+            return;
+        };
+        self.launches.fetch_add(g.kernels, Ordering::Relaxed);
+        let map = read!(self.blocks);
+        let hits = g
+            .words
+            .iter()
+            .filter(|&&(w, weight)| note_in(&map, w, weight))
+            .count() as u64;
+        drop(map);
+        if hits > 0 {
+            self.hits.fetch_add(hits, Ordering::Relaxed);
+        }
+    }
+
+    /// `exec` is being destroyed: its uses, to put back if that fails.
+    pub fn take_graph(&self, exec: u64) -> Option<Arc<GraphUses>> {
+        write!(self.graphs).remove(&exec)
+    }
+
+    /// Puts back what [`Tiers::take_graph`] took (the destroy failed).
+    pub fn put_graph(&self, exec: u64, uses: Arc<GraphUses>) {
+        write!(self.graphs).entry(exec).or_insert(uses);
     }
 
     /// The mover stream of `ctx`, made on first use.
@@ -756,6 +824,92 @@ impl Tiers {
             g => g,
         };
         (g != u64::MAX).then_some(g)
+    }
+}
+
+/// A use of `weight` of the block of `map` that `w` points into, if any.
+fn note_in(map: &BTreeMap<u64, Arc<TierBlock>>, w: u64, weight: u32) -> bool {
+    match map.range(..=w).next_back() {
+        Some((_, b)) if w < b.ptr.saturating_add(b.bytes) => {
+            b.note(w - b.ptr, weight);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Calls `each` with every 8-byte word in `[lo, hi)` of a launch's
+/// parameters: those the layout of `kernel` gives (`params`), or the
+/// `extra` buffer whole; at most [`SCAN_BYTES`] of them.
+///
+/// # Safety
+/// `params` and `extra` are a launch's: null, or as the driver's launch
+/// functions require.
+unsafe fn scan(
+    kernel: &Kernel,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    lo: u64,
+    hi: u64,
+    mut each: impl FnMut(u64),
+) {
+    let mut push = |w: u64| {
+        if w >= lo && w < hi {
+            each(w);
+        }
+    };
+    if !params.is_null() {
+        let Some(layout) = kernel.params.as_deref() else {
+            return;
+        };
+        let mut budget = SCAN_BYTES;
+        for (i, &(_, size)) in layout.iter().enumerate() {
+            let size = size as usize;
+            if size < 8 {
+                continue;
+            }
+            // SAFETY: the launch passes one pointer per parameter.
+            let p = unsafe { *params.add(i) } as *const u8;
+            if p.is_null() {
+                continue;
+            }
+            let take = size.min(budget);
+            budget -= take;
+            for k in 0..take / 8 {
+                // SAFETY: parameter i holds `size` bytes at `p`.
+                push(unsafe { p.add(k * 8).cast::<u64>().read_unaligned() });
+            }
+            if budget == 0 {
+                break;
+            }
+        }
+    } else if !extra.is_null() {
+        let (mut buf, mut len) = (std::ptr::null::<u8>(), 0usize);
+        let mut i = 0;
+        while i < 64 {
+            // SAFETY: `extra` is a key/value list ending in CU_LAUNCH_PARAM_END.
+            let key = unsafe { *extra.add(i) } as usize;
+            if key == CU_LAUNCH_PARAM_END {
+                break;
+            }
+            // SAFETY: as above: every key but the end has a value.
+            let value = unsafe { *extra.add(i + 1) };
+            match key {
+                CU_LAUNCH_PARAM_BUFFER_POINTER => buf = value as *const u8,
+                CU_LAUNCH_PARAM_BUFFER_SIZE if !value.is_null() => {
+                    // SAFETY: the size's value points to a size_t.
+                    len = unsafe { *(value as *const usize) }
+                }
+                _ => {}
+            }
+            i += 2;
+        }
+        if !buf.is_null() {
+            for k in 0..len.min(SCAN_BYTES) / 8 {
+                // SAFETY: the buffer holds `len` bytes.
+                push(unsafe { buf.add(k * 8).cast::<u64>().read_unaligned() });
+            }
+        }
     }
 }
 

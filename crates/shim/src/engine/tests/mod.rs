@@ -7,7 +7,7 @@
 //! group tests use a directory of their own for the group file).
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -70,7 +70,13 @@ struct Fake {
     vmm: Mutex<HashMap<u64, (u64, bool)>>,
     maps: Mutex<HashMap<u64, u64>>,
     copies: AtomicUsize,
+    /// The kernel nodes of graphs, by graph handle, and the walks of them.
+    graphs: Mutex<HashMap<usize, Vec<KernelNode>>>,
+    graph_walks: AtomicUsize,
 }
+
+/// A fake graph's kernel node: its function and one 8-byte word per parameter.
+type KernelNode = (usize, Vec<u64>);
 
 /// The fake's one memory pool.
 const POOL: usize = 0x2000;
@@ -308,6 +314,24 @@ impl Driver for Fake {
     }
     fn graph_alloc_bytes(&self, _graph: usize, _round: u64) -> Option<u64> {
         None
+    }
+    fn graph_kernels(
+        &self,
+        graph: usize,
+        visit: &mut dyn FnMut(usize, *mut *mut c_void, *mut *mut c_void),
+    ) -> bool {
+        self.graph_walks.fetch_add(1, Ordering::SeqCst);
+        let Some(kernels) = self.graphs.lock().unwrap().get(&graph).cloned() else {
+            return false;
+        };
+        for (func, mut words) in kernels {
+            let mut params: Vec<*mut c_void> = words
+                .iter_mut()
+                .map(|w| std::ptr::from_mut(w).cast::<c_void>())
+                .collect();
+            visit(func, params.as_mut_ptr(), std::ptr::null_mut());
+        }
+        true
     }
     fn nvml_device_by_uuid(&self, _uuid: &str) -> Option<usize> {
         Some(1)

@@ -118,6 +118,201 @@ fn a_use_by_a_matrix_product_weighs_more() {
     assert_eq!(e.tiers.heat_of(b), Some(1));
 }
 
+/// `cuGraphInstantiateWithFlags` of `graph` through the engine: the
+/// executable graph's handle.
+fn instantiate(e: &'static Engine<Fake>, graph: usize, handle: usize) -> CUgraphExec {
+    let mut exec: CUgraphExec = std::ptr::null_mut();
+    let out: *mut CUgraphExec = &mut exec;
+    let real = || {
+        // SAFETY: `out` points at `exec`, alive for this call.
+        unsafe { *out = handle as CUgraphExec };
+        CUDA_SUCCESS
+    };
+    assert_eq!(
+        e.graph_instantiate_with_flags(real, out, graph as CUgraph, 0),
+        CUDA_SUCCESS
+    );
+    exec
+}
+
+fn graph_launch(e: &'static Engine<Fake>, exec: CUgraphExec) -> CUresult {
+    e.graph_launch(Flavour::Legacy, || CUDA_SUCCESS, exec, std::ptr::null_mut())
+}
+
+#[test]
+fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 8 * MIB).unwrap();
+    let b = alloc(e, 8 * MIB).unwrap();
+    // Function N has N 8-byte parameters; 7 is a matrix product. Two
+    // nodes name `a` at its start (one entry, weight 2), a product names
+    // it 1 MiB in; words outside every block (0, 7) are left out.
+    e.driver.graphs.lock().unwrap().insert(
+        0x50,
+        vec![
+            (2, vec![a, b]),
+            (1, vec![a]),
+            (7, vec![a + MIB, 0, 0, 0, 0, 0, 7]),
+        ],
+    );
+    let exec = instantiate(e, 0x50, 0x5000);
+    // Instantiating is no use.
+    assert_eq!(e.tiers.heat_of(a), Some(0));
+    for _ in 0..3 {
+        assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
+    }
+    assert_eq!(e.tiers.heat_of(a), Some(3 * (2 + 32)));
+    assert_eq!(e.tiers.heat_of(b), Some(3));
+    // Each launch: three kernels for the scores' clock, three entries hit.
+    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 9);
+    assert_eq!(e.tiers.hits.load(Ordering::Relaxed), 9);
+    // An upload runs no kernel.
+    assert_eq!(
+        e.graph_upload(Flavour::Legacy, || CUDA_SUCCESS, exec, std::ptr::null_mut()),
+        CUDA_SUCCESS
+    );
+    assert_eq!(e.tiers.heat_of(b), Some(3));
+    // Destroyed: its handle may come back for another graph.
+    assert_eq!(e.graph_exec_destroy(|| CUDA_SUCCESS, exec), CUDA_SUCCESS);
+    assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
+    assert_eq!(e.tiers.heat_of(b), Some(3));
+    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 9);
+}
+
+#[test]
+fn a_failed_destroy_keeps_the_graphs_uses_and_no_block_means_no_walk() {
+    let e = tiered("64MiB");
+    // Before any tiered block the graph is not walked.
+    e.driver
+        .graphs
+        .lock()
+        .unwrap()
+        .insert(0x80, vec![(1, vec![0])]);
+    let early = instantiate(e, 0x80, 0x8000);
+    assert_eq!(e.driver.graph_walks.load(Ordering::SeqCst), 0);
+    assert_eq!(graph_launch(e, early), CUDA_SUCCESS);
+    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
+    let a = alloc(e, 8 * MIB).unwrap();
+    e.driver
+        .graphs
+        .lock()
+        .unwrap()
+        .insert(0x81, vec![(1, vec![a])]);
+    let exec = instantiate(e, 0x81, 0x8100);
+    assert_eq!(
+        e.graph_exec_destroy(|| CUDA_ERROR_INVALID_VALUE, exec),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
+    assert_eq!(e.tiers.heat_of(a), Some(1));
+}
+
+/// `cuGraphExecUpdate`'s answer when the update was not possible.
+const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
+
+#[test]
+fn an_updated_graph_counts_its_new_uses_and_a_changed_node_none() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 8 * MIB).unwrap();
+    let b = alloc(e, 8 * MIB).unwrap();
+    {
+        let mut g = e.driver.graphs.lock().unwrap();
+        g.insert(0x90, vec![(1, vec![a])]);
+        g.insert(0x91, vec![(1, vec![b])]);
+    }
+    let exec = instantiate(e, 0x90, 0x9000);
+    // A failed update changes nothing.
+    let no = e.graph_exec_update_v2(
+        || CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+        exec,
+        0x91 as CUgraph,
+        std::ptr::null_mut(),
+    );
+    assert_eq!(no, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+    graph_launch(e, exec);
+    assert_eq!((e.tiers.heat_of(a), e.tiers.heat_of(b)), (Some(1), Some(0)));
+    // Updated to follow 0x91: its launches use b.
+    let rc = e.graph_exec_update_v2(|| CUDA_SUCCESS, exec, 0x91 as CUgraph, std::ptr::null_mut());
+    assert_eq!(rc, CUDA_SUCCESS);
+    graph_launch(e, exec);
+    assert_eq!((e.tiers.heat_of(a), e.tiers.heat_of(b)), (Some(1), Some(1)));
+    // A node changed in place: no uses at all from then on (not the old ones).
+    let node = std::ptr::null_mut();
+    assert_eq!(
+        e.graph_exec_node_set(|| CUDA_ERROR_INVALID_VALUE, exec, node, std::ptr::null()),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    graph_launch(e, exec);
+    assert_eq!(e.tiers.heat_of(b), Some(2));
+    assert_eq!(
+        e.graph_exec_node_set(|| CUDA_SUCCESS, exec, node, std::ptr::null()),
+        CUDA_SUCCESS
+    );
+    graph_launch(e, exec);
+    assert_eq!((e.tiers.heat_of(a), e.tiers.heat_of(b)), (Some(1), Some(2)));
+    // cuGraphExecNodeSetParams of another kind of node changes nothing.
+    e.graph_exec_update_v2(|| CUDA_SUCCESS, exec, 0x91 as CUgraph, std::ptr::null_mut());
+    let mut memset_node: [c_int; 32] = [0; 32];
+    memset_node[0] = 2; // CU_GRAPH_NODE_TYPE_MEMSET
+    // SAFETY: a whole CUgraphNodeParams-sized buffer, its type first.
+    let rc = unsafe {
+        e.graph_exec_node_set_any(|| CUDA_SUCCESS, exec, node, memset_node.as_mut_ptr().cast())
+    };
+    assert_eq!(rc, CUDA_SUCCESS);
+    graph_launch(e, exec);
+    assert_eq!(e.tiers.heat_of(b), Some(3));
+}
+
+/// A host block that only a graph's kernels use heats as a launched one
+/// does, and is promoted after colder blocks make room.
+#[test]
+fn a_block_used_only_by_a_graph_is_promoted() {
+    let e = tiered("64MiB");
+    let a = alloc(e, 32 * MIB).unwrap();
+    let _b = alloc(e, 16 * MIB).unwrap();
+    let c = alloc(e, 32 * MIB).unwrap(); // past the cap: on the host
+    assert_eq!((used(e), spilled(e)), (48 * MIB, 32 * MIB));
+    e.driver
+        .graphs
+        .lock()
+        .unwrap()
+        .insert(0x60, vec![(2, vec![c, c + 64])]);
+    let exec = instantiate(e, 0x60, 0x6000);
+    launch(e, &[a]);
+    for _ in 0..50 {
+        assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
+    }
+    rounds(e, MIN_ROUNDS as usize);
+    let s = e.slot(0).unwrap();
+    assert_eq!(
+        (
+            s.demotions.load(Ordering::Relaxed),
+            s.promotions.load(Ordering::Relaxed)
+        ),
+        (2, 1)
+    );
+    assert_eq!(
+        (used(e), spilled(e), device_resident(e)),
+        (32 * MIB, 48 * MIB, 32 * MIB)
+    );
+}
+
+#[test]
+fn without_tiered_spill_graphs_are_not_walked() {
+    let e = engine(&[("VRAMCAP_LIMIT", "64MiB"), ("VRAMCAP_CACHE", "off")]);
+    let a = alloc(e, 8 * MIB).unwrap();
+    e.driver
+        .graphs
+        .lock()
+        .unwrap()
+        .insert(0x70, vec![(1, vec![a])]);
+    let exec = instantiate(e, 0x70, 0x7000);
+    assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
+    assert_eq!(e.driver.graph_walks.load(Ordering::SeqCst), 0);
+    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
+    assert_eq!(e.tiers.hits.load(Ordering::Relaxed), 0);
+}
+
 #[test]
 fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     let e = tiered("64MiB");
