@@ -10,6 +10,28 @@ use std::time::{Duration, Instant};
 
 use crate::util::*;
 
+/// Waits (at most 30 s) for the process's one promotion under a 64 MiB
+/// cap: the 32 MiB host block #2 onto the device, the 32 MiB device block
+/// #0 making room (the device then holds #1 and #2).
+fn promoted_once(dir: &std::path::Path, pid: u32) {
+    let start = Instant::now();
+    let d = loop {
+        let d = stat_device0(dir, pid);
+        if d["promotions"] == 1 {
+            break d;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no promotion within 30 s: {d}"
+        );
+        std::thread::yield_now();
+    };
+    assert_eq!(d["demotions"], 1, "{d}");
+    assert_eq!(d["moved_bytes"], 64 * MIB, "{d}");
+    assert_eq!(d["used_bytes"], 48 * MIB, "{d}");
+    assert_eq!(d["spilled_bytes"], 32 * MIB, "{d}");
+}
+
 fn tiered(cap: &'static str) -> Vec<(&'static str, &'static str)> {
     vec![
         ("VRAMCAP_LIMIT", cap),
@@ -72,23 +94,8 @@ fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
             "standin",
         ],
     );
-    let start = Instant::now();
-    let d = loop {
-        let d = stat_device0(&dir, h.pid());
-        if d["promotions"] == 1 {
-            break d;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no promotion within 30 s: {d}"
-        );
-        std::thread::yield_now();
-    };
-    // #0 (32 MiB, never launched) was the block to make room for #2.
-    assert_eq!(d["demotions"], 1, "{d}");
-    assert_eq!(d["moved_bytes"], 64 * MIB, "{d}");
-    assert_eq!(d["used_bytes"], 48 * MIB, "{d}");
-    assert_eq!(d["spilled_bytes"], 32 * MIB, "{d}");
+    // #0 (32 MiB, never launched) is the block to make room for #2.
+    promoted_once(&dir, h.pid());
     h.resume();
     let (lines, out) = h.finish();
     assert!(out.status.success(), "{lines:?}");
@@ -184,22 +191,7 @@ fn graph_promotes(name: &str, graph: &[&str], said: &[&str]) {
         "standin",
     ]);
     let mut h = held_in(&artefacts().client, &dir, &tiered("64MiB"), &cmds);
-    let start = Instant::now();
-    let d = loop {
-        let d = stat_device0(&dir, h.pid());
-        if d["promotions"] == 1 {
-            break d;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no promotion within 30 s: {d}"
-        );
-        std::thread::yield_now();
-    };
-    assert_eq!(d["demotions"], 1, "{d}");
-    assert_eq!(d["moved_bytes"], 64 * MIB, "{d}");
-    assert_eq!(d["used_bytes"], 48 * MIB, "{d}");
-    assert_eq!(d["spilled_bytes"], 32 * MIB, "{d}");
+    promoted_once(&dir, h.pid());
     h.resume();
     let (lines, out) = h.finish();
     assert!(out.status.success(), "{lines:?}");

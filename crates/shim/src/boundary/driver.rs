@@ -72,11 +72,9 @@ const GRAPH_DEPTH: u32 = 16;
 /// count that large is not a real graph's, and its array is not made).
 const GRAPH_NODES: usize = 1 << 22;
 
-/// [`Driver::graph_alloc_bytes`] at nesting `depth`.
-fn graph_bytes(graph: usize, round: u64, depth: u32) -> Option<u64> {
-    if depth > GRAPH_DEPTH {
-        return None;
-    }
+/// The nodes of `graph` (`cuGraphGetNodes`), or `None` when the driver
+/// will not say.
+fn graph_nodes(graph: usize) -> Option<Vec<CUgraphNode>> {
     let mut count: usize = 0;
     // SAFETY: a null node array asks for the count only.
     let rc = unsafe { c::cuGraphGetNodes::call(handle(graph), ptr::null_mut(), &mut count) };
@@ -89,8 +87,17 @@ fn graph_bytes(graph: usize, round: u64, depth: u32) -> Option<u64> {
     if rc != CUDA_SUCCESS {
         return None;
     }
+    nodes.truncate(count);
+    Some(nodes)
+}
+
+/// [`Driver::graph_alloc_bytes`] at nesting `depth`.
+fn graph_bytes(graph: usize, round: u64, depth: u32) -> Option<u64> {
+    if depth > GRAPH_DEPTH {
+        return None;
+    }
     let mut total: u64 = 0;
-    for &node in nodes.iter().take(count) {
+    for node in graph_nodes(graph)? {
         let mut kind: c_int = 0;
         // SAFETY: a node of the graph and a local out-pointer.
         if unsafe { c::cuGraphNodeGetType::call(node, &mut kind) } != CUDA_SUCCESS {
@@ -132,20 +139,11 @@ fn graph_kernels_at(
     if depth > GRAPH_DEPTH {
         return false;
     }
-    let mut count: usize = 0;
-    // SAFETY: a null node array asks for the count only.
-    let rc = unsafe { c::cuGraphGetNodes::call(handle(graph), ptr::null_mut(), &mut count) };
-    if rc != CUDA_SUCCESS || count > GRAPH_NODES {
+    let Some(nodes) = graph_nodes(graph) else {
         return false;
-    }
-    let mut nodes: Vec<CUgraphNode> = vec![ptr::null_mut(); count];
-    // SAFETY: the array holds `count` nodes.
-    let rc = unsafe { c::cuGraphGetNodes::call(handle(graph), nodes.as_mut_ptr(), &mut count) };
-    if rc != CUDA_SUCCESS {
-        return false;
-    }
+    };
     let mut all = true;
-    for &node in nodes.iter().take(count) {
+    for node in nodes {
         let mut kind: c_int = 0;
         // SAFETY: a node of the graph and a local out-pointer.
         if unsafe { c::cuGraphNodeGetType::call(node, &mut kind) } != CUDA_SUCCESS {
