@@ -4381,7 +4381,10 @@ static CUresult run_kernel_locked(const struct CUfunc_st *fn,
 /*
  * On a created stream that is capturing, the launch becomes a kernel node
  * of the graph being captured (its parameters copied), and nothing runs;
- * on one whose capture was invalidated it fails.
+ * on one whose capture was invalidated it fails, as it does on a created
+ * stream that is not live. Running out of memory for the node invalidates
+ * the capture. (As elsewhere here, a legacy-stream launch does not
+ * invalidate a capture of another stream.)
  */
 static CUresult launch(CUfunction f, CUstream hStream, void **kernelParams,
                        void **extra, bool ptsz)
@@ -4398,11 +4401,15 @@ static CUresult launch(CUfunction f, CUstream hStream, void **kernelParams,
                                 ? live_stream_locked(hStream)
                                 : NULL;
     CUresult rc;
-    if (s != NULL && s->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+    if (s == NULL && stream_kind(hStream, ptsz) == STREAM_CREATED) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (s != NULL && s->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
         rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     } else if (s != NULL && s->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
         CUgraphNode n = graph_add_node_locked(s->graph, CU_GRAPH_NODE_TYPE_KERNEL);
         rc = n != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        if (n == NULL)
+            s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
         if (n != NULL) {
             struct CUgraphNode_st k = { .func = fn, .nparams = fn->params };
             memcpy(k.words, words, sizeof words);

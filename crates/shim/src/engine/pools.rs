@@ -491,20 +491,32 @@ impl<D: Driver> Engine<D> {
     /// Notes the allocation nodes' bytes of the graph `exec` was made from,
     /// and under tiered spill what its kernel nodes use.
     fn graph_instantiated(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
-        if rc != CUDA_SUCCESS {
+        self.graph_sized(rc, exec, graph);
+        self.graph_walked(rc, exec, graph);
+    }
+
+    /// Under tiered spill, what the kernel nodes of the graph `exec` was
+    /// made from use (`tier.rs`).
+    fn graph_walked(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
+        if rc != CUDA_SUCCESS || !self.tiers.on() {
+            return;
+        }
+        // SAFETY: on success the driver wrote the handle.
+        if let Some(exec) = (unsafe { exec.as_ref() }).map(|e| *e as u64) {
+            self.tiers
+                .graph_instantiated(&self.driver, exec, graph as usize);
+        }
+    }
+
+    /// Notes the allocation nodes' bytes of the graph `exec` was made from.
+    fn graph_sized(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
+        if rc != CUDA_SUCCESS || self.settings.counting != Counting::Held {
             return;
         }
         // SAFETY: on success the driver wrote the handle.
         let Some(exec) = (unsafe { exec.as_ref() }).map(|e| *e as u64) else {
             return;
         };
-        if self.tiers.on() {
-            self.tiers
-                .graph_instantiated(&self.driver, exec, graph as usize);
-        }
-        if self.settings.counting != Counting::Held {
-            return;
-        }
         self.graph_growth.remove(&exec);
         match self
             .driver
@@ -600,7 +612,7 @@ impl<D: Driver> Engine<D> {
             "cuGraphInstantiateWithParams",
             "cuGraphInstantiateWithParams_ptsz",
         ][usize::from(flavour == Flavour::PerThread)];
-        let _inflight = self.inflight.enter();
+        let inflight = self.inflight.enter();
         let held = match self.graph_admit(what, device, expect) {
             Ok(h) => h.map(|s| (s, expect)),
             Err(rc) => {
@@ -612,10 +624,13 @@ impl<D: Driver> Engine<D> {
             }
         };
         let rc = real();
-        self.graph_instantiated(rc, exec, graph);
+        self.graph_sized(rc, exec, graph);
         // SAFETY: on success the driver wrote the handle.
         let key = unsafe { exec.as_ref() }.map_or(0, |e| *e as u64);
         self.graph_settle(device, key, before, held, rc);
+        // The walk of its kernels need not hold back a cap change.
+        drop(inflight);
+        self.graph_walked(rc, exec, graph);
         rc
     }
 
