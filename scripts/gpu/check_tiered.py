@@ -1,7 +1,7 @@
 """Training under a cap smaller than its working set, for tiered spill.
 
 Usage: check_tiered.py {llama|mlp} [--steps S] [--timed T] [--map] [--save-on-cpu]
-                       [--fused-adamw] [--profile FILE]
+                       [--fused-adamw] [--cuda-graph] [--profile FILE]
 
 llama: a Llama-style causal LM from `transformers` (random initialisation,
 no download): hidden 1024, 16 layers, 16 heads, MLP 2816, vocabulary 32000
@@ -16,6 +16,12 @@ that may be changed can do; for comparison with tiered spill).
 optimizer state byte once a step, where the default (foreach) makes several
 passes. Its losses differ from the default's in the last bits, so it is
 compared with an uncapped run of its own.
+--cuda-graph runs the whole training step (forward, backward and
+AdamW(capturable=True)) as one CUDA graph, as PyTorch's whole-network
+capture recipe does: three eager warm-up steps on a side stream, then a
+capture, then a replay a step. Every kernel then reaches the driver as part
+of cuGraphLaunch, never as a launch of its own. The warm-up steps' losses
+are the first three printed; capture runs nothing and prints none.
 --profile FILE runs two more steps after the timed ones under
 torch.profiler and writes every kernel they ran to FILE, one a line in the
 order the GPU ran them: index, microseconds, name, tab-separated (for
@@ -95,6 +101,11 @@ def main() -> int:
         help="AdamW(fused=True): one kernel a step for the optimizer",
     )
     ap.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="capture the whole step (forward, backward, optimizer) as one CUDA graph and replay it",
+    )
+    ap.add_argument(
         "--profile",
         metavar="FILE",
         help="after the timed steps, profile two more and write their kernels to FILE",
@@ -146,9 +157,14 @@ def main() -> int:
             def step_loss():
                 return torch.nn.functional.mse_loss(model(x), y)
 
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if a.fused_adamw else {}))
+        kw = {}
+        if a.fused_adamw:
+            kw["fused"] = True
+        if a.cuda_graph:
+            kw["capturable"] = True
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **kw)
 
-        def step():
+        def eager_step():
             opt.zero_grad(set_to_none=True)
             if a.save_on_cpu:
                 with torch.autograd.graph.save_on_cpu(pin_memory=True):
@@ -160,7 +176,32 @@ def main() -> int:
             opt.step()
             return loss
 
-        for _ in range(a.steps):
+        step = eager_step
+        warm = 0
+        if a.cuda_graph:
+            warm = min(3, a.steps)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warm):
+                    t0 = time.perf_counter()
+                    loss = eager_step()
+                    side.synchronize()
+                    times.append(time.perf_counter() - t0)
+                    losses.append(repr(loss.item()))
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph):
+                static_loss = step_loss()
+                static_loss.backward()
+                opt.step()
+
+            def step():
+                graph.replay()
+                return static_loss
+
+        for _ in range(a.steps - warm):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             loss = step()

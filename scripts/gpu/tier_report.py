@@ -8,7 +8,8 @@ TENSORMAP lines of check_tiered.py --map. Each block is named by the
 category that holds most of its bytes (param, grad, exp_avg, exp_avg_sq;
 "other" for blocks no such tensor lies in: activations and workspaces in
 PyTorch's cache). Prints, per category, the MiB on the device and on the
-host and the uses per block per step, plain and weighted.
+host and the weighted uses per block per step (and the plain count, in
+logs of builds before it was dropped from the launch path).
 """
 
 import re
@@ -16,7 +17,7 @@ import sys
 from collections import defaultdict
 
 BLOCK = re.compile(
-    r"round (\d+): block (0x[0-9a-f]+) (\d+) bytes on the (device|host) score ([0-9.]+) uses (\d+) weighted (\d+)"
+    r"round (\d+): block (0x[0-9a-f]+) (\d+) bytes on the (device|host) score ([0-9.]+)(?: uses (\d+))? weighted (\d+)"
 )
 
 
@@ -52,14 +53,15 @@ def main() -> int:
         r = rows[cat]
         r[0 if place == "device" else 1] += size / 2**20
         r[2] += 1
-        r[3] += int(uses)
+        r[3] = None if uses is None or r[3] is None else r[3] + int(uses)
         r[4] += int(weighted)
     print(f"REPORT round {rounds[-1]}, {len(table)} blocks, {steps} steps")
     print("REPORT | holds | blocks | MiB on the device | MiB on the host | uses per block per step | weighted |")
     print("REPORT |---|---|---|---|---|---|")
     for cat in sorted(rows):
         d, h, b, u, w = rows[cat]
-        print(f"REPORT | {cat} | {b} | {d:.0f} | {h:.0f} | {u / b / steps:.1f} | {w / b / steps:.1f} |")
+        plain = "-" if u is None else f"{u / b / steps:.1f}"
+        print(f"REPORT | {cat} | {b} | {d:.0f} | {h:.0f} | {plain} | {w / b / steps:.1f} |")
     return 0
 
 

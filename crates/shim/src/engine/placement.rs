@@ -302,9 +302,9 @@ impl<D: Driver> Engine<D> {
         let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
         let decay = 0.5f64.powf(since as f64 / HALF_LIFE_LAUNCHES);
         for b in &blocks {
-            let heat = b.heat.swap(0, Ordering::Relaxed);
-            b.weight.fetch_add(u64::from(heat), Ordering::Relaxed);
-            let s = b.score() * decay + b.take_passes();
+            let (passes, weight) = b.take_passes();
+            b.weight.fetch_add(weight, Ordering::Relaxed);
+            let s = b.score() * decay + passes;
             b.score.store(s.to_bits(), Ordering::Relaxed);
         }
         if round.is_multiple_of(50) && crate::log::enabled(LogLevel::Debug) {
@@ -320,12 +320,11 @@ impl<D: Driver> Engine<D> {
             for b in &blocks {
                 log_at!(
                     Debug,
-                    "tiered spill: round {round}: block {:#x} {} bytes on the {} score {:.1} uses {} weighted {} moved at round {}",
+                    "tiered spill: round {round}: block {:#x} {} bytes on the {} score {:.1} weighted {} moved at round {}",
                     b.ptr,
                     b.bytes,
                     if b.on_device() { "device" } else { "host" },
                     b.score(),
-                    b.uses.load(Ordering::Relaxed),
                     b.weight.load(Ordering::Relaxed),
                     b.moved.load(Ordering::Relaxed)
                 );

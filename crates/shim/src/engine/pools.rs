@@ -502,9 +502,8 @@ impl<D: Driver> Engine<D> {
             return;
         }
         // SAFETY: on success the driver wrote the handle.
-        if let Some(exec) = (unsafe { exec.as_ref() }).map(|e| *e as u64) {
-            self.tiers
-                .graph_instantiated(&self.driver, exec, graph as usize);
+        if let Some(&exec) = unsafe { exec.as_ref() } {
+            self.graph_updated(rc, exec, graph);
         }
     }
 
@@ -662,6 +661,8 @@ impl<D: Driver> Engine<D> {
         rc
     }
 
+    /// Under tiered spill, what the kernel nodes of `graph`, which `exec`
+    /// now follows, use (`tier.rs`).
     fn graph_updated(&self, rc: CUresult, exec: CUgraphExec, graph: CUgraph) {
         if rc == CUDA_SUCCESS && self.tiers.on() && !exec.is_null() {
             self.tiers

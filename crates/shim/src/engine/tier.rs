@@ -92,10 +92,11 @@
 //!   call on something another thread would do after its next gated call
 //!   cannot deadlock with it. Lock order: the cache's ordering lock, then
 //!   the gate; hooks take only the gate.
-//! - A block's heat, uses and spots are atomics, with no lock: a launch
-//!   takes a free spot with one compare-and-swap (from zero to its offset
-//!   plus one) and adds its weight there; a round swaps every spot back to
-//!   zero as it reads it. A launch racing that reset can add one use's
+//! - A block's spots are atomics, with no lock: a use takes a free spot
+//!   with one compare-and-swap (from zero to its offset plus one) and adds
+//!   its weight there, its only write to the block (a use costs no other
+//!   atomic; the weights a round reads are summed into the block's total
+//!   there); a round swaps every spot back to zero as it reads it. A launch racing that reset can add one use's
 //!   weight to a spot another offset then takes: a heuristic's error, never
 //!   a torn value.
 //! - A block's place (`state`, `handle`) changes only in a round, while the
@@ -179,15 +180,14 @@ pub struct TierBlock {
     pub(super) state: AtomicU8,
     moving: AtomicBool,
     freed: AtomicBool,
-    pub(super) heat: AtomicU32,
     /// Where in the block uses pointed since the last round, and their
     /// weight there: what a use touches is taken to reach from its offset
     /// to the next offset used (module docs).
     spots: [Spot; SPOTS],
     /// The weight of uses that found no free spot.
     unplaced: AtomicU32,
-    /// Uses seen since it was made (unweighted), and their weight.
-    pub(super) uses: AtomicU64,
+    /// The weight of the uses seen up to the last round (only rounds
+    /// write it).
     pub(super) weight: AtomicU64,
     /// f64 bits; only rounds touch it.
     pub(super) score: AtomicU64,
@@ -271,10 +271,8 @@ impl TierBlock {
             state: AtomicU8::new(state),
             moving: AtomicBool::new(false),
             freed: AtomicBool::new(false),
-            heat: AtomicU32::new(0),
             spots: Default::default(),
             unplaced: AtomicU32::new(0),
-            uses: AtomicU64::new(0),
             weight: AtomicU64::new(0),
             score: AtomicU64::new(0f64.to_bits()),
             moved: AtomicU64::new(round),
@@ -285,8 +283,6 @@ impl TierBlock {
     /// taken by one compare-and-swap; a race with a round's reset at worst
     /// moves one use's weight to another offset.
     fn note(&self, offset: u64, weight: u32) {
-        self.heat.fetch_add(weight, Ordering::Relaxed);
-        self.uses.fetch_add(1, Ordering::Relaxed);
         let key = offset + 1;
         for s in &self.spots {
             let mut at = s.at.load(Ordering::Relaxed);
@@ -312,8 +308,9 @@ impl TierBlock {
     /// offset to the next offset used (or the block's end), as element-wise
     /// kernels touch a whole tensor and PyTorch's segments hold tensors
     /// end to end; uses that found no spot count a [`SPOTS`]th of the
-    /// block. Resets the spots for the next round.
-    pub(super) fn take_passes(&self) -> f64 {
+    /// block. And the weight of those uses. Resets the spots for the next
+    /// round.
+    pub(super) fn take_passes(&self) -> (f64, u64) {
         let mut seen: [(u64, u32); SPOTS] = [(0, 0); SPOTS];
         let mut n = 0;
         for s in &self.spots {
@@ -334,7 +331,20 @@ impl TierBlock {
         }
         let unplaced = self.unplaced.swap(0, Ordering::Relaxed);
         bytes += f64::from(unplaced) * (size / SPOTS as u64) as f64;
-        bytes / size as f64
+        let weight = seen.iter().map(|&(_, w)| u64::from(w)).sum::<u64>() + u64::from(unplaced);
+        (bytes / size as f64, weight)
+    }
+
+    /// The weight of the uses since the last round, its spots left as
+    /// they are.
+    #[cfg(test)]
+    fn heat(&self) -> u64 {
+        let placed: u64 = self
+            .spots
+            .iter()
+            .map(|s| u64::from(s.weight.load(Ordering::Relaxed)))
+            .sum();
+        placed + u64::from(self.unplaced.load(Ordering::Relaxed))
     }
 }
 
@@ -492,18 +502,13 @@ impl Tiers {
 
     /// The heat of the block at `ptr` since the last round.
     #[cfg(test)]
-    pub(super) fn heat_of(&self, ptr: u64) -> Option<u32> {
-        read!(self.blocks)
-            .get(&ptr)
-            .map(|b| b.heat.load(Ordering::Relaxed))
+    pub(super) fn heat_of(&self, ptr: u64) -> Option<u64> {
+        read!(self.blocks).get(&ptr).map(|b| b.heat())
     }
 
     /// Whether `addr` lies in a tiered block.
     pub fn contains(&self, addr: u64) -> bool {
-        read!(self.blocks)
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(_, b)| addr < b.ptr.saturating_add(b.bytes))
+        block_at(&read!(self.blocks), addr).is_some()
     }
 
     /// Puts a detached block back (its free failed).
@@ -640,11 +645,7 @@ impl Tiers {
         });
         {
             let map = read!(self.blocks);
-            words.retain(|&(w, _)| {
-                map.range(..=w)
-                    .next_back()
-                    .is_some_and(|(_, b)| w < b.ptr.saturating_add(b.bytes))
-            });
+            words.retain(|&(w, _)| block_at(&map, w).is_some());
         }
         let uses = Arc::new(GraphUses {
             kernels,
@@ -827,15 +828,21 @@ impl Tiers {
     }
 }
 
+/// The block of `map` that `addr` points into, if any.
+fn block_at(map: &BTreeMap<u64, Arc<TierBlock>>, addr: u64) -> Option<&Arc<TierBlock>> {
+    map.range(..=addr)
+        .next_back()
+        .map(|(_, b)| b)
+        .filter(|b| addr < b.ptr.saturating_add(b.bytes))
+}
+
 /// A use of `weight` of the block of `map` that `w` points into, if any.
 fn note_in(map: &BTreeMap<u64, Arc<TierBlock>>, w: u64, weight: u32) -> bool {
-    match map.range(..=w).next_back() {
-        Some((_, b)) if w < b.ptr.saturating_add(b.bytes) => {
-            b.note(w - b.ptr, weight);
-            true
-        }
-        _ => false,
-    }
+    let Some(b) = block_at(map, w) else {
+        return false;
+    };
+    b.note(w - b.ptr, weight);
+    true
 }
 
 /// Calls `each` with every 8-byte word in `[lo, hi)` of a launch's
@@ -1046,18 +1053,18 @@ mod tests {
         let b = block(1 << 40, 32 * M, false, 0.0, 0);
         // One use at the start of the block: one pass over it.
         b.note(0, 1);
-        assert_eq!(b.take_passes(), 1.0);
+        assert_eq!(b.take_passes(), (1.0, 1));
         // Taken: the spots start again.
-        assert_eq!(b.take_passes(), 0.0);
+        assert_eq!(b.take_passes(), (0.0, 0));
         // Two tensors end to end, the second used three times (once by a
         // matrix product): (1 x 16 MiB + (1 + 1 + 32) x 16 MiB) / 32 MiB.
         b.note(0, 1);
         b.note(16 * M, 1);
         b.note(16 * M, 1);
         b.note(16 * M, PRODUCT_WEIGHT);
-        assert_eq!(b.take_passes(), (16.0 + 34.0 * 16.0) / 32.0);
-        assert_eq!(b.uses.load(Ordering::Relaxed), 5);
-        assert_eq!(b.heat.load(Ordering::Relaxed), 4 + 32);
+        assert_eq!(b.heat(), 3 + 32);
+        assert_eq!(b.take_passes(), ((16.0 + 34.0 * 16.0) / 32.0, 3 + 32));
+        assert_eq!(b.heat(), 0);
     }
 
     #[test]
@@ -1068,7 +1075,7 @@ mod tests {
         }
         // Spots 0..15 reach 1 MiB each but the last, which reaches the end
         // (17 MiB); the use that found no spot counts 32 MiB / 16.
-        assert_eq!(b.take_passes(), (15.0 + 17.0 + 2.0) / 32.0);
+        assert_eq!(b.take_passes(), ((15.0 + 17.0 + 2.0) / 32.0, 17));
     }
 
     #[test]
