@@ -192,7 +192,7 @@ capped() {
     moves=$(grep -a "tiered spill, device" "$ERRF" | grep -c "promoted")
     add_row "$model at ${r}x: cap ${cap} MiB, VRAMCAP_SPILL=$label" \
         "losses identical at every step; NVML process max <= cap$([ "$mode" = tiered ] && [ "$goal" != none ] && echo "; step <= ${goal}x uncapped")" \
-        "rc=$RC; $(kv ms_per_step "$line") ms/step (${slow}x of $ref_ms$also), first timed step $(kv first_ms "$line") ms; losses $([ "$got" = "$want" ] && echo identical || echo "DIFFER: $(printf '%s' "$got" | cut -c1-80)"); NVML process max ${mp:-?} MiB; GPU used max $(kv max_dev_used_mib "$line") MiB; rounds that moved: $moves" \
+        "rc=$RC; $(kv ms_per_step "$line") ms/step (${slow}x of $ref_ms$also), first timed step $(kv first_ms "$line") ms; losses $([ "$got" = "$want" ] && echo identical || echo "DIFFER: $(printf '%s' "$got" | cut -c1-80)"); NVML process max ${mp:-?} MiB; GPU used max $(kv max_dev_used_mib "$line") MiB; torch reserved peak $(kv peak_reserved_mib "$line") MiB; rounds that moved: $moves" \
         "$(verdict)"
 }
 
@@ -231,7 +231,7 @@ for model in ${MODELS:-llama mlp}; do
         continue
     fi
     add_row "$model, uncapped (the reference)" "runs; reserved peak and step time" \
-        "reserved peak $peak MiB; $ref_ms ms/step; NVML process max $(kv max_proc_mib "$ref") MiB" PASS
+        "reserved peak $peak MiB, allocated peak $(kv peak_allocated_mib "$ref") MiB; $ref_ms ms/step; NVML process max $(kv max_proc_mib "$ref") MiB" PASS
     first=1
     for r in ${RATIOS:-1.5 1.25 1.1}; do
         cap=$(cap_for "$r")

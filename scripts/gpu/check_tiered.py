@@ -33,7 +33,8 @@ Those steps are not timed and their losses are not printed.
 Deterministic (fixed seeds, TF32 off, deterministic algorithms). Prints one
 `RESULTKV` line: `losses` (every step's loss, repr, joined by ','),
 `ms_per_step` (median of the last T steps), `first_ms` (the first timed
-step), `peak_reserved_mib` (torch's reserved peak), `max_proc_mib` (NVML's
+step), `peak_reserved_mib` (torch's reserved peak), `peak_allocated_mib`
+(the peak of what its tensors held), `max_proc_mib` (NVML's
 figure for this process, sampled after each step: the driver's own count,
 which the shim does not change), `max_dev_used_mib` (the whole GPU's used
 memory, NVML, sampled the same way) and `oom`.
@@ -241,6 +242,7 @@ def main() -> int:
         f"RESULTKV model={a.model} losses={','.join(losses) or 'none'} "
         f"ms_per_step={1000 * timed[len(timed) // 2]:.1f} first_ms={1000 * first:.1f} "
         f"peak_reserved_mib={torch.cuda.max_memory_reserved() / 2**20:.0f} "
+        f"peak_allocated_mib={torch.cuda.max_memory_allocated() / 2**20:.0f} "
         f"max_proc_mib={max_proc:.0f} max_dev_used_mib={max_dev:.0f} oom={oom}"
     )
     return 0
