@@ -94,10 +94,11 @@
 //!   the gate; hooks take only the gate.
 //! - A block's spots are atomics, with no lock: a use takes a free spot
 //!   with one compare-and-swap (from zero to its offset plus one) and adds
-//!   its weight there, its only write to the block (a use costs no other
-//!   atomic; the weights a round reads are summed into the block's total
-//!   there); a round swaps every spot back to zero as it reads it. A launch racing that reset can add one use's
-//!   weight to a spot another offset then takes: a heuristic's error, never
+//!   its weight there, its only write to the block (the round sums the
+//!   weights it reads into the block's total); a round swaps every spot
+//!   back to zero as it reads it. A launch racing that reset can add one
+//!   use's weight to a spot another offset then takes, or to one the round
+//!   has just freed (that weight is then lost): a heuristic's error, never
 //!   a torn value.
 //! - A block's place (`state`, `handle`) changes only in a round, while the
 //!   block is claimed (`moving`). A free first removes the block from the
