@@ -48,6 +48,35 @@ fn managed_spill_fills_the_cap_then_the_host() {
 }
 
 #[test]
+fn vmm_memory_past_the_cap_is_refused_under_spill_and_says_why() {
+    for mode in ["host", "tiered"] {
+        let ran = client(
+            "procaddr",
+            &env(mode),
+            &["init", "vmm", "512M", "vmm", "512M", "vmm", "512M"],
+        );
+        ran.expect_lines(&[
+            "init -> 0",
+            "vmm 536870912 -> 0 %0",
+            "vmm 536870912 -> 0 %1",
+            "vmm 536870912 -> 2",
+        ]);
+        let want = format!(
+            "cuMemCreate: VMM memory is not spilled (VRAMCAP_SPILL={mode} takes cudaMalloc memory only), so past the cap it is refused; PyTorch allocates this way with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: leave that out to spill"
+        );
+        assert_eq!(ran.stderr().matches(&want).count(), 1, "{}", ran.stderr());
+    }
+    // Without spill, nothing is said of spill.
+    let ran = client(
+        "procaddr",
+        &[("VRAMCAP_LIMIT", "1GiB")],
+        &["init", "vmm", "1G", "vmm", "512M"],
+    );
+    ran.expect_lines(&["init -> 0", "vmm 1073741824 -> 0 %0", "vmm 536870912 -> 2"]);
+    assert!(!ran.stderr().contains("not spilled"), "{}", ran.stderr());
+}
+
+#[test]
 fn host_spill_uses_pinned_mapped_memory() {
     client(
         "linked",

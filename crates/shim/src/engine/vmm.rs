@@ -17,7 +17,7 @@ use super::cuda::*;
 use super::driver::Driver;
 use super::records::Object;
 use super::state::Engine;
-use crate::log::log_at;
+use crate::log::{log_at, log_once};
 
 const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
 
@@ -48,7 +48,16 @@ impl<D: Driver> Engine<D> {
         let _inflight = self.inflight.enter();
         let (slot, _) = match self.reserve("cuMemCreate", device, size as u64) {
             Ok(x) => x,
-            Err(rc) => return rc,
+            Err(rc) => {
+                if self.settings.spill != vramcap_core::settings::Spill::Off {
+                    log_once!(
+                        Warn,
+                        "cuMemCreate: VMM memory is not spilled (VRAMCAP_SPILL={} takes cudaMalloc memory only), so past the cap it is refused; PyTorch allocates this way with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: leave that out to spill",
+                        self.settings.spill.name()
+                    );
+                }
+                return rc;
+            }
         };
         let rc = self.call_with_retry(device, real);
         if rc != CUDA_SUCCESS {
