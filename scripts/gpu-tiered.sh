@@ -22,8 +22,9 @@
 # RATIOS, under the unchanged program's caps: save_on_cpu, the program
 # keeping its saved activations on the host itself with PyTorch's
 # save_on_cpu; fused, AdamW(fused=True); cuda_graph, the whole step
-# captured once and replayed as one CUDA graph; or several, e.g.
-# save_on_cpu+fused; what a
+# captured once and replayed as one CUDA graph; expandable, PyTorch's
+# expandable_segments:True (its memory made page by page with cuMemCreate,
+# which tiered spill moves too); or several, e.g. save_on_cpu+fused; what a
 # program that may be changed can do, so no goal applies; SAVE_ON_CPU=1
 # adds save_on_cpu), PROFILE=1 (every run profiles two more steps, and
 # scripts/gpu/kernel_delta.py says, after each capped row, which kernels
@@ -205,6 +206,7 @@ program_args() {
         save_on_cpu) args+=(--save-on-cpu) ;;
         fused) args+=(--fused-adamw) ;;
         cuda_graph) args+=(--cuda-graph) ;;
+        expandable) args+=(--expandable-segments) ;;
         *) return 1 ;;
         esac
     done
@@ -214,7 +216,7 @@ PROGRAMS=${PROGRAMS:-}
 [ "${SAVE_ON_CPU:-0}" = 1 ] && PROGRAMS="save_on_cpu $PROGRAMS"
 for p in $PROGRAMS; do
     program_args "$p" >/dev/null || {
-        echo "gpu-tiered.sh: PROGRAMS=\"$PROGRAMS\": \"$p\" is not a program change (use save_on_cpu, fused or cuda_graph, or several joined by +, e.g. PROGRAMS=\"save_on_cpu fused save_on_cpu+fused cuda_graph\")" >&2
+        echo "gpu-tiered.sh: PROGRAMS=\"$PROGRAMS\": \"$p\" is not a program change (use save_on_cpu, fused, cuda_graph or expandable, or several joined by +, e.g. PROGRAMS=\"save_on_cpu fused save_on_cpu+fused cuda_graph expandable\")" >&2
         exit 2
     }
 done

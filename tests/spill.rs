@@ -47,9 +47,12 @@ fn managed_spill_fills_the_cap_then_the_host() {
     ]);
 }
 
+/// Host and managed spill take `cudaMalloc` memory only: VMM memory past
+/// the cap is refused, with one line that says so and names the mode that
+/// spills it; tiered spill makes it host memory instead.
 #[test]
-fn vmm_memory_past_the_cap_is_refused_under_spill_and_says_why() {
-    for mode in ["host", "tiered"] {
+fn vmm_memory_past_the_cap_spills_only_under_tiered_spill() {
+    for mode in ["host", "managed"] {
         let ran = client(
             "procaddr",
             &env(mode),
@@ -62,10 +65,30 @@ fn vmm_memory_past_the_cap_is_refused_under_spill_and_says_why() {
             "vmm 536870912 -> 2",
         ]);
         let want = format!(
-            "cuMemCreate: VMM memory is not spilled (VRAMCAP_SPILL={mode} takes cudaMalloc memory only), so past the cap it is refused; PyTorch allocates this way with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: leave that out to spill"
+            "cuMemCreate: VMM memory is not spilled by VRAMCAP_SPILL={mode} (it takes cudaMalloc memory only), so past the cap it is refused; VRAMCAP_SPILL=tiered spills it (PyTorch allocates this way with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
         );
         assert_eq!(ran.stderr().matches(&want).count(), 1, "{}", ran.stderr());
     }
+    let ran = client(
+        "procaddr",
+        &env("tiered"),
+        &[
+            "init", "vmm", "512M", "vmm", "512M", "vmm", "512M", "standin", "counts",
+        ],
+    );
+    let lines = ran.ok_lines();
+    assert_eq!(
+        lines[..5],
+        [
+            "init -> 0",
+            "vmm 536870912 -> 0 %0",
+            "vmm 536870912 -> 0 %1",
+            "vmm 536870912 -> 0 %2",
+            &format!("standin dev=0 used={} peak={}", GIB, GIB),
+        ]
+    );
+    assert!(lines[6].contains(" vmm=2 vmm_host=1 "), "{}", lines[6]);
+    assert!(!ran.stderr().contains("not spilled"), "{}", ran.stderr());
     // Without spill, nothing is said of spill.
     let ran = client(
         "procaddr",

@@ -14,6 +14,11 @@ use crate::util::*;
 /// cap: the 32 MiB host block #2 onto the device, the 32 MiB device block
 /// #0 making room (the device then holds #1 and #2).
 fn promoted_once(dir: &std::path::Path, pid: u32) {
+    promoted_once_holding(dir, pid, 48 * MIB);
+}
+
+/// [`promoted_once`] with `used` bytes reserved on the device after it.
+fn promoted_once_holding(dir: &std::path::Path, pid: u32, used: u64) {
     let start = Instant::now();
     let d = loop {
         let d = stat_device0(dir, pid);
@@ -28,7 +33,7 @@ fn promoted_once(dir: &std::path::Path, pid: u32) {
     };
     assert_eq!(d["demotions"], 1, "{d}");
     assert_eq!(d["moved_bytes"], 64 * MIB, "{d}");
-    assert_eq!(d["used_bytes"], 48 * MIB, "{d}");
+    assert_eq!(d["used_bytes"], used, "{d}");
     assert_eq!(d["spilled_bytes"], 32 * MIB, "{d}");
 }
 
@@ -123,6 +128,125 @@ fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
             "standin dev=1 used=0 peak=0",
         ]
     );
+}
+
+/// The program's own `cuMemCreate` memory (PyTorch's expandable segments)
+/// is tiered too: past the cap a handle is host memory; a page the program
+/// mapped whole and granted access to moves like a block, its handle value
+/// and contents kept, the device never above the cap; the handle still
+/// maps, retains and releases; and its bytes come back with its release.
+#[test]
+fn the_programs_own_vmm_pages_move_with_their_handles_and_contents() {
+    let dir = fresh_dir("tiered-vmm");
+    let mut h = held_in(
+        &artefacts().client,
+        &dir,
+        &tiered("64MiB"),
+        &[
+            "init",
+            "vmm",
+            "32M",
+            "vmm",
+            "32M",
+            "vmm",
+            "32M",
+            "vmmmap",
+            "%0",
+            "vmmmap",
+            "%1",
+            "vmmmap",
+            "%2",
+            "standin",
+            "memset32",
+            "%2",
+            "32M",
+            "77",
+            "memset32",
+            "%0",
+            "32M",
+            "5",
+            "kernel",
+            "touch2",
+            "kernel-launch",
+            "3000",
+            "%2",
+            "%2",
+            "wait",
+            "read32",
+            "%2",
+            "read32",
+            "%0",
+            "kernel-launch",
+            "1",
+            "%0",
+            "%2",
+            "kcounts",
+            "standin",
+            "vmmretain",
+            "%2",
+            "vmmrelease",
+            "%3",
+            "vmmunmap",
+            "%0",
+            "vmmunmap",
+            "%1",
+            "vmmunmap",
+            "%2",
+            "vmmrelease",
+            "%0",
+            "vmmrelease",
+            "%1",
+            "vmmrelease",
+            "%2",
+            "vmmrelease",
+            "%2",
+            "standin",
+            "counts",
+        ],
+    );
+    // %0 (32 MiB, never launched) is the block to make room for %2.
+    promoted_once_holding(&dir, h.pid(), 64 * MIB);
+    h.resume();
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+    let at = |l: &str| lines.iter().position(|x| x == l).expect(l);
+    // The third handle is past the cap: host memory, the device holds two.
+    assert_eq!(
+        lines[at("vmmmap %2 -> 0") + 1],
+        format!("standin dev=0 used={} peak={}", 64 * MIB, 64 * MIB)
+    );
+    let (counts, lines) = lines.split_last().unwrap();
+    let tail: Vec<&str> = lines[at("resumed")..].iter().map(String::as_str).collect();
+    assert_eq!(
+        tail,
+        [
+            "resumed",
+            "read32 %2 -> 0 value=77",
+            "read32 %0 -> 0 value=5",
+            "kernel-launch 1 -> 0",
+            "kcounts launch=3001 fault=0",
+            // Never above the cap: the demotion gives back its memory
+            // before the promotion makes its own.
+            &format!("standin dev=0 used={} peak={}", 64 * MIB, 64 * MIB),
+            "standin dev=1 used=0 peak=0",
+            // The retained handle is the program's %2 again.
+            "vmmretain %2 -> 0 %3",
+            "vmmrelease %3 -> 0",
+            "vmmunmap %0 -> 0",
+            "vmmunmap %1 -> 0",
+            "vmmunmap %2 -> 0",
+            "vmmrelease %0 -> 0",
+            "vmmrelease %1 -> 0",
+            "vmmrelease %2 -> 0",
+            // Released already: the driver's answer for a released handle.
+            "vmmrelease %2 -> 1",
+            &format!("standin dev=0 used=0 peak={}", 64 * MIB),
+            "standin dev=1 used=0 peak=0",
+        ]
+    );
+    // Two device handles asked for, one promotion; one host handle made
+    // past the cap, one demotion.
+    assert!(counts.contains(" vmm=3 vmm_host=2 "), "{counts}");
 }
 
 /// The graph commands of [`graph_promotes`] for one graph whose kernel

@@ -109,6 +109,11 @@ def main() -> int:
         help="capture the whole step (forward, backward, optimizer) as one CUDA graph and replay it",
     )
     ap.add_argument(
+        "--expandable-segments",
+        action="store_true",
+        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: PyTorch maps its memory page by page with cuMemCreate",
+    )
+    ap.add_argument(
         "--profile",
         metavar="FILE",
         help="after the timed steps, profile two more and write their kernels to FILE",
@@ -119,6 +124,8 @@ def main() -> int:
         help="print a TENSORMAP line (category, address, bytes) for every parameter, gradient and optimizer state tensor at the end",
     )
     a = ap.parse_args()
+    if a.expandable_segments:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     import torch
 
     torch.manual_seed(0)

@@ -205,11 +205,14 @@
  *                         -> "kernel NAME -> RC"
  *   kernel-launch T #S..  cuLaunchKernel of that function T times on the
  *                         client's stream, its parameters the slots'
- *                         pointers (1 to 8) -> "kernel-launch T -> RC" (the
+ *                         pointers (1 to 8; %HSLOT: where vmmmap mapped
+ *                         the handle) -> "kernel-launch T -> RC" (the
  *                         first failure)
  *   memset32 SLOT SIZE V  cuMemsetD32_v2 of SIZE bytes -> "memset32 #SLOT -> RC"
+ *                         (SLOT may be %HSLOT, as for kernel-launch; it is
+ *                         printed so)
  *   read32 SLOT           cuMemcpyDtoH_v2 of 4 bytes
- *                         -> "read32 #SLOT -> RC value=V"
+ *                         -> "read32 #SLOT -> RC value=V" (the same)
  *   batch-copy VER D S SIZE  (procaddr) cuMemcpyBatchAsync as resolved for
  *                         VER (12080 or 13000), one copy of SIZE bytes from
  *                         slot S to slot D -> "batch-copy VER #D #S -> RC
@@ -1230,6 +1233,23 @@ static size_t parse_prefixed(const char *arg, char prefix, const char *what)
 {
     const char *s = arg[0] == prefix ? arg + 1 : arg;
     return (size_t)parse_uint(s, 1L << 40, what);
+}
+
+/*
+ * A device pointer argument: "%N", where "vmmmap" mapped handle slot N, or
+ * a slot ("#N" or "N"), whose pointer it is. Looked at only when the
+ * command runs; *label is what the command prints for it.
+ */
+static CUdeviceptr ptr_arg(const char *arg, char label[32])
+{
+    if (arg[0] == '%') {
+        size_t n = parse_prefixed(arg, '%', "handle slot");
+        snprintf(label, 32, "%%%zu", n);
+        return hslot(n)->va;
+    }
+    size_t n = parse_slot(arg);
+    snprintf(label, 32, "#%zu", n);
+    return slot(n)->ptr;
 }
 
 /* ---- Contexts ------------------------------------------------------------ */
@@ -2759,19 +2779,18 @@ static int command(int argc, char **argv, bool run)
         g_need_kernel = true;
         long times = parse_uint(argv[1], 1000000, "times");
         int n = 0;
-        while (n + 2 < argc && n < 8 && (argv[n + 2][0] == '#'))
+        while (n + 2 < argc && n < 8 &&
+               (argv[n + 2][0] == '#' || argv[n + 2][0] == '%'))
             n++;
         if (n == 0)
             die(EXIT_USAGE, "kernel-launch: no #SLOT arguments");
-        size_t slots[8];
-        for (int i = 0; i < n; i++)
-            slots[i] = parse_slot(argv[i + 2]);
         if (!run)
             return 2 + n;
         CUdeviceptr words[8];
         void *params[8];
         for (int i = 0; i < n; i++) {
-            words[i] = slot(slots[i])->ptr;
+            char label[32];
+            words[i] = ptr_arg(argv[i + 2], label);
             params[i] = &words[i];
         }
         CUresult rc = CUDA_SUCCESS;
@@ -2784,23 +2803,25 @@ static int command(int argc, char **argv, bool run)
     if (strcmp(cmd, "memset32") == 0) {
         NEED(3);
         g_need_kernel = true;
-        size_t n = parse_slot(argv[1]);
         size_t size = parse_size(argv[2]);
         unsigned int v = (unsigned int)parse_uint(argv[3], 0xffffffffL, "value");
-        if (run)
-            out("memset32 #%zu -> %d", n,
-                api.memset_d32(slot(n)->ptr, v, size / 4));
+        if (run) {
+            char label[32];
+            CUdeviceptr p = ptr_arg(argv[1], label);
+            out("memset32 %s -> %d", label, api.memset_d32(p, v, size / 4));
+        }
         return 4;
     }
     if (strcmp(cmd, "read32") == 0) {
         NEED(1);
         g_need_kernel = true;
-        size_t n = parse_slot(argv[1]);
         if (!run)
             return 2;
+        char label[32];
+        CUdeviceptr p = ptr_arg(argv[1], label);
         unsigned int v = 0;
-        CUresult rc = api.memcpy_dtoh(&v, slot(n)->ptr, sizeof v);
-        out("read32 #%zu -> %d value=%u", n, rc, v);
+        CUresult rc = api.memcpy_dtoh(&v, p, sizeof v);
+        out("read32 %s -> %d value=%u", label, rc, v);
         return 2;
     }
     if (strcmp(cmd, "streamsync") == 0) {

@@ -456,7 +456,7 @@ impl Driver for RealDriver {
             flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: see the impl; one descriptor.
-        let rc = unsafe { c::cuMemSetAccess::call(p, bytes as usize, &desc, 1) };
+        let rc = unsafe { h::cuMemSetAccess::call(p, bytes as usize, &desc, 1) };
         if rc != CUDA_SUCCESS {
             // SAFETY: undoing the map just made.
             let _ = unsafe { h::cuMemUnmap::call(p, bytes as usize) };
@@ -467,6 +467,39 @@ impl Driver for RealDriver {
     fn vmm_unmap(&self, p: CUdeviceptr, bytes: u64) -> CUresult {
         // SAFETY: see the impl.
         unsafe { h::cuMemUnmap::call(p, bytes as usize) }
+    }
+
+    fn vmm_map_as(
+        &self,
+        p: CUdeviceptr,
+        bytes: u64,
+        offset: u64,
+        handle: u64,
+        flags: u64,
+    ) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { h::cuMemMap::call(p, bytes as usize, offset as usize, handle, flags) }
+    }
+
+    fn vmm_set_access(&self, p: CUdeviceptr, bytes: u64, access: &[CUmemAccessDesc]) -> CUresult {
+        // SAFETY: see the impl; the slice is the descriptors and their count.
+        unsafe { h::cuMemSetAccess::call(p, bytes as usize, access.as_ptr(), access.len()) }
+    }
+
+    unsafe fn vmm_export(
+        &self,
+        shareable: *mut c_void,
+        handle: u64,
+        kind: c_int,
+        flags: u64,
+    ) -> CUresult {
+        // SAFETY: the caller's contract.
+        unsafe { h::cuMemExportToShareableHandle::call(shareable, handle, kind, flags) }
+    }
+
+    unsafe fn vmm_properties(&self, prop: *mut CUmemAllocationPropFull, handle: u64) -> CUresult {
+        // SAFETY: the caller's contract.
+        unsafe { h::cuMemGetAllocationPropertiesFromHandle::call(prop, handle) }
     }
 
     fn copy_dtod(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: u64, stream: usize) -> CUresult {

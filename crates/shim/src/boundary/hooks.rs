@@ -205,6 +205,8 @@ hooks! {
         fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemExportToShareableHandle", 10020), on panic NOT_FOUND => Engine::mem_export_to_shareable_handle;
         fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult, Lookup::cuda("cuMemMap", 10020), on panic NOT_FOUND => Engine::mem_map;
         fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult, Lookup::cuda("cuMemUnmap", 10020), on panic NOT_FOUND => Engine::mem_unmap;
+        fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult, Lookup::cuda("cuMemSetAccess", 10020), on panic NOT_FOUND => Engine::mem_set_access;
+        fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND => Engine::mem_get_allocation_properties_from_handle;
 
         fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => Engine::array_create;
         fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => Engine::array_3d_create;
@@ -263,7 +265,6 @@ pub mod calls {
         fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationPropFull, option: c_int) -> CUresult;
         fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64) -> CUresult;
         fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult;
-        fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult;
         fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CUresult;
         fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
         fn cuEventRecord_ptsz(event: CUevent, stream: CUstream) -> CUresult;

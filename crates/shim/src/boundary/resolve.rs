@@ -148,7 +148,8 @@ pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
 }
 
 /// Whether the hook of `h` is handed out: the launch, copy and memset
-/// hooks, and those of changes to executable graphs, only under tiered
+/// hooks, those of changes to executable graphs, and those that read the
+/// program's `cuMemCreate` pages (`engine/pages.rs`) only under tiered
 /// spill, which needs them (`engine/tier.rs`);
 /// otherwise the program gets the driver's own functions and pays nothing.
 fn handed_out(h: &Hook) -> bool {
@@ -169,6 +170,8 @@ pub fn tiered_only(name: &[u8]) -> bool {
         b"cuGraphExecUpdate",
         b"cuGraphExecKernelNodeSetParams",
         b"cuGraphExecNodeSetParams",
+        b"cuMemSetAccess",
+        b"cuMemGetAllocationPropertiesFromHandle",
     ]
     .iter()
     .any(|p| name.starts_with(p))

@@ -63,6 +63,7 @@ pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 
 /// `CUmemAccessDesc`.
 #[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CUmemAccessDesc {
     pub location: CUmemLocation,
     pub flags: c_int,

@@ -14,7 +14,9 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use super::cuda::{CUdevice, CUdeviceptr, CUmemLocation, CUresult};
+use super::cuda::{
+    CUdevice, CUdeviceptr, CUmemAccessDesc, CUmemAllocationPropFull, CUmemLocation, CUresult,
+};
 
 /// Which of a function's two stream flavours to call: the legacy default
 /// stream (`cuX`) or the per-thread one (`cuX_ptsz`).
@@ -103,6 +105,34 @@ pub trait Driver: Send + Sync + 'static {
     fn vmm_map(&self, ptr: CUdeviceptr, bytes: u64, handle: u64, device: CUdevice) -> CUresult;
     /// `cuMemUnmap` (the real one).
     fn vmm_unmap(&self, ptr: CUdeviceptr, bytes: u64) -> CUresult;
+    /// `cuMemMap` (the real one) as the program asked it, with the
+    /// physical allocation behind the program's handle.
+    fn vmm_map_as(
+        &self,
+        ptr: CUdeviceptr,
+        bytes: u64,
+        offset: u64,
+        handle: u64,
+        flags: u64,
+    ) -> CUresult;
+    /// `cuMemSetAccess` (the real one).
+    fn vmm_set_access(&self, ptr: CUdeviceptr, bytes: u64, access: &[CUmemAccessDesc]) -> CUresult;
+    /// `cuMemExportToShareableHandle` (the real one).
+    ///
+    /// # Safety
+    /// `shareable` as the driver function requires for `kind`.
+    unsafe fn vmm_export(
+        &self,
+        shareable: *mut c_void,
+        handle: u64,
+        kind: c_int,
+        flags: u64,
+    ) -> CUresult;
+    /// `cuMemGetAllocationPropertiesFromHandle`.
+    ///
+    /// # Safety
+    /// `prop` null or a writable `CUmemAllocationProp`.
+    unsafe fn vmm_properties(&self, prop: *mut CUmemAllocationPropFull, handle: u64) -> CUresult;
     /// `cuMemcpyDtoDAsync_v2` (the real one) on `stream`.
     fn copy_dtod(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: u64, stream: usize) -> CUresult;
     /// `cuFuncGetName` (CUDA 12.3), else `cuKernelGetName` for a `CUkernel`

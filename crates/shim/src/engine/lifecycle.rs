@@ -22,6 +22,7 @@ impl<D: Driver> Engine<D> {
     fn forget_ctx(&self, ctx: usize) {
         self.cache.forget_ctx(&self.base, ctx);
         self.tiers.forget_ctx(ctx);
+        self.tiered_forget_ctx(ctx);
         let mut gone = Vec::new();
         self.table.retain(|&p, r| {
             if r.ctx == ctx && !matches!(r.kind, Kind::Async(_)) {

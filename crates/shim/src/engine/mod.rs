@@ -73,6 +73,7 @@ mod arrays;
 mod base;
 mod cache;
 mod group;
+mod handles;
 mod held;
 mod inflight;
 mod ledger;

@@ -16,6 +16,7 @@ use super::records::{Kind, Record};
 use super::state::Engine;
 use super::tier::{
     Claim, HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, Plan, STOP_WAIT, TierBlock, location, plan,
+    take_round,
 };
 use crate::log::{log_at, log_once};
 
@@ -82,52 +83,14 @@ impl<D: Driver> Engine<D> {
         let size = bytes.checked_next_multiple_of(g)?;
         let dev16 = device as u16;
         let _inflight = self.inflight.enter();
-        // Above the soft limit new blocks start on the host, as a round
-        // would put them there (the round's target is the soft limit).
-        let soft = self.slot(device).map_or(0, |s| {
-            let soft = s.soft.load(Ordering::Relaxed);
-            if soft > 0 && s.budget.used().saturating_add(size) > soft {
-                soft
-            } else {
-                0
-            }
-        });
-        let reserved = if soft > 0 && self.spill.room(&self.base) >= size {
-            Err(Some(super::accounting::Refusal {
-                used: self.slot(device).map_or(0, |s| s.budget.used()),
-                limit: soft,
-                group: false,
-            }))
-        } else {
-            self.try_reserve_evicting(device, size)
-        };
-        let on_device = reserved.is_ok();
-        if let Err(why) = &reserved {
-            if why.is_none() {
-                return Some(CUDA_ERROR_OUT_OF_MEMORY);
-            }
-            if !self.spill.take(&self.base, size) {
-                log_once!(
-                    Warn,
-                    "{what}: the spill limit (VRAMCAP_SPILL_LIMIT) is reached too; refusing"
-                );
-                if let (Some(s), Err(Some(r))) = (self.slot(device), reserved) {
-                    DeviceSlot::add(&s.refusals, 1);
-                    self.refused(what, device, size, r);
-                }
-                return Some(CUDA_ERROR_OUT_OF_MEMORY);
-            }
-        }
-        let undo = |this: &Self| match &reserved {
-            Ok((slot, _)) => {
-                this.release_on(slot, device, size);
-            }
-            Err(_) => this.spill.give_back(size),
+        let on_device = match self.tier_place(what, device, size) {
+            Ok(on) => on,
+            Err(rc) => return Some(rc),
         };
         let ptr = match self.driver.vmm_reserve(size) {
             Ok(p) => p,
             Err(rc) => {
-                undo(self);
+                self.tier_unplace(device, size, on_device);
                 return Some(rc);
             }
         };
@@ -135,7 +98,7 @@ impl<D: Driver> Engine<D> {
             Ok(h) => h,
             Err(rc) => {
                 let _ = self.driver.vmm_free_address(ptr, size);
-                undo(self);
+                self.tier_unplace(device, size, on_device);
                 return Some(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
                     CUDA_ERROR_OUT_OF_MEMORY
                 } else {
@@ -145,18 +108,7 @@ impl<D: Driver> Engine<D> {
         };
         // SAFETY: the caller's contract.
         unsafe { *dptr = ptr };
-        if let Some(s) = self.slot(device) {
-            DeviceSlot::add(&s.allocs, 1);
-            if !on_device {
-                DeviceSlot::add(&s.spilled, size);
-                DeviceSlot::add(&s.spill_allocs, 1);
-                s.mark_active();
-                log_once!(
-                    Info,
-                    "{what}: the cap of device {device} is reached; new blocks go to host memory and the most-used move onto the GPU (VRAMCAP_SPILL=tiered)"
-                );
-            }
-        }
+        self.tier_placed(what, device, size, on_device);
         // The record first: a stale one at this address (released behind
         // the engine's back) is settled before the new block is tracked.
         self.insert(
@@ -178,14 +130,75 @@ impl<D: Driver> Engine<D> {
         Some(CUDA_SUCCESS)
     }
 
+    /// Where a new tiered allocation of `size` goes: reserved under the
+    /// cap (true), or taken from the spill limit for host memory (false).
+    /// Above the soft limit new blocks start on the host, as a round would
+    /// put them there (the round's target is the soft limit).
+    pub(super) fn tier_place(
+        &'static self,
+        what: &'static str,
+        device: CUdevice,
+        size: u64,
+    ) -> Result<bool, CUresult> {
+        let soft = self.slot(device).map_or(0, |s| {
+            let soft = s.soft.load(Ordering::Relaxed);
+            if soft > 0 && s.budget.used().saturating_add(size) > soft {
+                soft
+            } else {
+                0
+            }
+        });
+        let reserved = if soft > 0 && self.spill.room(&self.base) >= size {
+            Err(Some(super::accounting::Refusal {
+                used: self.slot(device).map_or(0, |s| s.budget.used()),
+                limit: soft,
+                group: false,
+            }))
+        } else {
+            self.try_reserve_evicting(device, size)
+        };
+        let why = match reserved {
+            Ok(_) => return Ok(true),
+            Err(None) => return Err(CUDA_ERROR_OUT_OF_MEMORY),
+            Err(Some(why)) => why,
+        };
+        if self.spill.take(&self.base, size) {
+            return Ok(false);
+        }
+        log_once!(
+            Warn,
+            "{what}: the spill limit (VRAMCAP_SPILL_LIMIT) is reached too; refusing"
+        );
+        if let Some(s) = self.slot(device) {
+            DeviceSlot::add(&s.refusals, 1);
+            self.refused(what, device, size, why);
+        }
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// Undoes [`Self::tier_place`] for an allocation that was not made.
+    pub(super) fn tier_unplace(&self, device: CUdevice, size: u64, on_device: bool) {
+        if !on_device {
+            self.spill.give_back(size);
+        } else if let Some(s) = self.slot(device) {
+            self.release_on(s, device, size);
+        }
+    }
+
     /// Settles the bytes of a tiered block that is gone.
     pub(super) fn tier_settle(&self, r: &Record, on_device: bool) {
+        self.tier_settle_bytes(r.device, r.bytes, on_device);
+    }
+
+    /// Settles `bytes` of a tiered allocation of `device` that is gone,
+    /// from the device's budget or the spill.
+    pub(super) fn tier_settle_bytes(&self, device: u16, bytes: u64, on_device: bool) {
         if on_device {
-            self.give_back(r.device, r.bytes);
+            self.give_back(device, bytes);
         } else {
-            self.spill.give_back(r.bytes);
-            if let Some(s) = self.slot(CUdevice::from(r.device)) {
-                s.spilled.fetch_sub(r.bytes, Ordering::Relaxed);
+            self.spill.give_back(bytes);
+            if let Some(s) = self.slot(CUdevice::from(device)) {
+                s.spilled.fetch_sub(bytes, Ordering::Relaxed);
                 DeviceSlot::add(&s.frees, 1);
             }
         }
@@ -301,8 +314,7 @@ impl<D: Driver> Engine<D> {
         let launches = self.tiers.launches.load(Ordering::Relaxed);
         let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
         let decay = 0.5f64.powf(since as f64 / HALF_LIFE_LAUNCHES);
-        for b in &blocks {
-            let (passes, weight) = b.take_passes();
+        for (b, (passes, weight)) in blocks.iter().zip(take_round(&blocks)) {
             b.weight.fetch_add(weight, Ordering::Relaxed);
             let s = b.score() * decay + passes;
             b.score.store(s.to_bits(), Ordering::Relaxed);
@@ -514,10 +526,10 @@ impl<D: Driver> Engine<D> {
                 failed.push(m);
                 continue;
             }
-            if self.driver.vmm_map(b.ptr, b.bytes, m.handle, device) != CUDA_SUCCESS {
+            if self.map_block(b, m.handle, device) != CUDA_SUCCESS {
                 // Put the old memory back where it was.
                 let old = b.handle.load(Ordering::SeqCst);
-                if self.driver.vmm_map(b.ptr, b.bytes, old, device) != CUDA_SUCCESS {
+                if self.map_block(b, old, device) != CUDA_SUCCESS {
                     log_once!(
                         Error,
                         "tiered spill: the block at {:#x} could not be mapped again after a failed move; the program will fault on it",
@@ -555,6 +567,21 @@ impl<D: Driver> Engine<D> {
             }
         }
         moved
+    }
+
+    /// Maps `handle` at a moving block's address for its device, with the
+    /// access the program granted to it when it is the program's.
+    fn map_block(&self, b: &TierBlock, handle: u64, device: CUdevice) -> CUresult {
+        let rc = self.driver.vmm_map(b.ptr, b.bytes, handle, device);
+        if rc != CUDA_SUCCESS || b.program_handle == 0 {
+            return rc;
+        }
+        let access = b.access.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let rc = self.driver.vmm_set_access(b.ptr, b.bytes, &access);
+        if rc != CUDA_SUCCESS {
+            let _ = self.driver.vmm_unmap(b.ptr, b.bytes);
+        }
+        rc
     }
 
     /// Waits, with the gate closed, for the contexts' work to finish, for

@@ -17,7 +17,7 @@ use super::driver::Driver;
 use super::inflight::InFlight;
 use super::records::{Object, Record, Registry, registry};
 use super::spill::Spill;
-use super::tier::Tiers;
+use super::tier::{Handles, Tiers};
 use crate::log::log_at;
 
 /// All the state of one process's shim (one per process; a test makes its own).
@@ -26,6 +26,8 @@ pub struct Engine<D: Driver> {
     pub(super) cache: Cache,
     pub(super) spill: Spill,
     pub(super) tiers: Tiers,
+    /// The program's `cuMemCreate` handles under tiered spill.
+    pub(super) handles: Handles,
     /// Live allocations by device address.
     pub(super) table: Registry<Record>,
     /// `cuMemCreate` allocations by handle.
@@ -59,6 +61,7 @@ impl<D: Driver> Engine<D> {
             cache: Cache::new(),
             spill: Spill::new(),
             tiers: Tiers::new(settings.spill == vramcap_core::settings::Spill::Tiered),
+            handles: Handles::default(),
             table: registry(),
             vmm: registry(),
             arrays: registry(),

@@ -11,8 +11,11 @@
 //!   rounded up to the granularity, which is what is charged. Within the
 //!   cap the physical memory is the device's and is reserved under the
 //!   cap; past it, it is pinned host memory (`CU_MEM_LOCATION_TYPE_HOST`)
-//!   and counts as spilled. Smaller allocations, pitched, stream-ordered,
-//!   VMM and array memory stay as they are and never move.
+//!   and counts as spilled. The program's own `cuMemCreate` memory, mapped
+//!   whole at its own address, is a block too (`engine/handles.rs`: the
+//!   engine answers handles of its own, so the memory behind one can
+//!   change). Smaller allocations, pitched, stream-ordered and array
+//!   memory stay as they are and never move.
 //!   Managed memory was measured first and is not used: the driver keeps a
 //!   managed block's device pages allocated after they move to the host
 //!   (docs/gpu-results.md), so it cannot keep a cap.
@@ -181,6 +184,18 @@ pub struct TierBlock {
     pub(super) state: AtomicU8,
     moving: AtomicBool,
     freed: AtomicBool,
+    /// The program's handle when the block is memory the program made
+    /// with `cuMemCreate` and mapped itself (`engine/handles.rs`); 0 for
+    /// the engine's own blocks.
+    pub program_handle: u64,
+    /// Never moves again (a page mapped a second time, or exported).
+    pinned: AtomicBool,
+    /// May move: the engine's blocks from the start, the program's once
+    /// it has granted access to them (the move's copy reads them).
+    ready: AtomicBool,
+    /// What access the program granted to its block, given again after a
+    /// move (whose mapping grants only the block's device read-write).
+    pub(super) access: Mutex<Vec<CUmemAccessDesc>>,
     /// Where in the block uses pointed since the last round, and their
     /// weight there: what a use touches is taken to reach from its offset
     /// to the next offset used (module docs).
@@ -212,18 +227,51 @@ impl TierBlock {
     fn density(&self) -> f64 {
         self.score()
     }
-    /// Claims the block for a move: `None` when it is being freed or
-    /// moved already. The claim ends when the [`Claim`] is dropped, on a
-    /// panic's unwinding too, so a free never waits on a move that died.
+    /// Whether a round may move it (not pinned, and ready).
+    pub(super) fn movable(&self) -> bool {
+        self.ready.load(Ordering::SeqCst) && !self.pinned.load(Ordering::SeqCst)
+    }
+    /// Claims the block for a move: `None` when it is being freed, is
+    /// pinned, or is moved already. The claim ends when the [`Claim`] is
+    /// dropped, on a panic's unwinding too, so a free never waits on a
+    /// move that died.
     pub(super) fn claim(self: &Arc<Self>) -> Option<Claim> {
         if self.moving.swap(true, Ordering::SeqCst) {
             return None;
+        }
+        if self.freed.load(Ordering::SeqCst) || !self.movable() {
+            self.moving.store(false, Ordering::SeqCst);
+            return None;
+        }
+        Some(Claim(self.clone()))
+    }
+    /// Holds the block where it is for as long as the [`Claim`] lives,
+    /// waiting for a move in progress to end: `None` when it is freed.
+    pub(super) fn hold(self: &Arc<Self>) -> Option<Claim> {
+        while self.moving.swap(true, Ordering::SeqCst) {
+            std::thread::yield_now();
         }
         if self.freed.load(Ordering::SeqCst) {
             self.moving.store(false, Ordering::SeqCst);
             return None;
         }
         Some(Claim(self.clone()))
+    }
+    /// Keeps the block where it is from now on, once any move of it has
+    /// ended: its handle is then final. The same handshake as a free's
+    /// (`pinned` set before `moving` is read, `moving` set before a claim
+    /// reads `pinned`).
+    pub(super) fn pin(&self) {
+        self.pinned.store(true, Ordering::SeqCst);
+        while self.moving.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+    }
+    /// The program granted this access to its block (`engine/handles.rs`):
+    /// it may move now, and a move grants it again.
+    pub(super) fn granted(&self, access: &[CUmemAccessDesc]) {
+        *self.access.lock().unwrap_or_else(|e| e.into_inner()) = access.to_vec();
+        self.ready.store(true, Ordering::SeqCst);
     }
 }
 
@@ -272,6 +320,10 @@ impl TierBlock {
             state: AtomicU8::new(state),
             moving: AtomicBool::new(false),
             freed: AtomicBool::new(false),
+            program_handle: 0,
+            pinned: AtomicBool::new(false),
+            ready: AtomicBool::new(true),
+            access: Mutex::new(Vec::new()),
             spots: Default::default(),
             unplaced: AtomicU32::new(0),
             weight: AtomicU64::new(0),
@@ -304,14 +356,10 @@ impl TierBlock {
         self.unplaced.fetch_add(weight, Ordering::Relaxed);
     }
 
-    /// The round's cost of keeping the block on the host, in weighted
-    /// passes over each of its bytes: every use counts the bytes from its
-    /// offset to the next offset used (or the block's end), as element-wise
-    /// kernels touch a whole tensor and PyTorch's segments hold tensors
-    /// end to end; uses that found no spot count a [`SPOTS`]th of the
-    /// block. And the weight of those uses. Resets the spots for the next
-    /// round.
-    pub(super) fn take_passes(&self) -> (f64, u64) {
+    /// The round's uses of the block, resetting its spots for the next
+    /// round: the distinct offsets used with their weight (sorted by
+    /// offset), and the weight of the uses that found no spot.
+    fn take_spots(&self) -> ([(u64, u32); SPOTS], usize, u32) {
         let mut seen: [(u64, u32); SPOTS] = [(0, 0); SPOTS];
         let mut n = 0;
         for s in &self.spots {
@@ -322,15 +370,26 @@ impl TierBlock {
                 n += 1;
             }
         }
-        let seen = &mut seen[..n];
-        seen.sort_unstable();
+        seen[..n].sort_unstable();
+        (seen, n, self.unplaced.swap(0, Ordering::Relaxed))
+    }
+
+    /// The round's cost of keeping the block on the host, in weighted
+    /// passes over each of its bytes: every use counts the bytes from its
+    /// offset to the next offset used (or the block's end), as element-wise
+    /// kernels touch a whole tensor and PyTorch's segments hold tensors
+    /// end to end; uses that found no spot count a [`SPOTS`]th of the
+    /// block. And the weight of those uses. Resets the spots for the next
+    /// round.
+    pub(super) fn take_passes(&self) -> (f64, u64) {
+        let (seen, n, unplaced) = self.take_spots();
+        let seen = &seen[..n];
         let size = self.bytes.max(1);
         let mut bytes = 0f64;
         for (i, &(off, w)) in seen.iter().enumerate() {
             let end = seen.get(i + 1).map_or(size, |n| n.0).min(size);
             bytes += f64::from(w) * end.saturating_sub(off) as f64;
         }
-        let unplaced = self.unplaced.swap(0, Ordering::Relaxed);
         bytes += f64::from(unplaced) * (size / SPOTS as u64) as f64;
         let weight = seen.iter().map(|&(_, w)| u64::from(w)).sum::<u64>() + u64::from(unplaced);
         (bytes / size as f64, weight)
@@ -426,6 +485,44 @@ pub struct Tiers {
     pub hits: AtomicU64,
 }
 
+/// One of the program's `cuMemCreate` handles under tiered spill
+/// (`engine/handles.rs`): where its memory is while no block holds it.
+pub(super) struct Handle {
+    /// The engine's cell whose address is the handle's value.
+    pub(super) _cell: Box<u64>,
+    pub(super) device: u16,
+    pub(super) bytes: u64,
+    /// The physical allocation, when `block` is 0 (a block's own handle is
+    /// the one in force while it is one).
+    pub(super) real: u64,
+    pub(super) on_device: bool,
+    /// The program's references (create, retain, import of its export).
+    pub(super) refs: u32,
+    /// Its live mappings.
+    pub(super) maps: u32,
+    /// The address of the block it is mapped as; 0 when none.
+    pub(super) block: u64,
+    /// Mapped in part, twice, or exported: never a moving block again.
+    pub(super) pinned: bool,
+}
+
+/// The program's handles under tiered spill, by value.
+#[derive(Default)]
+pub struct Handles {
+    map: Mutex<HashMap<u64, Handle>>,
+}
+
+impl Handles {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Handle>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `h` is one of the program's handles the engine answered.
+    pub fn contains(&self, h: u64) -> bool {
+        self.lock().contains_key(&h)
+    }
+}
+
 /// Reads a lock, carrying on after a panic elsewhere (every write is one
 /// insert or remove, never left half done).
 macro_rules! read {
@@ -466,7 +563,6 @@ impl Tiers {
         self.on
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn add(
         &self,
         ptr: u64,
@@ -476,7 +572,7 @@ impl Tiers {
         handle: u64,
         on_device: bool,
     ) {
-        let b = Arc::new(TierBlock::new(
+        self.insert(TierBlock::new(
             ptr,
             bytes,
             device,
@@ -485,10 +581,64 @@ impl Tiers {
             if on_device { ON_DEVICE } else { ON_HOST },
             self.round.load(Ordering::Relaxed),
         ));
-        write!(self.blocks).insert(ptr, b);
+    }
+
+    /// Memory the program made and mapped whole (`engine/handles.rs`): a
+    /// block that may move once the program grants access to it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn add_mapped(
+        &self,
+        ptr: u64,
+        bytes: u64,
+        device: u16,
+        ctx: usize,
+        handle: u64,
+        on_device: bool,
+        program_handle: u64,
+    ) {
+        let mut b = TierBlock::new(
+            ptr,
+            bytes,
+            device,
+            ctx,
+            handle,
+            if on_device { ON_DEVICE } else { ON_HOST },
+            self.round.load(Ordering::Relaxed),
+        );
+        b.program_handle = program_handle;
+        b.ready = AtomicBool::new(false);
+        self.insert(b);
+    }
+
+    fn insert(&self, b: TierBlock) {
+        let (ptr, end) = (b.ptr, b.ptr.saturating_add(b.bytes));
+        write!(self.blocks).insert(ptr, Arc::new(b));
         self.lo.fetch_min(ptr, Ordering::Relaxed);
-        self.hi
-            .fetch_max(ptr.saturating_add(bytes), Ordering::Relaxed);
+        self.hi.fetch_max(end, Ordering::Relaxed);
+    }
+
+    /// The block that starts at `ptr`.
+    pub(super) fn block(&self, ptr: u64) -> Option<Arc<TierBlock>> {
+        read!(self.blocks).get(&ptr).cloned()
+    }
+
+    /// The blocks that lie wholly in `[lo, hi)`.
+    pub(super) fn blocks_within(&self, lo: u64, hi: u64) -> Vec<Arc<TierBlock>> {
+        read!(self.blocks)
+            .range(lo..hi)
+            .map(|(_, b)| b)
+            .filter(|b| b.ptr.saturating_add(b.bytes) <= hi)
+            .cloned()
+            .collect()
+    }
+
+    /// The program's blocks mapped in context `ctx` (their start addresses).
+    pub(super) fn mapped_in(&self, ctx: usize) -> Vec<u64> {
+        read!(self.blocks)
+            .values()
+            .filter(|b| b.program_handle != 0 && b.ctx == ctx)
+            .map(|b| b.ptr)
+            .collect()
     }
 
     /// Takes the block at `ptr` out for a free, once no move holds it.
@@ -942,6 +1092,80 @@ pub(super) struct Plan {
     pub(super) promote: Vec<Arc<TierBlock>>,
 }
 
+/// Each block's [`TierBlock::take_passes`], in `blocks`' order, except
+/// that the blocks a program mapped itself end to end (its pages: one
+/// device, each starting where the one before it ends) are read as one
+/// region: a tensor may span pages and a launch names only the page it
+/// starts in, so a use reaches to the next offset used anywhere in the
+/// region (or the region's end), and its bytes count on the pages they
+/// lie in.
+pub(super) fn take_round(blocks: &[Arc<TierBlock>]) -> Vec<(f64, u64)> {
+    let mut out = vec![(0f64, 0u64); blocks.len()];
+    let mut pages = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        if b.program_handle == 0 {
+            out[i] = b.take_passes();
+        } else {
+            pages.push(i);
+        }
+    }
+    pages.sort_unstable_by_key(|&i| blocks[i].ptr);
+    let mut start = 0;
+    while start < pages.len() {
+        let mut end = start + 1;
+        while end < pages.len() {
+            let (a, b) = (&blocks[pages[end - 1]], &blocks[pages[end]]);
+            if a.device != b.device || a.ptr.saturating_add(a.bytes) != b.ptr {
+                break;
+            }
+            end += 1;
+        }
+        take_region(blocks, &pages[start..end], &mut out);
+        start = end;
+    }
+    out
+}
+
+/// [`take_round`] for one region: `run` indexes `blocks`, in address
+/// order, each block starting where the one before it ends. The uses'
+/// reaches are consecutive and disjoint, so the walk touches each page
+/// at most once per use that reaches it: linear in pages plus uses.
+fn take_region(blocks: &[Arc<TierBlock>], run: &[usize], out: &mut [(f64, u64)]) {
+    let base = blocks[run[0]].ptr;
+    let at = |k: usize| blocks[run[k]].ptr - base;
+    let last = &blocks[run[run.len() - 1]];
+    let len = last.ptr + last.bytes - base;
+    let mut uses: Vec<(u64, u32)> = Vec::new();
+    let mut bytes = vec![0f64; run.len()];
+    for (k, &i) in run.iter().enumerate() {
+        let b = &blocks[i];
+        let (seen, n, unplaced) = b.take_spots();
+        uses.extend(
+            seen[..n]
+                .iter()
+                .map(|&(off, w)| (at(k) + off.min(b.bytes), w)),
+        );
+        bytes[k] += f64::from(unplaced) * (b.bytes / SPOTS as u64) as f64;
+        out[i].1 = seen[..n].iter().map(|&(_, w)| u64::from(w)).sum::<u64>() + u64::from(unplaced);
+    }
+    let mut k = 0;
+    for (u, &(off, w)) in uses.iter().enumerate() {
+        let end = uses.get(u + 1).map_or(len, |n| n.0);
+        while k + 1 < run.len() && at(k + 1) <= off {
+            k += 1;
+        }
+        let mut j = k;
+        while j < run.len() && at(j) < end {
+            let (lo, hi) = (at(j), at(j) + blocks[run[j]].bytes);
+            bytes[j] += f64::from(w) * hi.min(end).saturating_sub(lo.max(off)) as f64;
+            j += 1;
+        }
+    }
+    for (k, &i) in run.iter().enumerate() {
+        out[i].0 = bytes[k] / blocks[i].bytes.max(1) as f64;
+    }
+}
+
 /// Chooses the moves for the blocks of one device. `over`: bytes reserved
 /// above the device's target (demoted, coldest first, when positive);
 /// `room`: bytes promotions may still take (the target less a margin, less
@@ -956,9 +1180,9 @@ pub(super) fn plan(
 ) -> Plan {
     let settled =
         |b: &TierBlock| round.saturating_sub(b.moved.load(Ordering::Relaxed)) >= MIN_ROUNDS;
-    let mut dev: Vec<&Arc<TierBlock>> = blocks.iter().filter(|b| b.on_device()).collect();
-    let mut host: Vec<&Arc<TierBlock>> = blocks
-        .iter()
+    let movable = || blocks.iter().filter(|b| b.movable());
+    let mut dev: Vec<&Arc<TierBlock>> = movable().filter(|b| b.on_device()).collect();
+    let mut host: Vec<&Arc<TierBlock>> = movable()
         .filter(|b| !b.on_device() && b.score() > 0.0 && settled(b))
         .collect();
     // Coldest device blocks first, hottest host blocks first.
@@ -1047,6 +1271,33 @@ mod tests {
         );
         b.score.store(score.to_bits(), Ordering::Relaxed);
         Arc::new(b)
+    }
+
+    /// A use reaches across the pages a program mapped end to end (a tensor
+    /// may span them), up to the next use; never into the engine's own
+    /// block beside them, nor into a page apart.
+    #[test]
+    fn a_use_reaches_across_the_pages_a_program_mapped_end_to_end() {
+        const MIB: u64 = 1 << 20;
+        let mk = |ptr: u64, program: u64| {
+            let mut b = TierBlock::new(ptr, 4 * MIB, 0, 1, 0, ON_DEVICE, 0);
+            b.program_handle = program;
+            Arc::new(b)
+        };
+        let blocks = [
+            mk(0x1080_0000, 3),
+            mk(0x1000_0000, 1),
+            mk(0x1040_0000, 2),
+            mk(0x2000_0000, 4),
+            mk(0x10c0_0000, 0),
+        ];
+        blocks[1].note(0, 1); // reaches to the next use, 6 MiB on
+        blocks[2].note(2 * MIB, 3); // reaches to the region's end
+        blocks[4].note(0, 5);
+        let got = take_round(&blocks);
+        assert_eq!(got, [(3.0, 0), (1.0, 1), (2.0, 3), (0.0, 0), (5.0, 5)]);
+        // The spots were reset for the next round.
+        assert_eq!(take_round(&blocks), [(0.0, 0); 5]);
     }
 
     #[test]

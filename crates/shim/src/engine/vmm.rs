@@ -45,14 +45,20 @@ impl<D: Driver> Engine<D> {
             return real(); // host memory: not the device cap's business
         }
         let device = location.id;
+        if self.tiers.on()
+            // SAFETY: `handle` is non-null; the caller's contract.
+            && let Some(rc) = unsafe { self.tiered_create(&mut real, handle, size as u64, device) }
+        {
+            return rc;
+        }
         let _inflight = self.inflight.enter();
         let (slot, _) = match self.reserve("cuMemCreate", device, size as u64) {
             Ok(x) => x,
             Err(rc) => {
-                if self.settings.spill != vramcap_core::settings::Spill::Off {
+                if self.settings.spill != vramcap_core::settings::Spill::Off && !self.tiers.on() {
                     log_once!(
                         Warn,
-                        "cuMemCreate: VMM memory is not spilled (VRAMCAP_SPILL={} takes cudaMalloc memory only), so past the cap it is refused; PyTorch allocates this way with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: leave that out to spill",
+                        "cuMemCreate: VMM memory is not spilled by VRAMCAP_SPILL={} (it takes cudaMalloc memory only), so past the cap it is refused; VRAMCAP_SPILL=tiered spills it (PyTorch allocates this way with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
                         self.settings.spill.name()
                     );
                 }
@@ -132,10 +138,15 @@ impl<D: Driver> Engine<D> {
         mut real: impl FnMut() -> CUresult,
         ptr: CUdeviceptr,
         size: usize,
-        _offset: usize,
+        offset: usize,
         handle: CUmemGenericAllocationHandle,
-        _flags: u64,
+        flags: u64,
     ) -> CUresult {
+        if self.tiers.on()
+            && let Some(rc) = self.tiered_map(ptr, size as u64, offset as u64, handle, flags)
+        {
+            return rc;
+        }
         let rc = real();
         if rc == CUDA_SUCCESS
             && let Some(target) = self.target_of(handle)
@@ -153,18 +164,31 @@ impl<D: Driver> Engine<D> {
         ptr: CUdeviceptr,
         size: usize,
     ) -> CUresult {
+        let end = ptr.saturating_add(size as u64);
+        let detached = if self.tiers.on() {
+            self.tiered_unmapping(ptr, end)
+        } else {
+            Vec::new()
+        };
         let rc = real();
-        if rc == CUDA_SUCCESS {
-            let end = ptr.saturating_add(size as u64);
-            let mut gone = Vec::new();
-            self.maps.retain(|start, (target, _)| {
-                let inside = (ptr..end).contains(start);
-                if inside {
-                    gone.push(*target);
-                }
-                !inside
-            });
-            for target in gone {
+        if rc != CUDA_SUCCESS {
+            for b in detached {
+                self.tiers.reattach(b);
+            }
+            return rc;
+        }
+        let mut gone = Vec::new();
+        self.maps.retain(|start, (target, _)| {
+            let inside = (ptr..end).contains(start);
+            if inside {
+                gone.push((*start, *target));
+            }
+            !inside
+        });
+        for (start, target) in gone {
+            if self.tiers.on() && self.handles.contains(target) {
+                self.tiered_unmapped(target, start, &detached);
+            } else {
                 self.unref(target);
             }
         }
@@ -177,6 +201,11 @@ impl<D: Driver> Engine<D> {
         mut real: impl FnMut() -> CUresult,
         handle: CUmemGenericAllocationHandle,
     ) -> CUresult {
+        if self.tiers.on()
+            && let Some(rc) = self.tiered_release(handle)
+        {
+            return rc;
+        }
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.drop_ref(handle);
@@ -194,6 +223,14 @@ impl<D: Driver> Engine<D> {
         handle: *mut CUmemGenericAllocationHandle,
         addr: *mut c_void,
     ) -> CUresult {
+        if self.tiers.on()
+            && !handle.is_null()
+            && let Some(h) = self.tiered_retain(addr as u64)
+        {
+            // SAFETY: checked non-null; the caller's contract.
+            unsafe { *handle = h };
+            return CUDA_SUCCESS;
+        }
         if self.tiers.on() && self.tiers.contains(addr as u64) {
             // A tiered block is plain device memory to the program, which
             // the driver would refuse here; its memory also changes when
@@ -220,13 +257,22 @@ impl<D: Driver> Engine<D> {
         shareable: *mut c_void,
         handle: CUmemGenericAllocationHandle,
         kind: c_int,
-        _flags: u64,
+        flags: u64,
     ) -> CUresult {
-        let rc = real();
+        let tiered = if self.tiers.on() {
+            // SAFETY: the caller's contract.
+            unsafe { self.tiered_export(shareable, handle, kind, flags) }
+        } else {
+            None
+        };
+        let rc = match tiered {
+            Some(rc) => rc,
+            None => real(),
+        };
         if rc == CUDA_SUCCESS
             && kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
             && !shareable.is_null()
-            && self.vmm.contains_key(&handle)
+            && (tiered.is_some() || self.vmm.contains_key(&handle))
         {
             // SAFETY: for this handle type the driver wrote an int.
             let fd = unsafe { *shareable.cast::<c_int>() };
@@ -255,6 +301,14 @@ impl<D: Driver> Engine<D> {
         }
         // SAFETY: written by the driver on success.
         let h = unsafe { *handle };
+        if self.tiers.on()
+            && kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            && let Some(original) = self.exports.get(&(os_handle as usize as u64)).map(|o| *o)
+            // SAFETY: `handle` is non-null and the driver wrote it.
+            && unsafe { self.tiered_import(handle, original) }
+        {
+            return rc;
+        }
         if self.vmm.contains_key(&h) {
             self.add_ref(h);
         } else if kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR

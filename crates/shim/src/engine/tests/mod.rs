@@ -69,6 +69,8 @@ struct Fake {
     /// ones count in `live`. Mappings: address -> handle. Copies made.
     vmm: Mutex<HashMap<u64, (u64, bool)>>,
     maps: Mutex<HashMap<u64, u64>>,
+    /// Each `cuMemSetAccess` the engine made itself: (address, descriptors).
+    access: Mutex<Vec<(u64, Vec<CUmemAccessDesc>)>>,
     copies: AtomicUsize,
     /// The kernel nodes of graphs, by graph handle, and the walks of them.
     graphs: Mutex<HashMap<usize, Vec<KernelNode>>>,
@@ -261,6 +263,37 @@ impl Driver for Fake {
             Some(_) => CUDA_SUCCESS,
             None => CUDA_ERROR_INVALID_VALUE,
         }
+    }
+    fn vmm_map_as(&self, ptr: CUdeviceptr, _: u64, offset: u64, handle: u64, _: u64) -> CUresult {
+        if offset != 0 || !self.vmm.lock().unwrap().contains_key(&handle) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        self.maps.lock().unwrap().insert(ptr, handle);
+        CUDA_SUCCESS
+    }
+    fn vmm_set_access(&self, ptr: CUdeviceptr, _: u64, access: &[CUmemAccessDesc]) -> CUresult {
+        self.access.lock().unwrap().push((ptr, access.to_vec()));
+        CUDA_SUCCESS
+    }
+    /// Host memory has no shareable handle; the "descriptor" is the handle.
+    unsafe fn vmm_export(&self, shareable: *mut c_void, handle: u64, _: c_int, _: u64) -> CUresult {
+        match self.vmm.lock().unwrap().get(&handle) {
+            Some((_, false)) => {
+                // SAFETY: the caller's contract (an int for descriptors).
+                unsafe { *shareable.cast::<c_int>() = handle as c_int };
+                CUDA_SUCCESS
+            }
+            Some(_) => 801, // CUDA_ERROR_NOT_SUPPORTED
+            None => CUDA_ERROR_INVALID_VALUE,
+        }
+    }
+    unsafe fn vmm_properties(&self, prop: *mut CUmemAllocationPropFull, handle: u64) -> CUresult {
+        let Some(&(_, host)) = self.vmm.lock().unwrap().get(&handle) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: the caller's contract.
+        unsafe { (*prop).location = crate::engine::tier::location(host, 0) };
+        CUDA_SUCCESS
     }
     fn copy_dtod(&self, _: CUdeviceptr, _: CUdeviceptr, _: u64, _: usize) -> CUresult {
         self.copies.fetch_add(1, Ordering::SeqCst);

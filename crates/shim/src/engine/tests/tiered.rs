@@ -2,7 +2,7 @@
 //! launches heat them, what a round moves, and what a free settles. Rounds
 //! are called directly, so nothing here waits for the background thread.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
 use super::*;
@@ -485,4 +485,220 @@ fn a_tiered_address_gives_no_allocation_handle() {
         e.mem_retain_allocation_handle(|| CUDA_SUCCESS, &mut h, (a + 4096) as *mut c_void)
     };
     assert_eq!(rc, CUDA_ERROR_INVALID_VALUE);
+}
+
+/// Device 0, read and write: what the program grants its pages.
+const RW0: CUmemAccessDesc = CUmemAccessDesc {
+    location: CUmemLocation {
+        kind: CU_MEM_LOCATION_TYPE_DEVICE,
+        id: 0,
+    },
+    flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+};
+
+/// The program's `cuMemCreate` of `bytes` on device 0 through the engine.
+fn create(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
+    let prop = CUmemAllocationProp {
+        kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+        handle_types: 1,
+        location: crate::engine::tier::location(false, 0),
+    };
+    let mut h = 0u64;
+    let out: *mut u64 = &mut h;
+    let real = || match e.driver.vmm_create(bytes, prop.location) {
+        Ok(x) => {
+            // SAFETY: `out` points at `h`, alive for the call.
+            unsafe { *out = x };
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    };
+    // SAFETY: valid pointers to live locals.
+    let rc = unsafe { e.mem_create(real, out, bytes as usize, &prop, 0) };
+    if rc == CUDA_SUCCESS { Ok(h) } else { Err(rc) }
+}
+
+/// Maps handle `h` whole at a fresh address (the driver's own `cuMemMap`
+/// would refuse the program's handle: the engine must translate it), and
+/// grants `access` when there is any.
+fn map(e: &'static Engine<Fake>, h: u64, bytes: u64, access: &[CUmemAccessDesc]) -> u64 {
+    let ptr = e.driver.vmm_reserve(bytes).unwrap();
+    let rc = e.mem_map(|| CUDA_ERROR_INVALID_VALUE, ptr, bytes as usize, 0, h, 0);
+    assert_eq!(rc, CUDA_SUCCESS);
+    if !access.is_empty() {
+        // SAFETY: `access` is a live slice of that many descriptors.
+        let rc = unsafe {
+            e.mem_set_access(
+                || CUDA_SUCCESS,
+                ptr,
+                bytes as usize,
+                access.as_ptr(),
+                access.len(),
+            )
+        };
+        assert_eq!(rc, CUDA_SUCCESS);
+    }
+    ptr
+}
+
+fn unmap(e: &'static Engine<Fake>, ptr: u64, bytes: u64) -> CUresult {
+    e.mem_unmap(|| e.driver.vmm_unmap(ptr, bytes), ptr, bytes as usize)
+}
+
+fn release(e: &'static Engine<Fake>, h: u64) -> CUresult {
+    e.mem_release(|| CUDA_ERROR_INVALID_VALUE, h)
+}
+
+/// The program's own `cuMemCreate` memory (PyTorch's expandable
+/// segments): past the cap a handle is host memory; a page mapped whole
+/// moves once the program has granted access to it, with that access
+/// granted again; its handle keeps naming it (retain, properties); its
+/// bytes come back with its last release and unmap.
+#[test]
+fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
+    let e = tiered("64MiB");
+    let peer = CUmemAccessDesc {
+        location: crate::engine::tier::location(false, 1),
+        flags: 1, // read only
+    };
+    let hs: Vec<u64> = (0..3).map(|_| create(e, 32 * MIB).unwrap()).collect();
+    assert_eq!(
+        (used(e), spilled(e), device_resident(e)),
+        (64 * MIB, 32 * MIB, 64 * MIB)
+    );
+    assert!(
+        hs.iter()
+            .all(|h| !e.driver.vmm.lock().unwrap().contains_key(h))
+    );
+    let p0 = map(e, hs[0], 32 * MIB, &[RW0]);
+    let p1 = map(e, hs[1], 32 * MIB, &[RW0]);
+    let p2 = map(e, hs[2], 32 * MIB, &[]);
+    for _ in 0..50 {
+        launch(e, &[p2, p1]);
+    }
+    // No access granted to the hot page yet: it cannot be copied, so it stays.
+    rounds(e, MIN_ROUNDS as usize + 1);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
+    let grant = [RW0, peer];
+    // SAFETY: a live array of two descriptors.
+    let rc =
+        unsafe { e.mem_set_access(|| CUDA_SUCCESS, p2, (32 * MIB) as usize, grant.as_ptr(), 2) };
+    assert_eq!(rc, CUDA_SUCCESS);
+    for _ in 0..50 {
+        launch(e, &[p2, p1]);
+    }
+    rounds(e, 1);
+    let s = e.slot(0).unwrap();
+    assert_eq!(
+        (
+            s.demotions.load(Ordering::Relaxed),
+            s.promotions.load(Ordering::Relaxed)
+        ),
+        (1, 1)
+    );
+    assert_eq!(
+        (used(e), spilled(e), device_resident(e)),
+        (64 * MIB, 32 * MIB, 64 * MIB)
+    );
+    assert!(e.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
+    // Each page moved is granted its access again: p0 device 0's, p2 the peer's too.
+    let mut granted = e.driver.access.lock().unwrap().clone();
+    granted.sort_by_key(|(p, _)| *p);
+    assert_eq!(granted, [(p0, vec![RW0]), (p2, vec![RW0, peer])]);
+    // The program's handles still name the memory, wherever it went.
+    let mut h = 0u64;
+    // SAFETY: a live out-parameter.
+    let rc = unsafe {
+        e.mem_retain_allocation_handle(
+            || CUDA_ERROR_INVALID_VALUE,
+            &mut h,
+            (p0 + 4096) as *mut c_void,
+        )
+    };
+    assert_eq!((rc, h), (CUDA_SUCCESS, hs[0]));
+    assert_eq!(release(e, hs[0]), CUDA_SUCCESS);
+    let mut prop = CUmemAllocationPropFull {
+        kind: 0,
+        handle_types: 0,
+        location: crate::engine::tier::location(true, 0),
+        win32_metadata: std::ptr::null_mut(),
+        alloc_flags: [0; 8],
+    };
+    // SAFETY: a live out-parameter; p0's memory is on the host now.
+    let rc = unsafe {
+        e.mem_get_allocation_properties_from_handle(|| CUDA_ERROR_INVALID_VALUE, &mut prop, hs[0])
+    };
+    assert_eq!(
+        (rc, prop.location),
+        (CUDA_SUCCESS, crate::engine::tier::location(false, 0))
+    );
+    // Unmapped, then released: the bytes come back where they are now.
+    for (p, h) in [p0, p1, p2].into_iter().zip(&hs) {
+        assert_eq!(unmap(e, p, 32 * MIB), CUDA_SUCCESS);
+        assert_eq!(release(e, *h), CUDA_SUCCESS);
+    }
+    assert_eq!((used(e), spilled(e), device_resident(e)), (0, 0, 0));
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
+    assert!(e.driver.maps.lock().unwrap().is_empty());
+    // Gone: a second release is the driver's answer for an unknown handle.
+    assert_eq!(release(e, hs[2]), CUDA_ERROR_INVALID_VALUE);
+}
+
+/// A handle exported, or mapped a second time, stays where it is; a handle
+/// released while mapped keeps its memory until the unmap.
+#[test]
+fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
+    let e = tiered("32MiB");
+    let on_device = create(e, 32 * MIB).unwrap();
+    let on_host = create(e, 32 * MIB).unwrap();
+    let other = create(e, 32 * MIB).unwrap();
+    let d = map(e, on_device, 32 * MIB, &[RW0]);
+    let h = map(e, on_host, 32 * MIB, &[RW0]);
+    let mut fd: c_int = -1;
+    let mut export = |handle| {
+        // SAFETY: a descriptor's int.
+        unsafe {
+            e.mem_export_to_shareable_handle(
+                || CUDA_ERROR_INVALID_VALUE,
+                std::ptr::from_mut(&mut fd).cast(),
+                handle,
+                1,
+                0,
+            )
+        }
+    };
+    // Host memory made past the cap has no shareable handle; pinned anyway.
+    assert_eq!(export(on_host), 801);
+    // `other`, mapped whole and granted access, is a block; a second
+    // mapping (here of its first half) pins it.
+    let o = map(e, other, 32 * MIB, &[RW0]);
+    assert!(e.tiers.contains(o));
+    let half = e.driver.vmm_reserve(16 * MIB).unwrap();
+    let rc = e.mem_map(
+        || CUDA_ERROR_INVALID_VALUE,
+        half,
+        (16 * MIB) as usize,
+        0,
+        other,
+        0,
+    );
+    assert_eq!(rc, CUDA_SUCCESS);
+    for _ in 0..50 {
+        launch(e, &[h, o]);
+    }
+    rounds(e, MIN_ROUNDS as usize + 1);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
+    assert_eq!(export(on_device), CUDA_SUCCESS);
+    // Released while mapped: the memory stays until the unmap.
+    assert_eq!(release(e, on_device), CUDA_SUCCESS);
+    assert_eq!(used(e), 32 * MIB);
+    assert_eq!(unmap(e, d, 32 * MIB), CUDA_SUCCESS);
+    assert_eq!(used(e), 0);
+    assert_eq!(unmap(e, half, 16 * MIB), CUDA_SUCCESS);
+    for (p, handle) in [(h, on_host), (o, other)] {
+        assert_eq!(unmap(e, p, 32 * MIB), CUDA_SUCCESS);
+        assert_eq!(release(e, handle), CUDA_SUCCESS);
+    }
+    assert_eq!((used(e), spilled(e), device_resident(e)), (0, 0, 0));
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
 }

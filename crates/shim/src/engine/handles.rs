@@ -1,0 +1,465 @@
+//! Tiered spill of the memory a program makes itself with `cuMemCreate`
+//! and maps at its own addresses, as PyTorch's allocator does with
+//! `expandable_segments:True` (one handle a 2 or 20 MiB page, each mapped
+//! whole, once).
+//!
+//! # How
+//! - **Handles stand in for the memory.** Under `VRAMCAP_SPILL=tiered`
+//!   every `cuMemCreate` on a device answers a handle of the engine's, not
+//!   the driver's: a tiered block's memory is replaced when it moves, and
+//!   the program's handle must go on naming it. The engine keeps the
+//!   physical allocation behind it. Within the cap that is what the
+//!   program asked for (its own properties); past it, pinned host memory
+//!   of the same size, counted as spilled (the spill limit bounds it). A
+//!   handle's value is the address of a heap cell the engine owns while
+//!   the handle lives, so it is never the value of a live driver handle
+//!   (those are the driver's own heap addresses, or numbers far below).
+//! - **Mapped whole, once: a block.** `cuMemMap` of a whole handle at
+//!   offset 0, while the handle has no other mapping and a context is
+//!   current, makes a tiered block at that address (`tier.rs`), which
+//!   moves as the engine's own blocks do once the program has granted
+//!   access to it (`cuMemSetAccess`, whose descriptors a move grants
+//!   again). Any other mapping, and an export, pins the handle where it
+//!   is: the block stops moving and keeps its memory. A block's heat is
+//!   read with its neighbours' (`tier::take_round`): a tensor may span
+//!   pages mapped end to end.
+//! - **Translated calls.** `cuMemMap`, `cuMemRelease`,
+//!   `cuMemExportToShareableHandle` and
+//!   `cuMemGetAllocationPropertiesFromHandle` reach the driver with the
+//!   physical handle (the properties then name the device the program
+//!   asked for); `cuMemRetainAllocationHandle` of a mapped address answers
+//!   the program's handle with one more reference; importing this
+//!   process's own export answers the exported handle. The handle and its
+//!   bytes go when it is released and unmapped everywhere, as the
+//!   driver's do. `cuMemMapArrayAsync` and `cuMulticastBindMem` are not
+//!   translated: the driver refuses the engine's handles there.
+//! - A context that goes away leaves the memory mapped (VMM memory belongs
+//!   to no context): its blocks stop moving, the handles stay.
+//!
+//! # Concurrency
+//! - The handles are a map under one `Mutex`, held for one lookup or
+//!   update, never across a driver call, never with another lock (the
+//!   blocks' map is taken after it is let go). A call reads what it needs,
+//!   lets go, calls the driver, and takes it again to settle: a handle's
+//!   mapping count is raised before the driver maps and lowered if that
+//!   fails, so no release in between can take the memory away.
+//! - A block is pinned before its physical handle is read for a second
+//!   mapping or an export (`TierBlock::pin` waits for a move in progress),
+//!   and detached before the program's `cuMemUnmap` reaches the driver (as
+//!   a free is: it waits for a move in progress), so no move swaps the
+//!   memory the program is about to use elsewhere or unmap.
+//! - What allocates: a handle's heap cell and map entry, a block's insert
+//!   and its access descriptors.
+//! - Killed at any instruction: nothing here outlives the process.
+
+use std::ffi::{c_int, c_void};
+
+use vramcap_core::page::DeviceSlot;
+
+use super::cuda::*;
+use super::driver::Driver;
+use super::state::Engine;
+use super::tier::{Handle, TierBlock, location};
+use crate::log::{log_at, log_once};
+
+impl<D: Driver> Engine<D> {
+    /// `cuMemCreate` of device memory under tiered spill (module docs).
+    /// `None`: not tiered (the device has no VMM), for the ordinary path.
+    ///
+    /// # Safety
+    /// `handle` is non-null and writable.
+    pub(super) unsafe fn tiered_create(
+        &'static self,
+        real: impl FnMut() -> CUresult,
+        handle: *mut CUmemGenericAllocationHandle,
+        size: u64,
+        device: CUdevice,
+    ) -> Option<CUresult> {
+        let g = self.tiers.granularity(&self.driver, device)?;
+        if !size.is_multiple_of(g) {
+            return Some(CUDA_ERROR_INVALID_VALUE); // as the driver answers
+        }
+        let _inflight = self.inflight.enter();
+        let on_device = match self.tier_place("cuMemCreate", device, size) {
+            Ok(on) => on,
+            Err(rc) => return Some(rc),
+        };
+        let real_handle = if on_device {
+            let rc = self.call_with_retry(device, real);
+            if rc != CUDA_SUCCESS {
+                self.tier_unplace(device, size, true);
+                return Some(rc);
+            }
+            // SAFETY: the driver succeeded and wrote the handle.
+            unsafe { *handle }
+        } else {
+            match self.driver.vmm_create(size, location(true, device)) {
+                Ok(h) => h,
+                Err(_) => {
+                    self.tier_unplace(device, size, false);
+                    return Some(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+            }
+        };
+        self.tier_placed("cuMemCreate", device, size, on_device);
+        let cell = Box::new(0u64);
+        let value = std::ptr::from_ref::<u64>(&cell) as u64;
+        self.handles.lock().insert(
+            value,
+            Handle {
+                _cell: cell,
+                device: device as u16,
+                bytes: size,
+                real: real_handle,
+                on_device,
+                refs: 1,
+                maps: 0,
+                block: 0,
+                pinned: false,
+            },
+        );
+        // SAFETY: the caller's contract.
+        unsafe { *handle = value };
+        log_at!(
+            Debug,
+            "cuMemCreate: {size} bytes on device {device}, handle {value:#x}, on the {}",
+            if on_device { "device" } else { "host" }
+        );
+        Some(CUDA_SUCCESS)
+    }
+
+    /// Calls `f` with the physical handle behind program handle `h` and
+    /// whether it is device memory, with its block (if it has one) pinned
+    /// first when `pin`, else held still for the call. `None` when `h` is
+    /// not the program's; the driver's answer for a released handle when
+    /// it was released.
+    fn with_physical(
+        &self,
+        h: u64,
+        pin: bool,
+        f: impl FnOnce(u64, bool) -> CUresult,
+    ) -> Option<CUresult> {
+        let (block, real, on_device) = {
+            let mut m = self.handles.lock();
+            let x = m.get_mut(&h)?;
+            if x.refs == 0 {
+                return Some(CUDA_ERROR_INVALID_VALUE);
+            }
+            x.pinned |= pin;
+            (x.block, x.real, x.on_device)
+        };
+        if block == 0 {
+            return Some(f(real, on_device));
+        }
+        let Some(b) = self.tiers.block(block) else {
+            return Some(CUDA_ERROR_INVALID_VALUE); // unmapped meanwhile
+        };
+        if pin {
+            b.pin();
+            return Some(f(b.handle(), b.on_device()));
+        }
+        let Some(held) = b.hold() else {
+            return Some(CUDA_ERROR_INVALID_VALUE);
+        };
+        Some(f(held.handle(), held.on_device()))
+    }
+
+    /// `cuMemMap` of a program handle: `None` when `h` is not one.
+    pub(super) fn tiered_map(
+        &'static self,
+        ptr: CUdeviceptr,
+        size: u64,
+        offset: u64,
+        h: u64,
+        flags: u64,
+    ) -> Option<CUresult> {
+        let (whole, device, bytes) = {
+            let mut m = self.handles.lock();
+            let x = m.get_mut(&h)?;
+            if x.refs == 0 {
+                return Some(CUDA_ERROR_INVALID_VALUE);
+            }
+            let whole = offset == 0 && size == x.bytes && x.maps == 0 && !x.pinned;
+            x.maps += 1;
+            (whole, x.device, x.bytes)
+        };
+        let ctx = match self.driver.ctx_get_current() {
+            Ok(c) if whole && c != 0 => Some(c),
+            _ => None,
+        };
+        let mut mapped = (0, false);
+        let rc = self
+            .with_physical(h, ctx.is_none(), |real, on_device| {
+                mapped = (real, on_device);
+                self.driver.vmm_map_as(ptr, size, offset, real, flags)
+            })
+            .unwrap_or(CUDA_ERROR_INVALID_VALUE);
+        if rc != CUDA_SUCCESS {
+            if let Some(x) = self.handles.lock().get_mut(&h) {
+                x.maps -= 1;
+            }
+            return Some(rc);
+        }
+        self.maps.insert(ptr, (h, size));
+        if let Some(ctx) = ctx {
+            let (real, on_device) = mapped;
+            self.tiers
+                .add_mapped(ptr, bytes, device, ctx, real, on_device, h);
+            if let Some(x) = self.handles.lock().get_mut(&h) {
+                x.block = ptr;
+            }
+        }
+        Some(CUDA_SUCCESS)
+    }
+
+    /// Before the program's `cuMemUnmap` of `[ptr, end)`: detaches the
+    /// blocks of its handles mapped there, so no move touches them.
+    pub(super) fn tiered_unmapping(&self, ptr: u64, end: u64) -> Vec<std::sync::Arc<TierBlock>> {
+        let starts: Vec<u64> = self
+            .maps
+            .iter()
+            .filter(|e| (ptr..end).contains(e.key()))
+            .map(|e| *e.key())
+            .collect();
+        starts
+            .into_iter()
+            .filter_map(|s| {
+                let b = self.tiers.block(s)?;
+                (b.program_handle != 0)
+                    .then(|| self.tiers.detach(s))
+                    .flatten()
+            })
+            .collect()
+    }
+
+    /// After the program's `cuMemUnmap`: the mapping at `start` of handle
+    /// `h` is gone (its block, if it was one, is in `detached`).
+    pub(super) fn tiered_unmapped(
+        &self,
+        h: u64,
+        start: u64,
+        detached: &[std::sync::Arc<TierBlock>],
+    ) {
+        let gone = {
+            let mut m = self.handles.lock();
+            let Some(x) = m.get_mut(&h) else {
+                return;
+            };
+            x.maps = x.maps.saturating_sub(1);
+            if x.block == start {
+                if let Some(b) = detached.iter().find(|b| b.ptr == start) {
+                    x.real = b.handle();
+                    x.on_device = b.on_device();
+                }
+                x.block = 0;
+            }
+            if x.refs == 0 && x.maps == 0 {
+                m.remove(&h)
+            } else {
+                None
+            }
+        };
+        if let Some(x) = gone {
+            self.handle_gone(&x);
+        }
+    }
+
+    /// A handle released and unmapped everywhere: its memory and bytes go.
+    fn handle_gone(&self, x: &Handle) {
+        let _ = self.driver.vmm_release(x.real);
+        self.tier_settle_bytes(x.device, x.bytes, x.on_device);
+    }
+
+    /// `cuMemRelease` of a program handle: `None` when `h` is not one.
+    pub(super) fn tiered_release(&self, h: u64) -> Option<CUresult> {
+        let gone = {
+            let mut m = self.handles.lock();
+            let x = m.get_mut(&h)?;
+            if x.refs == 0 {
+                return Some(CUDA_ERROR_INVALID_VALUE);
+            }
+            x.refs -= 1;
+            if x.refs == 0 && x.maps == 0 {
+                m.remove(&h)
+            } else {
+                None
+            }
+        };
+        if let Some(x) = gone {
+            self.handle_gone(&x);
+        }
+        Some(CUDA_SUCCESS)
+    }
+
+    /// `cuMemRetainAllocationHandle` of an address a program handle is
+    /// mapped at: that handle, with one more reference. `None` otherwise.
+    pub(super) fn tiered_retain(&self, addr: u64) -> Option<u64> {
+        let h = self
+            .maps
+            .iter()
+            .find(|e| (*e.key()..e.key().saturating_add(e.value().1)).contains(&addr))
+            .map(|e| e.value().0)?;
+        let mut m = self.handles.lock();
+        let x = m.get_mut(&h)?;
+        if x.refs == 0 {
+            return None;
+        }
+        x.refs += 1;
+        Some(h)
+    }
+
+    /// `cuMemExportToShareableHandle` of a program handle: pins it (an
+    /// importer maps the memory exported, which a move would leave
+    /// behind). `None` when `h` is not one.
+    ///
+    /// # Safety
+    /// `shareable` as the driver function requires for `kind`.
+    pub(super) unsafe fn tiered_export(
+        &self,
+        shareable: *mut c_void,
+        h: u64,
+        kind: c_int,
+        flags: u64,
+    ) -> Option<CUresult> {
+        self.with_physical(h, true, |real, on_device| {
+            // SAFETY: the caller's contract.
+            let rc = unsafe { self.driver.vmm_export(shareable, real, kind, flags) };
+            if rc != CUDA_SUCCESS && !on_device {
+                log_once!(
+                    Warn,
+                    "cuMemExportToShareableHandle: this memory was made in host memory past the cap (VRAMCAP_SPILL=tiered), which the driver will not export ({rc}); raise the cap (for example VRAMCAP_LIMIT=16GiB) for memory other processes open"
+                );
+            }
+            rc
+        })
+    }
+
+    /// An import of this process's own export of program handle
+    /// `original`: the driver's new handle is given back, and the program
+    /// gets `original` with one more reference. False when `original` is
+    /// not a program handle.
+    ///
+    /// # Safety
+    /// `handle` is non-null and writable.
+    pub(super) unsafe fn tiered_import(
+        &self,
+        handle: *mut CUmemGenericAllocationHandle,
+        original: u64,
+    ) -> bool {
+        {
+            let mut m = self.handles.lock();
+            let Some(x) = m.get_mut(&original).filter(|x| x.refs > 0) else {
+                return false;
+            };
+            x.refs += 1;
+        }
+        // SAFETY: the caller's contract; the driver wrote its handle there.
+        let fresh = unsafe { std::mem::replace(&mut *handle, original) };
+        let _ = self.driver.vmm_release(fresh);
+        true
+    }
+
+    /// `cuMemGetAllocationPropertiesFromHandle`.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mem_get_allocation_properties_from_handle(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        prop: *mut CUmemAllocationPropFull,
+        h: CUmemGenericAllocationHandle,
+    ) -> CUresult {
+        if !self.tiers.on() {
+            return real();
+        }
+        let Some(device) = self.handles.lock().get(&h).map(|x| x.device) else {
+            return real();
+        };
+        let rc = self
+            .with_physical(h, false, |physical, _| {
+                // SAFETY: the caller's contract.
+                unsafe { self.driver.vmm_properties(prop, physical) }
+            })
+            .unwrap_or(CUDA_ERROR_INVALID_VALUE);
+        if rc == CUDA_SUCCESS && !prop.is_null() {
+            // SAFETY: written by the driver on success.
+            unsafe {
+                (*prop).location = location(false, CUdevice::from(device));
+            }
+        }
+        rc
+    }
+
+    /// `cuMemSetAccess`: under tiered spill, the program's blocks in the
+    /// range may move from now on, and a move grants the same access.
+    ///
+    /// # Safety
+    /// The driver function's contract.
+    pub unsafe fn mem_set_access(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        ptr: CUdeviceptr,
+        size: usize,
+        desc: *const CUmemAccessDesc,
+        count: usize,
+    ) -> CUresult {
+        if !self.tiers.on() {
+            return real();
+        }
+        // Through the gate: a block the program grants access to again may
+        // be in the middle of a move, its address unmapped.
+        let rc = {
+            let _open = self.tiers.enter();
+            real()
+        };
+        if rc != CUDA_SUCCESS || desc.is_null() || count == 0 {
+            return rc;
+        }
+        // SAFETY: the driver read `count` descriptors there and succeeded.
+        let access = unsafe { std::slice::from_raw_parts(desc, count) };
+        for b in self
+            .tiers
+            .blocks_within(ptr, ptr.saturating_add(size as u64))
+        {
+            if b.program_handle != 0 {
+                b.granted(access);
+            }
+        }
+        rc
+    }
+
+    /// A context went away: its blocks of program handles stop moving;
+    /// their memory stays mapped (it belongs to no context).
+    pub(super) fn tiered_forget_ctx(&self, ctx: usize) {
+        for start in self.tiers.mapped_in(ctx) {
+            let Some(b) = self.tiers.detach(start) else {
+                continue;
+            };
+            let mut m = self.handles.lock();
+            if let Some(x) = m.get_mut(&b.program_handle) {
+                x.real = b.handle();
+                x.on_device = b.on_device();
+                x.block = 0;
+                x.pinned = true;
+            }
+        }
+    }
+
+    /// Counts a tiered allocation of `size` just made on the device or the
+    /// host.
+    pub(super) fn tier_placed(&self, what: &str, device: CUdevice, size: u64, on_device: bool) {
+        let Some(s) = self.slot(device) else {
+            return;
+        };
+        DeviceSlot::add(&s.allocs, 1);
+        if !on_device {
+            DeviceSlot::add(&s.spilled, size);
+            DeviceSlot::add(&s.spill_allocs, 1);
+            s.mark_active();
+            log_once!(
+                Info,
+                "{what}: the cap of device {device} is reached; new blocks go to host memory and the most-used move onto the GPU (VRAMCAP_SPILL=tiered)"
+            );
+        }
+    }
+}
