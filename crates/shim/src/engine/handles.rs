@@ -12,8 +12,10 @@
 //!   program asked for (its own properties); past it, pinned host memory
 //!   of the same size, counted as spilled (the spill limit bounds it). A
 //!   handle's value is the address of a heap cell the engine owns while
-//!   the handle lives, so it is never the value of a live driver handle
-//!   (those are the driver's own heap addresses, or numbers far below).
+//!   the handle lives: no two live ones are equal, and none equals a live
+//!   driver handle if the driver's are addresses of its own objects in
+//!   the same heap (their values are not documented; a driver handle the
+//!   program got elsewhere, an import, is looked up and passed through).
 //! - **Mapped whole, once: a block.** `cuMemMap` of a whole handle at
 //!   offset 0, while the handle has no other mapping and a context is
 //!   current, makes a tiered block at that address (`tier.rs`), which
@@ -28,8 +30,11 @@
 //!   `cuMemGetAllocationPropertiesFromHandle` reach the driver with the
 //!   physical handle (the properties then name the device the program
 //!   asked for); `cuMemRetainAllocationHandle` of a mapped address answers
-//!   the program's handle with one more reference; importing this
-//!   process's own export answers the exported handle. The handle and its
+//!   the program's handle with one more reference; importing a descriptor
+//!   this process exported a handle as (still open on the same file)
+//!   answers that handle. Memory made past the cap or moved is made
+//!   without the handle types the program asked for, so its export fails
+//!   (with a line in the log). The handle and its
 //!   bytes go when it is released and unmapped everywhere, as the
 //!   driver's do. `cuMemMapArrayAsync` and `cuMulticastBindMem` are not
 //!   translated: the driver refuses the engine's handles there.
@@ -43,11 +48,17 @@
 //!   lets go, calls the driver, and takes it again to settle: a handle's
 //!   mapping count is raised before the driver maps and lowered if that
 //!   fails, so no release in between can take the memory away.
-//! - A block is pinned before its physical handle is read for a second
-//!   mapping or an export (`TierBlock::pin` waits for a move in progress),
-//!   and detached before the program's `cuMemUnmap` reaches the driver (as
-//!   a free is: it waits for a move in progress), so no move swaps the
-//!   memory the program is about to use elsewhere or unmap.
+//! - A handle keeps its block (an `Arc`) while it is one, and the block's
+//!   handle is the physical one then. A block is pinned before its
+//!   physical handle is read for a second mapping or an export
+//!   (`TierBlock::pin` waits for a move in progress), held still for a
+//!   properties query, pinned as soon as it is made if another thread
+//!   pinned its handle meanwhile, and detached before the program's
+//!   `cuMemUnmap` reaches the driver (as a free is: it waits for a move in
+//!   progress), so no move swaps memory the program is about to use
+//!   elsewhere or unmap. Only then does the handle take the block's
+//!   memory back. `cuMemSetAccess` passes the gate, and the access a move
+//!   grants again is kept before it lets go.
 //! - What allocates: a handle's heap cell and map entry, a block's insert
 //!   and its access descriptors.
 //! - Killed at any instruction: nothing here outlives the process.
@@ -61,6 +72,20 @@ use super::driver::Driver;
 use super::state::Engine;
 use super::tier::{Handle, TierBlock, location};
 use crate::log::{log_at, log_once};
+
+const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
+
+/// The file a descriptor is open on (device, inode), if `fstat` says.
+fn file_of(fd: c_int) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes the struct or fails; nothing else is touched.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded and filled it.
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino))
+}
 
 impl<D: Driver> Engine<D> {
     /// `cuMemCreate` of device memory under tiered spill (module docs).
@@ -114,8 +139,9 @@ impl<D: Driver> Engine<D> {
                 on_device,
                 refs: 1,
                 maps: 0,
-                block: 0,
+                block: None,
                 pinned: false,
+                exported: Vec::new(),
             },
         );
         // SAFETY: the caller's contract.
@@ -146,13 +172,10 @@ impl<D: Driver> Engine<D> {
                 return Some(CUDA_ERROR_INVALID_VALUE);
             }
             x.pinned |= pin;
-            (x.block, x.real, x.on_device)
+            (x.block.clone(), x.real, x.on_device)
         };
-        if block == 0 {
+        let Some(b) = block else {
             return Some(f(real, on_device));
-        }
-        let Some(b) = self.tiers.block(block) else {
-            return Some(CUDA_ERROR_INVALID_VALUE); // unmapped meanwhile
         };
         if pin {
             b.pin();
@@ -195,18 +218,26 @@ impl<D: Driver> Engine<D> {
             })
             .unwrap_or(CUDA_ERROR_INVALID_VALUE);
         if rc != CUDA_SUCCESS {
-            if let Some(x) = self.handles.lock().get_mut(&h) {
-                x.maps -= 1;
-            }
+            self.unmapped_one(h);
             return Some(rc);
         }
         self.maps.insert(ptr, (h, size));
         if let Some(ctx) = ctx {
             let (real, on_device) = mapped;
-            self.tiers
+            let b = self
+                .tiers
                 .add_mapped(ptr, bytes, device, ctx, real, on_device, h);
-            if let Some(x) = self.handles.lock().get_mut(&h) {
-                x.block = ptr;
+            // Another thread may have exported or mapped the handle again
+            // since: it used the memory mapped here, which must stay.
+            let pinned = {
+                let mut m = self.handles.lock();
+                m.get_mut(&h).is_none_or(|x| {
+                    x.block = Some(b.clone());
+                    x.pinned
+                })
+            };
+            if pinned {
+                b.pin();
             }
         }
         Some(CUDA_SUCCESS)
@@ -233,26 +264,48 @@ impl<D: Driver> Engine<D> {
     }
 
     /// After the program's `cuMemUnmap`: the mapping at `start` of handle
-    /// `h` is gone (its block, if it was one, is in `detached`).
-    pub(super) fn tiered_unmapped(
-        &self,
-        h: u64,
-        start: u64,
-        detached: &[std::sync::Arc<TierBlock>],
-    ) {
+    /// `h` is gone. When it was the handle's block, the block's memory
+    /// (final once no move can start: [`TierBlock::stop`]) is the
+    /// handle's again.
+    pub(super) fn tiered_unmapped(&self, h: u64, start: u64) {
+        let block = self
+            .handles
+            .lock()
+            .get(&h)
+            .and_then(|x| x.block.clone())
+            .filter(|b| b.ptr == start);
+        if let Some(b) = block {
+            b.stop();
+            self.unblocked(h, &b, false);
+        }
+        self.unmapped_one(h);
+    }
+
+    /// Block `b` of handle `h` no longer moves: the handle holds its
+    /// memory itself again (pinned, when `pin`, as it stays mapped).
+    fn unblocked(&self, h: u64, b: &std::sync::Arc<TierBlock>, pin: bool) {
+        let mut m = self.handles.lock();
+        if let Some(x) = m.get_mut(&h)
+            && x.block
+                .as_ref()
+                .is_some_and(|k| std::sync::Arc::ptr_eq(k, b))
+        {
+            x.real = b.handle();
+            x.on_device = b.on_device();
+            x.block = None;
+            x.pinned |= pin;
+        }
+    }
+
+    /// One mapping of handle `h` fewer (unmapped, or a map that failed);
+    /// the handle goes when nothing references or maps it.
+    fn unmapped_one(&self, h: u64) {
         let gone = {
             let mut m = self.handles.lock();
             let Some(x) = m.get_mut(&h) else {
                 return;
             };
             x.maps = x.maps.saturating_sub(1);
-            if x.block == start {
-                if let Some(b) = detached.iter().find(|b| b.ptr == start) {
-                    x.real = b.handle();
-                    x.on_device = b.on_device();
-                }
-                x.block = 0;
-            }
             if x.refs == 0 && x.maps == 0 {
                 m.remove(&h)
             } else {
@@ -299,12 +352,8 @@ impl<D: Driver> Engine<D> {
             .iter()
             .find(|e| (*e.key()..e.key().saturating_add(e.value().1)).contains(&addr))
             .map(|e| e.value().0)?;
-        let mut m = self.handles.lock();
-        let x = m.get_mut(&h)?;
-        if x.refs == 0 {
-            return None;
-        }
-        x.refs += 1;
+        // Released but still mapped counts too: the driver's handles do.
+        self.handles.lock().get_mut(&h)?.refs += 1;
         Some(h)
     }
 
@@ -321,38 +370,49 @@ impl<D: Driver> Engine<D> {
         kind: c_int,
         flags: u64,
     ) -> Option<CUresult> {
-        self.with_physical(h, true, |real, on_device| {
+        let rc = self.with_physical(h, true, |real, _| {
             // SAFETY: the caller's contract.
-            let rc = unsafe { self.driver.vmm_export(shareable, real, kind, flags) };
-            if rc != CUDA_SUCCESS && !on_device {
-                log_once!(
-                    Warn,
-                    "cuMemExportToShareableHandle: this memory was made in host memory past the cap (VRAMCAP_SPILL=tiered), which the driver will not export ({rc}); raise the cap (for example VRAMCAP_LIMIT=16GiB) for memory other processes open"
-                );
+            unsafe { self.driver.vmm_export(shareable, real, kind, flags) }
+        })?;
+        if rc != CUDA_SUCCESS {
+            log_once!(
+                Warn,
+                "cuMemExportToShareableHandle: memory that tiered spill (VRAMCAP_SPILL=tiered) placed in host memory past the cap, or moved, is made without the handle types the program asked for, so the driver will not export it ({rc}); leave tiered spill off for programs that share GPU memory between processes"
+            );
+        } else if kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && !shareable.is_null() {
+            // SAFETY: for this handle type the driver wrote an int.
+            let fd = unsafe { *shareable.cast::<c_int>() };
+            if let Some(x) = self.handles.lock().get_mut(&h) {
+                x.exported.push((fd, file_of(fd)));
             }
-            rc
-        })
+        }
+        Some(rc)
     }
 
-    /// An import of this process's own export of program handle
-    /// `original`: the driver's new handle is given back, and the program
-    /// gets `original` with one more reference. False when `original` is
-    /// not a program handle.
+    /// An import of a POSIX descriptor this process exported a program
+    /// handle as (the same descriptor, still the same file): the driver's
+    /// new handle is given back, and the program gets its own handle with
+    /// one more reference. False when the descriptor is no such export.
     ///
     /// # Safety
     /// `handle` is non-null and writable.
     pub(super) unsafe fn tiered_import(
         &self,
         handle: *mut CUmemGenericAllocationHandle,
-        original: u64,
+        fd: c_int,
     ) -> bool {
-        {
+        let file = file_of(fd);
+        let original = {
             let mut m = self.handles.lock();
-            let Some(x) = m.get_mut(&original).filter(|x| x.refs > 0) else {
+            let Some((&h, x)) = m
+                .iter_mut()
+                .find(|(_, x)| (x.refs > 0 || x.maps > 0) && x.exported.contains(&(fd, file)))
+            else {
                 return false;
             };
             x.refs += 1;
-        }
+            h
+        };
         // SAFETY: the caller's contract; the driver wrote its handle there.
         let fresh = unsafe { std::mem::replace(&mut *handle, original) };
         let _ = self.driver.vmm_release(fresh);
@@ -406,12 +466,11 @@ impl<D: Driver> Engine<D> {
         if !self.tiers.on() {
             return real();
         }
-        // Through the gate: a block the program grants access to again may
-        // be in the middle of a move, its address unmapped.
-        let rc = {
-            let _open = self.tiers.enter();
-            real()
-        };
+        // Through the gate, until the access is kept: a block the program
+        // grants access to again may be in the middle of a move, its
+        // address unmapped, and a move must grant what the program did.
+        let _open = self.tiers.enter();
+        let rc = real();
         if rc != CUDA_SUCCESS || desc.is_null() || count == 0 {
             return rc;
         }
@@ -432,15 +491,8 @@ impl<D: Driver> Engine<D> {
     /// their memory stays mapped (it belongs to no context).
     pub(super) fn tiered_forget_ctx(&self, ctx: usize) {
         for start in self.tiers.mapped_in(ctx) {
-            let Some(b) = self.tiers.detach(start) else {
-                continue;
-            };
-            let mut m = self.handles.lock();
-            if let Some(x) = m.get_mut(&b.program_handle) {
-                x.real = b.handle();
-                x.on_device = b.on_device();
-                x.block = 0;
-                x.pinned = true;
+            if let Some(b) = self.tiers.detach(start) {
+                self.unblocked(b.program_handle, &b, true);
             }
         }
     }

@@ -269,9 +269,25 @@ impl TierBlock {
     }
     /// The program granted this access to its block (`engine/handles.rs`):
     /// it may move now, and a move grants it again.
+    /// Each descriptor replaces the one for its location, if any: a
+    /// program may grant its devices one call each (PyTorch does).
     pub(super) fn granted(&self, access: &[CUmemAccessDesc]) {
-        *self.access.lock().unwrap_or_else(|e| e.into_inner()) = access.to_vec();
+        let mut kept = self.access.lock().unwrap_or_else(|e| e.into_inner());
+        for d in access {
+            match kept.iter_mut().find(|k| k.location == d.location) {
+                Some(k) => *k = *d,
+                None => kept.push(*d),
+            }
+        }
         self.ready.store(true, Ordering::SeqCst);
+    }
+    /// No move of it from now on (it is being freed or unmapped): waits for
+    /// a move in progress to end, after which its handle is final.
+    pub(super) fn stop(&self) {
+        self.freed.store(true, Ordering::SeqCst);
+        while self.moving.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -492,18 +508,21 @@ pub(super) struct Handle {
     pub(super) _cell: Box<u64>,
     pub(super) device: u16,
     pub(super) bytes: u64,
-    /// The physical allocation, when `block` is 0 (a block's own handle is
-    /// the one in force while it is one).
+    /// The physical allocation, when it is not a block (a block's own
+    /// handle is the one in force while it is one).
     pub(super) real: u64,
     pub(super) on_device: bool,
     /// The program's references (create, retain, import of its export).
     pub(super) refs: u32,
     /// Its live mappings.
     pub(super) maps: u32,
-    /// The address of the block it is mapped as; 0 when none.
-    pub(super) block: u64,
+    /// The block it is mapped as.
+    pub(super) block: Option<Arc<TierBlock>>,
     /// Mapped in part, twice, or exported: never a moving block again.
     pub(super) pinned: bool,
+    /// The POSIX descriptors it was exported as, with the file each was
+    /// then (device and inode; `None` when `fstat` could not say).
+    pub(super) exported: Vec<(std::ffi::c_int, Option<(u64, u64)>)>,
 }
 
 /// The program's handles under tiered spill, by value.
@@ -572,7 +591,7 @@ impl Tiers {
         handle: u64,
         on_device: bool,
     ) {
-        self.insert(TierBlock::new(
+        let _ = self.insert(TierBlock::new(
             ptr,
             bytes,
             device,
@@ -595,7 +614,7 @@ impl Tiers {
         handle: u64,
         on_device: bool,
         program_handle: u64,
-    ) {
+    ) -> Arc<TierBlock> {
         let mut b = TierBlock::new(
             ptr,
             bytes,
@@ -607,14 +626,16 @@ impl Tiers {
         );
         b.program_handle = program_handle;
         b.ready = AtomicBool::new(false);
-        self.insert(b);
+        self.insert(b)
     }
 
-    fn insert(&self, b: TierBlock) {
+    fn insert(&self, b: TierBlock) -> Arc<TierBlock> {
         let (ptr, end) = (b.ptr, b.ptr.saturating_add(b.bytes));
-        write!(self.blocks).insert(ptr, Arc::new(b));
+        let b = Arc::new(b);
+        write!(self.blocks).insert(ptr, b.clone());
         self.lo.fetch_min(ptr, Ordering::Relaxed);
         self.hi.fetch_max(end, Ordering::Relaxed);
+        b
     }
 
     /// The block that starts at `ptr`.
@@ -644,10 +665,7 @@ impl Tiers {
     /// Takes the block at `ptr` out for a free, once no move holds it.
     pub fn detach(&self, ptr: u64) -> Option<Arc<TierBlock>> {
         let b = write!(self.blocks).remove(&ptr)?;
-        b.freed.store(true, Ordering::SeqCst);
-        while b.moving.load(Ordering::SeqCst) {
-            std::thread::yield_now();
-        }
+        b.stop();
         Some(b)
     }
 

@@ -187,7 +187,7 @@ impl<D: Driver> Engine<D> {
         });
         for (start, target) in gone {
             if self.tiers.on() && self.handles.contains(target) {
-                self.tiered_unmapped(target, start, &detached);
+                self.tiered_unmapped(target, start);
             } else {
                 self.unref(target);
             }
@@ -272,7 +272,8 @@ impl<D: Driver> Engine<D> {
         if rc == CUDA_SUCCESS
             && kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
             && !shareable.is_null()
-            && (tiered.is_some() || self.vmm.contains_key(&handle))
+            && tiered.is_none()
+            && self.vmm.contains_key(&handle)
         {
             // SAFETY: for this handle type the driver wrote an int.
             let fd = unsafe { *shareable.cast::<c_int>() };
@@ -303,9 +304,8 @@ impl<D: Driver> Engine<D> {
         let h = unsafe { *handle };
         if self.tiers.on()
             && kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-            && let Some(original) = self.exports.get(&(os_handle as usize as u64)).map(|o| *o)
             // SAFETY: `handle` is non-null and the driver wrote it.
-            && unsafe { self.tiered_import(handle, original) }
+            && unsafe { self.tiered_import(handle, os_handle as usize as c_int) }
         {
             return rc;
         }

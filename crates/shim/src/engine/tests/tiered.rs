@@ -579,11 +579,12 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
     // No access granted to the hot page yet: it cannot be copied, so it stays.
     rounds(e, MIN_ROUNDS as usize + 1);
     assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
-    let grant = [RW0, peer];
-    // SAFETY: a live array of two descriptors.
-    let rc =
-        unsafe { e.mem_set_access(|| CUDA_SUCCESS, p2, (32 * MIB) as usize, grant.as_ptr(), 2) };
-    assert_eq!(rc, CUDA_SUCCESS);
+    // One call a device, as PyTorch grants them: both are kept.
+    for grant in [RW0, peer] {
+        // SAFETY: a live descriptor.
+        let rc = unsafe { e.mem_set_access(|| CUDA_SUCCESS, p2, (32 * MIB) as usize, &grant, 1) };
+        assert_eq!(rc, CUDA_SUCCESS);
+    }
     for _ in 0..50 {
         launch(e, &[p2, p1]);
     }
