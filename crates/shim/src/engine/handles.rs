@@ -37,7 +37,8 @@
 //!   (with a line in the log). The handle and its
 //!   bytes go when it is released and unmapped everywhere, as the
 //!   driver's do. `cuMemMapArrayAsync` and `cuMulticastBindMem` are not
-//!   translated: the driver refuses the engine's handles there.
+//!   translated: sparse arrays and multicast objects cannot be backed by
+//!   the engine's handles.
 //! - A context that goes away leaves the memory mapped (VMM memory belongs
 //!   to no context): its blocks stop moving, the handles stay.
 //!

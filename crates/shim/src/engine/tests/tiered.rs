@@ -690,6 +690,26 @@ fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
     rounds(e, MIN_ROUNDS as usize + 1);
     assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
     assert_eq!(export(on_device), CUDA_SUCCESS);
+    // Importing that descriptor in this process answers the program's own
+    // handle (one more reference); the driver's new handle is given back.
+    let mut imported = 0u64;
+    let out: *mut u64 = &mut imported;
+    let driver_import = || {
+        // SAFETY: `out` points at `imported`, alive for the call.
+        unsafe {
+            *out = e
+                .driver
+                .vmm_create(2 * MIB, crate::engine::tier::location(false, 0))
+                .unwrap()
+        };
+        CUDA_SUCCESS
+    };
+    // SAFETY: a live out-parameter; the descriptor as a pointer, as the driver takes it.
+    let rc = unsafe {
+        e.mem_import_from_shareable_handle(driver_import, out, fd as usize as *mut c_void, 1)
+    };
+    assert_eq!((rc, imported), (CUDA_SUCCESS, on_device));
+    assert_eq!(release(e, on_device), CUDA_SUCCESS);
     // Released while mapped: the memory stays until the unmap.
     assert_eq!(release(e, on_device), CUDA_SUCCESS);
     assert_eq!(used(e), 32 * MIB);
