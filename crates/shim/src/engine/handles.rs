@@ -225,9 +225,11 @@ impl<D: Driver> Engine<D> {
         self.maps.insert(ptr, (h, size));
         if let Some(ctx) = ctx {
             let (real, on_device) = mapped;
-            let b = self
-                .tiers
-                .add_mapped(ptr, bytes, device, ctx, real, on_device, h);
+            let b = self.tiers.insert(
+                self.tiers
+                    .make(ptr, bytes, device, ctx, real, on_device)
+                    .of_program(h),
+            );
             // Another thread may have exported or mapped the handle again
             // since: it used the memory mapped here, which must stay.
             let pinned = {
@@ -298,24 +300,37 @@ impl<D: Driver> Engine<D> {
         }
     }
 
-    /// One mapping of handle `h` fewer (unmapped, or a map that failed);
-    /// the handle goes when nothing references or maps it.
+    /// One mapping of handle `h` fewer (unmapped, or a map that failed).
     fn unmapped_one(&self, h: u64) {
-        let gone = {
-            let mut m = self.handles.lock();
-            let Some(x) = m.get_mut(&h) else {
-                return;
-            };
+        let _ = self.change_handle(h, |x| {
             x.maps = x.maps.saturating_sub(1);
-            if x.refs == 0 && x.maps == 0 {
+            CUDA_SUCCESS
+        });
+    }
+
+    /// Applies `change` to handle `h`, then lets the handle go if nothing
+    /// references or maps it: `None` when `h` is not one, else what
+    /// `change` answered.
+    fn change_handle(
+        &self,
+        h: u64,
+        change: impl FnOnce(&mut Handle) -> CUresult,
+    ) -> Option<CUresult> {
+        let (rc, gone) = {
+            let mut m = self.handles.lock();
+            let x = m.get_mut(&h)?;
+            let rc = change(x);
+            let gone = if x.refs == 0 && x.maps == 0 {
                 m.remove(&h)
             } else {
                 None
-            }
+            };
+            (rc, gone)
         };
         if let Some(x) = gone {
             self.handle_gone(&x);
         }
+        Some(rc)
     }
 
     /// A handle released and unmapped everywhere: its memory and bytes go.
@@ -326,23 +341,13 @@ impl<D: Driver> Engine<D> {
 
     /// `cuMemRelease` of a program handle: `None` when `h` is not one.
     pub(super) fn tiered_release(&self, h: u64) -> Option<CUresult> {
-        let gone = {
-            let mut m = self.handles.lock();
-            let x = m.get_mut(&h)?;
+        self.change_handle(h, |x| {
             if x.refs == 0 {
-                return Some(CUDA_ERROR_INVALID_VALUE);
+                return CUDA_ERROR_INVALID_VALUE; // released already
             }
             x.refs -= 1;
-            if x.refs == 0 && x.maps == 0 {
-                m.remove(&h)
-            } else {
-                None
-            }
-        };
-        if let Some(x) = gone {
-            self.handle_gone(&x);
-        }
-        Some(CUDA_SUCCESS)
+            CUDA_SUCCESS
+        })
     }
 
     /// `cuMemRetainAllocationHandle` of an address a program handle is

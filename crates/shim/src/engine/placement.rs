@@ -121,7 +121,9 @@ impl<D: Driver> Engine<D> {
                 kind: Kind::Tiered,
             },
         );
-        self.tiers.add(ptr, size, dev16, ctx, handle, on_device);
+        let _ = self
+            .tiers
+            .insert(self.tiers.make(ptr, size, dev16, ctx, handle, on_device));
         log_at!(
             Debug,
             "{what}: {bytes} bytes at {ptr:#x}, tiered ({size} mapped), on the {}",

@@ -245,6 +245,14 @@ impl TierBlock {
         }
         Some(Claim(self.clone()))
     }
+    /// The block as memory the program made with `cuMemCreate` and mapped
+    /// whole (`engine/handles.rs`), under its handle `h`: it may move once
+    /// the program grants access to it.
+    pub(super) fn of_program(mut self, h: u64) -> Self {
+        self.program_handle = h;
+        self.ready = AtomicBool::new(false);
+        self
+    }
     /// Holds the block where it is for as long as the [`Claim`] lives,
     /// waiting for a move in progress to end: `None` when it is freed.
     pub(super) fn hold(self: &Arc<Self>) -> Option<Claim> {
@@ -582,7 +590,8 @@ impl Tiers {
         self.on
     }
 
-    pub(super) fn add(
+    /// A new block, made in this round (for [`Tiers::insert`]).
+    pub(super) fn make(
         &self,
         ptr: u64,
         bytes: u64,
@@ -590,8 +599,8 @@ impl Tiers {
         ctx: usize,
         handle: u64,
         on_device: bool,
-    ) {
-        let _ = self.insert(TierBlock::new(
+    ) -> TierBlock {
+        TierBlock::new(
             ptr,
             bytes,
             device,
@@ -599,37 +608,11 @@ impl Tiers {
             handle,
             if on_device { ON_DEVICE } else { ON_HOST },
             self.round.load(Ordering::Relaxed),
-        ));
+        )
     }
 
-    /// Memory the program made and mapped whole (`engine/handles.rs`): a
-    /// block that may move once the program grants access to it.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn add_mapped(
-        &self,
-        ptr: u64,
-        bytes: u64,
-        device: u16,
-        ctx: usize,
-        handle: u64,
-        on_device: bool,
-        program_handle: u64,
-    ) -> Arc<TierBlock> {
-        let mut b = TierBlock::new(
-            ptr,
-            bytes,
-            device,
-            ctx,
-            handle,
-            if on_device { ON_DEVICE } else { ON_HOST },
-            self.round.load(Ordering::Relaxed),
-        );
-        b.program_handle = program_handle;
-        b.ready = AtomicBool::new(false);
-        self.insert(b)
-    }
-
-    fn insert(&self, b: TierBlock) -> Arc<TierBlock> {
+    /// Tracks block `b`.
+    pub(super) fn insert(&self, b: TierBlock) -> Arc<TierBlock> {
         let (ptr, end) = (b.ptr, b.ptr.saturating_add(b.bytes));
         let b = Arc::new(b);
         write!(self.blocks).insert(ptr, b.clone());
@@ -1351,7 +1334,7 @@ mod tests {
     #[test]
     fn a_claim_ends_when_a_move_panics() {
         let t = Tiers::new(true);
-        t.add(1 << 40, 4 * M, 0, 1, 0, true);
+        let _ = t.insert(t.make(1 << 40, 4 * M, 0, 1, 0, true));
         let b = t.snapshot().pop().unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _c = b.claim().unwrap();
