@@ -31,8 +31,9 @@
 # took the extra time against the uncapped run), CONTEXT_MIB (default 520),
 # STEPS (default 30), LAUNCH_COST=0 / BATCH_COPY=0 / GRAPH_HEAT=0 to skip
 # the launch-cost, batched-copy and graph-heat rows, NVCC,
-# CUDA_ARCH (default sm_90), VARIANTS ("NAME=PATH ...": tiered rows also with each
-# of these builds of libvramcap.so, side by side, for policy comparisons).
+# CUDA_ARCH (default sm_90), VARIANTS ("NAME=PATH ...": tiered rows, of the
+# changed programs too, also with each of these builds of libvramcap.so,
+# side by side, for policy comparisons).
 #
 # After each tiered row, scripts/gpu/tier_report.py says where the blocks
 # were, by what they hold (parameters, gradients, optimizer state, other):
@@ -273,6 +274,14 @@ for model in ${MODELS:-llama mlp}; do
         for r in ${PROGRAM_RATIOS:-${RATIOS:-1.5 1.25 1.1}}; do
             cap=$(cap_for "$r")
             capped "$model" "$r" "$cap" tiered "tiered, program $p" "$model-$p-$r" "$SHIM" "$pref" none "${pargs[@]}"
+            for v in ${VARIANTS:-}; do
+                shim=${v#*=}
+                if [ -f "$shim" ]; then
+                    capped "$model" "$r" "$cap" tiered "tiered, program $p, build ${v%%=*}" "$model-$p-$r-${v%%=*}" "$shim" "$pref" none "${pargs[@]}"
+                else
+                    add_row "$model at ${r}x, program $p, build ${v%%=*}" "the build is there" "no file $shim" FAIL
+                fi
+            done
         done
     done
 done

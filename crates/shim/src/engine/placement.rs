@@ -316,7 +316,7 @@ impl<D: Driver> Engine<D> {
         let launches = self.tiers.launches.load(Ordering::Relaxed);
         let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
         let decay = 0.5f64.powf(since as f64 / HALF_LIFE_LAUNCHES);
-        for (b, (passes, weight)) in blocks.iter().zip(take_round(&blocks)) {
+        for (b, (passes, weight)) in blocks.iter().zip(take_round(&blocks, round)) {
             b.weight.fetch_add(weight, Ordering::Relaxed);
             let s = b.score() * decay + passes;
             b.score.store(s.to_bits(), Ordering::Relaxed);

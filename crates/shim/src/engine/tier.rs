@@ -209,6 +209,8 @@ pub struct TierBlock {
     pub(super) score: AtomicU64,
     /// The round that last moved it.
     pub(super) moved: AtomicU64,
+    /// The last round a launch named an offset in it (0: none yet).
+    named: AtomicU64,
 }
 
 impl TierBlock {
@@ -353,6 +355,7 @@ impl TierBlock {
             weight: AtomicU64::new(0),
             score: AtomicU64::new(0f64.to_bits()),
             moved: AtomicU64::new(round),
+            named: AtomicU64::new(0),
         }
     }
 
@@ -1093,14 +1096,20 @@ pub(super) struct Plan {
     pub(super) promote: Vec<Arc<TierBlock>>,
 }
 
+/// Rounds a page that launches named counts as one where tensors start
+/// ([`take_round`]).
+pub const NAMED_ROUNDS: u64 = 50;
+
 /// Each block's [`TierBlock::take_passes`], in `blocks`' order, except
 /// that the blocks a program mapped itself end to end (its pages: one
 /// device, each starting where the one before it ends) are read as one
 /// region: a tensor may span pages and a launch names only the page it
-/// starts in, so a use reaches to the next offset used anywhere in the
-/// region (or the region's end), and its bytes count on the pages they
-/// lie in.
-pub(super) fn take_round(blocks: &[Arc<TierBlock>]) -> Vec<(f64, u64)> {
+/// starts in, so a use reaches on into the pages after its own, up to the
+/// next offset used anywhere in the region, the region's end, or the first
+/// page that launches named in the last [`NAMED_ROUNDS`] rounds (tensors
+/// start there: a page holding only the rest of a large tensor is never
+/// named). Its bytes count on the pages they lie in. `round`: this round.
+pub(super) fn take_round(blocks: &[Arc<TierBlock>], round: u64) -> Vec<(f64, u64)> {
     let mut out = vec![(0f64, 0u64); blocks.len()];
     let mut pages = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
@@ -1121,7 +1130,7 @@ pub(super) fn take_round(blocks: &[Arc<TierBlock>]) -> Vec<(f64, u64)> {
             }
             end += 1;
         }
-        take_region(blocks, &pages[start..end], &mut out);
+        take_region(blocks, &pages[start..end], round, &mut out);
         start = end;
     }
     out
@@ -1129,9 +1138,9 @@ pub(super) fn take_round(blocks: &[Arc<TierBlock>]) -> Vec<(f64, u64)> {
 
 /// [`take_round`] for one region: `run` indexes `blocks`, in address
 /// order, each block starting where the one before it ends. The uses'
-/// reaches are consecutive and disjoint, so the walk touches each page
-/// at most once per use that reaches it: linear in pages plus uses.
-fn take_region(blocks: &[Arc<TierBlock>], run: &[usize], out: &mut [(f64, u64)]) {
+/// reaches are disjoint, so the walk touches each page at most once per
+/// use that reaches it: linear in pages plus uses.
+fn take_region(blocks: &[Arc<TierBlock>], run: &[usize], round: u64, out: &mut [(f64, u64)]) {
     let base = blocks[run[0]].ptr;
     let at = |k: usize| blocks[run[k]].ptr - base;
     let last = &blocks[run[run.len() - 1]];
@@ -1148,7 +1157,14 @@ fn take_region(blocks: &[Arc<TierBlock>], run: &[usize], out: &mut [(f64, u64)])
         );
         bytes[k] += f64::from(unplaced) * (b.bytes / SPOTS as u64) as f64;
         out[i].1 = seen[..n].iter().map(|&(_, w)| u64::from(w)).sum::<u64>() + u64::from(unplaced);
+        if out[i].1 > 0 {
+            b.named.store(round, Ordering::Relaxed);
+        }
     }
+    let starts = |j: usize| {
+        let named = blocks[run[j]].named.load(Ordering::Relaxed);
+        named != 0 && round.saturating_sub(named) < NAMED_ROUNDS
+    };
     let mut k = 0;
     for (u, &(off, w)) in uses.iter().enumerate() {
         let end = uses.get(u + 1).map_or(len, |n| n.0);
@@ -1156,7 +1172,7 @@ fn take_region(blocks: &[Arc<TierBlock>], run: &[usize], out: &mut [(f64, u64)])
             k += 1;
         }
         let mut j = k;
-        while j < run.len() && at(j) < end {
+        while j < run.len() && at(j) < end && (j == k || !starts(j)) {
             let (lo, hi) = (at(j), at(j) + blocks[run[j]].bytes);
             bytes[j] += f64::from(w) * hi.min(end).saturating_sub(lo.max(off)) as f64;
             j += 1;
@@ -1275,8 +1291,9 @@ mod tests {
     }
 
     /// A use reaches across the pages a program mapped end to end (a tensor
-    /// may span them), up to the next use; never into the engine's own
-    /// block beside them, nor into a page apart.
+    /// may span them), up to the next use or a page launches name (where
+    /// tensors start); never into the engine's own block beside them, nor
+    /// into a page apart.
     #[test]
     fn a_use_reaches_across_the_pages_a_program_mapped_end_to_end() {
         const MIB: u64 = 1 << 20;
@@ -1292,13 +1309,23 @@ mod tests {
             mk(0x2000_0000, 4),
             mk(0x10c0_0000, 0),
         ];
-        blocks[1].note(0, 1); // reaches to the next use, 6 MiB on
-        blocks[2].note(2 * MIB, 3); // reaches to the region's end
+        blocks[1].note(0, 1); // stops where the next named page starts
+        blocks[2].note(2 * MIB, 3); // reaches on to the region's end
         blocks[4].note(0, 5);
-        let got = take_round(&blocks);
-        assert_eq!(got, [(3.0, 0), (1.0, 1), (2.0, 3), (0.0, 0), (5.0, 5)]);
+        let got = take_round(&blocks, 1);
+        assert_eq!(got, [(3.0, 0), (1.0, 1), (1.5, 3), (0.0, 0), (5.0, 5)]);
         // The spots were reset for the next round.
-        assert_eq!(take_round(&blocks), [(0.0, 0); 5]);
+        assert_eq!(take_round(&blocks, 2), [(0.0, 0); 5]);
+        // A page named within NAMED_ROUNDS still stops a reach; then not.
+        blocks[1].note(0, 1);
+        assert_eq!(
+            take_round(&blocks, NAMED_ROUNDS)[1..3],
+            [(1.0, 1), (0.0, 0)]
+        );
+        blocks[1].note(0, 1);
+        let later = take_round(&blocks, NAMED_ROUNDS + 1);
+        assert_eq!(later[1..3], [(1.0, 1), (1.0, 0)]);
+        assert_eq!(later[0], (1.0, 0));
     }
 
     #[test]
