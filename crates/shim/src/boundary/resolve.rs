@@ -149,7 +149,7 @@ pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
 
 /// Whether the hook of `h` is handed out: the launch, copy and memset
 /// hooks, those of changes to executable graphs, and those that read the
-/// program's `cuMemCreate` pages (`engine/pages.rs`) only under tiered
+/// program's `cuMemCreate` handles (`engine/handles.rs`) only under tiered
 /// spill, which needs them (`engine/tier.rs`);
 /// otherwise the program gets the driver's own functions and pays nothing.
 fn handed_out(h: &Hook) -> bool {

@@ -66,8 +66,6 @@
 
 use std::ffi::{c_int, c_void};
 
-use vramcap_core::page::DeviceSlot;
-
 use super::cuda::*;
 use super::driver::Driver;
 use super::state::Engine;
@@ -249,20 +247,11 @@ impl<D: Driver> Engine<D> {
     /// Before the program's `cuMemUnmap` of `[ptr, end)`: detaches the
     /// blocks of its handles mapped there, so no move touches them.
     pub(super) fn tiered_unmapping(&self, ptr: u64, end: u64) -> Vec<std::sync::Arc<TierBlock>> {
-        let starts: Vec<u64> = self
-            .maps
-            .iter()
-            .filter(|e| (ptr..end).contains(e.key()))
-            .map(|e| *e.key())
-            .collect();
-        starts
+        self.tiers
+            .blocks_within(ptr, end)
             .into_iter()
-            .filter_map(|s| {
-                let b = self.tiers.block(s)?;
-                (b.program_handle != 0)
-                    .then(|| self.tiers.detach(s))
-                    .flatten()
-            })
+            .filter(|b| b.program_handle != 0)
+            .filter_map(|b| self.tiers.detach(b.ptr))
             .collect()
     }
 
@@ -500,24 +489,6 @@ impl<D: Driver> Engine<D> {
             if let Some(b) = self.tiers.detach(start) {
                 self.unblocked(b.program_handle, &b, true);
             }
-        }
-    }
-
-    /// Counts a tiered allocation of `size` just made on the device or the
-    /// host.
-    pub(super) fn tier_placed(&self, what: &str, device: CUdevice, size: u64, on_device: bool) {
-        let Some(s) = self.slot(device) else {
-            return;
-        };
-        DeviceSlot::add(&s.allocs, 1);
-        if !on_device {
-            DeviceSlot::add(&s.spilled, size);
-            DeviceSlot::add(&s.spill_allocs, 1);
-            s.mark_active();
-            log_once!(
-                Info,
-                "{what}: the cap of device {device} is reached; new blocks go to host memory and the most-used move onto the GPU (VRAMCAP_SPILL=tiered)"
-            );
         }
     }
 }

@@ -178,6 +178,24 @@ impl<D: Driver> Engine<D> {
         Err(CUDA_ERROR_OUT_OF_MEMORY)
     }
 
+    /// Counts a tiered allocation of `size` just made on the device or the
+    /// host.
+    pub(super) fn tier_placed(&self, what: &str, device: CUdevice, size: u64, on_device: bool) {
+        let Some(s) = self.slot(device) else {
+            return;
+        };
+        DeviceSlot::add(&s.allocs, 1);
+        if !on_device {
+            DeviceSlot::add(&s.spilled, size);
+            DeviceSlot::add(&s.spill_allocs, 1);
+            s.mark_active();
+            log_once!(
+                Info,
+                "{what}: the cap of device {device} is reached; new blocks go to host memory and the most-used move onto the GPU (VRAMCAP_SPILL=tiered)"
+            );
+        }
+    }
+
     /// Undoes [`Self::tier_place`] for an allocation that was not made.
     pub(super) fn tier_unplace(&self, device: CUdevice, size: u64, on_device: bool) {
         if !on_device {

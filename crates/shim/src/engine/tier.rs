@@ -115,7 +115,8 @@
 //!   exclusively), and it makes none while a capture is in progress.
 //! - What allocates: a block's insert, a function's layout, an executable
 //!   graph's uses (at its instantiation, never at its launch), a round's
-//!   snapshot and plan, the first mover stream of a context.
+//!   snapshot, its list of each region's uses and plan, the first mover
+//!   stream of a context.
 //! - Killed at any instruction: nothing here outlives the process.
 
 use std::collections::{BTreeMap, HashMap};
@@ -401,25 +402,12 @@ impl TierBlock {
         (seen, n, self.unplaced.swap(0, Ordering::Relaxed))
     }
 
-    /// The round's cost of keeping the block on the host, in weighted
-    /// passes over each of its bytes: every use counts the bytes from its
-    /// offset to the next offset used (or the block's end), as element-wise
-    /// kernels touch a whole tensor and PyTorch's segments hold tensors
-    /// end to end; uses that found no spot count a [`SPOTS`]th of the
-    /// block. And the weight of those uses. Resets the spots for the next
-    /// round.
-    pub(super) fn take_passes(&self) -> (f64, u64) {
-        let (seen, n, unplaced) = self.take_spots();
-        let seen = &seen[..n];
-        let size = self.bytes.max(1);
-        let mut bytes = 0f64;
-        for (i, &(off, w)) in seen.iter().enumerate() {
-            let end = seen.get(i + 1).map_or(size, |n| n.0).min(size);
-            bytes += f64::from(w) * end.saturating_sub(off) as f64;
-        }
-        bytes += f64::from(unplaced) * (size / SPOTS as u64) as f64;
-        let weight = seen.iter().map(|&(_, w)| u64::from(w)).sum::<u64>() + u64::from(unplaced);
-        (bytes / size as f64, weight)
+    /// [`take_round`] of this block alone.
+    #[cfg(test)]
+    fn take_passes(self: &Arc<Self>) -> (f64, u64) {
+        let mut out = [(0f64, 0u64)];
+        take_region(std::slice::from_ref(self), &[0], 0, &mut out);
+        out[0]
     }
 
     /// The weight of the uses since the last round, its spots left as
@@ -622,11 +610,6 @@ impl Tiers {
         self.lo.fetch_min(ptr, Ordering::Relaxed);
         self.hi.fetch_max(end, Ordering::Relaxed);
         b
-    }
-
-    /// The block that starts at `ptr`.
-    pub(super) fn block(&self, ptr: u64) -> Option<Arc<TierBlock>> {
-        read!(self.blocks).get(&ptr).cloned()
     }
 
     /// The blocks that lie wholly in `[lo, hi)`.
@@ -1100,21 +1083,26 @@ pub(super) struct Plan {
 /// ([`take_round`]).
 pub const NAMED_ROUNDS: u64 = 50;
 
-/// Each block's [`TierBlock::take_passes`], in `blocks`' order, except
-/// that the blocks a program mapped itself end to end (its pages: one
-/// device, each starting where the one before it ends) are read as one
-/// region: a tensor may span pages and a launch names only the page it
-/// starts in, so a use reaches on into the pages after its own, up to the
-/// next offset used anywhere in the region, the region's end, or the first
-/// page that launches named in the last [`NAMED_ROUNDS`] rounds (tensors
-/// start there: a page holding only the rest of a large tensor is never
-/// named). Its bytes count on the pages they lie in. `round`: this round.
+/// The round's cost of keeping each block on the host, in weighted passes
+/// over each of its bytes, and the weight of its uses, in `blocks`' order;
+/// resets the blocks' spots for the next round. Every use counts the bytes
+/// from its offset to the next offset used, as element-wise kernels touch
+/// a whole tensor and PyTorch's segments hold tensors end to end; uses
+/// that found no spot count a [`SPOTS`]th of their block. The engine's
+/// blocks are each a region of their own. The blocks a program mapped
+/// itself end to end (its pages: one device, each starting where the one
+/// before it ends) are read as one region: a tensor may span pages and a
+/// launch names only the page it starts in, so a use reaches on into the
+/// pages after its own, up to the next offset used anywhere in the region,
+/// the region's end, or the first page that launches named in the last
+/// [`NAMED_ROUNDS`] rounds (tensors start there: a page holding only the
+/// rest of a large tensor is never named). `round`: this round.
 pub(super) fn take_round(blocks: &[Arc<TierBlock>], round: u64) -> Vec<(f64, u64)> {
     let mut out = vec![(0f64, 0u64); blocks.len()];
     let mut pages = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
         if b.program_handle == 0 {
-            out[i] = b.take_passes();
+            take_region(blocks, &[i], round, &mut out);
         } else {
             pages.push(i);
         }
