@@ -16,7 +16,7 @@
 # ${OUT:-/tmp}/gpu-tiered.md. Exits 1 if any row fails.
 #
 # Environment: PYTHON, OUT, KEEP_WORK=1, BUDGET_S (default 500), MODELS
-# (default "llama mlp"; " " for none), RATIOS (default "1.5 1.25 1.1"),
+# (default "llama mlp"; " " for none), HOST_STATE (below), RATIOS (default "1.5 1.25 1.1"),
 # HOST_SPILL=1 to add host spill at the first ratio (slow), PROGRAMS
 # (changed programs, each run uncapped and tiered at PROGRAM_RATIOS, default
 # RATIOS, under the unchanged program's caps: save_on_cpu, the program
@@ -34,6 +34,14 @@
 # CUDA_ARCH (default sm_90), VARIANTS ("NAME=PATH ...": tiered rows, of the
 # changed programs too, also with each of these builds of libvramcap.so,
 # side by side, for policy comparisons).
+#
+# HOST_STATE ("MIB[:sq] ...", e.g. "1185 1185:sq 2170") adds rows that
+# run no shim and no cap: after the first step the program itself moves
+# MIB MiB of AdamW's state (exp_avg first, or exp_avg_sq first with :sq)
+# into pinned host memory the GPU reads over the link (check_tiered.py
+# --host-state). What such a step costs is the floor of zero-copy
+# placement of those bytes, placed tensor by tensor where a shim sees only
+# segments; at R the host must hold the reserved peak times 1 - 1/R.
 #
 # After each tiered row, scripts/gpu/tier_report.py says where the blocks
 # were, by what they hold (parameters, gradients, optimizer state, other):
@@ -253,6 +261,27 @@ for model in ${MODELS:-llama mlp}; do
             capped "$model" "$r" "$cap" host host "$model-host-$r" "$SHIM" "$ref" none
         fi
         first=0
+    done
+    # Placement by hand (HOST_STATE): no shim, no cap, the same losses.
+    for h in ${HOST_STATE:-}; do
+        mib=${h%%:*}
+        order=avg
+        [ "$h" != "$mib" ] && order=${h#*:}
+        if ! isint "$mib" || { [ "$order" != avg ] && [ "$order" != sq ]; }; then
+            add_row "$model, AdamW state on the host by hand: HOST_STATE entry \"$h\"" "MIB or MIB:sq, e.g. HOST_STATE=\"1185 1185:sq\"" "not run" FAIL
+            continue
+        fi
+        TRAIN_ARGS=(--host-state "$mib" --host-order "$order")
+        train "$model-hand-$mib-$order" "$model" "$STEPS"
+        TRAIN_ARGS=()
+        ok=1
+        [ -n "$line" ] && [ "$(kv oom "$line")" = 0 ] && [ "$(kv losses "$line")" = "$(kv losses "$ref")" ] || ok=0
+        moved=$(kv host_state_mib "$line")
+        isint "$moved" && ((moved > 0)) || ok=0
+        add_row "$model, no shim, no cap: ${mib} MiB of AdamW state ($([ "$order" = avg ] && echo "exp_avg first" || echo "exp_avg_sq first")) moved into pinned host memory by the program after its first step" \
+            "losses identical; the step against uncapped reported (the floor of zero-copy placement of these bytes; at R the host holds $peak x (1 - 1/R) MiB)" \
+            "rc=$RC; ${moved:-?} MiB moved; $(kv ms_per_step "$line") ms/step ($(ratio "$ref_ms" "$(kv ms_per_step "$line")")x of $ref_ms); losses $([ "$(kv losses "$line")" = "$(kv losses "$ref")" ] && echo identical || echo DIFFER); NVML process max $(kv max_proc_mib "$line") MiB" \
+            "$(verdict)"
     done
     # Changed programs (PROGRAMS): each against an uncapped run of its own
     # (its losses) and the unchanged program's uncapped time, under the

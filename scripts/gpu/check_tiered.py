@@ -1,7 +1,8 @@
 """Training under a cap smaller than its working set, for tiered spill.
 
 Usage: check_tiered.py {llama|mlp} [--steps S] [--timed T] [--map] [--save-on-cpu]
-                       [--fused-adamw] [--cuda-graph] [--profile FILE]
+                       [--fused-adamw] [--cuda-graph] [--expandable-segments]
+                       [--host-state MIB [--host-order avg|sq]] [--profile FILE]
 
 llama: a Llama-style causal LM from `transformers` (random initialisation,
 no download): hidden 1024, 16 layers, 16 heads, MLP 2816, vocabulary 32000
@@ -29,6 +30,14 @@ torch.profiler and writes every kernel they ran to FILE, one a line in the
 order the GPU ran them: index, microseconds, name, tab-separated (for
 scripts/gpu/kernel_delta.py, which compares two runs kernel by kernel).
 Those steps are not timed and their losses are not printed.
+--host-state MIB (no shim; what placement by hand costs): after the first
+step, AdamW's state tensors, `exp_avg` first, then `exp_avg_sq` (or the
+other way round with --host-order sq), are moved into pinned host memory
+the GPU reads over the link, until MIB MiB are there; they stay there. The
+step time is then what a placement that put exactly these bytes on the host
+would cost, tensor by tensor: the floor of zero-copy spill for that many
+bytes, whatever a shim can see (it sees segments, not tensors). Prints
+`host_state_mib`, the MiB moved.
 
 Deterministic (fixed seeds, TF32 off, deterministic algorithms). Prints one
 `RESULTKV` line: `losses` (every step's loss, repr, joined by ','),
@@ -88,6 +97,50 @@ def profile(torch, step, path):
     print(f"PROFILE {len(kernels)} kernels to {path}")
 
 
+class HostView:
+    """A CUDA array interface over pinned host memory: torch.as_tensor
+    makes a CUDA tensor of it that kernels read over the link."""
+
+    def __init__(self, t):
+        self.keep = t
+        self.__cuda_array_interface__ = {
+            "shape": tuple(t.shape),
+            "typestr": "<f4",
+            "data": (t.data_ptr(), False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+def host_state_step(torch, opt, eager_step, mib, order, moved):
+    """eager_step, whose first call is followed by the move of `mib` MiB of
+    AdamW state into pinned host memory (module docs); `moved[0]`: bytes."""
+    first = [True]
+    keys = ["exp_avg", "exp_avg_sq"] if order == "avg" else ["exp_avg_sq", "exp_avg"]
+
+    def step():
+        loss = eager_step()
+        if first[0]:
+            first[0] = False
+            want = mib << 20
+            for key in keys:
+                for st in opt.state.values():
+                    t = st.get(key)
+                    if moved[0] >= want or t is None or t.dtype != torch.float32:
+                        continue
+                    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    h.copy_(t)
+                    d = torch.as_tensor(HostView(h), device="cuda")
+                    assert d.data_ptr() == h.data_ptr()
+                    d.keep = h
+                    st[key] = d
+                    moved[0] += t.numel() * 4
+            torch.cuda.synchronize()
+        return loss
+
+    return step
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", choices=["llama", "mlp"])
@@ -119,6 +172,14 @@ def main() -> int:
         help="after the timed steps, profile two more and write their kernels to FILE",
     )
     ap.add_argument(
+        "--host-state",
+        type=int,
+        default=0,
+        metavar="MIB",
+        help="after the first step, move this many MiB of AdamW state into pinned host memory the GPU reads (no shim)",
+    )
+    ap.add_argument("--host-order", choices=["avg", "sq"], default="avg")
+    ap.add_argument(
         "--map",
         action="store_true",
         help="print a TENSORMAP line (category, address, bytes) for every parameter, gradient and optimizer state tensor at the end",
@@ -134,6 +195,7 @@ def main() -> int:
     torch.use_deterministic_algorithms(True)
     sample = nvml()
     losses, times = [], []
+    moved = [0]
     oom = 0
     max_proc = max_dev = 0.0
     try:
@@ -197,6 +259,8 @@ def main() -> int:
 
         step = eager_step
         warm = 0
+        if a.host_state:
+            step = host_state_step(torch, opt, eager_step, a.host_state, a.host_order, moved)
         if a.cuda_graph:
             warm = min(3, a.steps)
             side = torch.cuda.Stream()
@@ -250,7 +314,8 @@ def main() -> int:
         f"ms_per_step={1000 * timed[len(timed) // 2]:.1f} first_ms={1000 * first:.1f} "
         f"peak_reserved_mib={torch.cuda.max_memory_reserved() / 2**20:.0f} "
         f"peak_allocated_mib={torch.cuda.max_memory_allocated() / 2**20:.0f} "
-        f"max_proc_mib={max_proc:.0f} max_dev_used_mib={max_dev:.0f} oom={oom}"
+        f"max_proc_mib={max_proc:.0f} max_dev_used_mib={max_dev:.0f} oom={oom} "
+        f"host_state_mib={moved[0] / 2**20:.0f}"
     )
     return 0
 
