@@ -15,8 +15,8 @@ use super::driver::Driver;
 use super::records::{Kind, Record};
 use super::state::Engine;
 use super::tier::{
-    Claim, HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, Plan, STOP_WAIT, TierBlock, location, plan,
-    take_round,
+    Claim, HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, PROMOTE_MARGIN, Plan, STOP_WAIT, TierBlock,
+    location, plan, take_round,
 };
 use crate::log::{log_at, log_once};
 
@@ -381,7 +381,7 @@ impl<D: Driver> Engine<D> {
             let (over, room) = if target == NO_CAP {
                 (0, i128::from(u64::MAX))
             } else {
-                let margin = i128::from(target / 64);
+                let margin = i128::from(PROMOTE_MARGIN.min(target));
                 (
                     used - i128::from(target),
                     i128::from(target) - margin - used,

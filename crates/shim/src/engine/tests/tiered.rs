@@ -360,6 +360,44 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     assert_eq!((used(e), spilled(e), device_resident(e)), (0, 0, 0));
 }
 
+/// Promotions fill the room under the cap to within `PROMOTE_MARGIN`: a
+/// margin of 1/64 of a 1 GiB cap (the first cut's) would leave the 12 MiB
+/// block on the host for good, with 16 MiB free under the cap.
+#[test]
+fn promotions_fill_the_cap_to_within_the_margin() {
+    use crate::engine::tier::PROMOTE_MARGIN;
+    let e = tiered("1GiB");
+    let a = alloc(e, 1000 * MIB).unwrap();
+    let b = alloc(e, 20 * MIB).unwrap();
+    let h = alloc(e, 12 * MIB).unwrap(); // 1032 MiB: past the cap
+    assert_eq!((used(e), spilled(e)), (1020 * MIB, 12 * MIB));
+    assert_eq!(free(e, b), CUDA_SUCCESS);
+    assert!(1024 * MIB - used(e) - PROMOTE_MARGIN >= 12 * MIB);
+    assert!(1024 * MIB - used(e) - 1024 * MIB / 64 < 12 * MIB);
+    // Both as hot, so no swap: only the free room can take h.
+    for _ in 0..MIN_ROUNDS {
+        for _ in 0..50 {
+            launch(e, &[a, h]);
+        }
+        rounds(e, 1);
+    }
+    let s = e.slot(0).unwrap();
+    assert_eq!(
+        (
+            s.promotions.load(Ordering::Relaxed),
+            s.demotions.load(Ordering::Relaxed)
+        ),
+        (1, 0)
+    );
+    assert_eq!(
+        (used(e), spilled(e), device_resident(e)),
+        (1012 * MIB, 0, 1012 * MIB)
+    );
+    assert_eq!(free(e, a), CUDA_SUCCESS);
+    assert_eq!(free(e, h), CUDA_SUCCESS);
+    assert_eq!((used(e), spilled(e)), (0, 0));
+}
+
 #[test]
 fn nothing_moves_while_a_capture_runs() {
     let e = tiered("64MiB");
