@@ -62,22 +62,31 @@ fn device_resident(e: &'static Engine<Fake>) -> u64 {
         .sum()
 }
 
+/// What the device slot counts as reserved and as spilled, and what the
+/// fake holds in device memory.
+fn placed(e: &'static Engine<Fake>) -> (u64, u64, u64) {
+    (used(e), spilled(e), device_resident(e))
+}
+
+/// The device's demotions and promotions so far.
+fn moves(e: &'static Engine<Fake>) -> (u64, u64) {
+    let s = e.slot(0).unwrap();
+    (
+        s.demotions.load(Ordering::Relaxed),
+        s.promotions.load(Ordering::Relaxed),
+    )
+}
+
 #[test]
 fn within_the_cap_blocks_are_device_memory_past_it_host_memory() {
     let e = tiered("64MiB");
     let a = alloc(e, 32 * MIB).unwrap();
-    assert_eq!(
-        (used(e), spilled(e), device_resident(e)),
-        (32 * MIB, 0, 32 * MIB)
-    );
+    assert_eq!(placed(e), (32 * MIB, 0, 32 * MIB));
     // 3 MiB is mapped and charged as 4 (the granularity is 2 MiB).
     let b = alloc(e, 3 * MIB).unwrap();
     assert_eq!(used(e), 36 * MIB);
     let c = alloc(e, 40 * MIB).unwrap();
-    assert_eq!(
-        (used(e), spilled(e), device_resident(e)),
-        (36 * MIB, 40 * MIB, 36 * MIB)
-    );
+    assert_eq!(placed(e), (36 * MIB, 40 * MIB, 36 * MIB));
     // Smaller than the granularity: the ordinary path (the driver's cuMemAlloc).
     let d = alloc(e, MIB).unwrap();
     assert_eq!(
@@ -88,7 +97,7 @@ fn within_the_cap_blocks_are_device_memory_past_it_host_memory() {
         assert_eq!(free(e, p), CUDA_SUCCESS);
     }
     assert_eq!(free(e, d), CUDA_SUCCESS);
-    assert_eq!((used(e), spilled(e), device_resident(e)), (0, 0, 0));
+    assert_eq!(placed(e), (0, 0, 0));
     assert!(e.driver.vmm.lock().unwrap().is_empty());
     assert!(e.driver.maps.lock().unwrap().is_empty());
     // A second free of a tiered address is the driver's answer for an unknown one.
@@ -283,18 +292,8 @@ fn a_block_used_only_by_a_graph_is_promoted() {
         assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
     }
     rounds(e, MIN_ROUNDS as usize);
-    let s = e.slot(0).unwrap();
-    assert_eq!(
-        (
-            s.demotions.load(Ordering::Relaxed),
-            s.promotions.load(Ordering::Relaxed)
-        ),
-        (2, 1)
-    );
-    assert_eq!(
-        (used(e), spilled(e), device_resident(e)),
-        (32 * MIB, 48 * MIB, 32 * MIB)
-    );
+    assert_eq!(moves(e), (2, 1));
+    assert_eq!(placed(e), (32 * MIB, 48 * MIB, 32 * MIB));
 }
 
 #[test]
@@ -330,18 +329,9 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     rounds(e, 1);
     // b and a were demoted (coldest first, until c fits), then c promoted.
     let s = e.slot(0).unwrap();
-    assert_eq!(
-        (
-            s.demotions.load(Ordering::Relaxed),
-            s.promotions.load(Ordering::Relaxed)
-        ),
-        (2, 1)
-    );
+    assert_eq!(moves(e), (2, 1));
     assert_eq!(s.moved_bytes.load(Ordering::Relaxed), 80 * MIB);
-    assert_eq!(
-        (used(e), spilled(e), device_resident(e)),
-        (32 * MIB, 48 * MIB, 32 * MIB)
-    );
+    assert_eq!(placed(e), (32 * MIB, 48 * MIB, 32 * MIB));
     assert_eq!(e.driver.copies.load(Ordering::SeqCst), 3);
     // The device never held more than the cap, even while moving.
     assert!(e.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
@@ -357,7 +347,7 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     assert_eq!((used(e), spilled(e)), (0, 48 * MIB));
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, b), CUDA_SUCCESS);
-    assert_eq!((used(e), spilled(e), device_resident(e)), (0, 0, 0));
+    assert_eq!(placed(e), (0, 0, 0));
 }
 
 /// Promotions fill the room under the cap to within `PROMOTE_MARGIN`: a
@@ -381,18 +371,8 @@ fn promotions_fill_the_cap_to_within_the_margin() {
         }
         rounds(e, 1);
     }
-    let s = e.slot(0).unwrap();
-    assert_eq!(
-        (
-            s.promotions.load(Ordering::Relaxed),
-            s.demotions.load(Ordering::Relaxed)
-        ),
-        (1, 0)
-    );
-    assert_eq!(
-        (used(e), spilled(e), device_resident(e)),
-        (1012 * MIB, 0, 1012 * MIB)
-    );
+    assert_eq!(moves(e), (0, 1));
+    assert_eq!(placed(e), (1012 * MIB, 0, 1012 * MIB));
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, h), CUDA_SUCCESS);
     assert_eq!((used(e), spilled(e)), (0, 0));
@@ -600,10 +580,7 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
         flags: 1, // read only
     };
     let hs: Vec<u64> = (0..3).map(|_| create(e, 32 * MIB).unwrap()).collect();
-    assert_eq!(
-        (used(e), spilled(e), device_resident(e)),
-        (64 * MIB, 32 * MIB, 64 * MIB)
-    );
+    assert_eq!(placed(e), (64 * MIB, 32 * MIB, 64 * MIB));
     assert!(
         hs.iter()
             .all(|h| !e.driver.vmm.lock().unwrap().contains_key(h))
@@ -627,18 +604,8 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
         launch(e, &[p2, p1]);
     }
     rounds(e, 1);
-    let s = e.slot(0).unwrap();
-    assert_eq!(
-        (
-            s.demotions.load(Ordering::Relaxed),
-            s.promotions.load(Ordering::Relaxed)
-        ),
-        (1, 1)
-    );
-    assert_eq!(
-        (used(e), spilled(e), device_resident(e)),
-        (64 * MIB, 32 * MIB, 64 * MIB)
-    );
+    assert_eq!(moves(e), (1, 1));
+    assert_eq!(placed(e), (64 * MIB, 32 * MIB, 64 * MIB));
     assert!(e.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
     // Each page moved is granted its access again: p0 device 0's, p2 the peer's too.
     let mut granted = e.driver.access.lock().unwrap().clone();
@@ -676,7 +643,7 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
         assert_eq!(unmap(e, p, 32 * MIB), CUDA_SUCCESS);
         assert_eq!(release(e, *h), CUDA_SUCCESS);
     }
-    assert_eq!((used(e), spilled(e), device_resident(e)), (0, 0, 0));
+    assert_eq!(placed(e), (0, 0, 0));
     assert!(e.driver.vmm.lock().unwrap().is_empty());
     assert!(e.driver.maps.lock().unwrap().is_empty());
     // Gone: a second release is the driver's answer for an unknown handle.
@@ -758,6 +725,6 @@ fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
         assert_eq!(unmap(e, p, 32 * MIB), CUDA_SUCCESS);
         assert_eq!(release(e, handle), CUDA_SUCCESS);
     }
-    assert_eq!((used(e), spilled(e), device_resident(e)), (0, 0, 0));
+    assert_eq!(placed(e), (0, 0, 0));
     assert!(e.driver.vmm.lock().unwrap().is_empty());
 }
