@@ -207,6 +207,7 @@ hooks! {
         fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult, Lookup::cuda("cuMemUnmap", 10020), on panic NOT_FOUND => Engine::mem_unmap;
         fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult, Lookup::cuda("cuMemSetAccess", 10020), on panic NOT_FOUND => Engine::mem_set_access;
         fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND => Engine::mem_get_allocation_properties_from_handle;
+        fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemGetHandleForAddressRange", 11070), on panic NOT_FOUND => Engine::mem_get_handle_for_address_range;
 
         fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => Engine::array_create;
         fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => Engine::array_3d_create;

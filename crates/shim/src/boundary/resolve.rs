@@ -172,6 +172,7 @@ pub fn tiered_only(name: &[u8]) -> bool {
         b"cuGraphExecNodeSetParams",
         b"cuMemSetAccess",
         b"cuMemGetAllocationPropertiesFromHandle",
+        b"cuMemGetHandleForAddressRange",
     ]
     .iter()
     .any(|p| name.starts_with(p))

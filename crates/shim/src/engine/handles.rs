@@ -22,7 +22,11 @@
 //!   moves as the engine's own blocks do once the program has granted
 //!   access to it (`cuMemSetAccess`, whose descriptors a move grants
 //!   again). Any other mapping, and an export, pins the handle where it
-//!   is: the block stops moving and keeps its memory. A block's heat is
+//!   is: the block stops moving and keeps its memory. So does access
+//!   granted to another device (whose work a move does not wait for) or
+//!   to part of the page (a move grants what it keeps over the whole
+//!   page), and a dma-buf of its range (`cuMemGetHandleForAddressRange`,
+//!   `lifecycle.rs`). A block's heat is
 //!   read with its neighbours' (`tier::take_round`): a tensor may span
 //!   pages mapped end to end.
 //! - **Translated calls.** `cuMemMap`, `cuMemRelease`,
@@ -31,8 +35,12 @@
 //!   physical handle (the properties then name the device the program
 //!   asked for); `cuMemRetainAllocationHandle` of a mapped address answers
 //!   the program's handle with one more reference; importing a descriptor
-//!   this process exported a handle as (still open on the same file)
-//!   answers that handle. Memory made past the cap or moved is made
+//!   open on the file description this process exported a handle as
+//!   (`kcmp` against a copy the engine keeps: the driver's descriptors are
+//!   all open on one device file, so neither the number nor the file tells
+//!   them apart) answers that handle; where `kcmp` is refused, the
+//!   program gets the driver's handle to the same, pinned, memory. Memory
+//!   made past the cap or moved is made
 //!   without the handle types the program asked for, so its export fails
 //!   (with a line in the log). The handle and its
 //!   bytes go when it is released and unmapped everywhere, as the
@@ -61,7 +69,7 @@
 //!   memory back. `cuMemSetAccess` passes the gate, and the access a move
 //!   grants again is kept before it lets go.
 //! - What allocates: a handle's heap cell and map entry, a block's insert
-//!   and its access descriptors.
+//!   and its access descriptors, a kept descriptor for each export.
 //! - Killed at any instruction: nothing here outlives the process.
 
 use std::ffi::{c_int, c_void};
@@ -74,16 +82,39 @@ use crate::log::{log_at, log_once};
 
 const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
 
-/// The file a descriptor is open on (device, inode), if `fstat` says.
-fn file_of(fd: c_int) -> Option<(u64, u64)> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat writes the struct or fails; nothing else is touched.
-    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
-        return None;
+/// `kcmp`'s comparison of open files.
+const KCMP_FILE: libc::c_int = 0;
+
+/// A descriptor of this process's own that stays open on the same file as
+/// `fd` (close-on-exec), for [`same_file`] to compare later imports with;
+/// `None` when none can be had.
+fn keep(fd: c_int) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl with F_DUPFD_CLOEXEC makes a new descriptor or fails.
+    let kept = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    // SAFETY: a descriptor just made, owned by nobody else.
+    (kept >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(kept) })
+}
+
+/// Whether descriptors `a` and `b` of this process are open on the same
+/// file description (`kcmp`): false when they are not, or when the kernel
+/// will not say (no `kcmp`, or a seccomp filter refuses it). The driver's
+/// exports are all open on `/dev/nvidiactl` (same device, same inode, on
+/// the H200), so only the file description tells them apart.
+fn same_file(a: c_int, b: c_int) -> bool {
+    // SAFETY: getpid cannot fail; kcmp only compares, and fails cleanly on
+    // a bad descriptor.
+    unsafe {
+        let pid = libc::getpid();
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid,
+            pid,
+            KCMP_FILE,
+            a as libc::c_ulong,
+            b as libc::c_ulong,
+        ) == 0
     }
-    // SAFETY: fstat succeeded and filled it.
-    let st = unsafe { st.assume_init() };
-    Some((st.st_dev, st.st_ino))
 }
 
 impl<D: Driver> Engine<D> {
@@ -180,10 +211,12 @@ impl<D: Driver> Engine<D> {
             b.pin();
             return Some(f(b.handle(), b.on_device()));
         }
-        let Some(held) = b.hold() else {
-            return Some(CUDA_ERROR_INVALID_VALUE);
-        };
-        Some(f(held.handle(), held.on_device()))
+        match b.hold() {
+            Some(held) => Some(f(held.handle(), held.on_device())),
+            // Being unmapped or freed: no move can start, so its memory is
+            // final (and the handle's own while `refs` holds it).
+            None => Some(f(b.handle(), b.on_device())),
+        }
     }
 
     /// `cuMemMap` of a program handle: `None` when `h` is not one.
@@ -377,17 +410,22 @@ impl<D: Driver> Engine<D> {
         } else if kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && !shareable.is_null() {
             // SAFETY: for this handle type the driver wrote an int.
             let fd = unsafe { *shareable.cast::<c_int>() };
-            if let Some(x) = self.handles.lock().get_mut(&h) {
-                x.exported.push((fd, file_of(fd)));
+            if let Some(kept) = keep(fd)
+                && let Some(x) = self.handles.lock().get_mut(&h)
+            {
+                x.exported.push(kept);
             }
         }
         Some(rc)
     }
 
-    /// An import of a POSIX descriptor this process exported a program
-    /// handle as (the same descriptor, still the same file): the driver's
+    /// An import of a descriptor open on the file description this process
+    /// exported a program handle as (the descriptor itself, a copy of it,
+    /// or one that went to another process and came back): the driver's
     /// new handle is given back, and the program gets its own handle with
-    /// one more reference. False when the descriptor is no such export.
+    /// one more reference. False otherwise, and when the kernel cannot
+    /// compare descriptors (`kcmp`): the driver's handle is the program's
+    /// then, naming the same memory, which the export pinned.
     ///
     /// # Safety
     /// `handle` is non-null and writable.
@@ -396,13 +434,13 @@ impl<D: Driver> Engine<D> {
         handle: *mut CUmemGenericAllocationHandle,
         fd: c_int,
     ) -> bool {
-        let file = file_of(fd);
+        use std::os::fd::AsRawFd;
         let original = {
             let mut m = self.handles.lock();
-            let Some((&h, x)) = m
-                .iter_mut()
-                .find(|(_, x)| (x.refs > 0 || x.maps > 0) && x.exported.contains(&(fd, file)))
-            else {
+            let Some((&h, x)) = m.iter_mut().find(|(_, x)| {
+                (x.refs > 0 || x.maps > 0)
+                    && x.exported.iter().any(|k| same_file(fd, k.as_raw_fd()))
+            }) else {
                 return false;
             };
             x.refs += 1;
@@ -411,6 +449,10 @@ impl<D: Driver> Engine<D> {
         // SAFETY: the caller's contract; the driver wrote its handle there.
         let fresh = unsafe { std::mem::replace(&mut *handle, original) };
         let _ = self.driver.vmm_release(fresh);
+        log_at!(
+            Debug,
+            "cuMemImportFromShareableHandle: descriptor {fd} is this process's export of handle {original:#x}, which it answers"
+        );
         true
     }
 
@@ -471,12 +513,22 @@ impl<D: Driver> Engine<D> {
         }
         // SAFETY: the driver read `count` descriptors there and succeeded.
         let access = unsafe { std::slice::from_raw_parts(desc, count) };
-        for b in self
-            .tiers
-            .blocks_within(ptr, ptr.saturating_add(size as u64))
-        {
-            if b.program_handle != 0 {
+        let end = ptr.saturating_add(size as u64);
+        for b in self.tiers.blocks_overlapping(ptr, end) {
+            if b.program_handle == 0 {
+                continue;
+            }
+            // Access for another device (its work is not waited for before
+            // a move) or for part of the page (a move grants what it keeps
+            // over the whole page): the page stays where it is.
+            let own = location(false, CUdevice::from(b.device));
+            if b.ptr >= ptr
+                && b.ptr.saturating_add(b.bytes) <= end
+                && access.iter().all(|d| d.location == own)
+            {
                 b.granted(access);
+            } else {
+                b.pin();
             }
         }
         rc

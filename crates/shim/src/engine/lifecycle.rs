@@ -13,6 +13,11 @@ use super::records::Kind;
 use super::state::Engine;
 use crate::log::{log_at, log_once};
 
+/// How long a context's destroy waits for synchronisations a placement
+/// round left running (`Engine::no_round`): longer than the longest wait
+/// of a round (8 s).
+const QUIESCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl<D: Driver> Engine<D> {
     /// Drops the records of every allocation of a context the driver
     /// destroyed and gives their bytes back. Stream-ordered allocations
@@ -74,12 +79,46 @@ impl<D: Driver> Engine<D> {
             return real();
         }
         self.cache.drain_ctx(&self.base, ctx as usize);
-        let rc = real();
+        let rc = {
+            let _no_round = self.no_round();
+            let rc = real();
+            if rc == CUDA_SUCCESS {
+                self.forget_ctx(ctx as usize);
+            }
+            rc
+        };
         if rc == CUDA_SUCCESS {
-            self.forget_ctx(ctx as usize);
             self.context_gone(None);
         }
         rc
+    }
+
+    /// Under tiered spill, the cache's ordering lock held exclusively: no
+    /// placement round runs while it is held (a round holds it shared
+    /// throughout), so none is pushing, synchronising or copying on a
+    /// context the program is destroying; and no thread a round left
+    /// synchronising contexts (it gave up waiting for the GPU) is still in
+    /// the driver. Such a thread ends when the GPU's work does, which the
+    /// driver's destroy waits for too; after [`QUIESCE_WAIT`] the destroy
+    /// goes ahead anyway, with a line in the log, rather than hang on work
+    /// that waits for something the program will not do.
+    fn no_round(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
+        if !self.tiers.on() {
+            return None;
+        }
+        let only = self.cache.ordering_exclusive();
+        let start = std::time::Instant::now();
+        while self.tiers.quiescing.load(Ordering::SeqCst) > 0 {
+            if start.elapsed() > QUIESCE_WAIT {
+                log_once!(
+                    Warn,
+                    "tiered spill: a context is destroyed while a synchronisation a move started on it has not returned after {QUIESCE_WAIT:?}; going ahead"
+                );
+                break;
+            }
+            std::thread::yield_now();
+        }
+        Some(only)
     }
 
     /// The handle of `dev`'s primary context when it is active.
@@ -109,11 +148,20 @@ impl<D: Driver> Engine<D> {
         if let Some(ctx) = primary {
             self.cache.drain_ctx(&self.base, ctx);
         }
-        let rc = real();
-        if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
-            && !self.still_active(dev)
-        {
-            self.forget_ctx(ctx);
+        let (rc, gone) = {
+            let _no_round = self.no_round();
+            let rc = real();
+            let gone = if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
+                && !self.still_active(dev)
+            {
+                self.forget_ctx(ctx);
+                true
+            } else {
+                false
+            };
+            (rc, gone)
+        };
+        if gone {
             self.context_gone(Some(dev));
         }
         rc
@@ -146,6 +194,31 @@ impl<D: Driver> Engine<D> {
             r.exported = true;
         }
         rc
+    }
+
+    /// `cuMemGetHandleForAddressRange` (a dma-buf of device memory, as
+    /// NCCL registers buffers with a network card): under tiered spill the
+    /// blocks in the range stay where they are from then on, since the
+    /// card keeps reaching the memory behind them, which a move would
+    /// release.
+    pub fn mem_get_handle_for_address_range(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        _handle: *mut c_void,
+        dptr: CUdeviceptr,
+        size: usize,
+        _kind: c_int,
+        _flags: u64,
+    ) -> CUresult {
+        if self.tiers.on() {
+            for b in self
+                .tiers
+                .blocks_overlapping(dptr, dptr.saturating_add(size as u64))
+            {
+                b.pin();
+            }
+        }
+        real()
     }
 
     /// `cuStreamCreate`: a stream created `CU_STREAM_NON_BLOCKING` is not

@@ -615,9 +615,19 @@ impl<D: Driver> Engine<D> {
         let (tx, rx) = std::sync::mpsc::channel();
         let driver = &self.driver;
         let list = ctxs.to_vec();
+        let quiescing = &self.tiers.quiescing;
+        quiescing.fetch_add(1, Ordering::SeqCst);
+        /// Counts the thread out when it ends, however it ends.
+        struct Out(&'static std::sync::atomic::AtomicU32);
+        impl Drop for Out {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
         let spawned = std::thread::Builder::new()
             .name("vramcap-quiesce".into())
             .spawn(move || {
+                let _out = Out(quiescing);
                 let mut ok = true;
                 for c in list {
                     if driver.ctx_push_current(c) != CUDA_SUCCESS {
@@ -630,6 +640,7 @@ impl<D: Driver> Engine<D> {
                 let _ = tx.send(ok);
             });
         if spawned.is_err() {
+            quiescing.fetch_sub(1, Ordering::SeqCst);
             return false;
         }
         let wait = self.tiers.sync_wait();

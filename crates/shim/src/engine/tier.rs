@@ -112,7 +112,11 @@
 //!   and its bytes are settled by the place it ends in.
 //! - A round holds the cache's ordering lock shared, so no capture begins
 //!   while it makes driver calls (captures begin under that lock held
-//!   exclusively), and it makes none while a capture is in progress.
+//!   exclusively), and it makes none while a capture is in progress. The
+//!   program's `cuCtxDestroy` and primary-context release or reset take
+//!   it exclusively too, and wait for any thread a round left
+//!   synchronising contexts (`quiescing`), so no round uses a context the
+//!   driver is destroying.
 //! - What allocates: a block's insert, a function's layout, an executable
 //!   graph's uses (at its instantiation, never at its launch), a round's
 //!   snapshot, its list of each region's uses and plan, the first mover
@@ -500,6 +504,9 @@ pub struct Tiers {
     deferred: Mutex<Vec<(Arc<TierBlock>, super::records::Record)>>,
     /// Rounds that gave up waiting for the GPU, and the round moves resume.
     stalls: AtomicU64,
+    /// Threads a round started to synchronise contexts that may still be
+    /// in the driver (one outlives a round that gave up waiting for it).
+    pub(super) quiescing: AtomicU32,
     resume: AtomicU64,
     /// Launches seen (a graph's launch counts each of its kernels), and
     /// words in them that named a tiered block (a graph's merged words
@@ -527,9 +534,10 @@ pub(super) struct Handle {
     pub(super) block: Option<Arc<TierBlock>>,
     /// Mapped in part, twice, or exported: never a moving block again.
     pub(super) pinned: bool,
-    /// The POSIX descriptors it was exported as, with the file each was
-    /// then (device and inode; `None` when `fstat` could not say).
-    pub(super) exported: Vec<(std::ffi::c_int, Option<(u64, u64)>)>,
+    /// Descriptors of the engine's own, each open on the file description
+    /// the handle was exported as (closed when the handle goes), to know
+    /// an import of it (`engine/handles.rs`).
+    pub(super) exported: Vec<std::os::fd::OwnedFd>,
 }
 
 /// The program's handles under tiered spill, by value.
@@ -578,6 +586,7 @@ impl Tiers {
             scored: AtomicU64::new(0),
             deferred: Mutex::new(Vec::new()),
             stalls: AtomicU64::new(0),
+            quiescing: AtomicU32::new(0),
             resume: AtomicU64::new(0),
             launches: AtomicU64::new(0),
             hits: AtomicU64::new(0),
@@ -627,6 +636,20 @@ impl Tiers {
             .map(|(_, b)| b)
             .filter(|b| b.ptr.saturating_add(b.bytes) <= hi)
             .cloned()
+            .collect()
+    }
+
+    /// The blocks with any byte in `[lo, hi)`.
+    pub(super) fn blocks_overlapping(&self, lo: u64, hi: u64) -> Vec<Arc<TierBlock>> {
+        let blocks = read!(self.blocks);
+        let before = blocks
+            .range(..lo)
+            .next_back()
+            .filter(|(_, b)| b.ptr.saturating_add(b.bytes) > lo);
+        before
+            .into_iter()
+            .chain(blocks.range(lo..hi))
+            .map(|(_, b)| b.clone())
             .collect()
     }
 

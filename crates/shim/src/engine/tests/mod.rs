@@ -279,8 +279,13 @@ impl Driver for Fake {
     unsafe fn vmm_export(&self, shareable: *mut c_void, handle: u64, _: c_int, _: u64) -> CUresult {
         match self.vmm.lock().unwrap().get(&handle) {
             Some((_, false)) => {
-                // SAFETY: the caller's contract (an int for descriptors).
-                unsafe { *shareable.cast::<c_int>() = handle as c_int };
+                // A descriptor of its own, as the driver's are (all open on
+                // one device file, /dev/nvidiactl; /dev/null here).
+                // SAFETY: open of a literal path; the caller's contract (an
+                // int for descriptors).
+                unsafe {
+                    *shareable.cast::<c_int>() = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+                }
                 CUDA_SUCCESS
             }
             Some(_) => 801, // CUDA_ERROR_NOT_SUPPORTED

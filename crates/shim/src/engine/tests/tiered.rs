@@ -575,9 +575,9 @@ fn release(e: &'static Engine<Fake>, h: u64) -> CUresult {
 #[test]
 fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
     let e = tiered("64MiB");
-    let peer = CUmemAccessDesc {
-        location: crate::engine::tier::location(false, 1),
+    const RO0: CUmemAccessDesc = CUmemAccessDesc {
         flags: 1, // read only
+        ..RW0
     };
     let hs: Vec<u64> = (0..3).map(|_| create(e, 32 * MIB).unwrap()).collect();
     assert_eq!(placed(e), (64 * MIB, 32 * MIB, 64 * MIB));
@@ -594,8 +594,8 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
     // No access granted to the hot page yet: it cannot be copied, so it stays.
     rounds(e, MIN_ROUNDS as usize + 1);
     assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
-    // One call a device, as PyTorch grants them: both are kept.
-    for grant in [RW0, peer] {
+    // Granted twice (a later grant replaces the one for its location).
+    for grant in [RO0, RW0] {
         // SAFETY: a live descriptor.
         let rc = unsafe { e.mem_set_access(|| CUDA_SUCCESS, p2, (32 * MIB) as usize, &grant, 1) };
         assert_eq!(rc, CUDA_SUCCESS);
@@ -607,10 +607,10 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
     assert_eq!(moves(e), (1, 1));
     assert_eq!(placed(e), (64 * MIB, 32 * MIB, 64 * MIB));
     assert!(e.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
-    // Each page moved is granted its access again: p0 device 0's, p2 the peer's too.
+    // Each page moved is granted its access again, as it was last granted.
     let mut granted = e.driver.access.lock().unwrap().clone();
     granted.sort_by_key(|(p, _)| *p);
-    assert_eq!(granted, [(p0, vec![RW0]), (p2, vec![RW0, peer])]);
+    assert_eq!(granted, [(p0, vec![RW0]), (p2, vec![RW0])]);
     // The program's handles still name the memory, wherever it went.
     let mut h = 0u64;
     // SAFETY: a live out-parameter.
@@ -727,4 +727,155 @@ fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
     }
     assert_eq!(placed(e), (0, 0, 0));
     assert!(e.driver.vmm.lock().unwrap().is_empty());
+}
+
+/// Three pages of 32 MiB under a 64 MiB cap, mapped and granted device 0:
+/// the third on the host. Launches heat the second and third, so a round
+/// would demote the first and promote the third.
+fn three_pages(e: &'static Engine<Fake>) -> [u64; 3] {
+    let hs: Vec<u64> = (0..3).map(|_| create(e, 32 * MIB).unwrap()).collect();
+    let ps = [0, 1, 2].map(|i| map(e, hs[i], 32 * MIB, &[RW0]));
+    for _ in 0..50 {
+        launch(e, &[ps[2], ps[1]]);
+    }
+    ps
+}
+
+/// A page granted to another device, or granted in part, stays where it
+/// is: the other device's work is not waited for before a move, and a
+/// move could only grant its access over the whole page. So does a page
+/// whose range went out as a dma-buf (a network card keeps reaching the
+/// memory behind it). Without those the first page is demoted (checked
+/// last).
+#[test]
+fn pages_granted_to_another_device_in_part_or_as_a_dma_buf_stay_put() {
+    let peer = CUmemAccessDesc {
+        location: crate::engine::tier::location(false, 1),
+        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    let grants: [(&[CUmemAccessDesc], u64); 3] = [
+        (&[RW0, peer], 32 * MIB),
+        (std::slice::from_ref(&peer), 32 * MIB),
+        (&[RW0], 16 * MIB),
+    ];
+    for (access, bytes) in grants {
+        let e = tiered("64MiB");
+        let [p0, ..] = three_pages(e);
+        // SAFETY: live descriptors.
+        let rc = unsafe {
+            e.mem_set_access(
+                || CUDA_SUCCESS,
+                p0,
+                bytes as usize,
+                access.as_ptr(),
+                access.len(),
+            )
+        };
+        assert_eq!(rc, CUDA_SUCCESS);
+        rounds(e, MIN_ROUNDS as usize + 1);
+        assert_eq!(moves(e), (0, 0), "granted {access:?} over {bytes} bytes");
+    }
+    // A dma-buf of any part of the page, from a range that starts before it.
+    let e = tiered("64MiB");
+    let [p0, ..] = three_pages(e);
+    let rc = e.mem_get_handle_for_address_range(
+        || CUDA_SUCCESS,
+        std::ptr::null_mut(),
+        p0 - 4096,
+        8192,
+        1,
+        0,
+    );
+    assert_eq!(rc, CUDA_SUCCESS);
+    rounds(e, MIN_ROUNDS as usize + 1);
+    assert_eq!(moves(e), (0, 0));
+    // The same pages with none of that: the first is demoted.
+    let e = tiered("64MiB");
+    three_pages(e);
+    rounds(e, MIN_ROUNDS as usize + 1);
+    assert_eq!(moves(e), (1, 1));
+}
+
+/// An import of a descriptor that only has the number an export had (the
+/// export was sent away and closed, and another process's export came in
+/// at that number) is the other memory: the driver's handle, untouched.
+/// The exported descriptor itself, or a copy of it, is this handle.
+#[test]
+fn an_import_is_this_processs_handle_only_from_the_file_it_exported() {
+    let e = tiered("64MiB");
+    let mine = create(e, 2 * MIB).unwrap();
+    let mut fd: c_int = -1;
+    // SAFETY: a descriptor's int.
+    let rc = unsafe {
+        e.mem_export_to_shareable_handle(
+            || CUDA_ERROR_INVALID_VALUE,
+            std::ptr::from_mut(&mut fd).cast(),
+            mine,
+            1,
+            0,
+        )
+    };
+    assert_eq!(rc, CUDA_SUCCESS);
+    let import = |fd: c_int| {
+        const PEERS: u64 = 0xdead_0000;
+        let mut imported = 0u64;
+        let out: *mut u64 = &mut imported;
+        let driver_import = || {
+            // SAFETY: `out` points at `imported`, alive for the call.
+            unsafe { *out = PEERS };
+            CUDA_SUCCESS
+        };
+        // SAFETY: a live out-parameter; the descriptor as the driver takes it.
+        let rc = unsafe {
+            e.mem_import_from_shareable_handle(driver_import, out, fd as usize as *mut c_void, 1)
+        };
+        assert_eq!(rc, CUDA_SUCCESS);
+        (imported != PEERS).then_some(imported)
+    };
+    // SAFETY: dup of our own descriptor.
+    let copy = unsafe { libc::dup(fd) };
+    assert_eq!(import(copy), Some(mine));
+    assert_eq!(release(e, mine), CUDA_SUCCESS);
+    // The export's number now names another file (dup2 closes the export
+    // and reuses its number at once: tests run side by side, opening files).
+    // SAFETY: our own descriptors.
+    let foreign = unsafe {
+        libc::close(copy);
+        let other = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+        let at = libc::dup2(other, fd);
+        libc::close(other);
+        at
+    };
+    assert_eq!(foreign, fd);
+    assert_eq!(import(foreign), None);
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(foreign) };
+    assert_eq!(release(e, mine), CUDA_SUCCESS);
+    assert_eq!(placed(e), (0, 0, 0));
+}
+
+/// The properties of a live handle while another thread unmaps its page
+/// (its block detached, the driver's unmap not yet made) are the driver's
+/// answer for the memory, which no move can change any more.
+#[test]
+fn a_handle_being_unmapped_still_answers_its_properties() {
+    let e = tiered("64MiB");
+    let h = create(e, 2 * MIB).unwrap();
+    let p = map(e, h, 2 * MIB, &[RW0]);
+    assert_eq!(e.tiered_unmapping(p, p + 2 * MIB).len(), 1);
+    let mut prop = CUmemAllocationPropFull {
+        kind: 0,
+        handle_types: 0,
+        location: crate::engine::tier::location(true, 0),
+        win32_metadata: std::ptr::null_mut(),
+        alloc_flags: [0; 8],
+    };
+    // SAFETY: a live out-parameter.
+    let rc = unsafe {
+        e.mem_get_allocation_properties_from_handle(|| CUDA_ERROR_INVALID_VALUE, &mut prop, h)
+    };
+    assert_eq!(
+        (rc, prop.location),
+        (CUDA_SUCCESS, crate::engine::tier::location(false, 0))
+    );
 }
