@@ -93,26 +93,34 @@ impl<D: Driver> Engine<D> {
         rc
     }
 
-    /// Under tiered spill, the cache's ordering lock held exclusively: no
-    /// placement round runs while it is held (a round holds it shared
-    /// throughout), so none is pushing, synchronising or copying on a
-    /// context the program is destroying; and no thread a round left
-    /// synchronising contexts (it gave up waiting for the GPU) is still in
-    /// the driver. Such a thread ends when the GPU's work does, which the
-    /// driver's destroy waits for too; after [`QUIESCE_WAIT`] the destroy
-    /// goes ahead anyway, with a line in the log, rather than hang on work
-    /// that waits for something the program will not do.
+    /// Under tiered spill, `Tiers::running` held exclusively: no placement
+    /// round runs while it is held (a round holds it shared throughout),
+    /// so none is pushing, synchronising or copying on a context the
+    /// program is destroying; and no thread a round left synchronising
+    /// contexts (it gave up waiting for the GPU) is still in the driver.
+    /// Such a thread ends when the GPU's work does, which the driver's
+    /// destroy waits for too; after [`QUIESCE_WAIT`] the destroy goes ahead
+    /// anyway, with a line in the log, rather than hang on work that waits
+    /// for something the program will not do, and later ones no longer
+    /// wait for such threads.
     fn no_round(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
         if !self.tiers.on() {
             return None;
         }
-        let only = self.cache.ordering_exclusive();
+        let only = self
+            .tiers
+            .running
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
         let start = std::time::Instant::now();
-        while self.tiers.quiescing.load(Ordering::SeqCst) > 0 {
+        while self.tiers.quiescing.load(Ordering::SeqCst) > 0
+            && !self.tiers.quiesce_abandoned.load(Ordering::SeqCst)
+        {
             if start.elapsed() > QUIESCE_WAIT {
+                self.tiers.quiesce_abandoned.store(true, Ordering::SeqCst);
                 log_once!(
                     Warn,
-                    "tiered spill: a context is destroyed while a synchronisation a move started on it has not returned after {QUIESCE_WAIT:?}; going ahead"
+                    "tiered spill: a context is destroyed while a synchronisation a move started has not returned after {QUIESCE_WAIT:?}; going ahead"
                 );
                 break;
             }
@@ -200,7 +208,8 @@ impl<D: Driver> Engine<D> {
     /// NCCL registers buffers with a network card): under tiered spill the
     /// blocks in the range stay where they are from then on, since the
     /// card keeps reaching the memory behind them, which a move would
-    /// release.
+    /// release. They are pinned before the call (so the dma-buf is of the
+    /// memory they keep), and stay pinned if it fails.
     pub fn mem_get_handle_for_address_range(
         &'static self,
         mut real: impl FnMut() -> CUresult,

@@ -316,6 +316,7 @@ impl<D: Driver> Engine<D> {
         if !self.tiers.on() {
             return;
         }
+        let _no_teardown = self.tiers.running.read().unwrap_or_else(|e| e.into_inner());
         let _no_capture_begins = self.cache.ordering_shared();
         // Captures the hooks saw; one begun unseen shows on the legacy
         // stream of its context, which `move_staged` asks with it current.

@@ -151,10 +151,13 @@ impl<D: Driver> Engine<D> {
     }
 
     /// In a child after fork, before anything else runs: close the
-    /// descriptors whose locks say the parent is alive and unmap the
-    /// parent's page. The engine is not used again.
+    /// descriptors whose locks say the parent is alive, unmap the parent's
+    /// page, and close the descriptors kept of the parent's exports (each
+    /// would hold the parent's memory allocated for the child's life). The
+    /// engine is not used again.
     pub fn forget_after_fork(&self) {
         self.page.forget_after_fork();
         self.group.forget_after_fork();
+        self.handles.close_kept_after_fork();
     }
 }

@@ -112,11 +112,16 @@
 //!   and its bytes are settled by the place it ends in.
 //! - A round holds the cache's ordering lock shared, so no capture begins
 //!   while it makes driver calls (captures begin under that lock held
-//!   exclusively), and it makes none while a capture is in progress. The
-//!   program's `cuCtxDestroy` and primary-context release or reset take
-//!   it exclusively too, and wait for any thread a round left
-//!   synchronising contexts (`quiescing`), so no round uses a context the
-//!   driver is destroying.
+//!   exclusively), and it makes none while a capture is in progress.
+//! - A round also holds `running` shared. The program's `cuCtxDestroy`
+//!   and primary-context release or reset hold it exclusively around the
+//!   driver's call, and first wait for any thread a round left
+//!   synchronising contexts (`quiescing`, at most 10 s, once), so no round
+//!   uses a context the driver is destroying. Lock order: `running`, then
+//!   the cache's ordering lock, then the gate. Nothing a program thread
+//!   does besides that teardown takes `running`, so a destroy that waits
+//!   for the GPU, and the GPU for a program thread, cannot hold that
+//!   thread up.
 //! - What allocates: a block's insert, a function's layout, an executable
 //!   graph's uses (at its instantiation, never at its launch), a round's
 //!   snapshot, its list of each region's uses and plan, the first mover
@@ -507,6 +512,15 @@ pub struct Tiers {
     /// Threads a round started to synchronise contexts that may still be
     /// in the driver (one outlives a round that gave up waiting for it).
     pub(super) quiescing: AtomicU32,
+    /// Held shared by a placement round throughout, exclusively by the
+    /// program's context destroy and primary-context release or reset
+    /// (`lifecycle.rs`), so that no round uses a context being destroyed.
+    /// Nothing else takes it: a program thread that a destroy waits for
+    /// (through the GPU's work) never waits on it.
+    pub(super) running: RwLock<()>,
+    /// A destroy gave up waiting for `quiescing` once: such a thread may
+    /// never return, and later ones do not wait for it again.
+    pub(super) quiesce_abandoned: AtomicBool,
     resume: AtomicU64,
     /// Launches seen (a graph's launch counts each of its kernels), and
     /// words in them that named a tiered block (a graph's merged words
@@ -555,6 +569,19 @@ impl Handles {
     pub fn contains(&self, h: u64) -> bool {
         self.lock().contains_key(&h)
     }
+
+    /// In a child after fork (one thread): closes the descriptors kept of
+    /// the parent's exports, which would keep the parent's memory
+    /// allocated as long as the child lives. Only when the map is free: a
+    /// lock another thread of the parent held at the fork is never let go
+    /// in the child, and the map is not read then.
+    pub fn close_kept_after_fork(&self) {
+        if let Ok(mut m) = self.map.try_lock() {
+            for x in m.values_mut() {
+                x.exported.clear();
+            }
+        }
+    }
 }
 
 /// Reads a lock, carrying on after a panic elsewhere (every write is one
@@ -587,6 +614,8 @@ impl Tiers {
             deferred: Mutex::new(Vec::new()),
             stalls: AtomicU64::new(0),
             quiescing: AtomicU32::new(0),
+            running: RwLock::new(()),
+            quiesce_abandoned: AtomicBool::new(false),
             resume: AtomicU64::new(0),
             launches: AtomicU64::new(0),
             hits: AtomicU64::new(0),

@@ -835,6 +835,7 @@ fn an_import_is_this_processs_handle_only_from_the_file_it_exported() {
     // SAFETY: dup of our own descriptor.
     let copy = unsafe { libc::dup(fd) };
     assert_eq!(import(copy), Some(mine));
+    assert_eq!(e.handles.lock()[&mine].exported.len(), 1);
     assert_eq!(release(e, mine), CUDA_SUCCESS);
     // The export's number now names another file (dup2 closes the export
     // and reuses its number at once: tests run side by side, opening files).
@@ -850,6 +851,10 @@ fn an_import_is_this_processs_handle_only_from_the_file_it_exported() {
     assert_eq!(import(foreign), None);
     // SAFETY: our own descriptor.
     unsafe { libc::close(foreign) };
+    // In a child after fork the kept descriptors are closed (each would
+    // hold the parent's memory allocated for as long as the child lives).
+    e.handles.close_kept_after_fork();
+    assert!(e.handles.lock()[&mine].exported.is_empty());
     assert_eq!(release(e, mine), CUDA_SUCCESS);
     assert_eq!(placed(e), (0, 0, 0));
 }
