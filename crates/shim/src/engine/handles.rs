@@ -76,46 +76,12 @@ use std::ffi::{c_int, c_void};
 
 use super::cuda::*;
 use super::driver::Driver;
+use super::exports::{keep, same_file};
 use super::state::Engine;
 use super::tier::{Handle, TierBlock, location};
 use crate::log::{log_at, log_once};
 
 const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
-
-/// `kcmp`'s comparison of open files.
-const KCMP_FILE: libc::c_int = 0;
-
-/// A descriptor of this process's own that stays open on the same file as
-/// `fd` (close-on-exec), for [`same_file`] to compare later imports with;
-/// `None` when none can be had.
-fn keep(fd: c_int) -> Option<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: fcntl with F_DUPFD_CLOEXEC makes a new descriptor or fails.
-    let kept = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    // SAFETY: a descriptor just made, owned by nobody else.
-    (kept >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(kept) })
-}
-
-/// Whether descriptors `a` and `b` of this process are open on the same
-/// file description (`kcmp`): false when they are not, or when the kernel
-/// will not say (no `kcmp`, or a seccomp filter refuses it). The driver's
-/// exports are all open on `/dev/nvidiactl` (same device, same inode, on
-/// the H200), so only the file description tells them apart.
-fn same_file(a: c_int, b: c_int) -> bool {
-    // SAFETY: getpid cannot fail; kcmp only compares, and fails cleanly on
-    // a bad descriptor.
-    unsafe {
-        let pid = libc::getpid();
-        libc::syscall(
-            libc::SYS_kcmp,
-            pid,
-            pid,
-            KCMP_FILE,
-            a as libc::c_ulong,
-            b as libc::c_ulong,
-        ) == 0
-    }
-}
 
 impl<D: Driver> Engine<D> {
     /// `cuMemCreate` of device memory under tiered spill (module docs).
@@ -434,12 +400,11 @@ impl<D: Driver> Engine<D> {
         handle: *mut CUmemGenericAllocationHandle,
         fd: c_int,
     ) -> bool {
-        use std::os::fd::AsRawFd;
         let original = {
             let mut m = self.handles.lock();
             let Some((&h, x)) = m.iter_mut().find(|(_, x)| {
                 (x.refs > 0 || x.maps > 0)
-                    && x.exported.iter().any(|k| same_file(fd, k.as_raw_fd()))
+                    && x.exported.iter().any(|k| same_file(fd, k) == Some(true))
             }) else {
                 return false;
             };

@@ -72,6 +72,7 @@ mod alloc;
 mod arrays;
 mod base;
 mod cache;
+mod exports;
 mod group;
 mod handles;
 mod held;

@@ -36,8 +36,9 @@ pub struct Engine<D: Driver> {
     pub(super) arrays: Registry<Object>,
     /// VMM mappings by start address: (the counted handle, size).
     pub(super) maps: Registry<(u64, u64)>,
-    /// POSIX file descriptors this process exported VMM handles as, by fd.
-    pub(super) exports: Registry<u64>,
+    /// The VMM handles this process exported as POSIX file descriptors
+    /// (outside tiered spill).
+    pub(super) exports: super::exports::Exports,
     /// Instantiated graphs by handle: how much graph memory their last
     /// launch that grew it added, and their allocation nodes' bytes when
     /// their instantiation was seen (`held.rs`).
@@ -66,7 +67,7 @@ impl<D: Driver> Engine<D> {
             vmm: registry(),
             arrays: registry(),
             maps: registry(),
-            exports: registry(),
+            exports: Default::default(),
             graph_growth: registry(),
             graph_size: registry(),
             inflight: InFlight::new(),
@@ -159,5 +160,6 @@ impl<D: Driver> Engine<D> {
         self.page.forget_after_fork();
         self.group.forget_after_fork();
         self.handles.close_kept_after_fork();
+        self.exports.close_kept_after_fork();
     }
 }

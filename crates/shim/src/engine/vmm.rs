@@ -247,7 +247,8 @@ impl<D: Driver> Engine<D> {
 
     /// `cuMemExportToShareableHandle`: remembers which handle a POSIX
     /// descriptor exports, so an import of it in this process is known to
-    /// be the same allocation.
+    /// be the same allocation (`exports.rs`: by its open file, not its
+    /// number, which another process's export may have by then).
     ///
     /// # Safety
     /// The driver function's contract.
@@ -277,7 +278,7 @@ impl<D: Driver> Engine<D> {
         {
             // SAFETY: for this handle type the driver wrote an int.
             let fd = unsafe { *shareable.cast::<c_int>() };
-            self.exports.insert(fd as u64, handle);
+            self.exports.add(fd, handle, |h| self.vmm.contains_key(&h));
         }
         rc
     }
@@ -312,7 +313,7 @@ impl<D: Driver> Engine<D> {
         if self.vmm.contains_key(&h) {
             self.add_ref(h);
         } else if kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-            && let Some(original) = self.exports.get(&(os_handle as usize as u64)).map(|o| *o)
+            && let Some(original) = self.exports.of(os_handle as usize as c_int)
             && let Some(o) = self.vmm.get(&original).map(|o| *o)
         {
             self.add_ref(original);
