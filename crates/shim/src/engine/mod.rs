@@ -3,13 +3,14 @@
 //! calls one of its handlers per hooked driver function, passing the
 //! caller's arguments and a closure that makes the real call; every other
 //! driver function it needs comes through the [`Driver`] trait. Its unit
-//! tests (`tests.rs`) run it against a fake driver.
+//! tests (`tests/`) run it against a fake driver.
 //!
 //! # Parts, bottom up (no module imports one above it)
-//! - `cuda`, `driver`, `records`, `ledger`, `inflight`, `worker`: types,
-//!   the driver trait, the records of live allocations, the book of pools
-//!   and the context's measurement, the allocations in flight, the
-//!   background thread.
+//! - `cuda`, `driver`, `records`, `ledger`, `inflight`, `worker`,
+//!   `exports`: types, the driver trait, the records of live allocations,
+//!   the book of pools and the context's measurement, the allocations in
+//!   flight, the background thread, and how an import is known to be of
+//!   this process's own export.
 //! - `page`, `group`: the statistics page and the group membership.
 //! - `base` (+ `accounting`, `held`): what every part stands on, the
 //!   budgets, and what a process holds beyond its allocations (pools,
@@ -21,7 +22,8 @@
 //!   frees, memory queries), `pools` (stream-ordered), `vmm`, `arrays`,
 //!   `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps changed
 //!   while the program runs), `placement` (tiered spill's allocation,
-//!   frees, rounds and launch, copy and memset hooks).
+//!   frees, rounds and launch, copy and memset hooks), `handles` (tiered
+//!   spill of the program's own `cuMemCreate` memory).
 //!
 //! # Concurrency
 //! - Budgets, counters, the capture count and every lazily made pointer are
@@ -30,10 +32,12 @@
 //!   cache (`cache`), the spill's deferred-free list (`spill`), the book of
 //!   pools and the graph-reserve mutex (`ledger`, `held`), and `OnceLock`s
 //!   of values made once. Each is held for a map or list operation only,
-//!   never across `dlopen` or `dlsym`, and never two at once: there is no
-//!   lock order, except under tiered spill (`tier`: the cache's ordering
-//!   lock, then its gate, which a round holds across the driver calls of
-//!   a move). Only the book of pools and the graph-reserve mutex are
+//!   never across `dlopen` or `dlsym`, and never two at once (the list of
+//!   exports asks the VMM records whether a handle is live under its
+//!   mutex: one shard lookup, and no code takes the list holding a
+//!   record): there is no lock order, except under tiered spill (`tier`:
+//!   rounds against context teardown, then the cache's ordering lock, then
+//!   its gate, which a round holds across the driver calls of a move). Only the book of pools and the graph-reserve mutex are
 //!   held across driver calls, the attribute reads whose figures they
 //!   apply, which call nothing the shim hooks and never wait on the GPU. The page
 //!   and the group membership are made by one thread while others yield
