@@ -79,15 +79,11 @@ impl<D: Driver> Engine<D> {
             return real();
         }
         self.cache.drain_ctx(&self.base, ctx as usize);
-        let rc = {
-            let _no_round = self.no_round();
-            let rc = real();
-            if rc == CUDA_SUCCESS {
-                self.forget_ctx(ctx as usize);
-            }
-            rc
-        };
+        let no_round = self.no_round();
+        let rc = real();
         if rc == CUDA_SUCCESS {
+            self.forget_ctx(ctx as usize);
+            drop(no_round);
             self.context_gone(None);
         }
         rc
@@ -156,20 +152,13 @@ impl<D: Driver> Engine<D> {
         if let Some(ctx) = primary {
             self.cache.drain_ctx(&self.base, ctx);
         }
-        let (rc, gone) = {
-            let _no_round = self.no_round();
-            let rc = real();
-            let gone = if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
-                && !self.still_active(dev)
-            {
-                self.forget_ctx(ctx);
-                true
-            } else {
-                false
-            };
-            (rc, gone)
-        };
-        if gone {
+        let no_round = self.no_round();
+        let rc = real();
+        if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
+            && !self.still_active(dev)
+        {
+            self.forget_ctx(ctx);
+            drop(no_round);
             self.context_gone(Some(dev));
         }
         rc

@@ -124,8 +124,8 @@
 //!   thread up.
 //! - What allocates: a block's insert, a function's layout, an executable
 //!   graph's uses (at its instantiation, never at its launch), a round's
-//!   snapshot, its list of each region's uses and plan, the first mover
-//!   stream of a context.
+//!   snapshot, its lists of a region's uses (made once a round) and plan,
+//!   the first mover stream of a context.
 //! - Killed at any instruction: nothing here outlives the process.
 
 use std::collections::{BTreeMap, HashMap};
@@ -423,7 +423,13 @@ impl TierBlock {
     #[cfg(test)]
     fn take_passes(self: &Arc<Self>) -> (f64, u64) {
         let mut out = [(0f64, 0u64)];
-        take_region(std::slice::from_ref(self), &[0], 0, &mut out);
+        take_region(
+            std::slice::from_ref(self),
+            &[0],
+            0,
+            &mut out,
+            &mut Scratch::default(),
+        );
         out[0]
     }
 
@@ -1159,10 +1165,11 @@ pub const NAMED_ROUNDS: u64 = 50;
 /// rest of a large tensor is never named). `round`: this round.
 pub(super) fn take_round(blocks: &[Arc<TierBlock>], round: u64) -> Vec<(f64, u64)> {
     let mut out = vec![(0f64, 0u64); blocks.len()];
+    let mut scratch = Scratch::default();
     let mut pages = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
         if b.program_handle == 0 {
-            take_region(blocks, &[i], round, &mut out);
+            take_region(blocks, &[i], round, &mut out, &mut scratch);
         } else {
             pages.push(i);
         }
@@ -1178,23 +1185,40 @@ pub(super) fn take_round(blocks: &[Arc<TierBlock>], round: u64) -> Vec<(f64, u64
             }
             end += 1;
         }
-        take_region(blocks, &pages[start..end], round, &mut out);
+        take_region(blocks, &pages[start..end], round, &mut out, &mut scratch);
         start = end;
     }
     out
+}
+
+/// The lists [`take_region`] fills, made once a round for all regions.
+#[derive(Default)]
+struct Scratch {
+    /// The region's uses: (offset in the region, weight).
+    uses: Vec<(u64, u32)>,
+    /// The weighted bytes each of its blocks is passed over.
+    bytes: Vec<f64>,
 }
 
 /// [`take_round`] for one region: `run` indexes `blocks`, in address
 /// order, each block starting where the one before it ends. The uses'
 /// reaches are disjoint, so the walk touches each page at most once per
 /// use that reaches it: linear in pages plus uses.
-fn take_region(blocks: &[Arc<TierBlock>], run: &[usize], round: u64, out: &mut [(f64, u64)]) {
+fn take_region(
+    blocks: &[Arc<TierBlock>],
+    run: &[usize],
+    round: u64,
+    out: &mut [(f64, u64)],
+    scratch: &mut Scratch,
+) {
     let base = blocks[run[0]].ptr;
     let at = |k: usize| blocks[run[k]].ptr - base;
     let last = &blocks[run[run.len() - 1]];
     let len = last.ptr + last.bytes - base;
-    let mut uses: Vec<(u64, u32)> = Vec::new();
-    let mut bytes = vec![0f64; run.len()];
+    let Scratch { uses, bytes } = scratch;
+    uses.clear();
+    bytes.clear();
+    bytes.resize(run.len(), 0.0);
     for (k, &i) in run.iter().enumerate() {
         let b = &blocks[i];
         let (seen, n, unplaced) = b.take_spots();

@@ -275,7 +275,8 @@ impl Driver for Fake {
         self.access.lock().unwrap().push((ptr, access.to_vec()));
         CUDA_SUCCESS
     }
-    /// Host memory has no shareable handle; the "descriptor" is the handle.
+    /// Host memory has no shareable handle; device memory's is a new
+    /// descriptor.
     unsafe fn vmm_export(&self, shareable: *mut c_void, handle: u64, _: c_int, _: u64) -> CUresult {
         match self.vmm.lock().unwrap().get(&handle) {
             Some((_, false)) => {
