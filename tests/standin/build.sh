@@ -10,6 +10,9 @@
 #   OUTDIR/bin/client-linked      same client, also linked against -lcuda
 #                                 (no rpath: run it with
 #                                 LD_LIBRARY_PATH=OUTDIR/lib)
+#   OUTDIR/bin/escape             loads OUTDIR/lib/libescape.so (linked
+#                                 against -lcuda) around the preload, or
+#                                 looks driver functions up at a version
 #
 # Several processes may run this at once with the same OUTDIR: everything is
 # built in a private temporary directory under OUTDIR and then renamed into
@@ -67,6 +70,11 @@ $CC $CFLAGS -DCLIENT_LINKED -I "$here" -o "$tmp/bin/client-linked" \
     "$clients/client.c" -L "$tmp/lib" -lcuda -ldl || status=$?
 wait "$runtime" || status=$?
 [ "$status" -eq 0 ] || exit "$status"
+# shellcheck disable=SC2086
+$CC $CFLAGS -fPIC -shared -Wl,-z,defs -I "$here" -o "$tmp/lib/libescape.so" \
+    "$clients/escape_lib.c" -L "$tmp/lib" -lcuda
+# shellcheck disable=SC2086
+$CC $CFLAGS -I "$here" -o "$tmp/bin/escape" "$clients/escape.c" -ldl
 
 # Rename into place; each rename replaces its target atomically. The
 # libraries go first so that a client never appears before its driver.
@@ -76,3 +84,5 @@ mv -f "$tmp/lib/libnvidia-ml.so.1" "$out/lib/libnvidia-ml.so.1"
 mv -fT "$tmp/lib/libnvidia-ml.so" "$out/lib/libnvidia-ml.so"
 mv -f "$tmp/bin/client" "$out/bin/client"
 mv -f "$tmp/bin/client-linked" "$out/bin/client-linked"
+mv -f "$tmp/lib/libescape.so" "$out/lib/libescape.so"
+mv -f "$tmp/bin/escape" "$out/bin/escape"

@@ -33,6 +33,13 @@
  *                            free trimmed at once), the older model
  *   STANDIN_CONTEXT_MIB      MiB each live context counts against its
  *                            device, 0..4096 (default 0)
+ *   STANDIN_DRIVER_VERSION   what cuDriverGetVersion reports and the newest
+ *                            cudaVersion cuGetProcAddress accepts,
+ *                            13000..99999 (default 13000). From 14000 on it
+ *                            plays a future driver: cuGetProcAddress answers
+ *                            "cuMemAlloc" at 14000 and later with an
+ *                            internal function that is none of the
+ *                            variants it answers at 13000
  *
  * The other driver names that cudarc loads eagerly are exported as stubs
  * returning CUDA_ERROR_NOT_SUPPORTED; build.sh generates them from
@@ -114,6 +121,7 @@ static struct {
     int concurrent_managed; /* STANDIN_CONCURRENT_MANAGED */
     bool pool_retain;     /* STANDIN_POOL_RETAIN=1 */
     size_t context_bytes; /* STANDIN_CONTEXT_MIB, in bytes */
+    int driver_version;   /* STANDIN_DRIVER_VERSION */
 } g_cfg;
 static pthread_once_t g_cfg_once = PTHREAD_ONCE_INIT;
 
@@ -431,6 +439,9 @@ static void config_init(void)
     g_cfg.pool_retain = env_flag("STANDIN_POOL_RETAIN");
     g_cfg.context_bytes = (size_t)env_long("STANDIN_CONTEXT_MIB", 0, 0, 4096,
                                            true) * MIB;
+    g_cfg.driver_version = (int)env_long("STANDIN_DRIVER_VERSION",
+                                         DRIVER_VERSION, DRIVER_VERSION, 99999,
+                                         true);
     for (int i = 0; i < MAX_DEVICES; i++) {
         g_ctx[i].dev = i;
         g_dev[i].next = ADDR_BASE + (CUdeviceptr)i * ADDR_WINDOW;
@@ -986,7 +997,8 @@ CUresult cuDriverGetVersion(int *driverVersion)
 {
     if (driverVersion == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *driverVersion = DRIVER_VERSION;
+    config();
+    *driverVersion = g_cfg.driver_version;
     return CUDA_SUCCESS;
 }
 LOCAL(cuDriverGetVersion)
@@ -5255,6 +5267,20 @@ static const struct proc_entry g_procs[] = {
 };
 
 /*
+ * A future driver's "cuMemAlloc" (STANDIN_DRIVER_VERSION 14000 and later):
+ * an internal entry point that no older cudaVersion is answered with. It
+ * allocates like cuMemAlloc_v2 and counts its calls, so it is a function of
+ * its own.
+ */
+#define FUTURE_VERSION 14000
+static atomic_ulong g_future_calls;
+static CUresult future_cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
+{
+    atomic_fetch_add_explicit(&g_future_calls, 1, memory_order_relaxed);
+    return local_cuMemAlloc_v2(dptr, bytesize);
+}
+
+/*
  * The lookup shared by both resolvers. *status is written whenever the call
  * returns CUDA_SUCCESS.
  */
@@ -5265,9 +5291,14 @@ static CUresult resolve(const char *symbol, void **pfn, int cudaVersion,
     atomic_fetch_add_explicit(&g_getprocaddress_calls, 1, memory_order_relaxed);
     CHECK(symbol != NULL && pfn != NULL, CUDA_ERROR_INVALID_VALUE);
     *pfn = NULL;
-    if (cudaVersion > DRIVER_VERSION ||
+    if (cudaVersion > g_cfg.driver_version ||
         flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
         return CUDA_ERROR_INVALID_VALUE;
+    if (cudaVersion >= FUTURE_VERSION && strcmp(symbol, "cuMemAlloc") == 0) {
+        *pfn = (void *)future_cuMemAlloc;
+        *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
 
     const struct proc_entry *e = NULL;
     for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {

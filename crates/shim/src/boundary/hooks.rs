@@ -325,7 +325,7 @@ mod tests {
         let mut want: Vec<String> = super::HOOKS
             .iter()
             .map(|h| h.name.to_string_lossy().into_owned())
-            .chain(["dlsym".to_string()])
+            .chain(["dlsym", "dlopen", "dlmopen"].map(String::from))
             .chain(super::super::abi::NAMES.iter().map(|n| n.to_string()))
             .collect();
         want.sort();

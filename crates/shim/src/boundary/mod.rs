@@ -12,6 +12,7 @@ pub mod abi;
 mod dlsym;
 mod driver;
 pub mod hooks;
+mod loader;
 mod macros;
 pub mod real;
 mod resolve;

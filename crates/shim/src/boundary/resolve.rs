@@ -6,7 +6,11 @@
 //! symbol of that exact name). When the driver hands out a pointer that is
 //! none of its exports (an internal entry point), by base name, version and
 //! flags within the CUDA major versions whose signatures the hooks were
-//! written for ([`crate::lookup`]).
+//! written for ([`crate::lookup`]). Above those versions an internal pointer
+//! for a hooked name is asked for again at the newest known version: the
+//! same pointer is the same function, and gets its hook; another is a
+//! function the hooks were not written for, and under a cap the lookup
+//! fails rather than hand out a way around it.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
@@ -14,7 +18,7 @@ use super::hooks::{HOOKS, Hook};
 use super::real::{Lib, driver_path};
 use super::{RealDriver, disabled};
 use crate::engine::Engine;
-use crate::engine::cuda::{CUDA_SUCCESS, CUresult};
+use crate::engine::cuda::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUresult};
 use crate::log::{log_at, log_once};
 use crate::lookup;
 use vramcap_core::settings::Spill;
@@ -79,11 +83,19 @@ pub unsafe fn get_proc_address_v2(
     pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: u64,
-    _symbol_status: *mut c_int,
+    symbol_status: *mut c_int,
 ) -> CUresult {
     // SAFETY: the driver function's contract.
-    unsafe { get_proc_address(engine, real, symbol, pfn, cuda_version, flags) }
+    let rc = unsafe { get_proc_address(engine, real, symbol, pfn, cuda_version, flags) };
+    if rc == CUDA_ERROR_NOT_FOUND && !symbol_status.is_null() {
+        // SAFETY: the caller passed a writable status (null: none).
+        unsafe { *symbol_status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND };
+    }
+    rc
 }
+
+/// `CUdriverProcAddressQueryResult`: no such symbol.
+const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
 
 /// `cuGetProcAddress` (CUDA 11.3–11.8), and the work of
 /// [`get_proc_address_v2`].
@@ -101,9 +113,92 @@ pub unsafe fn get_proc_address(
     let rc = real();
     if rc == CUDA_SUCCESS && !pfn.is_null() {
         // SAFETY: pfn is non-null and the resolver filled it.
+        let found = unsafe { *pfn };
+        // SAFETY: as above.
         unsafe { substitute(symbol, pfn, cuda_version, flags) };
+        // SAFETY: as above.
+        let kept = unsafe { *pfn } == found;
+        if kept
+            && !found.is_null()
+            && !symbol.is_null()
+            && cuda_version > lookup::NAME_MATCH_MAX_VERSION
+        {
+            // SAFETY: the real resolver accepted it as a NUL-terminated string.
+            let name = unsafe { CStr::from_ptr(symbol) };
+            // SAFETY: pfn is non-null and writable.
+            return unsafe { beyond_known_versions(name, pfn, cuda_version, flags) };
+        }
     }
     rc
+}
+
+/// A request above [`lookup::NAME_MATCH_MAX_VERSION`] for a hooked name
+/// whose answer `*pfn` matched no hook: asked again at the newest known
+/// version, the same pointer gets that version's hook; another pointer is
+/// a function the hooks were not written for, which under a cap is
+/// answered "not found" (and otherwise handed out, with a warning).
+///
+/// # Safety
+/// `pfn` is non-null, writable and holds the real resolver's answer.
+unsafe fn beyond_known_versions(
+    name: &CStr,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    let n = name.to_bytes();
+    let hooked = HOOKS.iter().any(|h| {
+        h.real.lib == Lib::Cuda
+            && handed_out(h)
+            && (h.lookup.base.as_bytes() == n || h.lookup.also.0.as_bytes() == n)
+    });
+    if !hooked {
+        return CUDA_SUCCESS;
+    }
+    // SAFETY: guaranteed by the caller.
+    let found = unsafe { *pfn };
+    let known = lookup::NAME_MATCH_MAX_VERSION;
+    let mut same: *mut c_void = std::ptr::null_mut();
+    let mut status: c_int = 0;
+    // SAFETY: the resolver's contract: a NUL-terminated name and writable
+    // out-pointers.
+    let rc = unsafe {
+        super::hooks::real::cuGetProcAddress_v2::call(
+            name.as_ptr(),
+            &mut same,
+            known,
+            flags,
+            &mut status,
+        )
+    };
+    if rc == CUDA_SUCCESS && same == found {
+        if let Some(i) = lookup::by_name(HOOKS.iter().map(|h| &h.lookup), n, known, flags)
+            && handed_out(&HOOKS[i])
+        {
+            log_at!(
+                Debug,
+                "cuGetProcAddress({name:?}, {cuda_version}): the function answered at {known}, matched {:?}",
+                HOOKS[i].name
+            );
+            // SAFETY: guaranteed by the caller.
+            unsafe { *pfn = HOOKS[i].hook.cast_mut() };
+        }
+        return CUDA_SUCCESS;
+    }
+    if capping_asked() {
+        log_once!(
+            Error,
+            "cuGetProcAddress({name:?}, {cuda_version}) answered a function that vramcap was not written for (it knows CUDA versions up to {known}); calls through it would not be capped, so the lookup fails. Use a vramcap release that knows this CUDA version, or run without a limit"
+        );
+        // SAFETY: guaranteed by the caller.
+        unsafe { *pfn = std::ptr::null_mut() };
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    log_once!(
+        Warn,
+        "cuGetProcAddress({name:?}, {cuda_version}) answered a function that vramcap was not written for (it knows CUDA versions up to {known}); calls through it are not counted"
+    );
+    CUDA_SUCCESS
 }
 
 /// What `dlsym(handle, name)` answers for a real handle, given glibc's own
@@ -180,7 +275,7 @@ pub fn tiered_only(name: &[u8]) -> bool {
 
 /// Whether any cap was asked for (a limit, NVIDIA's variable, the
 /// operator's file or a group): then nothing may bypass the hooks.
-fn capping_asked() -> bool {
+pub(super) fn capping_asked() -> bool {
     let s = super::settings();
     !s.limit.is_unlimited() || s.nvidia_limit.is_some() || s.operator.is_some() || s.group.is_some()
 }

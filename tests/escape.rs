@@ -1,0 +1,178 @@
+//! Ways around the preload (issue 32): a library loaded with
+//! `RTLD_DEEPBIND` or `dlmopen`, and a driver function looked up at a CUDA
+//! version newer than the hooks were written for. Under a cap each is
+//! capped or refused with one line; without one, nothing changes.
+
+use std::path::PathBuf;
+
+use crate::util::{run, shimmed};
+
+fn escape_program() -> PathBuf {
+    PathBuf::from(env!("STANDIN_DIR")).join("bin/escape")
+}
+
+fn escape_lib() -> String {
+    PathBuf::from(env!("STANDIN_DIR"))
+        .join("lib/libescape.so")
+        .display()
+        .to_string()
+}
+
+/// Runs `escape ARGS` under the shim with `env`; stdout's lines and the
+/// shim's stderr lines without their `vramcap[PID]: ` prefix.
+fn escape(env: &[(&str, &str)], args: &[&str]) -> (Vec<String>, Vec<String>) {
+    let mut cmd = shimmed(&escape_program());
+    cmd.envs(env.iter().copied()).args(args);
+    let ran = run(cmd);
+    let out = ran.ok_lines();
+    let err = ran
+        .stderr()
+        .lines()
+        .map(|l| match l.split_once("]: ") {
+            Some((prefix, rest)) if prefix.starts_with("vramcap[") => rest.to_string(),
+            _ => l.to_string(),
+        })
+        .collect();
+    (out, err)
+}
+
+const CAP: (&str, &str) = ("VRAMCAP_LIMIT", "512MiB");
+const REFUSED: &str = "cuMemAlloc: refused 268435456 bytes on device 0: 536870912 of the 536870912-byte cap in use (VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY";
+
+#[test]
+fn a_library_loaded_plainly_is_capped() {
+    let (out, err) = escape(&[CAP], &["plain", &escape_lib(), "4", "256"]);
+    assert_eq!(
+        out,
+        [
+            "open -> ok",
+            "alloc 256 MiB -> 0",
+            "alloc 256 MiB -> 0",
+            "alloc 256 MiB -> 2",
+            "alloc 256 MiB -> 2"
+        ]
+    );
+    assert_eq!(err, [REFUSED]);
+}
+
+#[test]
+fn a_library_loaded_with_deepbind_is_capped_and_told() {
+    let lib = escape_lib();
+    let (out, err) = escape(&[CAP], &["deepbind", &lib, "4", "256"]);
+    assert_eq!(
+        out,
+        [
+            "open -> ok",
+            "alloc 256 MiB -> 0",
+            "alloc 256 MiB -> 0",
+            "alloc 256 MiB -> 2",
+            "alloc 256 MiB -> 2"
+        ]
+    );
+    assert_eq!(
+        err,
+        [
+            format!(
+                "{lib:?} is loaded without RTLD_DEEPBIND: with it, the library could call the CUDA driver around the cap. If it needs RTLD_DEEPBIND for other symbols, run it without a limit"
+            ),
+            REFUSED.to_string()
+        ]
+    );
+}
+
+#[test]
+fn deepbind_without_a_cap_is_left_alone() {
+    let (out, err) = escape(&[], &["deepbind", &escape_lib(), "2", "256"]);
+    assert_eq!(
+        out,
+        ["open -> ok", "alloc 256 MiB -> 0", "alloc 256 MiB -> 0"]
+    );
+    assert_eq!(err, Vec::<String>::new());
+}
+
+#[test]
+fn dlmopen_into_a_new_namespace_is_refused_under_a_cap() {
+    let lib = escape_lib();
+    let (out, err) = escape(&[CAP], &["dlmopen", &lib, "4", "256"]);
+    assert_eq!(out, ["open -> null"]);
+    assert_eq!(
+        err,
+        [
+            format!(
+                "dlmopen of {lib:?} into another link namespace is refused: the CUDA driver loaded there would not be capped. Load it with dlopen, or run without a limit"
+            ),
+            "dlerror: vramcap refused dlmopen into a new link namespace (its driver would not be capped): cannot open shared object file: No such file or directory".to_string()
+        ]
+    );
+}
+
+#[test]
+fn dlmopen_without_a_cap_loads() {
+    let (out, err) = escape(&[], &["dlmopen", &escape_lib(), "1", "256"]);
+    assert_eq!(out, ["open -> ok", "alloc 256 MiB -> 0"]);
+    assert_eq!(err, Vec::<String>::new());
+}
+
+/// A future driver (the stand-in at 14000) answers `cuMemAlloc` at 14000
+/// with a function it does not answer at 13000: under a cap the lookup
+/// fails, with one line.
+#[test]
+fn an_unknown_function_at_a_newer_version_is_not_handed_out_under_a_cap() {
+    let (out, err) = escape(
+        &[CAP, ("STANDIN_DRIVER_VERSION", "14000")],
+        &["procaddr", "cuMemAlloc", "14000", "4", "256"],
+    );
+    assert_eq!(out, ["lookup cuMemAlloc 14000 -> 500 status=1"]);
+    assert_eq!(
+        err,
+        [
+            "cuGetProcAddress(\"cuMemAlloc\", 14000) answered a function that vramcap was not written for (it knows CUDA versions up to 13999); calls through it would not be capped, so the lookup fails. Use a vramcap release that knows this CUDA version, or run without a limit"
+        ]
+    );
+}
+
+#[test]
+fn an_unknown_function_without_a_cap_is_handed_out_with_a_warning() {
+    let (out, err) = escape(
+        &[("STANDIN_DRIVER_VERSION", "14000")],
+        &["procaddr", "cuMemAlloc", "14000", "1", "256"],
+    );
+    assert_eq!(
+        out,
+        [
+            "lookup cuMemAlloc 14000 -> 0 status=0",
+            "alloc 256 MiB -> 0"
+        ]
+    );
+    assert_eq!(
+        err,
+        [
+            "cuGetProcAddress(\"cuMemAlloc\", 14000) answered a function that vramcap was not written for (it knows CUDA versions up to 13999); calls through it are not counted"
+        ]
+    );
+}
+
+/// The same internal function at 14000 as at 13000 (the stand-in's
+/// aliases) is the hooked one: capped.
+#[test]
+fn a_known_function_at_a_newer_version_is_capped() {
+    let (out, err) = escape(
+        &[
+            CAP,
+            ("STANDIN_DRIVER_VERSION", "14000"),
+            ("STANDIN_PROCADDR_ALIASES", "1"),
+        ],
+        &["procaddr", "cuMemAllocPitch", "14000", "4", "256"],
+    );
+    assert_eq!(
+        out,
+        [
+            "lookup cuMemAllocPitch 14000 -> 0 status=0",
+            "alloc 256 MiB -> 0",
+            "alloc 256 MiB -> 0",
+            "alloc 256 MiB -> 2",
+            "alloc 256 MiB -> 2"
+        ]
+    );
+    assert_eq!(err, [REFUSED.replace("cuMemAlloc:", "cuMemAllocPitch:")]);
+}
