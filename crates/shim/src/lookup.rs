@@ -5,12 +5,14 @@
 //!
 //! Requests are matched by name only up to [`NAME_MATCH_MAX_VERSION`]: a
 //! later major release may give a name a new signature, and a hook written
-//! for the old one must not be handed out for it.
+//! for the old one must not be handed out for it. Above it the resolver
+//! (`boundary/resolve.rs`) asks the driver again at this version and hands
+//! out a hook only for the same function.
 
 use std::ffi::c_int;
 
-/// Requests above this `cudaVersion` are never matched by name and version,
-/// only by pointer.
+/// Requests above this `cudaVersion` are never matched by name and version
+/// here: only by pointer, or by the same pointer at this version.
 pub const NAME_MATCH_MAX_VERSION: c_int = 13999;
 
 /// `cuGetProcAddress` flags.
