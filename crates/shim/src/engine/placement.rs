@@ -324,7 +324,7 @@ impl<D: Driver> Engine<D> {
             return;
         }
         self.deferred_frees();
-        if self.tiers.stalled(self.tiers.round.load(Ordering::Relaxed)) {
+        if self.tiers.paused() {
             return;
         }
         let blocks = self.tiers.snapshot();
@@ -527,7 +527,7 @@ impl<D: Driver> Engine<D> {
             }
             let _ = self.driver.ctx_pop_current();
         }
-        if quiet && !self.quiesce(&ctxs, round) {
+        if quiet && !self.quiesce(&ctxs) {
             quiet = false;
         }
         if !quiet {
@@ -611,10 +611,12 @@ impl<D: Driver> Engine<D> {
     /// a stream waiting on a value the host writes) never finishes while
     /// the program is held. The synchronisation runs on a thread of its
     /// own; past the wait the round gives up (that thread finishes when
-    /// the GPU does), and moves pause for 10 s, for good after three.
-    fn quiesce(&'static self, ctxs: &[usize], round: u64) -> bool {
+    /// the GPU does, and what it took sets later waits), and moves pause,
+    /// for good after three give-ups in a row ([`SYNC_WAIT`](super::tier::SYNC_WAIT)).
+    fn quiesce(&'static self, ctxs: &[usize]) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
         let driver = &self.driver;
+        let tiers = &self.tiers;
         let list = ctxs.to_vec();
         let quiescing = &self.tiers.quiescing;
         quiescing.fetch_add(1, Ordering::SeqCst);
@@ -629,6 +631,7 @@ impl<D: Driver> Engine<D> {
             .name("vramcap-quiesce".into())
             .spawn(move || {
                 let _out = Out(quiescing);
+                let start = std::time::Instant::now();
                 let mut ok = true;
                 for c in list {
                     if driver.ctx_push_current(c) != CUDA_SUCCESS {
@@ -638,6 +641,7 @@ impl<D: Driver> Engine<D> {
                     ok &= driver.ctx_synchronize() == CUDA_SUCCESS;
                     let _ = driver.ctx_pop_current();
                 }
+                tiers.drained(start.elapsed());
                 let _ = tx.send(ok);
             });
         if spawned.is_err() {
@@ -646,16 +650,19 @@ impl<D: Driver> Engine<D> {
         }
         let wait = self.tiers.sync_wait();
         match rx.recv_timeout(wait) {
-            Ok(ok) => ok,
+            Ok(ok) => {
+                self.tiers.quiesced();
+                ok
+            }
             Err(_) => {
-                let n = self.tiers.stall(round);
+                let for_good = self.tiers.stall();
                 log_at!(
                     Warn,
-                    "tiered spill: the GPU did not finish its work within {wait:?} while the program was held for a move (work waiting on the program?); {}",
-                    if n >= 3 {
+                    "tiered spill: the GPU did not finish its work within {wait:?} while the program was held for a move (a long queue, or work waiting on the program?); {}",
+                    if for_good {
                         "blocks no longer move"
                     } else {
-                        "moves pause for 10 s, and the next move waits twice as long"
+                        "moves pause, and the next move waits at least twice as long as the GPU took"
                     }
                 );
                 false

@@ -61,9 +61,9 @@
 //!   the world stops: the gate that every launch, copy, memset and stream
 //!   memory operation hook passes is closed, and every context that owns
 //!   tiered blocks is synchronised (on a thread of its own, for at most
-//!   [`SYNC_WAIT`], doubled each time it was not enough: work waiting on
-//!   something the held program would do never finishes, and then the
-//!   round gives up and moves pause), so
+//!   [`SYNC_WAIT`], which follows how long the GPU's work took to drain:
+//!   work waiting on something the held program would do never finishes,
+//!   and then the round gives up and moves pause), so
 //!   nothing the program issued can be touching the block. The data is
 //!   copied, the block's address is unmapped and mapped to the new memory,
 //!   and the old memory is released (a demotion's bytes leave the
@@ -167,17 +167,25 @@ const SCAN_BYTES: usize = 8192;
 /// How long a round waits for the gate before it gives up.
 pub const STOP_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// How long a round first waits, with the gate closed, for the GPU to
-/// finish the program's work before it gives up; each time it gave up the
-/// wait doubles (2, 4, then 8 s), and after three moves stop for good. A
-/// program whose blocks are on the host runs slowly, and its queue can hold
-/// seconds of work (training at 1.5x its cap, 2.8 s a step, gave up at a
-/// fixed 2 s: docs/gpu-results.md); work that waits on the held program
-/// itself (a stream waiting for a value a held thread would write, a
-/// kernel waiting on another GPU's in single-process NCCL) never finishes,
-/// and each try at it holds the program for the wait.
+/// finish the program's work before it gives up. The wait follows the
+/// program's work: it is at least twice the last drain seen (the time a
+/// synchronisation took, counting one that finished after its round gave
+/// up, halved each time a shorter one is seen), and doubles with each give-up
+/// in a row (2, 4, then 8 s), at most [`MAX_SYNC_WAIT`]. Three give-ups in
+/// a row, or ten in all, stop moves for good. A program whose blocks are
+/// on the host runs slowly, and its queue can hold seconds of work
+/// (training at 1.7x its need waited 2 s and paused: issue 32); work that
+/// waits on the held program itself (a stream waiting for a value a held
+/// thread would write, a kernel waiting on another GPU's in single-process
+/// NCCL) never finishes while it is held, and each try at it holds the
+/// program for the wait.
 pub const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// The longest a round waits for the GPU.
+pub const MAX_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Give-ups in all after which moves stop for good.
+const MAX_STALLS: u64 = 10;
 /// Rounds moves pause for after a round gave up waiting for the GPU.
-const STALL_ROUNDS: u64 = 100;
+pub const STALL_ROUNDS: u64 = 100;
 /// The most parameter layouts kept (then they are forgotten and asked again).
 const MAX_LAYOUTS: usize = 1 << 16;
 /// The most executable graphs whose uses are kept at once (graphs
@@ -513,8 +521,15 @@ pub struct Tiers {
     pub(super) scored: AtomicU64,
     /// Frees made during a capture, left to the next round.
     deferred: Mutex<Vec<(Arc<TierBlock>, super::records::Record)>>,
-    /// Rounds that gave up waiting for the GPU, and the round moves resume.
+    /// Rounds in a row that gave up waiting for the GPU, rounds that gave
+    /// up in all, and the rounds moves still pause for (`u64::MAX`: for
+    /// good).
     stalls: AtomicU64,
+    stalls_total: AtomicU64,
+    /// The last drain seen, in µs (the wait follows it: [`SYNC_WAIT`]), and
+    /// the wait before the first one, in µs (a test shortens it).
+    drain_us: AtomicU64,
+    base_wait_us: AtomicU64,
     /// Threads a round started to synchronise contexts that may still be
     /// in the driver (one outlives a round that gave up waiting for it).
     pub(super) quiescing: AtomicU32,
@@ -527,7 +542,7 @@ pub struct Tiers {
     /// A destroy gave up waiting for `quiescing` once: such a thread may
     /// never return, and later ones do not wait for it again.
     pub(super) quiesce_abandoned: AtomicBool,
-    resume: AtomicU64,
+    pause: AtomicU64,
     /// Launches seen (a graph's launch counts each of its kernels), and
     /// words in them that named a tiered block (a graph's merged words
     /// count once each launch).
@@ -619,10 +634,13 @@ impl Tiers {
             scored: AtomicU64::new(0),
             deferred: Mutex::new(Vec::new()),
             stalls: AtomicU64::new(0),
+            stalls_total: AtomicU64::new(0),
+            drain_us: AtomicU64::new(0),
+            base_wait_us: AtomicU64::new(SYNC_WAIT.as_micros() as u64),
             quiescing: AtomicU32::new(0),
             running: RwLock::new(()),
             quiesce_abandoned: AtomicBool::new(false),
-            resume: AtomicU64::new(0),
+            pause: AtomicU64::new(0),
             launches: AtomicU64::new(0),
             hits: AtomicU64::new(0),
         }
@@ -947,26 +965,60 @@ impl Tiers {
         std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// A round gave up waiting for the GPU: how many have.
-    pub(super) fn stall(&self, round: u64) -> u64 {
+    /// A round gave up waiting for the GPU: whether moves stopped for good
+    /// ([`SYNC_WAIT`]); otherwise they pause for [`STALL_ROUNDS`].
+    pub(super) fn stall(&self) -> bool {
         let n = self.stalls.fetch_add(1, Ordering::Relaxed) + 1;
-        let until = if n >= 3 {
-            u64::MAX
-        } else {
-            round + STALL_ROUNDS
-        };
-        self.resume.store(until, Ordering::Relaxed);
-        n
+        let total = self.stalls_total.fetch_add(1, Ordering::Relaxed) + 1;
+        let for_good = n >= 3 || total >= MAX_STALLS;
+        let rounds = if for_good { u64::MAX } else { STALL_ROUNDS };
+        self.pause.store(rounds, Ordering::Relaxed);
+        for_good
+    }
+
+    /// A synchronisation of the program's contexts took `took` (whether or
+    /// not its round still waited for it): the wait follows it.
+    pub(super) fn drained(&self, took: std::time::Duration) {
+        let took = took.as_micros().min(u64::MAX as u128) as u64;
+        let _ = self
+            .drain_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+                Some(took.max(last / 2))
+            });
+    }
+
+    /// A round's wait for the GPU ended in time: give-ups in a row start
+    /// again from none.
+    pub(super) fn quiesced(&self) {
+        self.stalls.store(0, Ordering::Relaxed);
     }
 
     /// How long this round's stop waits for the GPU ([`SYNC_WAIT`]).
     pub(super) fn sync_wait(&self) -> std::time::Duration {
-        SYNC_WAIT * (1u32 << self.stalls.load(Ordering::Relaxed).min(3))
+        let base = self.base_wait_us.load(Ordering::Relaxed);
+        let doubled = base << self.stalls.load(Ordering::Relaxed).min(3);
+        let follows = self.drain_us.load(Ordering::Relaxed).saturating_mul(2);
+        std::time::Duration::from_micros(doubled.max(follows)).min(MAX_SYNC_WAIT)
     }
 
-    /// Whether moves pause in this round.
-    pub(super) fn stalled(&self, round: u64) -> bool {
-        round < self.resume.load(Ordering::Relaxed)
+    /// Shortens the first wait (tests only: the real one is seconds).
+    #[cfg(test)]
+    pub(super) fn set_base_wait(&self, wait: std::time::Duration) {
+        self.base_wait_us
+            .store(wait.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Whether moves pause in this round, which then counts as one of the
+    /// pause's rounds. (Counting by the round number, which paused rounds
+    /// do not advance, paused moves for good at the first give-up.)
+    pub(super) fn paused(&self) -> bool {
+        self.pause
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| match left {
+                0 => None,
+                u64::MAX => Some(u64::MAX),
+                n => Some(n - 1),
+            })
+            .is_ok()
     }
 
     /// The contexts that own tiered blocks (those with a mover stream).

@@ -43,6 +43,8 @@ struct Fake {
     /// The most `live` ever was.
     peak: AtomicU64,
     syncs: AtomicUsize,
+    /// How long `cuCtxSynchronize` takes, in µs: the GPU's queue draining.
+    sync_us: AtomicU64,
     /// Events recorded on the legacy stream, and events waited for.
     legacy_records: AtomicUsize,
     event_syncs: AtomicUsize,
@@ -131,6 +133,12 @@ impl Driver for Fake {
     }
     fn ctx_synchronize(&self) -> CUresult {
         self.syncs.fetch_add(1, Ordering::SeqCst);
+        let us = self.sync_us.load(Ordering::SeqCst);
+        if us > 0 {
+            // The work a real synchronisation waits for, not a wait for
+            // another thread.
+            std::thread::sleep(std::time::Duration::from_micros(us));
+        }
         CUDA_SUCCESS
     }
     fn ctx_push_current(&self, _ctx: usize) -> CUresult {

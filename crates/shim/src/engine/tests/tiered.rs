@@ -880,3 +880,61 @@ fn properties(e: &'static Engine<Fake>, h: u64) -> (CUresult, CUmemLocation) {
     };
     (rc, prop.location)
 }
+
+/// Waits until no round's synchronisation thread is left in the driver.
+fn drained(e: &'static Engine<Fake>) {
+    while e.tiers.quiescing.load(Ordering::SeqCst) > 0 {
+        std::thread::yield_now();
+    }
+}
+
+/// The GPU's queue takes 200 ms to drain, ten times the first wait: the
+/// round gives up and moves pause; the wait then follows what the drain
+/// took, and after the pause the move is made. (Before issue 32 the wait
+/// only doubled, 20, 40 then 80 ms, and the round number, which paused
+/// rounds do not advance, kept moves paused for good after the first.)
+#[test]
+fn a_long_queue_lengthens_the_wait_and_moves_go_on() {
+    use crate::engine::tier::STALL_ROUNDS;
+    use std::time::Duration;
+    let e = tiered("64MiB");
+    e.tiers.set_base_wait(Duration::from_millis(20));
+    let _a = alloc(e, 48 * MIB).unwrap();
+    let c = alloc(e, 32 * MIB).unwrap();
+    for _ in 0..50 {
+        launch(e, &[c]);
+    }
+    e.driver.sync_us.store(200_000, Ordering::SeqCst);
+    rounds(e, MIN_ROUNDS as usize);
+    assert_eq!(moves(e), (0, 0), "the first wait gives up");
+    drained(e);
+    assert!(
+        e.tiers.sync_wait() >= Duration::from_millis(400),
+        "the wait follows the drain: {:?}",
+        e.tiers.sync_wait()
+    );
+    rounds(e, STALL_ROUNDS as usize + 1);
+    assert_eq!(moves(e), (1, 1), "after the pause the move is made");
+    e.driver.sync_us.store(0, Ordering::SeqCst);
+}
+
+/// Three give-ups in a row stop moves for good; a wait that ends in time
+/// starts the count again.
+#[test]
+fn three_give_ups_in_a_row_stop_moves_and_one_in_time_forgives() {
+    use crate::engine::tier::STALL_ROUNDS;
+    let e = tiered("64MiB");
+    assert!(!e.tiers.stall());
+    assert!(!e.tiers.stall());
+    e.tiers.quiesced();
+    assert!(!e.tiers.stall());
+    assert!(!e.tiers.stall());
+    for _ in 0..STALL_ROUNDS {
+        assert!(e.tiers.paused());
+    }
+    assert!(!e.tiers.paused(), "a pause ends");
+    assert!(e.tiers.stall(), "the third in a row");
+    for _ in 0..10 * STALL_ROUNDS {
+        assert!(e.tiers.paused());
+    }
+}
