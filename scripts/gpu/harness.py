@@ -329,6 +329,30 @@ def _kill_group(p):
             pass
 
 
+# ---------------------------------------------------------------- the commit
+
+def commit_of(art, root):
+    """ART/COMMIT (what is being run), else git (+dirty), else unknown."""
+    if art:
+        try:
+            with open(os.path.join(art, "COMMIT")) as f:
+                c = f.readline().strip()[:60]
+                if c:
+                    return c
+        except OSError:
+            pass
+    try:
+        c = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True, timeout=10).stdout.strip()
+        if c:
+            d = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+            return c + ("+dirty" if d else "")
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return "unknown"
+
+
 # ---------------------------------------------------------------- nvcc
 
 def find_nvcc(explicit=None):

@@ -76,33 +76,11 @@ class Gpu:
         self.driver = rows[0][1] if rows and len(rows[0]) >= 3 else "unknown"
         self.uuids = [r[2] for r in rows if len(r) >= 3]
         self.uuid0 = self.uuids[0] if self.uuids else None
-        self.commit = commit_of(self.art)
+        self.commit = harness.commit_of(self.art, ROOT)
         self.rounds = o("--rounds")
 
     def script(self, name):
         return os.path.join(self.src, name)
-
-
-def commit_of(art):
-    """ART/COMMIT (what is being run), else git (+dirty), else unknown."""
-    if art:
-        try:
-            with open(os.path.join(art, "COMMIT")) as f:
-                c = f.readline().strip()[:60]
-                if c:
-                    return c
-        except OSError:
-            pass
-    try:
-        c = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                           text=True, timeout=10).stdout.strip()
-        if c:
-            d = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-            return c + ("+dirty" if d else "")
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return "unknown"
 
 
 def pytest_configure(config):
