@@ -55,6 +55,15 @@ def pytest_addoption(parser):
     g.addoption("--tiered-steps", type=int, default=30)
     g.addoption("--context-mib", type=int, default=520, help="the context counted in tiered caps (MiB)")
     g.addoption("--host-spill", action="store_true", help="tiered: add host spill at the first ratio (slow)")
+    g.addoption("--tiered-models", help='tiered: the models (default "llama mlp")')
+    g.addoption("--tiered-ratios", help='tiered: the oversubscriptions (default "1.5 1.25 1.1")')
+    g.addoption("--tiered-programs", help='tiered: changed programs, e.g. "save_on_cpu fused+save_on_cpu '
+                'cuda_graph expandable" (default none)')
+    g.addoption("--tiered-program-ratios", help="tiered: the changed programs' ratios (default --tiered-ratios)")
+    g.addoption("--tiered-variants", help='tiered: other builds of libvramcap.so side by side, "NAME=PATH ..."')
+    g.addoption("--tiered-host-state", help='tiered: AdamW state placed on the host by hand, "MIB[:sq] ..."')
+    g.addoption("--tiered-profile", action="store_true",
+                help="tiered: profile two more steps of each run and compare kernels (kernel_delta.py)")
 
 
 class Gpu:
@@ -181,6 +190,19 @@ def check(request):
 
 
 # ---------------------------------------------------------------- hooks
+
+def pytest_collection_modifyitems(config, items):
+    """Rows an option adds (e.g. --tiered-programs) are absent, not skipped,
+    when the option is not given: pytest's empty parameter sets go."""
+    keep, drop = [], []
+    for item in items:
+        m = item.get_closest_marker("skip")
+        reason = (m.kwargs.get("reason") or (m.args[0] if m.args else "")) if m else ""
+        (drop if str(reason).startswith("got empty parameter set") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
 
 def pytest_runtest_setup(item):
     budget = item.config.getoption("--budget")
