@@ -39,7 +39,8 @@ def pytest_addoption(parser):
     g.addoption("--artefacts", default=os.environ.get("VRAMCAP_ARTEFACTS"),
                 help="folder with libvramcap.so and vramcap (and COMMIT), e.g. .gpu")
     g.addoption("--out", default=os.environ.get("OUT") or "/tmp/vramcap-gpu",
-                help="output folder: gpu-tests.md (the table) and gpu-tests.log (default $OUT)")
+                help="output folder: NAME.md (the table) and NAME.log (default $OUT, else /tmp/vramcap-gpu)")
+    g.addoption("--name", default="gpu-tests", help="the stem of the table and log files (default gpu-tests)")
     g.addoption("--cap", default=os.environ.get("CAP", "4GiB"),
                 help="the cap of the full and held checks (1..16 GiB, default 4GiB)")
     g.addoption("--python", default=os.environ.get("PYTHON") or sys.executable,
@@ -76,6 +77,7 @@ class Gpu:
         self.shim = os.path.join(self.art, "libvramcap.so") if self.art else None
         self.cli = os.path.join(self.art, "vramcap") if self.art else None
         self.out = o("--out")
+        self.log = None  # NAME.log, set when the run writes its outputs
         self.python = o("--python")
         self.src = GPU_SRC
         self.root = ROOT
@@ -103,8 +105,10 @@ def pytest_configure(config):
     header = "vramcap GPU checks (pytest, -m %s) — %s — commit %s — GPU %s, driver %s — CAP=%s" % (
         config.option.markexpr or "(all)", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         gpu.commit, gpu.gpu_name, gpu.driver, config.getoption("--cap"))
-    _TABLE = harness.Table(os.path.join(out, "gpu-tests.md"), header)
-    with open(os.path.join(out, "gpu-tests.log"), "w") as f:
+    stem = os.path.join(out, config.getoption("--name"))
+    gpu.log = stem + ".log"
+    _TABLE = harness.Table(stem + ".md", header)
+    with open(gpu.log, "w") as f:
         f.write(header + "\nartefacts: %s\npython: %s\n" % (gpu.art, gpu.python))
     _TABLE.write()
 
@@ -138,13 +142,13 @@ def runner(request, gpu, work):
     deadline = _T0 + budget if budget else None
     env = dict(os.environ)
     env["VRAMCAP_STATS_DIR"] = os.path.join(work, "stats")
-    return harness.Runner(os.path.join(gpu.out, "gpu-tests.log"), deadline=deadline, env=env)
+    return harness.Runner(gpu.log, deadline=deadline, env=env)
 
 
 @pytest.fixture(scope="session")
 def builds(request, gpu, work):
     return harness.Builds(GPU_SRC, work, harness.find_nvcc(request.config.getoption("--nvcc")),
-                          request.config.getoption("--cuda-arch"), log=os.path.join(gpu.out, "gpu-tests.log"))
+                          request.config.getoption("--cuda-arch"), log=gpu.log)
 
 
 @pytest.fixture(scope="session")
