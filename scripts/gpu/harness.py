@@ -298,6 +298,9 @@ class Runner:
                         p.stdin.flush()
                     except OSError:
                         pass
+        except BaseException:
+            _kill_group(p)  # e.g. the test's own timeout: nothing is left running
+            raise
         finally:
             try:
                 p.stdin.close()

@@ -286,3 +286,12 @@ def test_real_suite_collects_and_passes_nothing_without_a_gpu(tmp_path):
     table = (tmp_path / "gpu-tests.md").read_text()
     assert p.returncode != 0
     assert "| PASS |" not in table and " passed" not in p.stdout.splitlines()[-1].replace("0 passed", ""), p.stdout
+
+
+def test_whole_suite_collects_without_a_gpu(tmp_path):
+    """Every row of every marker collects here, with no GPU, nvcc or artefacts."""
+    p = subprocess.run([sys.executable, "-m", "pytest", HERE, "--collect-only", "-q", "-m", "not harness"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    last = p.stdout.strip().splitlines()[-1]
+    assert "error" not in last and int(last.split("/")[0]) >= 100, last
