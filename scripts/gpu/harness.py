@@ -530,7 +530,9 @@ class Check:
         """lo <= got <= hi (lo < got with lo_open), as whole numbers."""
         n = as_int(got)
         ok = n is not None and (lo is None or (n > lo if lo_open else n >= lo)) and (hi is None or n <= hi)
-        if lo is not None and hi is not None:
+        if lo is not None and hi is not None and lo == hi and not lo_open:
+            exp = "%s = %s" % (key, show(lo))
+        elif lo is not None and hi is not None:
             exp = "%s %s %s <= %s" % (show(lo), "<" if lo_open else "<=", key, show(hi))
         elif lo is not None:
             exp = "%s %s %s" % (key, ">" if lo_open else ">=", show(lo))

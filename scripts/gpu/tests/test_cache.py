@@ -54,9 +54,9 @@ def test_cache_reuse(gpu, runner, cs, check, streams):
     check.kv(d, "reused", 1)
     waited = "yes" if NB_NOTE in r.stderr else "no"
     if streams == "nonblocking":
-        check.eq("the shim says it waits (non-blocking stream)", waited, "yes")
+        check.eq("the shim waited (its log says so: a non-blocking stream)", waited, "yes")
     else:
-        check.eq("the shim waits (ordered on the legacy stream: it must not)", waited, "no")
+        check.eq("the shim waited (not needed: the legacy stream orders blocking streams)", waited, "no")
     check.note(line_text(d))
 
 
