@@ -271,7 +271,7 @@ def test_suite_budget_and_test_timeout(tmp_path):
             check.that(True, "x", "y")
     """
     t0 = time.monotonic()
-    rc, table, out = run_suite(tmp_path, src, "--test-timeout", "2", "--budget", "1")
+    rc, table, out = run_suite(tmp_path, src, "--test-timeout", "6", "--budget", "4")
     assert time.monotonic() - t0 < 60
     assert rc == 1, out
     assert "| slow row |" in table and "--test-timeout" in table
