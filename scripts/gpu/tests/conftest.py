@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(GPU_SRC))
 sys.path.insert(0, GPU_SRC)
 
 import harness  # noqa: E402
-from harness import GiB, MiB  # noqa: E402,F401
+from harness import GiB  # noqa: E402
 
 _TABLE = None
 _T0 = time.monotonic()

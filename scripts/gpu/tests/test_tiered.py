@@ -30,8 +30,6 @@ import os
 
 import pytest
 
-import harness
-
 from harness import as_float, as_int, ratio
 
 pytestmark = pytest.mark.tiered
