@@ -1,4 +1,4 @@
-"""Two-GPU checks under the shim (issue 18), run by scripts/gpu-check-2gpu.sh.
+"""Two-GPU checks under the shim (issue 18), run by tests/test_two_gpu.py.
 
 Usage: check_2gpu.py {context|live} --cli PATH
 

@@ -1,4 +1,4 @@
-"""Two PyTorch processes in one vramcap group (run by scripts/gpu-group.sh).
+"""Two PyTorch processes in one vramcap group (run by tests/test_group.py).
 
   check_group.py hold GIB     allocate GIB GiB, print "HELD pid=...", then wait
                               for a line on stdin (the script SIGKILLs it instead)

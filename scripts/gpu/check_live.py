@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Caps changed while a framework's process runs, for scripts/gpu-live.sh (issue 14).
+"""Caps changed while a framework's process runs, for tests/test_live.py (issue 14).
 
   check_live.py MODE --cli PATH [--root DIR]
 

@@ -12,7 +12,7 @@ many of the segments at the out-of-memory point are expandable
 (expandable_seen=1 when any is).
 
 Prints one line `RESULT {json}` and one flat line `RESULTKV key=value ...` on
-stdout (the shell script parses the flat line). Exit status: 0 when the script
+stdout (the suite parses the flat line). Exit status: 0 when the script
 ran to the end (whatever it measured), 1 on an unexpected error, 3 when torch
 could not be imported or CUDA is not available.
 

@@ -1,4 +1,4 @@
-// held.cu: what a process holds on the GPU, for scripts/gpu-held.sh (issue 12).
+// held.cu: what a process holds on the GPU, for tests/test_held.py (issue 12).
 //
 //   held MODE CAP_BYTES
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What a framework's process holds on the GPU, for scripts/gpu-held.sh (issue 12).
+"""What a framework's process holds on the GPU, for tests/test_held.py (issue 12).
 
   held.py MODE --cap BYTES [--max-bytes N]
 

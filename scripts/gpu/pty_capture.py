@@ -1,5 +1,5 @@
 """Runs a command in a pseudo-terminal of a given size and records what it
-draws (run by scripts/gpu-tour.sh to picture `vramcap top`).
+draws (run by scripts/gpu_tour.py to picture `vramcap top`).
 
   pty_capture.py COLS ROWS SECONDS OUTFILE -- CMD [ARGS...]
 

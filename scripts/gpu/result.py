@@ -3,7 +3,7 @@ happened, and the size and hard stop of their allocation loops.
 
 A check fills a dict and hands its body to run(), which prints the dict at
 the end as `RESULT {json}` (for people) and `RESULTKV key=value ...` (its
-numbers, booleans as 0/1 and None as `none`; what gpu-check.sh parses), and
+numbers, booleans as 0/1 and None as `none`; what the suite in tests/ parses), and
 returns the exit status: 0 when the body ran to its end (res["completed"]
 is then true), 3 when it raised Missing (the module or the GPU backend is
 not there), 1 on any other error (its traceback goes to stderr).

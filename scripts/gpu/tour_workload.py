@@ -1,4 +1,4 @@
-"""Workloads for the README's tour (run by scripts/gpu-tour.sh under vramcap).
+"""Workloads for the README's tour (run by scripts/gpu_tour.py under vramcap).
 
   tour_workload.py train GIB_LOW GIB_HIGH   PyTorch: a training-like loop whose
                                             working set swings between the two
