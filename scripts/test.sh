@@ -52,7 +52,7 @@ bash scripts/check-package.sh
 python3 scripts/check-deploy.py
 
 # The dashboard and alerting rules: the rules checked and unit-tested, the
-# dashboard's PromQL parsed, by promtool; metric names held to README.md's
-# table (downloads Debian's prometheus package into target/tools/prometheus
-# when missing).
+# dashboard's PromQL parsed, by promtool; metric names held to the table in
+# docs/statistics.md (downloads Debian's prometheus package into
+# target/tools/prometheus when missing).
 bash scripts/check-monitoring.sh
