@@ -6,6 +6,7 @@ mod util;
 
 mod cache;
 mod cli;
+mod docs;
 mod exporter;
 mod fork;
 mod group;
