@@ -2,7 +2,11 @@
 //! and docs/**/*.md names a file or folder that exists, and an anchor
 //! (`page.md#section`, `#section`) names a heading of that page, as GitHub
 //! makes its anchors. Links to other sites are not followed. Every page of
-//! the guide is reachable from README.md.
+//! the guide is reachable from README.md. Every variable the core reads
+//! has its row in docs/configuration.md. (The `vramcap stat --json` schema
+//! and the metric table of docs/statistics.md are held to the code by
+//! `cli::readme` in crates/cli, and the dashboard's and rules' metric names
+//! by scripts/check-monitoring.sh.)
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
@@ -269,5 +273,100 @@ fn anchors_are_made_as_github_makes_them() {
             (1, "img/f.png".to_string()),
             (1, "h i.md".to_string())
         ]
+    );
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every variable the core reads (a `const …: &str = "VRAMCAP_…"` or
+/// `"NVIDIA_…"` anywhere in crates/core/src) has a row in
+/// docs/configuration.md's table with what it takes, a default and an
+/// example; the names of vramcap's own tools (`TOOL_VARS`) are named on
+/// the page too. A variable added without its row fails here.
+#[test]
+fn every_variable_has_a_row_with_a_default_and_an_example() {
+    let root = root();
+    let mut files = Vec::new();
+    rust_files(&root.join("crates/core/src"), &mut files);
+    let mut vars = BTreeSet::new();
+    let mut tools = BTreeSet::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for line in text.lines() {
+            let line = line.trim();
+            if (line.starts_with("pub const ") || line.starts_with("const "))
+                && let Some((_, v)) = line.split_once(": &str = \"")
+            {
+                let name = v.trim_end_matches("\";");
+                if name.starts_with("VRAMCAP_") || name.starts_with("NVIDIA_") {
+                    vars.insert(name.to_string());
+                }
+            }
+        }
+        if let Some(i) = text.find("pub const TOOL_VARS: &[&str] = &[") {
+            let block = &text[i..i + text[i..].find("];").unwrap()];
+            for part in block.split('"').skip(1).step_by(2) {
+                tools.insert(part.to_string());
+            }
+        }
+    }
+    assert!(
+        vars.contains("VRAMCAP_LIMIT") && vars.len() >= 15,
+        "{vars:?}"
+    );
+    assert!(tools.contains("VRAMCAP_DEMO_LIMIT"), "{tools:?}");
+
+    let page = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
+    let mut rows: HashMap<String, Vec<String>> = HashMap::new();
+    for line in page.lines() {
+        let Some(rest) = line.strip_prefix("| `") else {
+            continue;
+        };
+        let Some((name, _)) = rest.split_once('`') else {
+            continue;
+        };
+        let cells: Vec<String> = line
+            .trim_matches('|')
+            .split(" | ")
+            .map(|c| c.trim().to_string())
+            .collect();
+        rows.insert(name.to_string(), cells);
+    }
+    let mut wrong = Vec::new();
+    for v in &vars {
+        match rows.get(v) {
+            None => wrong.push(format!("{v}: no row")),
+            // variable | what it takes | default | example | `vramcap run`
+            Some(cells) if cells.len() != 5 => {
+                wrong.push(format!("{v}: {} cells, not 5: {cells:?}", cells.len()))
+            }
+            Some(cells) if cells[1].is_empty() || cells[2].is_empty() => {
+                wrong.push(format!("{v}: no description or default"))
+            }
+            Some(cells) if !cells[3].contains(v.as_str()) => {
+                wrong.push(format!("{v}: the example {:?} does not set it", cells[3]))
+            }
+            Some(_) => {}
+        }
+    }
+    for t in &tools {
+        if !page.contains(&format!("`{t}`")) {
+            wrong.push(format!("{t}: a tool's name the page does not mention"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/configuration.md's variables:\n{}",
+        wrong.join("\n")
     );
 }
