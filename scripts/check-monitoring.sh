@@ -5,7 +5,8 @@
 # tests run, every PromQL expression of the dashboard (panel targets and
 # template variable queries, Grafana's variables replaced by harmless
 # values) is parsed, every vramcap_* name in these files is one of
-# README.md's metric table, and rate()/increase() only take its counters.
+# docs/statistics.md's metric table, and rate()/increase() only take its
+# counters.
 #
 # promtool comes from Debian's prometheus package, downloaded with
 # `apt-get download` and unpacked into target/tools/prometheus (nothing is
@@ -162,9 +163,9 @@ PY
 run_promtool check rules "$tmp/dashboard-rules.yaml"
 echo "check-monitoring: dashboard PromQL: $(cat "$tmp/count") expressions of $dashboard parse (promtool check rules)"
 
-# Every vramcap_* name in the files is a metric of README.md's table, and
-# what rate(), irate() and increase() take is a counter there.
-python3 - README.md "$dashboard" "$rules" "$rule_tests" <<'PY'
+# Every vramcap_* name in the files is a metric of docs/statistics.md's
+# table, and what rate(), irate() and increase() take is a counter there.
+python3 - docs/statistics.md "$dashboard" "$rules" "$rule_tests" <<'PY'
 import re
 import sys
 

@@ -67,7 +67,7 @@ fn reuse_waits_only_once_a_non_blocking_stream_exists() {
         ("stream-nb", 3, 0),
         ("stream-prio-nb", 3, 0),
     ] {
-        let dir = fresh_dir("cache-streams");
+        let dir = scratch_dir();
         let h = held_in(
             &artefacts().client,
             &dir,
@@ -87,7 +87,7 @@ fn reuse_waits_only_once_a_non_blocking_stream_exists() {
     // Made after an ordering, the stream first waits for it: a block that
     // ordering made safe (the second here) may meet work on the new
     // stream, which the legacy stream does not order.
-    let dir = fresh_dir("cache-late-stream");
+    let dir = scratch_dir_named("late-stream");
     let h = held_in(
         &artefacts().client,
         &dir,
@@ -257,10 +257,10 @@ fn held(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
 }
 
 /// A client under a 1 GiB cap with `VRAMCAP_CACHE_IDLE=idle` holding one
-/// freed (so cached) 256 MiB block at its `wait`, its page in a fresh `name`
-/// directory; after the wait it prints the stand-in's usage.
-fn one_cached_block(name: &str, idle: &str) -> (PathBuf, Held) {
-    let dir = fresh_dir(name);
+/// freed (so cached) 256 MiB block at its `wait`, its page in the test's
+/// fresh directory; after the wait it prints the stand-in's usage.
+fn one_cached_block(idle: &str) -> (PathBuf, Held) {
+    let dir = scratch_dir();
     let h = held(
         &dir,
         &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE_IDLE", idle)],
@@ -271,7 +271,7 @@ fn one_cached_block(name: &str, idle: &str) -> (PathBuf, Held) {
 
 #[test]
 fn idle_blocks_go_back_to_the_driver() {
-    let (dir, h) = one_cached_block("cache-idle", "200ms");
+    let (dir, h) = one_cached_block("200ms");
     let d = poll_until(&dir, h.pid(), "idle release", |d| d["cached_bytes"] == 0);
     assert_eq!(d["used_bytes"], 0);
     assert_eq!(d["evictions"], 1);
@@ -288,7 +288,7 @@ fn idle_blocks_go_back_to_the_driver() {
 
 #[test]
 fn trim_empties_a_quiet_process_cache() {
-    let (dir, h) = one_cached_block("cache-trim", "1h");
+    let (dir, h) = one_cached_block("1h");
     let pid = h.pid();
     let d = stat_device0(&dir, pid);
     assert_eq!(
@@ -329,7 +329,7 @@ fn trim_empties_a_quiet_process_cache() {
 
 #[test]
 fn stat_shows_cache_counters() {
-    let dir = fresh_dir("cache-stat");
+    let dir = scratch_dir();
     let h = held(
         &dir,
         &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "300MiB")],

@@ -43,7 +43,7 @@ fn pids_in(dir: &Path) -> Vec<u64> {
 /// of a killed parent as dead even while the child lives.
 #[test]
 fn a_forked_child_does_not_keep_its_killed_parent_alive() {
-    let dir = fresh_dir("fork-liveness");
+    let dir = scratch_dir();
     let mut h = held_in(
         &artefacts().client,
         &dir,

@@ -39,7 +39,7 @@ fn group<'a>(j: &'a Value, name: &str) -> &'a Value {
 
 #[test]
 fn members_share_one_budget_and_get_a_killed_members_share_back() {
-    let dir = fresh_dir("group-share");
+    let dir = scratch_dir();
     let mut a = Held::spawn(member(
         &dir,
         "train",
@@ -108,7 +108,7 @@ fn members_share_one_budget_and_get_a_killed_members_share_back() {
 #[test]
 fn the_stricter_of_a_members_limit_and_the_groups_applies() {
     // The group's 512 MiB is stricter than the member's 2 GiB.
-    let dir = fresh_dir("group-limit");
+    let dir = scratch_dir();
     let mut a = Held::spawn(member(&dir, "g", "512MiB", &["init", "info", "wait"]));
     a.until("wait");
     let ran = run(member(&dir, "g", "2GiB", &["init", "info"]));
@@ -129,7 +129,7 @@ fn the_stricter_of_a_members_limit_and_the_groups_applies() {
     // The member's own 512 MiB is stricter than the group's 2 GiB, and
     // both rooms show: 1792 MiB of the group's are held by the first, so
     // the group's room (256 MiB) binds first, then the member's own cap.
-    let dir = fresh_dir("group-limit-own");
+    let dir = scratch_dir_named("own");
     let mut a = Held::spawn(member(
         &dir,
         "g",
@@ -185,7 +185,7 @@ fn the_stricter_of_a_members_limit_and_the_groups_applies() {
 /// at most 1 GiB.
 #[test]
 fn a_group_without_a_limit_never_uncaps_a_later_member() {
-    let dir = fresh_dir("group-no-limit");
+    let dir = scratch_dir();
     let mut first = member(&dir, "open", "", &["init", "alloc", "1M"]);
     first.env_remove("VRAMCAP_LIMIT");
     run(first).expect_lines(&["init -> 0", "alloc 1048576 -> 0 #0"]);
@@ -210,7 +210,7 @@ fn a_group_without_a_limit_never_uncaps_a_later_member() {
 #[test]
 fn an_unparsable_recorded_limit_is_refused() {
     use std::os::unix::fs::FileExt;
-    let dir = fresh_dir("group-unparsable");
+    let dir = scratch_dir();
     run(member(&dir, "u", "1GiB", &["init", "alloc", "1M"]))
         .expect_lines(&["init -> 0", "alloc 1048576 -> 0 #0"]);
     // The limit text lies at offset 112 (pinned by the group layout test).
@@ -233,7 +233,7 @@ fn an_unparsable_recorded_limit_is_refused() {
 
 #[test]
 fn bad_group_names_and_corrupt_group_pages_are_refused() {
-    let ran = run(member(&fresh_dir("group-bad"), "a/b", "1GiB", &["init"]));
+    let ran = run(member(&scratch_dir(), "a/b", "1GiB", &["init"]));
     ran.expect_code(2);
     assert!(
         ran.stderr()
@@ -242,7 +242,7 @@ fn bad_group_names_and_corrupt_group_pages_are_refused() {
         ran.stderr()
     );
 
-    let dir = fresh_dir("group-corrupt");
+    let dir = scratch_dir_named("corrupt");
     std::fs::write(dir.join("group-x.grp"), b"not a group page").unwrap();
     let ran = run(member(&dir, "x", "1GiB", &["init", "alloc", "1M"]));
     assert_eq!(
@@ -271,7 +271,7 @@ fn bad_group_names_and_corrupt_group_pages_are_refused() {
 #[test]
 fn random_members_and_kills_never_pass_the_budget() {
     const KILL_EVERY: usize = 8;
-    let dir = fresh_dir("group-stress");
+    let dir = scratch_dir();
     let budget = 512 * MIB;
     let mut members: Vec<Held> = (0..24)
         .map(|i| {
@@ -325,7 +325,7 @@ fn random_members_and_kills_never_pass_the_budget() {
 /// 64 processes joining at once all become members.
 #[test]
 fn sixty_four_processes_join_at_once() {
-    let dir = fresh_dir("group-join");
+    let dir = scratch_dir();
     let mut members: Vec<Held> = (0..64)
         .map(|_| {
             Held::spawn(member(
@@ -368,7 +368,7 @@ fn sixty_four_processes_join_at_once() {
 fn a_kill_storm_leaves_the_budget_exact() {
     const KILLS: usize = 300;
     const AT_ONCE: usize = 2;
-    let dir = fresh_dir("group-storm");
+    let dir = scratch_dir();
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -487,7 +487,7 @@ fn kill_and_reap(mut c: std::process::Child) -> Option<i32> {
 /// the whole budget free again.
 #[test]
 fn a_member_that_exits_gives_its_bytes_back_as_it_leaves() {
-    let dir = fresh_dir("group-leave");
+    let dir = scratch_dir();
     let mut stays = member(&dir, "l", "1GiB", &["init", "alloc", "1M", "wait", "info"]);
     stays.env("VRAMCAP_LOG", "info");
     let mut stays = Held::spawn(stays);
@@ -510,6 +510,7 @@ fn a_member_that_exits_gives_its_bytes_back_as_it_leaves() {
         "{}",
         ran.stderr()
     );
+    let pid = stays.pid();
     let (lines, out) = stays.finish();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -520,7 +521,23 @@ fn a_member_that_exits_gives_its_bytes_back_as_it_leaves() {
         ],
         "{stderr}"
     );
-    assert!(!stderr.contains("dead member"), "{stderr}");
+    // Its whole log (info): it joined, and reclaimed no dead member.
+    let log: Vec<&str> = stderr.lines().collect();
+    let joined = format!("vramcap[{pid}]: joined group \"l\" as member 0 in ");
+    assert!(
+        log.len() == 3 && log[0].starts_with(&joined) && log[0].ends_with(" µs"),
+        "{stderr}"
+    );
+    assert_eq!(
+        log[1..],
+        [
+            format!(
+                "vramcap[{pid}]: device 0: own cap Some(1073741824) bytes, the group's Some(1073741824) (None: no cap)"
+            ),
+            format!("vramcap[{pid}]: device 0: cap 1073741824 bytes"),
+        ],
+        "{stderr}"
+    );
 }
 
 /// Runs `cmd`, killing it and failing if it has not ended within `limit`
@@ -559,7 +576,7 @@ fn run_within(mut cmd: Command, limit: std::time::Duration) -> Ran {
 #[test]
 fn a_half_written_gpu_entry_blocks_nobody() {
     use std::os::unix::fs::FileExt;
-    let dir = fresh_dir("group-entry");
+    let dir = scratch_dir();
     // The first member makes the file and GPU 0's entry (entry 0).
     run(member(&dir, "e", "1GiB", &["init", "alloc", "1M"]))
         .expect_lines(&["init -> 0", "alloc 1048576 -> 0 #0"]);
@@ -599,7 +616,7 @@ fn a_half_written_gpu_entry_blocks_nobody() {
 /// file and says what to do, and `vramcap stat` says the same.
 #[test]
 fn a_group_file_of_the_old_layout_is_refused_in_one_clear_line() {
-    let dir = fresh_dir("group-v1");
+    let dir = scratch_dir();
     // A complete version-1 header (548672 bytes in all).
     let mut old = vec![0u8; 548_672];
     // SAFETY: getuid cannot fail.
@@ -651,7 +668,7 @@ fn a_group_file_of_the_old_layout_is_refused_in_one_clear_line() {
 #[test]
 fn readers_remove_temporary_files_of_dead_writers() {
     use std::os::fd::AsRawFd;
-    let dir = fresh_dir("group-temps");
+    let dir = scratch_dir();
     let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
     let make = |name: &str, modified: std::time::SystemTime| {
         let f = std::fs::File::create(dir.join(name)).unwrap();

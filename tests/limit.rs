@@ -173,7 +173,7 @@ fn run_and_doctor_say_what_the_shim_says() {
         ran.expect_code(2);
         assert_eq!(ran.stderr(), format!("vramcap: {line}\n"));
 
-        let dir = fresh_dir("limit-doctor");
+        let dir = scratch_dir();
         let mut cmd = vramcap(&["doctor"]);
         cmd.env("VRAMCAP_STATS_DIR", &dir)
             .env("VRAMCAP_LIMIT", limit);
@@ -188,7 +188,7 @@ fn run_and_doctor_say_what_the_shim_says() {
         );
         assert!(out.ends_with("1 problem(s) found\n"), "{out}");
     }
-    let dir = fresh_dir("limit-doctor-ok");
+    let dir = scratch_dir_named("ok");
     let mut cmd = vramcap(&["doctor"]);
     cmd.env("VRAMCAP_STATS_DIR", &dir)
         .env("VRAMCAP_LIMIT", "1=1GiB,GPU-5ca1ab1e=2GiB");
@@ -244,7 +244,7 @@ fn a_misspelt_setting_is_named_with_the_closest_one() {
     assert_eq!(sorted(got), want_sorted);
 
     // `vramcap doctor` fails on them, one problem each.
-    let dir = fresh_dir("limit-misspelt");
+    let dir = scratch_dir();
     let mut cmd = vramcap(&["doctor"]);
     cmd.env("VRAMCAP_STATS_DIR", &dir)
         .env("VRAMCAP_LIMT", "1GiB");
@@ -268,7 +268,7 @@ fn a_limit_longer_than_a_group_records_is_refused_everywhere() {
         .map(|i| format!("GPU-5ca1ab1e-0000-4000-8000-0000000000{i:02}=1GiB"))
         .collect::<Vec<_>>()
         .join(",");
-    let dir = fresh_dir("limit-long");
+    let dir = scratch_dir();
     let want = format!(
         "VRAMCAP_LIMIT=\"{}…\" is not a valid limit: the value is 551 bytes long, more than the 511 a limit may have (a UUID key can be a short prefix, e.g. GPU-5ca1ab1e); expected a size or percentage per GPU, e.g. 8GiB, 50%, 0=8GiB,1=4GiB or 4GiB,GPU-5ca1ab1e=2GiB",
         &long[..64]

@@ -100,7 +100,7 @@ fn limit(dir: &Path, args: &[&str]) -> Ran {
 /// the new total; raised again, the rest.
 #[test]
 fn vramcap_limit_lowers_and_raises_a_running_process() {
-    let dir = fresh_dir("live-outside");
+    let dir = scratch_dir();
     let mut h = held_in(
         &artefacts().client,
         &dir,
@@ -138,7 +138,7 @@ fn vramcap_limit_lowers_and_raises_a_running_process() {
 /// code and one line.
 #[test]
 fn vramcap_limit_reports_over_cap_waits_lifts_and_refuses_bad_input() {
-    let dir = fresh_dir("live-over");
+    let dir = scratch_dir();
     let mut h = held_in(
         &artefacts().client,
         &dir,
@@ -301,7 +301,7 @@ fn a_cap_lowered_during_churn_holds_from_the_acknowledgement() {
 /// index keys are refused for a group, whose GPUs are known by UUID.
 #[test]
 fn vramcap_limit_changes_a_groups_budget_for_all_members_at_once() {
-    let dir = fresh_dir("live-group");
+    let dir = scratch_dir();
     let env = [ONE_GIB, NO_CACHE, ("VRAMCAP_GROUP", "g")];
     let mut a = held_in(
         &artefacts().client,
@@ -372,7 +372,7 @@ fn above_the_soft_limit_the_cache_shrinks_and_spill_is_preferred() {
     let soft = ("VRAMCAP_SOFT_LIMIT", "512MiB");
     // `stat` says when a process is above its soft limit, and how often
     // it went there.
-    let dir = fresh_dir("live-soft-stat");
+    let dir = scratch_dir();
     let mut h = held_in(
         &artefacts().client,
         &dir,
@@ -491,26 +491,37 @@ fn a_disabled_shim_answers_enosys() {
     ]);
 }
 
-/// Another user's process takes a change only from root with
-/// `--all-users`; `--all-users` from anyone else is refused with one line.
+/// `--all-users` from anyone but root is refused with one line, before
+/// anything is read (as root, the CLI runs as uid 4242 through setpriv).
 #[test]
+fn all_users_is_refused_to_anyone_but_root() {
+    let dir = scratch_dir();
+    let mut cmd = if is_root() {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=4242", "--regid=4242", "--clear-groups"])
+            .arg(&artefacts().cli);
+        cmd
+    } else {
+        bare(&artefacts().cli)
+    };
+    cmd.args(["limit", "--all-users", "--pid", "1", "2GiB"])
+        .env("VRAMCAP_STATS_DIR", &dir);
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert_eq!(ran.stdout(), "");
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: --all-users is for root (it changes other users' processes); without it, vramcap limit acts on your own, e.g. vramcap limit --pid 4242 2GiB\n"
+    );
+}
+
+/// Another user's process takes a change only from root with
+/// `--all-users` (the page given to uid 4242 with chown).
+#[test]
+#[ignore = "needs root"]
 fn another_users_process_takes_a_change_only_from_root_with_all_users() {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        let ran = limit(
-            &fresh_dir("live-users"),
-            &["--all-users", "--pid", "1", "1GiB"],
-        );
-        ran.expect_code(2);
-        assert!(
-            ran.stderr().contains("--all-users is for root"),
-            "{}",
-            ran.stderr()
-        );
-        eprintln!("not root: the owner half of this test needs chown and did not run");
-        return;
-    }
-    let dir = fresh_dir("live-users");
+    needs_root();
+    let dir = scratch_dir();
     let mut h = held_in(
         &artefacts().client,
         &dir,
@@ -551,18 +562,6 @@ fn another_users_process_takes_a_change_only_from_root_with_all_users() {
     };
     trim(&[&p]).expect_code(1);
     trim(&["--all-users", &p]).expect_lines(&[&format!("{pid}: nothing cached")]);
-    // Anyone but root is refused the flag, before anything is read.
-    let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid=4242", "--regid=4242", "--clear-groups"])
-        .arg(&artefacts().cli)
-        .args(["limit", "--all-users", "--pid", &p, "2GiB"])
-        .env("VRAMCAP_STATS_DIR", &dir);
-    let ran = run(cmd);
-    ran.expect_code(2);
-    assert_eq!(
-        ran.stderr(),
-        "vramcap: --all-users is for root (it changes other users' processes); without it, vramcap limit acts on your own, e.g. vramcap limit --pid 4242 2GiB\n"
-    );
     h.finish();
 }
 
@@ -627,12 +626,9 @@ fn with_operator_file(text: &str, mode: &str, env: &[(&str, &str)], args: &[&str
 /// inside or outside passes it; a root file that holds no cap stops the
 /// program; one anyone may write is ignored with a warning.
 #[test]
+#[ignore = "needs root"]
 fn the_operators_cap_file_holds_whatever_the_environment_says() {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: this test needs a private mount namespace and did not run");
-        return;
-    }
+    needs_root();
     let file = "# set by the device plugin\n256MiB\n";
     let quarter = format!("info -> 0 free={} total={}", 256 * MIB, 256 * MIB);
     for env in [
@@ -670,7 +666,7 @@ fn the_operators_cap_file_holds_whatever_the_environment_says() {
     }
 
     // From outside: `vramcap limit` may not raise it past the file either.
-    let dir = fresh_dir("live-operator");
+    let dir = scratch_dir();
     let mut cmd = with_operator_file(
         file,
         "644",

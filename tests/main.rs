@@ -6,6 +6,7 @@ mod util;
 
 mod cache;
 mod cli;
+mod docs;
 mod escape;
 mod exporter;
 mod fork;

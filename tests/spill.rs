@@ -88,15 +88,32 @@ fn vmm_memory_past_the_cap_spills_only_under_tiered_spill() {
         ]
     );
     assert!(lines[6].contains(" vmm=2 vmm_host=1 "), "{}", lines[6]);
-    assert!(!ran.stderr().contains("not spilled"), "{}", ran.stderr());
-    // Without spill, nothing is said of spill.
+    assert_eq!(ran.stderr(), "", "nothing is said of spill");
+    // Without spill, only the refusal is said, and nothing of spill.
     let ran = client(
         "procaddr",
         &[("VRAMCAP_LIMIT", "1GiB")],
         &["init", "vmm", "1G", "vmm", "512M"],
     );
     ran.expect_lines(&["init -> 0", "vmm 1073741824 -> 0 %0", "vmm 536870912 -> 2"]);
-    assert!(!ran.stderr().contains("not spilled"), "{}", ran.stderr());
+    // Only the refusal's own line (after its `vramcap[PID]: `).
+    let stderr = ran.stderr();
+    let said: Vec<&str> = stderr
+        .lines()
+        .map(|l| {
+            l.strip_prefix("vramcap[")
+                .and_then(|l| l.split_once("]: "))
+                .map_or(l, |(_, r)| r)
+        })
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "cuMemCreate: refused 536870912 bytes on device 0: 1073741824 of the 1073741824-byte cap in use (VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
+        ],
+        "{}",
+        ran.stderr()
+    );
 }
 
 #[test]
@@ -241,7 +258,7 @@ fn bad_spill_settings_are_refused() {
 
 #[test]
 fn spilled_bytes_show_in_stat() {
-    let dir = fresh_dir("spill-stat");
+    let dir = scratch_dir();
     let mut cmd = shimmed(&artefacts().client);
     cmd.env("VRAMCAP_STATS_DIR", &dir).envs(env("host")).args([
         "procaddr", "init", "fill", "256M", "wait", "freeall", "wait",
@@ -271,7 +288,7 @@ fn spilled_bytes_show_in_stat() {
 /// background thread even when the program makes no more CUDA calls.
 #[test]
 fn deferred_frees_complete_in_a_quiet_process() {
-    let dir = fresh_dir("spill-deferred");
+    let dir = scratch_dir();
     let mut cmd = shimmed(&artefacts().client);
     cmd.env("VRAMCAP_STATS_DIR", &dir)
         .envs(env("managed"))

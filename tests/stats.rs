@@ -35,7 +35,7 @@ fn pages_in(dir: &Path) -> Vec<String> {
 
 #[test]
 fn a_held_allocation_shows_with_exact_bytes_and_goes_at_exit() {
-    let dir = fresh_dir("held");
+    let dir = scratch_dir();
     let h = held_client(
         &dir,
         "1GiB",
@@ -217,7 +217,7 @@ fn a_held_allocation_shows_with_exact_bytes_and_goes_at_exit() {
 #[test]
 fn page_files_are_private() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = fresh_dir("private");
+    let dir = scratch_dir();
     let h = held_client(&dir, "1GiB", &["init", "alloc", "1M", "wait"]);
     let meta = std::fs::metadata(dir.join(format!("{}.page", h.pid()))).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
@@ -225,7 +225,7 @@ fn page_files_are_private() {
     h.finish();
 
     // A directory the shim creates itself is 0700.
-    let parent = fresh_dir("private-created");
+    let parent = scratch_dir_named("created");
     let made = parent.join("sub");
     let h = held_client(&made, "1GiB", &["init", "alloc", "1M", "wait"]);
     let meta = std::fs::metadata(&made).unwrap();
@@ -235,7 +235,7 @@ fn page_files_are_private() {
 
 #[test]
 fn stats_off_publishes_nothing_and_still_caps() {
-    let dir = fresh_dir("off");
+    let dir = scratch_dir();
     let a = artefacts();
     let mut cmd = shimmed(&a.client);
     cmd.env("VRAMCAP_LIMIT", "1GiB")
@@ -253,7 +253,7 @@ fn stats_off_publishes_nothing_and_still_caps() {
 /// page naming a live PID whose start time differs (a reused PID).
 #[test]
 fn pages_of_killed_processes_are_pruned() {
-    let dir = fresh_dir("killed");
+    let dir = scratch_dir();
     let mut h = held_client(&dir, "1GiB", &["init", "alloc", "64M", "wait"]);
     let pid = h.pid();
     let page = dir.join(format!("{pid}.page"));
@@ -281,7 +281,7 @@ fn pages_of_killed_processes_are_pruned() {
 
 #[test]
 fn corrupt_foreign_and_other_version_pages_are_skipped_with_one_warning_each() {
-    let dir = fresh_dir("foreign");
+    let dir = scratch_dir();
     let h = held_client(&dir, "1GiB", &["init", "alloc", "64M", "wait"]);
     let pid = h.pid();
     let good = std::fs::read(dir.join(format!("{pid}.page"))).unwrap();
@@ -348,7 +348,7 @@ fn corrupt_foreign_and_other_version_pages_are_skipped_with_one_warning_each() {
 /// byte count is whole MiB, as allocated) and peak never goes down.
 #[test]
 fn concurrent_updates_never_show_torn_or_decreasing_values() {
-    let dir = fresh_dir("concurrent");
+    let dir = scratch_dir();
     let mut h = held_client(
         &dir,
         "256MiB",
@@ -416,7 +416,7 @@ fn concurrent_updates_never_show_torn_or_decreasing_values() {
 #[test]
 fn all_users_shows_pages_written_under_another_uid() {
     use std::os::unix::fs::FileExt;
-    let dir = fresh_dir("all-users");
+    let dir = scratch_dir();
     let h = held_client(&dir, "1GiB", &["init", "alloc", "300M", "wait"]);
     let pid = h.pid();
     // As a container in its own user namespace would write it: another uid
@@ -447,26 +447,32 @@ fn all_users_shows_pages_written_under_another_uid() {
     assert_eq!(procs[0]["pid"], pid);
     assert_eq!(procs[0]["devices"][0]["used_bytes"], 300u64 << 20);
     assert_eq!(j["skipped"], serde_json::json!([]));
+    h.finish();
+}
 
-    // A file another user owns (root can make one): skipped without the
-    // flag; with it, read by copying (its owner could truncate a mapping
-    // under the reader), with the same exact bytes.
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        std::os::unix::fs::chown(&page, Some(4242), Some(4242)).unwrap();
-        let j = stat_json(&dir, &[]);
-        assert_eq!(j["processes"], serde_json::json!([]));
-        assert_eq!(
-            j["skipped"][0]["reason"], "owned by another user (uid 4242)",
-            "{j}"
-        );
-        let j = stat_json(&dir, &["--all-users"]);
-        assert_eq!(j["processes"][0]["pid"], pid, "{j}");
-        assert_eq!(j["processes"][0]["devices"][0]["used_bytes"], 300u64 << 20);
-        assert_eq!(j["processes"][0]["devices"][0]["limit_bytes"], 1u64 << 30);
-    } else {
-        eprintln!("not root: the owner half of this test needs chown and did not run");
-    }
+/// A page file another user owns (root can make one): skipped without
+/// `--all-users`; with it, read by copying (its owner could truncate a
+/// mapping under the reader), with the same exact bytes.
+#[test]
+#[ignore = "needs root"]
+fn all_users_shows_pages_another_user_owns() {
+    needs_root();
+    let dir = scratch_dir();
+    let h = held_client(&dir, "1GiB", &["init", "alloc", "300M", "wait"]);
+    let pid = h.pid();
+    let page = dir.join(format!("{pid}.page"));
+    std::os::unix::fs::chown(&page, Some(4242), Some(4242)).unwrap();
+    let j = stat_json(&dir, &[]);
+    assert_eq!(j["processes"], serde_json::json!([]));
+    assert_eq!(
+        j["skipped"],
+        serde_json::json!([{"file": page.display().to_string(), "reason": "owned by another user (uid 4242)"}])
+    );
+    let j = stat_json(&dir, &["--all-users"]);
+    assert_eq!(j["processes"][0]["pid"], pid, "{j}");
+    assert_eq!(j["processes"][0]["devices"][0]["used_bytes"], 300u64 << 20);
+    assert_eq!(j["processes"][0]["devices"][0]["limit_bytes"], 1u64 << 30);
+    assert_eq!(j["skipped"], serde_json::json!([]));
     h.finish();
 }
 
@@ -474,13 +480,10 @@ fn all_users_shows_pages_written_under_another_uid() {
 /// and left as it is; its live members still show (their locks are read
 /// through a read-only descriptor).
 #[test]
+#[ignore = "needs root"]
 fn all_users_reads_another_users_group_without_writing_it() {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: this test needs chown and did not run");
-        return;
-    }
-    let dir = fresh_dir("all-users-group");
+    needs_root();
+    let dir = scratch_dir();
     let h = held_in(
         &artefacts().client,
         &dir,
@@ -513,7 +516,7 @@ fn all_users_reads_another_users_group_without_writing_it() {
 
 #[test]
 fn stat_refuses_bad_arguments() {
-    let dir = fresh_dir("badargs");
+    let dir = scratch_dir();
     let ran = stat(&dir, &["--loop", "0"]);
     ran.expect_code(2);
     assert!(
@@ -536,7 +539,7 @@ fn stat_refuses_bad_arguments() {
 
 #[test]
 fn doctor_finds_everything_with_the_stand_in() {
-    let dir = fresh_dir("doctor");
+    let dir = scratch_dir();
     let mut cmd: Command = bare(&artefacts().cli);
     cmd.env("VRAMCAP_STATS_DIR", &dir).arg("doctor");
     let lines = run(cmd).ok_lines();
@@ -575,7 +578,7 @@ fn doctor_finds_everything_with_the_stand_in() {
 #[test]
 fn liveness_follows_the_lock_not_the_pid() {
     use std::os::unix::fs::FileExt;
-    let dir = fresh_dir("lock-liveness");
+    let dir = scratch_dir();
     let h = held_in(
         &artefacts().client,
         &dir,

@@ -52,7 +52,7 @@ fn tiered(cap: &'static str) -> Vec<(&'static str, &'static str)> {
 /// stand-in's tag, written before the move and read after it) survive.
 #[test]
 fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
-    let dir = fresh_dir("tiered-promote");
+    let dir = scratch_dir();
     let mut h = held_in(
         &artefacts().client,
         &dir,
@@ -137,7 +137,7 @@ fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
 /// maps, retains and releases; and its bytes come back with its release.
 #[test]
 fn the_programs_own_vmm_pages_move_with_their_handles_and_contents() {
-    let dir = fresh_dir("tiered-vmm");
+    let dir = scratch_dir();
     let mut h = held_in(
         &artefacts().client,
         &dir,
@@ -267,8 +267,8 @@ const CAPTURE_2: [&str; 7] = [
 /// commands making the executable graph) and 3000 launches of it, which
 /// must promote #2 (#0 making room) with its contents kept and no fault.
 /// `said`: what the graph commands answer.
-fn graph_promotes(name: &str, graph: &[&str], said: &[&str]) {
-    let dir = fresh_dir(name);
+fn graph_promotes(graph: &[&str], said: &[&str]) {
+    let dir = scratch_dir();
     let mut cmds = vec![
         "init",
         "alloc",
@@ -373,7 +373,6 @@ fn graph_promotes(name: &str, graph: &[&str], said: &[&str]) {
 #[test]
 fn a_block_only_a_graph_uses_moves_onto_the_gpu() {
     graph_promotes(
-        "tiered-graph",
         &CAPTURE_2,
         &[
             "capture-begin -> 0",
@@ -401,7 +400,6 @@ fn an_updated_graph_heats_what_its_new_kernels_name() {
     graph.extend_from_slice(&CAPTURE_2[..6]);
     graph.push("execupdate");
     graph_promotes(
-        "tiered-graph-update",
         &graph,
         &[
             "capture-begin -> 0",

@@ -167,6 +167,7 @@ fn cli_path() -> PathBuf {
 
 #[test]
 fn the_live_view_shows_rows_sorts_redraws_on_resize_and_restores_the_terminal() {
+    // Named by hand, short: the path shows in the 120-column title line.
     let dir = fresh_dir("top-live");
     let a = held_client(
         &dir,
@@ -364,6 +365,7 @@ fn the_live_view_shows_rows_sorts_redraws_on_resize_and_restores_the_terminal() 
 
 #[test]
 fn it_refreshes_on_time_and_escape_ctrl_c_sigterm_and_count_end_it_with_the_terminal_restored() {
+    // Named by hand, short: the path shows whole in the pane's lines.
     let dir = fresh_dir("top-keys");
     let h = held_client(&dir, &[], &["init", "alloc", "1M", "wait"]);
     let pid = h.pid();
@@ -448,7 +450,7 @@ fn it_refreshes_on_time_and_escape_ctrl_c_sigterm_and_count_end_it_with_the_term
 
 #[test]
 fn without_a_terminal_it_prints_the_stat_table_each_refresh() {
-    let dir = fresh_dir("top-plain");
+    let dir = scratch_dir();
     let h = held_client(&dir, &[], &["init", "alloc", "300M", "wait"]);
     let pid = h.pid();
     let mut cmd = bare(&artefacts().cli);
@@ -527,7 +529,7 @@ fn a_bad_interval_or_count_is_refused() {
 #[test]
 fn escape_sequences_in_a_page_never_reach_the_terminal() {
     use crate::readers::{Forge, HOSTILE_COMMAND, forge};
-    let dir = fresh_dir("top-hostile");
+    let dir = scratch_dir();
     let page = forge(
         &dir,
         &Forge {
@@ -575,7 +577,7 @@ fn escape_sequences_in_a_page_never_reach_the_terminal() {
 /// killed).
 #[test]
 fn the_live_view_ends_when_its_terminal_goes_away() {
-    let dir = fresh_dir("top-hangup");
+    let dir = scratch_dir();
     let pidfile = dir.join("top.pid");
     let command = format!(
         "echo $$ > {}; exec env VRAMCAP_STATS_DIR={} {} top --interval 120",

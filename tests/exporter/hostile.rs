@@ -13,7 +13,7 @@ use crate::readers::{Forge, Forged, Truncator, forge, peak_rss, room_for_files};
 /// to die of SIGBUS, exit 135), and the page, when shown, has its values.
 #[test]
 fn a_page_truncated_under_the_exporter_never_kills_it() {
-    let dir = fresh_dir("exporter-truncate");
+    let dir = scratch_dir();
     let page = forge(&dir, &Forge::pid(940_001));
     let ex = Exporter::start(&dir);
     let t = Truncator::start(&page.file, &page.bytes);
@@ -42,6 +42,8 @@ fn a_page_truncated_under_the_exporter_never_kills_it() {
 fn two_thousand_forged_pages_cost_a_scrape_a_bounded_amount() {
     const N: u32 = 2000;
     room_for_files(N as u64);
+    // Named by hand, short: the path is in the `dir` label of each of the
+    // scrape's ~90,000 samples, which the bound on its size counts.
     let dir = fresh_dir("exporter-bounded");
     let forged: Vec<Forged> = (0..N)
         .map(|i| {
@@ -78,7 +80,7 @@ fn two_thousand_forged_pages_cost_a_scrape_a_bounded_amount() {
 /// the format allows it, the test's parser does not.)
 #[test]
 fn hostile_text_in_pages_and_directory_names_is_escaped_in_labels() {
-    let root = fresh_dir("exporter-hostile-text");
+    let root = scratch_dir();
     let sub = root.join("pod\x1b[2J\"x\"\n\u{202e}");
     std::fs::create_dir(&sub).unwrap();
     let page = forge(

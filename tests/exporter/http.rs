@@ -6,7 +6,7 @@ use super::*;
 
 #[test]
 fn http_answers_and_bad_requests_never_stop_the_exporter() {
-    let dir = fresh_dir("exporter-http");
+    let dir = scratch_dir();
     let empty = dir.join("never-created");
     let ex = Exporter::start(&empty);
 
@@ -98,7 +98,7 @@ fn http_answers_and_bad_requests_never_stop_the_exporter() {
 /// target down), said once on stderr; the exporter keeps serving.
 #[test]
 fn an_unreadable_directory_answers_500() {
-    let dir = fresh_dir("exporter-500");
+    let dir = scratch_dir();
     let file = dir.join("not-a-directory");
     std::fs::write(&file, b"").unwrap();
     let mut ex = Exporter::start(&file);
@@ -119,7 +119,7 @@ fn an_unreadable_directory_answers_500() {
 
 #[test]
 fn bad_listen_values_exit_2_with_one_line() {
-    let dir = fresh_dir("exporter-listen");
+    let dir = scratch_dir();
     let exporter = |listen: &str| {
         let mut cmd = bare(&artefacts().cli);
         cmd.env("VRAMCAP_STATS_DIR", &dir)

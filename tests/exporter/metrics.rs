@@ -5,7 +5,7 @@ use super::*;
 
 #[test]
 fn a_scrape_has_the_pages_exact_bytes_and_labels() {
-    let dir = fresh_dir("exporter-exact");
+    let dir = scratch_dir();
     let a = held(
         &dir,
         Some("1GiB"),
@@ -136,7 +136,7 @@ fn a_scrape_has_the_pages_exact_bytes_and_labels() {
 
 #[test]
 fn a_client_killed_between_scrapes_is_absent_from_the_next() {
-    let dir = fresh_dir("exporter-killed");
+    let dir = scratch_dir();
     let mut doomed = held(&dir, Some("1GiB"), &[], &["init", "alloc", "128M", "wait"]);
     let stays = held(&dir, Some("1GiB"), &[], &["init", "alloc", "32M", "wait"]);
     let ex = Exporter::start(&dir);
@@ -176,7 +176,7 @@ fn a_client_killed_between_scrapes_is_absent_from_the_next() {
 
 #[test]
 fn unreadable_pages_are_counted_not_errors() {
-    let dir = fresh_dir("exporter-skipped");
+    let dir = scratch_dir();
     let h = held(&dir, Some("1GiB"), &[], &["init", "alloc", "1M", "wait"]);
     std::fs::write(dir.join("1.page"), b"not a page").unwrap();
     std::fs::write(dir.join("2.page"), []).unwrap();
@@ -198,7 +198,7 @@ fn unreadable_pages_are_counted_not_errors() {
 
 #[test]
 fn groups_have_their_budget_and_members() {
-    let dir = fresh_dir("exporter-group");
+    let dir = scratch_dir();
     let env = [("VRAMCAP_GROUP", "train"), ("VRAMCAP_CACHE", "off")];
     let a = held(&dir, Some("1GiB"), &env, &["init", "alloc", "256M", "wait"]);
     let b = held(&dir, Some("1GiB"), &env, &["init", "alloc", "128M", "wait"]);
@@ -250,7 +250,7 @@ fn groups_have_their_budget_and_members() {
 /// name) and in the environment come out escaped, one sample per line.
 #[test]
 fn label_values_are_escaped() {
-    let dir = fresh_dir("exporter-escape");
+    let dir = scratch_dir();
     let link = dir.join("we\"ird\\na\nme");
     std::os::unix::fs::symlink(&artefacts().client, &link).unwrap();
     let pages = dir.join("pages");
@@ -297,7 +297,7 @@ fn label_values_are_escaped() {
 /// through `--dir PARENT/*`, labelling each process with its pod.
 #[test]
 fn one_exporter_reads_a_directory_per_container_through_a_pattern() {
-    let root = fresh_dir("exporter-pods");
+    let root = scratch_dir();
     let a_dir = root.join("0b7f-uid-a_main");
     let b_dir = root.join("91c2-uid-b_main");
     let a = held(
@@ -334,7 +334,7 @@ fn one_exporter_reads_a_directory_per_container_through_a_pattern() {
 
     let pattern = format!("{}/*", root.display());
     // The environment's directory is not read when --dir is given.
-    let elsewhere = fresh_dir("exporter-pods-unused");
+    let elsewhere = scratch_dir_named("unused");
     let ex = Exporter::start_with(&elsewhere, &["--dir", &pattern]);
     let m = ex.scrape();
     let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
@@ -398,7 +398,7 @@ fn one_exporter_reads_a_directory_per_container_through_a_pattern() {
 /// processes".
 #[test]
 fn a_pattern_under_a_missing_directory_is_said_at_start() {
-    let dir = fresh_dir("exporter-missing-prefix");
+    let dir = scratch_dir();
     let missing = dir.join("no-such-kubelet/pods");
     let pattern = format!("{}/*/volumes", missing.display());
     let ex = Exporter::start_with(&dir, &["--dir", &pattern]);
@@ -416,7 +416,7 @@ fn a_pattern_under_a_missing_directory_is_said_at_start() {
 /// `--dir` values: absolute, and `*` only as a whole component.
 #[test]
 fn bad_dir_values_exit_2_with_one_line() {
-    let dir = fresh_dir("exporter-bad-dir");
+    let dir = scratch_dir();
     for (sub, bad, want) in [
         (
             "exporter",

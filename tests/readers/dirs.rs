@@ -23,11 +23,6 @@ fn as_user(program: &Path, uid: u32, xdg: Option<&Path>, preload: bool) -> Comma
     cmd
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// `/dev/shm/vramcap-<victim>`, made by `squatter` as a directory (mode
 /// 755) or as a symbolic link to a directory of the squatter's; removed
 /// when dropped.
@@ -72,9 +67,9 @@ impl Drop for Squat {
 }
 
 /// A runtime directory of `uid`'s own (mode 700), as logind makes it.
-fn runtime_dir(name: &str, uid: u32) -> PathBuf {
+fn runtime_dir(part: &str, uid: u32) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let d = fresh_dir(name).join("run-user");
+    let d = scratch_dir_named(part).join("run-user");
     std::fs::create_dir(&d).unwrap();
     std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -89,11 +84,9 @@ fn runtime_dir(name: &str, uid: u32) -> PathBuf {
 /// cap still holds, a group refuses its allocations rather than run
 /// without its budget, and `doctor` fails naming the directory.
 #[test]
+#[ignore = "needs root"]
 fn a_squatted_default_directory_is_refused_and_the_runtime_directory_is_used() {
-    if !is_root() {
-        eprintln!("not root: this test needs other uids and did not run");
-        return;
-    }
+    needs_root();
     let a = artefacts();
     for (victim, squatter, link) in [(43_101u32, 43_102u32, false), (43_103, 43_104, true)] {
         let squat = Squat::new(victim, squatter, link);
@@ -164,7 +157,7 @@ fn a_squatted_default_directory_is_refused_and_the_runtime_directory_is_used() {
         );
 
         // With a runtime directory of its own: pages and the group go there.
-        let rt = runtime_dir(&format!("readers-squat-{victim}"), victim);
+        let rt = runtime_dir(&format!("squat-{victim}"), victim);
         let mut cmd = as_user(&a.client, victim, Some(&rt), true);
         cmd.env("VRAMCAP_LIMIT", "1GiB")
             .env("VRAMCAP_GROUP", "g")
@@ -209,17 +202,15 @@ fn a_squatted_default_directory_is_refused_and_the_runtime_directory_is_used() {
 /// runtime directory also finds what a program started without one (a
 /// cron job) published in `/dev/shm`.
 #[test]
+#[ignore = "needs root"]
 fn readers_find_pages_in_every_default_directory() {
-    if !is_root() {
-        eprintln!("not root: this test needs another uid and did not run");
-        return;
-    }
+    needs_root();
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let a = artefacts();
     let uid = 43_105u32;
     let shm = PathBuf::from(format!("/dev/shm/vramcap-{uid}"));
     let _ = std::fs::remove_dir_all(&shm);
-    let rt = runtime_dir("readers-defaults", uid);
+    let rt = runtime_dir("runtime", uid);
     let start = |xdg: Option<&Path>| {
         let mut cmd = as_user(&a.client, uid, xdg, true);
         cmd.env("VRAMCAP_LIMIT", "1GiB")

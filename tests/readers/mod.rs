@@ -186,7 +186,7 @@ fn exited_0(ran: &Ran) {
 /// page and die of SIGBUS).
 #[test]
 fn a_page_truncated_while_stat_reads_it_never_kills_stat() {
-    let dir = fresh_dir("readers-truncate-stat");
+    let dir = scratch_dir();
     let page = forge(&dir, &Forge::pid(910_001));
     let t = Truncator::start(&page.file, &page.bytes);
     let ran = run(cli(
@@ -223,7 +223,7 @@ fn a_page_truncated_while_stat_reads_it_never_kills_stat() {
 /// bytes): truncated under that mapping, stat says so and lives on.
 #[test]
 fn a_group_file_truncated_while_stat_reclaims_it_never_kills_stat() {
-    let src = fresh_dir("readers-truncate-group-src");
+    let src = scratch_dir();
     let h = held_in(
         &artefacts().client,
         &src,
@@ -234,7 +234,7 @@ fn a_group_file_truncated_while_stat_reclaims_it_never_kills_stat() {
     h.finish();
     // A copy: no member holds its locks, so every reader reclaims its
     // members' bytes, writing through the mapping.
-    let dir = fresh_dir("readers-truncate-group");
+    let dir = scratch_dir_named("group");
     let path = dir.join("group-g.grp");
     std::fs::write(&path, &bytes).unwrap();
     let file = File::options().read(true).write(true).open(&path).unwrap();
@@ -257,7 +257,7 @@ fn a_group_file_truncated_while_stat_reclaims_it_never_kills_stat() {
 /// the answer; a truncation meanwhile is reported, not a SIGBUS.
 #[test]
 fn trim_says_so_when_the_page_is_truncated_while_it_waits() {
-    let dir = fresh_dir("readers-truncate-trim");
+    let dir = scratch_dir();
     let mut bytes = Forge::pid(910_002).bytes();
     // Something cached on GPU 0 (slot word 4), so trim asks and waits.
     bytes[HEADER + 32..HEADER + 40].copy_from_slice(&(1u64 << 20).to_ne_bytes());
@@ -331,7 +331,7 @@ pub fn room_for_files(n: u64) {
 fn two_thousand_forged_pages_cost_stat_a_bounded_amount() {
     const N: u32 = 2000;
     room_for_files(N as u64);
-    let dir = fresh_dir("readers-bounded-stat");
+    let dir = scratch_dir();
     let forged: Vec<Forged> = (0..N)
         .map(|i| {
             let mut f = Forge::pid(920_000 + i);
@@ -405,7 +405,7 @@ pub const SHOWN_COMMAND: &str = "python \\x1b]0;owned\\x07 \\x1b[2J\\x1b[H\\xff\
 /// JSON and on stderr: no control character reaches the terminal.
 #[test]
 fn escape_sequences_in_pages_and_file_names_are_shown_escaped() {
-    let dir = fresh_dir("readers-escapes");
+    let dir = scratch_dir();
     let page = forge(
         &dir,
         &Forge {

@@ -101,12 +101,58 @@ pub fn bare(program: &Path) -> Command {
     cmd
 }
 
-/// A fresh, empty directory for one test's pages.
+/// A fresh, empty directory `target/test-dirs/<name>`; tests take theirs
+/// from [`scratch_dir`], which names it after them. For what several tests
+/// share (built once).
 pub fn fresh_dir(name: &str) -> PathBuf {
     let d = target_dir().join("test-dirs").join(name);
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("create test dir");
     d
+}
+
+/// The running test's path (`group::sixty_four_processes_join_at_once`),
+/// which libtest gives the thread it runs the test on. Panics on another
+/// thread, where no test's name is known.
+pub fn test_name() -> String {
+    let t = std::thread::current();
+    match t.name() {
+        Some(n) if n != "main" => n.to_string(),
+        other => panic!(
+            "the test's scratch directory is named after the thread libtest runs it on; \
+             this thread is {other:?}: take it on the test's own thread"
+        ),
+    }
+}
+
+/// A fresh, empty directory for the running test, named after it:
+/// `target/test-dirs/group.sixty_four_processes_join_at_once`. Taken again
+/// by the same test, it is emptied again.
+pub fn scratch_dir() -> PathBuf {
+    fresh_dir(&test_name().replace("::", "."))
+}
+
+/// A second fresh directory of the running test, `<its name>-<part>`.
+pub fn scratch_dir_named(part: &str) -> PathBuf {
+    fresh_dir(&format!("{}-{part}", test_name().replace("::", ".")))
+}
+
+/// Whether the tests run as root (some need other uids, chown or a mount
+/// namespace of their own).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The first line of a test marked `#[ignore = "needs root"]`: fails, rather
+/// than passes, when it is run as another user (scripts/test.sh includes
+/// ignored tests only when it runs as root).
+pub fn needs_root() {
+    assert!(
+        is_root(),
+        "this test needs root (other uids, chown, a mount namespace); \
+         as another user, leave out --include-ignored and it is reported ignored"
+    );
 }
 
 /// A running client that stops at `wait` until told to go on: lets a test

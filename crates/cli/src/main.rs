@@ -90,7 +90,7 @@ enum Command {
     Stat {
         #[command(flatten)]
         read: cli::stat::ReadOptions,
-        /// Print JSON (schema vramcap.stat version 1, documented in the README)
+        /// Print JSON (schema vramcap.stat version 1, documented in docs/statistics.md)
         #[arg(long, conflicts_with = "format")]
         json: bool,
         /// Print CSV for scripts, as nvidia-smi: csv[,noheader][,nounits]

@@ -6,12 +6,12 @@
 //! exporter serves it, its metric (type, name, help). From that one list
 //! come [`SlotSnapshot`]'s fields, [`SlotSnapshot::read`] and [`COUNTERS`],
 //! which the CLI's JSON and the exporter's per-GPU metrics go through, in
-//! the list's order. A test of the CLI holds README.md's schema and metric
-//! table to them.
+//! the list's order. A test of the CLI holds the schema and metric table
+//! of docs/statistics.md to them.
 //!
 //! Adding a value: a field in [`DeviceSlot`] (from its reserved words, so
 //! offsets stay), which the shim updates, then one entry here, then the
-//! README lines that test asks for.
+//! docs/statistics.md lines that test asks for.
 //!
 //! [`DeviceSlot`]'s layout is not made here: it is the page's interface
 //! between builds, pinned field by field in `page.rs`.

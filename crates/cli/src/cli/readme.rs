@@ -1,7 +1,7 @@
-//! README.md documents `vramcap stat --json`'s schema and the exporter's
-//! metrics; these tests hold both to what the code prints, so adding a
-//! counter (crates/core/src/counters.rs) without its README lines fails
-//! here, and says which lines to write.
+//! docs/statistics.md documents `vramcap stat --json`'s schema and the
+//! exporter's metrics; these tests hold both to what the code prints, so
+//! adding a counter (crates/core/src/counters.rs) without its lines there
+//! fails here, and says which lines to write.
 
 use std::path::PathBuf;
 
@@ -11,8 +11,11 @@ use vramcap_core::page::PageSnapshot;
 use super::stat::{Sources, StatArgs, to_json};
 use crate::read::{GroupSnapshot, Scan, Skipped, Users};
 
+/// The page that holds the schema and the metric table.
+const PAGE: &str = "docs/statistics.md";
+
 fn readme() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/statistics.md");
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"))
 }
 
@@ -88,11 +91,11 @@ fn keys(v: &serde_json::Value, out: &mut Vec<String>) {
     }
 }
 
-/// The README's `text` block that holds the stat schema.
+/// The page's `text` block that holds the stat schema.
 fn schema_block(readme: &str) -> &str {
     let start = readme
         .find("```text\n{ \"schema\": \"vramcap.stat\"")
-        .expect("README.md has the vramcap.stat schema in a ```text block");
+        .unwrap_or_else(|| panic!("{PAGE} has the vramcap.stat schema in a ```text block"));
     let body = &readme[start + "```text\n".len()..];
     &body[..body.find("```").expect("the schema block ends")]
 }
@@ -123,7 +126,7 @@ fn readme_schema_is_what_stat_json_prints() {
     let names: Vec<&str> = documented.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
         names, printed,
-        "README.md's `vramcap stat --json` schema is not what stat prints, key by key"
+        "{PAGE}'s `vramcap stat --json` schema is not what stat prints, key by key"
     );
     // Each device value is documented with its type.
     let default = SlotSnapshot::default();
@@ -138,7 +141,7 @@ fn readme_schema_is_what_stat_json_prints() {
             documented
                 .iter()
                 .any(|(k, t)| k == c.json && t.trim_end_matches(['}', ']']) == ty),
-            "README.md's schema should have {line}"
+            "{PAGE}'s schema should have {line}"
         );
     }
 }
@@ -169,7 +172,7 @@ fn readme_metric_table_is_what_the_exporter_serves() {
     assert_eq!(
         rows,
         want,
-        "README.md's metric table is not what the exporter serves; its rows should be:\n{}",
+        "{PAGE}'s metric table is not what the exporter serves; its rows should be:\n{}",
         want.join("\n")
     );
 }

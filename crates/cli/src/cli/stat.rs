@@ -1,7 +1,7 @@
 //! `vramcap stat`: the pages of live processes as a table or as JSON.
 //!
 //! JSON schema `vramcap.stat` version 1 (one document per refresh; with
-//! `--loop`, one per line): README.md documents it, key by key, and a test
+//! `--loop`, one per line): docs/statistics.md documents it, key by key, and a test
 //! (`cli::readme`) holds that to what [`to_json`] prints. A device's values
 //! are those of `vramcap_core::counters::COUNTERS`, in their order. `dirs`
 //! lists the directories as given (`--dir`, patterns unexpanded; else the

@@ -33,7 +33,7 @@
 //! reader escaped control characters, text-hiding characters and bytes
 //! that are not UTF-8 in everything taken from a page, a group file or a
 //! file name; [`escape`] applies it again, so no label value can hold one),
-//! then escaped as the format requires (`\\`, `\"`, `\n`). README.md's
+//! then escaped as the format requires (`\\`, `\"`, `\n`). docs/statistics.md's
 //! metric table lists every family; a test (`cli::readme`) holds it to
 //! [`render`].
 
