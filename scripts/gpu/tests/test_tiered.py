@@ -47,6 +47,11 @@ def moves(r):
     return sum(1 for l in r.stderr.splitlines() if "tiered spill, device" in l and "promoted" in l)
 
 
+def gave_up(r):
+    """Rounds that gave up waiting for the GPU (moves paused then)."""
+    return sum(1 for l in r.stderr.splitlines() if "did not finish its work within" in l)
+
+
 # ---------------------------------------------------------------- the launch hook, copies, graphs
 
 @pytest.mark.goal
@@ -296,8 +301,9 @@ def capped_row(training, gpu, check, model, r, mode, variant, ref_run, ref_name,
         orig = training.ref(model).kv().get("ms_per_step")
         check.note("%sx of the unchanged program uncapped (%s ms)" % (ratio(orig, d.get("ms_per_step")), orig))
     check.note("%s ms/step (%sx of %s), first timed step %s ms; GPU used max %s MiB; torch reserved peak %s MiB; "
-               "rounds that moved: %d" % (d.get("ms_per_step"), slow, ref.get("ms_per_step"), d.get("first_ms"),
-                                          d.get("max_dev_used_mib"), d.get("peak_reserved_mib"), moves(run)))
+               "rounds that moved: %d; rounds that gave up waiting for the GPU: %d"
+               % (d.get("ms_per_step"), slow, ref.get("ms_per_step"), d.get("first_ms"),
+                  d.get("max_dev_used_mib"), d.get("peak_reserved_mib"), moves(run), gave_up(run)))
 
 
 def test_capped(training, gpu, check, model, r, mode, variant):
