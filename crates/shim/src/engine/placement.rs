@@ -390,6 +390,11 @@ impl<D: Driver> Engine<D> {
             };
             let p = plan(&mine, over, room, self.spill.room(&self.base), round);
             if !p.demote.is_empty() || !p.promote.is_empty() {
+                // A synchronisation of an earlier round still runs: the
+                // GPU has not drained since, and a stop now would wait on it.
+                if self.tiers.quiescing.load(Ordering::SeqCst) > 0 {
+                    return;
+                }
                 self.apply(slot, device, limit, round, p);
             }
         }
@@ -615,37 +620,8 @@ impl<D: Driver> Engine<D> {
     /// for good after three give-ups in a row ([`SYNC_WAIT`](super::tier::SYNC_WAIT)).
     fn quiesce(&'static self, ctxs: &[usize]) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
-        let driver = &self.driver;
-        let tiers = &self.tiers;
-        let list = ctxs.to_vec();
-        let quiescing = &self.tiers.quiescing;
-        quiescing.fetch_add(1, Ordering::SeqCst);
-        /// Counts the thread out when it ends, however it ends.
-        struct Out(&'static std::sync::atomic::AtomicU32);
-        impl Drop for Out {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        let spawned = std::thread::Builder::new()
-            .name("vramcap-quiesce".into())
-            .spawn(move || {
-                let _out = Out(quiescing);
-                let start = std::time::Instant::now();
-                let mut ok = true;
-                for c in list {
-                    if driver.ctx_push_current(c) != CUDA_SUCCESS {
-                        ok = false;
-                        continue;
-                    }
-                    ok &= driver.ctx_synchronize() == CUDA_SUCCESS;
-                    let _ = driver.ctx_pop_current();
-                }
-                tiers.drained(start.elapsed());
-                let _ = tx.send(ok);
-            });
-        if spawned.is_err() {
-            quiescing.fetch_sub(1, Ordering::SeqCst);
+        let known = self.tiers.drain_seen();
+        if !self.sync_on_thread(ctxs.to_vec(), tx) {
             return false;
         }
         let wait = self.tiers.sync_wait();
@@ -653,6 +629,15 @@ impl<D: Driver> Engine<D> {
             Ok(ok) => {
                 self.tiers.quiesced();
                 ok
+            }
+            Err(_) if !known => {
+                // The first drain is longer than the first wait: no pause;
+                // moves wait for it to end and then follow it.
+                log_at!(
+                    Info,
+                    "tiered spill: the GPU's queue took longer than {wait:?} to drain; the next move waits for as long as it takes"
+                );
+                false
             }
             Err(_) => {
                 let for_good = self.tiers.stall();
@@ -668,6 +653,46 @@ impl<D: Driver> Engine<D> {
                 false
             }
         }
+    }
+
+    /// Synchronises `ctxs` on a thread of its own, counted in `quiescing`
+    /// (a context teardown waits for it): what it took sets later waits
+    /// ([`Tiers::drained`](super::tier::Tiers::drained)), and whether every
+    /// context synchronised goes to `tx`. Whether the thread started.
+    fn sync_on_thread(&'static self, ctxs: Vec<usize>, tx: std::sync::mpsc::Sender<bool>) -> bool {
+        let driver = &self.driver;
+        let tiers = &self.tiers;
+        let quiescing = &self.tiers.quiescing;
+        quiescing.fetch_add(1, Ordering::SeqCst);
+        /// Counts the thread out when it ends, however it ends.
+        struct Out(&'static std::sync::atomic::AtomicU32);
+        impl Drop for Out {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let spawned = std::thread::Builder::new()
+            .name("vramcap-quiesce".into())
+            .spawn(move || {
+                let _out = Out(quiescing);
+                let start = std::time::Instant::now();
+                let mut ok = true;
+                for c in ctxs {
+                    if driver.ctx_push_current(c) != CUDA_SUCCESS {
+                        ok = false;
+                        continue;
+                    }
+                    ok &= driver.ctx_synchronize() == CUDA_SUCCESS;
+                    let _ = driver.ctx_pop_current();
+                }
+                tiers.drained(start.elapsed());
+                let _ = tx.send(ok);
+            });
+        if spawned.is_err() {
+            quiescing.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
     }
 
     /// Counts uses for tiered spill, then makes the launch through the gate.

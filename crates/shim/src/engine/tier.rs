@@ -168,11 +168,13 @@ const SCAN_BYTES: usize = 8192;
 pub const STOP_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// How long a round first waits, with the gate closed, for the GPU to
 /// finish the program's work before it gives up. The wait follows the
-/// program's work: it is at least twice the last drain seen (the time a
-/// synchronisation took, counting one that finished after its round gave
-/// up, halved each time a shorter one is seen), and doubles with each give-up
-/// in a row (2, 4, then 8 s), at most [`MAX_SYNC_WAIT`]. Three give-ups in
-/// a row, or ten in all, stop moves for good. A program whose blocks are
+/// program's work: it is at least twice the longest recent drain (the time
+/// a synchronisation took, counting one that finished after its round gave
+/// up; each shorter one takes 1/16 off it), and doubles with each give-up
+/// in a row (2, 4, then 8 s), at most [`MAX_SYNC_WAIT`]. A give-up before
+/// any drain was seen only learns it; after that, moves pause for
+/// [`STALL_ROUNDS`] rounds, and three give-ups in a row, or ten in all,
+/// stop them for good. A program whose blocks are
 /// on the host runs slowly, and its queue can hold seconds of work
 /// (training at 1.7x its need waited 2 s and paused: issue 32); work that
 /// waits on the held program itself (a stream waiting for a value a held
@@ -530,6 +532,7 @@ pub struct Tiers {
     /// the wait before the first one, in µs (a test shortens it).
     drain_us: AtomicU64,
     base_wait_us: AtomicU64,
+
     /// Threads a round started to synchronise contexts that may still be
     /// in the driver (one outlives a round that gave up waiting for it).
     pub(super) quiescing: AtomicU32,
@@ -979,12 +982,18 @@ impl Tiers {
     /// A synchronisation of the program's contexts took `took` (whether or
     /// not its round still waited for it): the wait follows it.
     pub(super) fn drained(&self, took: std::time::Duration) {
-        let took = took.as_micros().min(u64::MAX as u128) as u64;
+        // At least 1 µs: a drain was seen.
+        let took = (took.as_micros().min(u64::MAX as u128) as u64).max(1);
         let _ = self
             .drain_us
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
-                Some(took.max(last / 2))
+                Some(took.max(last - last / 16))
             });
+    }
+
+    /// Whether any synchronisation's drain was seen.
+    pub(super) fn drain_seen(&self) -> bool {
+        self.drain_us.load(Ordering::Relaxed) > 0
     }
 
     /// A round's wait for the GPU ended in time: give-ups in a row start
