@@ -37,6 +37,12 @@ if [ "$(id -u)" = 0 ]; then
 fi
 cargo test --workspace --locked "${test_args[@]}"
 
+# The GPU suite's own helpers on fake programs (no GPU): the runner,
+# key=value parsing, timeouts, the table (pytest from PyPI, installed into
+# target/gpu-venv when missing).
+[ -x target/gpu-venv/bin/python ] || { python3 -m venv target/gpu-venv && target/gpu-venv/bin/pip install -q pytest; }
+target/gpu-venv/bin/python -m pytest scripts/gpu/tests -q -m harness
+
 # The device plugin against a stand-in kubelet (grpcio, from the official
 # proto; installed from PyPI into target/kubelet-venv when missing), then a
 # container made from its Allocate answer (needs the debug build above).
