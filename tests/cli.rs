@@ -117,3 +117,50 @@ fn first_try_papercuts() {
         String::from_utf8_lossy(&doctor.stderr)
     );
 }
+
+/// An inherited `VRAMCAP_DISABLE` does not turn off the cap `run --limit`
+/// (or `--group`) asks for: `run` clears it, `env` prints `unset`, and
+/// each says so in one line. (It used to run uncapped, silently: the
+/// 256 MiB chunks filled the 16 GiB stand-in.)
+#[test]
+fn run_and_env_clear_an_inherited_disable_switch() {
+    let a = artefacts();
+    for on in ["1", " 1 "] {
+        let mut cmd = bare(&a.cli);
+        cmd.env("VRAMCAP_DISABLE", on)
+            .args(["run", "--limit", "1GiB", "--cache", "off", "--"])
+            .arg(&a.client)
+            .args(["procaddr", "init", "fill", "256M"]);
+        let ran = run(cmd);
+        ran.expect_lines(&[
+            "init -> 0",
+            "fill 268435456 -> 4 allocs 1073741824 bytes rc=2",
+        ]);
+        // Then the shim's line for the refused fifth chunk.
+        assert_eq!(
+            ran.stderr().lines().next(),
+            Some(format!(
+                "vramcap: VRAMCAP_DISABLE={on:?} in the environment would turn vramcap off; run clears it, since --limit asks for a cap (to run uncapped, leave out --limit, e.g. vramcap run -- python train.py)"
+            ).as_str())
+        );
+    }
+    let mut cmd = bare(&a.cli);
+    cmd.env("VRAMCAP_DISABLE", "1")
+        .args(["env", "--group", "train"]);
+    let ran = run(cmd);
+    let lines = ran.ok_lines();
+    assert!(
+        lines.contains(&"unset VRAMCAP_DISABLE".to_string()),
+        "{lines:?}"
+    );
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: VRAMCAP_DISABLE=\"1\" in the environment would turn vramcap off; env clears it, since --group asks for a cap (to run uncapped, leave out --group, e.g. vramcap env)\n"
+    );
+    // Without --limit or --group the switch is the user's to keep.
+    let mut cmd = bare(&a.cli);
+    cmd.env("VRAMCAP_DISABLE", "1").arg("env");
+    let ran = run(cmd);
+    assert!(!ran.ok_lines().iter().any(|l| l.starts_with("unset")));
+    assert_eq!(ran.stderr(), "");
+}
