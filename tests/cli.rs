@@ -1,7 +1,10 @@
 //! `vramcap size`: the size grammar of `--limit`, for scripts (the GPU
 //! checks read their `CAP` through it).
 
-use crate::util::{artefacts, bare, run};
+use std::path::Path;
+use std::process::Command;
+
+use crate::util::{artefacts, bare, fresh_dir, run};
 
 fn size(arg: &str) -> crate::util::Ran {
     let mut cmd = bare(&artefacts().cli);
@@ -163,4 +166,104 @@ fn run_and_env_clear_an_inherited_disable_switch() {
     let ran = run(cmd);
     assert!(!ran.ok_lines().iter().any(|l| l.starts_with("unset")));
     assert_eq!(ran.stderr(), "");
+}
+
+/// `run` refuses, in one line and with status 126, a program the loader
+/// would run in secure-execution mode, where it drops `LD_PRELOAD`: one
+/// set-user-ID or set-group-ID to someone else, or (for a caller other
+/// than root) one with file capabilities. It used to run them uncapped,
+/// silently. (Needs root, to give a copy of the client away; skipped
+/// otherwise, and when /etc/ld.so.preload already preloads something.)
+#[test]
+fn run_refuses_a_program_that_would_drop_the_shim() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 || Path::new("/etc/ld.so.preload").exists() {
+        eprintln!("skipped: needs root and no /etc/ld.so.preload");
+        return;
+    }
+    let a = artefacts();
+    let lib = std::fs::canonicalize(&a.shim).unwrap();
+    let dir = fresh_dir("secure-exec");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = |name: &str, uid: u32, gid: u32, mode: u32| {
+        let p = dir.join(name);
+        std::fs::copy(&a.client, &p).unwrap();
+        std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    };
+    let line = |p: &Path, why: &str| {
+        format!(
+            "vramcap: {} is {why}: the loader runs it in secure-execution mode and drops LD_PRELOAD, so it would run uncapped; run a program that is not, or have the loader preload the shim for every program (e.g. echo {} >> /etc/ld.so.preload, as root)\n",
+            p.display(),
+            lib.display()
+        )
+    };
+    let refused = |mut cmd: Command, p: &Path, why: &str| {
+        cmd.args(["run", "--limit", "1GiB", "--"])
+            .arg(p)
+            .args(["procaddr", "init"]);
+        let ran = run(cmd);
+        ran.expect_code(126);
+        assert_eq!(ran.stdout(), "");
+        assert_eq!(ran.stderr(), line(p, why));
+    };
+    let setuid = copy("setuid", 65534, 0, 0o4755);
+    refused(bare(&a.cli), &setuid, "set-user-ID to user 65534");
+    let setgid = copy("setgid", 0, 65534, 0o2755);
+    refused(bare(&a.cli), &setgid, "set-group-ID to group 65534");
+    // Found through PATH as exec finds it.
+    let mut cmd = bare(&a.cli);
+    cmd.env("PATH", format!("{}:/usr/bin:/bin", dir.display()));
+    cmd.args(["run", "--", "setuid"]);
+    let ran = run(cmd);
+    ran.expect_code(126);
+    assert_eq!(ran.stderr(), line(&setuid, "set-user-ID to user 65534"));
+    // A set-group-ID bit without group execute is no set-group-ID
+    // program, and one's own set-user-ID program gains nothing: both run.
+    for (name, uid, gid, mode) in [("locking", 0, 65534, 0o2745), ("own", 0, 0, 0o4755)] {
+        let p = copy(name, uid, gid, mode);
+        let mut cmd = bare(&a.cli);
+        cmd.args(["run", "--limit", "1GiB", "--"])
+            .arg(&p)
+            .args(["procaddr", "init", "info"]);
+        run(cmd).expect_lines(&["init -> 0", "info -> 0 free=1073741824 total=1073741824"]);
+    }
+    // File capabilities (CAP_NET_BIND_SERVICE, effective), run by a user
+    // other than root: refused too.
+    let capped = copy("capabilities", 0, 0, 0o755);
+    // struct vfs_cap_data, revision 2: magic | effective, then the
+    // permitted and inheritable words of the two halves.
+    let mut caps = Vec::new();
+    for w in [0x0200_0001u32, 1 << 10, 0, 0, 0] {
+        caps.extend_from_slice(&w.to_le_bytes());
+    }
+    let c = std::ffi::CString::new(capped.as_os_str().as_bytes()).unwrap();
+    // SAFETY: C strings and a buffer of caps.len() bytes.
+    let rc = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            c"security.capability".as_ptr(),
+            caps.as_ptr().cast(),
+            caps.len(),
+            0,
+        )
+    };
+    if rc != 0 {
+        eprintln!(
+            "file capabilities not checked: setxattr: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    let mut cmd = bare(Path::new("setpriv"));
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&a.cli);
+    refused(
+        cmd,
+        &capped,
+        "given file capabilities (security.capability)",
+    );
 }

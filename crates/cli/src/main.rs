@@ -2,7 +2,8 @@
 //!
 //! Exit codes: `run` exits with the command's own status (127 when the
 //! command or the shim cannot be found, 126 when the command cannot be
-//! executed); every subcommand exits 2 for bad arguments or settings;
+//! executed, or would run without the shim: set-user-ID, set-group-ID or
+//! file capabilities, `cli/secure.rs`); every subcommand exits 2 for bad arguments or settings;
 //! `stat` exits 1 when the statistics directory cannot be read; `doctor`
 //! exits 1 when it found a problem; `trim` exits 1 when a process could not
 //! be reached or did not answer in time; `top` exits 1 when the terminal
@@ -621,6 +622,18 @@ fn main() -> ExitCode {
             uid,
         ))),
         Command::Run { opts, command } => shim_env(&opts).map(|vars| {
+            // A program the loader would run in secure-execution mode
+            // drops LD_PRELOAD: refused, never run uncapped silently.
+            if let Ok(lib) = find_library()
+                && let Some(why) = cli::secure::refusal(
+                    &command[0],
+                    &lib,
+                    Path::new(cli::secure::LD_SO_PRELOAD),
+                )
+            {
+                eprintln!("vramcap: {why}");
+                return ExitCode::from(126);
+            }
             let mut cmd = std::process::Command::new(&command[0]);
             for k in clear_disable(&opts, "run") {
                 cmd.env_remove(k);
