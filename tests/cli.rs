@@ -172,15 +172,23 @@ fn run_and_env_clear_an_inherited_disable_switch() {
 /// would run in secure-execution mode, where it drops `LD_PRELOAD`: one
 /// set-user-ID or set-group-ID to someone else, or (for a caller other
 /// than root) one with file capabilities. It used to run them uncapped,
-/// silently. (Needs root, to give a copy of the client away; skipped
-/// otherwise, and when /etc/ld.so.preload already preloads something.)
+/// silently; under no_new_privs, which makes exec grant nothing, it runs
+/// them, capped. (Needs root, to give a copy of the client away; skipped
+/// otherwise, under no_new_privs, and when /etc/ld.so.preload already
+/// preloads something.)
 #[test]
 fn run_refuses_a_program_that_would_drop_the_shim() {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 || Path::new("/etc/ld.so.preload").exists() {
-        eprintln!("skipped: needs root and no /etc/ld.so.preload");
+    // SAFETY: geteuid cannot fail; PR_GET_NO_NEW_PRIVS takes no pointer.
+    let (root, nnp) = unsafe {
+        (
+            libc::geteuid() == 0,
+            libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1,
+        )
+    };
+    if !root || nnp || Path::new("/etc/ld.so.preload").exists() {
+        eprintln!("skipped: needs root, no no_new_privs and no /etc/ld.so.preload");
         return;
     }
     let a = artefacts();
@@ -231,6 +239,15 @@ fn run_refuses_a_program_that_would_drop_the_shim() {
             .args(["procaddr", "init", "info"]);
         run(cmd).expect_lines(&["init -> 0", "info -> 0 free=1073741824 total=1073741824"]);
     }
+    // Under no_new_privs (Kubernetes' allowPrivilegeEscalation: false)
+    // exec grants nothing and the loader keeps LD_PRELOAD: it runs, capped.
+    let mut cmd = bare(Path::new("setpriv"));
+    cmd.arg("--no-new-privs")
+        .arg(&a.cli)
+        .args(["run", "--limit", "1GiB", "--"])
+        .arg(&setuid)
+        .args(["procaddr", "init", "info"]);
+    run(cmd).expect_lines(&["init -> 0", "info -> 0 free=1073741824 total=1073741824"]);
     // File capabilities (CAP_NET_BIND_SERVICE, effective), run by a user
     // other than root: refused too.
     let capped = copy("capabilities", 0, 0, 0o755);

@@ -11,8 +11,9 @@
 //! owner is not the caller, the set-group-ID bit when the group may
 //! execute it and its group is not the caller's; file capabilities
 //! (`security.capability`) count for callers other than root. On a mount
-//! with `nosuid` none of them count. A script (`#!`) runs its interpreter,
-//! whose file is the one that counts.
+//! with `nosuid`, or in a process with `no_new_privs` set (as Kubernetes
+//! sets it for `allowPrivilegeEscalation: false`), none of them count. A
+//! script (`#!`) runs its interpreter, whose file is the one that counts.
 
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
@@ -50,7 +51,7 @@ fn privilege_at(program: &Path, depth: u32) -> Option<String> {
     {
         return privilege_at(&interpreter, depth + 1);
     }
-    if nosuid(program) {
+    if nosuid(program) || no_new_privs() {
         return None;
     }
     // SAFETY: getuid and getgid cannot fail.
@@ -82,6 +83,13 @@ fn interpreter(program: &Path) -> Option<PathBuf> {
         .split(|&b| b == b' ' || b == b'\t')
         .find(|w| !w.is_empty())?;
     Some(PathBuf::from(OsStr::from_bytes(word)))
+}
+
+/// Whether this process (and so the program it execs) has `no_new_privs`:
+/// then `execve` grants nothing and the loader keeps `LD_PRELOAD`.
+fn no_new_privs() -> bool {
+    // SAFETY: PR_GET_NO_NEW_PRIVS takes no pointer and cannot fail here.
+    unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1 }
 }
 
 fn nosuid(program: &Path) -> bool {
