@@ -148,7 +148,8 @@ fn bad_listen_values_exit_2_with_one_line() {
 
 /// 200 idle connections held open (a client that connects and sends
 /// nothing, as a port scanner or a hostile pod does), and more opened
-/// between scrapes: every scrape still answers 200 within a second. The
+/// between scrapes, then slow ones (a head trickled in part, an answer
+/// never read): every scrape still answers 200 within a second. The
 /// oldest connection still waiting for its head gives way to a new one
 /// (it is answered 408 and closed). It used to answer 503 to every scrape
 /// until the idle ones timed out, 10 s later, and for good if they were
@@ -171,6 +172,27 @@ fn idle_connections_never_keep_scrapes_out() {
             "scrape {round} took {took:?}"
         );
         idle.extend((0..10).map(|_| TcpStream::connect(ex.addr).expect("connect")));
+    }
+    // Slow clients: heads trickled in part, and whole requests whose
+    // answers are never read. Scrapes still get in.
+    for i in 0..100 {
+        let mut s = TcpStream::connect(ex.addr).expect("connect");
+        let raw: &[u8] = if i % 2 == 0 {
+            b"GET /metr"
+        } else {
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+        };
+        s.write_all(raw).unwrap();
+        idle.push(s);
+        if i % 10 == 9 {
+            let start = Instant::now();
+            assert_eq!(ex.get("/metrics").status, 200, "among slow clients {i}");
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "{:?}",
+                start.elapsed()
+            );
+        }
     }
     // The oldest idle connection was answered and closed.
     let mut first = idle.remove(0);
