@@ -27,8 +27,15 @@ plugin runs as a separate process over the stand-in NVML (two GPUs of
    VRAMCAP_LIMIT, raise it to 100% or set VRAMCAP_DISABLE=1.
 
 8. a second plugin with the same state directory is refused; 9. a GPU
-   lost at start is left out and the others served; and the plugin stops
-   promptly at SIGTERM with the kubelet's ListAndWatch stream open.
+   lost at start is left out and the others served; 10. the directories
+   of ended allocations are swept;
+11. 10,000 fuzzed requests (undecodable bytes to every method; Allocate
+   with bad, unknown, repeated, huge and countless IDs and countless
+   containers; GetPreferredAllocation with any lists and sizes;
+   ListAndWatch streams opened and never read): each is answered, with a
+   gRPC error of one short line when it is refused, the plugin lives on
+   and a correct Allocate still works; and the plugin stops promptly at
+   SIGTERM with the kubelet's ListAndWatch stream open.
 
 Usage: scripts/check-device-plugin.py, as root (step 7 needs a mount
 namespace), after `cargo build` (target/debug/vramcap and libvramcap.so).
@@ -178,6 +185,7 @@ def run_checks():
     try:
         checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, lost,
                lambda: kubelet, start_kubelet, work, held)
+        fuzz(pb, rpc, grpc, plugin_sock, plugin)
         # SIGTERM while the kubelet's ListAndWatch stream is open, as it
         # always is: the plugin must still stop, promptly.
         watcher = rpc.DevicePluginStub(connect(grpc, plugin_sock)).ListAndWatch(pb.Empty(), timeout=60)
@@ -434,6 +442,116 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
     last = [m.host_path for m in c.mounts if m.container_path == "/run/vramcap/stats"][0]
     gone_within(os.path.dirname(last), 10, "the directory of an allocation that ended")
     step("10. the directory of an allocation the kubelet no longer holds is swept")
+
+
+def fuzz(pb, rpc, grpc, plugin_sock, plugin):
+    """11. 10,000 malformed or hostile requests, then a correct Allocate."""
+    import random
+    from collections import Counter
+
+    rnd = random.Random(32)
+    channel = connect(grpc, plugin_sock)
+    stub = rpc.DevicePluginStub(channel)
+    unary = ["GetDevicePluginOptions", "Allocate", "GetPreferredAllocation", "PreStartContainer"]
+    raw = {m: channel.unary_unary(f"/v1beta1.DevicePlugin/{m}") for m in unary}
+    good = units(UUID1, range(UNITS))
+
+    def an_id():
+        k = rnd.randrange(12)
+        if k < 3:
+            return rnd.choice(good)
+        if k == 3:
+            return f"{UUID0}::{rnd.choice([UNITS, 10**6, 2**64 - 1, 2**64, -1])}"
+        if k == 4:
+            return f"GPU-{rnd.getrandbits(32):08x}::0"
+        if k == 5:
+            return rnd.choice(["", "::", "::0", "nvidia0", f"{UUID1}::01", f"{UUID1}::+1", f"{UUID1}:: 1"])
+        if k == 6:
+            return "".join(chr(rnd.choice([0, 7, 10, 13, 27, 0x202e, 0xfffd, rnd.randrange(32, 0x3000)]))
+                           for _ in range(rnd.randrange(1, 40)))
+        if k == 7:
+            return f"{UUID1}::{rnd.randrange(UNITS)}\n{UUID0}::0"
+        return "".join(rnd.choice("GPU-0123456789abcdef:") for _ in range(rnd.randrange(1, 60)))
+
+    def request(i):
+        """One fuzzed call: (what, a function that makes it)."""
+        k = i % 10
+        if k == 0:
+            m = rnd.choice(unary)
+            size = rnd.choice([0, 1, 7, 64, 1000, 200_000]) if i % 1000 else 3_000_000
+            body = bytes(rnd.getrandbits(8) for _ in range(min(size, 2000))) * max(1, size // 2000)
+            return f"{m} of {len(body)} random bytes", lambda: raw[m](body, timeout=30)
+        if k in (1, 2, 3):
+            ids = [an_id() for _ in range(rnd.randrange(0, 6))]
+            req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+            return f"Allocate of {ids!r:.200}", lambda: stub.Allocate(req, timeout=30)
+        if k == 4:
+            shape = (i // 10) % 4
+            if shape == 0:
+                ids = [f"{UUID1}::0" + "9" * rnd.choice([100, 10_000, 1_000_000])]
+            elif shape == 1:
+                ids = [an_id() for _ in range(rnd.choice([1000, 50_000]))]
+            elif shape == 2:
+                ids = [rnd.choice(good)] * rnd.choice([2, 1000])
+            else:
+                ids = ["x" * 4000] * 500
+            req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+            return f"Allocate of {len(ids)} IDs, the first {len(ids[0])} long", \
+                lambda: stub.Allocate(req, timeout=30)
+        if k == 5:
+            n = rnd.choice([0, 2, 100]) if (i // 10) % 50 else 5000
+            req = pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=[rnd.choice(good)]) for _ in range(n)])
+            return f"Allocate of {n} containers", lambda: stub.Allocate(req, timeout=30)
+        if k in (6, 7):
+            avail = [an_id() for _ in range(rnd.choice([0, 3, 30, 3000]))]
+            must = [an_id() for _ in range(rnd.choice([0, 1, 5]))]
+            size = rnd.choice([-2**31, -1, 0, 1, 5, 12, 2**31 - 1])
+            req = pb.PreferredAllocationRequest(container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=avail, must_include_deviceIDs=must, allocation_size=size)
+            ] * rnd.choice([0, 1, 3]))
+            return f"GetPreferredAllocation of {len(avail)} IDs, size {size}", \
+                lambda: stub.GetPreferredAllocation(req, timeout=30)
+        if k == 8:
+            req = pb.PreStartContainerRequest(devices_ids=[an_id() for _ in range(rnd.randrange(4))])
+            return "PreStartContainer", lambda: stub.PreStartContainer(req, timeout=30)
+        return "GetDevicePluginOptions", lambda: stub.GetDevicePluginOptions(pb.Empty(), timeout=30)
+
+    codes = Counter()
+    streams = []
+    started = time.time()
+    for i in range(10_000):
+        if i % 50 == 0 and len(streams) < 200:
+            # A client that opens a stream and never reads it.
+            streams.append(stub.ListAndWatch(pb.Empty(), timeout=600))
+        what, call = request(i)
+        try:
+            call()
+            codes["OK"] += 1
+        except grpc.RpcError as e:
+            code = e.code()
+            codes[code.name] += 1
+            details = e.details() or ""
+            if code not in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL,
+                            grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.OUT_OF_RANGE):
+                fail(f"fuzzed request {i} ({what}): answered {code.name}: {details[:300]!r}")
+            if "\n" in details or len(details) > 1024 or not details:
+                fail(f"fuzzed request {i} ({what}): {code.name} is not one short line: "
+                     f"{len(details)} characters, {details[:300]!r}")
+        if plugin.poll() is not None:
+            fail(f"the plugin ended ({plugin.returncode}) after fuzzed request {i} ({what})")
+    for s in streams:
+        s.cancel()
+    ids = units(UUID1, range(4))
+    resp = stub.Allocate(pb.AllocateRequest(container_requests=[
+        pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
+    want("Allocate after the fuzzing", dict(resp.container_responses[0].envs)["VRAMCAP_LIMIT"],
+         f"1B,{UUID1}=1024MiB")
+    channel.close()
+    step(f"11. 10,000 fuzzed requests in {time.time() - started:.0f} s "
+         f"({', '.join(f'{k} {v}' for k, v in sorted(codes.items()))}), {len(streams)} streams never read: "
+         "every one answered, refusals in one short line; a correct Allocate still works")
 
 
 def container(c, work):

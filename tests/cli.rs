@@ -1,7 +1,10 @@
 //! `vramcap size`: the size grammar of `--limit`, for scripts (the GPU
 //! checks read their `CAP` through it).
 
-use crate::util::{artefacts, bare, run};
+use std::path::Path;
+use std::process::Command;
+
+use crate::util::{artefacts, bare, fresh_dir, run};
 
 fn size(arg: &str) -> crate::util::Ran {
     let mut cmd = bare(&artefacts().cli);
@@ -118,5 +121,169 @@ fn first_try_papercuts() {
         ),
         ("done\n", ""),
         "doctor into a closed pipe ends quietly"
+    );
+}
+
+/// An inherited `VRAMCAP_DISABLE` does not turn off the cap `run --limit`
+/// (or `--group`) asks for: `run` clears it, `env` prints `unset`, and
+/// each says so in one line. (It used to run uncapped, silently: the
+/// 256 MiB chunks filled the 16 GiB stand-in.)
+#[test]
+fn run_and_env_clear_an_inherited_disable_switch() {
+    let a = artefacts();
+    for on in ["1", " 1 "] {
+        let mut cmd = bare(&a.cli);
+        cmd.env("VRAMCAP_DISABLE", on)
+            .args(["run", "--limit", "1GiB", "--cache", "off", "--"])
+            .arg(&a.client)
+            .args(["procaddr", "init", "fill", "256M"]);
+        let ran = run(cmd);
+        ran.expect_lines(&[
+            "init -> 0",
+            "fill 268435456 -> 4 allocs 1073741824 bytes rc=2",
+        ]);
+        // Then the shim's line for the refused fifth chunk.
+        assert_eq!(
+            ran.stderr().lines().next(),
+            Some(format!(
+                "vramcap: VRAMCAP_DISABLE={on:?} in the environment would turn vramcap off; run clears it, since --limit asks for a cap (to run uncapped, leave out --limit, e.g. vramcap run -- python train.py)"
+            ).as_str())
+        );
+    }
+    let mut cmd = bare(&a.cli);
+    cmd.env("VRAMCAP_DISABLE", "1")
+        .args(["env", "--group", "train"]);
+    let ran = run(cmd);
+    let lines = ran.ok_lines();
+    assert!(
+        lines.contains(&"unset VRAMCAP_DISABLE".to_string()),
+        "{lines:?}"
+    );
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: VRAMCAP_DISABLE=\"1\" in the environment would turn vramcap off; env clears it, since --group asks for a cap (to run uncapped, leave out --group, e.g. vramcap env)\n"
+    );
+    // Without --limit or --group the switch is the user's to keep.
+    let mut cmd = bare(&a.cli);
+    cmd.env("VRAMCAP_DISABLE", "1").arg("env");
+    let ran = run(cmd);
+    assert!(!ran.ok_lines().iter().any(|l| l.starts_with("unset")));
+    assert_eq!(ran.stderr(), "");
+}
+
+/// `run` refuses, in one line and with status 126, a program the loader
+/// would run in secure-execution mode, where it drops `LD_PRELOAD`: one
+/// set-user-ID or set-group-ID to someone else, or (for a caller other
+/// than root) one with file capabilities. It used to run them uncapped,
+/// silently; under no_new_privs, which makes exec grant nothing, it runs
+/// them, capped. (Needs root, to give a copy of the client away; skipped
+/// otherwise, under no_new_privs, and when /etc/ld.so.preload already
+/// preloads something.)
+#[test]
+fn run_refuses_a_program_that_would_drop_the_shim() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid cannot fail; PR_GET_NO_NEW_PRIVS takes no pointer.
+    let (root, nnp) = unsafe {
+        (
+            libc::geteuid() == 0,
+            libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1,
+        )
+    };
+    if !root || nnp || Path::new("/etc/ld.so.preload").exists() {
+        eprintln!("skipped: needs root, no no_new_privs and no /etc/ld.so.preload");
+        return;
+    }
+    let a = artefacts();
+    let lib = std::fs::canonicalize(&a.shim).unwrap();
+    let dir = fresh_dir("secure-exec");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = |name: &str, uid: u32, gid: u32, mode: u32| {
+        let p = dir.join(name);
+        std::fs::copy(&a.client, &p).unwrap();
+        std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    };
+    let line = |p: &Path, why: &str| {
+        format!(
+            "vramcap: {} is {why}: the loader runs it in secure-execution mode and drops LD_PRELOAD, so it would run uncapped; run a program that is not, or have the loader preload the shim for every program (e.g. echo {} >> /etc/ld.so.preload, as root)\n",
+            p.display(),
+            lib.display()
+        )
+    };
+    let refused = |mut cmd: Command, p: &Path, why: &str| {
+        cmd.args(["run", "--limit", "1GiB", "--"])
+            .arg(p)
+            .args(["procaddr", "init"]);
+        let ran = run(cmd);
+        ran.expect_code(126);
+        assert_eq!(ran.stdout(), "");
+        assert_eq!(ran.stderr(), line(p, why));
+    };
+    let setuid = copy("setuid", 65534, 0, 0o4755);
+    refused(bare(&a.cli), &setuid, "set-user-ID to user 65534");
+    let setgid = copy("setgid", 0, 65534, 0o2755);
+    refused(bare(&a.cli), &setgid, "set-group-ID to group 65534");
+    // Found through PATH as exec finds it.
+    let mut cmd = bare(&a.cli);
+    cmd.env("PATH", format!("{}:/usr/bin:/bin", dir.display()));
+    cmd.args(["run", "--", "setuid"]);
+    let ran = run(cmd);
+    ran.expect_code(126);
+    assert_eq!(ran.stderr(), line(&setuid, "set-user-ID to user 65534"));
+    // A set-group-ID bit without group execute is no set-group-ID
+    // program, and one's own set-user-ID program gains nothing: both run.
+    for (name, uid, gid, mode) in [("locking", 0, 65534, 0o2745), ("own", 0, 0, 0o4755)] {
+        let p = copy(name, uid, gid, mode);
+        let mut cmd = bare(&a.cli);
+        cmd.args(["run", "--limit", "1GiB", "--"])
+            .arg(&p)
+            .args(["procaddr", "init", "info"]);
+        run(cmd).expect_lines(&["init -> 0", "info -> 0 free=1073741824 total=1073741824"]);
+    }
+    // Under no_new_privs (Kubernetes' allowPrivilegeEscalation: false)
+    // exec grants nothing and the loader keeps LD_PRELOAD: it runs, capped.
+    let mut cmd = bare(Path::new("setpriv"));
+    cmd.arg("--no-new-privs")
+        .arg(&a.cli)
+        .args(["run", "--limit", "1GiB", "--"])
+        .arg(&setuid)
+        .args(["procaddr", "init", "info"]);
+    run(cmd).expect_lines(&["init -> 0", "info -> 0 free=1073741824 total=1073741824"]);
+    // File capabilities (CAP_NET_BIND_SERVICE, effective), run by a user
+    // other than root: refused too.
+    let capped = copy("capabilities", 0, 0, 0o755);
+    // struct vfs_cap_data, revision 2: magic | effective, then the
+    // permitted and inheritable words of the two halves.
+    let mut caps = Vec::new();
+    for w in [0x0200_0001u32, 1 << 10, 0, 0, 0] {
+        caps.extend_from_slice(&w.to_le_bytes());
+    }
+    let c = std::ffi::CString::new(capped.as_os_str().as_bytes()).unwrap();
+    // SAFETY: C strings and a buffer of caps.len() bytes.
+    let rc = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            c"security.capability".as_ptr(),
+            caps.as_ptr().cast(),
+            caps.len(),
+            0,
+        )
+    };
+    if rc != 0 {
+        eprintln!(
+            "file capabilities not checked: setxattr: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    let mut cmd = bare(Path::new("setpriv"));
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&a.cli);
+    refused(
+        cmd,
+        &capped,
+        "given file capabilities (security.capability)",
     );
 }

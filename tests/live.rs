@@ -133,6 +133,42 @@ fn vramcap_limit_lowers_and_raises_a_running_process() {
     );
 }
 
+/// A page whose request counters stand at `u64::MAX`: the next request is
+/// number 0, and `vramcap limit` waits for the process to take it (it used
+/// to take the acknowledgement of the one before, u64::MAX, for its own and
+/// report "1.00 GiB -> 1.00 GiB", a change the process never took).
+#[test]
+fn vramcap_limit_waits_for_its_own_answer_across_the_counters_wrap() {
+    use std::os::unix::fs::FileExt;
+    let dir = fresh_dir("live-wrap");
+    let mut h = held_in(
+        &artefacts().client,
+        &dir,
+        &[ONE_GIB, NO_CACHE],
+        &["init", "alloc", "256M", "wait", "info", "wait"],
+    );
+    let pid = h.pid();
+    let p = pid.to_string();
+    let page = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(format!("{pid}.page")))
+        .unwrap();
+    // limit_requests (offset 80), then limit_acks (88): the shim answers
+    // a difference by acknowledging what it saw, so the two end equal.
+    page.write_all_at(&u64::MAX.to_ne_bytes(), 80).unwrap();
+    page.write_all_at(&u64::MAX.to_ne_bytes(), 88).unwrap();
+    limit(&dir, &["--pid", &p, "512MiB"]).expect_lines(&[&format!(
+        "{pid} gpu 0: limit 1.00 GiB -> 512 MiB, holds 256 MiB"
+    )]);
+    h.resume();
+    h.until("wait");
+    assert_eq!(
+        h.lines[h.lines.len() - 2],
+        format!("info -> 0 free={} total={}", 256 * MIB, 512 * MIB)
+    );
+    h.finish();
+}
+
 /// Lowered below what it holds: `vramcap limit` says so, `--wait` gives up
 /// with exit 1; `none` lifts the cap from outside; bad input gets its exit
 /// code and one line.

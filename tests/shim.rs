@@ -74,18 +74,43 @@ fn unset_limit_only_counts() {
     ]);
 }
 
+/// The switch passes every call through, and says so at the default log
+/// level whenever a cap is asked for (`' 1 '` too): never uncapped silently.
 #[test]
 fn disable_switch_passes_everything_through() {
-    client(
+    for on in ["1", " 1 "] {
+        let ran = client(
+            "dlsym",
+            &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_DISABLE", on)],
+            &["init", "fill", "4G", "info"],
+        );
+        ran.expect_lines(&[
+            "init -> 0",
+            "fill 4294967296 -> 4 allocs 17179869184 bytes rc=2",
+            "info -> 0 free=0 total=17179869184",
+        ]);
+        let err = ran.stderr();
+        let line = err.split_once("]: ").map_or(err.as_str(), |(_, l)| l);
+        assert!(err.starts_with("vramcap["), "{err}");
+        assert_eq!(
+            line,
+            "VRAMCAP_DISABLE=1 turns vramcap off in this process: VRAMCAP_LIMIT=\"1GiB\" is not enforced and it runs uncapped; unset VRAMCAP_DISABLE to cap it (e.g. env -u VRAMCAP_DISABLE python train.py)\n"
+        );
+    }
+    // With a group only, too; with neither, the switch is all there is.
+    let ran = client(
         "dlsym",
-        &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_DISABLE", "1")],
-        &["init", "fill", "4G", "info"],
-    )
-    .expect_lines(&[
-        "init -> 0",
-        "fill 4294967296 -> 4 allocs 17179869184 bytes rc=2",
-        "info -> 0 free=0 total=17179869184",
-    ]);
+        &[("VRAMCAP_GROUP", "g"), ("VRAMCAP_DISABLE", "1")],
+        &["init"],
+    );
+    assert!(
+        ran.stderr()
+            .contains("VRAMCAP_GROUP=\"g\" is not enforced and it runs uncapped"),
+        "{}",
+        ran.stderr()
+    );
+    let ran = client("dlsym", &[("VRAMCAP_DISABLE", "1")], &["init"]);
+    assert_eq!(ran.stderr(), "");
 }
 
 #[test]

@@ -554,6 +554,51 @@ fn doctor_finds_everything_with_the_stand_in() {
         "{lines:?}"
     );
 
+    // What LD_PRELOAD enforcement is and is not, and which of the things
+    // that hold against a program trying to escape are in force: here
+    // none (no /etc/ld.so.preload, operator's file, MPS, driver r615+).
+    let shim = std::fs::canonicalize(&artefacts().shim).unwrap();
+    let enforcement = |lines: &[String]| -> Vec<String> {
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("note  enforcement: "))
+            .unwrap_or_else(|| panic!("no enforcement lines in {lines:?}"));
+        lines[at..lines.len() - 1].to_vec()
+    };
+    assert_eq!(
+        enforcement(&lines),
+        [
+            "note  enforcement: LD_PRELOAD caps programs that do not try to escape it; a program that runs code of its own can open the driver's device files (/dev/nvidia*) itself and allocate uncapped. What holds against that is listed below (docs/limitations.md)".to_string(),
+            format!("note  /etc/ld.so.preload: does not name the shim: a program started without LD_PRELOAD, or a set-user-ID one, runs uncapped (as root, to preload it everywhere: echo {} >> /etc/ld.so.preload)", shim.display()),
+            "note  operator's cap file: no /run/vramcap/operator-limit: a program may set its own VRAMCAP_LIMIT, or VRAMCAP_DISABLE=1".to_string(),
+            "note  device plugin: not in force here (no container set up by vramcap device-plugin); on Kubernetes it gives each container the operator's cap and /etc/ld.so.preload (docs/device-plugin.md)".to_string(),
+            "note  MPS pinned-memory limit: not in force (no MPS control daemon at /tmp/nvidia-mps); with MPS the driver holds each client to its pinned-memory limit, on any driver".to_string(),
+            "note  NVIDIA per-cgroup limits: not available: driver 580.95.05 is older than r615; NVIDIA_GPU_MEMORY_LIMIT is not set here".to_string(),
+            "note  against a program that tries to escape: nothing here holds: the shim, the operator's file and /etc/ld.so.preload close the ways round it through the loader and the environment, and only a limit the driver keeps holds against the device files".to_string(),
+        ]
+    );
+    // An MPS daemon with a pinned-memory limit, and a driver of r615 with
+    // NVIDIA_GPU_MEMORY_LIMIT: both hold.
+    let mps = dir.join("mps");
+    std::fs::create_dir_all(&mps).unwrap();
+    std::fs::write(mps.join("control"), b"").unwrap();
+    let mut cmd: Command = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", &dir)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &mps)
+        .env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G")
+        .env("STANDIN_NVML_DRIVER_VERSION", "615.10")
+        .env("NVIDIA_GPU_MEMORY_LIMIT", "8192")
+        .arg("doctor");
+    let lines = run(cmd).ok_lines();
+    assert_eq!(
+        enforcement(&lines)[4..],
+        [
+            format!("ok    MPS pinned-memory limit: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=\"0=1G\" and an MPS control daemon at {}: the driver holds this process's GPU memory to it, on any driver, whatever the program calls", mps.display()),
+            "ok    NVIDIA per-cgroup limits: available with driver 615.10 (r615 and later): NVML memory limits per cgroup, which NVIDIA's container toolkit sets from NVIDIA_GPU_MEMORY_LIMIT; NVIDIA_GPU_MEMORY_LIMIT=8192 here".to_string(),
+            "ok    against a program that tries to escape: MPS's pinned-memory limit and NVIDIA's per-cgroup limit (as its container toolkit applies NVIDIA_GPU_MEMORY_LIMIT) hold: the driver keeps it, whatever the program calls".to_string(),
+        ]
+    );
+
     // Without a driver, doctor says so and how to fix it.
     let mut cmd: Command = bare(&artefacts().cli);
     cmd.env("VRAMCAP_STATS_DIR", &dir)

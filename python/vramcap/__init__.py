@@ -20,8 +20,8 @@ cap counts. After lowering a cap below what PyTorch holds, call
 import ctypes
 import contextlib
 import errno
+import operator
 import os
-import re
 
 __all__ = [
     "NotActive",
@@ -128,60 +128,151 @@ def is_active():
     return _lib() is not None
 
 
+# The size grammar of ``VRAMCAP_LIMIT`` amounts, as the Rust core reads it
+# (crates/core/src/size.rs, ``parse_amount`` in crates/core/src/limit):
+# ASCII digits only, no leading zero, units powers of 1024 in any case,
+# percentages above 0 and at most 100 with at most four decimals. A
+# property test (tests/python.rs) holds the two equal on generated text.
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
+    "": 0, "b": 0,
+    "k": 10, "kb": 10, "kib": 10,
+    "m": 20, "mb": 20, "mib": 20,
+    "g": 30, "gb": 30, "gib": 30,
+    "t": 40, "tb": 40, "tib": 40,
 }
+# What Rust's ``str::trim`` removes (Unicode White_Space), which is not
+# quite what ``str.strip()`` removes (that also takes U+001C..U+001F).
+_WHITE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+    "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+_DIGITS = "0123456789"
+_EXAMPLE = "e.g. '2GiB', '512MiB' or '50%'"
+
+
+class _Bad(Exception):
+    pass
+
+
+def _digits(s):
+    n = 0
+    while n < len(s) and s[n] in _DIGITS:
+        n += 1
+    return s[:n], s[n:]
+
+
+def _decimal(s):
+    """``DIGITS[.DIGITS]`` at the start of ``s``: (int, frac, rest)."""
+    whole, after = _digits(s)
+    if not whole:
+        raise _Bad("it does not start with a decimal number")
+    if len(whole) > 1 and whole[0] == "0":
+        raise _Bad("it has a leading zero (numbers are decimal, write it without)")
+    frac, rest = "", after
+    if after.startswith("."):
+        frac, rest = _digits(after[1:])
+        if not frac:
+            raise _Bad("it does not start with a decimal number")
+    return whole, frac, rest
+
+
+def _scale(whole, frac, multiplier):
+    if len(whole) + len(frac) > 30:
+        raise _Bad("the size does not fit in 64 bits")
+    return int(whole + frac) * multiplier // 10 ** len(frac)
+
+
+def _size(t):
+    if not t:
+        raise _Bad("the size is empty")
+    whole, frac, rest = _decimal(t)
+    unit = rest.lstrip(_WHITE)
+    if unit.lower() not in _UNITS or not unit.isascii():
+        raise _Bad(
+            f"unknown unit {unit!r} (use B, K/KB/KiB, M/MB/MiB, G/GB/GiB or T/TB/TiB; "
+            "all are powers of 1024)"
+        )
+    n = _scale(whole, frac, 1 << _UNITS[unit.lower()])
+    if n > NO_CAP:
+        raise _Bad("the size does not fit in 64 bits")
+    if n == 0:
+        raise _Bad("the size must be greater than zero")
+    return n
+
+
+def _percent_ppm(number):
+    s = number.strip(_WHITE)
+    if not s:
+        raise _Bad("the percentage has no number before '%'")
+    try:
+        whole, frac, rest = _decimal(s)
+    except _Bad:
+        raise _Bad("the percentage is not a decimal number") from None
+    if rest:
+        raise _Bad("the percentage is not a decimal number")
+    if len(frac) > 4:
+        raise _Bad("the percentage has more than four decimals")
+    ppm = _scale(whole, frac, 10_000) if len(whole) + len(frac) <= 30 else 0
+    if not 0 < ppm <= 1_000_000:
+        raise _Bad("the percentage is out of range (greater than 0 and at most 100)")
+    return ppm
 
 
 def parse_amount(text, total=None):
     """Bytes of an amount as ``VRAMCAP_LIMIT`` takes it: ``"2GiB"`` (units
-    powers of 1024, any case) or ``"50%"`` of ``total`` bytes."""
-    t = str(text).strip()
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*%", t, re.ASCII)
-    if m:
-        p = float(m.group(1))
-        if not 0 < p <= 100:
-            raise ValueError(f"{text!r}: a percentage is above 0 and at most 100, e.g. '50%'")
-        if not total:
-            raise ValueError(
-                f"{text!r}: a percentage needs the device's memory, which is not known here; "
-                "give a size, e.g. '2GiB'"
-            )
-        return max(1, int(total * p / 100))
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)", t, re.ASCII)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not a size; e.g. '2GiB', '512MiB' or '50%'")
-    if re.match(r"0[0-9]", m.group(1)):
-        raise ValueError(f"{text!r}: a leading zero is refused (it looks octal); e.g. '8GiB'")
-    # Exact for whole numbers; decimals round down to a byte.
-    whole, _, frac = m.group(1).partition(".")
-    unit = _UNITS[m.group(2).lower()]
-    n = int(whole) * unit + (int(frac) * unit) // (10 ** len(frac)) if frac else int(whole) * unit
-    if n < 1:
-        raise ValueError(f"{text!r}: a cap is at least one byte, e.g. '2GiB'")
-    return n
+    powers of 1024, any case; ``"1.5GiB"`` rounds down to a byte) or
+    ``"50%"`` of ``total`` bytes (at most four decimals; at least one
+    byte). Exactly the grammar of ``vramcap size`` and ``--limit``."""
+    t = str(text).strip(_WHITE)
+    try:
+        if t.endswith("%"):
+            ppm = _percent_ppm(t[:-1])
+            if not total:
+                raise ValueError(
+                    f"{text!r}: a percentage needs the device's memory, which is not known here; "
+                    "give a size, e.g. '2GiB'"
+                )
+            return max(1, total * ppm // 1_000_000)
+        if not t:
+            raise _Bad("the amount is empty")
+        return _size(t)
+    except _Bad as e:
+        raise ValueError(f"{text!r} is not a valid amount: {e}; {_EXAMPLE}") from None
 
 
-def _devices(device):
-    if not isinstance(device, int) or device < -1:
-        raise ValueError(f"device {device!r}: an index the process sees, or -1 for all")
-    return device
+# The largest index a C ``int`` holds: past it, ctypes would wrap the
+# number onto another device (2**32 onto device 0).
+_INT_MAX = (1 << 31) - 1
+
+
+def _devices(device, what, every=True):
+    """``device`` as an index the C ABI takes; -1 (every device) when
+    ``every``. A bool is not an index; an index no ``int`` holds names no
+    device."""
+    example = "e.g. set_limit(0, '2GiB')" + (", or -1 for every device" if every else "")
+    if isinstance(device, bool):
+        raise ValueError(f"{what}: {device!r} is not a device index; {example}")
+    try:
+        index = operator.index(device)
+    except TypeError:
+        raise ValueError(f"{what}: {device!r} is not a device index; {example}") from None
+    if index < (-1 if every else 0):
+        raise ValueError(f"{what}: {index} is not a device index; {example}")
+    if index > _INT_MAX:
+        raise ValueError(f"{what}: no such device in this process (device {index}); {example}")
+    return index
 
 
 def set_limit(device, limit):
     """Sets the cap of ``device`` (-1: every device in use) to ``limit``:
     bytes, an amount string, or None for no cap."""
     lib = _need()
-    device = _devices(device)
+    device = _devices(device, f"set_limit({device!r}, {limit!r})")
     if limit is None:
         bytes_ = NO_CAP
     elif isinstance(limit, str):
         total = None
-        if limit.strip().endswith("%"):
+        if limit.strip(_WHITE).endswith("%"):
             if device == -1:
                 raise ValueError(
                     f"set_limit(-1, {limit!r}): a percentage is of one device's memory; "
@@ -199,7 +290,7 @@ def set_limit(device, limit):
 def get_limit(device):
     """The cap in force on ``device`` in bytes, or None for no cap."""
     lib = _need()
-    value = lib.vramcap_get_limit(_devices(device))
+    value = lib.vramcap_get_limit(_devices(device, f"get_limit({device!r})", every=False))
     if value == 0:
         raise ValueError(f"get_limit({device}): no such device in this process")
     return None if value == NO_CAP else value
@@ -214,7 +305,11 @@ def memory_stats(device):
     lib = _need()
     s = _Stats()
     _check(
-        lib.vramcap_memory_stats(_devices(device), ctypes.byref(s), ctypes.sizeof(s)),
+        lib.vramcap_memory_stats(
+            _devices(device, f"memory_stats({device!r})", every=False),
+            ctypes.byref(s),
+            ctypes.sizeof(s),
+        ),
         f"memory_stats({device})",
     )
     # Fields past what this library fills are unknown (an older library).
@@ -246,8 +341,7 @@ def limit(device, value):
         with vramcap.limit(0, "2GiB"):
             evaluate(model)
     """
-    if not isinstance(device, int) or device < 0:
-        raise ValueError(f"limit({device!r}, ...): one device index, e.g. limit(0, '2GiB')")
+    device = _devices(device, f"limit({device!r}, {value!r})", every=False)
     before = memory_stats(device)["own_limit"]
     set_limit(device, value)
     try:

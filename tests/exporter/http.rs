@@ -145,3 +145,69 @@ fn bad_listen_values_exit_2_with_one_line() {
         format!("vramcap: cannot listen on {addr}: Address already in use\n")
     );
 }
+
+/// 200 idle connections held open (a client that connects and sends
+/// nothing, as a port scanner or a hostile pod does), and more opened
+/// between scrapes, then slow ones (a head trickled in part, an answer
+/// never read): every scrape still answers 200 within a second. The
+/// oldest connection still waiting for its head gives way to a new one
+/// (it is answered 408 and closed). It used to answer 503 to every scrape
+/// until the idle ones timed out, 10 s later, and for good if they were
+/// reopened.
+#[test]
+fn idle_connections_never_keep_scrapes_out() {
+    use std::time::{Duration, Instant};
+    let dir = fresh_dir("exporter-idle");
+    let ex = Exporter::start(&dir);
+    let mut idle: Vec<TcpStream> = (0..200)
+        .map(|_| TcpStream::connect(ex.addr).expect("connect"))
+        .collect();
+    for round in 0..20 {
+        let start = Instant::now();
+        let r = ex.get("/metrics");
+        let took = start.elapsed();
+        assert_eq!(r.status, 200, "scrape {round}: {r:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "scrape {round} took {took:?}"
+        );
+        idle.extend((0..10).map(|_| TcpStream::connect(ex.addr).expect("connect")));
+    }
+    // Slow clients: heads trickled in part, and whole requests whose
+    // answers are never read. Scrapes still get in.
+    for i in 0..100 {
+        let mut s = TcpStream::connect(ex.addr).expect("connect");
+        let raw: &[u8] = if i % 2 == 0 {
+            b"GET /metr"
+        } else {
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+        };
+        s.write_all(raw).unwrap();
+        idle.push(s);
+        if i % 10 == 9 {
+            let start = Instant::now();
+            assert_eq!(ex.get("/metrics").status, 200, "among slow clients {i}");
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "{:?}",
+                start.elapsed()
+            );
+        }
+    }
+    // The oldest idle connection was answered and closed.
+    let mut first = idle.remove(0);
+    first
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut bytes = Vec::new();
+    first.read_to_end(&mut bytes).unwrap();
+    let r = Response::parse(&bytes);
+    assert_eq!(r.status, 408, "{r:?}");
+    assert_eq!(
+        r.body,
+        "request timeout: no request came and another client needed the connection\n"
+    );
+    drop(idle);
+    ex.scrape();
+    ex.stop();
+}

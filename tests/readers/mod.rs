@@ -293,6 +293,33 @@ fn trim_says_so_when_the_page_is_truncated_while_it_waits() {
     );
 }
 
+/// A forged page whose trim counters stand at `u64::MAX`, and no process
+/// behind it to answer: `trim` asks request number 0 and waits for its
+/// own answer, then says none came (it used to panic on the overflow).
+#[test]
+fn trim_asks_across_the_counters_wrap() {
+    let dir = fresh_dir("readers-trim-wrap");
+    let mut bytes = Forge::pid(910_003).bytes();
+    // Something cached on GPU 0 (slot word 4); trim_requests (56) and
+    // trim_acks (64) at u64::MAX.
+    bytes[HEADER + 32..HEADER + 40].copy_from_slice(&(1u64 << 20).to_ne_bytes());
+    bytes[56..64].copy_from_slice(&u64::MAX.to_ne_bytes());
+    bytes[64..72].copy_from_slice(&u64::MAX.to_ne_bytes());
+    let path = dir.join("910003.page");
+    std::fs::write(&path, &bytes).unwrap();
+    let file = File::options().read(true).write(true).open(&path).unwrap();
+    lock(&file, 0);
+    let ran = run(cli(&dir, &["trim", "910003", "--timeout", "0.2"]));
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: 910003 did not answer within 0.2s (its cache thread is not running; it still caches 1.00 MiB)\n"
+    );
+    let mut w = [0u8; 8];
+    file.read_exact_at(&mut w, 56).unwrap();
+    assert_eq!(u64::from_ne_bytes(w), 0, "the request went in as number 0");
+}
+
 // ---- Bounds ----
 
 /// The peak resident set (VmHWM) of a running process.

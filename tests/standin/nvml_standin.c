@@ -196,6 +196,24 @@ nvmlReturn_t nvmlShutdown(void)
     return rc;
 }
 
+/* The driver's version: STANDIN_NVML_DRIVER_VERSION, else "580.95.05"
+ * (the H200 machine's branch); NVML_ERROR_INSUFFICIENT_SIZE when it does
+ * not fit with its NUL. */
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (version == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const char *v = getenv("STANDIN_NVML_DRIVER_VERSION");
+    if (v == NULL)
+        v = "580.95.05";
+    if (strlen(v) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(version, v, strlen(v) + 1);
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
 {
     if (!initialized())

@@ -68,6 +68,7 @@ _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t ABI");
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlInit(void);
 nvmlReturn_t nvmlShutdown(void);
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length);
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
                                            nvmlDevice_t *device);

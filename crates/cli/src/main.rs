@@ -2,7 +2,8 @@
 //!
 //! Exit codes: `run` exits with the command's own status (127 when the
 //! command or the shim cannot be found, 126 when the command cannot be
-//! executed); every subcommand exits 2 for bad arguments or settings;
+//! executed, or would run without the shim: set-user-ID, set-group-ID or
+//! file capabilities, `cli/secure.rs`); every subcommand exits 2 for bad arguments or settings;
 //! `stat` exits 1 when the statistics directory cannot be read; `doctor`
 //! exits 1 when it found a problem; `trim` exits 1 when a process could not
 //! be reached or did not answer in time; `top` exits 1 when the terminal
@@ -22,8 +23,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use vramcap_core::limit::parse_limit;
 use vramcap_core::settings::{
-    CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, GROUP_VAR, LOG_VAR, SPILL_LIMIT_VAR,
-    SPILL_VAR, STATS_DIR_VAR, Settings, parse_log_level, unknown_vars_in_env,
+    CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, DISABLE_VAR, GROUP_VAR, LOG_VAR,
+    SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR, Settings, parse_log_level, unknown_vars_in_env,
 };
 
 #[derive(Parser)]
@@ -372,6 +373,35 @@ fn wheel_libraries(prefix: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The variables `run` and `env` clear: with `--limit` or `--group`, an
+/// inherited `VRAMCAP_DISABLE` (which would turn the cap off) is cleared,
+/// with one line when it would have turned the shim off (any value but
+/// unset, empty or 0). Clearing, not refusing: the option on the command
+/// line is the newer, explicit wish, and `env -u` would be the only fix
+/// anyway; the line says what happened.
+fn clear_disable(opts: &ShimOptions, verb: &str) -> Vec<&'static str> {
+    let asked = match (&opts.limit, &opts.group) {
+        (Some(_), _) => "--limit",
+        (None, Some(_)) => "--group",
+        (None, None) => return Vec::new(),
+    };
+    let Some(value) = std::env::var_os(DISABLE_VAR) else {
+        return Vec::new();
+    };
+    let value = value.to_string_lossy();
+    if !matches!(value.trim(), "" | "0") {
+        let example = if verb == "run" {
+            "vramcap run -- python train.py"
+        } else {
+            "vramcap env"
+        };
+        eprintln!(
+            "vramcap: {DISABLE_VAR}={value:?} in the environment would turn vramcap off; {verb} clears it, since {asked} asks for a cap (to run uncapped, leave out {asked}, e.g. {example})"
+        );
+    }
+    vec![DISABLE_VAR]
+}
+
 /// The variables to set, after checking every value the way the shim will.
 fn shim_env(opts: &ShimOptions) -> Result<Vec<(String, OsString)>, String> {
     let lib = find_library()?;
@@ -592,10 +622,23 @@ fn main() -> ExitCode {
             uid,
         ))),
         Command::Run { opts, command } => shim_env(&opts).map(|vars| {
-            let err = std::process::Command::new(&command[0])
-                .args(&command[1..])
-                .envs(vars)
-                .exec();
+            // A program the loader would run in secure-execution mode
+            // drops LD_PRELOAD: refused, never run uncapped silently.
+            if let Ok(lib) = find_library()
+                && let Some(why) = cli::secure::refusal(
+                    &command[0],
+                    &lib,
+                    Path::new(cli::secure::LD_SO_PRELOAD),
+                )
+            {
+                eprintln!("vramcap: {why}");
+                return ExitCode::from(126);
+            }
+            let mut cmd = std::process::Command::new(&command[0]);
+            for k in clear_disable(&opts, "run") {
+                cmd.env_remove(k);
+            }
+            let err = cmd.args(&command[1..]).envs(vars).exec();
             let code = if err.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -610,6 +653,9 @@ fn main() -> ExitCode {
         Command::Env { opts } => shim_env(&opts).map(|vars| {
             for (k, v) in &vars {
                 println!("export {k}={}", shell_quote(&v.to_string_lossy()));
+            }
+            for k in clear_disable(&opts, "env") {
+                println!("unset {k}");
             }
             println!("# {}", counting_line(&vars));
             ExitCode::SUCCESS

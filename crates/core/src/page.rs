@@ -48,6 +48,16 @@ pub const STATE_INITIALISING: u32 = 0;
 /// `Header::state` once the header is complete.
 pub const STATE_READY: u32 = 1;
 
+/// Whether a request counter's acknowledgement `acks` has reached `ticket`
+/// (the request's number), wrap-safe: both words only move forward, so
+/// `acks` is at or past `ticket` exactly when it is less than 2^63 ahead
+/// (serial-number arithmetic, RFC 1982). A plain `acks >= ticket` takes a
+/// request numbered 0 (the counter wrapped at `u64::MAX`) as answered at
+/// once.
+pub fn acknowledged(acks: u64, ticket: u64) -> bool {
+    acks.wrapping_sub(ticket) < 1 << 63
+}
+
 /// The file name of a process's page in the stats directory.
 pub fn file_name(pid: u32) -> String {
     format!("{pid}.page")
@@ -489,6 +499,16 @@ mod tests {
             (s("p"), s(""), s("c"))
         );
         assert_eq!(fill(&[("POD_NAMEX", "no")]), (s(""), s(""), s("")));
+    }
+
+    #[test]
+    fn acknowledgements_are_compared_across_the_wrap() {
+        assert!(acknowledged(5, 5) && acknowledged(6, 5) && !acknowledged(4, 5));
+        // The counter was at u64::MAX: the request is number 0, and the
+        // acknowledgement of the one before it (u64::MAX) is not its own.
+        assert!(!acknowledged(u64::MAX, 0));
+        assert!(acknowledged(0, 0) && acknowledged(1, 0));
+        assert!(acknowledged(0, u64::MAX) && !acknowledged(u64::MAX - 1, u64::MAX));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::human_bytes;
 use vramcap_core::limit::{Amount, LIMIT_VAR, LimitSpec, parse_limit};
-use vramcap_core::page::{FLAG_ACTIVE, Page, uuid_text};
+use vramcap_core::page::{FLAG_ACTIVE, Page, acknowledged, uuid_text};
 
 use super::stat::StatsDirs;
 use super::trim::{find, targets, usable};
@@ -179,7 +179,7 @@ fn change(
         .fetch_add(1, Ordering::AcqRel)
         .wrapping_add(1);
     let start = Instant::now();
-    while page.header.limit_acks.load(Ordering::Acquire) < ticket {
+    while !acknowledged(page.header.limit_acks.load(Ordering::Acquire), ticket) {
         if map.shrank() {
             return Err(format!(
                 "{pid}: its page was truncated while limit waited for an answer; nothing more can be asked of it"

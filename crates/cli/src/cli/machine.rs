@@ -285,6 +285,22 @@ impl Inventory {
         )
     }
 
+    /// The driver's version, as NVML gives it (`580.95.05`).
+    pub fn driver_version(&self) -> Option<String> {
+        type Version = unsafe extern "C" fn(*mut c_char, c_uint) -> c_int;
+        // SAFETY: the nvml.h signature of nvmlSystemGetDriverVersion.
+        let f = unsafe { self.0.func::<Version>(c"nvmlSystemGetDriverVersion")? };
+        let mut buf = [0 as c_char; 96];
+        // SAFETY: the buffer and its own length.
+        if unsafe { f(buf.as_mut_ptr(), 96) } != NVML_SUCCESS {
+            return None;
+        }
+        buf[95] = 0;
+        // SAFETY: NUL-terminated inside the buffer (set above).
+        let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        Some(text.to_string_lossy().into_owned())
+    }
+
     /// The memory of the GPU `uuid`, asked through its UUID: `None` when
     /// NVML no longer finds it or cannot read it (a GPU fallen off the
     /// bus answers `NVML_ERROR_GPU_IS_LOST`).

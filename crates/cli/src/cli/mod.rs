@@ -3,6 +3,7 @@ pub mod exporter;
 pub mod limit;
 pub mod machine;
 pub mod plugin;
+pub mod secure;
 pub mod stat;
 pub mod top;
 pub mod trim;

@@ -150,7 +150,11 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
             println!("{pid}: nothing cached");
             continue;
         }
-        let ticket = page.header.trim_requests.fetch_add(1, Ordering::AcqRel) + 1;
+        let ticket = page
+            .header
+            .trim_requests
+            .fetch_add(1, Ordering::AcqRel)
+            .wrapping_add(1);
         let start = Instant::now();
         loop {
             if map.shrank() {
@@ -160,7 +164,10 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
                 failed = true;
                 break;
             }
-            if page.header.trim_acks.load(Ordering::Acquire) >= ticket {
+            if vramcap_core::page::acknowledged(
+                page.header.trim_acks.load(Ordering::Acquire),
+                ticket,
+            ) {
                 println!(
                     "{pid}: released {} ({} still cached)",
                     human_bytes(before.saturating_sub(cached(page))),

@@ -749,6 +749,35 @@ impl Settings {
         })
     }
 
+    /// The one line the shim warns with when `VRAMCAP_DISABLE` is on while
+    /// a cap is asked for (`VRAMCAP_LIMIT`, `VRAMCAP_GROUP` or
+    /// `NVIDIA_GPU_MEMORY_LIMIT`): the process runs uncapped, and says so at
+    /// the default log level. `None` when the switch is off or nothing asks
+    /// for a cap.
+    pub fn disabled_over_cap(&self) -> Option<String> {
+        if !self.disabled {
+            return None;
+        }
+        let mut asked = Vec::new();
+        if !self.limit.is_unlimited() {
+            asked.push(format!("{LIMIT_VAR}={:?}", self.limit_text));
+        }
+        if let Some(g) = &self.group {
+            asked.push(format!("{GROUP_VAR}={g:?}"));
+        }
+        if let Some(b) = self.nvidia_limit {
+            asked.push(format!("{NVIDIA_LIMIT_VAR}={}", b >> 20));
+        }
+        if asked.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "{DISABLE_VAR}=1 turns vramcap off in this process: {} {} not enforced and it runs uncapped; unset {DISABLE_VAR} to cap it (e.g. env -u {DISABLE_VAR} python train.py)",
+            asked.join(" and "),
+            if asked.len() > 1 { "are" } else { "is" }
+        ))
+    }
+
     /// Reads the settings from the process environment.
     pub fn from_env() -> Result<Settings, SettingsError> {
         Settings::from_lookup(|name| {

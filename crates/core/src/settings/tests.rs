@@ -296,3 +296,33 @@ fn counting_and_context() {
     );
     assert_eq!(Counting::Held.page_code(), crate::page::COUNTING_HELD);
 }
+
+/// `VRAMCAP_DISABLE` on while a cap is asked for is one warning line that
+/// names what is not enforced; off, or with nothing asked, none.
+#[test]
+fn the_disable_switch_over_a_cap_is_one_warning() {
+    let line = |pairs: &[(&str, &str)]| read(pairs).unwrap().disabled_over_cap();
+    assert_eq!(
+        line(&[("VRAMCAP_DISABLE", " 1 "), ("VRAMCAP_LIMIT", "512MiB")]).as_deref(),
+        Some(
+            "VRAMCAP_DISABLE=1 turns vramcap off in this process: VRAMCAP_LIMIT=\"512MiB\" is not enforced and it runs uncapped; unset VRAMCAP_DISABLE to cap it (e.g. env -u VRAMCAP_DISABLE python train.py)"
+        )
+    );
+    assert_eq!(
+        line(&[
+            ("VRAMCAP_DISABLE", "1"),
+            ("VRAMCAP_GROUP", "train"),
+            ("NVIDIA_GPU_MEMORY_LIMIT", "8192"),
+        ])
+        .as_deref(),
+        Some(
+            "VRAMCAP_DISABLE=1 turns vramcap off in this process: VRAMCAP_GROUP=\"train\" and NVIDIA_GPU_MEMORY_LIMIT=8192 are not enforced and it runs uncapped; unset VRAMCAP_DISABLE to cap it (e.g. env -u VRAMCAP_DISABLE python train.py)"
+        )
+    );
+    assert_eq!(line(&[("VRAMCAP_DISABLE", "1")]), None);
+    assert_eq!(
+        line(&[("VRAMCAP_DISABLE", "0"), ("VRAMCAP_LIMIT", "1GiB")]),
+        None
+    );
+    assert_eq!(line(&[("VRAMCAP_LIMIT", "1GiB")]), None);
+}

@@ -46,6 +46,11 @@ pub fn settings() -> &'static Settings {
             for unknown in vramcap_core::settings::unknown_vars_in_env() {
                 crate::log::log_at!(Warn, "{unknown}");
             }
+            // Never uncapped silently: the switch over a cap is told at
+            // the default level (the operator's cap has cleared it already).
+            if let Some(line) = s.disabled_over_cap() {
+                crate::log::log_at!(Warn, "{line}");
+            }
             s
         }
         Err(e) => {

@@ -9,8 +9,14 @@
 //! - the head (request line and headers) may take [`MAX_HEAD`] bytes
 //!   (431 past that) and must arrive within [`READ_TIMEOUT`] of the first
 //!   read (408 after); the answer is written within [`WRITE_TIMEOUT`];
-//! - at most [`MAX_CONNECTIONS`] are served at once, one thread each; more
-//!   are answered 503 at once;
+//! - at most [`MAX_CONNECTIONS`] are served at once, one thread each. When
+//!   all are taken, the oldest that is idle (its head has not come, or its
+//!   answer is sent and it is only being drained) gives way to the new one:
+//!   it is answered 408 (or just closed) at once. Only when every one is
+//!   busy answering is the new one answered 503. So idle or slow clients,
+//!   however many and however often they reconnect, never keep a scrape
+//!   out: a scrape sends its head at once and is then never the oldest
+//!   idle connection for long;
 //! - every answer is `HTTP/1.1`, with `Content-Length`, `Cache-Control:
 //!   no-store` and `Connection: close`; a request body is never read, only
 //!   drained (at most [`MAX_DRAIN`] bytes for [`DRAIN_TIMEOUT`]) after the
@@ -24,8 +30,8 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The most bytes a request line and its headers may take.
@@ -63,19 +69,75 @@ pub fn error_text(e: &io::Error) -> String {
     }
 }
 
-/// Counts a connection until dropped.
-struct Slot(Arc<AtomicUsize>);
+/// Where a connection is: waiting for its head, answering, draining
+/// after its answer, or closed to make room for another.
+const HEAD: u8 = 0;
+const BUSY: u8 = 1;
+const DRAIN: u8 = 2;
+const EVICTED: u8 = 3;
+
+/// A connection being served: a handle on its socket (to close it from the
+/// accepting thread) and where it is. Moves are compare-and-swaps, so a
+/// connection is either taken back from its thread or answered by it,
+/// never both.
+struct Conn {
+    id: u64,
+    stream: TcpStream,
+    state: Arc<AtomicU8>,
+}
+
+/// The connections being served, oldest first.
+type Open = Arc<Mutex<Vec<Conn>>>;
+
+/// Leaves the list of open connections when its thread ends.
+struct Slot {
+    open: Open,
+    id: u64,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|c| c.id != self.id);
     }
+}
+
+/// With every slot taken: closes the oldest idle connection (its head not
+/// come yet: answered 408; or draining after its answer) and says whether
+/// one was.
+fn evict_oldest_idle(open: &mut Vec<Conn>) -> bool {
+    for i in 0..open.len() {
+        let state = &open[i].state;
+        let was_head = state
+            .compare_exchange(HEAD, EVICTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        let was_drain = !was_head
+            && state
+                .compare_exchange(DRAIN, EVICTED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        if !(was_head || was_drain) {
+            continue;
+        }
+        let mut c = open.remove(i);
+        if was_head {
+            let _ = c.stream.set_write_timeout(Some(Duration::from_millis(10)));
+            let _ = c.stream.write_all(&error_response(
+                408,
+                "request timeout: no request came and another client needed the connection\n",
+            ));
+        }
+        // Wakes its thread (a read then ends); the thread leaves at once.
+        let _ = c.stream.shutdown(Shutdown::Both);
+        return true;
+    }
+    false
 }
 
 /// Accepts connections on `listener` for ever, each answered by `handler`
 /// on a thread of its own.
 pub fn serve(listener: TcpListener, handler: Arc<Handler>) -> ! {
-    let active = Arc::new(AtomicUsize::new(0));
+    let open: Open = Arc::new(Mutex::new(Vec::new()));
+    let mut next_id = 0u64;
     let mut accept_error: Option<String> = None;
     loop {
         let mut stream = match listener.accept() {
@@ -99,34 +161,58 @@ pub fn serve(listener: TcpListener, handler: Arc<Handler>) -> ! {
                 continue;
             }
         };
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            let _slot = Slot(active.clone());
-            let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-            let _ = stream.write_all(&response(
-                503,
-                "text/plain; charset=utf-8",
-                &[],
-                b"too many connections\n",
-                false,
-            ));
-            continue;
+        let state = Arc::new(AtomicU8::new(HEAD));
+        let id = next_id;
+        next_id += 1;
+        {
+            let mut list = open.lock().unwrap_or_else(|p| p.into_inner());
+            let full = list.len() >= MAX_CONNECTIONS && !evict_oldest_idle(&mut list);
+            let handle_copy = if full { None } else { stream.try_clone().ok() };
+            let Some(copy) = handle_copy else {
+                drop(list);
+                let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+                let _ = stream.write_all(&response(
+                    503,
+                    "text/plain; charset=utf-8",
+                    &[],
+                    b"too many connections\n",
+                    false,
+                ));
+                continue;
+            };
+            list.push(Conn {
+                id,
+                stream: copy,
+                state: state.clone(),
+            });
         }
-        let slot = Slot(active.clone());
+        let slot = Slot {
+            open: open.clone(),
+            id,
+        };
         let handler = handler.clone();
         // A thread that cannot start drops the closure, its slot and stream.
         let _ = std::thread::Builder::new()
             .name("vramcap-http".into())
             .spawn(move || {
                 let _slot = slot;
-                handle(stream, &*handler);
+                handle(stream, &*handler, &state);
             });
     }
 }
 
-fn handle(mut stream: TcpStream, handler: &Handler) {
+fn handle(mut stream: TcpStream, handler: &Handler, state: &AtomicU8) {
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = stream.set_nodelay(true);
-    let answer = match read_head(&mut stream) {
+    let head = read_head(&mut stream);
+    // Busy from here on; a connection closed to make room is left alone.
+    if state
+        .compare_exchange(HEAD, BUSY, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let answer = match head {
         Ok(head) => match parse_request(&head) {
             Ok(req) => handler(&req),
             Err(505) => error_response(505, "only HTTP/1.0 and HTTP/1.1 are served\n"),
@@ -146,6 +232,8 @@ fn handle(mut stream: TcpStream, handler: &Handler) {
     // Close gently: unread input (a body, a second request) would otherwise
     // make the kernel reset the connection and the client lose the answer.
     let _ = stream.shutdown(Shutdown::Write);
+    // Idle again: a new connection may take this one's place.
+    state.store(DRAIN, Ordering::Release);
     let _ = stream.set_read_timeout(Some(DRAIN_TIMEOUT));
     let mut sink = [0u8; 4096];
     let mut drained = 0;

@@ -213,6 +213,18 @@ fn size_text(bytes: u64) -> String {
     }
 }
 
+/// An ID as a refusal shows it: quoted and escaped, and cut after 80
+/// characters (a refusal is one short line whatever the request held; a
+/// gRPC status message travels in a header).
+pub fn shown_id(id: &str) -> String {
+    let n = id.chars().count();
+    if n <= 80 {
+        return format!("{id:?}");
+    }
+    let head: String = id.chars().take(64).collect();
+    format!("{:?}… ({n} characters)", head)
+}
+
 /// `Allocate` for one container given the unit IDs `ids`: each GPU is
 /// capped at its units' bytes, and every other GPU at one byte, so that a
 /// container that reaches more GPUs than it was given (its own
@@ -229,22 +241,32 @@ pub fn allocate(
     if ids.is_empty() {
         return Err("Allocate: a container request with no devices".into());
     }
+    let advertised: u64 = known.iter().map(|g| units(g, cfg)).sum();
+    if ids.len() as u64 > advertised {
+        return Err(format!(
+            "Allocate: {} device IDs for one container, more than the {advertised} units this node advertises",
+            ids.len()
+        ));
+    }
     let mut count: BTreeMap<&str, u64> = BTreeMap::new();
     let mut seen: BTreeSet<(&str, u64)> = BTreeSet::new();
     for id in ids {
         let Some((uuid, n)) = parse_unit_id(id) else {
             return Err(format!(
-                "Allocate: {id:?} is not a vramcap unit ID (GPU-UUID::N, e.g. GPU-5ca1ab1e-0000-4000-8000-000000000000::0)"
+                "Allocate: {} is not a vramcap unit ID (GPU-UUID::N, e.g. GPU-5ca1ab1e-0000-4000-8000-000000000000::0)",
+                shown_id(id)
             ));
         };
         let Some(gpu) = known.iter().find(|g| g.uuid == uuid) else {
             return Err(format!(
-                "Allocate: {id:?} names a GPU this node does not have"
+                "Allocate: {} names a GPU this node does not have",
+                shown_id(id)
             ));
         };
         if n >= units(gpu, cfg) || !seen.insert((uuid, n)) {
             return Err(format!(
-                "Allocate: {id:?} is not a unit this plugin advertised once"
+                "Allocate: {} is not a unit this plugin advertised once",
+                shown_id(id)
             ));
         }
         *count.entry(uuid).or_default() += 1;
@@ -478,9 +500,28 @@ mod tests {
             (vec![unit_id(A, 1), unit_id(A, 1)], "advertised once"),
             (vec![format!("{A}::07")], "is not a vramcap unit ID"),
             (vec![format!("{A}::+7")], "is not a vramcap unit ID"),
+            (vec![unit_id(A, 1); 100], "more than the"),
         ] {
             let e = allocate(&bad, &gpus(), &c, 0).unwrap_err();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
+    }
+
+    /// A refusal is one short line, whatever the ID holds.
+    #[test]
+    fn refusals_show_an_id_cut_and_escaped() {
+        let long = format!("{A}::0{}", "9".repeat(1 << 20));
+        let e = allocate(&[long], &gpus(), &cfg(), 0).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "Allocate: \"{A}::0999999999999999999999\"… (1048619 characters) is not a vramcap unit ID (GPU-UUID::N, e.g. GPU-5ca1ab1e-0000-4000-8000-000000000000::0)"
+            )
+        );
+        let e = allocate(&["a\nb\u{1b}[2J::0".to_string()], &gpus(), &cfg(), 0).unwrap_err();
+        assert_eq!(
+            e,
+            "Allocate: \"a\\nb\\u{1b}[2J::0\" names a GPU this node does not have"
+        );
     }
 }

@@ -234,57 +234,24 @@ impl DevicePlugin for Plugin {
         &self,
         request: Request<api::AllocateRequest>,
     ) -> Result<Response<api::AllocateResponse>, Status> {
-        let gpus = self.node.borrow().gpus.clone();
-        let mut container_responses = Vec::new();
-        for r in request.into_inner().container_requests {
-            let serial = self
-                .serial
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let stamp = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            // Unique across restarts of the plugin too: the time, then the count.
-            let unique = stamp.saturating_mul(1_000_000).saturating_add(serial);
-            let a = layout::allocate(&r.devices_ids, &gpus, &self.config, unique).map_err(|e| {
-                log(&e);
-                Status::invalid_argument(e)
-            })?;
-            prepare(&self.config, &a).map_err(|e| {
-                let e = format!(
-                    "Allocate: cannot write {}: {e}",
-                    layout::alloc_dir(&self.config, &a.id).display()
-                );
-                log(&e);
-                Status::internal(e)
-            })?;
-            log(format_args!(
-                "allocated {} units: {}",
-                r.devices_ids.len(),
-                a.envs["VRAMCAP_LIMIT"]
-            ));
-            container_responses.push(api::ContainerAllocateResponse {
-                envs: a.envs.into_iter().collect(),
-                mounts: a
-                    .mounts
-                    .into_iter()
-                    .map(|(container_path, host_path, read_only)| api::Mount {
-                        container_path,
-                        host_path,
-                        read_only,
-                    })
-                    .collect(),
-                devices: Vec::new(),
-                annotations: Default::default(),
-                cdi_devices: a
-                    .cdi_devices
-                    .into_iter()
-                    .map(|name| api::CdiDevice { name })
-                    .collect(),
-            });
+        let requests = request.into_inner().container_requests;
+        if requests.len() > MAX_CONTAINERS {
+            let e = format!(
+                "Allocate: {} container requests in one call, more than {MAX_CONTAINERS} (the kubelet asks for one container at a time)",
+                requests.len()
+            );
+            log(&e);
+            return Err(Status::invalid_argument(e));
         }
-        Ok(Response::new(api::AllocateResponse {
-            container_responses,
-        }))
+        let gpus = self.node.borrow().gpus.clone();
+        let config = self.config.clone();
+        let serial = self.serial.clone();
+        // The directories are written (and synced) off the runtime's
+        // threads, which keep answering meanwhile.
+        tokio::task::spawn_blocking(move || allocate_all(requests, &gpus, &config, &serial))
+            .await
+            .map_err(|e| Status::internal(format!("Allocate: {e}")))?
+            .map(Response::new)
     }
 
     async fn pre_start_container(
@@ -293,6 +260,68 @@ impl DevicePlugin for Plugin {
     ) -> Result<Response<api::PreStartContainerResponse>, Status> {
         Ok(Response::new(api::PreStartContainerResponse {}))
     }
+}
+
+/// The most container requests one `Allocate` may carry (the kubelet
+/// sends one).
+pub const MAX_CONTAINERS: usize = 64;
+
+/// `Allocate`'s answer: each container's allocation checked, its
+/// directory made, its response.
+fn allocate_all(
+    requests: Vec<api::ContainerAllocateRequest>,
+    gpus: &[Gpu],
+    config: &Config,
+    serial: &std::sync::atomic::AtomicU64,
+) -> Result<api::AllocateResponse, Status> {
+    let mut container_responses = Vec::new();
+    for r in requests {
+        let serial = serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        // Unique across restarts of the plugin too: the time, then the count.
+        let unique = stamp.saturating_mul(1_000_000).saturating_add(serial);
+        let a = layout::allocate(&r.devices_ids, gpus, config, unique).map_err(|e| {
+            log(&e);
+            Status::invalid_argument(e)
+        })?;
+        prepare(config, &a).map_err(|e| {
+            let e = format!(
+                "Allocate: cannot write {}: {e}",
+                layout::alloc_dir(config, &a.id).display()
+            );
+            log(&e);
+            Status::internal(e)
+        })?;
+        log(format_args!(
+            "allocated {} units: {}",
+            r.devices_ids.len(),
+            a.envs["VRAMCAP_LIMIT"]
+        ));
+        container_responses.push(api::ContainerAllocateResponse {
+            envs: a.envs.into_iter().collect(),
+            mounts: a
+                .mounts
+                .into_iter()
+                .map(|(container_path, host_path, read_only)| api::Mount {
+                    container_path,
+                    host_path,
+                    read_only,
+                })
+                .collect(),
+            devices: Vec::new(),
+            annotations: Default::default(),
+            cdi_devices: a
+                .cdi_devices
+                .into_iter()
+                .map(|name| api::CdiDevice { name })
+                .collect(),
+        });
+    }
+    Ok(api::AllocateResponse {
+        container_responses,
+    })
 }
 
 fn options() -> api::DevicePluginOptions {
