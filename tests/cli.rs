@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::util::{artefacts, bare, fresh_dir, run};
+use crate::util::{artefacts, bare, run, scratch_dir};
 
 fn size(arg: &str) -> crate::util::Ran {
     let mut cmd = bare(&artefacts().cli);
@@ -176,27 +176,23 @@ fn run_and_env_clear_an_inherited_disable_switch() {
 /// set-user-ID or set-group-ID to someone else, or (for a caller other
 /// than root) one with file capabilities. It used to run them uncapped,
 /// silently; under no_new_privs, which makes exec grant nothing, it runs
-/// them, capped. (Needs root, to give a copy of the client away; skipped
-/// otherwise, under no_new_privs, and when /etc/ld.so.preload already
-/// preloads something.)
+/// them, capped. (Needs root, to give a copy of the client away, and fails under
+/// no_new_privs or with an /etc/ld.so.preload.)
 #[test]
+#[ignore = "needs root"]
 fn run_refuses_a_program_that_would_drop_the_shim() {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid cannot fail; PR_GET_NO_NEW_PRIVS takes no pointer.
-    let (root, nnp) = unsafe {
-        (
-            libc::geteuid() == 0,
-            libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1,
-        )
-    };
-    if !root || nnp || Path::new("/etc/ld.so.preload").exists() {
-        eprintln!("skipped: needs root, no no_new_privs and no /etc/ld.so.preload");
-        return;
-    }
+    crate::util::needs_root();
+    // SAFETY: PR_GET_NO_NEW_PRIVS takes no pointer.
+    let nnp = unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1 };
+    assert!(
+        !nnp && !Path::new("/etc/ld.so.preload").exists(),
+        "this test needs a process without no_new_privs and no /etc/ld.so.preload (under either, exec grants nothing and run lets the program go)"
+    );
     let a = artefacts();
     let lib = std::fs::canonicalize(&a.shim).unwrap();
-    let dir = fresh_dir("secure-exec");
+    let dir = scratch_dir();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let copy = |name: &str, uid: u32, gid: u32, mode: u32| {
         let p = dir.join(name);

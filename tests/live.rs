@@ -140,7 +140,7 @@ fn vramcap_limit_lowers_and_raises_a_running_process() {
 #[test]
 fn vramcap_limit_waits_for_its_own_answer_across_the_counters_wrap() {
     use std::os::unix::fs::FileExt;
-    let dir = fresh_dir("live-wrap");
+    let dir = crate::util::scratch_dir();
     let mut h = held_in(
         &artefacts().client,
         &dir,

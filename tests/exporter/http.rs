@@ -157,7 +157,7 @@ fn bad_listen_values_exit_2_with_one_line() {
 #[test]
 fn idle_connections_never_keep_scrapes_out() {
     use std::time::{Duration, Instant};
-    let dir = fresh_dir("exporter-idle");
+    let dir = crate::util::scratch_dir();
     let ex = Exporter::start(&dir);
     let mut idle: Vec<TcpStream> = (0..200)
         .map(|_| TcpStream::connect(ex.addr).expect("connect"))

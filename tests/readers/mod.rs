@@ -298,7 +298,7 @@ fn trim_says_so_when_the_page_is_truncated_while_it_waits() {
 /// own answer, then says none came (it used to panic on the overflow).
 #[test]
 fn trim_asks_across_the_counters_wrap() {
-    let dir = fresh_dir("readers-trim-wrap");
+    let dir = crate::util::scratch_dir();
     let mut bytes = Forge::pid(910_003).bytes();
     // Something cached on GPU 0 (slot word 4); trim_requests (56) and
     // trim_acks (64) at u64::MAX.
