@@ -13,6 +13,7 @@ mod held;
 mod limit;
 mod live;
 mod paths;
+mod python;
 mod readers;
 mod shim;
 mod spill;
