@@ -74,7 +74,7 @@ capped_fill "$tbin"
 # imports.
 whl=$(ls target/package/vramcap-*manylinux_2_17_x86_64*.whl)
 names=$(python3 -c 'import sys, zipfile; print("\n".join(sorted(zipfile.ZipFile(sys.argv[1]).namelist())))' "$whl")
-want=$(printf '%s\n' vramcap/__init__.py vramcap/__main__.py vramcap/_autostart.py vramcap/libvramcap.so \
+want=$(printf '%s\n' vramcap/__init__.py vramcap/__main__.py vramcap/_autostart.py vramcap/torch.py vramcap/libvramcap.so \
     vramcap_autostart.pth vramcap-0.1.0.data/scripts/vramcap \
     vramcap-0.1.0.dist-info/METADATA vramcap-0.1.0.dist-info/RECORD vramcap-0.1.0.dist-info/WHEEL \
     vramcap-0.1.0.dist-info/sboms/vramcap.cyclonedx.json | sort)

@@ -1,5 +1,6 @@
 //! Python without a launcher (issue 35): the wheel's start hook
-//! (`vramcap_autostart.pth`) and `vramcap.set_limit` restarting a script.
+//! (`vramcap_autostart.pth`), `vramcap.set_limit` restarting a script and
+//! `vramcap.torch` without PyTorch.
 //!
 //! The package goes into a virtual environment made here as the wheel lays
 //! it out (site-packages/vramcap/ with the shim, the .pth beside it), so
@@ -306,4 +307,57 @@ fn set_limit_where_a_restart_loses_state_names_the_command() {
         "{}",
         ran.stderr()
     );
+}
+
+/// vramcap.torch imports without PyTorch and answers in
+/// torch.cuda.memory_stats's shape from vramcap's counters.
+#[test]
+fn vramcap_torch_answers_in_pytorchs_shape_without_pytorch() {
+    let code = r#"
+import sys
+import vramcap.torch as vt
+print("torch imported", "torch" in sys.modules)
+vt.set_limit("cuda:0", 2 * 1024**3)
+import ctypes
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+p, ptrs = ctypes.c_uint64(), []
+for i in range(3):
+    assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 << 20)) == 0
+    ptrs.append(p.value)
+assert cu.cuMemFree_v2(ctypes.c_uint64(ptrs[0])) == 0
+for k, v in vt.memory_stats(0).items():
+    print(k, v)
+print(vt.mem_get_info(), vt.memory_reserved(), vt.memory_allocated(), vt.max_memory_reserved())
+vt.set_per_process_memory_fraction(0.0625, 0)
+print(vt.get_limit(), vt.empty_cache(), vt.memory_reserved("cuda"))
+try:
+    vt.set_limit("cpu", 1 << 30)
+except ValueError as e:
+    print(e)
+"#;
+    let mut cmd = python();
+    cmd.env("VRAMCAP_LIMIT", "4GiB").args(["-c", code]);
+    let (_, ran) = run_fed(cmd, "");
+    ran.expect_lines(&[
+        "torch imported False",
+        "allocated_bytes.all.current 536870912",
+        "num_ooms 0",
+        "reserved_bytes.all.current 805306368",
+        "reserved_bytes.all.peak 805306368",
+        "vramcap.cached 268435456",
+        "vramcap.context 0",
+        "vramcap.graphs 0",
+        "vramcap.limit 2147483648",
+        "vramcap.own_limit 2147483648",
+        "vramcap.pools 0",
+        "vramcap.soft_limit None",
+        "vramcap.spilled 0",
+        "vramcap.total 17179869184",
+        "(1342177280, 2147483648) 805306368 536870912 805306368",
+        "1073741824 268435456 536870912",
+        "device 'cpu': a CUDA device, e.g. 0, 'cuda:0' or torch.device('cuda', 0)",
+    ]);
 }
