@@ -1,14 +1,15 @@
 //! Python without a launcher (issue 35): the wheel's start hook
-//! (`vramcap_autostart.pth`), `vramcap.set_limit` restarting a script and
-//! `vramcap.torch` without PyTorch.
+//! (`vramcap_autostart.pth`), `vramcap.set_limit` restarting a script,
+//! `vramcap.torch` without PyTorch, and `vramcap kernel`'s kernelspecs.
 //!
 //! The package goes into a virtual environment made here as the wheel lays
 //! it out (site-packages/vramcap/ with the shim, the .pth beside it), so
 //! the hook runs at a real interpreter start. scripts/check-package.sh does
-//! the same with the built wheel.
+//! the same with the built wheel, and scripts/check-jupyter.py starts a
+//! kernel from `vramcap kernel install` with jupyter_client.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
@@ -360,4 +361,172 @@ except ValueError as e:
         "1073741824 268435456 536870912",
         "device 'cpu': a CUDA device, e.g. 0, 'cuda:0' or torch.device('cuda', 0)",
     ]);
+}
+
+/// A fake interpreter for `vramcap kernel install`: answers the ipykernel
+/// check with `prefix` as its sys.prefix.
+fn fake_python(dir: &Path, prefix: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join("python");
+    std::fs::write(&p, format!("#!/bin/sh\necho {}\n", prefix.display())).expect("write");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    p
+}
+
+fn kernel_cmd(data: &Path) -> Command {
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("JUPYTER_DATA_DIR", data)
+        .env_remove("JUPYTER_PATH")
+        .arg("kernel");
+    cmd
+}
+
+/// install writes a kernelspec that runs the kernel under `vramcap run`;
+/// list shows it; remove takes away only what vramcap wrote; bad input is
+/// one line with an example.
+#[test]
+fn kernel_install_list_and_remove() {
+    let dir = fresh_dir("python-kernel");
+    let data = dir.join("data");
+    let env = dir.join("env");
+    let py = fake_python(&dir, &env);
+    let cli = artefacts().cli.canonicalize().expect("cli path");
+
+    let mut cmd = kernel_cmd(&data);
+    cmd.args(["install", "--limit", "8GiB", "--python"])
+        .arg(&py);
+    let k8 = data.join("kernels/vramcap-8gib");
+    run(cmd).expect_lines(&[&format!(
+        "installed kernel vramcap-8gib (Python 3 (vramcap 8 GiB)) in {}",
+        k8.display()
+    )]);
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(k8.join("kernel.json")).expect("read"))
+            .expect("json");
+    assert_eq!(
+        spec,
+        serde_json::json!({
+            "argv": [cli.display().to_string(), "run", "--limit=8GiB", "--",
+                     py.display().to_string(), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python 3 (vramcap 8 GiB)",
+            "language": "python",
+            "interrupt_mode": "signal",
+            "metadata": {"debugger": true, "vramcap": {"limit": "8GiB"}},
+        })
+    );
+
+    // --sys-prefix: the interpreter's prefix; --name; a group.
+    let mut cmd = kernel_cmd(&data);
+    cmd.args([
+        "install",
+        "--limit",
+        "50%",
+        "--group",
+        "lab",
+        "--name",
+        "Lab",
+        "--sys-prefix",
+        "--python",
+    ])
+    .arg(&py);
+    let lab = env.join("share/jupyter/kernels/lab");
+    run(cmd).expect_lines(&[&format!(
+        "installed kernel lab (Python 3 (vramcap 50%, group lab)) in {}",
+        lab.display()
+    )]);
+
+    let mut cmd = kernel_cmd(&data);
+    cmd.args(["list", "--prefix"]).arg(&env);
+    run(cmd).expect_lines(&[
+        &format!(
+            "vramcap-8gib  Python 3 (vramcap 8 GiB)           {}",
+            k8.display()
+        ),
+        &format!(
+            "lab           Python 3 (vramcap 50%, group lab)  {}",
+            lab.display()
+        ),
+    ]);
+
+    // A kernel vramcap did not write is neither replaced nor removed.
+    let theirs = data.join("kernels/python3");
+    std::fs::create_dir_all(&theirs).expect("mkdir");
+    std::fs::write(
+        theirs.join("kernel.json"),
+        r#"{"argv": [], "display_name": "Python 3"}"#,
+    )
+    .expect("write");
+    let mut cmd = kernel_cmd(&data);
+    cmd.args(["remove", "python3"]);
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: the kernel python3 at {} was not written by vramcap; remove it with jupyter: jupyter kernelspec remove python3\n",
+            theirs.display()
+        )
+    );
+    let mut cmd = kernel_cmd(&data);
+    cmd.args([
+        "install", "--limit", "1GiB", "--name", "python3", "--python",
+    ])
+    .arg(&py);
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: a kernel named python3 is at {} and was not written by vramcap; pick another name, e.g. --name vramcap-1gib\n",
+            theirs.display()
+        )
+    );
+
+    let mut cmd = kernel_cmd(&data);
+    cmd.args(["remove", "vramcap-8gib"]);
+    run(cmd).expect_lines(&[&format!(
+        "removed kernel vramcap-8gib from {}",
+        k8.display()
+    )]);
+    assert!(!k8.exists());
+    assert!(theirs.join("kernel.json").exists());
+
+    let bad: [(&[&str], String); 4] = [
+        (
+            &["install", "--python", "/bin/true"],
+            "vramcap: kernel install needs the cap: --limit (or --group), e.g. vramcap kernel install --limit 8GiB\n".into(),
+        ),
+        (
+            &["install", "--limit", "8GiB", "--name", "my kernel", "--python", "/bin/true"],
+            "vramcap: kernel name \"my kernel\": a kernelspec name has only letters, digits, '.', '_' and '-', e.g. --name vramcap-8gib\n".into(),
+        ),
+        (
+            &["install", "--limit", "8GiB", "--python", "/nonexistent/python"],
+            "vramcap: --python /nonexistent/python: no such program; give the interpreter that has ipykernel, e.g. --python /opt/venv/bin/python\n".into(),
+        ),
+        (
+            &["remove", "vramcap-8gib"],
+            "vramcap: no kernel named \"vramcap-8gib\"; `vramcap kernel list` shows the ones vramcap wrote, e.g. vramcap kernel remove vramcap-8gib\n".into(),
+        ),
+    ];
+    for (args, want) in bad {
+        let mut cmd = kernel_cmd(&data);
+        cmd.args(args);
+        let ran = run(cmd);
+        ran.expect_code(2);
+        assert_eq!(ran.stderr(), want, "{args:?}");
+    }
+    // An interpreter without ipykernel.
+    let mut cmd = kernel_cmd(&data);
+    cmd.args(["install", "--limit", "8GiB", "--python"])
+        .arg(&venv().python);
+    let ran = run(cmd);
+    ran.expect_code(2);
+    let py = venv().python.display().to_string();
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: {py} cannot import ipykernel (ModuleNotFoundError: No module named 'ipykernel'); install it there ({py} -m pip install ipykernel) or name another interpreter, e.g. --python /opt/venv/bin/python\n"
+        )
+    );
 }
