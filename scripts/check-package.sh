@@ -141,10 +141,12 @@ capped_fill "$venv/bin/python" -m vramcap
 py_capped "allocs 4 rc 2" VRAMCAP_LIMIT=1GiB "$venv/bin/python" -c "$alloc"
 
 # `pip install -e .`: the package stays in python/, where the backend put
-# the shim; the CLI finds it through the environment's vramcap.pth.
+# the shim; the CLI finds it through the environment's vramcap.pth, and the
+# backend adds the start hook that maturin's editable wheel leaves out.
 venv=$stage/venv-editable
 python3 -m venv "$venv"
 PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/pip" install --quiet --no-cache-dir --no-deps -e "$PWD"
 doctor_finds "$PWD/python/vramcap/libvramcap.so" "$venv/bin/vramcap"
 capped_fill "$venv/bin/vramcap"
+py_capped "allocs 4 rc 2" VRAMCAP_LIMIT=1GiB "$venv/bin/python" -c "$alloc"
 echo "check-package: ok"
