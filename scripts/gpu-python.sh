@@ -86,7 +86,7 @@ except vramcap.NotActive as e:
 ok=1
 grep -q "^NOTACTIVE set_limit(0, '2GiB'): libvramcap.so is not loaded and CUDA is initialised in this process already, and the shim must be there first; start it as: .*vramcap run --limit 0=2GiB -- " "$OUTF" || ok=0
 add_row "set_limit after torch.zeros(1, device='cuda')" "NotActive naming vramcap run --limit 0=2GiB" \
-    "rc=$RC; $(grep -o 'LOADED_AFTER_IMPORT [01]' "$OUTF") (libcuda after import torch); $(grep NOTACTIVE "$OUTF" | cut -c1-220)" "$(verdict)"
+    "rc=$RC; $(grep -o 'LOADED_AFTER_IMPORT [01]' "$OUTF") (libcuda after import torch); $(grep -m1 '^NOTACTIVE' "$OUTF" | cut -c1-220)" "$(verdict)"
 
 run_cmd vramcap-torch 120 "${bare[@]}" VRAMCAP_LIMIT=4GiB "$PY" -c '
 import vramcap.torch as vt
@@ -131,11 +131,11 @@ want_kv lowered_limit $((1 * G))
 want_kv lowered_total $((1 * G))
 add_row "kernel from vramcap kernel install --limit 2GiB, by jupyter_client" \
     "the kernel is KernelManager's process, under the shim; total 2 GiB; OOM at 1..2 GiB; set_limit 1 GiB from a cell" \
-    "rc=$RC; $install_line; $line $(grep -m1 -o 'Error.*' "$ERRF" | cut -c1-160)" "$(verdict)"
+    "rc=$RC; $install_line; $line$([ "$RC" = 0 ] || tail -n 1 "$ERRF" | cut -c1-200)" "$(verdict)"
 
 run_cmd start 300 "${bare[@]}" "$PY" "$ROOT/scripts/bench-python-start.py" --venv "$venv" --runs 150 --set
 ok=1
 [ "$RC" = 0 ] || ok=0
 add_row "python -c pass, with and without the .pth (150 interleaved runs)" "difference within noise (goal < 2 ms)" \
-    "rc=$RC; $(grep -E '^(with|without|difference|the .pth|VRAMCAP_LIMIT set)' "$OUTF" | sed 's/  */ /g' | tr '\n' ';' | cut -c1-600)" "$(verdict)"
+    "rc=$RC; $(grep -E '^(with|without|difference|site|VRAMCAP_LIMIT set)' "$OUTF" | sed 's/  */ /g' | tr '\n' ';' | cut -c1-600)" "$(verdict)"
 gpu_report
