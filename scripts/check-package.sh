@@ -6,7 +6,8 @@
 # and proves interposition against the stand-in driver. Then the README's
 # install steps for the tarball and the wheel, each in a clean directory:
 # doctor, and `vramcap run --limit 1GiB` capping the stand-in's client
-# (for the wheel also `python -m vramcap run` and `import vramcap`).
+# (for the wheel also `python -m vramcap run`, `import vramcap`, and
+# `VRAMCAP_LIMIT=1GiB python` capped with no launcher).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/package.sh
@@ -73,7 +74,8 @@ capped_fill "$tbin"
 # imports.
 whl=$(ls target/package/vramcap-*manylinux_2_17_x86_64*.whl)
 names=$(python3 -c 'import sys, zipfile; print("\n".join(sorted(zipfile.ZipFile(sys.argv[1]).namelist())))' "$whl")
-want=$(printf '%s\n' vramcap/__init__.py vramcap/__main__.py vramcap/libvramcap.so vramcap-0.1.0.data/scripts/vramcap \
+want=$(printf '%s\n' vramcap/__init__.py vramcap/__main__.py vramcap/_autostart.py vramcap/torch.py vramcap/libvramcap.so \
+    vramcap_autostart.pth vramcap-0.1.0.data/scripts/vramcap \
     vramcap-0.1.0.dist-info/METADATA vramcap-0.1.0.dist-info/RECORD vramcap-0.1.0.dist-info/WHEEL \
     vramcap-0.1.0.dist-info/sboms/vramcap.cyclonedx.json | sort)
 if [ "$names" != "$want" ]; then
@@ -94,6 +96,39 @@ capped_fill "$venv/bin/vramcap"
 capped_fill "$venv/bin/python" -m vramcap
 got=$("$venv/bin/python" -c 'import vramcap; print(vramcap.is_active(), vramcap.parse_amount("2GiB"))')
 [ "$got" = "False 2147483648" ] || { echo "check-package: import vramcap gave '$got'" >&2; exit 1; }
+# No launcher (issue 35): VRAMCAP_LIMIT alone caps python through the
+# wheel's start hook, and `vramcap.set_limit` at the top of a script
+# restarts it capped. The program allocates 256 MiB blocks on the stand-in
+# driver through ctypes, up to 16.
+alloc='import ctypes
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+p, n, rc = ctypes.c_uint64(), 0, 0
+while n < 16:
+    rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 << 20))
+    if rc:
+        break
+    n += 1
+print("allocs", n, "rc", rc)'
+py_capped() { # WANT [VAR=VALUE…] PYTHON ARGS…: stdout must be WANT, stderr kept in $stage/py-err
+    local want=$1 got
+    shift
+    got=$(env -u VRAMCAP_LIBRARY -u LD_PRELOAD -u VRAMCAP_LIMIT -u VRAMCAP_GROUP LD_LIBRARY_PATH="$SI/lib" \
+        VRAMCAP_STATS_DIR="$stage/stats" VRAMCAP_LOG=error "$@" 2>"$stage/py-err") || true
+    if [ "$got" != "$want" ]; then
+        echo "check-package: '$*' printed '$got', not '$want':" >&2
+        cat "$stage/py-err" >&2
+        exit 1
+    fi
+}
+py_capped "allocs 4 rc 2" VRAMCAP_LIMIT=1GiB "$venv/bin/python" -c "$alloc"
+py_capped "allocs 16 rc 0" "$venv/bin/python" -c "$alloc"
+printf 'import vramcap; vramcap.set_limit(0, "2GiB")\n%s\n' "$alloc" >"$stage/train.py"
+py_capped "allocs 8 rc 2" "$venv/bin/python" "$stage/train.py"
+want="vramcap: set_limit(0, '2GiB'): restarting this program under libvramcap.so with VRAMCAP_LIMIT=0=2GiB"
+[ "$(cat "$stage/py-err")" = "$want" ] || { cat "$stage/py-err" >&2; echo "check-package: set_limit did not say it restarts" >&2; exit 1; }
 # `pip install .` from this checkout does the same (pip fetches maturin
 # into its temporary build environment, without a cache; the backend builds
 # the shim with cargo, maturin the CLI).
@@ -103,12 +138,15 @@ PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/pip" install --quiet --no-cache-dir -
 vlib=$(echo "$venv"/lib/python3*/site-packages/vramcap/libvramcap.so)
 doctor_finds "$(realpath "$vlib")" "$venv/bin/vramcap"
 capped_fill "$venv/bin/python" -m vramcap
+py_capped "allocs 4 rc 2" VRAMCAP_LIMIT=1GiB "$venv/bin/python" -c "$alloc"
 
 # `pip install -e .`: the package stays in python/, where the backend put
-# the shim; the CLI finds it through the environment's vramcap.pth.
+# the shim; the CLI finds it through the environment's vramcap.pth, and the
+# backend adds the start hook that maturin's editable wheel leaves out.
 venv=$stage/venv-editable
 python3 -m venv "$venv"
 PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/pip" install --quiet --no-cache-dir --no-deps -e "$PWD"
 doctor_finds "$PWD/python/vramcap/libvramcap.so" "$venv/bin/vramcap"
 capped_fill "$venv/bin/vramcap"
+py_capped "allocs 4 rc 2" VRAMCAP_LIMIT=1GiB "$venv/bin/python" -c "$alloc"
 echo "check-package: ok"

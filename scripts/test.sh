@@ -48,6 +48,11 @@ target/gpu-venv/bin/python -m pytest scripts/gpu/tests -q -m harness
 # container made from its Allocate answer (needs the debug build above).
 python3 scripts/check-device-plugin.py
 
+# Jupyter kernels from `vramcap kernel install`, started by jupyter_client's
+# KernelManager (jupyter_client and ipykernel from PyPI into
+# target/jupyter-venv when missing; needs the debug build above).
+python3 scripts/check-jupyter.py
+
 # Release packages: glibc 2.17 floor, .deb contents, doctor from a staged
 # install (installs cargo-zigbuild, zig and cargo-deb when missing).
 bash scripts/check-package.sh

@@ -4,6 +4,7 @@
 
 mod util;
 
+mod autostart;
 mod cache;
 mod cli;
 mod docs;

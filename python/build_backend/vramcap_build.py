@@ -11,12 +11,20 @@ git ignores); then it hands over to maturin.
 
 `VRAMCAP_WHEEL_SHIM=/path/libvramcap.so` uses a library built already (the
 release script's, linked against glibc 2.17) instead of building one.
+
+The start hook `vramcap_autostart.pth` (python/vramcap/_autostart.py) goes
+into site-packages: pyproject.toml's `include` puts it into the wheel, but
+maturin's editable wheel (`pip install -e .`) leaves `include` out, so it is
+added to that wheel here.
 """
 
+import base64
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import maturin
 
@@ -42,6 +50,32 @@ def _place_shim():
         built = os.path.join(target, "release", "libvramcap.so")
     if os.path.abspath(built) != os.path.abspath(PLACED):
         shutil.copyfile(built, PLACED)
+
+
+AUTOSTART = "vramcap_autostart.pth"
+
+
+def _add_autostart(wheel_directory, filename):
+    """Adds the start hook to the wheel, with its RECORD line, when missing."""
+    path = os.path.join(wheel_directory, filename)
+    with open(os.path.join(HERE, AUTOSTART), "rb") as f:
+        data = f.read()
+    with zipfile.ZipFile(path) as zin:
+        names = zin.namelist()
+        if AUTOSTART in names:
+            return
+        record = next(n for n in names if n.endswith(".dist-info/RECORD"))
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        lines = zin.read(record).decode().splitlines()
+        lines.insert(0, f"{AUTOSTART},sha256={digest},{len(data)}")
+        tmp = path + ".tmp"
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+            for n in names:
+                if n != record:
+                    zout.writestr(zin.getinfo(n), zin.read(n))
+            zout.writestr(AUTOSTART, data)
+            zout.writestr(zin.getinfo(record), "\n".join(lines) + "\n")
+    os.replace(tmp, path)
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -76,4 +110,6 @@ def prepare_metadata_for_build_editable(metadata_directory, config_settings=None
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     _place_shim()
-    return maturin.build_editable(wheel_directory, config_settings, metadata_directory)
+    filename = maturin.build_editable(wheel_directory, config_settings, metadata_directory)
+    _add_autostart(wheel_directory, filename)
+    return filename

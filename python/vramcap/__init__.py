@@ -3,8 +3,10 @@
 The functions call the C ABI of ``libvramcap.so`` (``include/vramcap.h``)
 through ctypes. They work when the library is preloaded, that is when the
 program was started with ``vramcap run --limit 8GiB -- python train.py``
-(or ``LD_PRELOAD=/path/to/libvramcap.so``); otherwise :func:`is_active`
-is False and the others raise :class:`NotActive`.
+(or ``LD_PRELOAD=/path/to/libvramcap.so``, or with ``VRAMCAP_LIMIT`` set
+where the wheel's start hook puts the shim in, docs/python.md); otherwise
+:func:`is_active` is False and the others raise :class:`NotActive`, but
+:func:`set_limit` restarts a script under the shim where that loses nothing.
 
 Devices are the indices the process sees (after ``CUDA_VISIBLE_DEVICES``).
 A cap is a number of bytes, or a string as ``VRAMCAP_LIMIT`` takes an
@@ -47,8 +49,8 @@ _HOW = (
 class NotActive(RuntimeError):
     """The process does not run under vramcap."""
 
-    def __init__(self):
-        super().__init__(_HOW)
+    def __init__(self, how=_HOW):
+        super().__init__(how)
 
 
 class _Stats(ctypes.Structure):
@@ -265,9 +267,21 @@ def _devices(device, what, every=True):
 
 def set_limit(device, limit):
     """Sets the cap of ``device`` (-1: every device in use) to ``limit``:
-    bytes, an amount string, or None for no cap."""
-    lib = _need()
+    bytes, an amount string, or None for no cap.
+
+    In a process not under vramcap that has not loaded CUDA yet (the top of
+    a script), restarts the program under the shim with that cap (one line
+    on stderr); where a restart would lose state, raises NotActive with the
+    command to use (see ``vramcap._autostart``)."""
+    lib = _lib()
     device = _devices(device, f"set_limit({device!r}, {limit!r})")
+    if lib is None:
+        from . import _autostart
+
+        spec = _autostart.limit_spec(device, limit)
+        if spec is None:
+            raise NotActive()
+        _autostart.restart_for_limit(f"set_limit({device}, {limit!r})", spec)
     if limit is None:
         bytes_ = NO_CAP
     elif isinstance(limit, str):
@@ -284,7 +298,19 @@ def set_limit(device, limit):
         bytes_ = min(limit, NO_CAP)
     else:
         raise ValueError(f"limit {limit!r}: bytes above 0, a size such as '2GiB', or None")
-    _check(lib.vramcap_set_limit(device, bytes_), f"set_limit({device}, {limit!r})")
+    rc = lib.vramcap_set_limit(device, bytes_)
+    if rc == -errno.ENODEV:
+        # Before the first CUDA call the library knows no device: after a
+        # restart for this very cap, it is the start cap already; else the
+        # driver is initialised (cuInit, as the first CUDA call would) and
+        # the call made again.
+        from . import _autostart
+
+        if _autostart.restarted_for(device, limit):
+            return
+        if _autostart.init_driver():
+            rc = lib.vramcap_set_limit(device, bytes_)
+    _check(rc, f"set_limit({device}, {limit!r})")
 
 
 def get_limit(device):

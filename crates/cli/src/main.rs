@@ -4,7 +4,8 @@
 //! command or the shim cannot be found, 126 when the command cannot be
 //! executed, or would run without the shim: set-user-ID, set-group-ID or
 //! file capabilities, `cli/secure.rs`); every subcommand exits 2 for bad arguments or settings;
-//! `stat` exits 1 when the statistics directory cannot be read; `doctor`
+//! `stat` exits 1 when the statistics directory cannot be read; `kernel`
+//! exits 1 when a kernelspec cannot be written or removed; `doctor`
 //! exits 1 when it found a problem; `trim` exits 1 when a process could not
 //! be reached or did not answer in time; `top` exits 1 when the terminal
 //! cannot be set up or drawn to, 128 + the signal after SIGTERM, SIGHUP or
@@ -260,6 +261,11 @@ enum Command {
         /// How old an ended allocation's directory must be to go, in seconds
         #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = cli::stat::parse_seconds)]
         sweep_grace: std::time::Duration,
+    },
+    /// Jupyter kernels that start under the shim: `vramcap kernel install --limit 8GiB`
+    Kernel {
+        #[command(subcommand)]
+        action: cli::kernel::Action,
     },
     /// Check the installation: shim, driver, and that interposition works
     Doctor {
@@ -575,6 +581,7 @@ fn main() -> ExitCode {
             ExitCode::from(cli::limit::run(&dirs, users, &args))
         }),
         Command::Size { size } => print_size(&size),
+        Command::Kernel { action } => cli::kernel::run(action),
         Command::DevicePlugin {
             plugin_dir,
             socket,

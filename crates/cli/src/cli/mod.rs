@@ -1,5 +1,6 @@
 pub mod doctor;
 pub mod exporter;
+pub mod kernel;
 pub mod limit;
 pub mod machine;
 pub mod plugin;
