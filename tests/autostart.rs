@@ -304,7 +304,7 @@ fn set_limit_where_a_restart_loses_state_names_the_command() {
     assert_eq!(ran.code(), Some(1));
     assert!(
         ran.stderr()
-            .ends_with("ValueError: '2 Gibs' is not a size; e.g. '2GiB', '512MiB' or '50%'\n"),
+            .ends_with("ValueError: '2 Gibs' is not a valid amount: unknown unit 'Gibs' (use B, K/KB/KiB, M/MB/MiB, G/GB/GiB or T/TB/TiB; all are powers of 1024); e.g. '2GiB', '512MiB' or '50%'\n"),
         "{}",
         ran.stderr()
     );
