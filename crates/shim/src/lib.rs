@@ -36,6 +36,7 @@
 
 mod boundary;
 mod engine;
+mod ffi;
 mod log;
 mod lookup;
 

@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use crate::read::{Bounds, GroupSnapshot, Reading, Scan, Scope, Users, check_source, read_sources};
 use serde_json::{Value, json};
+use vramcap_core::counters::PageSnapshot;
 use vramcap_core::counters::{COUNTERS, SlotSnapshot};
 use vramcap_core::human_bytes;
-use vramcap_core::page::{PageSnapshot, uuid_text};
+use vramcap_core::page::uuid_text;
 use vramcap_core::text;
 
 /// `--dir` and `--all-users`, shared by `stat`, `top` and `exporter`.

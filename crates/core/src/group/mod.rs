@@ -142,7 +142,8 @@ pub const GROUP_PAGE_SIZE: usize = GROUP_HEADER_SIZE
     + MEMBERS * MEMBER_SIZE
     + GROUP_DEVICES * MEMBERS * LEDGER_SIZE;
 pub const NAME_LEN: usize = 64;
-pub const LIMIT_TEXT_LEN: usize = 512;
+/// The limit field's size, set by the limit grammar's longest value.
+pub use crate::limit::LIMIT_TEXT_LEN;
 
 /// The pid part of a free slot's owner word.
 pub const FREE: u32 = 0;

@@ -6,8 +6,8 @@ use std::ptr;
 
 use super::hooks::calls as c;
 use super::hooks::real as h;
-use crate::engine::cuda::*;
 use crate::engine::{Driver, Flavour};
+use crate::ffi::*;
 
 /// The real CUDA driver and NVML.
 pub struct RealDriver;

@@ -11,6 +11,7 @@
 pub mod abi;
 mod dlsym;
 mod driver;
+mod entry;
 pub mod hooks;
 mod macros;
 pub mod real;

@@ -10,22 +10,23 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use super::hooks::{HOOKS, Hook};
+use super::entry::Hook;
 use super::real::{Lib, driver_path};
 use super::{RealDriver, disabled};
 use crate::engine::Engine;
-use crate::engine::cuda::{CUDA_SUCCESS, CUresult};
+use crate::ffi::{CUDA_SUCCESS, CUresult};
 use crate::log::{log_at, log_once};
 use crate::lookup;
 use vramcap_core::settings::Spill;
 
 /// Replaces a function pointer handed out by `cuGetProcAddress*` with the
-/// hook for the same variant.
+/// hook for the same variant, from `hooks` (the hook list).
 ///
 /// # Safety
 /// `pfn` is non-null and holds what the real resolver wrote; `symbol` is
 /// null or the caller's NUL-terminated name.
 unsafe fn substitute(
+    hooks: &[Hook],
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
@@ -38,7 +39,7 @@ unsafe fn substitute(
     }
     // NVML functions are never handed out by the CUDA resolver; looking
     // them up here would load NVML as a side effect.
-    let by_pointer = HOOKS
+    let by_pointer = hooks
         .iter()
         .filter(|h| h.real.lib == Lib::Cuda && handed_out(h))
         .find(|h| h.real.get() == Some(p));
@@ -52,10 +53,10 @@ unsafe fn substitute(
     }
     // SAFETY: the real resolver accepted it as a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if let Some(i) = lookup::by_name(HOOKS.iter().map(|h| &h.lookup), name, cuda_version, flags)
-        && handed_out(&HOOKS[i])
+    if let Some(i) = lookup::by_name(hooks.iter().map(|h| &h.lookup), name, cuda_version, flags)
+        && handed_out(&hooks[i])
     {
-        let h = &HOOKS[i];
+        let h = &hooks[i];
         log_at!(
             Debug,
             "cuGetProcAddress({}, {cuda_version}): internal driver pointer, matched {:?} by version",
@@ -72,8 +73,10 @@ unsafe fn substitute(
 ///
 /// # Safety
 /// The driver function's contract.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn get_proc_address_v2(
     engine: &'static Engine<RealDriver>,
+    hooks: &[Hook],
     real: impl FnMut() -> CUresult,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -82,7 +85,7 @@ pub unsafe fn get_proc_address_v2(
     _symbol_status: *mut c_int,
 ) -> CUresult {
     // SAFETY: the driver function's contract.
-    unsafe { get_proc_address(engine, real, symbol, pfn, cuda_version, flags) }
+    unsafe { get_proc_address(engine, hooks, real, symbol, pfn, cuda_version, flags) }
 }
 
 /// `cuGetProcAddress` (CUDA 11.3–11.8), and the work of
@@ -92,6 +95,7 @@ pub unsafe fn get_proc_address_v2(
 /// The driver function's contract.
 pub unsafe fn get_proc_address(
     _engine: &'static Engine<RealDriver>,
+    hooks: &[Hook],
     mut real: impl FnMut() -> CUresult,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -101,20 +105,20 @@ pub unsafe fn get_proc_address(
     let rc = real();
     if rc == CUDA_SUCCESS && !pfn.is_null() {
         // SAFETY: pfn is non-null and the resolver filled it.
-        unsafe { substitute(symbol, pfn, cuda_version, flags) };
+        unsafe { substitute(hooks, symbol, pfn, cuda_version, flags) };
     }
     rc
 }
 
 /// What `dlsym(handle, name)` answers for a real handle, given glibc's own
-/// answer `found`: the hook when `found` is the library's own symbol of a
-/// hooked name, else `found` unchanged.
-pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
+/// answer `found`: the hook in `hooks` (the hook list) when `found` is the
+/// library's own symbol of a hooked name, else `found` unchanged.
+pub fn answer_dlsym(hooks: &[Hook], name: &CStr, found: *mut c_void) -> *mut c_void {
     let n = name.to_bytes();
     if found.is_null() || disabled() || !(n.starts_with(b"cu") || n.starts_with(b"nvml")) {
         return found;
     }
-    let Some(h) = HOOKS
+    let Some(h) = hooks
         .iter()
         .find(|h| h.name == name)
         .filter(|h| handed_out(h))
@@ -147,35 +151,11 @@ pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
     }
 }
 
-/// Whether the hook of `h` is handed out: the launch, copy and memset
-/// hooks, those of changes to executable graphs, and those that read the
-/// program's `cuMemCreate` handles (`engine/handles.rs`) only under tiered
-/// spill, which needs them (`engine/tier.rs`);
+/// Whether the hook of `h` is handed out: those only tiered spill needs
+/// (the entry's `tiered` flag, `hooks.rs`) only under tiered spill;
 /// otherwise the program gets the driver's own functions and pays nothing.
 fn handed_out(h: &Hook) -> bool {
-    !tiered_only(h.name.to_bytes()) || super::settings().spill == Spill::Tiered
-}
-
-/// The hooks only tiered spill needs.
-pub fn tiered_only(name: &[u8]) -> bool {
-    [
-        &b"cuLaunch"[..],
-        b"cuMemcpy",
-        b"cuMemset",
-        b"cuStreamWriteValue",
-        b"cuStreamWaitValue",
-        b"cuStreamBatchMemOp",
-        b"cuModuleUnload",
-        b"cuLibraryUnload",
-        b"cuGraphExecUpdate",
-        b"cuGraphExecKernelNodeSetParams",
-        b"cuGraphExecNodeSetParams",
-        b"cuMemSetAccess",
-        b"cuMemGetAllocationPropertiesFromHandle",
-        b"cuMemGetHandleForAddressRange",
-    ]
-    .iter()
-    .any(|p| name.starts_with(p))
+    !h.tiered_only || super::settings().spill == Spill::Tiered
 }
 
 /// Whether any cap was asked for (a limit, NVIDIA's variable, the

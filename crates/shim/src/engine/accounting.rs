@@ -60,8 +60,8 @@ use vramcap_core::limit::{Amount, Gpu, LIMIT_VAR, LimitSpec};
 use vramcap_core::page::{DeviceSlot, uuid_text};
 
 use super::base::Base;
-use super::cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult, CUuuid};
 use super::driver::Driver;
+use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult, CUuuid};
 use crate::log::{log_at, log_once};
 
 /// [`Base::keys`]: not checked yet, every key names a GPU, some do not.

@@ -18,10 +18,10 @@ use vramcap_core::cache::{Block, Shape, Want};
 use vramcap_core::page::DeviceSlot;
 
 use super::accounting::Refusal;
-use super::cuda::*;
 use super::driver::Driver;
 use super::records::{Kind, Record};
 use super::state::Engine;
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 /// What an allocating handler asks for.

@@ -7,10 +7,10 @@ use std::ffi::{c_int, c_uint};
 
 use vramcap_core::page::DeviceSlot;
 
-use super::cuda::*;
 use super::driver::Driver;
 use super::records::Object;
 use super::state::Engine;
+use crate::ffi::*;
 use crate::log::log_at;
 
 /// Bytes per element of a `CUarray_format`; 16 (the widest) for formats

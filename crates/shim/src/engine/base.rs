@@ -9,12 +9,12 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::settings::Settings;
 
-use super::cuda::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
 use super::driver::{Driver, Flavour};
 use super::group::Membership;
 use super::ledger::Held;
 use super::page::PageHandle;
 use super::worker::Worker;
+use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
 
 pub struct Base<D: Driver> {
     pub driver: D,

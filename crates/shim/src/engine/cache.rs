@@ -86,8 +86,8 @@ use vramcap_core::cache::{Block, Pool, Want};
 use vramcap_core::page::DeviceSlot;
 
 use super::base::{Base, CU_STREAM_LEGACY};
-use super::cuda::{CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS, CUresult};
 use super::driver::{Driver, Flavour};
+use crate::ffi::{CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS, CUresult};
 use crate::log::{log_at, log_once};
 
 #[derive(Default)]

@@ -74,11 +74,11 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::cuda::*;
 use super::driver::Driver;
 use super::exports::{keep, same_file};
 use super::state::Engine;
 use super::tier::{Handle, TierBlock, location};
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;

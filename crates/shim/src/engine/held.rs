@@ -107,9 +107,9 @@ use vramcap_core::settings::{ContextCharge, Counting};
 use super::base::Base;
 use std::ffi::c_int;
 
-use super::cuda::*;
 use super::driver::Driver;
 use super::ledger::*;
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 impl<D: Driver> Base<D> {

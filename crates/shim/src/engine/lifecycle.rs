@@ -7,10 +7,10 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 
-use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::records::Kind;
 use super::state::Engine;
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 /// How long a context's destroy waits for synchronisations a placement

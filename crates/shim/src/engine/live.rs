@@ -26,9 +26,9 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
 
-use super::cuda::CUdevice;
 use super::driver::Driver;
 use super::state::Engine;
+use crate::ffi::CUdevice;
 use crate::log::{log_at, log_once};
 
 /// `-EINVAL`, `-ENODEV`, `-EPERM` as the C ABI answers them.

@@ -6,8 +6,8 @@
 //! tests (`tests/`) run it against a fake driver.
 //!
 //! # Parts, bottom up (no module imports one above it)
-//! - `cuda`, `driver`, `records`, `ledger`, `inflight`, `worker`,
-//!   `exports`: types, the driver trait, the records of live allocations,
+//! - `driver`, `records`, `ledger`, `inflight`, `worker`, `exports`
+//!   (over the C types of `crate::ffi`): the driver trait, the records of live allocations,
 //!   the book of pools and the context's measurement, the allocations in
 //!   flight, the background thread, and how an import is known to be of
 //!   this process's own export.
@@ -68,7 +68,6 @@
 //!   are in the way of yields and retries for at most
 //!   `group::CONTENDED_FOR`.
 
-pub mod cuda;
 pub mod driver;
 
 mod accounting;

@@ -19,9 +19,9 @@ use vramcap_core::limit::{Amount, cuda_ordinal};
 use vramcap_core::page::uuid_text;
 
 use super::accounting::capped_info;
-use super::cuda::*;
 use super::driver::Driver;
 use super::state::Engine;
+use crate::ffi::*;
 
 impl<D: Driver> Engine<D> {
     /// The caps' (total, free) for an NVML device whose real figures are

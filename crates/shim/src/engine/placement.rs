@@ -10,7 +10,6 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::LogLevel;
 
-use super::cuda::*;
 use super::driver::Driver;
 use super::records::{Kind, Record};
 use super::state::Engine;
@@ -18,6 +17,7 @@ use super::tier::{
     Claim, HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, PROMOTE_MARGIN, Plan, STOP_WAIT, TierBlock,
     location, plan, take_round,
 };
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 /// Makes physical memory of `bytes` on the host or `device` and maps it at
@@ -36,19 +36,6 @@ fn make_mapped<D: Driver>(
         return Err(rc);
     }
     Ok(h)
-}
-
-/// The copy and memset hooks, by argument count: each only passes the
-/// gate, whatever its arguments are.
-macro_rules! gated_by_arity {
-    ($($name:ident($($t:ident),*)),* $(,)?) => {
-        $(
-            #[allow(clippy::too_many_arguments)]
-            pub fn $name<$($t),*>(&'static self, real: impl FnMut() -> CUresult, $(_: $t),*) -> CUresult {
-                self.gated(real)
-            }
-        )*
-    };
 }
 
 /// One move being carried out: the new memory, mapped at a scratch address.
@@ -763,15 +750,11 @@ impl<D: Driver> Engine<D> {
         rc
     }
 
-    /// A copy or memset: passes the gate under tiered spill.
-    fn gated(&self, mut real: impl FnMut() -> CUresult) -> CUresult {
+    /// A copy, memset, stream memory operation or parameterless launch
+    /// (the hook list's `gate` entries): passes the gate under tiered
+    /// spill, whatever the call's arguments are.
+    pub fn pass_gate(&'static self, mut real: impl FnMut() -> CUresult) -> CUresult {
         let _open = self.tiers.enter();
         real()
-    }
-
-    gated_by_arity! {
-        gated1(A), gated2(A, B), gated3(A, B, C), gated4(A, B, C, E),
-        gated5(A, B, C, E, F), gated6(A, B, C, E, F, G),
-        gated8(A, B, C, E, F, G, H, I), gated9(A, B, C, E, F, G, H, I, J),
     }
 }

@@ -22,10 +22,10 @@ use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Counting;
 
 use super::alloc::Request;
-use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::records::{Kind, Record};
 use super::state::Engine;
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 /// What graph memory grows by at least (32 MiB for a 1-byte node,

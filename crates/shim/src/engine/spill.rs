@@ -35,9 +35,9 @@ use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Spill as Mode;
 
 use super::base::Base;
-use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::records::{Kind, Record};
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: c_int = 89;

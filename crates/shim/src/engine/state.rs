@@ -12,12 +12,12 @@ use vramcap_core::settings::{Counting, Settings};
 
 use super::base::Base;
 use super::cache::Cache;
-use super::cuda::CUdevice;
 use super::driver::Driver;
 use super::inflight::InFlight;
 use super::records::{Object, Record, Registry, registry};
 use super::spill::Spill;
 use super::tier::{Handles, Tiers};
+use crate::ffi::CUdevice;
 use crate::log::log_at;
 
 /// All the state of one process's shim (one per process; a test makes its own).

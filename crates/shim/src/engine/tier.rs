@@ -133,8 +133,8 @@ use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::cuda::*;
 use super::driver::Driver;
+use crate::ffi::*;
 use crate::log::log_once;
 
 pub(super) const ON_DEVICE: u8 = 0;

@@ -13,10 +13,10 @@ use std::ffi::{c_int, c_void};
 
 use vramcap_core::page::DeviceSlot;
 
-use super::cuda::*;
 use super::driver::Driver;
 use super::records::Object;
 use super::state::Engine;
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use vramcap_core::settings::Settings;
 
 use super::accounting::capped_info;
-use super::cuda::*;
 use super::driver::{Driver, Flavour};
 use super::state::Engine;
+use crate::ffi::*;
 
 mod frees;
 mod held;
