@@ -85,8 +85,8 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::cache::{Block, Pool, Want};
 use vramcap_core::page::DeviceSlot;
 
-use super::base::{Base, CU_STREAM_LEGACY};
-use super::driver::{Driver, Flavour};
+use crate::engine::accounting::base::{Base, CU_STREAM_LEGACY};
+use crate::engine::driver::{Driver, Flavour};
 use crate::ffi::{CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS, CUresult};
 use crate::log::{log_at, log_once};
 

@@ -5,25 +5,27 @@
 //! driver function it needs comes through the [`Driver`] trait. Its unit
 //! tests (`tests/`) run it against a fake driver.
 //!
-//! # Parts, bottom up (no module imports one above it)
-//! - `driver`, `records`, `ledger`, `inflight`, `worker`, `exports`
-//!   (over the C types of `crate::ffi`): the driver trait, the records of live allocations,
-//!   the book of pools and the context's measurement, the allocations in
-//!   flight, the background thread, and how an import is known to be of
-//!   this process's own export.
-//! - `page`, `group`: the statistics page and the group membership.
-//! - `base` (+ `accounting`, `held`): what every part stands on, the
-//!   budgets, and what a process holds beyond its allocations (pools,
-//!   graph memory, the context).
-//! - `cache`, `spill`, `tier`: the freed-block cache, spill to host memory
-//!   and tiered spill's blocks, heat, plan and gate.
-//! - `state`: the [`Engine`], which owns all of the above.
-//! - the handlers, by family: `alloc` (plain, pitched and managed memory,
-//!   frees, memory queries), `pools` (stream-ordered), `vmm`, `arrays`,
-//!   `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps changed
-//!   while the program runs), `placement` (tiered spill's allocation,
-//!   frees, rounds and launch, copy and memset hooks), `handles` (tiered
-//!   spill of the program's own `cuMemCreate` memory).
+//! # Parts, bottom up (no module imports one above it; `tests/layout.rs`
+//! checks that no two import each other)
+//! - `driver`, `worker`: the driver trait (over the C types of
+//!   `crate::ffi`) and the background thread.
+//! - `accounting/`: what every part stands on (`base`: the driver, the
+//!   settings, the page, the group membership), the budgets and caps
+//!   (`mod.rs`), what a process holds beyond its allocations (`held`, with
+//!   its book of pools and the context's measurement in `ledger`), the
+//!   records of live allocations (`records`), the allocations in flight
+//!   (`inflight`), the statistics page (`page`), the group membership
+//!   (`group`) and the exports this process made (`exports`).
+//! - `cache`, `spill`: the freed-block cache and spill to host memory.
+//! - `tiered/`: tiered spill's blocks, heat, plan and gate (`mod.rs`), its
+//!   allocation, frees, rounds and launch, copy and memset hooks
+//!   (`placement`), and the program's own `cuMemCreate` memory under it
+//!   (`handles`).
+//! - this file: the [`Engine`], which owns all of the above.
+//! - `handlers/`, by API family: `alloc` (plain, pitched and managed
+//!   memory, frees, memory queries), `pools` (stream-ordered), `vmm`,
+//!   `arrays`, `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps
+//!   changed while the program runs).
 //!
 //! # Concurrency
 //! - Budgets, counters, the capture count and every lazily made pointer are
@@ -71,33 +73,173 @@
 pub mod driver;
 
 mod accounting;
-mod alloc;
-mod arrays;
-mod base;
 mod cache;
-mod exports;
-mod group;
-mod handles;
-mod held;
-mod inflight;
-mod ledger;
-mod lifecycle;
-mod live;
-mod nvml;
-mod page;
-mod placement;
-mod pools;
-mod records;
+mod handlers;
 mod spill;
-mod state;
-mod tier;
-mod vmm;
+mod tiered;
 mod worker;
 
 #[cfg(test)]
 mod tests;
 
 pub use self::driver::{Driver, Flavour};
-pub use self::live::{EINVAL, ENODEV};
-pub use self::state::Engine;
+pub use self::handlers::live::{EINVAL, ENODEV};
 pub use self::worker::reset_after_fork as reset_worker_after_fork;
+
+use self::accounting::base::Base;
+use self::accounting::inflight::InFlight;
+use self::accounting::records::{Object, Record, Registry, registry};
+use self::cache::Cache;
+use self::spill::Spill;
+use self::tiered::{Handles, Tiers};
+use crate::ffi::CUdevice;
+use crate::log::log_at;
+use std::ops::Deref;
+use std::sync::atomic::Ordering;
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::page::DeviceSlot;
+use vramcap_core::settings::{Counting, Settings};
+
+/// All the state of one process's shim (one per process; a test makes its own).
+pub struct Engine<D: Driver> {
+    base: Base<D>,
+    cache: Cache,
+    spill: Spill,
+    tiers: Tiers,
+    /// The program's `cuMemCreate` handles under tiered spill.
+    handles: Handles,
+    /// Live allocations by device address.
+    table: Registry<Record>,
+    /// `cuMemCreate` allocations by handle.
+    vmm: Registry<Object>,
+    /// Arrays and mipmapped arrays by handle.
+    arrays: Registry<Object>,
+    /// VMM mappings by start address: (the counted handle, size).
+    maps: Registry<(u64, u64)>,
+    /// The VMM handles this process exported as POSIX file descriptors
+    /// (outside tiered spill).
+    exports: crate::engine::accounting::exports::Exports,
+    /// Instantiated graphs by handle: how much graph memory their last
+    /// launch that grew it added, and their allocation nodes' bytes when
+    /// their instantiation was seen (`held.rs`).
+    graph_growth: Registry<u64>,
+    graph_size: Registry<u64>,
+    /// Allocations in flight, for cap changes (`live.rs`).
+    inflight: InFlight,
+}
+
+impl<D: Driver> Deref for Engine<D> {
+    type Target = Base<D>;
+    fn deref(&self) -> &Base<D> {
+        &self.base
+    }
+}
+
+impl<D: Driver> Engine<D> {
+    pub fn new(driver: D, settings: &'static Settings) -> Engine<D> {
+        Engine {
+            base: Base::new(driver, settings),
+            cache: Cache::new(),
+            spill: Spill::new(),
+            tiers: Tiers::new(settings.spill == vramcap_core::settings::Spill::Tiered),
+            handles: Handles::default(),
+            table: registry(),
+            vmm: registry(),
+            arrays: registry(),
+            maps: registry(),
+            exports: Default::default(),
+            graph_growth: registry(),
+            graph_size: registry(),
+            inflight: InFlight::new(),
+        }
+    }
+
+    /// The cap of `device` in bytes ([`NO_CAP`] for none), worked out on
+    /// first use (which also sets the device's cache bound and, in a group,
+    /// joins it). `None` when it cannot be worked out: callers then refuse.
+    /// The first call checks that every device key of `VRAMCAP_LIMIT`
+    /// names a GPU, before the page or the group is touched, and stops the
+    /// process when one does not (`accounting.rs`).
+    pub fn limit_of(&'static self, device: CUdevice) -> Option<u64> {
+        if !self.limit_keys_match() {
+            return None;
+        }
+        let s = self.slot(device)?;
+        if let Some(l) = self.cap_in_force(s, device) {
+            return Some(l);
+        }
+        let l = self.compute_limit(device, s);
+        if self.group.configured() {
+            // Reclaims dead members, even when this device could not be
+            // attached to the group (its allocations are refused then).
+            self.start_worker();
+        }
+        let l = l?;
+        let total = self.driver.device_total_mem(device).unwrap_or(0);
+        s.total.store(total, Ordering::Relaxed);
+        s.budget.set_limit(l);
+        s.mark_active();
+        let base = if l == NO_CAP { total } else { l };
+        self.cache
+            .set_bound(device as u16, self.settings.cache.resolve(base));
+        if self.settings.counting == Counting::Held {
+            // The background thread keeps the context's figure current.
+            self.context_measure(device);
+        }
+        // It also answers `vramcap limit` (which asks only for devices in
+        // use, so nothing can be pending for this one yet).
+        self.start_worker();
+        Some(l)
+    }
+
+    /// Starts the background thread if it is not running.
+    fn start_worker(&'static self) {
+        self.worker.ensure(move || self.background_round());
+    }
+
+    /// One round of the background thread.
+    fn background_round(&'static self) {
+        if self.capturing() {
+            // Frees from this thread could invalidate the capture: wait.
+            return;
+        }
+        let page = self.page.get(self.settings);
+        let asked = page.header.trim_requests.load(Ordering::Acquire);
+        if asked != page.header.trim_acks.load(Ordering::Acquire) {
+            let bytes = self.cache.trim_all(&self.base);
+            for s in page.slots.iter() {
+                if s.flags.load(Ordering::Relaxed) != 0 {
+                    DeviceSlot::add(&s.trims, 1);
+                }
+            }
+            page.header.trim_acks.store(asked, Ordering::Release);
+            log_at!(Info, "trim: released {bytes} cached bytes");
+        }
+        self.apply_limit_requests();
+        self.follow_group_caps();
+        self.cache
+            .release_idle(&self.base, self.settings.cache_idle);
+        self.spill.reap(&self.base);
+        self.tier_round();
+        self.held_round();
+        self.group.tick();
+    }
+
+    /// At normal exit: leave the group and remove the statistics page.
+    pub fn at_exit(&self) {
+        self.group.leave();
+        self.page.remove_at_exit();
+    }
+
+    /// In a child after fork, before anything else runs: close the
+    /// descriptors whose locks say the parent is alive, unmap the parent's
+    /// page, and close the descriptors kept of the parent's exports (each
+    /// would hold the parent's memory allocated for the child's life). The
+    /// engine is not used again.
+    pub fn forget_after_fork(&self) {
+        self.page.forget_after_fork();
+        self.group.forget_after_fork();
+        self.handles.close_kept_after_fork();
+        self.exports.close_kept_after_fork();
+    }
+}

@@ -34,9 +34,9 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Spill as Mode;
 
-use super::base::Base;
-use super::driver::{Driver, Flavour};
-use super::records::{Kind, Record};
+use crate::engine::accounting::base::Base;
+use crate::engine::accounting::records::{Kind, Record};
+use crate::engine::driver::{Driver, Flavour};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 

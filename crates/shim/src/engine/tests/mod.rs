@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use vramcap_core::settings::Settings;
 
-use super::accounting::capped_info;
-use super::driver::{Driver, Flavour};
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::capped_info;
+use crate::engine::driver::{Driver, Flavour};
 use crate::ffi::*;
 
 mod frees;
@@ -298,7 +298,7 @@ impl Driver for Fake {
             return CUDA_ERROR_INVALID_VALUE;
         };
         // SAFETY: the caller's contract.
-        unsafe { (*prop).location = crate::engine::tier::location(host, 0) };
+        unsafe { (*prop).location = crate::engine::tiered::location(host, 0) };
         CUDA_SUCCESS
     }
     fn copy_dtod(&self, _: CUdeviceptr, _: CUdeviceptr, _: u64, _: usize) -> CUresult {

@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
 use super::*;
-use crate::engine::tier::MIN_ROUNDS;
+use crate::engine::tiered::MIN_ROUNDS;
 
 const TIERED: (&str, &str) = ("VRAMCAP_SPILL", "tiered");
 
@@ -355,7 +355,7 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
 /// block on the host for good, with 16 MiB free under the cap.
 #[test]
 fn promotions_fill_the_cap_to_within_the_margin() {
-    use crate::engine::tier::PROMOTE_MARGIN;
+    use crate::engine::tiered::PROMOTE_MARGIN;
     let e = tiered("1GiB");
     let a = alloc(e, 1000 * MIB).unwrap();
     let b = alloc(e, 20 * MIB).unwrap();
@@ -519,7 +519,7 @@ fn create(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
     let prop = CUmemAllocationProp {
         kind: CU_MEM_ALLOCATION_TYPE_PINNED,
         handle_types: 1,
-        location: crate::engine::tier::location(false, 0),
+        location: crate::engine::tiered::location(false, 0),
     };
     let mut h = 0u64;
     let out: *mut u64 = &mut h;
@@ -626,7 +626,7 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
     // p0's memory is on the host now; the properties name the device.
     assert_eq!(
         properties(e, hs[0]),
-        (CUDA_SUCCESS, crate::engine::tier::location(false, 0))
+        (CUDA_SUCCESS, crate::engine::tiered::location(false, 0))
     );
     // Unmapped, then released: the bytes come back where they are now.
     for (p, h) in [p0, p1, p2].into_iter().zip(&hs) {
@@ -694,7 +694,7 @@ fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
         unsafe {
             *out = e
                 .driver
-                .vmm_create(2 * MIB, crate::engine::tier::location(false, 0))
+                .vmm_create(2 * MIB, crate::engine::tiered::location(false, 0))
                 .unwrap()
         };
         CUDA_SUCCESS
@@ -740,7 +740,7 @@ fn three_pages(e: &'static Engine<Fake>) -> [u64; 3] {
 #[test]
 fn pages_granted_to_another_device_in_part_or_as_a_dma_buf_stay_put() {
     let peer = CUmemAccessDesc {
-        location: crate::engine::tier::location(false, 1),
+        location: crate::engine::tiered::location(false, 1),
         flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
     let grants: [(&[CUmemAccessDesc], u64); 3] = [
@@ -860,7 +860,7 @@ fn a_handle_being_unmapped_still_answers_its_properties() {
     assert_eq!(e.tiered_unmapping(p, p + 2 * MIB).len(), 1);
     assert_eq!(
         properties(e, h),
-        (CUDA_SUCCESS, crate::engine::tier::location(false, 0))
+        (CUDA_SUCCESS, crate::engine::tiered::location(false, 0))
     );
 }
 
@@ -870,7 +870,7 @@ fn properties(e: &'static Engine<Fake>, h: u64) -> (CUresult, CUmemLocation) {
     let mut prop = CUmemAllocationPropFull {
         kind: 0,
         handle_types: 0,
-        location: crate::engine::tier::location(true, 0),
+        location: crate::engine::tiered::location(true, 0),
         win32_metadata: std::ptr::null_mut(),
         alloc_flags: [0; 8],
     };

@@ -7,9 +7,9 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 
-use super::driver::{Driver, Flavour};
-use super::records::Kind;
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::records::Kind;
+use crate::engine::driver::{Driver, Flavour};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 

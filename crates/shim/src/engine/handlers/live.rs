@@ -9,7 +9,7 @@
 //! decides every reservation, read again after it (`accounting.rs`), so a
 //! reservation made against a cap lowered at the same moment is taken
 //! back; and a change is acknowledged only once every allocation that may
-//! have read the old cap has finished its driver call ([`InFlight`](super::inflight::InFlight)): from
+//! have read the old cap has finished its driver call ([`InFlight`](crate::engine::accounting::inflight::InFlight)): from
 //! the acknowledgement on, no allocation takes the driver past the new cap.
 //! What the process holds already is not touched: lowered below it, the
 //! shim gives back cached blocks, and new allocations spill (with spill on)
@@ -26,8 +26,8 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
 
-use super::driver::Driver;
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::driver::Driver;
 use crate::ffi::CUdevice;
 use crate::log::{log_at, log_once};
 
@@ -41,7 +41,7 @@ impl<D: Driver> Engine<D> {
     /// and says what it did; (old, new) caps in force, or `None` when the
     /// device's cap is not worked out yet. Returns only once no allocation
     /// granted under the old cap is still in flight
-    /// ([`InFlight`](super::inflight::InFlight)). Never called from inside
+    /// ([`InFlight`](crate::engine::accounting::inflight::InFlight)). Never called from inside
     /// an allocation: it may wait for them.
     pub fn set_own_limit(&self, device: CUdevice, own: u64) -> Option<(u64, u64)> {
         self.change_own_limit(device, |_| own)
@@ -131,7 +131,7 @@ impl<D: Driver> Engine<D> {
 
     /// The background thread's part: applies what `vramcap limit` asked
     /// for, then acknowledges (it asks only for devices in use).
-    pub(super) fn apply_limit_requests(&self) {
+    pub(in crate::engine) fn apply_limit_requests(&self) {
         let page = self.page.get(self.settings);
         let asked = page.header.limit_requests.load(Ordering::Acquire);
         if asked == page.header.limit_acks.load(Ordering::Acquire) {
@@ -153,7 +153,7 @@ impl<D: Driver> Engine<D> {
     /// (`vramcap limit --group`) becomes this member's cap in force on that
     /// GPU (its own, made stricter by the group's new one). The group's
     /// budget itself follows at once: every reservation reads its limit.
-    pub(super) fn follow_group_caps(&self) {
+    pub(in crate::engine) fn follow_group_caps(&self) {
         if !self.group.configured() {
             return;
         }

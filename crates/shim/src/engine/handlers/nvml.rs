@@ -18,9 +18,9 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::limit::{Amount, cuda_ordinal};
 use vramcap_core::page::uuid_text;
 
-use super::accounting::capped_info;
-use super::driver::Driver;
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::capped_info;
+use crate::engine::driver::Driver;
 use crate::ffi::*;
 
 impl<D: Driver> Engine<D> {

@@ -104,11 +104,11 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::{DeviceSlot, uuid_text};
 use vramcap_core::settings::{ContextCharge, Counting};
 
-use super::base::Base;
+use crate::engine::accounting::base::Base;
 use std::ffi::c_int;
 
-use super::driver::Driver;
-use super::ledger::*;
+use crate::engine::accounting::ledger::*;
+use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 

@@ -74,10 +74,10 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::driver::Driver;
-use super::exports::{keep, same_file};
-use super::state::Engine;
-use super::tier::{Handle, TierBlock, location};
+use crate::engine::Engine;
+use crate::engine::accounting::exports::{keep, same_file};
+use crate::engine::driver::Driver;
+use crate::engine::tiered::{Handle, TierBlock, location};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
@@ -89,7 +89,7 @@ impl<D: Driver> Engine<D> {
     ///
     /// # Safety
     /// `handle` is non-null and writable.
-    pub(super) unsafe fn tiered_create(
+    pub(in crate::engine) unsafe fn tiered_create(
         &'static self,
         real: impl FnMut() -> CUresult,
         handle: *mut CUmemGenericAllocationHandle,
@@ -186,7 +186,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// `cuMemMap` of a program handle: `None` when `h` is not one.
-    pub(super) fn tiered_map(
+    pub(in crate::engine) fn tiered_map(
         &'static self,
         ptr: CUdeviceptr,
         size: u64,
@@ -245,7 +245,11 @@ impl<D: Driver> Engine<D> {
 
     /// Before the program's `cuMemUnmap` of `[ptr, end)`: detaches the
     /// blocks of its handles mapped there, so no move touches them.
-    pub(super) fn tiered_unmapping(&self, ptr: u64, end: u64) -> Vec<std::sync::Arc<TierBlock>> {
+    pub(in crate::engine) fn tiered_unmapping(
+        &self,
+        ptr: u64,
+        end: u64,
+    ) -> Vec<std::sync::Arc<TierBlock>> {
         self.tiers
             .blocks_within(ptr, end)
             .into_iter()
@@ -258,7 +262,7 @@ impl<D: Driver> Engine<D> {
     /// `h` is gone. When it was the handle's block, the block's memory
     /// (final once no move can start: [`TierBlock::stop`]) is the
     /// handle's again.
-    pub(super) fn tiered_unmapped(&self, h: u64, start: u64) {
+    pub(in crate::engine) fn tiered_unmapped(&self, h: u64, start: u64) {
         let block = self
             .handles
             .lock()
@@ -328,7 +332,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// `cuMemRelease` of a program handle: `None` when `h` is not one.
-    pub(super) fn tiered_release(&self, h: u64) -> Option<CUresult> {
+    pub(in crate::engine) fn tiered_release(&self, h: u64) -> Option<CUresult> {
         self.change_handle(h, |x| {
             if x.refs == 0 {
                 return CUDA_ERROR_INVALID_VALUE; // released already
@@ -340,7 +344,7 @@ impl<D: Driver> Engine<D> {
 
     /// `cuMemRetainAllocationHandle` of an address a program handle is
     /// mapped at: that handle, with one more reference. `None` otherwise.
-    pub(super) fn tiered_retain(&self, addr: u64) -> Option<u64> {
+    pub(in crate::engine) fn tiered_retain(&self, addr: u64) -> Option<u64> {
         let h = self
             .maps
             .iter()
@@ -357,7 +361,7 @@ impl<D: Driver> Engine<D> {
     ///
     /// # Safety
     /// `shareable` as the driver function requires for `kind`.
-    pub(super) unsafe fn tiered_export(
+    pub(in crate::engine) unsafe fn tiered_export(
         &self,
         shareable: *mut c_void,
         h: u64,
@@ -395,7 +399,7 @@ impl<D: Driver> Engine<D> {
     ///
     /// # Safety
     /// `handle` is non-null and writable.
-    pub(super) unsafe fn tiered_import(
+    pub(in crate::engine) unsafe fn tiered_import(
         &self,
         handle: *mut CUmemGenericAllocationHandle,
         fd: c_int,
@@ -501,7 +505,7 @@ impl<D: Driver> Engine<D> {
 
     /// A context went away: its blocks of program handles stop moving;
     /// their memory stays mapped (it belongs to no context).
-    pub(super) fn tiered_forget_ctx(&self, ctx: usize) {
+    pub(in crate::engine) fn tiered_forget_ctx(&self, ctx: usize) {
         for start in self.tiers.mapped_in(ctx) {
             if let Some(b) = self.tiers.detach(start) {
                 self.unblocked(b.program_handle, &b, true);

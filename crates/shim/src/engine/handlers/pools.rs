@@ -21,10 +21,10 @@ use std::ffi::{c_char, c_int, c_void};
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Counting;
 
-use super::alloc::Request;
-use super::driver::{Driver, Flavour};
-use super::records::{Kind, Record};
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::records::{Kind, Record};
+use crate::engine::driver::{Driver, Flavour};
+use crate::engine::handlers::alloc::Request;
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 

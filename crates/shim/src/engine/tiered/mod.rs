@@ -49,7 +49,7 @@
 //!   [`MAX_GRAPHS`] executable graphs are kept at once. A launch on a
 //!   capturing stream counts once as it is captured, though nothing runs.
 //! - **Placement.** Each round of the background thread (every
-//!   [`TICK`](super::worker::TICK)), outside stream captures, folds the
+//!   [`TICK`](crate::engine::worker::TICK)), outside stream captures, folds the
 //!   heat into a decaying score and ranks blocks by it. Hot host blocks
 //!   are promoted into the room under the cap (less [`PROMOTE_MARGIN`]),
 //!   then swapped with device blocks colder by more than [`HYSTERESIS`];
@@ -128,21 +128,24 @@
 //!   the first mover stream of a context.
 //! - Killed at any instruction: nothing here outlives the process.
 
+pub(super) mod handles;
+mod placement;
+
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::driver::Driver;
+use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::log_once;
 
-pub(super) const ON_DEVICE: u8 = 0;
-pub(super) const ON_HOST: u8 = 1;
+pub(in crate::engine) const ON_DEVICE: u8 = 0;
+pub(in crate::engine) const ON_HOST: u8 = 1;
 
 /// A block's score halves every this many launches (not rounds: a score
 /// then covers the same stretch of a program's work at any speed).
-pub(super) const HALF_LIFE_LAUNCHES: f64 = 4000.0;
+pub(in crate::engine) const HALF_LIFE_LAUNCHES: f64 = 4000.0;
 /// A host block displaces device blocks only when its score per byte is
 /// this many times theirs. At 2 a weight-holding block (read by matrix
 /// products) could stay on the host beside optimizer state it was not
@@ -198,8 +201,8 @@ pub struct TierBlock {
     pub device: u16,
     pub ctx: usize,
     /// The physical allocation mapped at `ptr` now.
-    pub(super) handle: AtomicU64,
-    pub(super) state: AtomicU8,
+    pub(in crate::engine) handle: AtomicU64,
+    pub(in crate::engine) state: AtomicU8,
     moving: AtomicBool,
     freed: AtomicBool,
     /// The program's handle when the block is memory the program made
@@ -213,7 +216,7 @@ pub struct TierBlock {
     ready: AtomicBool,
     /// What access the program granted to its block, given again after a
     /// move (whose mapping grants only the block's device read-write).
-    pub(super) access: Mutex<Vec<CUmemAccessDesc>>,
+    pub(in crate::engine) access: Mutex<Vec<CUmemAccessDesc>>,
     /// Where in the block uses pointed since the last round, and their
     /// weight there: what a use touches is taken to reach from its offset
     /// to the next offset used (module docs).
@@ -222,11 +225,11 @@ pub struct TierBlock {
     unplaced: AtomicU32,
     /// The weight of the uses seen up to the last round (only rounds
     /// write it).
-    pub(super) weight: AtomicU64,
+    pub(in crate::engine) weight: AtomicU64,
     /// f64 bits; only rounds touch it.
-    pub(super) score: AtomicU64,
+    pub(in crate::engine) score: AtomicU64,
     /// The round that last moved it.
-    pub(super) moved: AtomicU64,
+    pub(in crate::engine) moved: AtomicU64,
     /// The last round a launch named an offset in it (0: none yet).
     named: AtomicU64,
 }
@@ -239,7 +242,7 @@ impl TierBlock {
     pub fn handle(&self) -> u64 {
         self.handle.load(Ordering::SeqCst)
     }
-    pub(super) fn score(&self) -> f64 {
+    pub(in crate::engine) fn score(&self) -> f64 {
         f64::from_bits(self.score.load(Ordering::Relaxed))
     }
     /// What keeping the block on the host costs per byte: its score is
@@ -248,14 +251,14 @@ impl TierBlock {
         self.score()
     }
     /// Whether a round may move it (not pinned, and ready).
-    pub(super) fn movable(&self) -> bool {
+    pub(in crate::engine) fn movable(&self) -> bool {
         self.ready.load(Ordering::SeqCst) && !self.pinned.load(Ordering::SeqCst)
     }
     /// Claims the block for a move: `None` when it is being freed, is
     /// pinned, or is moved already. The claim ends when the [`Claim`] is
     /// dropped, on a panic's unwinding too, so a free never waits on a
     /// move that died.
-    pub(super) fn claim(self: &Arc<Self>) -> Option<Claim> {
+    pub(in crate::engine) fn claim(self: &Arc<Self>) -> Option<Claim> {
         if self.moving.swap(true, Ordering::SeqCst) {
             return None;
         }
@@ -268,14 +271,14 @@ impl TierBlock {
     /// The block as memory the program made with `cuMemCreate` and mapped
     /// whole (`engine/handles.rs`), under its handle `h`: it may move once
     /// the program grants access to it.
-    pub(super) fn of_program(mut self, h: u64) -> Self {
+    pub(in crate::engine) fn of_program(mut self, h: u64) -> Self {
         self.program_handle = h;
         self.ready = AtomicBool::new(false);
         self
     }
     /// Holds the block where it is for as long as the [`Claim`] lives,
     /// waiting for a move in progress to end: `None` when it is freed.
-    pub(super) fn hold(self: &Arc<Self>) -> Option<Claim> {
+    pub(in crate::engine) fn hold(self: &Arc<Self>) -> Option<Claim> {
         while self.moving.swap(true, Ordering::SeqCst) {
             std::thread::yield_now();
         }
@@ -289,7 +292,7 @@ impl TierBlock {
     /// ended: its handle is then final. The same handshake as a free's
     /// (`pinned` set before `moving` is read, `moving` set before a claim
     /// reads `pinned`).
-    pub(super) fn pin(&self) {
+    pub(in crate::engine) fn pin(&self) {
         self.pinned.store(true, Ordering::SeqCst);
         while self.moving.load(Ordering::SeqCst) {
             std::thread::yield_now();
@@ -299,7 +302,7 @@ impl TierBlock {
     /// it may move now, and a move grants it again.
     /// Each descriptor replaces the one for its location, if any: a
     /// program may grant its devices one call each (PyTorch does).
-    pub(super) fn granted(&self, access: &[CUmemAccessDesc]) {
+    pub(in crate::engine) fn granted(&self, access: &[CUmemAccessDesc]) {
         let mut kept = self.access.lock().unwrap_or_else(|e| e.into_inner());
         for d in access {
             match kept.iter_mut().find(|k| k.location == d.location) {
@@ -311,7 +314,7 @@ impl TierBlock {
     }
     /// No move of it from now on (it is being freed or unmapped): waits for
     /// a move in progress to end, after which its handle is final.
-    pub(super) fn stop(&self) {
+    pub(in crate::engine) fn stop(&self) {
         self.freed.store(true, Ordering::SeqCst);
         while self.moving.load(Ordering::SeqCst) {
             std::thread::yield_now();
@@ -320,7 +323,7 @@ impl TierBlock {
 }
 
 /// A block claimed for a move ([`TierBlock::claim`]).
-pub(super) struct Claim(Arc<TierBlock>);
+pub(in crate::engine) struct Claim(Arc<TierBlock>);
 
 impl std::ops::Deref for Claim {
     type Target = TierBlock;
@@ -508,25 +511,25 @@ pub struct Tiers {
     gate: RwLock<()>,
     /// Each device's VMM granularity, 0 until asked (`u64::MAX`: none).
     granularity: [AtomicU64; vramcap_core::MAX_DEVICES],
-    pub(super) round: AtomicU64,
+    pub(in crate::engine) round: AtomicU64,
     /// `launches` when scores were last decayed.
-    pub(super) scored: AtomicU64,
+    pub(in crate::engine) scored: AtomicU64,
     /// Frees made during a capture, left to the next round.
-    deferred: Mutex<Vec<(Arc<TierBlock>, super::records::Record)>>,
+    deferred: Mutex<Vec<(Arc<TierBlock>, crate::engine::accounting::records::Record)>>,
     /// Rounds that gave up waiting for the GPU, and the round moves resume.
     stalls: AtomicU64,
     /// Threads a round started to synchronise contexts that may still be
     /// in the driver (one outlives a round that gave up waiting for it).
-    pub(super) quiescing: AtomicU32,
+    pub(in crate::engine) quiescing: AtomicU32,
     /// Held shared by a placement round throughout, exclusively by the
     /// program's context destroy and primary-context release or reset
     /// (`lifecycle.rs`), so that no round uses a context being destroyed.
     /// Nothing else takes it: a program thread that a destroy waits for
     /// (through the GPU's work) never waits on it.
-    pub(super) running: RwLock<()>,
+    pub(in crate::engine) running: RwLock<()>,
     /// A destroy gave up waiting for `quiescing` once: such a thread may
     /// never return, and later ones do not wait for it again.
-    pub(super) quiesce_abandoned: AtomicBool,
+    pub(in crate::engine) quiesce_abandoned: AtomicBool,
     resume: AtomicU64,
     /// Launches seen (a graph's launch counts each of its kernels), and
     /// words in them that named a tiered block (a graph's merged words
@@ -537,27 +540,27 @@ pub struct Tiers {
 
 /// One of the program's `cuMemCreate` handles under tiered spill
 /// (`engine/handles.rs`): where its memory is while no block holds it.
-pub(super) struct Handle {
+pub(in crate::engine) struct Handle {
     /// The engine's cell whose address is the handle's value.
-    pub(super) _cell: Box<u64>,
-    pub(super) device: u16,
-    pub(super) bytes: u64,
+    pub(in crate::engine) _cell: Box<u64>,
+    pub(in crate::engine) device: u16,
+    pub(in crate::engine) bytes: u64,
     /// The physical allocation, when it is not a block (a block's own
     /// handle is the one in force while it is one).
-    pub(super) real: u64,
-    pub(super) on_device: bool,
+    pub(in crate::engine) real: u64,
+    pub(in crate::engine) on_device: bool,
     /// The program's references (create, retain, import of its export).
-    pub(super) refs: u32,
+    pub(in crate::engine) refs: u32,
     /// Its live mappings.
-    pub(super) maps: u32,
+    pub(in crate::engine) maps: u32,
     /// The block it is mapped as.
-    pub(super) block: Option<Arc<TierBlock>>,
+    pub(in crate::engine) block: Option<Arc<TierBlock>>,
     /// Mapped in part, twice, or exported: never a moving block again.
-    pub(super) pinned: bool,
+    pub(in crate::engine) pinned: bool,
     /// Descriptors of the engine's own, each open on the file description
     /// the handle was exported as (closed when the handle goes), to know
     /// an import of it (`engine/handles.rs`).
-    pub(super) exported: Vec<std::os::fd::OwnedFd>,
+    pub(in crate::engine) exported: Vec<std::os::fd::OwnedFd>,
 }
 
 /// The program's handles under tiered spill, by value.
@@ -567,7 +570,7 @@ pub struct Handles {
 }
 
 impl Handles {
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Handle>> {
+    pub(in crate::engine) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Handle>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -634,7 +637,7 @@ impl Tiers {
     }
 
     /// A new block, made in this round (for [`Tiers::insert`]).
-    pub(super) fn make(
+    pub(in crate::engine) fn make(
         &self,
         ptr: u64,
         bytes: u64,
@@ -655,7 +658,7 @@ impl Tiers {
     }
 
     /// Tracks block `b`.
-    pub(super) fn insert(&self, b: TierBlock) -> Arc<TierBlock> {
+    pub(in crate::engine) fn insert(&self, b: TierBlock) -> Arc<TierBlock> {
         let (ptr, end) = (b.ptr, b.ptr.saturating_add(b.bytes));
         let b = Arc::new(b);
         write!(self.blocks).insert(ptr, b.clone());
@@ -665,7 +668,7 @@ impl Tiers {
     }
 
     /// The blocks that lie wholly in `[lo, hi)`.
-    pub(super) fn blocks_within(&self, lo: u64, hi: u64) -> Vec<Arc<TierBlock>> {
+    pub(in crate::engine) fn blocks_within(&self, lo: u64, hi: u64) -> Vec<Arc<TierBlock>> {
         read!(self.blocks)
             .range(lo..hi)
             .map(|(_, b)| b)
@@ -675,7 +678,7 @@ impl Tiers {
     }
 
     /// The blocks with any byte in `[lo, hi)`.
-    pub(super) fn blocks_overlapping(&self, lo: u64, hi: u64) -> Vec<Arc<TierBlock>> {
+    pub(in crate::engine) fn blocks_overlapping(&self, lo: u64, hi: u64) -> Vec<Arc<TierBlock>> {
         let blocks = read!(self.blocks);
         let before = blocks
             .range(..lo)
@@ -689,7 +692,7 @@ impl Tiers {
     }
 
     /// The program's blocks mapped in context `ctx` (their start addresses).
-    pub(super) fn mapped_in(&self, ctx: usize) -> Vec<u64> {
+    pub(in crate::engine) fn mapped_in(&self, ctx: usize) -> Vec<u64> {
         read!(self.blocks)
             .values()
             .filter(|b| b.program_handle != 0 && b.ctx == ctx)
@@ -706,7 +709,7 @@ impl Tiers {
 
     /// The heat of the block at `ptr` since the last round.
     #[cfg(test)]
-    pub(super) fn heat_of(&self, ptr: u64) -> Option<u64> {
+    pub(in crate::engine) fn heat_of(&self, ptr: u64) -> Option<u64> {
         read!(self.blocks).get(&ptr).map(|b| b.heat())
     }
 
@@ -897,7 +900,7 @@ impl Tiers {
     }
 
     /// The mover stream of `ctx`, made on first use.
-    pub(super) fn mover<D: Driver>(&self, driver: &D, ctx: usize) -> Option<usize> {
+    pub(in crate::engine) fn mover<D: Driver>(&self, driver: &D, ctx: usize) -> Option<usize> {
         let mut movers = self.movers.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&(_, s)) = movers.iter().find(|(c, _)| *c == ctx) {
             return Some(s);
@@ -930,12 +933,16 @@ impl Tiers {
             .retain(|(c, _)| *c != ctx);
     }
 
-    pub(super) fn snapshot(&self) -> Vec<Arc<TierBlock>> {
+    pub(in crate::engine) fn snapshot(&self) -> Vec<Arc<TierBlock>> {
         read!(self.blocks).values().cloned().collect()
     }
 
     /// Leaves a detached block's free to the next round.
-    pub(super) fn defer_free(&self, b: Arc<TierBlock>, r: super::records::Record) {
+    pub(in crate::engine) fn defer_free(
+        &self,
+        b: Arc<TierBlock>,
+        r: crate::engine::accounting::records::Record,
+    ) {
         self.deferred
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -943,12 +950,14 @@ impl Tiers {
     }
 
     /// The frees left to this round.
-    pub(super) fn take_deferred(&self) -> Vec<(Arc<TierBlock>, super::records::Record)> {
+    pub(in crate::engine) fn take_deferred(
+        &self,
+    ) -> Vec<(Arc<TierBlock>, crate::engine::accounting::records::Record)> {
         std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// A round gave up waiting for the GPU: how many have.
-    pub(super) fn stall(&self, round: u64) -> u64 {
+    pub(in crate::engine) fn stall(&self, round: u64) -> u64 {
         let n = self.stalls.fetch_add(1, Ordering::Relaxed) + 1;
         let until = if n >= 3 {
             u64::MAX
@@ -960,17 +969,17 @@ impl Tiers {
     }
 
     /// How long this round's stop waits for the GPU ([`SYNC_WAIT`]).
-    pub(super) fn sync_wait(&self) -> std::time::Duration {
+    pub(in crate::engine) fn sync_wait(&self) -> std::time::Duration {
         SYNC_WAIT * (1u32 << self.stalls.load(Ordering::Relaxed).min(3))
     }
 
     /// Whether moves pause in this round.
-    pub(super) fn stalled(&self, round: u64) -> bool {
+    pub(in crate::engine) fn stalled(&self, round: u64) -> bool {
         round < self.resume.load(Ordering::Relaxed)
     }
 
     /// The contexts that own tiered blocks (those with a mover stream).
-    pub(super) fn contexts(&self) -> Vec<usize> {
+    pub(in crate::engine) fn contexts(&self) -> Vec<usize> {
         self.movers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -991,7 +1000,7 @@ impl Tiers {
     }
 
     /// Closes the gate, waiting at most [`STOP_WAIT`].
-    pub(super) fn stop(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
+    pub(in crate::engine) fn stop(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
         let until = std::time::Instant::now() + STOP_WAIT;
         loop {
             match self.gate.try_write() {
@@ -1008,7 +1017,11 @@ impl Tiers {
 
     /// The VMM granularity of `device`, asked once; `None` when the driver
     /// has no VMM there.
-    pub(super) fn granularity<D: Driver>(&self, driver: &D, device: CUdevice) -> Option<u64> {
+    pub(in crate::engine) fn granularity<D: Driver>(
+        &self,
+        driver: &D,
+        device: CUdevice,
+    ) -> Option<u64> {
         let slot = self.granularity.get(usize::try_from(device).ok()?)?;
         let g = match slot.load(Ordering::Relaxed) {
             0 => {
@@ -1124,7 +1137,7 @@ unsafe fn scan(
     }
 }
 
-pub(super) fn location(host: bool, device: CUdevice) -> CUmemLocation {
+pub(in crate::engine) fn location(host: bool, device: CUdevice) -> CUmemLocation {
     if host {
         CUmemLocation {
             kind: CU_MEM_LOCATION_TYPE_HOST,
@@ -1140,9 +1153,9 @@ pub(super) fn location(host: bool, device: CUdevice) -> CUmemLocation {
 
 /// One round's moves for a device.
 #[derive(Default)]
-pub(super) struct Plan {
-    pub(super) demote: Vec<Arc<TierBlock>>,
-    pub(super) promote: Vec<Arc<TierBlock>>,
+pub(in crate::engine) struct Plan {
+    pub(in crate::engine) demote: Vec<Arc<TierBlock>>,
+    pub(in crate::engine) promote: Vec<Arc<TierBlock>>,
 }
 
 /// Rounds a page that launches named counts as one where tensors start
@@ -1163,7 +1176,7 @@ pub const NAMED_ROUNDS: u64 = 50;
 /// the region's end, or the first page that launches named in the last
 /// [`NAMED_ROUNDS`] rounds (tensors start there: a page holding only the
 /// rest of a large tensor is never named). `round`: this round.
-pub(super) fn take_round(blocks: &[Arc<TierBlock>], round: u64) -> Vec<(f64, u64)> {
+pub(in crate::engine) fn take_round(blocks: &[Arc<TierBlock>], round: u64) -> Vec<(f64, u64)> {
     let mut out = vec![(0f64, 0u64); blocks.len()];
     let mut scratch = Scratch::default();
     let mut pages = Vec::new();
@@ -1260,7 +1273,7 @@ fn take_region(
 /// `room`: bytes promotions may still take (the target less
 /// [`PROMOTE_MARGIN`], less what is reserved); `host_room`: bytes the
 /// spill limit still allows on the host.
-pub(super) fn plan(
+pub(in crate::engine) fn plan(
     blocks: &[Arc<TierBlock>],
     over: i128,
     room: i128,

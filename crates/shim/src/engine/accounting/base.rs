@@ -9,11 +9,11 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::settings::Settings;
 
-use super::driver::{Driver, Flavour};
-use super::group::Membership;
-use super::ledger::Held;
-use super::page::PageHandle;
-use super::worker::Worker;
+use crate::engine::accounting::group::Membership;
+use crate::engine::accounting::ledger::Held;
+use crate::engine::accounting::page::PageHandle;
+use crate::engine::driver::{Driver, Flavour};
+use crate::engine::worker::Worker;
 use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
 
 pub struct Base<D: Driver> {

@@ -53,14 +53,23 @@
 //! A check that cannot be made (the driver will not count its devices) is
 //! treated the same way: the shim cannot be sure the cap applies.
 
+pub(super) mod base;
+pub(super) mod exports;
+pub(super) mod group;
+pub(super) mod held;
+pub(super) mod inflight;
+pub(super) mod ledger;
+pub(super) mod page;
+pub(super) mod records;
+
 use std::sync::atomic::Ordering;
 
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::limit::{Amount, Gpu, LIMIT_VAR, LimitSpec};
 use vramcap_core::page::{DeviceSlot, uuid_text};
 
-use super::base::Base;
-use super::driver::Driver;
+use crate::engine::accounting::base::Base;
+use crate::engine::driver::Driver;
 use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult, CUuuid};
 use crate::log::{log_at, log_once};
 
@@ -350,7 +359,7 @@ impl<D: Driver> Base<D> {
 
     /// The cap `spec` gives `device` (whose UUID the driver gave as `uuid`),
     /// [`NO_CAP`] for none; `None` when it cannot be worked out.
-    pub(super) fn cap_from(
+    pub(in crate::engine) fn cap_from(
         &self,
         spec: &LimitSpec,
         device: CUdevice,

@@ -17,10 +17,10 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::cache::{Block, Shape, Want};
 use vramcap_core::page::DeviceSlot;
 
-use super::accounting::Refusal;
-use super::driver::Driver;
-use super::records::{Kind, Record};
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::Refusal;
+use crate::engine::accounting::records::{Kind, Record};
+use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
@@ -53,8 +53,8 @@ fn pitch_estimate(width: u64, height: u64) -> u64 {
 impl<D: Driver> Engine<D> {
     /// Reserves `estimate` bytes on `device`, releasing cached blocks of the
     /// device when the cap would refuse, then what pools retain
-    /// ([`Base::reclaim`](super::base::Base::reclaim)).
-    pub(super) fn try_reserve_evicting(
+    /// ([`Base::reclaim`](crate::engine::accounting::base::Base::reclaim)).
+    pub(in crate::engine) fn try_reserve_evicting(
         &'static self,
         device: CUdevice,
         estimate: u64,
@@ -169,7 +169,7 @@ impl<D: Driver> Engine<D> {
 
     /// [`Engine::try_reserve_evicting`], refusing with out-of-memory when it
     /// does not fit.
-    pub(super) fn reserve(
+    pub(in crate::engine) fn reserve(
         &'static self,
         what: &str,
         device: CUdevice,
@@ -181,7 +181,7 @@ impl<D: Driver> Engine<D> {
 
     /// Runs a driver allocation, once more after releasing the device's
     /// cache when the driver itself is out of memory with blocks parked there.
-    pub(super) fn call_with_retry(
+    pub(in crate::engine) fn call_with_retry(
         &self,
         device: CUdevice,
         mut alloc: impl FnMut() -> CUresult,
@@ -204,7 +204,7 @@ impl<D: Driver> Engine<D> {
     /// `dptr` is null or writable; for a pitched request `pitch_out` is
     /// writable.
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn capped_alloc(
+    pub(in crate::engine) unsafe fn capped_alloc(
         &'static self,
         what: &'static str,
         dptr: *mut CUdeviceptr,
@@ -354,7 +354,7 @@ impl<D: Driver> Engine<D> {
     /// # Safety
     /// As [`Engine::capped_alloc`]; `dptr` is non-null.
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn spill_or_refuse(
+    pub(in crate::engine) unsafe fn spill_or_refuse(
         &self,
         what: &'static str,
         dptr: *mut CUdeviceptr,
@@ -394,7 +394,7 @@ impl<D: Driver> Engine<D> {
 
     /// Records a live allocation. An address the engine still thought live
     /// was released behind its back: its old record is settled first.
-    pub(super) fn insert(&self, ptr: CUdeviceptr, record: Record) {
+    pub(in crate::engine) fn insert(&self, ptr: CUdeviceptr, record: Record) {
         if let Some(stale) = self.table.insert(ptr, record) {
             if stale.kind == Kind::Tiered {
                 self.tier_forget(ptr, &stale);
@@ -568,7 +568,7 @@ impl<D: Driver> Engine<D> {
     /// The driver freed the allocation of `r`: its bytes go back, except
     /// a stream-ordered allocation charged through its pool, which keeps
     /// the memory (`held.rs`).
-    pub(super) fn freed(&self, r: &Record) {
+    pub(in crate::engine) fn freed(&self, r: &Record) {
         match r.kind {
             Kind::Async(Some(serial)) => {
                 if let Some(s) = self.slot(CUdevice::from(r.device)) {
@@ -585,7 +585,7 @@ impl<D: Driver> Engine<D> {
     /// as the driver answers a free of a freed address, and changes
     /// nothing (freeing it for real would let the cache hand out memory the
     /// driver may give to someone else). Anything else is the driver's.
-    pub(super) fn free_unknown(
+    pub(in crate::engine) fn free_unknown(
         &self,
         mut real: impl FnMut() -> CUresult,
         dptr: CUdeviceptr,
@@ -601,7 +601,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// `cuMemGetInfo_v2`: the caps' picture of the current device
-    /// ([`Base::picture`](super::base::Base::picture)).
+    /// ([`Base::picture`](crate::engine::accounting::base::Base::picture)).
     ///
     /// # Safety
     /// The driver function's contract.

@@ -13,9 +13,9 @@ use std::ffi::{c_int, c_void};
 
 use vramcap_core::page::DeviceSlot;
 
-use super::driver::Driver;
-use super::records::Object;
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::records::Object;
+use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 

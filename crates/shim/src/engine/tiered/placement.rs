@@ -10,10 +10,10 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::LogLevel;
 
-use super::driver::Driver;
-use super::records::{Kind, Record};
-use super::state::Engine;
-use super::tier::{
+use crate::engine::Engine;
+use crate::engine::accounting::records::{Kind, Record};
+use crate::engine::driver::Driver;
+use crate::engine::tiered::{
     Claim, HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, PROMOTE_MARGIN, Plan, STOP_WAIT, TierBlock,
     location, plan, take_round,
 };
@@ -55,7 +55,7 @@ impl<D: Driver> Engine<D> {
     ///
     /// # Safety
     /// `dptr` is non-null and writable.
-    pub(super) unsafe fn tiered_alloc(
+    pub(in crate::engine) unsafe fn tiered_alloc(
         &'static self,
         what: &'static str,
         dptr: *mut CUdeviceptr,
@@ -123,7 +123,7 @@ impl<D: Driver> Engine<D> {
     /// cap (true), or taken from the spill limit for host memory (false).
     /// Above the soft limit new blocks start on the host, as a round would
     /// put them there (the round's target is the soft limit).
-    pub(super) fn tier_place(
+    pub(in crate::engine) fn tier_place(
         &'static self,
         what: &'static str,
         device: CUdevice,
@@ -138,7 +138,7 @@ impl<D: Driver> Engine<D> {
             }
         });
         let reserved = if soft > 0 && self.spill.room(&self.base) >= size {
-            Err(Some(super::accounting::Refusal {
+            Err(Some(crate::engine::accounting::Refusal {
                 used: self.slot(device).map_or(0, |s| s.budget.used()),
                 limit: soft,
                 group: false,
@@ -167,7 +167,13 @@ impl<D: Driver> Engine<D> {
 
     /// Counts a tiered allocation of `size` just made on the device or the
     /// host.
-    pub(super) fn tier_placed(&self, what: &str, device: CUdevice, size: u64, on_device: bool) {
+    pub(in crate::engine) fn tier_placed(
+        &self,
+        what: &str,
+        device: CUdevice,
+        size: u64,
+        on_device: bool,
+    ) {
         let Some(s) = self.slot(device) else {
             return;
         };
@@ -184,7 +190,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Undoes [`Self::tier_place`] for an allocation that was not made.
-    pub(super) fn tier_unplace(&self, device: CUdevice, size: u64, on_device: bool) {
+    pub(in crate::engine) fn tier_unplace(&self, device: CUdevice, size: u64, on_device: bool) {
         if !on_device {
             self.spill.give_back(size);
         } else if let Some(s) = self.slot(device) {
@@ -193,13 +199,13 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Settles the bytes of a tiered block that is gone.
-    pub(super) fn tier_settle(&self, r: &Record, on_device: bool) {
+    pub(in crate::engine) fn tier_settle(&self, r: &Record, on_device: bool) {
         self.tier_settle_bytes(r.device, r.bytes, on_device);
     }
 
     /// Settles `bytes` of a tiered allocation of `device` that is gone,
     /// from the device's budget or the spill.
-    pub(super) fn tier_settle_bytes(&self, device: u16, bytes: u64, on_device: bool) {
+    pub(in crate::engine) fn tier_settle_bytes(&self, device: u16, bytes: u64, on_device: bool) {
         if on_device {
             self.give_back(device, bytes);
         } else {
@@ -214,7 +220,7 @@ impl<D: Driver> Engine<D> {
     /// A tiered record found stale (its address handed out again): only
     /// its bytes are settled; its driver objects are not touched, since
     /// the address is someone else's now.
-    pub(super) fn tier_forget(&self, ptr: u64, r: &Record) {
+    pub(in crate::engine) fn tier_forget(&self, ptr: u64, r: &Record) {
         let on_device = self.tiers.detach(ptr).is_none_or(|b| b.on_device());
         self.tier_settle(r, on_device);
     }
@@ -222,7 +228,7 @@ impl<D: Driver> Engine<D> {
     /// A tiered block of a context that went away: VMM memory outlives its
     /// context, so the mapping, the memory and the address are released
     /// here (no work of the context can be running), then the bytes.
-    pub(super) fn tier_release(&self, ptr: u64, r: &Record) {
+    pub(in crate::engine) fn tier_release(&self, ptr: u64, r: &Record) {
         match self.tiers.detach(ptr) {
             Some(b) => {
                 self.release_vmm(&b);
@@ -250,7 +256,7 @@ impl<D: Driver> Engine<D> {
     /// the driver, which would refuse a mapped range. During a capture,
     /// when a synchronisation would break it, the free is left to the next
     /// round (which runs only outside captures).
-    pub(super) fn tier_free(&'static self, ptr: u64, r: &Record) -> CUresult {
+    pub(in crate::engine) fn tier_free(&'static self, ptr: u64, r: &Record) -> CUresult {
         let Some(b) = self.tiers.detach(ptr) else {
             self.tier_settle(r, true);
             return CUDA_SUCCESS;
@@ -299,7 +305,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// One placement round of the background thread (module docs).
-    pub(super) fn tier_round(&'static self) {
+    pub(in crate::engine) fn tier_round(&'static self) {
         if !self.tiers.on() {
             return;
         }
@@ -593,7 +599,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Waits, with the gate closed, for the contexts' work to finish, for
-    /// at most [`sync_wait`](super::tier::Tiers::sync_wait): work that
+    /// at most [`sync_wait`](crate::engine::tiered::Tiers::sync_wait): work that
     /// waits on something the program would do after its next launch (a kernel waiting on another GPU's,
     /// a stream waiting on a value the host writes) never finishes while
     /// the program is held. The synchronisation runs on a thread of its
