@@ -83,7 +83,7 @@ hooks! {
 
         // Flagged `tiered`, handed out only under VRAMCAP_SPILL=tiered:
         // launches count uses, and launches, copies and memsets pass a gate
-        // that moves close (engine/tier.rs).
+        // that moves close (engine/tiered/).
         fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 4000).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel;
         fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel;
         fn cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 11060).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel_ex;

@@ -17,10 +17,9 @@
 //!   (`inflight`), the statistics page (`page`), the group membership
 //!   (`group`) and the exports this process made (`exports`).
 //! - `cache`, `spill`: the freed-block cache and spill to host memory.
-//! - `tiered/`: tiered spill's blocks, heat, plan and gate (`mod.rs`), its
-//!   allocation, frees, rounds and launch, copy and memset hooks
-//!   (`placement`), and the program's own `cuMemCreate` memory under it
-//!   (`handles`).
+//! - `tiered/`: tiered spill: its blocks, heat, a pure planner, the gate,
+//!   the rounds, its allocation path and hooks, and the program's own
+//!   `cuMemCreate` memory under it (`tiered/mod.rs` lists the files).
 //! - this file: the [`Engine`], which owns all of the above.
 //! - `handlers/`, by API family: `alloc` (plain, pitched and managed
 //!   memory, frees, memory queries), `pools` (stream-ordered), `vmm`,

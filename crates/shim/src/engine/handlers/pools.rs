@@ -496,7 +496,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Under tiered spill, what the kernel nodes of the graph `exec` was
-    /// made from use (`tier.rs`).
+    /// made from use (`engine/tiered/`).
     fn graph_walked(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
         if rc != CUDA_SUCCESS || !self.tiers.on() {
             return;
@@ -662,7 +662,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Under tiered spill, what the kernel nodes of `graph`, which `exec`
-    /// now follows, use (`tier.rs`).
+    /// now follows, use (`engine/tiered/`).
     fn graph_updated(&self, rc: CUresult, exec: CUgraphExec, graph: CUgraph) {
         if rc == CUDA_SUCCESS && self.tiers.on() && !exec.is_null() {
             self.tiers

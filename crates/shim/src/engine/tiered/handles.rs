@@ -18,7 +18,7 @@
 //!   program got elsewhere, an import, is looked up and passed through).
 //! - **Mapped whole, once: a block.** `cuMemMap` of a whole handle at
 //!   offset 0, while the handle has no other mapping and a context is
-//!   current, makes a tiered block at that address (`tier.rs`), which
+//!   current, makes a tiered block at that address (`engine/tiered/`), which
 //!   moves as the engine's own blocks do once the program has granted
 //!   access to it (`cuMemSetAccess`, whose descriptors a move grants
 //!   again). Any other mapping, and an export, pins the handle where it
@@ -72,14 +72,71 @@
 //!   and its access descriptors, a kept descriptor for each export.
 //! - Killed at any instruction: nothing here outlives the process.
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex};
 
 use crate::engine::Engine;
 use crate::engine::accounting::exports::{keep, same_file};
 use crate::engine::driver::Driver;
-use crate::engine::tiered::{Handle, TierBlock, location};
+use crate::engine::tiered::{TierBlock, location};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
+
+/// One of the program's `cuMemCreate` handles under tiered spill
+/// (`engine/tiered/handles.rs`): where its memory is while no block holds it.
+pub(in crate::engine) struct Handle {
+    /// The engine's cell whose address is the handle's value.
+    pub(in crate::engine) _cell: Box<u64>,
+    pub(in crate::engine) device: u16,
+    pub(in crate::engine) bytes: u64,
+    /// The physical allocation, when it is not a block (a block's own
+    /// handle is the one in force while it is one).
+    pub(in crate::engine) real: u64,
+    pub(in crate::engine) on_device: bool,
+    /// The program's references (create, retain, import of its export).
+    pub(in crate::engine) refs: u32,
+    /// Its live mappings.
+    pub(in crate::engine) maps: u32,
+    /// The block it is mapped as.
+    pub(in crate::engine) block: Option<Arc<TierBlock>>,
+    /// Mapped in part, twice, or exported: never a moving block again.
+    pub(in crate::engine) pinned: bool,
+    /// Descriptors of the engine's own, each open on the file description
+    /// the handle was exported as (closed when the handle goes), to know
+    /// an import of it (`engine/tiered/handles.rs`).
+    pub(in crate::engine) exported: Vec<std::os::fd::OwnedFd>,
+}
+
+/// The program's handles under tiered spill, by value.
+#[derive(Default)]
+pub struct Handles {
+    map: Mutex<HashMap<u64, Handle>>,
+}
+
+impl Handles {
+    pub(in crate::engine) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Handle>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `h` is one of the program's handles the engine answered.
+    pub fn contains(&self, h: u64) -> bool {
+        self.lock().contains_key(&h)
+    }
+
+    /// In a child after fork (one thread): closes the descriptors kept of
+    /// the parent's exports, which would keep the parent's memory
+    /// allocated as long as the child lives. Only when the map is free: a
+    /// lock another thread of the parent held at the fork is never let go
+    /// in the child, and the map is not read then.
+    pub fn close_kept_after_fork(&self) {
+        if let Ok(mut m) = self.map.try_lock() {
+            for x in m.values_mut() {
+                x.exported.clear();
+            }
+        }
+    }
+}
 
 const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
 

@@ -1,8 +1,6 @@
-//! The handlers of tiered spill: the allocation, the frees, the placement
-//! rounds and the launch, copy and memset hooks. What they decide with and
-//! how, the locks and the moves, is in `tier`.
+//! The placement rounds: the background thread's heat, plan and moves
+//! (stage, copy, remap), with the gate closed and the contexts quiet.
 
-use std::ffi::{c_uint, c_void};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -10,33 +8,14 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::LogLevel;
 
+use super::alloc::make_mapped;
 use crate::engine::Engine;
-use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::Driver;
 use crate::engine::tiered::{
-    Claim, HALF_LIFE_LAUNCHES, ON_DEVICE, ON_HOST, PROMOTE_MARGIN, Plan, STOP_WAIT, TierBlock,
-    location, plan, take_round,
+    Claim, ON_DEVICE, ON_HOST, PROMOTE_MARGIN, Plan, STOP_WAIT, TierBlock, plan, score_round,
 };
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
-
-/// Makes physical memory of `bytes` on the host or `device` and maps it at
-/// `ptr` for the device: the handle, with nothing left behind on failure.
-fn make_mapped<D: Driver>(
-    driver: &D,
-    ptr: u64,
-    bytes: u64,
-    host: bool,
-    device: CUdevice,
-) -> Result<u64, CUresult> {
-    let h = driver.vmm_create(bytes, location(host, device))?;
-    let rc = driver.vmm_map(ptr, bytes, h, device);
-    if rc != CUDA_SUCCESS {
-        let _ = driver.vmm_release(h);
-        return Err(rc);
-    }
-    Ok(h)
-}
 
 /// One move being carried out: the new memory, mapped at a scratch address.
 struct Staged {
@@ -48,236 +27,8 @@ struct Staged {
 }
 
 impl<D: Driver> Engine<D> {
-    /// `cuMemAlloc_v2` under tiered spill (module docs): physical memory
-    /// on the device within the cap, on the host past it, behind an
-    /// address of its own. `None`: the request is not tiered (smaller than
-    /// the granularity, or no VMM), for the ordinary path.
-    ///
-    /// # Safety
-    /// `dptr` is non-null and writable.
-    pub(in crate::engine) unsafe fn tiered_alloc(
-        &'static self,
-        what: &'static str,
-        dptr: *mut CUdeviceptr,
-        bytes: u64,
-        ctx: usize,
-        device: CUdevice,
-    ) -> Option<CUresult> {
-        let g = self.tiers.granularity(&self.driver, device)?;
-        if bytes < g {
-            return None;
-        }
-        let size = bytes.checked_next_multiple_of(g)?;
-        let dev16 = device as u16;
-        let _inflight = self.inflight.enter();
-        let on_device = match self.tier_place(what, device, size) {
-            Ok(on) => on,
-            Err(rc) => return Some(rc),
-        };
-        let ptr = match self.driver.vmm_reserve(size) {
-            Ok(p) => p,
-            Err(rc) => {
-                self.tier_unplace(device, size, on_device);
-                return Some(rc);
-            }
-        };
-        let handle = match make_mapped(&self.driver, ptr, size, !on_device, device) {
-            Ok(h) => h,
-            Err(rc) => {
-                let _ = self.driver.vmm_free_address(ptr, size);
-                self.tier_unplace(device, size, on_device);
-                return Some(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
-                    CUDA_ERROR_OUT_OF_MEMORY
-                } else {
-                    rc
-                });
-            }
-        };
-        // SAFETY: the caller's contract.
-        unsafe { *dptr = ptr };
-        self.tier_placed(what, device, size, on_device);
-        // The record first: a stale one at this address (released behind
-        // the engine's back) is settled before the new block is tracked.
-        self.insert(
-            ptr,
-            Record {
-                device: dev16,
-                exported: false,
-                bytes: size,
-                ctx,
-                kind: Kind::Tiered,
-            },
-        );
-        let _ = self
-            .tiers
-            .insert(self.tiers.make(ptr, size, dev16, ctx, handle, on_device));
-        log_at!(
-            Debug,
-            "{what}: {bytes} bytes at {ptr:#x}, tiered ({size} mapped), on the {}",
-            if on_device { "device" } else { "host" }
-        );
-        Some(CUDA_SUCCESS)
-    }
-
-    /// Where a new tiered allocation of `size` goes: reserved under the
-    /// cap (true), or taken from the spill limit for host memory (false).
-    /// Above the soft limit new blocks start on the host, as a round would
-    /// put them there (the round's target is the soft limit).
-    pub(in crate::engine) fn tier_place(
-        &'static self,
-        what: &'static str,
-        device: CUdevice,
-        size: u64,
-    ) -> Result<bool, CUresult> {
-        let soft = self.slot(device).map_or(0, |s| {
-            let soft = s.soft.load(Ordering::Relaxed);
-            if soft > 0 && s.budget.used().saturating_add(size) > soft {
-                soft
-            } else {
-                0
-            }
-        });
-        let reserved = if soft > 0 && self.spill.room(&self.base) >= size {
-            Err(Some(crate::engine::accounting::Refusal {
-                used: self.slot(device).map_or(0, |s| s.budget.used()),
-                limit: soft,
-                group: false,
-            }))
-        } else {
-            self.try_reserve_evicting(device, size)
-        };
-        let why = match reserved {
-            Ok(_) => return Ok(true),
-            Err(None) => return Err(CUDA_ERROR_OUT_OF_MEMORY),
-            Err(Some(why)) => why,
-        };
-        if self.spill.take(&self.base, size) {
-            return Ok(false);
-        }
-        log_once!(
-            Warn,
-            "{what}: the spill limit (VRAMCAP_SPILL_LIMIT) is reached too; refusing"
-        );
-        if let Some(s) = self.slot(device) {
-            DeviceSlot::add(&s.refusals, 1);
-            self.refused(what, device, size, why);
-        }
-        Err(CUDA_ERROR_OUT_OF_MEMORY)
-    }
-
-    /// Counts a tiered allocation of `size` just made on the device or the
-    /// host.
-    pub(in crate::engine) fn tier_placed(
-        &self,
-        what: &str,
-        device: CUdevice,
-        size: u64,
-        on_device: bool,
-    ) {
-        let Some(s) = self.slot(device) else {
-            return;
-        };
-        DeviceSlot::add(&s.allocs, 1);
-        if !on_device {
-            DeviceSlot::add(&s.spilled, size);
-            DeviceSlot::add(&s.spill_allocs, 1);
-            s.mark_active();
-            log_once!(
-                Info,
-                "{what}: the cap of device {device} is reached; new blocks go to host memory and the most-used move onto the GPU (VRAMCAP_SPILL=tiered)"
-            );
-        }
-    }
-
-    /// Undoes [`Self::tier_place`] for an allocation that was not made.
-    pub(in crate::engine) fn tier_unplace(&self, device: CUdevice, size: u64, on_device: bool) {
-        if !on_device {
-            self.spill.give_back(size);
-        } else if let Some(s) = self.slot(device) {
-            self.release_on(s, device, size);
-        }
-    }
-
-    /// Settles the bytes of a tiered block that is gone.
-    pub(in crate::engine) fn tier_settle(&self, r: &Record, on_device: bool) {
-        self.tier_settle_bytes(r.device, r.bytes, on_device);
-    }
-
-    /// Settles `bytes` of a tiered allocation of `device` that is gone,
-    /// from the device's budget or the spill.
-    pub(in crate::engine) fn tier_settle_bytes(&self, device: u16, bytes: u64, on_device: bool) {
-        if on_device {
-            self.give_back(device, bytes);
-        } else {
-            self.spill.give_back(bytes);
-            if let Some(s) = self.slot(CUdevice::from(device)) {
-                s.spilled.fetch_sub(bytes, Ordering::Relaxed);
-                DeviceSlot::add(&s.frees, 1);
-            }
-        }
-    }
-
-    /// A tiered record found stale (its address handed out again): only
-    /// its bytes are settled; its driver objects are not touched, since
-    /// the address is someone else's now.
-    pub(in crate::engine) fn tier_forget(&self, ptr: u64, r: &Record) {
-        let on_device = self.tiers.detach(ptr).is_none_or(|b| b.on_device());
-        self.tier_settle(r, on_device);
-    }
-
-    /// A tiered block of a context that went away: VMM memory outlives its
-    /// context, so the mapping, the memory and the address are released
-    /// here (no work of the context can be running), then the bytes.
-    pub(in crate::engine) fn tier_release(&self, ptr: u64, r: &Record) {
-        match self.tiers.detach(ptr) {
-            Some(b) => {
-                self.release_vmm(&b);
-                self.tier_settle(r, b.on_device());
-            }
-            None => self.tier_settle(r, true),
-        }
-    }
-
-    /// Unmaps a detached block and releases its memory and address.
-    fn release_vmm(&self, b: &TierBlock) -> CUresult {
-        let rc = self.driver.vmm_unmap(b.ptr, b.bytes);
-        if rc == CUDA_SUCCESS {
-            let _ = self.driver.vmm_release(b.handle());
-            let _ = self.driver.vmm_free_address(b.ptr, b.bytes);
-        }
-        rc
-    }
-
-    /// Frees a tiered block: as the driver's `cuMemFree` does, it first
-    /// waits for the block's context to finish its work (unmapping memory
-    /// a kernel still uses makes the kernel fault, and the context with
-    /// it), then unmaps it and releases its memory and address. The
-    /// program's `cuMemFree_v2` of a tiered address comes here instead of
-    /// the driver, which would refuse a mapped range. During a capture,
-    /// when a synchronisation would break it, the free is left to the next
-    /// round (which runs only outside captures).
-    pub(in crate::engine) fn tier_free(&'static self, ptr: u64, r: &Record) -> CUresult {
-        let Some(b) = self.tiers.detach(ptr) else {
-            self.tier_settle(r, true);
-            return CUDA_SUCCESS;
-        };
-        if self.capture_in_progress() {
-            self.tiers.defer_free(b, *r);
-            self.start_worker();
-            return CUDA_SUCCESS;
-        }
-        let _ = self.sync_ctx(b.ctx);
-        let rc = self.release_vmm(&b);
-        if rc != CUDA_SUCCESS {
-            self.tiers.reattach(b);
-            return rc;
-        }
-        self.tier_settle(r, b.on_device());
-        CUDA_SUCCESS
-    }
-
     /// `cuCtxSynchronize` of `ctx` (pushed for the call when it is not current).
-    fn sync_ctx(&self, ctx: usize) -> CUresult {
+    pub(super) fn sync_ctx(&self, ctx: usize) -> CUresult {
         if self.driver.ctx_get_current() == Ok(ctx) {
             return self.driver.ctx_synchronize();
         }
@@ -291,7 +42,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// The frees left to a round (made during a capture): done now.
-    fn deferred_frees(&self) {
+    pub(super) fn deferred_frees(&self) {
         for (b, r) in self.tiers.take_deferred() {
             let _ = self.sync_ctx(b.ctx);
             if self.release_vmm(&b) != CUDA_SUCCESS {
@@ -327,12 +78,7 @@ impl<D: Driver> Engine<D> {
         let round = self.tiers.round.fetch_add(1, Ordering::Relaxed) + 1;
         let launches = self.tiers.launches.load(Ordering::Relaxed);
         let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
-        let decay = 0.5f64.powf(since as f64 / HALF_LIFE_LAUNCHES);
-        for (b, (passes, weight)) in blocks.iter().zip(take_round(&blocks, round)) {
-            b.weight.fetch_add(weight, Ordering::Relaxed);
-            let s = b.score() * decay + passes;
-            b.score.store(s.to_bits(), Ordering::Relaxed);
-        }
+        score_round(&blocks, round, since);
         if round.is_multiple_of(50) && crate::log::enabled(LogLevel::Debug) {
             let on = blocks.iter().filter(|b| b.on_device()).count();
             log_at!(
@@ -451,7 +197,14 @@ impl<D: Driver> Engine<D> {
 
     /// Carries out one device's plan (module docs): the demotions, then
     /// the promotions, which often need the room the demotions make.
-    fn apply(&'static self, slot: &DeviceSlot, device: CUdevice, limit: u64, round: u64, p: Plan) {
+    pub(super) fn apply(
+        &'static self,
+        slot: &DeviceSlot,
+        device: CUdevice,
+        limit: u64,
+        round: u64,
+        p: Plan,
+    ) {
         let mut staged = Vec::new();
         for b in p.demote {
             if let Ok(m) = self.stage(slot, device, limit, b, true) {
@@ -585,7 +338,7 @@ impl<D: Driver> Engine<D> {
 
     /// Maps `handle` at a moving block's address for its device, with the
     /// access the program granted to it when it is the program's.
-    fn map_block(&self, b: &TierBlock, handle: u64, device: CUdevice) -> CUresult {
+    pub(super) fn map_block(&self, b: &TierBlock, handle: u64, device: CUdevice) -> CUresult {
         let rc = self.driver.vmm_map(b.ptr, b.bytes, handle, device);
         if rc != CUDA_SUCCESS || b.program_handle == 0 {
             return rc;
@@ -605,7 +358,7 @@ impl<D: Driver> Engine<D> {
     /// the program is held. The synchronisation runs on a thread of its
     /// own; past the wait the round gives up (that thread finishes when
     /// the GPU does), and moves pause for 10 s, for good after three.
-    fn quiesce(&'static self, ctxs: &[usize], round: u64) -> bool {
+    pub(super) fn quiesce(&'static self, ctxs: &[usize], round: u64) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
         let driver = &self.driver;
         let list = ctxs.to_vec();
@@ -654,113 +407,5 @@ impl<D: Driver> Engine<D> {
                 false
             }
         }
-    }
-
-    /// Counts uses for tiered spill, then makes the launch through the gate.
-    ///
-    /// # Safety
-    /// The launch function's contract.
-    unsafe fn launched(
-        &'static self,
-        func: CUfunction,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-        mut real: impl FnMut() -> CUresult,
-    ) -> CUresult {
-        if !self.tiers.on() {
-            return real();
-        }
-        // SAFETY: the launch function's contract.
-        unsafe {
-            self.tiers
-                .note_launch(&self.driver, func as usize, params, extra)
-        };
-        let _open = self.tiers.enter();
-        real()
-    }
-
-    /// `cuLaunchKernel[_ptsz]`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn launch_kernel(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        f: CUfunction,
-        _gx: c_uint,
-        _gy: c_uint,
-        _gz: c_uint,
-        _bx: c_uint,
-        _by: c_uint,
-        _bz: c_uint,
-        _shared: c_uint,
-        _stream: CUstream,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult {
-        // SAFETY: the driver function's contract.
-        unsafe { self.launched(f, params, extra, real) }
-    }
-
-    /// `cuLaunchKernelEx[_ptsz]`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn launch_kernel_ex(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        _config: *const c_void,
-        f: CUfunction,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult {
-        // SAFETY: the driver function's contract.
-        unsafe { self.launched(f, params, extra, real) }
-    }
-
-    /// `cuLaunchCooperativeKernel[_ptsz]`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn launch_cooperative(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        f: CUfunction,
-        _gx: c_uint,
-        _gy: c_uint,
-        _gz: c_uint,
-        _bx: c_uint,
-        _by: c_uint,
-        _bz: c_uint,
-        _shared: c_uint,
-        _stream: CUstream,
-        params: *mut *mut c_void,
-    ) -> CUresult {
-        // SAFETY: the driver function's contract.
-        unsafe { self.launched(f, params, std::ptr::null_mut(), real) }
-    }
-
-    /// `cuModuleUnload`, `cuLibraryUnload`: the functions' handles may come
-    /// back for other functions, so every parameter layout is asked again.
-    pub fn code_unloaded(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        _handle: *mut c_void,
-    ) -> CUresult {
-        let rc = real();
-        if self.tiers.on() {
-            self.tiers.forget_layouts();
-        }
-        rc
-    }
-
-    /// A copy, memset, stream memory operation or parameterless launch
-    /// (the hook list's `gate` entries): passes the gate under tiered
-    /// spill, whatever the call's arguments are.
-    pub fn pass_gate(&'static self, mut real: impl FnMut() -> CUresult) -> CUresult {
-        let _open = self.tiers.enter();
-        real()
     }
 }
