@@ -1,101 +1,17 @@
 //! What a process holds on a GPU beyond its allocations, and how the cap
-//! counts it (`VRAMCAP_COUNT=held`, the default).
+//! counts it (`VRAMCAP_COUNT=held`, the default). The definition, and the
+//! reasoning behind the rules for pools, graphs and the context:
+//! `docs/design/held.md`.
 //!
-//! # The definition
-//! The bytes a process *holds* on a device, which its cap applies to, are
-//! the sum of four parts, each kept in its own word of the device's slot in
-//! the statistics page and all of them inside the budget's `used`:
-//! - **allocations**: its live allocations on every path the shim hooks
-//!   (plain, pitched, managed, VMM, arrays), cached blocks included;
-//! - **pools** (`slot.pools`): what the stream-ordered pools it allocates
-//!   from keep reserved, as the driver reports it
-//!   (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`): their live allocations plus
-//!   the freed memory they retain. A stream-ordered allocation is not
-//!   charged by its size but by the pool's growth;
-//! - **graphs** (`slot.graphs`): the device's graph memory
-//!   (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`), what allocation nodes of
-//!   launched graphs hold or keep;
-//! - **context** (`slot.context`): the footprint of the process's
-//!   contexts, modules and whatever else the driver holds for it on the
-//!   device beyond the three above (`VRAMCAP_CONTEXT`): NVML's figure for
-//!   the process minus the rest. It is measured at the device's first
-//!   allocation or memory query with a context (not before: the CUDA
-//!   runtime asks the device's size before it makes its context, and NVML
-//!   lists a process only once it has one), again before an allocation
-//!   that would bring the process within `NEAR_CAP` of its cap, every
-//!   [`CONTEXT_EVERY`] and before a refusal; a fixed size where NVML
-//!   cannot tell which process is this one. A measurement can only come
-//!   out low, never high: the budget takes a reservation before the driver
-//!   allocates and gives bytes back after it frees, so what it counts of
-//!   the rest is never below what the driver holds for it. So the charge
-//!   only rises; it starts afresh after a context went away. A measurement
-//!   taken while the rest moved is dropped.
-//!
-//! `VRAMCAP_COUNT=allocations` charges stream-ordered allocations by size
-//! (given back when their free is issued) and leaves the other three at
-//! zero, as vramcap did before.
-//!
-//! # Pools
-//! A pool's charge `c` (its entry in [`Held::pools`]) is what the budget
-//! holds for it. An allocation of `size` from pool P:
-//! 1. under the book's lock, reads P's reserved `r` and used `u` and takes
-//!    what it can from the free reserve `r − u` that other allocations in
-//!    flight have not claimed; the rest, rounded up to [`POOL_GRANULE`], is
-//!    its estimate `g` (the most P can grow for it); `c += g` goes into the
-//!    budget under the cap (refused: reclaim and retry, spill, or refuse);
-//! 2. calls the driver;
-//! 3. under the lock, reads `r'` again and sets `c` to `r'` when no other
-//!    allocation from P is in flight, else to `max(r', c − g)`: the others'
-//!    estimates stay charged until they settle, and the charge never falls
-//!    below what the driver reports. Budget changes are applied after the
-//!    lock is released (they are additions, in any order).
-//!
-//! The charge is thus at least the pool's reserve whenever the engine has
-//! looked, and at most reserve + estimates in flight. The driver shrinks a
-//! pool on its own at synchronisation points (to its release threshold);
-//! the engine sees that when it looks again: at the pool's next allocation,
-//! `cuMemGetInfo`, the background thread's round, `cuMemPoolTrimTo` and
-//! `cuMemPoolSetAttribute`, and before any refusal on the device, when it
-//! also trims each of its pools to its release threshold, as a
-//! synchronisation would ([`Held::reclaim`]). A pool the program trims
-//! itself (PyTorch does before it reports out-of-memory) is seen at once.
-//! Freeing a stream-ordered allocation changes no charge: the pool keeps
-//! the memory. A pool destroyed with live allocations keeps its charge (at
-//! most its reserve when it went) until the last of them is freed, as the
-//! driver keeps its memory until then; records name their pool's entry by
-//! a serial, so a new pool that gets the destroyed one's handle is a pool
-//! of its own. A pool of host memory is charged nothing. All of this is
-//! `VRAMCAP_COUNT=held` only: with `allocations` no pool is read, trimmed
-//! or charged.
-//!
-//! # Graphs
-//! Graph memory is not allocated in any call the shim sees: the driver
-//! reserves it when a graph with allocation nodes is uploaded or launched
-//! (or instantiated with the upload flag). At instantiation the engine
-//! sums the graph's allocation nodes (child graphs included, each rounded
-//! up to 2 MiB); before an upload or launch it reserves that sum, or what
-//! the same graph added at its last launch if more, less the graph
-//! reserve that is free now, rounded up to what graph memory grows by (32
-//! MiB). When that does not fit even after `cuDeviceGraphMemTrim`, the
-//! call is refused with `CUDA_ERROR_OUT_OF_MEMORY`. After the call the
-//! reservation goes back and the device's graph charge follows its graph
-//! reserve, as after `cuDeviceGraphMemTrim`. A graph instantiated through
-//! a path the shim does not see is sized by its first launch only.
-//!
-//! # Concurrency
-//! One mutex guards the book of pools; it is held across the
-//! `cuMemPoolGetAttribute` calls that read a pool's figures (which call
-//! nothing the shim hooks and never wait on the GPU), so that an older
-//! reading is never applied after a newer one, and nothing else: no other
-//! lock is taken under it and no budget is touched under it (changes are
-//! applied after it is released; they are additions, in any order). A
-//! second mutex does the same for the device's graph reserve and its
-//! charge. The other figures are atomics.
-//! Measuring the context takes a per-device flag: a second measurer skips
-//! when a real figure is charged already, and otherwise waits for the
-//! first (which starts NVML, up to a second), sleeping 200 µs between
-//! looks, so no allocation goes ahead before the context is counted. The
-//! flag is cleared on every way out, a panic included.
+//! # Invariants
+//! - The bytes held are allocations + pools + graph memory + the context,
+//!   each in its own word of the device's slot and all inside the budget's
+//!   `used`: whatever is charged is charged once, under the cap.
+//! - A pool is charged by the reserve the driver reports for it, graph
+//!   memory by what the device's graph memory grew by, the context by
+//!   what NVML measures beyond the allocations.
+//! - No allocation goes ahead before the context of its device is
+//!   counted (the first figure is waited for; `engine/mod.rs` says how).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
