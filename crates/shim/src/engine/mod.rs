@@ -93,7 +93,6 @@ use self::spill::Spill;
 use self::tiered::{Handles, Tiers};
 use crate::ffi::CUdevice;
 use crate::log::log_at;
-use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
@@ -127,13 +126,6 @@ pub struct Engine<D: Driver> {
     inflight: InFlight,
 }
 
-impl<D: Driver> Deref for Engine<D> {
-    type Target = Base<D>;
-    fn deref(&self) -> &Base<D> {
-        &self.base
-    }
-}
-
 impl<D: Driver> Engine<D> {
     pub fn new(driver: D, settings: &'static Settings) -> Engine<D> {
         Engine {
@@ -160,30 +152,30 @@ impl<D: Driver> Engine<D> {
     /// names a GPU, before the page or the group is touched, and stops the
     /// process when one does not (`accounting.rs`).
     pub fn limit_of(&'static self, device: CUdevice) -> Option<u64> {
-        if !self.limit_keys_match() {
+        if !self.base.limit_keys_match() {
             return None;
         }
-        let s = self.slot(device)?;
-        if let Some(l) = self.cap_in_force(s, device) {
+        let s = self.base.slot(device)?;
+        if let Some(l) = self.base.cap_in_force(s, device) {
             return Some(l);
         }
-        let l = self.compute_limit(device, s);
-        if self.group.configured() {
+        let l = self.base.compute_limit(device, s);
+        if self.base.group.configured() {
             // Reclaims dead members, even when this device could not be
             // attached to the group (its allocations are refused then).
             self.start_worker();
         }
         let l = l?;
-        let total = self.driver.device_total_mem(device).unwrap_or(0);
+        let total = self.base.driver.device_total_mem(device).unwrap_or(0);
         s.total.store(total, Ordering::Relaxed);
         s.budget.set_limit(l);
         s.mark_active();
         let base = if l == NO_CAP { total } else { l };
         self.cache
-            .set_bound(device as u16, self.settings.cache.resolve(base));
-        if self.settings.counting == Counting::Held {
+            .set_bound(device as u16, self.base.settings.cache.resolve(base));
+        if self.base.settings.counting == Counting::Held {
             // The background thread keeps the context's figure current.
-            self.context_measure(device);
+            self.base.context_measure(device);
         }
         // It also answers `vramcap limit` (which asks only for devices in
         // use, so nothing can be pending for this one yet).
@@ -191,18 +183,24 @@ impl<D: Driver> Engine<D> {
         Some(l)
     }
 
+    /// The statistics page's slot of `device`, made on first use (`None`
+    /// when the page cannot be made): what the C ABI reads.
+    pub fn slot(&self, device: CUdevice) -> Option<&'static DeviceSlot> {
+        self.base.slot(device)
+    }
+
     /// Starts the background thread if it is not running.
     fn start_worker(&'static self) {
-        self.worker.ensure(move || self.background_round());
+        self.base.worker.ensure(move || self.background_round());
     }
 
     /// One round of the background thread.
     fn background_round(&'static self) {
-        if self.capturing() {
+        if self.base.capturing() {
             // Frees from this thread could invalidate the capture: wait.
             return;
         }
-        let page = self.page.get(self.settings);
+        let page = self.base.page.get(self.base.settings);
         let asked = page.header.trim_requests.load(Ordering::Acquire);
         if asked != page.header.trim_acks.load(Ordering::Acquire) {
             let bytes = self.cache.trim_all(&self.base);
@@ -217,17 +215,17 @@ impl<D: Driver> Engine<D> {
         self.apply_limit_requests();
         self.follow_group_caps();
         self.cache
-            .release_idle(&self.base, self.settings.cache_idle);
+            .release_idle(&self.base, self.base.settings.cache_idle);
         self.spill.reap(&self.base);
         self.tier_round();
-        self.held_round();
-        self.group.tick();
+        self.base.held_round();
+        self.base.group.tick();
     }
 
     /// At normal exit: leave the group and remove the statistics page.
     pub fn at_exit(&self) {
-        self.group.leave();
-        self.page.remove_at_exit();
+        self.base.group.leave();
+        self.base.page.remove_at_exit();
     }
 
     /// In a child after fork, before anything else runs: close the
@@ -236,8 +234,8 @@ impl<D: Driver> Engine<D> {
     /// would hold the parent's memory allocated for the child's life). The
     /// engine is not used again.
     pub fn forget_after_fork(&self) {
-        self.page.forget_after_fork();
-        self.group.forget_after_fork();
+        self.base.page.forget_after_fork();
+        self.base.group.forget_after_fork();
         self.handles.close_kept_after_fork();
         self.exports.close_kept_after_fork();
     }

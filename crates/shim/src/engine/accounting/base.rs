@@ -1,7 +1,8 @@
 //! What every part of the engine stands on: the driver, the settings, the
 //! statistics page with the per-device budgets, the group membership, the
 //! count of stream captures in progress and the background thread. The
-//! cache and spill take a `&Base`; the engine derefs to it.
+//! cache and spill take a `&Base`; the engine owns it as its `base` part,
+//! and a handler names it (`self.base.reserve_on(..)`, `self.base.driver`).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 

@@ -59,7 +59,7 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         estimate: u64,
     ) -> Result<(&'static DeviceSlot, u64), Option<Refusal>> {
-        let Some(slot) = self.slot(device) else {
+        let Some(slot) = self.base.slot(device) else {
             log_once!(
                 Error,
                 "device {device} is beyond the {} devices vramcap tracks; refusing its allocations",
@@ -70,10 +70,10 @@ impl<D: Driver> Engine<D> {
         let Some(limit) = self.limit_of(device) else {
             return Err(None);
         };
-        self.context_check(device, slot, estimate, limit);
+        self.base.context_check(device, slot, estimate, limit);
         let mut reclaimed = false;
         loop {
-            match self.reserve_on(slot, device, estimate, limit) {
+            match self.base.reserve_on(slot, device, estimate, limit) {
                 Ok(()) => {
                     self.past_soft(slot, device, estimate);
                     return Ok((slot, limit));
@@ -85,7 +85,7 @@ impl<D: Driver> Engine<D> {
                     }
                     // Once per call: pools trimmed as a synchronisation
                     // would, pools, graphs and the context read again.
-                    if reclaimed || self.reclaim(device) == 0 {
+                    if reclaimed || self.base.reclaim(device) == 0 {
                         return Err(Some(r));
                     }
                     reclaimed = true;
@@ -110,7 +110,7 @@ impl<D: Driver> Engine<D> {
             log_once!(
                 Info,
                 "device {device}: above the soft limit of {soft} bytes (VRAMCAP_SOFT_LIMIT): the cache gives back what passes it{}",
-                if self.settings.spill == vramcap_core::settings::Spill::Off {
+                if self.base.settings.spill == vramcap_core::settings::Spill::Off {
                     ""
                 } else {
                     ", and allocations past it spill"
@@ -135,12 +135,12 @@ impl<D: Driver> Engine<D> {
         ctx: usize,
         device: CUdevice,
     ) -> Option<CUresult> {
-        if self.settings.spill == vramcap_core::settings::Spill::Off
+        if self.base.settings.spill == vramcap_core::settings::Spill::Off
             || matches!(request, Request::Pitch { .. })
         {
             return None;
         }
-        let slot = self.slot(device)?;
+        let slot = self.base.slot(device)?;
         let soft = slot.soft.load(std::sync::atomic::Ordering::Relaxed);
         if soft == 0 || slot.budget.used().saturating_add(estimate) <= soft {
             return None;
@@ -160,9 +160,9 @@ impl<D: Driver> Engine<D> {
 
     /// Counts and logs a refusal; the out-of-memory code to return.
     fn refuse(&self, what: &str, device: CUdevice, bytes: u64, why: Option<Refusal>) -> CUresult {
-        if let (Some(s), Some(r)) = (self.slot(device), why) {
+        if let (Some(s), Some(r)) = (self.base.slot(device), why) {
             DeviceSlot::add(&s.refusals, 1);
-            self.refused(what, device, bytes, r);
+            self.base.refused(what, device, bytes, r);
         }
         CUDA_ERROR_OUT_OF_MEMORY
     }
@@ -247,7 +247,7 @@ impl<D: Driver> Engine<D> {
             Request::Managed(_) | Request::Async => None,
         };
         if let Some(want) = want.filter(|_| self.cache.caching(dev16))
-            && let Some(slot) = self.slot(device)
+            && let Some(slot) = self.base.slot(device)
         {
             if let Some(b) = self.cache.reuse(&self.base, dev16, ctx, want) {
                 // SAFETY: `dptr` is non-null (checked above) and writable,
@@ -304,14 +304,14 @@ impl<D: Driver> Engine<D> {
         };
         let rc = self.call_with_retry(device, alloc);
         if rc != CUDA_SUCCESS {
-            self.release_on(slot, device, estimate);
+            self.base.release_on(slot, device, estimate);
             return rc;
         }
         // SAFETY: the driver succeeded, so it wrote the pointer through `dptr`.
         let ptr = unsafe { *dptr };
         let bytes = actual();
-        if let Err(rc) = self.settle(what, device, slot, limit, estimate, bytes) {
-            let _ = self.driver.mem_free(ptr);
+        if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {
+            let _ = self.base.driver.mem_free(ptr);
             return rc;
         }
         DeviceSlot::add(&slot.allocs, 1);
@@ -401,9 +401,10 @@ impl<D: Driver> Engine<D> {
             } else if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, &stale);
             } else if let Kind::Async(Some(serial)) = stale.kind {
-                self.pool_freed(serial);
-            } else if let Some(s) = self.slot(CUdevice::from(stale.device)) {
-                self.release_on(s, CUdevice::from(stale.device), stale.bytes);
+                self.base.pool_freed(serial);
+            } else if let Some(s) = self.base.slot(CUdevice::from(stale.device)) {
+                self.base
+                    .release_on(s, CUdevice::from(stale.device), stale.bytes);
             }
             log_once!(
                 Warn,
@@ -422,7 +423,7 @@ impl<D: Driver> Engine<D> {
         dptr: *mut CUdeviceptr,
         bytesize: usize,
     ) -> CUresult {
-        let target = self.current();
+        let target = self.base.current();
         let bytes = bytesize as u64;
         // SAFETY: the driver function's contract.
         unsafe {
@@ -462,7 +463,7 @@ impl<D: Driver> Engine<D> {
             elem: element_size,
             pitch_out: pitch,
         };
-        let target = self.current();
+        let target = self.base.current();
         // SAFETY: on success the driver wrote the pitch; `pitch` is non-null.
         let actual = || unsafe { *pitch as u64 }.saturating_mul(height);
         // SAFETY: the driver function's contract; `pitch` is non-null.
@@ -491,7 +492,7 @@ impl<D: Driver> Engine<D> {
         bytesize: usize,
         flags: c_uint,
     ) -> CUresult {
-        let target = self.current();
+        let target = self.base.current();
         let bytes = bytesize as u64;
         let request = Request::Managed(flags);
         // SAFETY: the driver function's contract.
@@ -549,7 +550,7 @@ impl<D: Driver> Engine<D> {
                 freed_ns: 0,
             };
             if self.cache.keep(&self.base, r.device, block) {
-                if let Some(s) = self.slot(CUdevice::from(r.device)) {
+                if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
                     DeviceSlot::add(&s.frees, 1);
                 }
                 self.start_worker(); // releases idle blocks
@@ -571,12 +572,12 @@ impl<D: Driver> Engine<D> {
     pub(in crate::engine) fn freed(&self, r: &Record) {
         match r.kind {
             Kind::Async(Some(serial)) => {
-                if let Some(s) = self.slot(CUdevice::from(r.device)) {
+                if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
                     DeviceSlot::add(&s.frees, 1);
                 }
-                self.pool_freed(serial);
+                self.base.pool_freed(serial);
             }
-            _ => self.give_back(r.device, r.bytes),
+            _ => self.base.give_back(r.device, r.bytes),
         }
     }
 
@@ -615,21 +616,21 @@ impl<D: Driver> Engine<D> {
         if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
             return rc;
         }
-        let Some((_, device)) = self.current() else {
+        let Some((_, device)) = self.base.current() else {
             return rc;
         };
-        let (Some(s), Some(_)) = (self.slot(device), self.limit_of(device)) else {
+        let (Some(s), Some(_)) = (self.base.slot(device), self.limit_of(device)) else {
             return rc;
         };
         // What the pools and graphs hold may have shrunk at a synchronisation.
-        self.pools_refresh(Some(device as u16));
-        if let Some(limit) = self.cap_in_force(s, device) {
-            self.context_check(device, s, 0, limit);
+        self.base.pools_refresh(Some(device as u16));
+        if let Some(limit) = self.base.cap_in_force(s, device) {
+            self.base.context_check(device, s, 0, limit);
         }
-        self.graphs_refresh(device);
+        self.base.graphs_refresh(device);
         // SAFETY: both pointers are non-null and the driver just wrote them.
         unsafe {
-            let (t, f) = self.picture(s, device, *total as u64, *free as u64);
+            let (t, f) = self.base.picture(s, device, *total as u64, *free as u64);
             *total = usize::try_from(t).unwrap_or(usize::MAX);
             *free = usize::try_from(f).unwrap_or(usize::MAX);
         }

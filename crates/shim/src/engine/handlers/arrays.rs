@@ -58,7 +58,7 @@ impl<D: Driver> Engine<D> {
         if handle.is_null() || estimate == 0 {
             return real();
         }
-        let Some((ctx, device)) = self.current() else {
+        let Some((ctx, device)) = self.base.current() else {
             return real();
         };
         let _inflight = self.inflight.enter();
@@ -68,19 +68,20 @@ impl<D: Driver> Engine<D> {
         };
         let rc = self.call_with_retry(device, real);
         if rc != CUDA_SUCCESS {
-            self.release_on(slot, device, estimate);
+            self.base.release_on(slot, device, estimate);
             return rc;
         }
         // SAFETY: written by the driver on success.
         let h = unsafe { *handle } as usize;
         let bytes = self
+            .base
             .driver
             .array_size(h, device, mipmapped)
             .ok()
             .filter(|&b| b > 0)
             .unwrap_or(estimate);
-        if let Err(rc) = self.settle(what, device, slot, limit, estimate, bytes) {
-            let _ = self.driver.array_destroy(h, mipmapped);
+        if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {
+            let _ = self.base.driver.array_destroy(h, mipmapped);
             return rc;
         }
         DeviceSlot::add(&slot.allocs, 1);
@@ -173,7 +174,7 @@ impl<D: Driver> Engine<D> {
         let record = self.arrays.remove(&(h as u64)).map(|(_, o)| o);
         let rc = real();
         match record {
-            Some(o) if rc == CUDA_SUCCESS => self.give_back(o.device, o.bytes),
+            Some(o) if rc == CUDA_SUCCESS => self.base.give_back(o.device, o.bytes),
             Some(o) => {
                 self.arrays.insert(h as u64, o);
             }

@@ -42,8 +42,8 @@ impl<D: Driver> Engine<D> {
                 self.tier_release(*p, r);
             } else if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, r);
-            } else if let Some(s) = self.slot(CUdevice::from(r.device)) {
-                self.release_on(s, CUdevice::from(r.device), r.bytes);
+            } else if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
+                self.base.release_on(s, CUdevice::from(r.device), r.bytes);
                 s.frees.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -57,7 +57,7 @@ impl<D: Driver> Engine<D> {
             }
         });
         for o in &arrays {
-            self.give_back(o.device, o.bytes);
+            self.base.give_back(o.device, o.bytes);
         }
         if !gone.is_empty() || !arrays.is_empty() {
             log_at!(
@@ -84,7 +84,7 @@ impl<D: Driver> Engine<D> {
         if rc == CUDA_SUCCESS {
             self.forget_ctx(ctx as usize);
             drop(no_round);
-            self.context_gone(None);
+            self.base.context_gone(None);
         }
         rc
     }
@@ -127,16 +127,16 @@ impl<D: Driver> Engine<D> {
 
     /// The handle of `dev`'s primary context when it is active.
     fn active_primary(&self, dev: CUdevice) -> Option<usize> {
-        if !self.driver.primary_ctx_state(dev).ok()?.1 {
+        if !self.base.driver.primary_ctx_state(dev).ok()?.1 {
             return None;
         }
-        let ctx = self.driver.primary_ctx_retain(dev).ok()?;
-        let _ = self.driver.primary_ctx_release(dev);
+        let ctx = self.base.driver.primary_ctx_retain(dev).ok()?;
+        let _ = self.base.driver.primary_ctx_release(dev);
         Some(ctx)
     }
 
     fn still_active(&self, dev: CUdevice) -> bool {
-        !matches!(self.driver.primary_ctx_state(dev), Ok((_, false)))
+        !matches!(self.base.driver.primary_ctx_state(dev), Ok((_, false)))
     }
 
     /// `cuDevicePrimaryCtxRelease_v2` and `cuDevicePrimaryCtxReset_v2`,
@@ -159,7 +159,7 @@ impl<D: Driver> Engine<D> {
         {
             self.forget_ctx(ctx);
             drop(no_round);
-            self.context_gone(Some(dev));
+            self.base.context_gone(Some(dev));
         }
         rc
     }
@@ -264,11 +264,11 @@ impl<D: Driver> Engine<D> {
     /// waited for (blocks it made safe may now meet work on the new
     /// stream, which the legacy stream does not order).
     fn note_stream_flags(&self, flags: c_uint) {
-        if flags & CU_STREAM_NON_BLOCKING == 0 || self.nonblocking_streams() {
+        if flags & CU_STREAM_NON_BLOCKING == 0 || self.base.nonblocking_streams() {
             return;
         }
         let _only = self.cache.ordering_exclusive();
-        if !self.nonblocking_streams.swap(true, Ordering::SeqCst) {
+        if !self.base.nonblocking_streams.swap(true, Ordering::SeqCst) {
             self.cache.wait_for_orderings(&self.base);
             log_at!(
                 Info,
@@ -286,7 +286,7 @@ impl<D: Driver> Engine<D> {
         let _no_ordering = self.cache.ordering_exclusive();
         let rc = real();
         if rc == CUDA_SUCCESS {
-            self.captures.fetch_add(1, Ordering::SeqCst);
+            self.base.captures.fetch_add(1, Ordering::SeqCst);
         }
         rc
     }
@@ -337,12 +337,17 @@ impl<D: Driver> Engine<D> {
         _graph: *mut *mut c_void,
     ) -> CUresult {
         let rc = real();
-        let over = match self.driver.stream_is_capturing(stream as usize, flavour) {
+        let over = match self
+            .base
+            .driver
+            .stream_is_capturing(stream as usize, flavour)
+        {
             Ok(status) => status == 0,
             Err(_) => rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
         };
         if over {
             let _ = self
+                .base
                 .captures
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                     (n > 0).then(|| n - 1)

@@ -37,9 +37,10 @@ impl<D: Driver> Engine<D> {
         stream: usize,
         flavour: Flavour,
     ) -> Option<(usize, CUdevice)> {
-        let (ctx, cur_dev) = self.current()?;
-        if self.capturing()
+        let (ctx, cur_dev) = self.base.current()?;
+        if self.base.capturing()
             && self
+                .base
                 .driver
                 .stream_is_capturing(stream, flavour)
                 .is_ok_and(|status| status != 0)
@@ -47,6 +48,7 @@ impl<D: Driver> Engine<D> {
             return None;
         }
         let dev = self
+            .base
             .driver
             .stream_get_device(stream, flavour)
             .unwrap_or(cur_dev);
@@ -109,17 +111,17 @@ impl<D: Driver> Engine<D> {
         let target = self.stream_target(stream as usize, flavour);
         let bytes = size as u64;
         let through_pool = match target {
-            Some((_, dev)) if self.settings.counting == Counting::Held => {
-                pool.or_else(|| self.driver.device_mem_pool(dev).ok())
+            Some((_, dev)) if self.base.settings.counting == Counting::Held => {
+                pool.or_else(|| self.base.driver.device_mem_pool(dev).ok())
             }
             _ => None,
         };
         if let (Some(pool), Some((ctx, dev)), false) = (through_pool, target, dptr.is_null()) {
-            if size == 0 || self.pool_exempt(pool) {
+            if size == 0 || self.base.pool_exempt(pool) {
                 // A pool of host memory holds nothing on any GPU.
                 return real();
             }
-            let device = self.held.pool_device(pool).unwrap_or(dev as u16);
+            let device = self.base.held.pool_device(pool).unwrap_or(dev as u16);
             if self.limit_of(CUdevice::from(device)).is_none() {
                 return CUDA_ERROR_OUT_OF_MEMORY;
             }
@@ -157,15 +159,15 @@ impl<D: Driver> Engine<D> {
     ) -> Option<CUresult> {
         let dev = CUdevice::from(device);
         let _inflight = self.inflight.enter();
-        let mut claim = self.pool_claim(pool, device, bytes)?;
+        let mut claim = self.base.pool_claim(pool, device, bytes)?;
         let mut reserved = self.try_reserve_evicting(dev, claim.grow);
         if let Err(why) = reserved {
-            self.pool_settle(claim, false, false);
-            self.reclaim(dev);
-            claim = self.pool_claim(pool, device, bytes)?;
+            self.base.pool_settle(claim, false, false);
+            self.base.reclaim(dev);
+            claim = self.base.pool_claim(pool, device, bytes)?;
             reserved = self.try_reserve_evicting(dev, claim.grow);
             if reserved.is_err() {
-                self.pool_settle(claim, false, false);
+                self.base.pool_settle(claim, false, false);
                 // SAFETY: the caller's contract.
                 return Some(unsafe {
                     self.spill_or_refuse(what, dptr, bytes, Request::Async, ctx, dev, why)
@@ -174,14 +176,14 @@ impl<D: Driver> Engine<D> {
         }
         let rc = self.call_with_retry(dev, &mut *real);
         if rc != CUDA_SUCCESS {
-            self.pool_settle(claim, false, true);
+            self.base.pool_settle(claim, false, true);
             return Some(rc);
         }
-        self.pool_settle(claim, true, true);
+        self.base.pool_settle(claim, true, true);
         self.start_worker(); // sees the pool shrink at synchronisations
         // SAFETY: the driver succeeded, so it wrote the pointer.
         let ptr = unsafe { *dptr };
-        if let Some(s) = self.slot(dev) {
+        if let Some(s) = self.base.slot(dev) {
             DeviceSlot::add(&s.allocs, 1);
         }
         self.insert(
@@ -276,16 +278,16 @@ impl<D: Driver> Engine<D> {
         }
         // SAFETY: on success both were valid for the driver (null checked).
         let (p, props) = unsafe { (pool.as_ref(), props.as_ref()) };
-        if self.settings.counting != Counting::Held {
+        if self.base.settings.counting != Counting::Held {
             return rc;
         }
         if let (Some(p), Some(props)) = (p, props) {
             match u16::try_from(props.location.id) {
                 Ok(dev) if props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE => {
-                    self.held.created(*p as usize, dev, false)
+                    self.base.held.created(*p as usize, dev, false)
                 }
                 // Host (and host NUMA) pools hold no GPU memory.
-                _ => self.held.created(*p as usize, 0, true),
+                _ => self.base.held.created(*p as usize, 0, true),
             }
         }
         rc
@@ -298,16 +300,17 @@ impl<D: Driver> Engine<D> {
         mut real: impl FnMut() -> CUresult,
         pool: CUmemoryPool,
     ) -> CUresult {
-        if self.settings.counting != Counting::Held {
+        if self.base.settings.counting != Counting::Held {
             return real();
         }
         let reserved = self
+            .base
             .driver
             .mem_pool_attribute(pool as usize, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
             .ok();
         let rc = real();
         if rc == CUDA_SUCCESS {
-            self.pool_destroyed(pool as usize, reserved);
+            self.base.pool_destroyed(pool as usize, reserved);
         }
         rc
     }
@@ -321,7 +324,7 @@ impl<D: Driver> Engine<D> {
     ) -> CUresult {
         let rc = real();
         if rc == CUDA_SUCCESS {
-            self.pool_refresh(pool as usize);
+            self.base.pool_refresh(pool as usize);
         }
         rc
     }
@@ -336,7 +339,7 @@ impl<D: Driver> Engine<D> {
     ) -> CUresult {
         let rc = real();
         if rc == CUDA_SUCCESS {
-            self.pool_refresh(pool as usize);
+            self.base.pool_refresh(pool as usize);
         }
         rc
     }

@@ -47,7 +47,7 @@ impl<D: Driver> Engine<D> {
         ctx: usize,
         device: CUdevice,
     ) -> Option<CUresult> {
-        let g = self.tiers.granularity(&self.driver, device)?;
+        let g = self.tiers.granularity(&self.base.driver, device)?;
         if bytes < g {
             return None;
         }
@@ -58,17 +58,17 @@ impl<D: Driver> Engine<D> {
             Ok(on) => on,
             Err(rc) => return Some(rc),
         };
-        let ptr = match self.driver.vmm_reserve(size) {
+        let ptr = match self.base.driver.vmm_reserve(size) {
             Ok(p) => p,
             Err(rc) => {
                 self.tier_unplace(device, size, on_device);
                 return Some(rc);
             }
         };
-        let handle = match make_mapped(&self.driver, ptr, size, !on_device, device) {
+        let handle = match make_mapped(&self.base.driver, ptr, size, !on_device, device) {
             Ok(h) => h,
             Err(rc) => {
-                let _ = self.driver.vmm_free_address(ptr, size);
+                let _ = self.base.driver.vmm_free_address(ptr, size);
                 self.tier_unplace(device, size, on_device);
                 return Some(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
                     CUDA_ERROR_OUT_OF_MEMORY
@@ -113,7 +113,7 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         size: u64,
     ) -> Result<bool, CUresult> {
-        let soft = self.slot(device).map_or(0, |s| {
+        let soft = self.base.slot(device).map_or(0, |s| {
             let soft = s.soft.load(Ordering::Relaxed);
             if soft > 0 && s.budget.used().saturating_add(size) > soft {
                 soft
@@ -123,7 +123,7 @@ impl<D: Driver> Engine<D> {
         });
         let reserved = if soft > 0 && self.spill.room(&self.base) >= size {
             Err(Some(crate::engine::accounting::Refusal {
-                used: self.slot(device).map_or(0, |s| s.budget.used()),
+                used: self.base.slot(device).map_or(0, |s| s.budget.used()),
                 limit: soft,
                 group: false,
             }))
@@ -142,9 +142,9 @@ impl<D: Driver> Engine<D> {
             Warn,
             "{what}: the spill limit (VRAMCAP_SPILL_LIMIT) is reached too; refusing"
         );
-        if let Some(s) = self.slot(device) {
+        if let Some(s) = self.base.slot(device) {
             DeviceSlot::add(&s.refusals, 1);
-            self.refused(what, device, size, why);
+            self.base.refused(what, device, size, why);
         }
         Err(CUDA_ERROR_OUT_OF_MEMORY)
     }
@@ -158,7 +158,7 @@ impl<D: Driver> Engine<D> {
         size: u64,
         on_device: bool,
     ) {
-        let Some(s) = self.slot(device) else {
+        let Some(s) = self.base.slot(device) else {
             return;
         };
         DeviceSlot::add(&s.allocs, 1);
@@ -177,8 +177,8 @@ impl<D: Driver> Engine<D> {
     pub(in crate::engine) fn tier_unplace(&self, device: CUdevice, size: u64, on_device: bool) {
         if !on_device {
             self.spill.give_back(size);
-        } else if let Some(s) = self.slot(device) {
-            self.release_on(s, device, size);
+        } else if let Some(s) = self.base.slot(device) {
+            self.base.release_on(s, device, size);
         }
     }
 
@@ -191,10 +191,10 @@ impl<D: Driver> Engine<D> {
     /// from the device's budget or the spill.
     pub(in crate::engine) fn tier_settle_bytes(&self, device: u16, bytes: u64, on_device: bool) {
         if on_device {
-            self.give_back(device, bytes);
+            self.base.give_back(device, bytes);
         } else {
             self.spill.give_back(bytes);
-            if let Some(s) = self.slot(CUdevice::from(device)) {
+            if let Some(s) = self.base.slot(CUdevice::from(device)) {
                 s.spilled.fetch_sub(bytes, Ordering::Relaxed);
                 DeviceSlot::add(&s.frees, 1);
             }
@@ -224,10 +224,10 @@ impl<D: Driver> Engine<D> {
 
     /// Unmaps a detached block and releases its memory and address.
     pub(super) fn release_vmm(&self, b: &TierBlock) -> CUresult {
-        let rc = self.driver.vmm_unmap(b.ptr, b.bytes);
+        let rc = self.base.driver.vmm_unmap(b.ptr, b.bytes);
         if rc == CUDA_SUCCESS {
-            let _ = self.driver.vmm_release(b.handle());
-            let _ = self.driver.vmm_free_address(b.ptr, b.bytes);
+            let _ = self.base.driver.vmm_release(b.handle());
+            let _ = self.base.driver.vmm_free_address(b.ptr, b.bytes);
         }
         rc
     }
@@ -245,7 +245,7 @@ impl<D: Driver> Engine<D> {
             self.tier_settle(r, true);
             return CUDA_SUCCESS;
         };
-        if self.capture_in_progress() {
+        if self.base.capture_in_progress() {
             self.tiers.defer_free(b, *r);
             self.start_worker();
             return CUDA_SUCCESS;

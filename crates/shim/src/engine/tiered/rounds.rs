@@ -29,15 +29,15 @@ struct Staged {
 impl<D: Driver> Engine<D> {
     /// `cuCtxSynchronize` of `ctx` (pushed for the call when it is not current).
     pub(super) fn sync_ctx(&self, ctx: usize) -> CUresult {
-        if self.driver.ctx_get_current() == Ok(ctx) {
-            return self.driver.ctx_synchronize();
+        if self.base.driver.ctx_get_current() == Ok(ctx) {
+            return self.base.driver.ctx_synchronize();
         }
-        let rc = self.driver.ctx_push_current(ctx);
+        let rc = self.base.driver.ctx_push_current(ctx);
         if rc != CUDA_SUCCESS {
             return rc;
         }
-        let out = self.driver.ctx_synchronize();
-        let _ = self.driver.ctx_pop_current();
+        let out = self.base.driver.ctx_synchronize();
+        let _ = self.base.driver.ctx_pop_current();
         out
     }
 
@@ -64,7 +64,7 @@ impl<D: Driver> Engine<D> {
         let _no_capture_begins = self.cache.ordering_shared();
         // Captures the hooks saw; one begun unseen shows on the legacy
         // stream of its context, which `move_staged` asks with it current.
-        if self.capturing() {
+        if self.base.capturing() {
             return;
         }
         self.deferred_frees();
@@ -107,10 +107,10 @@ impl<D: Driver> Engine<D> {
         devices.dedup();
         for dev in devices {
             let device = CUdevice::from(dev);
-            let Some(slot) = self.slot(device) else {
+            let Some(slot) = self.base.slot(device) else {
                 continue;
             };
-            let Some(limit) = self.cap_in_force(slot, device) else {
+            let Some(limit) = self.base.cap_in_force(slot, device) else {
                 continue;
             };
             let soft = slot.soft.load(Ordering::Relaxed);
@@ -147,10 +147,10 @@ impl<D: Driver> Engine<D> {
         let Some(b) = b.claim() else {
             return Err(false);
         };
-        let Some(stream) = self.tiers.mover(&self.driver, b.ctx) else {
+        let Some(stream) = self.tiers.mover(&self.base.driver, b.ctx) else {
             return Err(true);
         };
-        if !to_host && self.reserve_on(slot, device, b.bytes, limit).is_err() {
+        if !to_host && self.base.reserve_on(slot, device, b.bytes, limit).is_err() {
             return Err(true);
         }
         if to_host && !self.spill.take(&self.base, b.bytes) {
@@ -160,14 +160,14 @@ impl<D: Driver> Engine<D> {
             if to_host {
                 self.spill.give_back(b.bytes);
             } else {
-                self.release_on(slot, device, b.bytes);
+                self.base.release_on(slot, device, b.bytes);
             }
         };
-        let Ok(scratch) = self.driver.vmm_reserve(b.bytes) else {
+        let Ok(scratch) = self.base.driver.vmm_reserve(b.bytes) else {
             undo(&b);
             return Err(true);
         };
-        match make_mapped(&self.driver, scratch, b.bytes, to_host, device) {
+        match make_mapped(&self.base.driver, scratch, b.bytes, to_host, device) {
             Ok(handle) => Ok(Staged {
                 block: b,
                 to_host,
@@ -176,7 +176,7 @@ impl<D: Driver> Engine<D> {
                 stream,
             }),
             Err(_) => {
-                let _ = self.driver.vmm_free_address(scratch, b.bytes);
+                let _ = self.base.driver.vmm_free_address(scratch, b.bytes);
                 undo(&b);
                 Err(true)
             }
@@ -185,13 +185,13 @@ impl<D: Driver> Engine<D> {
 
     /// Undoes a staged move that did not happen.
     fn unstage(&self, slot: &DeviceSlot, device: CUdevice, m: Staged) {
-        let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
-        let _ = self.driver.vmm_release(m.handle);
-        let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
+        let _ = self.base.driver.vmm_unmap(m.scratch, m.block.bytes);
+        let _ = self.base.driver.vmm_release(m.handle);
+        let _ = self.base.driver.vmm_free_address(m.scratch, m.block.bytes);
         if m.to_host {
             self.spill.give_back(m.block.bytes);
         } else {
-            self.release_on(slot, device, m.block.bytes);
+            self.base.release_on(slot, device, m.block.bytes);
         }
     }
 
@@ -264,14 +264,14 @@ impl<D: Driver> Engine<D> {
         ctxs.dedup();
         let mut quiet = true;
         for &c in &ctxs {
-            if self.driver.ctx_push_current(c) != CUDA_SUCCESS {
+            if self.base.driver.ctx_push_current(c) != CUDA_SUCCESS {
                 quiet = false;
                 continue;
             }
-            if self.capture_in_progress() {
+            if self.base.capture_in_progress() {
                 quiet = false;
             }
-            let _ = self.driver.ctx_pop_current();
+            let _ = self.base.driver.ctx_pop_current();
         }
         if quiet && !self.quiesce(&ctxs, round) {
             quiet = false;
@@ -287,9 +287,13 @@ impl<D: Driver> Engine<D> {
         let mut failed = Vec::new();
         for m in staged {
             let b = &m.block;
-            let copied = self.driver.copy_dtod(m.scratch, b.ptr, b.bytes, m.stream) == CUDA_SUCCESS
-                && self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS;
-            if !copied || self.driver.vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS {
+            let copied = self
+                .base
+                .driver
+                .copy_dtod(m.scratch, b.ptr, b.bytes, m.stream)
+                == CUDA_SUCCESS
+                && self.base.driver.stream_synchronize(m.stream) == CUDA_SUCCESS;
+            if !copied || self.base.driver.vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS {
                 failed.push(m);
                 continue;
             }
@@ -316,14 +320,14 @@ impl<D: Driver> Engine<D> {
         for m in done {
             let b = &m.block;
             let old = b.handle.swap(m.handle, Ordering::SeqCst);
-            let _ = self.driver.vmm_unmap(m.scratch, b.bytes);
-            let _ = self.driver.vmm_free_address(m.scratch, b.bytes);
-            let _ = self.driver.vmm_release(old);
+            let _ = self.base.driver.vmm_unmap(m.scratch, b.bytes);
+            let _ = self.base.driver.vmm_free_address(m.scratch, b.bytes);
+            let _ = self.base.driver.vmm_release(old);
             b.moved.store(round, Ordering::Relaxed);
             DeviceSlot::add(&slot.moved_bytes, b.bytes);
             if m.to_host {
                 b.state.store(ON_HOST, Ordering::SeqCst);
-                self.release_on(slot, device, b.bytes);
+                self.base.release_on(slot, device, b.bytes);
                 DeviceSlot::add(&slot.spilled, b.bytes);
                 DeviceSlot::add(&slot.demotions, 1);
             } else {
@@ -339,14 +343,14 @@ impl<D: Driver> Engine<D> {
     /// Maps `handle` at a moving block's address for its device, with the
     /// access the program granted to it when it is the program's.
     pub(super) fn map_block(&self, b: &TierBlock, handle: u64, device: CUdevice) -> CUresult {
-        let rc = self.driver.vmm_map(b.ptr, b.bytes, handle, device);
+        let rc = self.base.driver.vmm_map(b.ptr, b.bytes, handle, device);
         if rc != CUDA_SUCCESS || b.program_handle == 0 {
             return rc;
         }
         let access = b.access.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let rc = self.driver.vmm_set_access(b.ptr, b.bytes, &access);
+        let rc = self.base.driver.vmm_set_access(b.ptr, b.bytes, &access);
         if rc != CUDA_SUCCESS {
-            let _ = self.driver.vmm_unmap(b.ptr, b.bytes);
+            let _ = self.base.driver.vmm_unmap(b.ptr, b.bytes);
         }
         rc
     }
@@ -360,7 +364,7 @@ impl<D: Driver> Engine<D> {
     /// the GPU does), and moves pause for 10 s, for good after three.
     pub(super) fn quiesce(&'static self, ctxs: &[usize], round: u64) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
-        let driver = &self.driver;
+        let driver = &self.base.driver;
         let list = ctxs.to_vec();
         let quiescing = &self.tiers.quiescing;
         quiescing.fetch_add(1, Ordering::SeqCst);
