@@ -12,6 +12,7 @@ pub mod abi;
 mod dlsym;
 mod driver;
 mod entry;
+mod graph_walk;
 pub mod hooks;
 mod macros;
 pub mod real;

@@ -26,48 +26,88 @@
 //!   `arrays`, `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps
 //!   changed while the program runs).
 //!
-//! # Concurrency
-//! - Budgets, counters, the capture count and every lazily made pointer are
-//!   atomics. A reservation is a compare-and-swap under the cap.
-//! - Locks: the record maps' shard locks (`records`), one mutex per device
-//!   cache (`cache`), the spill's deferred-free list (`spill`), the book of
-//!   pools and the graph-reserve mutex (`ledger`, `held`), and `OnceLock`s
-//!   of values made once. Each is held for a map or list operation only,
-//!   never across `dlopen` or `dlsym`, and never two at once (the list of
-//!   exports asks the VMM records whether a handle is live under its
-//!   mutex: one shard lookup, and no code takes the list holding a
-//!   record): there is no lock order, except under tiered spill (`tier`:
-//!   rounds against context teardown, then the cache's ordering lock, then
-//!   its gate, which a round holds across the driver calls of a move). Only the book of pools and the graph-reserve mutex are
-//!   held across driver calls, the attribute reads whose figures they
-//!   apply, which call nothing the shim hooks and never wait on the GPU. The page
-//!   and the group membership are made by one thread while others yield
-//!   (`page`, `group`); an allocation that needs the context's first figure
-//!   while another thread measures it sleeps until it is there (`held`); a
-//!   cap change waits (yielding) for the allocations in flight under the
-//!   old cap to finish their driver calls (`live`), which never wait on it.
-//! - What allocates: making the engine (first hook), the page and the group
-//!   membership (first use of a device), the check that the limit's device
-//!   keys name GPUs (first use of any device, only when it names devices),
-//!   record inserts, keeping a cached block and a context's first ticket,
-//!   the lists an eviction, a context teardown or an unmap releases,
-//!   deferring and reaping spilled frees, NVML's UUID text, a pool's first
-//!   entry in the book, the list of pools a refresh walks, a graph's node
-//!   list when it is sized. Logging never allocates. ARCHITECTURE.md has the whole list.
-//! - `fork`: the boundary's child handler closes the inherited page and
-//!   group descriptors ([`Engine::forget_after_fork`]) and drops the engine
-//!   from use without touching its maps or locks (a parent thread may have
-//!   held one at the fork); the child's first hook makes a fresh engine,
-//!   with a page and membership of its own. Settings are kept.
-//! - Killed at any instruction: the page and group files hold only atomics
-//!   and are published complete (temporary file, then rename or link); a
-//!   dead process's liveness locks go with it, and a dead group member's
-//!   bytes with its slot (`vramcap_core::group`).
-//! - Waiting: nothing waits on another process. At exit, leaving the group
-//!   waits for this process's own group calls in flight (a few atomics
-//!   each); a group reservation that other members' reservations in flight
-//!   are in the way of yields and retries for at most
-//!   `group::CONTENDED_FOR`.
+//! # Concurrency (written here once; ARCHITECTURE.md and the modules point here)
+//! - **Atomics:** budgets, counters, the capture count, every lazily made
+//!   pointer (driver handle, function slots, the page, the engine), a
+//!   tiered block's spots, place and claim. A reservation is a
+//!   compare-and-swap under the cap.
+//! - **Locks, and what each guards.** Each is held for one map or list
+//!   operation, never across `dlopen` or `dlsym`, and never across a driver
+//!   call unless said here.
+//!   - `accounting/records.rs`: each registry's shard locks (live
+//!     allocations, VMM objects, arrays, mappings, graphs): one entry.
+//!   - `cache.rs`: one mutex per device (its blocks, tickets and contexts'
+//!     events), and the ordering lock (reuse takes it shared; a capture's
+//!     beginning and the non-blocking flag's first setting exclusively).
+//!   - `spill.rs`: the deferred-free list.
+//!   - `accounting/ledger.rs`, `accounting/held.rs`: the book of pools and
+//!     the graph-reserve mutex, the only locks held across a driver call:
+//!     the attribute reads whose figures they apply, which call nothing the
+//!     shim hooks and never wait on the GPU.
+//!   - `accounting/exports.rs`: the list of exports; under it the VMM
+//!     registry is asked whether a handle is live (one shard lookup), and
+//!     no code takes the list while it holds a registry entry.
+//!   - Tiered spill only (`tiered/`): the block map, the parameter layouts
+//!     and the executable graphs' uses (`RwLock`s, one lookup pass or one
+//!     insert), the mover streams and deferred frees, the program's
+//!     `cuMemCreate` handles (`tiered/handles.rs`, never with another
+//!     lock), a block's granted access; `Tiers::running` (a round holds it
+//!     shared throughout, the program's context destroy and primary-context
+//!     release or reset exclusively around the driver's call); and the gate
+//!     (`tiered/gate.rs`, an `RwLock<()>`: the launch, copy and memset
+//!     hooks hold it shared across their driver call, a round's move
+//!     exclusively across the synchronisation, copy and remap; the round
+//!     takes it with `try_write` for at most `STOP_WAIT`, 50 ms, and gives
+//!     up the round otherwise, so a program thread blocked in a gated call
+//!     cannot deadlock with it).
+//!   - `OnceLock`s and `Once`s of values made once (settings, the driver's
+//!     path, the spill limit, the group's limit, the cache's clock, the
+//!     exit handler).
+//! - **The lock order**, the only nestings: `Tiers::running`, then the
+//!   cache's ordering lock, then the gate or a device cache's mutex
+//!   (briefly); the list of exports, then a VMM registry shard; the
+//!   settings' initialiser setting the driver's path, once, before any hook
+//!   runs. Hooks take only the gate. Nothing else is held with another lock.
+//! - **Waits:** nothing waits on another process. The page and the group
+//!   membership are made by one thread while others yield (`page`,
+//!   `group`); an allocation that needs the context's first figure while
+//!   another thread measures it sleeps 200 µs at a time until it is there
+//!   (`accounting/context.rs`); a cap change yields until the allocations
+//!   in flight under the old cap end their driver calls
+//!   (`handlers/live.rs`), which never wait on it; a context's destroy
+//!   waits (at most 10 s, once) for a round's synchronising threads; a free
+//!   of a tiered block waits (yielding) for a move's claim to end. At exit,
+//!   leaving the group waits for this process's own group calls in flight;
+//!   a group reservation that other members' reservations are in the way
+//!   of yields and retries for at most `group::CONTENDED_FOR`.
+//! - **What allocates:** making the engine (the first hook; dashmap reads
+//!   the CPU count then), the page and the group membership (a device's
+//!   first use), the check of the limit's device keys (the first use of any
+//!   device, only when the limit names devices), record inserts, keeping a
+//!   cached block and a context's first ticket, the lists of blocks an
+//!   eviction or a context teardown releases, the mappings an unmap drops,
+//!   deferring and reaping spilled frees, NVML's UUID text and its look-up
+//!   of `CUDA_VISIBLE_DEVICES`, a pool's first entry in the book, the list
+//!   of pools a refresh walks, a graph's node list when it is sized; under
+//!   tiered spill, a block's insert and access descriptors, a function's
+//!   layout, an executable graph's uses (at its instantiation, never at its
+//!   launch), a round's snapshot, lists and plan, a context's first mover
+//!   stream, a program handle's cell and entry. A plain allocation or free
+//!   that the cache does not touch allocates only its record. Logging
+//!   formats into a stack buffer and makes one `write(2)`.
+//! - **`fork`:** the boundary's child handler closes the inherited page and
+//!   group descriptors and the descriptors kept of the parent's exports
+//!   ([`Engine::forget_after_fork`]), unmaps the parent's page, and drops
+//!   the engine from use without touching its maps or locks (a parent
+//!   thread may have held one at the fork); the child's first hook makes a
+//!   fresh engine, with a page, membership and caches of its own. Settings
+//!   are kept.
+//! - **Killed at any instruction:** the page and group files hold only
+//!   atomics and are published complete (a temporary file, locked by its
+//!   writer, then `rename` or `link`; readers remove the temporary files of
+//!   dead writers); a dead process's liveness locks go with it, and a dead
+//!   group member's bytes with its slot (`crates/core/src/group/mod.rs` has
+//!   the proof sketch). Tiered spill's state does not outlive the process.
 
 pub mod driver;
 

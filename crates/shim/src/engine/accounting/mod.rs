@@ -16,6 +16,7 @@
 //!   `page`, `group`, `exports`.
 
 pub(super) mod base;
+pub(super) mod context;
 pub(super) mod exports;
 pub(super) mod group;
 pub(super) mod held;

@@ -7,6 +7,7 @@
 //! `tiered`.
 
 pub(super) mod alloc;
+pub(super) mod allocate;
 pub(super) mod arrays;
 pub(super) mod graphs;
 pub(super) mod lifecycle;
