@@ -9,7 +9,7 @@ use vramcap_core::page::DeviceSlot;
 use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::Driver;
-use crate::engine::tiered::{TierBlock, location};
+use crate::engine::tiered::{Place, TierBlock, location};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
@@ -55,7 +55,7 @@ impl<D: Driver> Engine<D> {
         let dev16 = device as u16;
         let _inflight = self.inflight.enter();
         let on_device = match self.tier_place(what, device, size) {
-            Ok(on) => on,
+            Ok(place) => place == Place::Device,
             Err(rc) => return Some(rc),
         };
         let ptr = match self.base.driver.vmm_reserve(size) {
@@ -104,7 +104,8 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Where a new tiered allocation of `size` goes: reserved under the
-    /// cap (true), or taken from the spill limit for host memory (false).
+    /// cap (`Place::Device`), or taken from the spill limit for host memory
+    /// (`Place::Host`).
     /// Above the soft limit new blocks start on the host, as a round would
     /// put them there (the round's target is the soft limit).
     pub(in crate::engine) fn tier_place(
@@ -112,7 +113,7 @@ impl<D: Driver> Engine<D> {
         what: &'static str,
         device: CUdevice,
         size: u64,
-    ) -> Result<bool, CUresult> {
+    ) -> Result<Place, CUresult> {
         let soft = self.base.slot(device).map_or(0, |s| {
             let soft = s.soft.load(Ordering::Relaxed);
             if soft > 0 && s.budget.used().saturating_add(size) > soft {
@@ -131,12 +132,12 @@ impl<D: Driver> Engine<D> {
             self.try_reserve_evicting(device, size)
         };
         let why = match reserved {
-            Ok(_) => return Ok(true),
+            Ok(_) => return Ok(Place::Device),
             Err(None) => return Err(CUDA_ERROR_OUT_OF_MEMORY),
             Err(Some(why)) => why,
         };
         if self.spill.take(&self.base, size) {
-            return Ok(false);
+            return Ok(Place::Host);
         }
         log_once!(
             Warn,

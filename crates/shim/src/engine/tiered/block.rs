@@ -4,6 +4,27 @@
 #[allow(unused_imports)]
 use super::*;
 
+/// Where a tiered block's memory is (kept in the block as a `u8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Place {
+    /// The device's memory, reserved under the cap.
+    Device = 0,
+    /// Pinned host memory the GPU reads over the link, counted as spilled.
+    Host = 1,
+}
+
+impl Place {
+    /// `Device` when `on_device`, else `Host`.
+    pub fn of(on_device: bool) -> Place {
+        if on_device {
+            Place::Device
+        } else {
+            Place::Host
+        }
+    }
+}
+
 /// One tiered allocation.
 pub struct TierBlock {
     pub ptr: u64,
@@ -13,7 +34,8 @@ pub struct TierBlock {
     pub ctx: usize,
     /// The physical allocation mapped at `ptr` now.
     pub(in crate::engine) handle: AtomicU64,
-    pub(in crate::engine) state: AtomicU8,
+    /// Its [`Place`]; changes only in a round, while the block is claimed.
+    place: AtomicU8,
     pub(super) moving: AtomicBool,
     pub(super) freed: AtomicBool,
     /// The program's handle when the block is memory the program made
@@ -47,7 +69,19 @@ pub struct TierBlock {
 
 impl TierBlock {
     pub fn on_device(&self) -> bool {
-        self.state.load(Ordering::SeqCst) == ON_DEVICE
+        self.place() == Place::Device
+    }
+    /// Where the block's memory is now.
+    pub fn place(&self) -> Place {
+        if self.place.load(Ordering::SeqCst) == Place::Device as u8 {
+            Place::Device
+        } else {
+            Place::Host
+        }
+    }
+    /// Records where a move put the block's memory.
+    pub(in crate::engine) fn set_place(&self, place: Place) {
+        self.place.store(place as u8, Ordering::SeqCst);
     }
     /// The physical allocation mapped at the block now.
     pub fn handle(&self) -> u64 {
@@ -166,7 +200,7 @@ impl TierBlock {
         device: u16,
         ctx: usize,
         handle: u64,
-        state: u8,
+        place: Place,
         round: u64,
     ) -> Self {
         TierBlock {
@@ -175,7 +209,7 @@ impl TierBlock {
             device,
             ctx,
             handle: AtomicU64::new(handle),
-            state: AtomicU8::new(state),
+            place: AtomicU8::new(place as u8),
             moving: AtomicBool::new(false),
             freed: AtomicBool::new(false),
             program_handle: 0,

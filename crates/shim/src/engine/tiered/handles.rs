@@ -79,7 +79,7 @@ use std::sync::{Arc, Mutex};
 use crate::engine::Engine;
 use crate::engine::accounting::exports::{keep, same_file};
 use crate::engine::driver::Driver;
-use crate::engine::tiered::{TierBlock, location};
+use crate::engine::tiered::{Place, TierBlock, location};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
@@ -159,7 +159,7 @@ impl<D: Driver> Engine<D> {
         }
         let _inflight = self.inflight.enter();
         let on_device = match self.tier_place("cuMemCreate", device, size) {
-            Ok(on) => on,
+            Ok(place) => place == Place::Device,
             Err(rc) => return Some(rc),
         };
         let real_handle = if on_device {

@@ -70,9 +70,6 @@ use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::log_once;
 
-pub(in crate::engine) const ON_DEVICE: u8 = 0;
-pub(in crate::engine) const ON_HOST: u8 = 1;
-
 /// A host block displaces device blocks only when its score per byte is
 /// this many times theirs. At 2 a weight-holding block (read by matrix
 /// products) could stay on the host beside optimizer state it was not

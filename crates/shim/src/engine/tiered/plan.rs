@@ -232,15 +232,7 @@ mod tests {
     use super::*;
 
     fn block(ptr: u64, bytes: u64, on_device: bool, score: f64, moved: u64) -> Arc<TierBlock> {
-        let b = TierBlock::new(
-            ptr,
-            bytes,
-            0,
-            1,
-            0,
-            if on_device { ON_DEVICE } else { ON_HOST },
-            moved,
-        );
+        let b = TierBlock::new(ptr, bytes, 0, 1, 0, Place::of(on_device), moved);
         b.score.store(score.to_bits(), Ordering::Relaxed);
         Arc::new(b)
     }
@@ -253,7 +245,7 @@ mod tests {
     fn a_use_reaches_across_the_pages_a_program_mapped_end_to_end() {
         const MIB: u64 = 1 << 20;
         let mk = |ptr: u64, program: u64| {
-            let mut b = TierBlock::new(ptr, 4 * MIB, 0, 1, 0, ON_DEVICE, 0);
+            let mut b = TierBlock::new(ptr, 4 * MIB, 0, 1, 0, Place::Device, 0);
             b.program_handle = program;
             Arc::new(b)
         };

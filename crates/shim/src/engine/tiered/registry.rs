@@ -51,7 +51,7 @@ impl Tiers {
             device,
             ctx,
             handle,
-            if on_device { ON_DEVICE } else { ON_HOST },
+            Place::of(on_device),
             self.round.load(Ordering::Relaxed),
         )
     }

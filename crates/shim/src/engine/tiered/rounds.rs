@@ -12,7 +12,7 @@ use super::alloc::make_mapped;
 use crate::engine::Engine;
 use crate::engine::driver::Driver;
 use crate::engine::tiered::{
-    Claim, ON_DEVICE, ON_HOST, PROMOTE_MARGIN, Plan, STOP_WAIT, TierBlock, plan, score_round,
+    Claim, PROMOTE_MARGIN, Place, Plan, STOP_WAIT, TierBlock, plan, score_round,
 };
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -326,12 +326,12 @@ impl<D: Driver> Engine<D> {
             b.moved.store(round, Ordering::Relaxed);
             DeviceSlot::add(&slot.moved_bytes, b.bytes);
             if m.to_host {
-                b.state.store(ON_HOST, Ordering::SeqCst);
+                b.set_place(Place::Host);
                 self.base.release_on(slot, device, b.bytes);
                 DeviceSlot::add(&slot.spilled, b.bytes);
                 DeviceSlot::add(&slot.demotions, 1);
             } else {
-                b.state.store(ON_DEVICE, Ordering::SeqCst);
+                b.set_place(Place::Device);
                 self.spill.give_back(b.bytes);
                 slot.spilled.fetch_sub(b.bytes, Ordering::Relaxed);
                 DeviceSlot::add(&slot.promotions, 1);
