@@ -200,20 +200,20 @@ impl<D: Driver> Engine<D> {
             return Some(l);
         }
         let l = self.base.compute_limit(device, s);
-        if self.base.group.configured() {
+        if self.base.group().configured() {
             // Reclaims dead members, even when this device could not be
             // attached to the group (its allocations are refused then).
             self.start_worker();
         }
         let l = l?;
-        let total = self.base.driver.device_total_mem(device).unwrap_or(0);
+        let total = self.base.driver().device_total_mem(device).unwrap_or(0);
         s.total.store(total, Ordering::Relaxed);
         s.budget.set_limit(l);
         s.mark_active();
         let base = if l == NO_CAP { total } else { l };
         self.cache
-            .set_bound(device as u16, self.base.settings.cache.resolve(base));
-        if self.base.settings.counting == Counting::Held {
+            .set_bound(device as u16, self.base.settings().cache.resolve(base));
+        if self.base.settings().counting == Counting::Held {
             // The background thread keeps the context's figure current.
             self.base.context_measure(device);
         }
@@ -231,7 +231,7 @@ impl<D: Driver> Engine<D> {
 
     /// Starts the background thread if it is not running.
     fn start_worker(&'static self) {
-        self.base.worker.ensure(move || self.background_round());
+        self.base.worker().ensure(move || self.background_round());
     }
 
     /// One round of the background thread.
@@ -240,7 +240,7 @@ impl<D: Driver> Engine<D> {
             // Frees from this thread could invalidate the capture: wait.
             return;
         }
-        let page = self.base.page.get(self.base.settings);
+        let page = self.base.page().get(self.base.settings());
         let asked = page.header.trim_requests.load(Ordering::Acquire);
         if asked != page.header.trim_acks.load(Ordering::Acquire) {
             let bytes = self.cache.trim_all(&self.base);
@@ -255,17 +255,17 @@ impl<D: Driver> Engine<D> {
         self.apply_limit_requests();
         self.follow_group_caps();
         self.cache
-            .release_idle(&self.base, self.base.settings.cache_idle);
+            .release_idle(&self.base, self.base.settings().cache_idle);
         self.spill.reap(&self.base);
         self.tier_round();
         self.base.held_round();
-        self.base.group.tick();
+        self.base.group().tick();
     }
 
     /// At normal exit: leave the group and remove the statistics page.
     pub fn at_exit(&self) {
-        self.base.group.leave();
-        self.base.page.remove_at_exit();
+        self.base.group().leave();
+        self.base.page().remove_at_exit();
     }
 
     /// In a child after fork, before anything else runs: close the
@@ -274,8 +274,8 @@ impl<D: Driver> Engine<D> {
     /// would hold the parent's memory allocated for the child's life). The
     /// engine is not used again.
     pub fn forget_after_fork(&self) {
-        self.base.page.forget_after_fork();
-        self.base.group.forget_after_fork();
+        self.base.page().forget_after_fork();
+        self.base.group().forget_after_fork();
         self.handles.close_kept_after_fork();
         self.exports.close_kept_after_fork();
     }

@@ -42,7 +42,7 @@ impl<D: Driver> Engine<D> {
         ctx: usize,
         device: CUdevice,
     ) -> Option<CUresult> {
-        if self.base.settings.spill == vramcap_core::settings::Spill::Off
+        if self.base.settings().spill == vramcap_core::settings::Spill::Off
             || matches!(request, Request::Pitch { .. })
         {
             return None;

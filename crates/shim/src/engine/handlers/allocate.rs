@@ -96,7 +96,7 @@ impl<D: Driver> Engine<D> {
             log_once!(
                 Info,
                 "device {device}: above the soft limit of {soft} bytes (VRAMCAP_SOFT_LIMIT): the cache gives back what passes it{}",
-                if self.base.settings.spill == vramcap_core::settings::Spill::Off {
+                if self.base.settings().spill == vramcap_core::settings::Spill::Off {
                     ""
                 } else {
                     ", and allocations past it spill"
@@ -265,7 +265,7 @@ impl<D: Driver> Engine<D> {
         let ptr = unsafe { *dptr };
         let bytes = actual();
         if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {
-            let _ = self.base.driver.mem_free(ptr);
+            let _ = self.base.driver().mem_free(ptr);
             return rc;
         }
         DeviceSlot::add(&slot.allocs, 1);

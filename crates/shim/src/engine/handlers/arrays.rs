@@ -75,13 +75,13 @@ impl<D: Driver> Engine<D> {
         let h = unsafe { *handle } as usize;
         let bytes = self
             .base
-            .driver
+            .driver()
             .array_size(h, device, mipmapped)
             .ok()
             .filter(|&b| b > 0)
             .unwrap_or(estimate);
         if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {
-            let _ = self.base.driver.array_destroy(h, mipmapped);
+            let _ = self.base.driver().array_destroy(h, mipmapped);
             return rc;
         }
         DeviceSlot::add(&slot.allocs, 1);

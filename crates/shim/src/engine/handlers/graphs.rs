@@ -54,7 +54,7 @@ impl<D: Driver> Engine<D> {
         }
         let spare = self
             .base
-            .driver
+            .driver()
             .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
             .map_or(0, |used| reserved.saturating_sub(used));
         need.saturating_sub(spare)
@@ -79,7 +79,7 @@ impl<D: Driver> Engine<D> {
         match self.try_reserve_evicting(device, expect) {
             Ok((slot, _)) => return Ok(Some(slot)),
             Err(_) if !self.base.capture_in_progress() => {
-                let _ = self.base.driver.graph_mem_trim(device);
+                let _ = self.base.driver().graph_mem_trim(device);
                 self.base.graphs_refresh(device);
             }
             Err(_) => {}
@@ -145,7 +145,7 @@ impl<D: Driver> Engine<D> {
     ) -> CUresult {
         // Tiered spill moves no block while a graph is being launched.
         let _open = self.tiers.enter();
-        if self.base.settings.counting != Counting::Held || exec.is_null() {
+        if self.base.settings().counting != Counting::Held || exec.is_null() {
             return real();
         }
         let Some((_, device)) = self.stream_target(stream as usize, flavour) else {
@@ -192,7 +192,7 @@ impl<D: Driver> Engine<D> {
 
     /// Notes the allocation nodes' bytes of the graph `exec` was made from.
     fn graph_sized(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
-        if rc != CUDA_SUCCESS || self.base.settings.counting != Counting::Held {
+        if rc != CUDA_SUCCESS || self.base.settings().counting != Counting::Held {
             return;
         }
         // SAFETY: on success the driver wrote the handle.
@@ -202,7 +202,7 @@ impl<D: Driver> Engine<D> {
         self.graph_growth.remove(&exec);
         match self
             .base
-            .driver
+            .driver()
             .graph_alloc_bytes(graph as usize, GRAPH_NODE_ROUND)
         {
             Some(b) if b > 0 => {
@@ -261,7 +261,7 @@ impl<D: Driver> Engine<D> {
             .filter(|p| p.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD != 0)
             .map(|p| p.upload_stream);
         let target = match upload {
-            Some(stream) if self.base.settings.counting == Counting::Held => {
+            Some(stream) if self.base.settings().counting == Counting::Held => {
                 self.stream_target(stream as usize, flavour)
             }
             _ => None,
@@ -281,12 +281,12 @@ impl<D: Driver> Engine<D> {
         };
         let need = self
             .base
-            .driver
+            .driver()
             .graph_alloc_bytes(graph as usize, GRAPH_NODE_ROUND)
             .unwrap_or(0);
         let spare = self
             .base
-            .driver
+            .driver()
             .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
             .map_or(0, |used| before.saturating_sub(used));
         let expect = need
@@ -352,7 +352,7 @@ impl<D: Driver> Engine<D> {
     fn graph_updated(&self, rc: CUresult, exec: CUgraphExec, graph: CUgraph) {
         if rc == CUDA_SUCCESS && self.tiers.on() && !exec.is_null() {
             self.tiers
-                .graph_instantiated(&self.base.driver, exec as u64, graph as usize);
+                .graph_instantiated(self.base.driver(), exec as u64, graph as usize);
         }
     }
 

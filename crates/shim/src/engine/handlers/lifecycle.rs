@@ -13,11 +13,6 @@ use crate::engine::driver::{Driver, Flavour};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
-/// How long a context's destroy waits for synchronisations a placement
-/// round left running (`Engine::no_round`): longer than the longest wait
-/// of a round (8 s).
-const QUIESCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
 impl<D: Driver> Engine<D> {
     /// Drops the records of every allocation of a context the driver
     /// destroyed and gives their bytes back. Stream-ordered allocations
@@ -79,7 +74,7 @@ impl<D: Driver> Engine<D> {
             return real();
         }
         self.cache.drain_ctx(&self.base, ctx as usize);
-        let no_round = self.no_round();
+        let no_round = self.tiers.no_round();
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.forget_ctx(ctx as usize);
@@ -89,54 +84,18 @@ impl<D: Driver> Engine<D> {
         rc
     }
 
-    /// Under tiered spill, `Tiers::running` held exclusively: no placement
-    /// round runs while it is held (a round holds it shared throughout),
-    /// so none is pushing, synchronising or copying on a context the
-    /// program is destroying; and no thread a round left synchronising
-    /// contexts (it gave up waiting for the GPU) is still in the driver.
-    /// Such a thread ends when the GPU's work does, which the driver's
-    /// destroy waits for too; after [`QUIESCE_WAIT`] the destroy goes ahead
-    /// anyway, with a line in the log, rather than hang on work that waits
-    /// for something the program will not do, and later ones no longer
-    /// wait for such threads.
-    fn no_round(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
-        if !self.tiers.on() {
-            return None;
-        }
-        let only = self
-            .tiers
-            .running
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        let start = std::time::Instant::now();
-        while self.tiers.quiescing.load(Ordering::SeqCst) > 0
-            && !self.tiers.quiesce_abandoned.load(Ordering::SeqCst)
-        {
-            if start.elapsed() > QUIESCE_WAIT {
-                self.tiers.quiesce_abandoned.store(true, Ordering::SeqCst);
-                log_once!(
-                    Warn,
-                    "tiered spill: a context is destroyed while a synchronisation a move started has not returned after {QUIESCE_WAIT:?}; going ahead"
-                );
-                break;
-            }
-            std::thread::yield_now();
-        }
-        Some(only)
-    }
-
     /// The handle of `dev`'s primary context when it is active.
     fn active_primary(&self, dev: CUdevice) -> Option<usize> {
-        if !self.base.driver.primary_ctx_state(dev).ok()?.1 {
+        if !self.base.driver().primary_ctx_state(dev).ok()?.1 {
             return None;
         }
-        let ctx = self.base.driver.primary_ctx_retain(dev).ok()?;
-        let _ = self.base.driver.primary_ctx_release(dev);
+        let ctx = self.base.driver().primary_ctx_retain(dev).ok()?;
+        let _ = self.base.driver().primary_ctx_release(dev);
         Some(ctx)
     }
 
     fn still_active(&self, dev: CUdevice) -> bool {
-        !matches!(self.base.driver.primary_ctx_state(dev), Ok((_, false)))
+        !matches!(self.base.driver().primary_ctx_state(dev), Ok((_, false)))
     }
 
     /// `cuDevicePrimaryCtxRelease_v2` and `cuDevicePrimaryCtxReset_v2`,
@@ -152,7 +111,7 @@ impl<D: Driver> Engine<D> {
         if let Some(ctx) = primary {
             self.cache.drain_ctx(&self.base, ctx);
         }
-        let no_round = self.no_round();
+        let no_round = self.tiers.no_round();
         let rc = real();
         if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
             && !self.still_active(dev)
@@ -268,7 +227,7 @@ impl<D: Driver> Engine<D> {
             return;
         }
         let _only = self.cache.ordering_exclusive();
-        if !self.base.nonblocking_streams.swap(true, Ordering::SeqCst) {
+        if !self.base.note_nonblocking_stream() {
             self.cache.wait_for_orderings(&self.base);
             log_at!(
                 Info,
@@ -286,7 +245,7 @@ impl<D: Driver> Engine<D> {
         let _no_ordering = self.cache.ordering_exclusive();
         let rc = real();
         if rc == CUDA_SUCCESS {
-            self.base.captures.fetch_add(1, Ordering::SeqCst);
+            self.base.capture_began();
         }
         rc
     }
@@ -339,19 +298,14 @@ impl<D: Driver> Engine<D> {
         let rc = real();
         let over = match self
             .base
-            .driver
+            .driver()
             .stream_is_capturing(stream as usize, flavour)
         {
             Ok(status) => status == 0,
             Err(_) => rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
         };
         if over {
-            let _ = self
-                .base
-                .captures
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                    (n > 0).then(|| n - 1)
-                });
+            self.base.capture_ended();
         }
         rc
     }

@@ -90,7 +90,7 @@ impl<D: Driver> Engine<D> {
         let total = s.total.load(Ordering::Relaxed);
         let base = if new == NO_CAP { total } else { new };
         self.cache
-            .set_bound(device as u16, self.base.settings.cache.resolve(base));
+            .set_bound(device as u16, self.base.settings().cache.resolve(base));
         let used = s.budget.used();
         if used > new {
             self.cache.evict(&self.base, device as u16, used - new);
@@ -120,7 +120,7 @@ impl<D: Driver> Engine<D> {
         match read_operator_limit(std::path::Path::new(OPERATOR_LIMIT_PATH)) {
             Ok(Some(spec)) => {
                 self.base
-                    .cap_from(&spec, device, self.base.driver.device_uuid(device))
+                    .cap_from(&spec, device, self.base.driver().device_uuid(device))
             }
             Ok(None) | Err(_) => {
                 log_once!(
@@ -135,7 +135,7 @@ impl<D: Driver> Engine<D> {
     /// The background thread's part: applies what `vramcap limit` asked
     /// for, then acknowledges (it asks only for devices in use).
     pub(in crate::engine) fn apply_limit_requests(&self) {
-        let page = self.base.page.get(self.base.settings);
+        let page = self.base.page().get(self.base.settings());
         let asked = page.header.limit_requests.load(Ordering::Acquire);
         if asked == page.header.limit_acks.load(Ordering::Acquire) {
             return;
@@ -157,12 +157,12 @@ impl<D: Driver> Engine<D> {
     /// GPU (its own, made stricter by the group's new one). The group's
     /// budget itself follows at once: every reservation reads its limit.
     pub(in crate::engine) fn follow_group_caps(&self) {
-        if !self.base.group.configured() {
+        if !self.base.group().configured() {
             return;
         }
-        for (i, cap) in self.base.group_caps.iter().enumerate() {
+        for (i, cap) in self.base.group_caps().iter().enumerate() {
             let device = i as CUdevice;
-            let Some(now) = self.base.group.limit_now(device) else {
+            let Some(now) = self.base.group().limit_now(device) else {
                 continue;
             };
             if cap.swap(now, Ordering::AcqRel) != now {
@@ -183,7 +183,7 @@ impl<D: Driver> Engine<D> {
             return EINVAL;
         }
         let devices: Vec<CUdevice> = if device == -1 {
-            let page = self.base.page.get(self.base.settings);
+            let page = self.base.page().get(self.base.settings());
             (0..MAX_DEVICES)
                 .filter(|&i| page.slots[i].budget.limit().is_some())
                 .map(|i| i as CUdevice)
@@ -222,7 +222,7 @@ impl<D: Driver> Engine<D> {
 impl<D: Driver> Engine<D> {
     /// Whether `device` is one the process sees.
     pub fn device_exists(&self, device: c_int) -> bool {
-        device >= 0 && self.base.driver.device_count().is_ok_and(|n| device < n)
+        device >= 0 && self.base.driver().device_count().is_ok_and(|n| device < n)
     }
 
     /// `vramcap_empty_cache`: every cached block back to the driver; the

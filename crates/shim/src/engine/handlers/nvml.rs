@@ -28,8 +28,8 @@ impl<D: Driver> Engine<D> {
     /// these, or `None` to leave them as NVML said (no cap for this
     /// process, or a GPU it does not see).
     fn nvml_capped(&self, device: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64)> {
-        let uuid = self.base.driver.nvml_device_uuid(device as usize)?;
-        let page = self.base.page.get(self.base.settings);
+        let uuid = self.base.driver().nvml_device_uuid(device as usize)?;
+        let page = self.base.page().get(self.base.settings());
         for (i, s) in page.slots.iter().enumerate() {
             if s.flags.load(Ordering::Relaxed) == 0 {
                 continue;
@@ -43,12 +43,12 @@ impl<D: Driver> Engine<D> {
         // process's own limit (a group is joined on first CUDA use only).
         // The stricter of VRAMCAP_LIMIT, NVIDIA_GPU_MEMORY_LIMIT and the
         // operator's cap, as `compute_limit` will make it.
-        let settings = self.base.settings;
+        let settings = self.base.settings();
         let specs = std::iter::once(&settings.limit).chain(settings.operator.as_ref());
         if settings.nvidia_limit.is_none() && specs.clone().all(|s| s.is_unlimited()) {
             return None;
         }
-        let index = self.base.driver.nvml_device_index(device as usize)?;
+        let index = self.base.driver().nvml_device_index(device as usize)?;
         let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         let ordinal = cuda_ordinal(index, &uuid, cvd.as_deref())?;
         let mut cap = settings.nvidia_limit.unwrap_or(NO_CAP);

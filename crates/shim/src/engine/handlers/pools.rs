@@ -41,7 +41,7 @@ impl<D: Driver> Engine<D> {
         if self.base.capturing()
             && self
                 .base
-                .driver
+                .driver()
                 .stream_is_capturing(stream, flavour)
                 .is_ok_and(|status| status != 0)
         {
@@ -49,7 +49,7 @@ impl<D: Driver> Engine<D> {
         }
         let dev = self
             .base
-            .driver
+            .driver()
             .stream_get_device(stream, flavour)
             .unwrap_or(cur_dev);
         Some((ctx, dev))
@@ -111,8 +111,8 @@ impl<D: Driver> Engine<D> {
         let target = self.stream_target(stream as usize, flavour);
         let bytes = size as u64;
         let through_pool = match target {
-            Some((_, dev)) if self.base.settings.counting == Counting::Held => {
-                pool.or_else(|| self.base.driver.device_mem_pool(dev).ok())
+            Some((_, dev)) if self.base.settings().counting == Counting::Held => {
+                pool.or_else(|| self.base.driver().device_mem_pool(dev).ok())
             }
             _ => None,
         };
@@ -121,7 +121,7 @@ impl<D: Driver> Engine<D> {
                 // A pool of host memory holds nothing on any GPU.
                 return real();
             }
-            let device = self.base.held.pool_device(pool).unwrap_or(dev as u16);
+            let device = self.base.held().pool_device(pool).unwrap_or(dev as u16);
             if self.limit_of(CUdevice::from(device)).is_none() {
                 return CUDA_ERROR_OUT_OF_MEMORY;
             }
@@ -278,16 +278,16 @@ impl<D: Driver> Engine<D> {
         }
         // SAFETY: on success both were valid for the driver (null checked).
         let (p, props) = unsafe { (pool.as_ref(), props.as_ref()) };
-        if self.base.settings.counting != Counting::Held {
+        if self.base.settings().counting != Counting::Held {
             return rc;
         }
         if let (Some(p), Some(props)) = (p, props) {
             match u16::try_from(props.location.id) {
                 Ok(dev) if props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE => {
-                    self.base.held.created(*p as usize, dev, false)
+                    self.base.held().created(*p as usize, dev, false)
                 }
                 // Host (and host NUMA) pools hold no GPU memory.
-                _ => self.base.held.created(*p as usize, 0, true),
+                _ => self.base.held().created(*p as usize, 0, true),
             }
         }
         rc
@@ -300,12 +300,12 @@ impl<D: Driver> Engine<D> {
         mut real: impl FnMut() -> CUresult,
         pool: CUmemoryPool,
     ) -> CUresult {
-        if self.base.settings.counting != Counting::Held {
+        if self.base.settings().counting != Counting::Held {
             return real();
         }
         let reserved = self
             .base
-            .driver
+            .driver()
             .mem_pool_attribute(pool as usize, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
             .ok();
         let rc = real();

@@ -55,13 +55,13 @@ impl<D: Driver> Engine<D> {
         let (slot, _) = match self.reserve("cuMemCreate", device, size as u64) {
             Ok(x) => x,
             Err(rc) => {
-                if self.base.settings.spill != vramcap_core::settings::Spill::Off
+                if self.base.settings().spill != vramcap_core::settings::Spill::Off
                     && !self.tiers.on()
                 {
                     log_once!(
                         Warn,
                         "cuMemCreate: VMM memory is not spilled by VRAMCAP_SPILL={} (it takes cudaMalloc memory only), so past the cap it is refused; VRAMCAP_SPILL=tiered spills it (PyTorch allocates this way with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
-                        self.base.settings.spill.name()
+                        self.base.settings().spill.name()
                     );
                 }
                 return rc;

@@ -55,7 +55,7 @@ fn rounds(e: &'static Engine<Fake>, n: usize) {
 
 fn device_resident(e: &'static Engine<Fake>) -> u64 {
     e.base
-        .driver
+        .driver()
         .vmm
         .lock()
         .unwrap()
@@ -93,7 +93,7 @@ fn within_the_cap_blocks_are_device_memory_past_it_host_memory() {
     // Smaller than the granularity: the ordinary path (the driver's cuMemAlloc).
     let d = alloc(e, MIB).unwrap();
     assert_eq!(
-        (used(e), e.base.driver.sizes.lock().unwrap().len()),
+        (used(e), e.base.driver().sizes.lock().unwrap().len()),
         (37 * MIB, 1)
     );
     for p in [a, b, c] {
@@ -101,8 +101,8 @@ fn within_the_cap_blocks_are_device_memory_past_it_host_memory() {
     }
     assert_eq!(free(e, d), CUDA_SUCCESS);
     assert_eq!(placed(e), (0, 0, 0));
-    assert!(e.base.driver.vmm.lock().unwrap().is_empty());
-    assert!(e.base.driver.maps.lock().unwrap().is_empty());
+    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
+    assert!(e.base.driver().maps.lock().unwrap().is_empty());
     // A second free of a tiered address is the driver's answer for an unknown one.
     assert_ne!(free(e, a), CUDA_SUCCESS);
 }
@@ -115,8 +115,8 @@ fn launches_count_uses_of_the_blocks_their_words_point_into() {
         launch(e, &[a, a + 8 * MIB - 1, a + 8 * MIB, 7]),
         CUDA_SUCCESS
     );
-    assert_eq!(e.tiers.hits.load(Ordering::Relaxed), 2);
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 1);
+    assert_eq!(e.tiers.hits(), 2);
+    assert_eq!(e.tiers.launches(), 1);
 }
 
 #[test]
@@ -159,7 +159,7 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     // Function N has N 8-byte parameters; 7 is a matrix product. Two
     // nodes name `a` at its start (one entry, weight 2), a product names
     // it 1 MiB in; words outside every block (0, 7) are left out.
-    e.base.driver.graphs.lock().unwrap().insert(
+    e.base.driver().graphs.lock().unwrap().insert(
         0x50,
         vec![
             (2, vec![a, b]),
@@ -176,8 +176,8 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     assert_eq!(e.tiers.heat_of(a), Some(3 * (2 + 32)));
     assert_eq!(e.tiers.heat_of(b), Some(3));
     // Each launch: three kernels for the scores' clock, three entries hit.
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 9);
-    assert_eq!(e.tiers.hits.load(Ordering::Relaxed), 9);
+    assert_eq!(e.tiers.launches(), 9);
+    assert_eq!(e.tiers.hits(), 9);
     // An upload runs no kernel.
     assert_eq!(
         e.graph_upload(Flavour::Legacy, || CUDA_SUCCESS, exec, std::ptr::null_mut()),
@@ -188,7 +188,7 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     assert_eq!(e.graph_exec_destroy(|| CUDA_SUCCESS, exec), CUDA_SUCCESS);
     assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
     assert_eq!(e.tiers.heat_of(b), Some(3));
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 9);
+    assert_eq!(e.tiers.launches(), 9);
 }
 
 #[test]
@@ -196,18 +196,18 @@ fn a_failed_destroy_keeps_the_graphs_uses_and_no_block_means_no_walk() {
     let e = tiered("64MiB");
     // Before any tiered block the graph is not walked.
     e.base
-        .driver
+        .driver()
         .graphs
         .lock()
         .unwrap()
         .insert(0x80, vec![(1, vec![0])]);
     let early = instantiate(e, 0x80, 0x8000);
-    assert_eq!(e.base.driver.graph_walks.load(Ordering::SeqCst), 0);
+    assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
     assert_eq!(graph_launch(e, early), CUDA_SUCCESS);
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
+    assert_eq!(e.tiers.launches(), 0);
     let a = alloc(e, 8 * MIB).unwrap();
     e.base
-        .driver
+        .driver()
         .graphs
         .lock()
         .unwrap()
@@ -230,7 +230,7 @@ fn an_updated_graph_counts_its_new_uses_and_a_changed_node_none() {
     let a = alloc(e, 8 * MIB).unwrap();
     let b = alloc(e, 8 * MIB).unwrap();
     {
-        let mut g = e.base.driver.graphs.lock().unwrap();
+        let mut g = e.base.driver().graphs.lock().unwrap();
         g.insert(0x90, vec![(1, vec![a])]);
         g.insert(0x91, vec![(1, vec![b])]);
     }
@@ -287,7 +287,7 @@ fn a_block_used_only_by_a_graph_is_promoted() {
     let c = alloc(e, 32 * MIB).unwrap(); // past the cap: on the host
     assert_eq!((used(e), spilled(e)), (48 * MIB, 32 * MIB));
     e.base
-        .driver
+        .driver()
         .graphs
         .lock()
         .unwrap()
@@ -307,16 +307,16 @@ fn without_tiered_spill_graphs_are_not_walked() {
     let e = engine(&[("VRAMCAP_LIMIT", "64MiB"), ("VRAMCAP_CACHE", "off")]);
     let a = alloc(e, 8 * MIB).unwrap();
     e.base
-        .driver
+        .driver()
         .graphs
         .lock()
         .unwrap()
         .insert(0x70, vec![(1, vec![a])]);
     let exec = instantiate(e, 0x70, 0x7000);
     assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
-    assert_eq!(e.base.driver.graph_walks.load(Ordering::SeqCst), 0);
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
-    assert_eq!(e.tiers.hits.load(Ordering::Relaxed), 0);
+    assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
+    assert_eq!(e.tiers.launches(), 0);
+    assert_eq!(e.tiers.hits(), 0);
 }
 
 #[test]
@@ -332,21 +332,21 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     }
     // Fresh blocks stay put for MIN_ROUNDS rounds.
     rounds(e, MIN_ROUNDS as usize - 1);
-    assert_eq!(e.base.driver.copies.load(Ordering::SeqCst), 0);
+    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
     rounds(e, 1);
     // b and a were demoted (coldest first, until c fits), then c promoted.
     let s = e.slot(0).unwrap();
     assert_eq!(moves(e), (2, 1));
     assert_eq!(s.moved_bytes.load(Ordering::Relaxed), 80 * MIB);
     assert_eq!(placed(e), (32 * MIB, 48 * MIB, 32 * MIB));
-    assert_eq!(e.base.driver.copies.load(Ordering::SeqCst), 3);
+    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 3);
     // The device never held more than the cap, even while moving.
-    assert!(e.base.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
+    assert!(e.base.driver().peak.load(Ordering::SeqCst) <= 64 * MIB);
     // Addresses never change: every block is still mapped where it was.
-    let maps = e.base.driver.maps.lock().unwrap().clone();
+    let maps = e.base.driver().maps.lock().unwrap().clone();
     for p in [a, b, c] {
         let h = maps[&p];
-        assert!(e.base.driver.vmm.lock().unwrap().contains_key(&h));
+        assert!(e.base.driver().vmm.lock().unwrap().contains_key(&h));
     }
     assert_eq!(maps.len(), 3, "no scratch mapping is left behind");
     // Frees settle by where the block is now.
@@ -393,10 +393,10 @@ fn nothing_moves_while_a_capture_runs() {
     for _ in 0..50 {
         launch(e, &[c]);
     }
-    e.base.captures.fetch_add(1, Ordering::SeqCst);
+    e.base.capture_began();
     rounds(e, 10);
-    assert_eq!(e.base.driver.copies.load(Ordering::SeqCst), 0);
-    e.base.captures.fetch_sub(1, Ordering::SeqCst);
+    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
+    e.base.capture_ended();
     // Rounds skipped during the capture did not count towards MIN_ROUNDS.
     rounds(e, MIN_ROUNDS as usize - 1);
     assert_eq!(e.slot(0).unwrap().promotions.load(Ordering::Relaxed), 0);
@@ -426,7 +426,7 @@ fn a_stream_ordered_free_of_a_tiered_block_waits_for_its_stream() {
     // The fake's events complete at once: the next reap frees it.
     e.spill.reap(&e.base);
     assert_eq!((used(e), device_resident(e)), (0, 0));
-    assert!(e.base.driver.maps.lock().unwrap().is_empty());
+    assert!(e.base.driver().maps.lock().unwrap().is_empty());
 }
 
 #[test]
@@ -434,42 +434,45 @@ fn without_tiered_spill_launches_are_not_decoded() {
     let e = engine(&[("VRAMCAP_LIMIT", "64MiB")]);
     let a = alloc(e, 8 * MIB).unwrap();
     assert_eq!(launch(e, &[a]), CUDA_SUCCESS);
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
+    assert_eq!(e.tiers.launches(), 0);
 }
 
 #[test]
 fn a_free_waits_for_the_gpu_as_the_drivers_does() {
     let e = tiered("64MiB");
     let a = alloc(e, 8 * MIB).unwrap();
-    let before = e.base.driver.syncs.load(Ordering::SeqCst);
+    let before = e.base.driver().syncs.load(Ordering::SeqCst);
     assert_eq!(free(e, a), CUDA_SUCCESS);
-    assert_eq!(e.base.driver.syncs.load(Ordering::SeqCst), before + 1);
-    assert!(e.base.driver.maps.lock().unwrap().is_empty());
+    assert_eq!(e.base.driver().syncs.load(Ordering::SeqCst), before + 1);
+    assert!(e.base.driver().maps.lock().unwrap().is_empty());
 }
 
 #[test]
 fn a_free_during_a_capture_is_left_to_the_next_round() {
     let e = tiered("64MiB");
     let a = alloc(e, 8 * MIB).unwrap();
-    e.base.captures.fetch_add(1, Ordering::SeqCst);
-    let before = e.base.driver.syncs.load(Ordering::SeqCst);
+    e.base.capture_began();
+    let before = e.base.driver().syncs.load(Ordering::SeqCst);
     assert_eq!(free(e, a), CUDA_SUCCESS);
     // No synchronisation, nothing released yet; the bytes still count.
-    assert_eq!(e.base.driver.syncs.load(Ordering::SeqCst), before);
+    assert_eq!(e.base.driver().syncs.load(Ordering::SeqCst), before);
     assert_eq!(
-        (e.base.driver.maps.lock().unwrap().len(), used(e)),
+        (e.base.driver().maps.lock().unwrap().len(), used(e)),
         (1, 8 * MIB)
     );
     rounds(e, 1);
     assert_eq!(
-        e.base.driver.maps.lock().unwrap().len(),
+        e.base.driver().maps.lock().unwrap().len(),
         1,
         "not during the capture"
     );
-    e.base.captures.fetch_sub(1, Ordering::SeqCst);
+    e.base.capture_ended();
     rounds(e, 1);
-    assert_eq!((e.base.driver.maps.lock().unwrap().len(), used(e)), (0, 0));
-    assert!(e.base.driver.vmm.lock().unwrap().is_empty());
+    assert_eq!(
+        (e.base.driver().maps.lock().unwrap().len(), used(e)),
+        (0, 0)
+    );
+    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
 }
 
 #[test]
@@ -482,8 +485,8 @@ fn a_context_that_goes_away_takes_its_blocks_memory_with_it() {
         CUDA_SUCCESS
     );
     // VMM memory outlives its context: the shim released it.
-    assert!(e.base.driver.maps.lock().unwrap().is_empty());
-    assert!(e.base.driver.vmm.lock().unwrap().is_empty());
+    assert!(e.base.driver().maps.lock().unwrap().is_empty());
+    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
     assert_eq!((used(e), spilled(e)), (0, 0));
 }
 
@@ -500,7 +503,7 @@ fn above_the_soft_limit_new_blocks_start_on_the_host() {
     assert_eq!((used(e), spilled(e)), (24 * MIB, 16 * MIB));
     // A round finds nothing to correct.
     rounds(e, MIN_ROUNDS as usize + 1);
-    assert_eq!(e.base.driver.copies.load(Ordering::SeqCst), 0);
+    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
 }
 
 #[test]

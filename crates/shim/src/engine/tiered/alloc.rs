@@ -47,7 +47,7 @@ impl<D: Driver> Engine<D> {
         ctx: usize,
         device: CUdevice,
     ) -> Option<CUresult> {
-        let g = self.tiers.granularity(&self.base.driver, device)?;
+        let g = self.tiers.granularity(self.base.driver(), device)?;
         if bytes < g {
             return None;
         }
@@ -58,17 +58,17 @@ impl<D: Driver> Engine<D> {
             Ok(place) => place == Place::Device,
             Err(rc) => return Some(rc),
         };
-        let ptr = match self.base.driver.vmm_reserve(size) {
+        let ptr = match self.base.driver().vmm_reserve(size) {
             Ok(p) => p,
             Err(rc) => {
                 self.tier_unplace(device, size, on_device);
                 return Some(rc);
             }
         };
-        let handle = match make_mapped(&self.base.driver, ptr, size, !on_device, device) {
+        let handle = match make_mapped(self.base.driver(), ptr, size, !on_device, device) {
             Ok(h) => h,
             Err(rc) => {
-                let _ = self.base.driver.vmm_free_address(ptr, size);
+                let _ = self.base.driver().vmm_free_address(ptr, size);
                 self.tier_unplace(device, size, on_device);
                 return Some(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
                     CUDA_ERROR_OUT_OF_MEMORY
@@ -225,10 +225,10 @@ impl<D: Driver> Engine<D> {
 
     /// Unmaps a detached block and releases its memory and address.
     pub(super) fn release_vmm(&self, b: &TierBlock) -> CUresult {
-        let rc = self.base.driver.vmm_unmap(b.ptr, b.bytes);
+        let rc = self.base.driver().vmm_unmap(b.ptr, b.bytes);
         if rc == CUDA_SUCCESS {
-            let _ = self.base.driver.vmm_release(b.handle());
-            let _ = self.base.driver.vmm_free_address(b.ptr, b.bytes);
+            let _ = self.base.driver().vmm_release(b.handle());
+            let _ = self.base.driver().vmm_free_address(b.ptr, b.bytes);
         }
         rc
     }

@@ -5,6 +5,11 @@
 #[allow(unused_imports)]
 use super::*;
 
+/// How long a context's destroy waits for synchronisations a placement
+/// round left running (`Tiers::no_round`): longer than the longest wait
+/// of a round (8 s).
+const QUIESCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Tiers {
     /// Passes the gate: held for a gated driver call.
     pub fn enter(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
@@ -25,5 +30,37 @@ impl Tiers {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Under tiered spill, `Tiers::running` held exclusively: no placement
+    /// round runs while it is held (a round holds it shared throughout),
+    /// so none is pushing, synchronising or copying on a context the
+    /// program is destroying; and no thread a round left synchronising
+    /// contexts (it gave up waiting for the GPU) is still in the driver.
+    /// Such a thread ends when the GPU's work does, which the driver's
+    /// destroy waits for too; after [`QUIESCE_WAIT`] the destroy goes ahead
+    /// anyway, with a line in the log, rather than hang on work that waits
+    /// for something the program will not do, and later ones no longer
+    /// wait for such threads.
+    pub(in crate::engine) fn no_round(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
+        if !self.on() {
+            return None;
+        }
+        let only = self.running.write().unwrap_or_else(|e| e.into_inner());
+        let start = std::time::Instant::now();
+        while self.quiescing.load(Ordering::SeqCst) > 0
+            && !self.quiesce_abandoned.load(Ordering::SeqCst)
+        {
+            if start.elapsed() > QUIESCE_WAIT {
+                self.quiesce_abandoned.store(true, Ordering::SeqCst);
+                log_once!(
+                    Warn,
+                    "tiered spill: a context is destroyed while a synchronisation a move started has not returned after {QUIESCE_WAIT:?}; going ahead"
+                );
+                break;
+            }
+            std::thread::yield_now();
+        }
+        Some(only)
     }
 }

@@ -153,7 +153,7 @@ impl<D: Driver> Engine<D> {
         size: u64,
         device: CUdevice,
     ) -> Option<CUresult> {
-        let g = self.tiers.granularity(&self.base.driver, device)?;
+        let g = self.tiers.granularity(self.base.driver(), device)?;
         if !size.is_multiple_of(g) {
             return Some(CUDA_ERROR_INVALID_VALUE); // as the driver answers
         }
@@ -171,7 +171,7 @@ impl<D: Driver> Engine<D> {
             // SAFETY: the driver succeeded and wrote the handle.
             unsafe { *handle }
         } else {
-            match self.base.driver.vmm_create(size, location(true, device)) {
+            match self.base.driver().vmm_create(size, location(true, device)) {
                 Ok(h) => h,
                 Err(_) => {
                     self.tier_unplace(device, size, false);
@@ -261,7 +261,7 @@ impl<D: Driver> Engine<D> {
             x.maps += 1;
             (whole, x.device, x.bytes)
         };
-        let ctx = match self.base.driver.ctx_get_current() {
+        let ctx = match self.base.driver().ctx_get_current() {
             Ok(c) if whole && c != 0 => Some(c),
             _ => None,
         };
@@ -269,7 +269,9 @@ impl<D: Driver> Engine<D> {
         let rc = self
             .with_physical(h, ctx.is_none(), |real, on_device| {
                 mapped = (real, on_device);
-                self.base.driver.vmm_map_as(ptr, size, offset, real, flags)
+                self.base
+                    .driver()
+                    .vmm_map_as(ptr, size, offset, real, flags)
             })
             .unwrap_or(CUDA_ERROR_INVALID_VALUE);
         if rc != CUDA_SUCCESS {
@@ -384,7 +386,7 @@ impl<D: Driver> Engine<D> {
 
     /// A handle released and unmapped everywhere: its memory and bytes go.
     fn handle_gone(&self, x: &Handle) {
-        let _ = self.base.driver.vmm_release(x.real);
+        let _ = self.base.driver().vmm_release(x.real);
         self.tier_settle_bytes(x.device, x.bytes, x.on_device);
     }
 
@@ -427,7 +429,7 @@ impl<D: Driver> Engine<D> {
     ) -> Option<CUresult> {
         let rc = self.with_physical(h, true, |real, _| {
             // SAFETY: the caller's contract.
-            unsafe { self.base.driver.vmm_export(shareable, real, kind, flags) }
+            unsafe { self.base.driver().vmm_export(shareable, real, kind, flags) }
         })?;
         if rc != CUDA_SUCCESS {
             log_once!(
@@ -474,7 +476,7 @@ impl<D: Driver> Engine<D> {
         };
         // SAFETY: the caller's contract; the driver wrote its handle there.
         let fresh = unsafe { std::mem::replace(&mut *handle, original) };
-        let _ = self.base.driver.vmm_release(fresh);
+        let _ = self.base.driver().vmm_release(fresh);
         log_at!(
             Debug,
             "cuMemImportFromShareableHandle: descriptor {fd} is this process's export of handle {original:#x}, which it answers"
@@ -501,7 +503,7 @@ impl<D: Driver> Engine<D> {
         let rc = self
             .with_physical(h, false, |physical, _| {
                 // SAFETY: the caller's contract.
-                unsafe { self.base.driver.vmm_properties(prop, physical) }
+                unsafe { self.base.driver().vmm_properties(prop, physical) }
             })
             .unwrap_or(CUDA_ERROR_INVALID_VALUE);
         if rc == CUDA_SUCCESS && !prop.is_null() {

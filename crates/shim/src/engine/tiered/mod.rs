@@ -134,29 +134,29 @@ pub struct Tiers {
     gate: RwLock<()>,
     /// Each device's VMM granularity, 0 until asked (`u64::MAX`: none).
     granularity: [AtomicU64; vramcap_core::MAX_DEVICES],
-    pub(in crate::engine) round: AtomicU64,
+    round: AtomicU64,
     /// `launches` when scores were last decayed.
-    pub(in crate::engine) scored: AtomicU64,
+    scored: AtomicU64,
     /// Frees made during a capture, left to the next round.
     deferred: Mutex<Vec<(Arc<TierBlock>, crate::engine::accounting::records::Record)>>,
     /// Rounds that gave up waiting for the GPU, and the round moves resume.
     stalls: AtomicU64,
     /// Threads a round started to synchronise contexts that may still be
     /// in the driver (one outlives a round that gave up waiting for it).
-    pub(in crate::engine) quiescing: AtomicU32,
+    quiescing: AtomicU32,
     /// Held shared by a placement round throughout, exclusively by the
     /// program's context destroy and primary-context release or reset
     /// (`lifecycle.rs`), so that no round uses a context being destroyed.
     /// Nothing else takes it: a program thread that a destroy waits for
     /// (through the GPU's work) never waits on it.
-    pub(in crate::engine) running: RwLock<()>,
+    running: RwLock<()>,
     /// A destroy gave up waiting for `quiescing` once: such a thread may
     /// never return, and later ones do not wait for it again.
-    pub(in crate::engine) quiesce_abandoned: AtomicBool,
+    quiesce_abandoned: AtomicBool,
     resume: AtomicU64,
     /// Launches seen (a graph's launch counts each of its kernels), and
     /// words in them that named a tiered block (a graph's merged words
     /// count once each launch).
-    pub launches: AtomicU64,
-    pub hits: AtomicU64,
+    launches: AtomicU64,
+    hits: AtomicU64,
 }

@@ -6,6 +6,16 @@
 use super::*;
 
 impl Tiers {
+    /// Launches seen (a graph's launch counts each of its kernels).
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Words in launches that named a tiered block.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
     pub fn new(on: bool) -> Tiers {
         Tiers {
             on,

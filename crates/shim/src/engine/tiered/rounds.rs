@@ -29,15 +29,15 @@ struct Staged {
 impl<D: Driver> Engine<D> {
     /// `cuCtxSynchronize` of `ctx` (pushed for the call when it is not current).
     pub(super) fn sync_ctx(&self, ctx: usize) -> CUresult {
-        if self.base.driver.ctx_get_current() == Ok(ctx) {
-            return self.base.driver.ctx_synchronize();
+        if self.base.driver().ctx_get_current() == Ok(ctx) {
+            return self.base.driver().ctx_synchronize();
         }
-        let rc = self.base.driver.ctx_push_current(ctx);
+        let rc = self.base.driver().ctx_push_current(ctx);
         if rc != CUDA_SUCCESS {
             return rc;
         }
-        let out = self.base.driver.ctx_synchronize();
-        let _ = self.base.driver.ctx_pop_current();
+        let out = self.base.driver().ctx_synchronize();
+        let _ = self.base.driver().ctx_pop_current();
         out
     }
 
@@ -76,7 +76,7 @@ impl<D: Driver> Engine<D> {
             return;
         }
         let round = self.tiers.round.fetch_add(1, Ordering::Relaxed) + 1;
-        let launches = self.tiers.launches.load(Ordering::Relaxed);
+        let launches = self.tiers.launches();
         let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
         score_round(&blocks, round, since);
         if round.is_multiple_of(50) && crate::log::enabled(LogLevel::Debug) {
@@ -85,8 +85,8 @@ impl<D: Driver> Engine<D> {
                 Debug,
                 "tiered spill: round {round}: {} blocks, {on} on the device; {} launches seen (a graph's kernels each), {} uses",
                 blocks.len(),
-                self.tiers.launches.load(Ordering::Relaxed),
-                self.tiers.hits.load(Ordering::Relaxed)
+                self.tiers.launches(),
+                self.tiers.hits()
             );
             // The table placement decisions are made from, one line a block.
             for b in &blocks {
@@ -147,7 +147,7 @@ impl<D: Driver> Engine<D> {
         let Some(b) = b.claim() else {
             return Err(false);
         };
-        let Some(stream) = self.tiers.mover(&self.base.driver, b.ctx) else {
+        let Some(stream) = self.tiers.mover(self.base.driver(), b.ctx) else {
             return Err(true);
         };
         if !to_host && self.base.reserve_on(slot, device, b.bytes, limit).is_err() {
@@ -163,11 +163,11 @@ impl<D: Driver> Engine<D> {
                 self.base.release_on(slot, device, b.bytes);
             }
         };
-        let Ok(scratch) = self.base.driver.vmm_reserve(b.bytes) else {
+        let Ok(scratch) = self.base.driver().vmm_reserve(b.bytes) else {
             undo(&b);
             return Err(true);
         };
-        match make_mapped(&self.base.driver, scratch, b.bytes, to_host, device) {
+        match make_mapped(self.base.driver(), scratch, b.bytes, to_host, device) {
             Ok(handle) => Ok(Staged {
                 block: b,
                 to_host,
@@ -176,7 +176,7 @@ impl<D: Driver> Engine<D> {
                 stream,
             }),
             Err(_) => {
-                let _ = self.base.driver.vmm_free_address(scratch, b.bytes);
+                let _ = self.base.driver().vmm_free_address(scratch, b.bytes);
                 undo(&b);
                 Err(true)
             }
@@ -185,9 +185,12 @@ impl<D: Driver> Engine<D> {
 
     /// Undoes a staged move that did not happen.
     fn unstage(&self, slot: &DeviceSlot, device: CUdevice, m: Staged) {
-        let _ = self.base.driver.vmm_unmap(m.scratch, m.block.bytes);
-        let _ = self.base.driver.vmm_release(m.handle);
-        let _ = self.base.driver.vmm_free_address(m.scratch, m.block.bytes);
+        let _ = self.base.driver().vmm_unmap(m.scratch, m.block.bytes);
+        let _ = self.base.driver().vmm_release(m.handle);
+        let _ = self
+            .base
+            .driver()
+            .vmm_free_address(m.scratch, m.block.bytes);
         if m.to_host {
             self.spill.give_back(m.block.bytes);
         } else {
@@ -225,8 +228,8 @@ impl<D: Driver> Engine<D> {
             log_at!(
                 Debug,
                 "tiered spill, device {device}: round {round} promoted {up} and demoted {down} blocks; {} launches seen (a graph's kernels each), {} uses",
-                self.tiers.launches.load(Ordering::Relaxed),
-                self.tiers.hits.load(Ordering::Relaxed)
+                self.tiers.launches(),
+                self.tiers.hits()
             );
         }
     }
@@ -264,14 +267,14 @@ impl<D: Driver> Engine<D> {
         ctxs.dedup();
         let mut quiet = true;
         for &c in &ctxs {
-            if self.base.driver.ctx_push_current(c) != CUDA_SUCCESS {
+            if self.base.driver().ctx_push_current(c) != CUDA_SUCCESS {
                 quiet = false;
                 continue;
             }
             if self.base.capture_in_progress() {
                 quiet = false;
             }
-            let _ = self.base.driver.ctx_pop_current();
+            let _ = self.base.driver().ctx_pop_current();
         }
         if quiet && !self.quiesce(&ctxs, round) {
             quiet = false;
@@ -289,11 +292,11 @@ impl<D: Driver> Engine<D> {
             let b = &m.block;
             let copied = self
                 .base
-                .driver
+                .driver()
                 .copy_dtod(m.scratch, b.ptr, b.bytes, m.stream)
                 == CUDA_SUCCESS
-                && self.base.driver.stream_synchronize(m.stream) == CUDA_SUCCESS;
-            if !copied || self.base.driver.vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS {
+                && self.base.driver().stream_synchronize(m.stream) == CUDA_SUCCESS;
+            if !copied || self.base.driver().vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS {
                 failed.push(m);
                 continue;
             }
@@ -320,9 +323,9 @@ impl<D: Driver> Engine<D> {
         for m in done {
             let b = &m.block;
             let old = b.handle.swap(m.handle, Ordering::SeqCst);
-            let _ = self.base.driver.vmm_unmap(m.scratch, b.bytes);
-            let _ = self.base.driver.vmm_free_address(m.scratch, b.bytes);
-            let _ = self.base.driver.vmm_release(old);
+            let _ = self.base.driver().vmm_unmap(m.scratch, b.bytes);
+            let _ = self.base.driver().vmm_free_address(m.scratch, b.bytes);
+            let _ = self.base.driver().vmm_release(old);
             b.moved.store(round, Ordering::Relaxed);
             DeviceSlot::add(&slot.moved_bytes, b.bytes);
             if m.to_host {
@@ -343,14 +346,14 @@ impl<D: Driver> Engine<D> {
     /// Maps `handle` at a moving block's address for its device, with the
     /// access the program granted to it when it is the program's.
     pub(super) fn map_block(&self, b: &TierBlock, handle: u64, device: CUdevice) -> CUresult {
-        let rc = self.base.driver.vmm_map(b.ptr, b.bytes, handle, device);
+        let rc = self.base.driver().vmm_map(b.ptr, b.bytes, handle, device);
         if rc != CUDA_SUCCESS || b.program_handle == 0 {
             return rc;
         }
         let access = b.access.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let rc = self.base.driver.vmm_set_access(b.ptr, b.bytes, &access);
+        let rc = self.base.driver().vmm_set_access(b.ptr, b.bytes, &access);
         if rc != CUDA_SUCCESS {
-            let _ = self.base.driver.vmm_unmap(b.ptr, b.bytes);
+            let _ = self.base.driver().vmm_unmap(b.ptr, b.bytes);
         }
         rc
     }
@@ -364,7 +367,7 @@ impl<D: Driver> Engine<D> {
     /// the GPU does), and moves pause for 10 s, for good after three.
     pub(super) fn quiesce(&'static self, ctxs: &[usize], round: u64) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
-        let driver = &self.base.driver;
+        let driver = self.base.driver();
         let list = ctxs.to_vec();
         let quiescing = &self.tiers.quiescing;
         quiescing.fetch_add(1, Ordering::SeqCst);
