@@ -15,7 +15,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use super::macros::{c_name, hook_call, hooks, real_fns, tiered_flag};
-use super::resolve;
+use super::{queries, resolve};
 use crate::engine::{Engine, Flavour};
 use crate::ffi::*;
 use crate::lookup::Lookup;
@@ -34,8 +34,8 @@ hooks! {
         fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) -> CUresult, Lookup::cuda("cuMemAllocPitch", 3020), on panic OOM => Engine::mem_alloc_pitch;
         fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult, Lookup::cuda("cuMemAllocManaged", 6000), on panic OOM => Engine::mem_alloc_managed;
         fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuMemFree", 3020), on panic NOT_FOUND => Engine::mem_free;
-        fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult, Lookup::cuda("cuMemGetInfo", 3020), on panic NOT_FOUND => Engine::mem_get_info;
-        fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult, Lookup::cuda("cuDeviceTotalMem", 3020), on panic NOT_FOUND => Engine::device_total_mem;
+        fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult, Lookup::cuda("cuMemGetInfo", 3020), on panic NOT_FOUND => queries::mem_get_info;
+        fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult, Lookup::cuda("cuDeviceTotalMem", 3020), on panic NOT_FOUND => queries::device_total_mem;
 
         fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult, Lookup::cuda("cuCtxDestroy", 4000), on panic NOT_FOUND => Engine::ctx_destroy;
         fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult, Lookup::cuda("cuDevicePrimaryCtxRelease", 11000), on panic NOT_FOUND => Engine::primary_ctx_teardown;
@@ -204,8 +204,8 @@ hooks! {
     }
 
     nvml(nvml, NVML_ERROR_FUNCTION_NOT_FOUND) {
-        fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => Engine::nvml_memory_info;
-        fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => Engine::nvml_memory_info_v2;
+        fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => queries::nvml_memory_info;
+        fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => queries::nvml_memory_info_v2;
     }
 }
 

@@ -15,6 +15,7 @@ mod entry;
 mod graph_walk;
 pub mod hooks;
 mod macros;
+mod queries;
 pub mod real;
 mod resolve;
 

@@ -253,26 +253,15 @@ impl<D: Driver> Engine<D> {
         real()
     }
 
-    /// `cuMemGetInfo_v2`: the caps' picture of the current device
-    /// ([`Base::picture`](crate::engine::accounting::base::Base::picture)).
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_get_info(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        free: *mut usize,
-        total: *mut usize,
-    ) -> CUresult {
-        let rc = real();
-        if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
-            return rc;
-        }
-        let Some((_, device)) = self.base.current() else {
-            return rc;
-        };
+    /// `cuMemGetInfo_v2`'s figures as the cap shows them: the driver's
+    /// `free` and `total` on the current device in, the (free, total) to
+    /// answer out; `None` to leave the driver's (no context, no cap worked
+    /// out). The boundary reads and writes the caller's pointers
+    /// (`boundary/queries.rs`).
+    pub fn mem_info(&'static self, free: u64, total: u64) -> Option<(u64, u64)> {
+        let (_, device) = self.base.current()?;
         let (Some(s), Some(_)) = (self.base.slot(device), self.limit_of(device)) else {
-            return rc;
+            return None;
         };
         // What the pools and graphs hold may have shrunk at a synchronisation.
         self.base.pools_refresh(Some(device as u16));
@@ -280,35 +269,15 @@ impl<D: Driver> Engine<D> {
             self.base.context_check(device, s, 0, limit);
         }
         self.base.graphs_refresh(device);
-        // SAFETY: both pointers are non-null and the driver just wrote them.
-        unsafe {
-            let (t, f) = self.base.picture(s, device, *total as u64, *free as u64);
-            *total = usize::try_from(t).unwrap_or(usize::MAX);
-            *free = usize::try_from(f).unwrap_or(usize::MAX);
-        }
-        rc
+        let (t, f) = self.base.picture(s, device, total, free);
+        Some((f, t))
     }
 
-    /// `cuDeviceTotalMem_v2`: at most the cap.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn device_total_mem(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        bytes: *mut usize,
-        dev: CUdevice,
-    ) -> CUresult {
-        let rc = real();
-        if rc != CUDA_SUCCESS || bytes.is_null() {
-            return rc;
+    /// `cuDeviceTotalMem_v2`'s figure for `dev`: at most the cap.
+    pub fn device_total(&'static self, dev: CUdevice, bytes: u64) -> u64 {
+        match self.limit_of(dev) {
+            Some(limit) if limit != NO_CAP => bytes.min(limit),
+            _ => bytes,
         }
-        if let Some(limit) = self.limit_of(dev)
-            && limit != NO_CAP
-        {
-            // SAFETY: non-null and just written by the driver.
-            unsafe { *bytes = (*bytes).min(usize::try_from(limit).unwrap_or(usize::MAX)) };
-        }
-        rc
     }
 }

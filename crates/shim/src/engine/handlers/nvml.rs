@@ -24,10 +24,12 @@ use crate::engine::driver::Driver;
 use crate::ffi::*;
 
 impl<D: Driver> Engine<D> {
-    /// The caps' (total, free) for an NVML device whose real figures are
-    /// these, or `None` to leave them as NVML said (no cap for this
-    /// process, or a GPU it does not see).
-    fn nvml_capped(&self, device: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64)> {
+    /// `nvmlDeviceGetMemoryInfo*`'s figures: the caps' (total, free) for
+    /// an NVML device whose real figures are these, or `None` to leave them
+    /// as NVML said (no cap for this process, or a GPU it does not see).
+    /// The boundary reads and writes the caller's structure
+    /// (`boundary/queries.rs`).
+    pub fn nvml_capped(&self, device: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64)> {
         let uuid = self.base.driver().nvml_device_uuid(device as usize)?;
         let page = self.base.page().get(self.base.settings());
         for (i, s) in page.slots.iter().enumerate() {
@@ -60,45 +62,5 @@ impl<D: Driver> Engine<D> {
             }
         }
         (cap != NO_CAP).then(|| capped_info(total, free, cap, 0, 0))
-    }
-
-    /// `nvmlDeviceGetMemoryInfo`.
-    ///
-    /// # Safety
-    /// The library function's contract.
-    pub unsafe fn nvml_memory_info(
-        &'static self,
-        mut real: impl FnMut() -> nvmlReturn_t,
-        device: nvmlDevice_t,
-        memory: *mut nvmlMemory_t,
-    ) -> nvmlReturn_t {
-        let rc = real();
-        // SAFETY: null, or written by NVML when it succeeded.
-        if let (NVML_SUCCESS, Some(m)) = (rc, unsafe { memory.as_mut() })
-            && let Some((t, f)) = self.nvml_capped(device, m.total, m.free)
-        {
-            (m.total, m.free, m.used) = (t, f, t - f);
-        }
-        rc
-    }
-
-    /// `nvmlDeviceGetMemoryInfo_v2` (`reserved` reported as 0).
-    ///
-    /// # Safety
-    /// The library function's contract.
-    pub unsafe fn nvml_memory_info_v2(
-        &'static self,
-        mut real: impl FnMut() -> nvmlReturn_t,
-        device: nvmlDevice_t,
-        memory: *mut nvmlMemory_v2_t,
-    ) -> nvmlReturn_t {
-        let rc = real();
-        // SAFETY: null, or written by NVML when it succeeded.
-        if let (NVML_SUCCESS, Some(m)) = (rc, unsafe { memory.as_mut() })
-            && let Some((t, f)) = self.nvml_capped(device, m.total, m.free)
-        {
-            (m.total, m.free, m.reserved, m.used) = (t, f, 0, t - f);
-        }
-        rc
     }
 }

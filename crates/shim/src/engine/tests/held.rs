@@ -48,16 +48,8 @@ fn synchronise(e: &'static Engine<Fake>) {
 }
 
 fn info(e: &'static Engine<Fake>) -> (u64, u64) {
-    let (mut free, mut total) = (0usize, 0usize);
-    let (f, t): (*mut usize, *mut usize) = (&mut free, &mut total);
-    let real = || {
-        // SAFETY: both point at locals alive for this call.
-        unsafe { (*f, *t) = (16 * GIB as usize, 16 * GIB as usize) };
-        CUDA_SUCCESS
-    };
-    // SAFETY: both are writable.
-    assert_eq!(unsafe { e.mem_get_info(real, f, t) }, CUDA_SUCCESS);
-    (free as u64, total as u64)
+    e.mem_info(16 * GIB, 16 * GIB)
+        .unwrap_or((16 * GIB, 16 * GIB))
 }
 
 /// The scenario: a pool that keeps what was freed (threshold

@@ -6,19 +6,8 @@ use super::*;
 /// `cuMemGetInfo_v2` through the engine: (free, total), the fake's device
 /// reporting `real_free` of its 16 GiB.
 fn mem_info(e: &'static Engine<Fake>, real_free: u64) -> (u64, u64) {
-    let (mut free, mut total) = (0usize, 0usize);
-    let (f, t): (*mut usize, *mut usize) = (&mut free, &mut total);
-    let real = || {
-        // SAFETY: both point at locals alive for this call.
-        unsafe {
-            *f = real_free as usize;
-            *t = (16 * GIB) as usize;
-        }
-        CUDA_SUCCESS
-    };
-    // SAFETY: valid out-pointers.
-    assert_eq!(unsafe { e.mem_get_info(real, f, t) }, CUDA_SUCCESS);
-    (free as u64, total as u64)
+    e.mem_info(real_free, 16 * GIB)
+        .unwrap_or((real_free, 16 * GIB))
 }
 
 fn exits(e: &'static Engine<Fake>) -> Vec<c_int> {
@@ -162,16 +151,7 @@ fn a_stricter_group_applies_on_top_and_both_rooms_are_reported() {
     assert_eq!(mem_info(b, 15 * GIB), (0, 512 * MIB));
     assert_eq!(mem_info(a, 15 * GIB), (512 * MIB, GIB));
     // cuDeviceTotalMem reports the stricter cap as well.
-    let mut bytes = 0usize;
-    let out: *mut usize = &mut bytes;
-    let real = || {
-        // SAFETY: `out` points at `bytes`.
-        unsafe { *out = (16 * GIB) as usize };
-        CUDA_SUCCESS
-    };
-    // SAFETY: a valid out-pointer.
-    assert_eq!(unsafe { b.device_total_mem(real, out, 0) }, CUDA_SUCCESS);
-    assert_eq!(bytes as u64, 512 * MIB);
+    assert_eq!(b.device_total(0, 16 * GIB), 512 * MIB);
     assert_eq!(free(b, pb), CUDA_SUCCESS);
     assert_eq!(free(b, pc), CUDA_SUCCESS);
     assert_eq!(
