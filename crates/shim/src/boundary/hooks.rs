@@ -319,6 +319,49 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// The `tiered` flag marks what only tiered spill needs: every launch,
+    /// copy, memset and stream memory operation (they pass its gate), and
+    /// nothing of the allocation, free and query families, which every
+    /// mode counts through.
+    #[test]
+    fn tiered_only_marks_the_gated_families_and_nothing_counted() {
+        let gated = [
+            &b"cuLaunch"[..],
+            b"cuMemcpy",
+            b"cuMemset",
+            b"cuStreamWriteValue",
+            b"cuStreamWaitValue",
+            b"cuStreamBatchMemOp",
+        ];
+        let counted = [
+            &b"cuMemAlloc"[..],
+            b"cuMemFree",
+            b"cuMemGetInfo",
+            b"cuDeviceTotalMem",
+            b"cuMemCreate",
+            b"cuMemRelease",
+            b"cuMemMap",
+            b"cuArray",
+            b"nvml",
+            b"cuGetProcAddress",
+        ];
+        let mut tiered = 0;
+        for h in super::HOOKS {
+            let n = h.name.to_bytes();
+            if gated.iter().any(|p| n.starts_with(p)) {
+                assert!(h.tiered_only, "{:?} passes the gate: tiered-only", h.name);
+            }
+            if counted.iter().any(|p| n.starts_with(p)) {
+                assert!(!h.tiered_only, "{:?} is counted in every mode", h.name);
+            }
+            tiered += usize::from(h.tiered_only);
+        }
+        assert_eq!(
+            tiered, 103,
+            "the tiered-only entries at 913fdaf's prefix list"
+        );
+    }
+
     /// Each name is hooked once, and every CUDA entry can be reached by
     /// `cuGetProcAddress` (NVML's by `dlsym` only).
     #[test]
