@@ -54,22 +54,23 @@ impl<D: Driver> Engine<D> {
         let size = bytes.checked_next_multiple_of(g)?;
         let dev16 = device as u16;
         let _inflight = self.inflight.enter();
-        let on_device = match self.tier_place(what, device, size) {
-            Ok(place) => place == Place::Device,
+        let place = match self.tier_place(what, device, size) {
+            Ok(place) => place,
             Err(rc) => return Some(rc),
         };
         let ptr = match self.base.driver().vmm_reserve(size) {
             Ok(p) => p,
             Err(rc) => {
-                self.tier_unplace(device, size, on_device);
+                self.tier_unplace(device, size, place);
                 return Some(rc);
             }
         };
+        let on_device = place == Place::Device;
         let handle = match make_mapped(self.base.driver(), ptr, size, !on_device, device) {
             Ok(h) => h,
             Err(rc) => {
                 let _ = self.base.driver().vmm_free_address(ptr, size);
-                self.tier_unplace(device, size, on_device);
+                self.tier_unplace(device, size, place);
                 return Some(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
                     CUDA_ERROR_OUT_OF_MEMORY
                 } else {
@@ -79,7 +80,7 @@ impl<D: Driver> Engine<D> {
         };
         // SAFETY: the caller's contract.
         unsafe { *dptr = ptr };
-        self.tier_placed(what, device, size, on_device);
+        self.tier_placed(what, device, size, place);
         // The record first: a stale one at this address (released behind
         // the engine's back) is settled before the new block is tracked.
         self.insert(
@@ -157,13 +158,13 @@ impl<D: Driver> Engine<D> {
         what: &str,
         device: CUdevice,
         size: u64,
-        on_device: bool,
+        place: Place,
     ) {
         let Some(s) = self.base.slot(device) else {
             return;
         };
         DeviceSlot::add(&s.allocs, 1);
-        if !on_device {
+        if place == Place::Host {
             DeviceSlot::add(&s.spilled, size);
             DeviceSlot::add(&s.spill_allocs, 1);
             s.mark_active();
@@ -175,23 +176,26 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Undoes [`Self::tier_place`] for an allocation that was not made.
-    pub(in crate::engine) fn tier_unplace(&self, device: CUdevice, size: u64, on_device: bool) {
-        if !on_device {
-            self.spill.give_back(size);
-        } else if let Some(s) = self.base.slot(device) {
-            self.base.release_on(s, device, size);
+    pub(in crate::engine) fn tier_unplace(&self, device: CUdevice, size: u64, place: Place) {
+        match place {
+            Place::Host => self.spill.give_back(size),
+            Place::Device => {
+                if let Some(s) = self.base.slot(device) {
+                    self.base.release_on(s, device, size);
+                }
+            }
         }
     }
 
     /// Settles the bytes of a tiered block that is gone.
-    pub(in crate::engine) fn tier_settle(&self, r: &Record, on_device: bool) {
-        self.tier_settle_bytes(r.device, r.bytes, on_device);
+    pub(in crate::engine) fn tier_settle(&self, r: &Record, place: Place) {
+        self.tier_settle_bytes(r.device, r.bytes, place);
     }
 
     /// Settles `bytes` of a tiered allocation of `device` that is gone,
     /// from the device's budget or the spill.
-    pub(in crate::engine) fn tier_settle_bytes(&self, device: u16, bytes: u64, on_device: bool) {
-        if on_device {
+    pub(in crate::engine) fn tier_settle_bytes(&self, device: u16, bytes: u64, place: Place) {
+        if place == Place::Device {
             self.base.give_back(device, bytes);
         } else {
             self.spill.give_back(bytes);
@@ -206,8 +210,8 @@ impl<D: Driver> Engine<D> {
     /// its bytes are settled; its driver objects are not touched, since
     /// the address is someone else's now.
     pub(in crate::engine) fn tier_forget(&self, ptr: u64, r: &Record) {
-        let on_device = self.tiers.detach(ptr).is_none_or(|b| b.on_device());
-        self.tier_settle(r, on_device);
+        let place = self.tiers.detach(ptr).map_or(Place::Device, |b| b.place());
+        self.tier_settle(r, place);
     }
 
     /// A tiered block of a context that went away: VMM memory outlives its
@@ -217,9 +221,9 @@ impl<D: Driver> Engine<D> {
         match self.tiers.detach(ptr) {
             Some(b) => {
                 self.release_vmm(&b);
-                self.tier_settle(r, b.on_device());
+                self.tier_settle(r, b.place());
             }
-            None => self.tier_settle(r, true),
+            None => self.tier_settle(r, Place::Device),
         }
     }
 
@@ -243,7 +247,7 @@ impl<D: Driver> Engine<D> {
     /// round (which runs only outside captures).
     pub(in crate::engine) fn tier_free(&'static self, ptr: u64, r: &Record) -> CUresult {
         let Some(b) = self.tiers.detach(ptr) else {
-            self.tier_settle(r, true);
+            self.tier_settle(r, Place::Device);
             return CUDA_SUCCESS;
         };
         if self.base.capture_in_progress() {
@@ -257,7 +261,7 @@ impl<D: Driver> Engine<D> {
             self.tiers.reattach(b);
             return rc;
         }
-        self.tier_settle(r, b.on_device());
+        self.tier_settle(r, b.place());
         CUDA_SUCCESS
     }
 }
