@@ -15,7 +15,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use super::macros::{c_name, hook_call, hooks, real_fns, tiered_flag};
-use super::{queries, resolve};
+use super::{allocs, queries, resolve};
 use crate::engine::{Engine, Flavour};
 use crate::ffi::*;
 use crate::lookup::Lookup;
@@ -30,9 +30,9 @@ hooks! {
         fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> CUresult, Lookup::cuda("cuGetProcAddress", 11030).until(12000), on panic NOT_FOUND => resolve::get_proc_address[HOOKS];
         fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, symbol_status: *mut c_int) -> CUresult, Lookup::cuda("cuGetProcAddress", 12000), on panic NOT_FOUND => resolve::get_proc_address_v2[HOOKS];
 
-        fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult, Lookup::cuda("cuMemAlloc", 3020), on panic OOM => Engine::mem_alloc;
-        fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) -> CUresult, Lookup::cuda("cuMemAllocPitch", 3020), on panic OOM => Engine::mem_alloc_pitch;
-        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult, Lookup::cuda("cuMemAllocManaged", 6000), on panic OOM => Engine::mem_alloc_managed;
+        fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult, Lookup::cuda("cuMemAlloc", 3020), on panic OOM => allocs::mem_alloc;
+        fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) -> CUresult, Lookup::cuda("cuMemAllocPitch", 3020), on panic OOM => allocs::mem_alloc_pitch;
+        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult, Lookup::cuda("cuMemAllocManaged", 6000), on panic OOM => allocs::mem_alloc_managed;
         fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuMemFree", 3020), on panic NOT_FOUND => Engine::mem_free;
         fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult, Lookup::cuda("cuMemGetInfo", 3020), on panic NOT_FOUND => queries::mem_get_info;
         fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult, Lookup::cuda("cuDeviceTotalMem", 3020), on panic NOT_FOUND => queries::device_total_mem;
@@ -54,10 +54,10 @@ hooks! {
         fn cuStreamEndCapture(stream: CUstream, graph: *mut *mut c_void) -> CUresult, Lookup::cuda("cuStreamEndCapture", 10000).legacy_stream(), on panic NOT_FOUND => Engine::end_capture[LEGACY];
         fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut *mut c_void) -> CUresult, Lookup::cuda("cuStreamEndCapture", 10000).per_thread_stream(), on panic NOT_FOUND => Engine::end_capture[PTSZ];
 
-        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).legacy_stream(), on panic OOM => Engine::mem_alloc_async[LEGACY];
-        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).per_thread_stream(), on panic OOM => Engine::mem_alloc_async[PTSZ];
-        fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).legacy_stream(), on panic OOM => Engine::mem_alloc_from_pool_async[LEGACY];
-        fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM => Engine::mem_alloc_from_pool_async[PTSZ];
+        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).legacy_stream(), on panic OOM => allocs::mem_alloc_async[LEGACY];
+        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).per_thread_stream(), on panic OOM => allocs::mem_alloc_async[PTSZ];
+        fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).legacy_stream(), on panic OOM => allocs::mem_alloc_from_pool_async[LEGACY];
+        fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM => allocs::mem_alloc_from_pool_async[PTSZ];
         fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).legacy_stream(), on panic NOT_FOUND => Engine::mem_free_async[LEGACY];
         fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).per_thread_stream(), on panic NOT_FOUND => Engine::mem_free_async[PTSZ];
         fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult, Lookup::cuda("cuMemPoolCreate", 11020), on panic NOT_FOUND => Engine::mem_pool_create;

@@ -9,6 +9,7 @@
 //! call → engine → [`RealDriver`] for any other driver function it needs.
 
 pub mod abi;
+mod allocs;
 mod dlsym;
 mod driver;
 mod entry;

@@ -122,6 +122,7 @@ mod worker;
 mod tests;
 
 pub use self::driver::{Driver, Flavour};
+pub use self::handlers::allocate::Made;
 pub use self::handlers::live::{EINVAL, ENODEV};
 pub use self::worker::reset_after_fork as reset_worker_after_fork;
 

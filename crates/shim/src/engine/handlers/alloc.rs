@@ -12,7 +12,7 @@ use vramcap_core::page::DeviceSlot;
 use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::Driver;
-use crate::engine::handlers::allocate::Request;
+use crate::engine::handlers::allocate::{Made, Request};
 use crate::ffi::*;
 use crate::log::log_once;
 
@@ -30,18 +30,14 @@ impl<D: Driver> Engine<D> {
     /// With spill on, an allocation that would take the process above its
     /// soft limit goes to host memory first; `None` when it does not (no
     /// soft limit, below it, or spill could not place it).
-    ///
-    /// # Safety
-    /// As [`Engine::capped_alloc`]; `dptr` is non-null.
-    pub(in crate::engine) unsafe fn spill_past_soft(
+    pub(in crate::engine) fn spill_past_soft(
         &self,
         what: &'static str,
-        dptr: *mut CUdeviceptr,
         estimate: u64,
         request: Request,
         ctx: usize,
         device: CUdevice,
-    ) -> Option<CUresult> {
+    ) -> Option<Result<Made, CUresult>> {
         if self.base.settings().spill == vramcap_core::settings::Spill::Off
             || matches!(request, Request::Pitch { .. })
         {
@@ -59,106 +55,58 @@ impl<D: Driver> Engine<D> {
         let (ptr, record) = self
             .spill
             .place(&self.base, what, true, device, ctx, estimate, flags)?;
-        // SAFETY: `dptr` is non-null and writable (the caller's contract).
-        unsafe { *dptr = ptr };
         self.insert(ptr, record);
-        Some(CUDA_SUCCESS)
+        Some(Ok(Made::at(ptr)))
     }
 
-    /// `cuMemAlloc_v2`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_alloc(
+    /// `cuMemAlloc_v2` of `bytes`: `real` makes the real call and answers
+    /// the address it made (the boundary reads and writes the caller's
+    /// pointer, `boundary/allocs.rs`).
+    pub fn mem_alloc(
         &'static self,
-        real: impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
-        bytesize: usize,
-    ) -> CUresult {
+        real: impl FnMut() -> Result<Made, CUresult>,
+        bytes: u64,
+    ) -> Result<Made, CUresult> {
         let target = self.base.current();
-        let bytes = bytesize as u64;
-        // SAFETY: the driver function's contract.
-        unsafe {
-            self.capped_alloc(
-                "cuMemAlloc",
-                dptr,
-                bytes,
-                Request::Plain,
-                target,
-                real,
-                || bytes,
-            )
-        }
+        self.capped_alloc("cuMemAlloc", bytes, Request::Plain, target, real, |_| bytes)
     }
 
     /// `cuMemAllocPitch_v2`: reserved at [`pitch_estimate`], settled to the
     /// real `pitch × height`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_alloc_pitch(
+    pub fn mem_alloc_pitch(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
-        pitch: *mut usize,
-        width: usize,
-        height: usize,
+        real: impl FnMut() -> Result<Made, CUresult>,
+        width: u64,
+        height: u64,
         element_size: c_uint,
-    ) -> CUresult {
-        if pitch.is_null() {
-            return real();
-        }
-        let (width, height) = (width as u64, height as u64);
+    ) -> Result<Made, CUresult> {
         let request = Request::Pitch {
             width,
             height,
             elem: element_size,
-            pitch_out: pitch,
         };
         let target = self.base.current();
-        // SAFETY: on success the driver wrote the pitch; `pitch` is non-null.
-        let actual = || unsafe { *pitch as u64 }.saturating_mul(height);
-        // SAFETY: the driver function's contract; `pitch` is non-null.
-        unsafe {
-            self.capped_alloc(
-                "cuMemAllocPitch",
-                dptr,
-                pitch_estimate(width, height),
-                request,
-                target,
-                real,
-                actual,
-            )
-        }
+        self.capped_alloc(
+            "cuMemAllocPitch",
+            pitch_estimate(width, height),
+            request,
+            target,
+            real,
+            |made| made.pitch.saturating_mul(height),
+        )
     }
 
     /// `cuMemAllocManaged`: counted against the current device's cap (it can
     /// occupy that device in full) and never cached.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_alloc_managed(
+    pub fn mem_alloc_managed(
         &'static self,
-        real: impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
-        bytesize: usize,
+        real: impl FnMut() -> Result<Made, CUresult>,
+        bytes: u64,
         flags: c_uint,
-    ) -> CUresult {
+    ) -> Result<Made, CUresult> {
         let target = self.base.current();
-        let bytes = bytesize as u64;
         let request = Request::Managed(flags);
-        // SAFETY: the driver function's contract.
-        unsafe {
-            self.capped_alloc(
-                "cuMemAllocManaged",
-                dptr,
-                bytes,
-                request,
-                target,
-                real,
-                || bytes,
-            )
-        }
+        self.capped_alloc("cuMemAllocManaged", bytes, request, target, real, |_| bytes)
     }
 
     /// `cuMemFree_v2`: a known device block goes to the cache when its

@@ -20,6 +20,21 @@ use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
+/// What an allocation answers: its address, and for a pitched one its
+/// pitch (0 otherwise). The boundary writes them to the caller's pointers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Made {
+    pub ptr: CUdeviceptr,
+    pub pitch: u64,
+}
+
+impl Made {
+    /// An address with no pitch.
+    pub fn at(ptr: CUdeviceptr) -> Made {
+        Made { ptr, pitch: 0 }
+    }
+}
+
 /// What an allocating handler asks for.
 #[derive(Clone, Copy)]
 pub enum Request {
@@ -28,7 +43,6 @@ pub enum Request {
         width: u64,
         height: u64,
         elem: u32,
-        pitch_out: *mut usize,
     },
     /// Managed memory, with the program's flags (used if it spills).
     Managed(c_uint),
@@ -152,23 +166,18 @@ impl<D: Driver> Engine<D> {
     /// The allocation path shared by the handlers that return a device
     /// address (module docs). `target` is the (context, device) the memory
     /// comes from; `None` (no current context) passes the call to the
-    /// driver unchanged.
-    ///
-    /// # Safety
-    /// `dptr` is null or writable; for a pitched request `pitch_out` is
-    /// writable.
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::engine) unsafe fn capped_alloc(
+    /// driver unchanged. `alloc` makes the real call and answers what it
+    /// made; `actual` is the bytes the driver chose for it.
+    pub(in crate::engine) fn capped_alloc(
         &'static self,
         what: &'static str,
-        dptr: *mut CUdeviceptr,
         estimate: u64,
         request: Request,
         target: Option<(usize, CUdevice)>,
-        mut alloc: impl FnMut() -> CUresult,
-        actual: impl FnOnce() -> u64,
-    ) -> CUresult {
-        if dptr.is_null() || estimate == 0 {
+        mut alloc: impl FnMut() -> Result<Made, CUresult>,
+        actual: impl FnOnce(Made) -> u64,
+    ) -> Result<Made, CUresult> {
+        if estimate == 0 {
             return alloc();
         }
         let Some((ctx, device)) = target else {
@@ -178,13 +187,13 @@ impl<D: Driver> Engine<D> {
         let dev16 = device as u16;
         // Working out the cap also sets the device's cache bound.
         if self.limit_of(device).is_none() {
-            return CUDA_ERROR_OUT_OF_MEMORY;
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
-        if matches!(request, Request::Plain) && self.tiers.on() {
-            // SAFETY: `dptr` is non-null (checked above) and writable.
-            if let Some(rc) = unsafe { self.tiered_alloc(what, dptr, estimate, ctx, device) } {
-                return rc;
-            }
+        if matches!(request, Request::Plain)
+            && self.tiers.on()
+            && let Some(made) = self.tiered_alloc(what, estimate, ctx, device)
+        {
+            return made;
         }
         let want = match request {
             Request::Plain => Some(Want::Plain { bytes: estimate }),
@@ -204,16 +213,10 @@ impl<D: Driver> Engine<D> {
             && let Some(slot) = self.base.slot(device)
         {
             if let Some(b) = self.cache.reuse(&self.base, dev16, ctx, want) {
-                // SAFETY: `dptr` is non-null (checked above) and writable,
-                // as is `pitch_out` (the caller's contract).
-                unsafe {
-                    *dptr = b.ptr;
-                    if let (Request::Pitch { pitch_out, .. }, Shape::Pitch { pitch, .. }) =
-                        (request, b.shape)
-                    {
-                        *pitch_out = pitch as usize;
-                    }
-                }
+                let pitch = match (request, b.shape) {
+                    (Request::Pitch { .. }, Shape::Pitch { pitch, .. }) => pitch,
+                    _ => 0,
+                };
                 slot.cached
                     .fetch_sub(b.bytes, std::sync::atomic::Ordering::Relaxed);
                 DeviceSlot::add(&slot.cache_hits, 1);
@@ -234,39 +237,39 @@ impl<D: Driver> Engine<D> {
                     b.bytes,
                     b.ptr
                 );
-                return CUDA_SUCCESS;
+                return Ok(Made { ptr: b.ptr, pitch });
             }
             DeviceSlot::add(&slot.cache_misses, 1);
         }
 
-        // SAFETY: `dptr` is non-null (checked above); the caller's contract.
-        let soft = unsafe { self.spill_past_soft(what, dptr, estimate, request, ctx, device) };
-        if let Some(rc) = soft {
-            return rc;
+        if let Some(made) = self.spill_past_soft(what, estimate, request, ctx, device) {
+            return made;
         }
         // Counted in flight until the driver call is settled (`live.rs`).
         let _inflight = self.inflight.enter();
         let (slot, limit) = match self.try_reserve_evicting(device, estimate) {
             Ok(x) => x,
             Err(why) => {
-                // SAFETY: `dptr` is non-null (checked above); the rest is
-                // the caller's contract.
-                return unsafe {
-                    self.spill_or_refuse(what, dptr, estimate, request, ctx, device, why)
-                };
+                return self.spill_or_refuse(what, estimate, request, ctx, device, why);
             }
         };
-        let rc = self.call_with_retry(device, alloc);
+        let mut made = Made::default();
+        let rc = self.call_with_retry(device, || match alloc() {
+            Ok(m) => {
+                made = m;
+                CUDA_SUCCESS
+            }
+            Err(rc) => rc,
+        });
         if rc != CUDA_SUCCESS {
             self.base.release_on(slot, device, estimate);
-            return rc;
+            return Err(rc);
         }
-        // SAFETY: the driver succeeded, so it wrote the pointer through `dptr`.
-        let ptr = unsafe { *dptr };
-        let bytes = actual();
+        let ptr = made.ptr;
+        let bytes = actual(made);
         if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {
             let _ = self.base.driver().mem_free(ptr);
-            return rc;
+            return Err(rc);
         }
         DeviceSlot::add(&slot.allocs, 1);
         let kind = match request {
@@ -275,13 +278,11 @@ impl<D: Driver> Engine<D> {
                 width,
                 height,
                 elem,
-                pitch_out,
             } => Kind::Device(Shape::Pitch {
                 width,
                 height,
                 elem,
-                // SAFETY: writable (the caller's contract) and just written.
-                pitch: unsafe { *pitch_out } as u64,
+                pitch: made.pitch,
             }),
             Request::Managed(_) => Kind::Managed,
             Request::Async => Kind::Async(None),
@@ -300,24 +301,19 @@ impl<D: Driver> Engine<D> {
             Debug,
             "{what}: {bytes} bytes at {ptr:#x} on device {device}"
         );
-        rc
+        Ok(made)
     }
 
     /// Past the cap: spill, if on, else refuse.
-    ///
-    /// # Safety
-    /// As [`Engine::capped_alloc`]; `dptr` is non-null.
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::engine) unsafe fn spill_or_refuse(
+    pub(in crate::engine) fn spill_or_refuse(
         &self,
         what: &'static str,
-        dptr: *mut CUdeviceptr,
         estimate: u64,
         request: Request,
         ctx: usize,
         device: CUdevice,
         why: Option<Refusal>,
-    ) -> CUresult {
+    ) -> Result<Made, CUresult> {
         let (bytes, managed_flags) = match request {
             Request::Pitch { width, height, .. } => {
                 (width.next_multiple_of(512).saturating_mul(height), None)
@@ -330,20 +326,14 @@ impl<D: Driver> Engine<D> {
                 self.spill
                     .place(&self.base, what, false, device, ctx, bytes, managed_flags)
         {
-            // SAFETY: `dptr` is non-null and writable, as is `pitch_out`.
-            unsafe {
-                *dptr = ptr;
-                if let Request::Pitch {
-                    width, pitch_out, ..
-                } = request
-                {
-                    *pitch_out = width.next_multiple_of(512) as usize;
-                }
-            }
+            let pitch = match request {
+                Request::Pitch { width, .. } => width.next_multiple_of(512),
+                _ => 0,
+            };
             self.insert(ptr, record);
-            return CUDA_SUCCESS;
+            return Ok(Made { ptr, pitch });
         }
-        self.refuse(what, device, estimate, why)
+        Err(self.refuse(what, device, estimate, why))
     }
 
     /// Records a live allocation. An address the engine still thought live

@@ -24,7 +24,7 @@ use vramcap_core::settings::Counting;
 use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::{Driver, Flavour};
-use crate::engine::handlers::allocate::Request;
+use crate::engine::handlers::allocate::{Made, Request};
 use crate::ffi::*;
 use crate::log::log_at;
 
@@ -55,58 +55,45 @@ impl<D: Driver> Engine<D> {
         Some((ctx, dev))
     }
 
-    /// `cuMemAllocAsync[_ptsz]`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_alloc_async(
+    /// `cuMemAllocAsync[_ptsz]` of `size` bytes on `stream`: `real` makes
+    /// the real call and answers the address it made (the boundary reads
+    /// and writes the caller's pointer, `boundary/allocs.rs`).
+    pub fn mem_alloc_async(
         &'static self,
         flavour: Flavour,
-        real: impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
+        real: impl FnMut() -> Result<Made, CUresult>,
         size: usize,
         stream: CUstream,
-    ) -> CUresult {
+    ) -> Result<Made, CUresult> {
         let what = ["cuMemAllocAsync", "cuMemAllocAsync_ptsz"];
-        // SAFETY: the driver function's contract.
-        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, None, stream) }
+        self.alloc_on_stream(what, flavour, real, size, None, stream)
     }
 
     /// `cuMemAllocFromPoolAsync[_ptsz]`: as [`Engine::mem_alloc_async`].
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_alloc_from_pool_async(
+    pub fn mem_alloc_from_pool_async(
         &'static self,
         flavour: Flavour,
-        real: impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
+        real: impl FnMut() -> Result<Made, CUresult>,
         size: usize,
         pool: *mut c_void,
         stream: CUstream,
-    ) -> CUresult {
+    ) -> Result<Made, CUresult> {
         let what = ["cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"];
         let pool = (!pool.is_null()).then_some(pool as usize);
-        // SAFETY: the driver function's contract.
-        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, pool, stream) }
+        self.alloc_on_stream(what, flavour, real, size, pool, stream)
     }
 
     /// A stream-ordered allocation of `size` bytes on `stream`'s device;
     /// `what` names the legacy and the per-thread variant.
-    ///
-    /// # Safety
-    /// `dptr` is null or writable.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn alloc_on_stream(
+    fn alloc_on_stream(
         &'static self,
         what: [&'static str; 2],
         flavour: Flavour,
-        mut real: impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
+        mut real: impl FnMut() -> Result<Made, CUresult>,
         size: usize,
         pool: Option<usize>,
         stream: CUstream,
-    ) -> CUresult {
+    ) -> Result<Made, CUresult> {
         let what = what[usize::from(flavour == Flavour::PerThread)];
         let target = self.stream_target(stream as usize, flavour);
         let bytes = size as u64;
@@ -116,26 +103,20 @@ impl<D: Driver> Engine<D> {
             }
             _ => None,
         };
-        if let (Some(pool), Some((ctx, dev)), false) = (through_pool, target, dptr.is_null()) {
+        if let (Some(pool), Some((ctx, dev))) = (through_pool, target) {
             if size == 0 || self.base.pool_exempt(pool) {
                 // A pool of host memory holds nothing on any GPU.
                 return real();
             }
             let device = self.base.held().pool_device(pool).unwrap_or(dev as u16);
             if self.limit_of(CUdevice::from(device)).is_none() {
-                return CUDA_ERROR_OUT_OF_MEMORY;
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
-            if let Some(rc) =
-                // SAFETY: `dptr` is non-null; the rest is the caller's contract.
-                unsafe {
-                    self.alloc_from_pool(what, &mut real, dptr, bytes, pool, device, ctx)
-                }
-            {
-                return rc;
+            if let Some(made) = self.alloc_from_pool(what, &mut real, bytes, pool, device, ctx) {
+                return made;
             }
         }
-        // SAFETY: the caller's contract.
-        unsafe { self.capped_alloc(what, dptr, bytes, Request::Async, target, real, || bytes) }
+        self.capped_alloc(what, bytes, Request::Async, target, real, |_| bytes)
     }
 
     /// A stream-ordered allocation charged through its pool (`held.rs`):
@@ -143,20 +124,15 @@ impl<D: Driver> Engine<D> {
     /// when it does not fit, since the claim itself keeps the pool's
     /// charge from falling), call, settle. `None` when the driver will not
     /// describe the pool: the caller charges by size instead.
-    ///
-    /// # Safety
-    /// `dptr` is non-null and writable.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn alloc_from_pool(
+    fn alloc_from_pool(
         &'static self,
         what: &'static str,
-        real: &mut impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
+        real: &mut impl FnMut() -> Result<Made, CUresult>,
         bytes: u64,
         pool: usize,
         device: u16,
         ctx: usize,
-    ) -> Option<CUresult> {
+    ) -> Option<Result<Made, CUresult>> {
         let dev = CUdevice::from(device);
         let _inflight = self.inflight.enter();
         let mut claim = self.base.pool_claim(pool, device, bytes)?;
@@ -168,21 +144,24 @@ impl<D: Driver> Engine<D> {
             reserved = self.try_reserve_evicting(dev, claim.grow);
             if reserved.is_err() {
                 self.base.pool_settle(claim, false, false);
-                // SAFETY: the caller's contract.
-                return Some(unsafe {
-                    self.spill_or_refuse(what, dptr, bytes, Request::Async, ctx, dev, why)
-                });
+                return Some(self.spill_or_refuse(what, bytes, Request::Async, ctx, dev, why));
             }
         }
-        let rc = self.call_with_retry(dev, &mut *real);
+        let mut made = Made::default();
+        let rc = self.call_with_retry(dev, || match real() {
+            Ok(m) => {
+                made = m;
+                CUDA_SUCCESS
+            }
+            Err(rc) => rc,
+        });
         if rc != CUDA_SUCCESS {
             self.base.pool_settle(claim, false, true);
-            return Some(rc);
+            return Some(Err(rc));
         }
         self.base.pool_settle(claim, true, true);
         self.start_worker(); // sees the pool shrink at synchronisations
-        // SAFETY: the driver succeeded, so it wrote the pointer.
-        let ptr = unsafe { *dptr };
+        let ptr = made.ptr;
         if let Some(s) = self.base.slot(dev) {
             DeviceSlot::add(&s.allocs, 1);
         }
@@ -200,7 +179,7 @@ impl<D: Driver> Engine<D> {
             Debug,
             "{what}: {bytes} bytes at {ptr:#x} from pool {pool:#x} on device {device}"
         );
-        Some(rc)
+        Some(Ok(made))
     }
 
     /// `cuMemFreeAsync[_ptsz]`. A spilled pointer cannot be freed

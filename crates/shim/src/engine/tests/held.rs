@@ -7,8 +7,6 @@ use super::*;
 /// `cuMemAllocAsync` of `bytes` from the fake's pool: it reuses its free
 /// reserve, else grows by the rest rounded to 2 MiB.
 fn alloc_async(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
-    let mut p: CUdeviceptr = 0;
-    let out: *mut CUdeviceptr = &mut p;
     let real = || {
         let mut pool = e.base.driver().pool.lock().unwrap();
         let free = pool.0 - pool.1;
@@ -16,21 +14,11 @@ fn alloc_async(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
             pool.0 += (bytes - free).next_multiple_of(2 * MIB);
         }
         pool.1 += bytes;
-        // SAFETY: `out` points at `p`, alive for this call.
-        unsafe { *out = 0x9000_0000_0000 + pool.1 };
-        CUDA_SUCCESS
+        Ok(Made::at(0x9000_0000_0000 + pool.1))
     };
-    // SAFETY: `out` is writable; the stream is only compared.
-    let rc = unsafe {
-        e.mem_alloc_async(
-            Flavour::Legacy,
-            real,
-            out,
-            bytes as usize,
-            std::ptr::null_mut(),
-        )
-    };
-    if rc == CUDA_SUCCESS { Ok(p) } else { Err(rc) }
+    // The stream is only compared.
+    e.mem_alloc_async(Flavour::Legacy, real, bytes as usize, std::ptr::null_mut())
+        .map(|m| m.ptr)
 }
 
 fn free_async(e: &'static Engine<Fake>, ptr: u64, bytes: u64) -> CUresult {

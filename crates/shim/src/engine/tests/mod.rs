@@ -9,9 +9,9 @@
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::engine::Engine;
 use crate::engine::accounting::capped_info;
 use crate::engine::driver::{Driver, Flavour};
+use crate::engine::{Engine, Made};
 use crate::ffi::*;
 
 mod fake;
@@ -24,16 +24,8 @@ use self::fake::*;
 
 /// `cuMemAlloc_v2` through the engine, the fake playing the driver.
 fn alloc(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
-    let mut p: CUdeviceptr = 0;
-    let out: *mut CUdeviceptr = &mut p;
-    let real = || {
-        // SAFETY: `out` points at `p`, alive for this call.
-        unsafe { *out = e.base.driver().alloc(bytes) };
-        CUDA_SUCCESS
-    };
-    // SAFETY: `out` is writable.
-    let rc = unsafe { e.mem_alloc(real, out, bytes as usize) };
-    if rc == CUDA_SUCCESS { Ok(p) } else { Err(rc) }
+    let real = || Ok(Made::at(e.base.driver().alloc(bytes)));
+    e.mem_alloc(real, bytes).map(|m| m.ptr)
 }
 
 fn free(e: &'static Engine<Fake>, ptr: u64) -> CUresult {
@@ -310,19 +302,16 @@ fn vmm_bytes_come_back_with_the_last_reference_or_mapping() {
 fn a_pitch_wider_than_the_estimate_is_settled_or_refused() {
     let e = engine(&[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "off")]);
     let pitched = |width: usize, height: usize, driver_pitch: usize| {
-        let (mut p, mut pitch): (CUdeviceptr, usize) = (0, 0);
-        let (out, pitch_out): (*mut u64, *mut usize) = (&mut p, &mut pitch);
         let real = || {
-            // SAFETY: both point at locals alive for this call.
-            unsafe {
-                *out = e.base.driver().alloc((driver_pitch * height) as u64);
-                *pitch_out = driver_pitch;
-            }
-            CUDA_SUCCESS
+            Ok(Made {
+                ptr: e.base.driver().alloc((driver_pitch * height) as u64),
+                pitch: driver_pitch as u64,
+            })
         };
-        // SAFETY: valid out-pointers.
-        let rc = unsafe { e.mem_alloc_pitch(real, out, pitch_out, width, height, 4) };
-        (rc, p, pitch)
+        match e.mem_alloc_pitch(real, width as u64, height as u64, 4) {
+            Ok(m) => (CUDA_SUCCESS, m.ptr, m.pitch as usize),
+            Err(rc) => (rc, 0, 0),
+        }
     };
     // Estimated at 512 × 1 Mi rows = 512 MiB; the driver picks 768.
     let (rc, p, pitch) = pitched(500, 1 << 20, 768);

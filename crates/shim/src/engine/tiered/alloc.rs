@@ -9,6 +9,7 @@ use vramcap_core::page::DeviceSlot;
 use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::Driver;
+use crate::engine::handlers::allocate::Made;
 use crate::engine::tiered::{Place, TierBlock, location};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -36,17 +37,13 @@ impl<D: Driver> Engine<D> {
     /// on the device within the cap, on the host past it, behind an
     /// address of its own. `None`: the request is not tiered (smaller than
     /// the granularity, or no VMM), for the ordinary path.
-    ///
-    /// # Safety
-    /// `dptr` is non-null and writable.
-    pub(in crate::engine) unsafe fn tiered_alloc(
+    pub(in crate::engine) fn tiered_alloc(
         &'static self,
         what: &'static str,
-        dptr: *mut CUdeviceptr,
         bytes: u64,
         ctx: usize,
         device: CUdevice,
-    ) -> Option<CUresult> {
+    ) -> Option<Result<Made, CUresult>> {
         let g = self.tiers.granularity(self.base.driver(), device)?;
         if bytes < g {
             return None;
@@ -56,13 +53,13 @@ impl<D: Driver> Engine<D> {
         let _inflight = self.inflight.enter();
         let place = match self.tier_place(what, device, size) {
             Ok(place) => place,
-            Err(rc) => return Some(rc),
+            Err(rc) => return Some(Err(rc)),
         };
         let ptr = match self.base.driver().vmm_reserve(size) {
             Ok(p) => p,
             Err(rc) => {
                 self.tier_unplace(device, size, place);
-                return Some(rc);
+                return Some(Err(rc));
             }
         };
         let on_device = place == Place::Device;
@@ -71,15 +68,13 @@ impl<D: Driver> Engine<D> {
             Err(rc) => {
                 let _ = self.base.driver().vmm_free_address(ptr, size);
                 self.tier_unplace(device, size, place);
-                return Some(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
+                return Some(Err(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
                     CUDA_ERROR_OUT_OF_MEMORY
                 } else {
                     rc
-                });
+                }));
             }
         };
-        // SAFETY: the caller's contract.
-        unsafe { *dptr = ptr };
         self.tier_placed(what, device, size, place);
         // The record first: a stale one at this address (released behind
         // the engine's back) is settled before the new block is tracked.
@@ -101,7 +96,7 @@ impl<D: Driver> Engine<D> {
             "{what}: {bytes} bytes at {ptr:#x}, tiered ({size} mapped), on the {}",
             if on_device { "device" } else { "host" }
         );
-        Some(CUDA_SUCCESS)
+        Some(Ok(Made::at(ptr)))
     }
 
     /// Where a new tiered allocation of `size` goes: reserved under the
