@@ -13,6 +13,7 @@ mod exporter;
 mod fork;
 mod group;
 mod held;
+mod layout;
 mod limit;
 mod live;
 mod paths;

@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::budget::NO_CAP;
-use crate::page::DeviceSlot;
+use crate::page::{DeviceSlot, FLAG_ACTIVE, Page, get_text};
 
 /// A Prometheus metric type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,6 +196,54 @@ counters! {
     demotions: u64 = |s| load(&s.demotions), json "demotions", Counter "vramcap_spill_demotions_total" "Blocks tiered spill moved from the GPU to host memory.";
     /// Tiered spill: bytes of every move, either way.
     moved_bytes: u64 = |s| load(&s.moved_bytes), json "moved_bytes", Counter "vramcap_spill_moved_bytes_total" "Bytes tiered spill moved between the GPU and host memory, either way.";
+}
+
+/// Plain values read from a page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageSnapshot {
+    pub pid: u32,
+    pub uid: u32,
+    pub start_time: u64,
+    pub created_unix_ns: u64,
+    pub command: String,
+    pub group: String,
+    /// Kubernetes identity recorded by the shim ("" when absent).
+    pub pod: String,
+    pub namespace: String,
+    pub container: String,
+    /// The devices the process has used, in index order.
+    pub devices: Vec<SlotSnapshot>,
+    /// The directory the page was read from (filled in by the scan; empty
+    /// until then).
+    pub dir: std::path::PathBuf,
+}
+
+impl Page {
+    /// Reads every value with atomic loads. Call only after
+    /// [`check_header`] accepted the page.
+    pub fn snapshot(&self) -> PageSnapshot {
+        let h = &self.header;
+        let devices = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.flags.load(Ordering::Relaxed) & FLAG_ACTIVE != 0)
+            .map(|(i, s)| SlotSnapshot::read(i as u32, s))
+            .collect();
+        PageSnapshot {
+            pid: h.pid,
+            uid: h.uid,
+            start_time: h.start_time,
+            created_unix_ns: h.created_unix_ns,
+            command: get_text(&h.command),
+            group: get_text(&h.group),
+            pod: get_text(&h.pod),
+            namespace: get_text(&h.namespace),
+            container: get_text(&h.container),
+            devices,
+            dir: std::path::PathBuf::new(),
+        }
+    }
 }
 
 #[cfg(test)]

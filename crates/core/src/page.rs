@@ -31,7 +31,6 @@ use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::budget::DeviceBudget;
-pub use crate::counters::SlotSnapshot;
 
 pub const MAGIC: [u8; 8] = *b"vramcap\0";
 pub const VERSION: u32 = 1;
@@ -394,54 +393,6 @@ pub fn check_header(len: u64, head: &[u8], expected_uid: Option<u32>) -> Result<
         return Err(PageProblem::Initialising);
     }
     Ok(())
-}
-
-/// Plain values read from a page.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PageSnapshot {
-    pub pid: u32,
-    pub uid: u32,
-    pub start_time: u64,
-    pub created_unix_ns: u64,
-    pub command: String,
-    pub group: String,
-    /// Kubernetes identity recorded by the shim ("" when absent).
-    pub pod: String,
-    pub namespace: String,
-    pub container: String,
-    /// The devices the process has used, in index order.
-    pub devices: Vec<SlotSnapshot>,
-    /// The directory the page was read from (filled in by the scan; empty
-    /// until then).
-    pub dir: std::path::PathBuf,
-}
-
-impl Page {
-    /// Reads every value with atomic loads. Call only after
-    /// [`check_header`] accepted the page.
-    pub fn snapshot(&self) -> PageSnapshot {
-        let h = &self.header;
-        let devices = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.flags.load(Ordering::Relaxed) & FLAG_ACTIVE != 0)
-            .map(|(i, s)| SlotSnapshot::read(i as u32, s))
-            .collect();
-        PageSnapshot {
-            pid: h.pid,
-            uid: h.uid,
-            start_time: h.start_time,
-            created_unix_ns: h.created_unix_ns,
-            command: get_text(&h.command),
-            group: get_text(&h.group),
-            pod: get_text(&h.pod),
-            namespace: get_text(&h.namespace),
-            container: get_text(&h.container),
-            devices,
-            dir: std::path::PathBuf::new(),
-        }
-    }
 }
 
 /// The canonical `GPU-…` text of a UUID, or `None` for all zeroes.

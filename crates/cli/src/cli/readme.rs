@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
+use vramcap_core::counters::PageSnapshot;
 use vramcap_core::counters::{COUNTERS, SlotSnapshot};
-use vramcap_core::page::PageSnapshot;
 
 use super::stat::{Sources, StatArgs, to_json};
 use crate::read::{GroupSnapshot, Scan, Skipped, Users};

@@ -100,7 +100,10 @@ fn expected_page(bytes: &[u8], name_pid: u32, locked: bool) -> Option<bool> {
 }
 
 /// Checks what a reader showed of a page against the page's bytes.
-fn check_shown(snap: &page::PageSnapshot, bytes: &[u8]) -> Result<(), TestCaseError> {
+fn check_shown(
+    snap: &vramcap_core::counters::PageSnapshot,
+    bytes: &[u8],
+) -> Result<(), TestCaseError> {
     prop_assert_eq!(snap.pid, word32(bytes, 28));
     prop_assert_eq!(snap.uid, me());
     let active: Vec<u32> = (0..SLOTS)

@@ -9,8 +9,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use vramcap_core::counters::PageSnapshot;
 use vramcap_core::liveness::ofd_locked;
-use vramcap_core::page::{self, HEADER_SIZE, PAGE_SIZE, Page, PageSnapshot};
+use vramcap_core::page::{self, HEADER_SIZE, PAGE_SIZE, Page};
 use vramcap_core::text;
 
 use super::dir::{Dir, FileId, NotOpened};

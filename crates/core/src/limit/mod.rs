@@ -18,7 +18,7 @@
 //! [`LimitSpec::amount_for`], once the driver has told the shim what it has.
 //!
 //! A value is at most [`LIMIT_MAX_LEN`] bytes: a group records its limit in
-//! a field of that size (`group::LIMIT_TEXT_LEN` with its NUL), and one
+//! a field of that size (`LIMIT_TEXT_LEN` with its NUL), and one
 //! length everywhere means a limit `vramcap run` accepts is never cut.
 //!
 //! A key must name a GPU: [`LimitSpec::unmatched_keys`] lists those that
@@ -44,9 +44,13 @@ pub const LIMIT_VAR: &str = "VRAMCAP_LIMIT";
 /// Shown after every error so the user sees a correct value next to theirs.
 pub const LIMIT_EXAMPLE: &str = "8GiB, 50%, 0=8GiB,1=4GiB or 4GiB,GPU-5ca1ab1e=2GiB";
 
+/// The size of a group page's limit field (`group::GroupHeader`), which
+/// holds a value with its NUL.
+pub const LIMIT_TEXT_LEN: usize = 512;
+
 /// The longest value accepted, in bytes: what a group page's limit field
 /// holds (its last byte is the NUL).
-pub const LIMIT_MAX_LEN: usize = crate::group::LIMIT_TEXT_LEN - 1;
+pub const LIMIT_MAX_LEN: usize = LIMIT_TEXT_LEN - 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Amount {

@@ -4,6 +4,7 @@
 use std::ffi::{CStr, c_char, c_void};
 
 use super::boundary;
+use super::hooks::HOOKS;
 use super::real;
 use super::resolve::answer_dlsym;
 
@@ -18,7 +19,7 @@ unsafe extern "C" fn dlsym_handle(handle: *mut c_void, symbol: *const c_char) ->
     }
     // SAFETY: glibc accepted `symbol` as a NUL-terminated name.
     let name = unsafe { CStr::from_ptr(symbol) };
-    boundary("dlsym", found, || answer_dlsym(name, found))
+    boundary("dlsym", found, || answer_dlsym(HOOKS, name, found))
 }
 
 // The exported `dlsym`. For RTLD_DEFAULT (0) and RTLD_NEXT (-1) it jumps to

@@ -1,8 +1,10 @@
 //! The hooked driver and NVML functions: the one list. Each entry is the
 //! exported name with its C signature, how `cuGetProcAddress` reaches it
 //! (base name, `cudaVersion` range, stream flavour), what a panic in the
-//! engine answers, and the engine handler (with any extra arguments in
-//! brackets), one line each. `hooks!` (in `macros.rs`) makes the export,
+//! engine answers, its flags (`tiered`: handed out only under tiered
+//! spill; `gate`: the handler is called with the engine and the real call
+//! only), and the engine handler (with any extra arguments in brackets),
+//! one line each. `hooks!` (in `macros.rs`) makes the export,
 //! the typed real function and the row of [`HOOKS`] from it.
 //!
 //! To hook another function, add its entry here and write its handler in
@@ -10,28 +12,13 @@
 
 #![allow(non_snake_case)]
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use super::macros::{c_name, hooks, real_fns};
-use super::real::DynFn;
-use super::resolve;
-use crate::engine::cuda::*;
+use super::macros::{c_name, hook_call, hooks, real_fns, tiered_flag};
+use super::{allocs, queries, resolve};
 use crate::engine::{Engine, Flavour};
+use crate::ffi::*;
 use crate::lookup::Lookup;
-
-/// One hooked variant.
-pub struct Hook {
-    /// The exact exported name, which is also the variant's name in the driver.
-    pub name: &'static CStr,
-    pub lookup: Lookup,
-    /// The export.
-    pub hook: *const c_void,
-    /// The library's own function of the same name.
-    pub real: &'static DynFn,
-}
-
-// SAFETY: the raw pointer is a function address, immutable and valid forever.
-unsafe impl Sync for Hook {}
 
 const OOM: CUresult = CUDA_ERROR_OUT_OF_MEMORY;
 const NOT_FOUND: CUresult = CUDA_ERROR_NOT_FOUND;
@@ -40,15 +27,15 @@ const PTSZ: Flavour = Flavour::PerThread;
 
 hooks! {
     cuda(new, CUDA_ERROR_NOT_FOUND) {
-        fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> CUresult, Lookup::cuda("cuGetProcAddress", 11030).until(12000), on panic NOT_FOUND => resolve::get_proc_address;
-        fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, symbol_status: *mut c_int) -> CUresult, Lookup::cuda("cuGetProcAddress", 12000), on panic NOT_FOUND => resolve::get_proc_address_v2;
+        fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> CUresult, Lookup::cuda("cuGetProcAddress", 11030).until(12000), on panic NOT_FOUND => resolve::get_proc_address[HOOKS];
+        fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, symbol_status: *mut c_int) -> CUresult, Lookup::cuda("cuGetProcAddress", 12000), on panic NOT_FOUND => resolve::get_proc_address_v2[HOOKS];
 
-        fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult, Lookup::cuda("cuMemAlloc", 3020), on panic OOM => Engine::mem_alloc;
-        fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) -> CUresult, Lookup::cuda("cuMemAllocPitch", 3020), on panic OOM => Engine::mem_alloc_pitch;
-        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult, Lookup::cuda("cuMemAllocManaged", 6000), on panic OOM => Engine::mem_alloc_managed;
+        fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult, Lookup::cuda("cuMemAlloc", 3020), on panic OOM => allocs::mem_alloc;
+        fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) -> CUresult, Lookup::cuda("cuMemAllocPitch", 3020), on panic OOM => allocs::mem_alloc_pitch;
+        fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult, Lookup::cuda("cuMemAllocManaged", 6000), on panic OOM => allocs::mem_alloc_managed;
         fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuMemFree", 3020), on panic NOT_FOUND => Engine::mem_free;
-        fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult, Lookup::cuda("cuMemGetInfo", 3020), on panic NOT_FOUND => Engine::mem_get_info;
-        fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult, Lookup::cuda("cuDeviceTotalMem", 3020), on panic NOT_FOUND => Engine::device_total_mem;
+        fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult, Lookup::cuda("cuMemGetInfo", 3020), on panic NOT_FOUND => queries::mem_get_info;
+        fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult, Lookup::cuda("cuDeviceTotalMem", 3020), on panic NOT_FOUND => queries::device_total_mem;
 
         fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult, Lookup::cuda("cuCtxDestroy", 4000), on panic NOT_FOUND => Engine::ctx_destroy;
         fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult, Lookup::cuda("cuDevicePrimaryCtxRelease", 11000), on panic NOT_FOUND => Engine::primary_ctx_teardown;
@@ -67,10 +54,10 @@ hooks! {
         fn cuStreamEndCapture(stream: CUstream, graph: *mut *mut c_void) -> CUresult, Lookup::cuda("cuStreamEndCapture", 10000).legacy_stream(), on panic NOT_FOUND => Engine::end_capture[LEGACY];
         fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut *mut c_void) -> CUresult, Lookup::cuda("cuStreamEndCapture", 10000).per_thread_stream(), on panic NOT_FOUND => Engine::end_capture[PTSZ];
 
-        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).legacy_stream(), on panic OOM => Engine::mem_alloc_async[LEGACY];
-        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).per_thread_stream(), on panic OOM => Engine::mem_alloc_async[PTSZ];
-        fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).legacy_stream(), on panic OOM => Engine::mem_alloc_from_pool_async[LEGACY];
-        fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM => Engine::mem_alloc_from_pool_async[PTSZ];
+        fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).legacy_stream(), on panic OOM => allocs::mem_alloc_async[LEGACY];
+        fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocAsync", 11020).per_thread_stream(), on panic OOM => allocs::mem_alloc_async[PTSZ];
+        fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).legacy_stream(), on panic OOM => allocs::mem_alloc_from_pool_async[LEGACY];
+        fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM => allocs::mem_alloc_from_pool_async[PTSZ];
         fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).legacy_stream(), on panic NOT_FOUND => Engine::mem_free_async[LEGACY];
         fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).per_thread_stream(), on panic NOT_FOUND => Engine::mem_free_async[PTSZ];
         fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult, Lookup::cuda("cuMemPoolCreate", 11020), on panic NOT_FOUND => Engine::mem_pool_create;
@@ -84,119 +71,119 @@ hooks! {
         fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult, Lookup::cuda("cuGraphInstantiateWithParams", 12000).legacy_stream(), on panic OOM => Engine::graph_instantiate_with_params[LEGACY];
         fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult, Lookup::cuda("cuGraphInstantiateWithParams", 12000).per_thread_stream(), on panic OOM => Engine::graph_instantiate_with_params[PTSZ];
         fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult, Lookup::cuda("cuGraphExecDestroy", 10000), on panic NOT_FOUND => Engine::graph_exec_destroy;
-        fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, err_node: *mut CUgraphNode, result: *mut c_int) -> CUresult, Lookup::cuda("cuGraphExecUpdate", 10020).until(12000), on panic NOT_FOUND => Engine::graph_exec_update;
-        fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) -> CUresult, Lookup::cuda("cuGraphExecUpdate", 12000), on panic NOT_FOUND => Engine::graph_exec_update_v2;
-        fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CUresult, Lookup::cuda("cuGraphExecKernelNodeSetParams", 10010).until(12000), on panic NOT_FOUND => Engine::graph_exec_node_set;
-        fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CUresult, Lookup::cuda("cuGraphExecKernelNodeSetParams", 12000), on panic NOT_FOUND => Engine::graph_exec_node_set;
-        fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut c_void) -> CUresult, Lookup::cuda("cuGraphExecNodeSetParams", 12020), on panic NOT_FOUND => Engine::graph_exec_node_set_any;
+        fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, err_node: *mut CUgraphNode, result: *mut c_int) -> CUresult, Lookup::cuda("cuGraphExecUpdate", 10020).until(12000), on panic NOT_FOUND, tiered => Engine::graph_exec_update;
+        fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) -> CUresult, Lookup::cuda("cuGraphExecUpdate", 12000), on panic NOT_FOUND, tiered => Engine::graph_exec_update_v2;
+        fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CUresult, Lookup::cuda("cuGraphExecKernelNodeSetParams", 10010).until(12000), on panic NOT_FOUND, tiered => Engine::graph_exec_node_set;
+        fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CUresult, Lookup::cuda("cuGraphExecKernelNodeSetParams", 12000), on panic NOT_FOUND, tiered => Engine::graph_exec_node_set;
+        fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut c_void) -> CUresult, Lookup::cuda("cuGraphExecNodeSetParams", 12020), on panic NOT_FOUND, tiered => Engine::graph_exec_node_set_any;
         fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphLaunch", 10000).legacy_stream(), on panic OOM => Engine::graph_launch[LEGACY];
         fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphLaunch", 10000).per_thread_stream(), on panic OOM => Engine::graph_launch[PTSZ];
         fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).legacy_stream(), on panic OOM => Engine::graph_upload[LEGACY];
         fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult, Lookup::cuda("cuGraphUpload", 11010).per_thread_stream(), on panic OOM => Engine::graph_upload[PTSZ];
 
-        // Only handed out under VRAMCAP_SPILL=tiered (resolve.rs): launches
-        // count uses, and launches, copies and memsets pass a gate that
-        // moves close (engine/tier.rs).
-        fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 4000).legacy_stream(), on panic NOT_FOUND => Engine::launch_kernel;
-        fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::launch_kernel;
-        fn cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 11060).legacy_stream(), on panic NOT_FOUND => Engine::launch_kernel_ex;
-        fn cuLaunchKernelEx_ptsz(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::launch_kernel_ex;
-        fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 9000).legacy_stream(), on panic NOT_FOUND => Engine::launch_cooperative;
-        fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::launch_cooperative;
-        fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyHtoDAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyHtoDAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoHAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoHAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoDAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoDAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpy2DAsync_v2(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy2DAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated2;
-        fn cuMemcpy2DAsync_v2_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy2DAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated2;
-        fn cuMemcpy3DAsync_v2(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DAsync", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated2;
-        fn cuMemcpy3DAsync_v2_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated2;
-        fn cuMemcpyPeerAsync(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyPeerAsync", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated6;
-        fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyPeerAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated6;
-        fn cuMemsetD16Async(dst: CUdeviceptr, value: u16, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD16Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD16Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD32Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD32Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD8Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD8Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpy", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpy", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult, Lookup::cuda("cuMemcpyHtoD", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult, Lookup::cuda("cuMemcpyHtoD", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoH", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoH", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoD", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoD", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemcpy2D_v2(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2D", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated1;
-        fn cuMemcpy2D_v2_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2D", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated1;
-        fn cuMemcpy3D_v2(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3D", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated1;
-        fn cuMemcpy3D_v2_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3D", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated1;
-        fn cuMemcpyPeer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CUresult, Lookup::cuda("cuMemcpyPeer", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CUresult, Lookup::cuda("cuMemcpyPeer", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
+        // Flagged `tiered`, handed out only under VRAMCAP_SPILL=tiered:
+        // launches count uses, and launches, copies and memsets pass a gate
+        // that moves close (engine/tiered/).
+        fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 4000).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel;
+        fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel;
+        fn cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 11060).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel_ex;
+        fn cuLaunchKernelEx_ptsz(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel_ex;
+        fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 9000).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_cooperative;
+        fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_cooperative;
+        fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyHtoDAsync", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyHtoDAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoHAsync", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoHAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoDAsync", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyDtoDAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy2DAsync_v2(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy2DAsync", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy2DAsync_v2_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy2DAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DAsync_v2(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DAsync", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DAsync_v2_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyPeerAsync(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyPeerAsync", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyPeerAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD16Async(dst: CUdeviceptr, value: u16, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD16Async", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD16Async", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD32Async", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD32Async", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD8Async", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD8Async", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpy", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpy", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult, Lookup::cuda("cuMemcpyHtoD", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult, Lookup::cuda("cuMemcpyHtoD", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoH", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoH", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoD", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoD", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy2D_v2(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2D", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy2D_v2_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2D", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3D_v2(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3D", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3D_v2_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3D", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyPeer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CUresult, Lookup::cuda("cuMemcpyPeer", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) -> CUresult, Lookup::cuda("cuMemcpyPeer", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
         // The batched and attributed copies: CUDA 12.8's forms take a
         // failure index the 13.0 forms (_v2) dropped.
-        fn cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attr_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyBatchAsync", 12080).until(13000).legacy_stream(), on panic NOT_FOUND => Engine::gated9;
-        fn cuMemcpyBatchAsync_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attr_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyBatchAsync", 12080).until(13000).per_thread_stream(), on panic NOT_FOUND => Engine::gated9;
-        fn cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attr_idxs: *mut usize, num_attrs: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyBatchAsync", 13000).legacy_stream(), on panic NOT_FOUND => Engine::gated8;
-        fn cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attr_idxs: *mut usize, num_attrs: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyBatchAsync", 13000).per_thread_stream(), on panic NOT_FOUND => Engine::gated8;
-        fn cuMemcpy3DBatchAsync(num_ops: usize, ops: *mut c_void, fail_idx: *mut usize, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DBatchAsync", 12080).until(13000).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemcpy3DBatchAsync_ptsz(num_ops: usize, ops: *mut c_void, fail_idx: *mut usize, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DBatchAsync", 12080).until(13000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemcpy3DBatchAsync_v2(num_ops: usize, ops: *mut c_void, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DBatchAsync", 13000).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpy3DBatchAsync_v2_ptsz(num_ops: usize, ops: *mut c_void, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DBatchAsync", 13000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, attr: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyWithAttributesAsync", 13000).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemcpyWithAttributesAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, attr: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyWithAttributesAsync", 13000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemcpy3DWithAttributesAsync(op: *mut c_void, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DWithAttributesAsync", 13000).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemcpy3DWithAttributesAsync_ptsz(op: *mut c_void, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DWithAttributesAsync", 13000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) -> CUresult, Lookup::cuda("cuMemsetD8", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, n: usize) -> CUresult, Lookup::cuda("cuMemsetD8", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemsetD16_v2(dst: CUdeviceptr, value: u16, n: usize) -> CUresult, Lookup::cuda("cuMemsetD16", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, n: usize) -> CUresult, Lookup::cuda("cuMemsetD16", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemsetD32_v2(dst: CUdeviceptr, value: c_uint, n: usize) -> CUresult, Lookup::cuda("cuMemsetD32", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated3;
-        fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: c_uint, n: usize) -> CUresult, Lookup::cuda("cuMemsetD32", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated3;
+        fn cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attr_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyBatchAsync", 12080).until(13000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyBatchAsync_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attr_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyBatchAsync", 12080).until(13000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attr_idxs: *mut usize, num_attrs: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyBatchAsync", 13000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attr_idxs: *mut usize, num_attrs: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyBatchAsync", 13000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DBatchAsync(num_ops: usize, ops: *mut c_void, fail_idx: *mut usize, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DBatchAsync", 12080).until(13000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DBatchAsync_ptsz(num_ops: usize, ops: *mut c_void, fail_idx: *mut usize, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DBatchAsync", 12080).until(13000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DBatchAsync_v2(num_ops: usize, ops: *mut c_void, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DBatchAsync", 13000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DBatchAsync_v2_ptsz(num_ops: usize, ops: *mut c_void, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DBatchAsync", 13000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, attr: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyWithAttributesAsync", 13000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyWithAttributesAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, attr: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyWithAttributesAsync", 13000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DWithAttributesAsync(op: *mut c_void, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DWithAttributesAsync", 13000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DWithAttributesAsync_ptsz(op: *mut c_void, flags: u64, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DWithAttributesAsync", 13000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) -> CUresult, Lookup::cuda("cuMemsetD8", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, n: usize) -> CUresult, Lookup::cuda("cuMemsetD8", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD16_v2(dst: CUdeviceptr, value: u16, n: usize) -> CUresult, Lookup::cuda("cuMemsetD16", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, n: usize) -> CUresult, Lookup::cuda("cuMemsetD16", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD32_v2(dst: CUdeviceptr, value: c_uint, n: usize) -> CUresult, Lookup::cuda("cuMemsetD32", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: c_uint, n: usize) -> CUresult, Lookup::cuda("cuMemsetD32", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
 
-        fn cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D8", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemsetD2D8_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D8", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemsetD2D16_v2(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D16", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemsetD2D16_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D16", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemsetD2D32_v2(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D32", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemsetD2D32_v2_ptds(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D32", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated5;
-        fn cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D8Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated6;
-        fn cuMemsetD2D8Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D8Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated6;
-        fn cuMemsetD2D16Async(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D16Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated6;
-        fn cuMemsetD2D16Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D16Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated6;
-        fn cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D32Async", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated6;
-        fn cuMemsetD2D32Async_ptsz(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D32Async", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated6;
-        fn cuMemcpy2DUnaligned_v2(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2DUnaligned", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated1;
-        fn cuMemcpy2DUnaligned_v2_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2DUnaligned", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated1;
-        fn cuMemcpy3DPeer(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3DPeer", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated1;
-        fn cuMemcpy3DPeer_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3DPeer", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated1;
-        fn cuMemcpy3DPeerAsync(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DPeerAsync", 4000).legacy_stream(), on panic NOT_FOUND => Engine::gated2;
-        fn cuMemcpy3DPeerAsync_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DPeerAsync", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated2;
-        fn cuMemcpyAtoD_v2(dst: CUdeviceptr, src: *mut c_void, src_offset: usize, n: usize) -> CUresult, Lookup::cuda("cuMemcpyAtoD", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, src: *mut c_void, src_offset: usize, n: usize) -> CUresult, Lookup::cuda("cuMemcpyAtoD", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyDtoA_v2(dst: *mut c_void, dst_offset: usize, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoA", 3020).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuMemcpyDtoA_v2_ptds(dst: *mut c_void, dst_offset: usize, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoA", 7000).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
+        fn cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D8", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D8_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D8", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D16_v2(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D16", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D16_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D16", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D32_v2(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D32", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D32_v2_ptds(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize) -> CUresult, Lookup::cuda("cuMemsetD2D32", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D8Async", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D8Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D8Async", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D16Async(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D16Async", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D16Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D16Async", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D32Async", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemsetD2D32Async_ptsz(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemsetD2D32Async", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy2DUnaligned_v2(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2DUnaligned", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy2DUnaligned_v2_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy2DUnaligned", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DPeer(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3DPeer", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DPeer_ptds(copy: *const c_void) -> CUresult, Lookup::cuda("cuMemcpy3DPeer", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DPeerAsync(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DPeerAsync", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpy3DPeerAsync_ptsz(copy: *const c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpy3DPeerAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyAtoD_v2(dst: CUdeviceptr, src: *mut c_void, src_offset: usize, n: usize) -> CUresult, Lookup::cuda("cuMemcpyAtoD", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, src: *mut c_void, src_offset: usize, n: usize) -> CUresult, Lookup::cuda("cuMemcpyAtoD", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoA_v2(dst: *mut c_void, dst_offset: usize, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoA", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuMemcpyDtoA_v2_ptds(dst: *mut c_void, dst_offset: usize, src: CUdeviceptr, n: usize) -> CUresult, Lookup::cuda("cuMemcpyDtoA", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
         // The launches of parameters set with cuParamSet*: no heat (their
         // parameters are not at hand), only the gate.
-        fn cuLaunch(f: CUfunction) -> CUresult, Lookup::cuda("cuLaunch", 2000), on panic NOT_FOUND => Engine::gated1;
-        fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int) -> CUresult, Lookup::cuda("cuLaunchGrid", 2000), on panic NOT_FOUND => Engine::gated3;
-        fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> CUresult, Lookup::cuda("cuLaunchGridAsync", 2000), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue32", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamWriteValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue32", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue64", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamWriteValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue64", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue32", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamWaitValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue32", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue64", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamWaitValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue64", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamBatchMemOp_v2(stream: CUstream, count: c_uint, params: *mut c_void, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamBatchMemOp", 11070).legacy_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuStreamBatchMemOp_v2_ptsz(stream: CUstream, count: c_uint, params: *mut c_void, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamBatchMemOp", 11070).per_thread_stream(), on panic NOT_FOUND => Engine::gated4;
-        fn cuModuleUnload(module: *mut c_void) -> CUresult, Lookup::cuda("cuModuleUnload", 2000), on panic NOT_FOUND => Engine::code_unloaded;
-        fn cuLibraryUnload(library: *mut c_void) -> CUresult, Lookup::cuda("cuLibraryUnload", 12000), on panic NOT_FOUND => Engine::code_unloaded;
+        fn cuLaunch(f: CUfunction) -> CUresult, Lookup::cuda("cuLaunch", 2000), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int) -> CUresult, Lookup::cuda("cuLaunchGrid", 2000), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> CUresult, Lookup::cuda("cuLaunchGridAsync", 2000), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue32", 11070).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamWriteValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue32", 11070).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue64", 11070).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamWriteValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWriteValue64", 11070).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue32", 11070).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamWaitValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue32", 11070).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue64", 11070).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamWaitValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue64", 11070).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamBatchMemOp_v2(stream: CUstream, count: c_uint, params: *mut c_void, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamBatchMemOp", 11070).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuStreamBatchMemOp_v2_ptsz(stream: CUstream, count: c_uint, params: *mut c_void, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamBatchMemOp", 11070).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        fn cuModuleUnload(module: *mut c_void) -> CUresult, Lookup::cuda("cuModuleUnload", 2000), on panic NOT_FOUND, tiered => Engine::code_unloaded;
+        fn cuLibraryUnload(library: *mut c_void) -> CUresult, Lookup::cuda("cuLibraryUnload", 12000), on panic NOT_FOUND, tiered => Engine::code_unloaded;
 
         fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult, Lookup::cuda("cuMemCreate", 10020), on panic OOM => Engine::mem_create;
         fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemRelease", 10020), on panic NOT_FOUND => Engine::mem_release;
@@ -205,9 +192,9 @@ hooks! {
         fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemExportToShareableHandle", 10020), on panic NOT_FOUND => Engine::mem_export_to_shareable_handle;
         fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult, Lookup::cuda("cuMemMap", 10020), on panic NOT_FOUND => Engine::mem_map;
         fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult, Lookup::cuda("cuMemUnmap", 10020), on panic NOT_FOUND => Engine::mem_unmap;
-        fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult, Lookup::cuda("cuMemSetAccess", 10020), on panic NOT_FOUND => Engine::mem_set_access;
-        fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND => Engine::mem_get_allocation_properties_from_handle;
-        fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemGetHandleForAddressRange", 11070), on panic NOT_FOUND => Engine::mem_get_handle_for_address_range;
+        fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult, Lookup::cuda("cuMemSetAccess", 10020), on panic NOT_FOUND, tiered => Engine::mem_set_access;
+        fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND, tiered => Engine::mem_get_allocation_properties_from_handle;
+        fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemGetHandleForAddressRange", 11070), on panic NOT_FOUND, tiered => Engine::mem_get_handle_for_address_range;
 
         fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => Engine::array_create;
         fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => Engine::array_3d_create;
@@ -217,8 +204,8 @@ hooks! {
     }
 
     nvml(nvml, NVML_ERROR_FUNCTION_NOT_FOUND) {
-        fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => Engine::nvml_memory_info;
-        fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => Engine::nvml_memory_info_v2;
+        fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => queries::nvml_memory_info;
+        fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t, Lookup::NVML, on panic NVML_ERROR_NOT_FOUND => queries::nvml_memory_info_v2;
     }
 }
 
@@ -330,6 +317,49 @@ mod tests {
             .collect();
         want.sort();
         assert_eq!(got, want);
+    }
+
+    /// The `tiered` flag marks what only tiered spill needs: every launch,
+    /// copy, memset and stream memory operation (they pass its gate), and
+    /// nothing of the allocation, free and query families, which every
+    /// mode counts through.
+    #[test]
+    fn tiered_only_marks_the_gated_families_and_nothing_counted() {
+        let gated = [
+            &b"cuLaunch"[..],
+            b"cuMemcpy",
+            b"cuMemset",
+            b"cuStreamWriteValue",
+            b"cuStreamWaitValue",
+            b"cuStreamBatchMemOp",
+        ];
+        let counted = [
+            &b"cuMemAlloc"[..],
+            b"cuMemFree",
+            b"cuMemGetInfo",
+            b"cuDeviceTotalMem",
+            b"cuMemCreate",
+            b"cuMemRelease",
+            b"cuMemMap",
+            b"cuArray",
+            b"nvml",
+            b"cuGetProcAddress",
+        ];
+        let mut tiered = 0;
+        for h in super::HOOKS {
+            let n = h.name.to_bytes();
+            if gated.iter().any(|p| n.starts_with(p)) {
+                assert!(h.tiered_only, "{:?} passes the gate: tiered-only", h.name);
+            }
+            if counted.iter().any(|p| n.starts_with(p)) {
+                assert!(!h.tiered_only, "{:?} is counted in every mode", h.name);
+            }
+            tiered += usize::from(h.tiered_only);
+        }
+        assert_eq!(
+            tiered, 103,
+            "the tiered-only entries at 913fdaf's prefix list"
+        );
     }
 
     /// Each name is hooked once, and every CUDA entry can be reached by

@@ -16,8 +16,13 @@
 //!     exact arguments, and those arguments;
 //!   - a row of [`HOOKS`](super::hooks::HOOKS): the exported name, how
 //!     `cuGetProcAddress` reaches it ([`Lookup`](crate::lookup::Lookup)),
-//!     the export's address and the real function's slot, from which the
-//!     `dlsym` and `cuGetProcAddress` answers are made.
+//!     the export's address, the real function's slot and whether only
+//!     tiered spill needs it, from which the `dlsym` and `cuGetProcAddress`
+//!     answers are made.
+//!
+//! An entry's flags, after its `on panic` value: `tiered` (handed out only
+//! under tiered spill) and `gate` (the handler takes only the engine and
+//! the real call: a hook that passes tiered spill's gate and nothing more).
 
 /// A `&'static CStr` of an identifier's text.
 macro_rules! c_name {
@@ -73,7 +78,7 @@ macro_rules! hooks {
                 $(
                     $(#[$meta:meta])*
                     fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty,
-                        $lookup:expr, on panic $panic:expr
+                        $lookup:expr, on panic $panic:expr $(, $flag:ident)*
                         => $handler:path $([ $($extra:expr),* ])? ;
                 )*
             }
@@ -101,7 +106,9 @@ macro_rules! hooks {
                     #[allow(unused_unsafe)]
                     // SAFETY: the handler's contract is this function's,
                     // which the caller keeps.
-                    let answer = unsafe { $handler(engine, $($($extra,)*)? real, $($arg),*) };
+                    let answer = unsafe {
+                        hook_call!([$($flag)*] $handler, engine, [$($($extra,)*)?], real, ($($arg),*))
+                    };
                     answer
                 })
             }
@@ -109,17 +116,48 @@ macro_rules! hooks {
 
         /// Every hooked variant: the exports, the `dlsym` answers and the
         /// `cuGetProcAddress` answers all come from this one list.
-        pub static HOOKS: &[$crate::boundary::hooks::Hook] = &[
+        pub static HOOKS: &[$crate::boundary::entry::Hook] = &[
             $( $(
-                $crate::boundary::hooks::Hook {
+                $crate::boundary::entry::Hook {
                     name: c_name!($name),
                     lookup: $lookup,
                     hook: $name as *const ::std::ffi::c_void,
                     real: &real::$name::SLOT.raw,
+                    tiered_only: tiered_flag!($($flag)*),
                 },
             )* )*
         ];
     };
 }
 
-pub(crate) use {c_name, hooks, real_fns};
+/// Whether an entry's flags hold `tiered`: the hook is handed out only
+/// under tiered spill ([`Hook::tiered_only`](super::entry::Hook)).
+macro_rules! tiered_flag {
+    () => {
+        false
+    };
+    (tiered $($rest:ident)*) => {
+        true
+    };
+    ($other:ident $($rest:ident)*) => {
+        tiered_flag!($($rest)*)
+    };
+}
+
+/// The call of an entry's handler: with the engine, the entry's extra
+/// arguments, the real call and the caller's arguments; or, for an entry
+/// flagged `gate` (a hook that only passes tiered spill's gate, whatever its
+/// arguments), with the engine and the real call only.
+macro_rules! hook_call {
+    ([] $h:path, $e:ident, [$($x:expr,)*], $r:ident, ($($a:ident),*)) => {
+        $h($e, $($x,)* $r, $($a),*)
+    };
+    ([gate $($rest:ident)*] $h:path, $e:ident, [$($x:expr,)*], $r:ident, ($($a:ident),*)) => {
+        $h($e, $($x,)* $r)
+    };
+    ([$other:ident $($rest:ident)*] $($tail:tt)*) => {
+        hook_call!([$($rest)*] $($tail)*)
+    };
+}
+
+pub(crate) use {c_name, hook_call, hooks, real_fns, tiered_flag};

@@ -9,11 +9,15 @@
 //! call → engine → [`RealDriver`] for any other driver function it needs.
 
 pub mod abi;
+mod allocs;
 mod dlsym;
 mod driver;
+mod entry;
+mod graph_walk;
 pub mod hooks;
 mod loader;
 mod macros;
+mod queries;
 pub mod real;
 mod resolve;
 

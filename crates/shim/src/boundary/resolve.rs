@@ -14,22 +14,23 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use super::hooks::{HOOKS, Hook};
+use super::entry::Hook;
 use super::real::{Lib, driver_path};
 use super::{RealDriver, disabled};
 use crate::engine::Engine;
-use crate::engine::cuda::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUresult};
+use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUresult};
 use crate::log::{log_at, log_once};
 use crate::lookup;
 use vramcap_core::settings::Spill;
 
 /// Replaces a function pointer handed out by `cuGetProcAddress*` with the
-/// hook for the same variant.
+/// hook for the same variant, from `hooks` (the hook list).
 ///
 /// # Safety
 /// `pfn` is non-null and holds what the real resolver wrote; `symbol` is
 /// null or the caller's NUL-terminated name.
 unsafe fn substitute(
+    hooks: &[Hook],
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
@@ -42,7 +43,7 @@ unsafe fn substitute(
     }
     // NVML functions are never handed out by the CUDA resolver; looking
     // them up here would load NVML as a side effect.
-    let by_pointer = HOOKS
+    let by_pointer = hooks
         .iter()
         .filter(|h| h.real.lib == Lib::Cuda && handed_out(h))
         .find(|h| h.real.get() == Some(p));
@@ -56,10 +57,10 @@ unsafe fn substitute(
     }
     // SAFETY: the real resolver accepted it as a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if let Some(i) = lookup::by_name(HOOKS.iter().map(|h| &h.lookup), name, cuda_version, flags)
-        && handed_out(&HOOKS[i])
+    if let Some(i) = lookup::by_name(hooks.iter().map(|h| &h.lookup), name, cuda_version, flags)
+        && handed_out(&hooks[i])
     {
-        let h = &HOOKS[i];
+        let h = &hooks[i];
         log_at!(
             Debug,
             "cuGetProcAddress({}, {cuda_version}): internal driver pointer, matched {:?} by version",
@@ -76,8 +77,10 @@ unsafe fn substitute(
 ///
 /// # Safety
 /// The driver function's contract.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn get_proc_address_v2(
     engine: &'static Engine<RealDriver>,
+    hooks: &[Hook],
     real: impl FnMut() -> CUresult,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -86,7 +89,7 @@ pub unsafe fn get_proc_address_v2(
     symbol_status: *mut c_int,
 ) -> CUresult {
     // SAFETY: the driver function's contract.
-    let rc = unsafe { get_proc_address(engine, real, symbol, pfn, cuda_version, flags) };
+    let rc = unsafe { get_proc_address(engine, hooks, real, symbol, pfn, cuda_version, flags) };
     if rc == CUDA_ERROR_NOT_FOUND && !symbol_status.is_null() {
         // SAFETY: the caller passed a writable status (null: none).
         unsafe { *symbol_status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND };
@@ -104,6 +107,7 @@ const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
 /// The driver function's contract.
 pub unsafe fn get_proc_address(
     _engine: &'static Engine<RealDriver>,
+    hooks: &[Hook],
     mut real: impl FnMut() -> CUresult,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
@@ -115,7 +119,7 @@ pub unsafe fn get_proc_address(
         // SAFETY: pfn is non-null and the resolver filled it.
         let found = unsafe { *pfn };
         // SAFETY: as above.
-        unsafe { substitute(symbol, pfn, cuda_version, flags) };
+        unsafe { substitute(hooks, symbol, pfn, cuda_version, flags) };
         // SAFETY: as above.
         let kept = unsafe { *pfn } == found;
         if kept
@@ -126,11 +130,15 @@ pub unsafe fn get_proc_address(
             // SAFETY: the real resolver accepted it as a NUL-terminated string.
             let name = unsafe { CStr::from_ptr(symbol) };
             // SAFETY: pfn is non-null and writable.
-            return unsafe { beyond_known_versions(name, pfn, cuda_version, flags) };
+            return unsafe { beyond_known_versions(hooks, name, pfn, cuda_version, flags) };
         }
     }
     rc
 }
+
+/// `cuGetProcAddress_v2`'s C signature, to ask the real resolver again.
+type ResolverV2 =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 
 /// A request above [`lookup::NAME_MATCH_MAX_VERSION`] for a hooked name
 /// whose answer `*pfn` matched no hook: asked again at the newest known
@@ -141,13 +149,14 @@ pub unsafe fn get_proc_address(
 /// # Safety
 /// `pfn` is non-null, writable and holds the real resolver's answer.
 unsafe fn beyond_known_versions(
+    hooks: &[Hook],
     name: &CStr,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: u64,
 ) -> CUresult {
     let n = name.to_bytes();
-    let hooked = HOOKS.iter().any(|h| {
+    let hooked = hooks.iter().any(|h| {
         h.real.lib == Lib::Cuda
             && handed_out(h)
             && (h.lookup.base.as_bytes() == n || h.lookup.also.0.as_bytes() == n)
@@ -158,30 +167,34 @@ unsafe fn beyond_known_versions(
     // SAFETY: guaranteed by the caller.
     let found = unsafe { *pfn };
     let known = lookup::NAME_MATCH_MAX_VERSION;
+    let resolver = hooks
+        .iter()
+        .find(|h| h.name == c"cuGetProcAddress_v2")
+        .and_then(|h| h.real.get());
     let mut same: *mut c_void = std::ptr::null_mut();
     let mut status: c_int = 0;
-    // SAFETY: the resolver's contract: a NUL-terminated name and writable
-    // out-pointers.
-    let rc = unsafe {
-        super::hooks::real::cuGetProcAddress_v2::call(
-            name.as_ptr(),
-            &mut same,
-            known,
-            flags,
-            &mut status,
-        )
+    let rc = match resolver {
+        Some(f) => {
+            // SAFETY: the driver's cuGetProcAddress_v2, whose signature
+            // this is.
+            let f: ResolverV2 = unsafe { std::mem::transmute::<*mut c_void, ResolverV2>(f) };
+            // SAFETY: the resolver's contract: a NUL-terminated name and
+            // writable out-pointers.
+            unsafe { f(name.as_ptr(), &mut same, known, flags, &mut status) }
+        }
+        None => CUDA_ERROR_NOT_FOUND,
     };
     if rc == CUDA_SUCCESS && same == found {
-        if let Some(i) = lookup::by_name(HOOKS.iter().map(|h| &h.lookup), n, known, flags)
-            && handed_out(&HOOKS[i])
+        if let Some(i) = lookup::by_name(hooks.iter().map(|h| &h.lookup), n, known, flags)
+            && handed_out(&hooks[i])
         {
             log_at!(
                 Debug,
                 "cuGetProcAddress({name:?}, {cuda_version}): the function answered at {known}, matched {:?}",
-                HOOKS[i].name
+                hooks[i].name
             );
             // SAFETY: guaranteed by the caller.
-            unsafe { *pfn = HOOKS[i].hook.cast_mut() };
+            unsafe { *pfn = hooks[i].hook.cast_mut() };
         }
         return CUDA_SUCCESS;
     }
@@ -202,14 +215,14 @@ unsafe fn beyond_known_versions(
 }
 
 /// What `dlsym(handle, name)` answers for a real handle, given glibc's own
-/// answer `found`: the hook when `found` is the library's own symbol of a
-/// hooked name, else `found` unchanged.
-pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
+/// answer `found`: the hook in `hooks` (the hook list) when `found` is the
+/// library's own symbol of a hooked name, else `found` unchanged.
+pub fn answer_dlsym(hooks: &[Hook], name: &CStr, found: *mut c_void) -> *mut c_void {
     let n = name.to_bytes();
     if found.is_null() || disabled() || !(n.starts_with(b"cu") || n.starts_with(b"nvml")) {
         return found;
     }
-    let Some(h) = HOOKS
+    let Some(h) = hooks
         .iter()
         .find(|h| h.name == name)
         .filter(|h| handed_out(h))
@@ -242,35 +255,11 @@ pub fn answer_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
     }
 }
 
-/// Whether the hook of `h` is handed out: the launch, copy and memset
-/// hooks, those of changes to executable graphs, and those that read the
-/// program's `cuMemCreate` handles (`engine/handles.rs`) only under tiered
-/// spill, which needs them (`engine/tier.rs`);
+/// Whether the hook of `h` is handed out: those only tiered spill needs
+/// (the entry's `tiered` flag, `hooks.rs`) only under tiered spill;
 /// otherwise the program gets the driver's own functions and pays nothing.
 fn handed_out(h: &Hook) -> bool {
-    !tiered_only(h.name.to_bytes()) || super::settings().spill == Spill::Tiered
-}
-
-/// The hooks only tiered spill needs.
-pub fn tiered_only(name: &[u8]) -> bool {
-    [
-        &b"cuLaunch"[..],
-        b"cuMemcpy",
-        b"cuMemset",
-        b"cuStreamWriteValue",
-        b"cuStreamWaitValue",
-        b"cuStreamBatchMemOp",
-        b"cuModuleUnload",
-        b"cuLibraryUnload",
-        b"cuGraphExecUpdate",
-        b"cuGraphExecKernelNodeSetParams",
-        b"cuGraphExecNodeSetParams",
-        b"cuMemSetAccess",
-        b"cuMemGetAllocationPropertiesFromHandle",
-        b"cuMemGetHandleForAddressRange",
-    ]
-    .iter()
-    .any(|p| name.starts_with(p))
+    !h.tiered_only || super::settings().spill == Spill::Tiered
 }
 
 /// Whether any cap was asked for (a limit, NVIDIA's variable, the

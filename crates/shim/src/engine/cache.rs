@@ -85,9 +85,9 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::cache::{Block, Pool, Want};
 use vramcap_core::page::DeviceSlot;
 
-use super::base::{Base, CU_STREAM_LEGACY};
-use super::cuda::{CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS, CUresult};
-use super::driver::{Driver, Flavour};
+use crate::engine::accounting::base::{Base, CU_STREAM_LEGACY};
+use crate::engine::driver::{Driver, Flavour};
+use crate::ffi::{CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS, CUresult};
 use crate::log::{log_at, log_once};
 
 #[derive(Default)]
@@ -170,7 +170,7 @@ impl Cache {
         for (dev, c) in self.devices.iter().enumerate() {
             let events: Vec<usize> = c.lock().events.values().map(|&(e, _)| e).collect();
             for e in &events {
-                let rc = base.driver.event_synchronize(*e);
+                let rc = base.driver().event_synchronize(*e);
                 if rc != CUDA_SUCCESS {
                     log_once!(
                         Warn,
@@ -268,7 +268,7 @@ impl Cache {
                 DeviceSlot::add(&s.cache_ordered, 1);
             }
         } else {
-            let rc = base.driver.ctx_synchronize();
+            let rc = base.driver().ctx_synchronize();
             if rc != CUDA_SUCCESS {
                 log_once!(
                     Warn,
@@ -296,7 +296,7 @@ impl Cache {
         c: &DeviceCache,
         ctx: usize,
     ) -> Result<(), CUresult> {
-        let id = base.driver.ctx_get_id(ctx).ok();
+        let id = base.driver().ctx_get_id(ctx).ok();
         let current = |entry: Option<&(usize, Option<u64>)>| {
             // The entry is this context's unless both IDs are known and differ.
             entry.and_then(|&(e, known)| match (known, id) {
@@ -310,12 +310,12 @@ impl Cache {
             None => {
                 // A stale entry's handle belongs to a context that is gone
                 // (or by now to someone else's event): dropped, not destroyed.
-                let e = base.driver.event_create(CU_EVENT_DISABLE_TIMING)?;
+                let e = base.driver().event_create(CU_EVENT_DISABLE_TIMING)?;
                 let mut g = c.lock();
                 match current(g.events.get(&ctx)) {
                     Some(other) => {
                         drop(g);
-                        let _ = base.driver.event_destroy(e);
+                        let _ = base.driver().event_destroy(e);
                         other
                     }
                     None => {
@@ -326,7 +326,7 @@ impl Cache {
             }
         };
         let rc = base
-            .driver
+            .driver()
             .event_record(event, CU_STREAM_LEGACY, Flavour::Legacy);
         if rc != CUDA_SUCCESS {
             log_once!(
@@ -397,7 +397,7 @@ impl Cache {
             // The context still lives: its event is destroyed now, not
             // left to a later context at the same handle.
             if let Some((e, _)) = event {
-                let _ = base.driver.event_destroy(e);
+                let _ = base.driver().event_destroy(e);
             }
             if !out.is_empty() {
                 self.release(base, dev as u16, out, Why::Evicted);

@@ -14,7 +14,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use super::cuda::{
+use crate::ffi::{
     CUdevice, CUdeviceptr, CUmemAccessDesc, CUmemAllocationPropFull, CUmemLocation, CUresult,
 };
 

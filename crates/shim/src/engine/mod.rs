@@ -5,100 +5,279 @@
 //! driver function it needs comes through the [`Driver`] trait. Its unit
 //! tests (`tests/`) run it against a fake driver.
 //!
-//! # Parts, bottom up (no module imports one above it)
-//! - `cuda`, `driver`, `records`, `ledger`, `inflight`, `worker`,
-//!   `exports`: types, the driver trait, the records of live allocations,
-//!   the book of pools and the context's measurement, the allocations in
-//!   flight, the background thread, and how an import is known to be of
-//!   this process's own export.
-//! - `page`, `group`: the statistics page and the group membership.
-//! - `base` (+ `accounting`, `held`): what every part stands on, the
-//!   budgets, and what a process holds beyond its allocations (pools,
-//!   graph memory, the context).
-//! - `cache`, `spill`, `tier`: the freed-block cache, spill to host memory
-//!   and tiered spill's blocks, heat, plan and gate.
-//! - `state`: the [`Engine`], which owns all of the above.
-//! - the handlers, by family: `alloc` (plain, pitched and managed memory,
-//!   frees, memory queries), `pools` (stream-ordered), `vmm`, `arrays`,
-//!   `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps changed
-//!   while the program runs), `placement` (tiered spill's allocation,
-//!   frees, rounds and launch, copy and memset hooks), `handles` (tiered
-//!   spill of the program's own `cuMemCreate` memory).
+//! # Parts, bottom up (no module imports one above it; `tests/layout.rs`
+//! checks that no two import each other)
+//! - `driver`, `worker`: the driver trait (over the C types of
+//!   `crate::ffi`) and the background thread.
+//! - `accounting/`: what every part stands on (`base`: the driver, the
+//!   settings, the page, the group membership), the budgets and caps
+//!   (`mod.rs`), what a process holds beyond its allocations (`held`, with
+//!   its book of pools and the context's measurement in `ledger`), the
+//!   records of live allocations (`records`), the allocations in flight
+//!   (`inflight`), the statistics page (`page`), the group membership
+//!   (`group`) and the exports this process made (`exports`).
+//! - `cache`, `spill`: the freed-block cache and spill to host memory.
+//! - `tiered/`: tiered spill: its blocks, heat, a pure planner, the gate,
+//!   the rounds, its allocation path and hooks, and the program's own
+//!   `cuMemCreate` memory under it (`tiered/mod.rs` lists the files).
+//! - this file: the [`Engine`], which owns all of the above.
+//! - `handlers/`, by API family: `alloc` (plain, pitched and managed
+//!   memory, frees, memory queries), `pools` (stream-ordered), `vmm`,
+//!   `arrays`, `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps
+//!   changed while the program runs).
 //!
-//! # Concurrency
-//! - Budgets, counters, the capture count and every lazily made pointer are
-//!   atomics. A reservation is a compare-and-swap under the cap.
-//! - Locks: the record maps' shard locks (`records`), one mutex per device
-//!   cache (`cache`), the spill's deferred-free list (`spill`), the book of
-//!   pools and the graph-reserve mutex (`ledger`, `held`), and `OnceLock`s
-//!   of values made once. Each is held for a map or list operation only,
-//!   never across `dlopen` or `dlsym`, and never two at once (the list of
-//!   exports asks the VMM records whether a handle is live under its
-//!   mutex: one shard lookup, and no code takes the list holding a
-//!   record): there is no lock order, except under tiered spill (`tier`:
-//!   rounds against context teardown, then the cache's ordering lock, then
-//!   its gate, which a round holds across the driver calls of a move). Only the book of pools and the graph-reserve mutex are
-//!   held across driver calls, the attribute reads whose figures they
-//!   apply, which call nothing the shim hooks and never wait on the GPU. The page
-//!   and the group membership are made by one thread while others yield
-//!   (`page`, `group`); an allocation that needs the context's first figure
-//!   while another thread measures it sleeps until it is there (`held`); a
-//!   cap change waits (yielding) for the allocations in flight under the
-//!   old cap to finish their driver calls (`live`), which never wait on it.
-//! - What allocates: making the engine (first hook), the page and the group
-//!   membership (first use of a device), the check that the limit's device
-//!   keys name GPUs (first use of any device, only when it names devices),
-//!   record inserts, keeping a cached block and a context's first ticket,
-//!   the lists an eviction, a context teardown or an unmap releases,
-//!   deferring and reaping spilled frees, NVML's UUID text, a pool's first
-//!   entry in the book, the list of pools a refresh walks, a graph's node
-//!   list when it is sized. Logging never allocates. ARCHITECTURE.md has the whole list.
-//! - `fork`: the boundary's child handler closes the inherited page and
-//!   group descriptors ([`Engine::forget_after_fork`]) and drops the engine
-//!   from use without touching its maps or locks (a parent thread may have
-//!   held one at the fork); the child's first hook makes a fresh engine,
-//!   with a page and membership of its own. Settings are kept.
-//! - Killed at any instruction: the page and group files hold only atomics
-//!   and are published complete (temporary file, then rename or link); a
-//!   dead process's liveness locks go with it, and a dead group member's
-//!   bytes with its slot (`vramcap_core::group`).
-//! - Waiting: nothing waits on another process. At exit, leaving the group
-//!   waits for this process's own group calls in flight (a few atomics
-//!   each); a group reservation that other members' reservations in flight
-//!   are in the way of yields and retries for at most
-//!   `group::CONTENDED_FOR`.
+//! # Concurrency (written here once; ARCHITECTURE.md and the modules point here)
+//! - **Atomics:** budgets, counters, the capture count, every lazily made
+//!   pointer (driver handle, function slots, the page, the engine), a
+//!   tiered block's spots, place and claim. A reservation is a
+//!   compare-and-swap under the cap.
+//! - **Locks, and what each guards.** Each is held for one map or list
+//!   operation, never across `dlopen` or `dlsym`, and never across a driver
+//!   call unless said here.
+//!   - `accounting/records.rs`: each registry's shard locks (live
+//!     allocations, VMM objects, arrays, mappings, graphs): one entry.
+//!   - `cache.rs`: one mutex per device (its blocks, tickets and contexts'
+//!     events), and the ordering lock (reuse takes it shared; a capture's
+//!     beginning and the non-blocking flag's first setting exclusively).
+//!   - `spill.rs`: the deferred-free list.
+//!   - `accounting/ledger.rs`, `accounting/held.rs`: the book of pools and
+//!     the graph-reserve mutex, the only locks held across a driver call:
+//!     the attribute reads whose figures they apply, which call nothing the
+//!     shim hooks and never wait on the GPU.
+//!   - `accounting/exports.rs`: the list of exports; under it the VMM
+//!     registry is asked whether a handle is live (one shard lookup), and
+//!     no code takes the list while it holds a registry entry.
+//!   - Tiered spill only (`tiered/`): the block map, the parameter layouts
+//!     and the executable graphs' uses (`RwLock`s, one lookup pass or one
+//!     insert), the mover streams and deferred frees, the program's
+//!     `cuMemCreate` handles (`tiered/handles.rs`, never with another
+//!     lock), a block's granted access; `Tiers::running` (a round holds it
+//!     shared throughout, the program's context destroy and primary-context
+//!     release or reset exclusively around the driver's call); and the gate
+//!     (`tiered/gate.rs`, an `RwLock<()>`: the launch, copy and memset
+//!     hooks hold it shared across their driver call, a round's move
+//!     exclusively across the synchronisation, copy and remap; the round
+//!     takes it with `try_write` for at most `STOP_WAIT`, 50 ms, and gives
+//!     up the round otherwise, so a program thread blocked in a gated call
+//!     cannot deadlock with it).
+//!   - `OnceLock`s and `Once`s of values made once (settings, the driver's
+//!     path, the spill limit, the group's limit, the cache's clock, the
+//!     exit handler).
+//! - **The lock order**, the only nestings: `Tiers::running`, then the
+//!   cache's ordering lock, then the gate or a device cache's mutex
+//!   (briefly); the list of exports, then a VMM registry shard; the
+//!   settings' initialiser setting the driver's path, once, before any hook
+//!   runs. Hooks take only the gate. Nothing else is held with another lock.
+//! - **Waits:** nothing waits on another process. The page and the group
+//!   membership are made by one thread while others yield (`page`,
+//!   `group`); an allocation that needs the context's first figure while
+//!   another thread measures it sleeps 200 µs at a time until it is there
+//!   (`accounting/context.rs`); a cap change yields until the allocations
+//!   in flight under the old cap end their driver calls
+//!   (`handlers/live.rs`), which never wait on it; a context's destroy
+//!   waits (at most 10 s, once) for a round's synchronising threads; a free
+//!   of a tiered block waits (yielding) for a move's claim to end. At exit,
+//!   leaving the group waits for this process's own group calls in flight;
+//!   a group reservation that other members' reservations are in the way
+//!   of yields and retries for at most `group::CONTENDED_FOR`.
+//! - **What allocates:** making the engine (the first hook; dashmap reads
+//!   the CPU count then), the page and the group membership (a device's
+//!   first use), the check of the limit's device keys (the first use of any
+//!   device, only when the limit names devices), record inserts, keeping a
+//!   cached block and a context's first ticket, the lists of blocks an
+//!   eviction or a context teardown releases, the mappings an unmap drops,
+//!   deferring and reaping spilled frees, NVML's UUID text and its look-up
+//!   of `CUDA_VISIBLE_DEVICES`, a pool's first entry in the book, the list
+//!   of pools a refresh walks, a graph's node list when it is sized; under
+//!   tiered spill, a block's insert and access descriptors, a function's
+//!   layout, an executable graph's uses (at its instantiation, never at its
+//!   launch), a round's snapshot, lists and plan, a context's first mover
+//!   stream, a program handle's cell and entry. A plain allocation or free
+//!   that the cache does not touch allocates only its record. Logging
+//!   formats into a stack buffer and makes one `write(2)`.
+//! - **`fork`:** the boundary's child handler closes the inherited page and
+//!   group descriptors and the descriptors kept of the parent's exports
+//!   ([`Engine::forget_after_fork`]), unmaps the parent's page, and drops
+//!   the engine from use without touching its maps or locks (a parent
+//!   thread may have held one at the fork); the child's first hook makes a
+//!   fresh engine, with a page, membership and caches of its own. Settings
+//!   are kept.
+//! - **Killed at any instruction:** the page and group files hold only
+//!   atomics and are published complete (a temporary file, locked by its
+//!   writer, then `rename` or `link`; readers remove the temporary files of
+//!   dead writers); a dead process's liveness locks go with it, and a dead
+//!   group member's bytes with its slot (`crates/core/src/group/mod.rs` has
+//!   the proof sketch). Tiered spill's state does not outlive the process.
 
-pub mod cuda;
 pub mod driver;
 
 mod accounting;
-mod alloc;
-mod arrays;
-mod base;
 mod cache;
-mod exports;
-mod group;
-mod handles;
-mod held;
-mod inflight;
-mod ledger;
-mod lifecycle;
-mod live;
-mod nvml;
-mod page;
-mod placement;
-mod pools;
-mod records;
+mod handlers;
 mod spill;
-mod state;
-mod tier;
-mod vmm;
+mod tiered;
 mod worker;
 
 #[cfg(test)]
 mod tests;
 
 pub use self::driver::{Driver, Flavour};
-pub use self::live::{EINVAL, ENODEV};
-pub use self::state::Engine;
+pub use self::handlers::allocate::Made;
+pub use self::handlers::live::{EINVAL, ENODEV};
 pub use self::worker::reset_after_fork as reset_worker_after_fork;
+
+use self::accounting::base::Base;
+use self::accounting::inflight::InFlight;
+use self::accounting::records::{Object, Record, Registry, registry};
+use self::cache::Cache;
+use self::spill::Spill;
+use self::tiered::{Handles, Tiers};
+use crate::ffi::CUdevice;
+use crate::log::log_at;
+use std::sync::atomic::Ordering;
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::page::DeviceSlot;
+use vramcap_core::settings::{Counting, Settings};
+
+/// All the state of one process's shim (one per process; a test makes its own).
+pub struct Engine<D: Driver> {
+    base: Base<D>,
+    cache: Cache,
+    spill: Spill,
+    tiers: Tiers,
+    /// The program's `cuMemCreate` handles under tiered spill.
+    handles: Handles,
+    /// Live allocations by device address.
+    table: Registry<Record>,
+    /// `cuMemCreate` allocations by handle.
+    vmm: Registry<Object>,
+    /// Arrays and mipmapped arrays by handle.
+    arrays: Registry<Object>,
+    /// VMM mappings by start address: (the counted handle, size).
+    maps: Registry<(u64, u64)>,
+    /// The VMM handles this process exported as POSIX file descriptors
+    /// (outside tiered spill).
+    exports: crate::engine::accounting::exports::Exports,
+    /// Instantiated graphs by handle: how much graph memory their last
+    /// launch that grew it added, and their allocation nodes' bytes when
+    /// their instantiation was seen (`held.rs`).
+    graph_growth: Registry<u64>,
+    graph_size: Registry<u64>,
+    /// Allocations in flight, for cap changes (`live.rs`).
+    inflight: InFlight,
+}
+
+impl<D: Driver> Engine<D> {
+    pub fn new(driver: D, settings: &'static Settings) -> Engine<D> {
+        Engine {
+            base: Base::new(driver, settings),
+            cache: Cache::new(),
+            spill: Spill::new(),
+            tiers: Tiers::new(settings.spill == vramcap_core::settings::Spill::Tiered),
+            handles: Handles::default(),
+            table: registry(),
+            vmm: registry(),
+            arrays: registry(),
+            maps: registry(),
+            exports: Default::default(),
+            graph_growth: registry(),
+            graph_size: registry(),
+            inflight: InFlight::new(),
+        }
+    }
+
+    /// The cap of `device` in bytes ([`NO_CAP`] for none), worked out on
+    /// first use (which also sets the device's cache bound and, in a group,
+    /// joins it). `None` when it cannot be worked out: callers then refuse.
+    /// The first call checks that every device key of `VRAMCAP_LIMIT`
+    /// names a GPU, before the page or the group is touched, and stops the
+    /// process when one does not (`accounting.rs`).
+    pub fn limit_of(&'static self, device: CUdevice) -> Option<u64> {
+        if !self.base.limit_keys_match() {
+            return None;
+        }
+        let s = self.base.slot(device)?;
+        if let Some(l) = self.base.cap_in_force(s, device) {
+            return Some(l);
+        }
+        let l = self.base.compute_limit(device, s);
+        if self.base.group().configured() {
+            // Reclaims dead members, even when this device could not be
+            // attached to the group (its allocations are refused then).
+            self.start_worker();
+        }
+        let l = l?;
+        let total = self.base.driver().device_total_mem(device).unwrap_or(0);
+        s.total.store(total, Ordering::Relaxed);
+        s.budget.set_limit(l);
+        s.mark_active();
+        let base = if l == NO_CAP { total } else { l };
+        self.cache
+            .set_bound(device as u16, self.base.settings().cache.resolve(base));
+        if self.base.settings().counting == Counting::Held {
+            // The background thread keeps the context's figure current.
+            self.base.context_measure(device);
+        }
+        // It also answers `vramcap limit` (which asks only for devices in
+        // use, so nothing can be pending for this one yet).
+        self.start_worker();
+        Some(l)
+    }
+
+    /// The statistics page's slot of `device`, made on first use (`None`
+    /// when the page cannot be made): what the C ABI reads.
+    pub fn slot(&self, device: CUdevice) -> Option<&'static DeviceSlot> {
+        self.base.slot(device)
+    }
+
+    /// Starts the background thread if it is not running.
+    fn start_worker(&'static self) {
+        self.base.worker().ensure(move || self.background_round());
+    }
+
+    /// One round of the background thread.
+    fn background_round(&'static self) {
+        if self.base.capturing() {
+            // Frees from this thread could invalidate the capture: wait.
+            return;
+        }
+        let page = self.base.page().get(self.base.settings());
+        let asked = page.header.trim_requests.load(Ordering::Acquire);
+        if asked != page.header.trim_acks.load(Ordering::Acquire) {
+            let bytes = self.cache.trim_all(&self.base);
+            for s in page.slots.iter() {
+                if s.flags.load(Ordering::Relaxed) != 0 {
+                    DeviceSlot::add(&s.trims, 1);
+                }
+            }
+            page.header.trim_acks.store(asked, Ordering::Release);
+            log_at!(Info, "trim: released {bytes} cached bytes");
+        }
+        self.apply_limit_requests();
+        self.follow_group_caps();
+        self.cache
+            .release_idle(&self.base, self.base.settings().cache_idle);
+        self.spill.reap(&self.base);
+        self.tier_round();
+        self.base.held_round();
+        self.base.group().tick();
+    }
+
+    /// At normal exit: leave the group and remove the statistics page.
+    pub fn at_exit(&self) {
+        self.base.group().leave();
+        self.base.page().remove_at_exit();
+    }
+
+    /// In a child after fork, before anything else runs: close the
+    /// descriptors whose locks say the parent is alive, unmap the parent's
+    /// page, and close the descriptors kept of the parent's exports (each
+    /// would hold the parent's memory allocated for the child's life). The
+    /// engine is not used again.
+    pub fn forget_after_fork(&self) {
+        self.base.page().forget_after_fork();
+        self.base.group().forget_after_fork();
+        self.handles.close_kept_after_fork();
+        self.exports.close_kept_after_fork();
+    }
+}

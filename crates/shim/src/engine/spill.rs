@@ -34,10 +34,10 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Spill as Mode;
 
-use super::base::Base;
-use super::cuda::*;
-use super::driver::{Driver, Flavour};
-use super::records::{Kind, Record};
+use crate::engine::accounting::base::Base;
+use crate::engine::accounting::records::{Kind, Record};
+use crate::engine::driver::{Driver, Flavour};
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: c_int = 89;
@@ -93,11 +93,11 @@ impl Spill {
                 )
             };
             let host = (pages.max(0) as u64).saturating_mul(size.max(0) as u64);
-            let l = base.settings.spill_limit.resolve(host);
+            let l = base.settings().spill_limit.resolve(host);
             log_at!(
                 Info,
                 "spill: {} up to {l} bytes of host memory",
-                base.settings.spill.name()
+                base.settings().spill.name()
             );
             l
         })
@@ -139,7 +139,7 @@ impl Spill {
             2 => false,
             _ => {
                 let ok = base
-                    .driver
+                    .driver()
                     .device_attribute(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, device)
                     .is_ok_and(|v| v != 0);
                 flag.store(if ok { 1 } else { 2 }, Ordering::Relaxed);
@@ -171,7 +171,7 @@ impl Spill {
         bytes: u64,
         managed_flags: Option<c_uint>,
     ) -> Option<(CUdeviceptr, Record)> {
-        let mode = base.settings.spill;
+        let mode = base.settings().spill;
         if mode == Mode::Off || bytes == 0 {
             return None;
         }
@@ -184,7 +184,7 @@ impl Spill {
         } else {
             mode
         };
-        if mode == Mode::Managed && base.settings.operator.is_some() {
+        if mode == Mode::Managed && base.settings().operator.is_some() {
             // The program could prefetch managed pages onto the GPU, past
             // the operator's cap: refused as without spill.
             log_once!(
@@ -207,27 +207,27 @@ impl Spill {
         let placed = match mode {
             Mode::Managed => {
                 let flags = managed_flags.unwrap_or(CU_MEM_ATTACH_GLOBAL);
-                match base.driver.mem_alloc_managed(size, flags) {
+                match base.driver().mem_alloc_managed(size, flags) {
                     Err(_) => None,
-                    Ok(p) if advise_host(&base.driver, p, size, device) != CUDA_SUCCESS => {
+                    Ok(p) if advise_host(base.driver(), p, size, device) != CUDA_SUCCESS => {
                         // Without the advice the pages could migrate onto
                         // the GPU and pass the cap: give it back and refuse.
                         log_once!(Warn, "{what}: cuMemAdvise failed; not spilling");
-                        let _ = base.driver.mem_free(p);
+                        let _ = base.driver().mem_free(p);
                         None
                     }
                     Ok(p) => Some((p, Kind::SpillManaged)),
                 }
             }
             Mode::Host => match base
-                .driver
+                .driver()
                 .mem_host_alloc(size, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)
             {
                 Err(_) => None,
-                Ok(h) => match base.driver.mem_host_get_device_pointer(h) {
+                Ok(h) => match base.driver().mem_host_get_device_pointer(h) {
                     Ok(d) => Some((d, Kind::SpillHost(h as u64))),
                     Err(_) => {
-                        let _ = base.driver.mem_free_host(h);
+                        let _ = base.driver().mem_free_host(h);
                         None
                     }
                 },
@@ -248,13 +248,13 @@ impl Spill {
             log_once!(
                 Info,
                 "{what}: the soft limit of device {device} (VRAMCAP_SOFT_LIMIT) is reached; spilling to host memory ({})",
-                base.settings.spill.name()
+                base.settings().spill.name()
             );
         } else {
             log_once!(
                 Info,
                 "{what}: the cap of device {device} is reached; spilling to host memory ({})",
-                base.settings.spill.name()
+                base.settings().spill.name()
             );
         }
         log_at!(
@@ -276,12 +276,12 @@ impl Spill {
     /// Releases a spilled allocation for real; returns the driver's result.
     pub fn free<D: Driver>(&self, base: &Base<D>, ptr: CUdeviceptr, r: &Record) -> CUresult {
         let rc = match r.kind {
-            Kind::SpillHost(h) => base.driver.mem_free_host(h as usize),
+            Kind::SpillHost(h) => base.driver().mem_free_host(h as usize),
             Kind::TieredFreed { handle, .. } => {
-                let rc = base.driver.vmm_unmap(ptr, r.bytes);
+                let rc = base.driver().vmm_unmap(ptr, r.bytes);
                 if rc == CUDA_SUCCESS {
-                    let _ = base.driver.vmm_release(handle);
-                    let _ = base.driver.vmm_free_address(ptr, r.bytes);
+                    let _ = base.driver().vmm_release(handle);
+                    let _ = base.driver().vmm_free_address(ptr, r.bytes);
                 }
                 rc
             }
@@ -321,13 +321,13 @@ impl Spill {
         stream: usize,
         flavour: Flavour,
     ) -> CUresult {
-        let event = match base.driver.event_create(CU_EVENT_DISABLE_TIMING) {
+        let event = match base.driver().event_create(CU_EVENT_DISABLE_TIMING) {
             Ok(e) => e,
             Err(rc) => return rc,
         };
-        let rc = base.driver.event_record(event, stream, flavour);
+        let rc = base.driver().event_record(event, stream, flavour);
         if rc != CUDA_SUCCESS {
-            let _ = base.driver.event_destroy(event);
+            let _ = base.driver().event_destroy(event);
             return rc;
         }
         self.list().push(Deferred { event, ptr, record });
@@ -348,7 +348,7 @@ impl Spill {
         // recorded in a capture) keeps waiting. Nothing allocates while no
         // event has completed: the list goes back as it was.
         let ready: Vec<Deferred> = waiting
-            .extract_if(.., |d| base.driver.event_query(d.event) == CUDA_SUCCESS)
+            .extract_if(.., |d| base.driver().event_query(d.event) == CUDA_SUCCESS)
             .collect();
         if !waiting.is_empty() {
             let mut list = self.list();
@@ -360,7 +360,7 @@ impl Spill {
         }
         self.pending.fetch_sub(ready.len(), Ordering::AcqRel);
         for d in ready {
-            let _ = base.driver.event_destroy(d.event);
+            let _ = base.driver().event_destroy(d.event);
             let rc = self.free(base, d.ptr, &d.record);
             if rc != CUDA_SUCCESS {
                 log_once!(Warn, "a deferred free of spilled memory failed with {rc}");

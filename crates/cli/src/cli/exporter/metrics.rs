@@ -37,8 +37,9 @@
 //! metric table lists every family; a test (`cli::readme`) holds it to
 //! [`render`].
 
+use vramcap_core::counters::PageSnapshot;
 use vramcap_core::counters::{COUNTERS, SlotSnapshot};
-use vramcap_core::page::{PageSnapshot, uuid_text};
+use vramcap_core::page::uuid_text;
 use vramcap_core::text;
 
 use crate::read::GroupSnapshot;

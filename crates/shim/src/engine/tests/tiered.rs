@@ -6,7 +6,9 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
 use super::*;
-use crate::engine::tier::MIN_ROUNDS;
+use crate::engine::tiered::MIN_ROUNDS;
+
+mod handles;
 
 const TIERED: (&str, &str) = ("VRAMCAP_SPILL", "tiered");
 
@@ -52,7 +54,8 @@ fn rounds(e: &'static Engine<Fake>, n: usize) {
 }
 
 fn device_resident(e: &'static Engine<Fake>) -> u64 {
-    e.driver
+    e.base
+        .driver()
         .vmm
         .lock()
         .unwrap()
@@ -90,7 +93,7 @@ fn within_the_cap_blocks_are_device_memory_past_it_host_memory() {
     // Smaller than the granularity: the ordinary path (the driver's cuMemAlloc).
     let d = alloc(e, MIB).unwrap();
     assert_eq!(
-        (used(e), e.driver.sizes.lock().unwrap().len()),
+        (used(e), e.base.driver().sizes.lock().unwrap().len()),
         (37 * MIB, 1)
     );
     for p in [a, b, c] {
@@ -98,8 +101,8 @@ fn within_the_cap_blocks_are_device_memory_past_it_host_memory() {
     }
     assert_eq!(free(e, d), CUDA_SUCCESS);
     assert_eq!(placed(e), (0, 0, 0));
-    assert!(e.driver.vmm.lock().unwrap().is_empty());
-    assert!(e.driver.maps.lock().unwrap().is_empty());
+    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
+    assert!(e.base.driver().maps.lock().unwrap().is_empty());
     // A second free of a tiered address is the driver's answer for an unknown one.
     assert_ne!(free(e, a), CUDA_SUCCESS);
 }
@@ -112,8 +115,8 @@ fn launches_count_uses_of_the_blocks_their_words_point_into() {
         launch(e, &[a, a + 8 * MIB - 1, a + 8 * MIB, 7]),
         CUDA_SUCCESS
     );
-    assert_eq!(e.tiers.hits.load(Ordering::Relaxed), 2);
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 1);
+    assert_eq!(e.tiers.hits(), 2);
+    assert_eq!(e.tiers.launches(), 1);
 }
 
 #[test]
@@ -156,7 +159,7 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     // Function N has N 8-byte parameters; 7 is a matrix product. Two
     // nodes name `a` at its start (one entry, weight 2), a product names
     // it 1 MiB in; words outside every block (0, 7) are left out.
-    e.driver.graphs.lock().unwrap().insert(
+    e.base.driver().graphs.lock().unwrap().insert(
         0x50,
         vec![
             (2, vec![a, b]),
@@ -173,8 +176,8 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     assert_eq!(e.tiers.heat_of(a), Some(3 * (2 + 32)));
     assert_eq!(e.tiers.heat_of(b), Some(3));
     // Each launch: three kernels for the scores' clock, three entries hit.
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 9);
-    assert_eq!(e.tiers.hits.load(Ordering::Relaxed), 9);
+    assert_eq!(e.tiers.launches(), 9);
+    assert_eq!(e.tiers.hits(), 9);
     // An upload runs no kernel.
     assert_eq!(
         e.graph_upload(Flavour::Legacy, || CUDA_SUCCESS, exec, std::ptr::null_mut()),
@@ -185,24 +188,26 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     assert_eq!(e.graph_exec_destroy(|| CUDA_SUCCESS, exec), CUDA_SUCCESS);
     assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
     assert_eq!(e.tiers.heat_of(b), Some(3));
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 9);
+    assert_eq!(e.tiers.launches(), 9);
 }
 
 #[test]
 fn a_failed_destroy_keeps_the_graphs_uses_and_no_block_means_no_walk() {
     let e = tiered("64MiB");
     // Before any tiered block the graph is not walked.
-    e.driver
+    e.base
+        .driver()
         .graphs
         .lock()
         .unwrap()
         .insert(0x80, vec![(1, vec![0])]);
     let early = instantiate(e, 0x80, 0x8000);
-    assert_eq!(e.driver.graph_walks.load(Ordering::SeqCst), 0);
+    assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
     assert_eq!(graph_launch(e, early), CUDA_SUCCESS);
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
+    assert_eq!(e.tiers.launches(), 0);
     let a = alloc(e, 8 * MIB).unwrap();
-    e.driver
+    e.base
+        .driver()
         .graphs
         .lock()
         .unwrap()
@@ -225,7 +230,7 @@ fn an_updated_graph_counts_its_new_uses_and_a_changed_node_none() {
     let a = alloc(e, 8 * MIB).unwrap();
     let b = alloc(e, 8 * MIB).unwrap();
     {
-        let mut g = e.driver.graphs.lock().unwrap();
+        let mut g = e.base.driver().graphs.lock().unwrap();
         g.insert(0x90, vec![(1, vec![a])]);
         g.insert(0x91, vec![(1, vec![b])]);
     }
@@ -281,7 +286,8 @@ fn a_block_used_only_by_a_graph_is_promoted() {
     let _b = alloc(e, 16 * MIB).unwrap();
     let c = alloc(e, 32 * MIB).unwrap(); // past the cap: on the host
     assert_eq!((used(e), spilled(e)), (48 * MIB, 32 * MIB));
-    e.driver
+    e.base
+        .driver()
         .graphs
         .lock()
         .unwrap()
@@ -300,16 +306,17 @@ fn a_block_used_only_by_a_graph_is_promoted() {
 fn without_tiered_spill_graphs_are_not_walked() {
     let e = engine(&[("VRAMCAP_LIMIT", "64MiB"), ("VRAMCAP_CACHE", "off")]);
     let a = alloc(e, 8 * MIB).unwrap();
-    e.driver
+    e.base
+        .driver()
         .graphs
         .lock()
         .unwrap()
         .insert(0x70, vec![(1, vec![a])]);
     let exec = instantiate(e, 0x70, 0x7000);
     assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
-    assert_eq!(e.driver.graph_walks.load(Ordering::SeqCst), 0);
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
-    assert_eq!(e.tiers.hits.load(Ordering::Relaxed), 0);
+    assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
+    assert_eq!(e.tiers.launches(), 0);
+    assert_eq!(e.tiers.hits(), 0);
 }
 
 #[test]
@@ -325,21 +332,21 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     }
     // Fresh blocks stay put for MIN_ROUNDS rounds.
     rounds(e, MIN_ROUNDS as usize - 1);
-    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
+    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
     rounds(e, 1);
     // b and a were demoted (coldest first, until c fits), then c promoted.
     let s = e.slot(0).unwrap();
     assert_eq!(moves(e), (2, 1));
     assert_eq!(s.moved_bytes.load(Ordering::Relaxed), 80 * MIB);
     assert_eq!(placed(e), (32 * MIB, 48 * MIB, 32 * MIB));
-    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 3);
+    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 3);
     // The device never held more than the cap, even while moving.
-    assert!(e.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
+    assert!(e.base.driver().peak.load(Ordering::SeqCst) <= 64 * MIB);
     // Addresses never change: every block is still mapped where it was.
-    let maps = e.driver.maps.lock().unwrap().clone();
+    let maps = e.base.driver().maps.lock().unwrap().clone();
     for p in [a, b, c] {
         let h = maps[&p];
-        assert!(e.driver.vmm.lock().unwrap().contains_key(&h));
+        assert!(e.base.driver().vmm.lock().unwrap().contains_key(&h));
     }
     assert_eq!(maps.len(), 3, "no scratch mapping is left behind");
     // Frees settle by where the block is now.
@@ -355,7 +362,7 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
 /// block on the host for good, with 16 MiB free under the cap.
 #[test]
 fn promotions_fill_the_cap_to_within_the_margin() {
-    use crate::engine::tier::PROMOTE_MARGIN;
+    use crate::engine::tiered::PROMOTE_MARGIN;
     let e = tiered("1GiB");
     let a = alloc(e, 1000 * MIB).unwrap();
     let b = alloc(e, 20 * MIB).unwrap();
@@ -386,10 +393,10 @@ fn nothing_moves_while_a_capture_runs() {
     for _ in 0..50 {
         launch(e, &[c]);
     }
-    e.captures.fetch_add(1, Ordering::SeqCst);
+    e.base.capture_began();
     rounds(e, 10);
-    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
-    e.captures.fetch_sub(1, Ordering::SeqCst);
+    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
+    e.base.capture_ended();
     // Rounds skipped during the capture did not count towards MIN_ROUNDS.
     rounds(e, MIN_ROUNDS as usize - 1);
     assert_eq!(e.slot(0).unwrap().promotions.load(Ordering::Relaxed), 0);
@@ -419,7 +426,7 @@ fn a_stream_ordered_free_of_a_tiered_block_waits_for_its_stream() {
     // The fake's events complete at once: the next reap frees it.
     e.spill.reap(&e.base);
     assert_eq!((used(e), device_resident(e)), (0, 0));
-    assert!(e.driver.maps.lock().unwrap().is_empty());
+    assert!(e.base.driver().maps.lock().unwrap().is_empty());
 }
 
 #[test]
@@ -427,39 +434,45 @@ fn without_tiered_spill_launches_are_not_decoded() {
     let e = engine(&[("VRAMCAP_LIMIT", "64MiB")]);
     let a = alloc(e, 8 * MIB).unwrap();
     assert_eq!(launch(e, &[a]), CUDA_SUCCESS);
-    assert_eq!(e.tiers.launches.load(Ordering::Relaxed), 0);
+    assert_eq!(e.tiers.launches(), 0);
 }
 
 #[test]
 fn a_free_waits_for_the_gpu_as_the_drivers_does() {
     let e = tiered("64MiB");
     let a = alloc(e, 8 * MIB).unwrap();
-    let before = e.driver.syncs.load(Ordering::SeqCst);
+    let before = e.base.driver().syncs.load(Ordering::SeqCst);
     assert_eq!(free(e, a), CUDA_SUCCESS);
-    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), before + 1);
-    assert!(e.driver.maps.lock().unwrap().is_empty());
+    assert_eq!(e.base.driver().syncs.load(Ordering::SeqCst), before + 1);
+    assert!(e.base.driver().maps.lock().unwrap().is_empty());
 }
 
 #[test]
 fn a_free_during_a_capture_is_left_to_the_next_round() {
     let e = tiered("64MiB");
     let a = alloc(e, 8 * MIB).unwrap();
-    e.captures.fetch_add(1, Ordering::SeqCst);
-    let before = e.driver.syncs.load(Ordering::SeqCst);
+    e.base.capture_began();
+    let before = e.base.driver().syncs.load(Ordering::SeqCst);
     assert_eq!(free(e, a), CUDA_SUCCESS);
     // No synchronisation, nothing released yet; the bytes still count.
-    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), before);
-    assert_eq!((e.driver.maps.lock().unwrap().len(), used(e)), (1, 8 * MIB));
+    assert_eq!(e.base.driver().syncs.load(Ordering::SeqCst), before);
+    assert_eq!(
+        (e.base.driver().maps.lock().unwrap().len(), used(e)),
+        (1, 8 * MIB)
+    );
     rounds(e, 1);
     assert_eq!(
-        e.driver.maps.lock().unwrap().len(),
+        e.base.driver().maps.lock().unwrap().len(),
         1,
         "not during the capture"
     );
-    e.captures.fetch_sub(1, Ordering::SeqCst);
+    e.base.capture_ended();
     rounds(e, 1);
-    assert_eq!((e.driver.maps.lock().unwrap().len(), used(e)), (0, 0));
-    assert!(e.driver.vmm.lock().unwrap().is_empty());
+    assert_eq!(
+        (e.base.driver().maps.lock().unwrap().len(), used(e)),
+        (0, 0)
+    );
+    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
 }
 
 #[test]
@@ -472,8 +485,8 @@ fn a_context_that_goes_away_takes_its_blocks_memory_with_it() {
         CUDA_SUCCESS
     );
     // VMM memory outlives its context: the shim released it.
-    assert!(e.driver.maps.lock().unwrap().is_empty());
-    assert!(e.driver.vmm.lock().unwrap().is_empty());
+    assert!(e.base.driver().maps.lock().unwrap().is_empty());
+    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
     assert_eq!((used(e), spilled(e)), (0, 0));
 }
 
@@ -490,7 +503,7 @@ fn above_the_soft_limit_new_blocks_start_on_the_host() {
     assert_eq!((used(e), spilled(e)), (24 * MIB, 16 * MIB));
     // A round finds nothing to correct.
     rounds(e, MIN_ROUNDS as usize + 1);
-    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
+    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
 }
 
 #[test]
@@ -505,385 +518,9 @@ fn a_tiered_address_gives_no_allocation_handle() {
     assert_eq!(rc, CUDA_ERROR_INVALID_VALUE);
 }
 
-/// Device 0, read and write: what the program grants its pages.
-const RW0: CUmemAccessDesc = CUmemAccessDesc {
-    location: CUmemLocation {
-        kind: CU_MEM_LOCATION_TYPE_DEVICE,
-        id: 0,
-    },
-    flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-};
-
-/// The program's `cuMemCreate` of `bytes` on device 0 through the engine.
-fn create(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
-    let prop = CUmemAllocationProp {
-        kind: CU_MEM_ALLOCATION_TYPE_PINNED,
-        handle_types: 1,
-        location: crate::engine::tier::location(false, 0),
-    };
-    let mut h = 0u64;
-    let out: *mut u64 = &mut h;
-    let real = || match e.driver.vmm_create(bytes, prop.location) {
-        Ok(x) => {
-            // SAFETY: `out` points at `h`, alive for the call.
-            unsafe { *out = x };
-            CUDA_SUCCESS
-        }
-        Err(rc) => rc,
-    };
-    // SAFETY: valid pointers to live locals.
-    let rc = unsafe { e.mem_create(real, out, bytes as usize, &prop, 0) };
-    if rc == CUDA_SUCCESS { Ok(h) } else { Err(rc) }
-}
-
-/// Maps handle `h` whole at a fresh address (the driver's own `cuMemMap`
-/// would refuse the program's handle: the engine must translate it), and
-/// grants `access` when there is any.
-fn map(e: &'static Engine<Fake>, h: u64, bytes: u64, access: &[CUmemAccessDesc]) -> u64 {
-    let ptr = e.driver.vmm_reserve(bytes).unwrap();
-    let rc = e.mem_map(|| CUDA_ERROR_INVALID_VALUE, ptr, bytes as usize, 0, h, 0);
-    assert_eq!(rc, CUDA_SUCCESS);
-    if !access.is_empty() {
-        // SAFETY: `access` is a live slice of that many descriptors.
-        let rc = unsafe {
-            e.mem_set_access(
-                || CUDA_SUCCESS,
-                ptr,
-                bytes as usize,
-                access.as_ptr(),
-                access.len(),
-            )
-        };
-        assert_eq!(rc, CUDA_SUCCESS);
-    }
-    ptr
-}
-
-fn unmap(e: &'static Engine<Fake>, ptr: u64, bytes: u64) -> CUresult {
-    e.mem_unmap(|| e.driver.vmm_unmap(ptr, bytes), ptr, bytes as usize)
-}
-
-fn release(e: &'static Engine<Fake>, h: u64) -> CUresult {
-    e.mem_release(|| CUDA_ERROR_INVALID_VALUE, h)
-}
-
-/// The program's own `cuMemCreate` memory (PyTorch's expandable
-/// segments): past the cap a handle is host memory; a page mapped whole
-/// moves once the program has granted access to it, with that access
-/// granted again; its handle keeps naming it (retain, properties); its
-/// bytes come back with its last release and unmap.
-#[test]
-fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
-    let e = tiered("64MiB");
-    const RO0: CUmemAccessDesc = CUmemAccessDesc {
-        flags: 1, // read only
-        ..RW0
-    };
-    let hs: Vec<u64> = (0..3).map(|_| create(e, 32 * MIB).unwrap()).collect();
-    assert_eq!(placed(e), (64 * MIB, 32 * MIB, 64 * MIB));
-    assert!(
-        hs.iter()
-            .all(|h| !e.driver.vmm.lock().unwrap().contains_key(h))
-    );
-    let p0 = map(e, hs[0], 32 * MIB, &[RW0]);
-    let p1 = map(e, hs[1], 32 * MIB, &[RW0]);
-    let p2 = map(e, hs[2], 32 * MIB, &[]);
-    for _ in 0..50 {
-        launch(e, &[p2, p1]);
-    }
-    // No access granted to the hot page yet: it cannot be copied, so it stays.
-    rounds(e, MIN_ROUNDS as usize + 1);
-    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
-    // Granted twice (a later grant replaces the one for its location).
-    for grant in [RO0, RW0] {
-        // SAFETY: a live descriptor.
-        let rc = unsafe { e.mem_set_access(|| CUDA_SUCCESS, p2, (32 * MIB) as usize, &grant, 1) };
-        assert_eq!(rc, CUDA_SUCCESS);
-    }
-    for _ in 0..50 {
-        launch(e, &[p2, p1]);
-    }
-    rounds(e, 1);
-    assert_eq!(moves(e), (1, 1));
-    assert_eq!(placed(e), (64 * MIB, 32 * MIB, 64 * MIB));
-    assert!(e.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
-    // Each page moved is granted its access again, as it was last granted.
-    let mut granted = e.driver.access.lock().unwrap().clone();
-    granted.sort_by_key(|(p, _)| *p);
-    assert_eq!(granted, [(p0, vec![RW0]), (p2, vec![RW0])]);
-    // The program's handles still name the memory, wherever it went.
-    let mut h = 0u64;
-    // SAFETY: a live out-parameter.
-    let rc = unsafe {
-        e.mem_retain_allocation_handle(
-            || CUDA_ERROR_INVALID_VALUE,
-            &mut h,
-            (p0 + 4096) as *mut c_void,
-        )
-    };
-    assert_eq!((rc, h), (CUDA_SUCCESS, hs[0]));
-    assert_eq!(release(e, hs[0]), CUDA_SUCCESS);
-    // p0's memory is on the host now; the properties name the device.
-    assert_eq!(
-        properties(e, hs[0]),
-        (CUDA_SUCCESS, crate::engine::tier::location(false, 0))
-    );
-    // Unmapped, then released: the bytes come back where they are now.
-    for (p, h) in [p0, p1, p2].into_iter().zip(&hs) {
-        assert_eq!(unmap(e, p, 32 * MIB), CUDA_SUCCESS);
-        assert_eq!(release(e, *h), CUDA_SUCCESS);
-    }
-    assert_eq!(placed(e), (0, 0, 0));
-    assert!(e.driver.vmm.lock().unwrap().is_empty());
-    assert!(e.driver.maps.lock().unwrap().is_empty());
-    // Gone: a second release is the driver's answer for an unknown handle.
-    assert_eq!(release(e, hs[2]), CUDA_ERROR_INVALID_VALUE);
-}
-
-/// A handle exported, or mapped a second time, stays where it is; a handle
-/// released while mapped keeps its memory until the unmap.
-#[test]
-fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
-    let e = tiered("32MiB");
-    let on_device = create(e, 32 * MIB).unwrap();
-    let on_host = create(e, 32 * MIB).unwrap();
-    let other = create(e, 32 * MIB).unwrap();
-    let d = map(e, on_device, 32 * MIB, &[RW0]);
-    let h = map(e, on_host, 32 * MIB, &[RW0]);
-    let mut fd: c_int = -1;
-    let mut export = |handle| {
-        // SAFETY: a descriptor's int.
-        unsafe {
-            e.mem_export_to_shareable_handle(
-                || CUDA_ERROR_INVALID_VALUE,
-                std::ptr::from_mut(&mut fd).cast(),
-                handle,
-                1,
-                0,
-            )
-        }
-    };
-    // Host memory made past the cap has no shareable handle; pinned anyway.
-    assert_eq!(export(on_host), 801);
-    // `other`, mapped whole and granted access, is a block; a second
-    // mapping (here of its first half) pins it.
-    let o = map(e, other, 32 * MIB, &[RW0]);
-    assert!(e.tiers.contains(o));
-    let half = e.driver.vmm_reserve(16 * MIB).unwrap();
-    let rc = e.mem_map(
-        || CUDA_ERROR_INVALID_VALUE,
-        half,
-        (16 * MIB) as usize,
-        0,
-        other,
-        0,
-    );
-    assert_eq!(rc, CUDA_SUCCESS);
-    for _ in 0..50 {
-        launch(e, &[h, o]);
-    }
-    rounds(e, MIN_ROUNDS as usize + 1);
-    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
-    assert_eq!(export(on_device), CUDA_SUCCESS);
-    // Importing that descriptor in this process answers the program's own
-    // handle (one more reference); the driver's new handle is given back.
-    let mut imported = 0u64;
-    let out: *mut u64 = &mut imported;
-    let driver_import = || {
-        // SAFETY: `out` points at `imported`, alive for the call.
-        unsafe {
-            *out = e
-                .driver
-                .vmm_create(2 * MIB, crate::engine::tier::location(false, 0))
-                .unwrap()
-        };
-        CUDA_SUCCESS
-    };
-    // SAFETY: a live out-parameter; the descriptor as a pointer, as the driver takes it.
-    let rc = unsafe {
-        e.mem_import_from_shareable_handle(driver_import, out, fd as usize as *mut c_void, 1)
-    };
-    assert_eq!((rc, imported), (CUDA_SUCCESS, on_device));
-    assert_eq!(release(e, on_device), CUDA_SUCCESS);
-    // Released while mapped: the memory stays until the unmap.
-    assert_eq!(release(e, on_device), CUDA_SUCCESS);
-    assert_eq!(used(e), 32 * MIB);
-    assert_eq!(unmap(e, d, 32 * MIB), CUDA_SUCCESS);
-    assert_eq!(used(e), 0);
-    assert_eq!(unmap(e, half, 16 * MIB), CUDA_SUCCESS);
-    for (p, handle) in [(h, on_host), (o, other)] {
-        assert_eq!(unmap(e, p, 32 * MIB), CUDA_SUCCESS);
-        assert_eq!(release(e, handle), CUDA_SUCCESS);
-    }
-    assert_eq!(placed(e), (0, 0, 0));
-    assert!(e.driver.vmm.lock().unwrap().is_empty());
-}
-
-/// Three pages of 32 MiB under a 64 MiB cap, mapped and granted device 0:
-/// the third on the host. Launches heat the second and third, so a round
-/// would demote the first and promote the third.
-fn three_pages(e: &'static Engine<Fake>) -> [u64; 3] {
-    let hs: Vec<u64> = (0..3).map(|_| create(e, 32 * MIB).unwrap()).collect();
-    let ps = [0, 1, 2].map(|i| map(e, hs[i], 32 * MIB, &[RW0]));
-    for _ in 0..50 {
-        launch(e, &[ps[2], ps[1]]);
-    }
-    ps
-}
-
-/// A page granted to another device, or granted in part, stays where it
-/// is: the other device's work is not waited for before a move, and a
-/// move could only grant its access over the whole page. So does a page
-/// whose range went out as a dma-buf (a network card keeps reaching the
-/// memory behind it). Without those the first page is demoted (checked
-/// last).
-#[test]
-fn pages_granted_to_another_device_in_part_or_as_a_dma_buf_stay_put() {
-    let peer = CUmemAccessDesc {
-        location: crate::engine::tier::location(false, 1),
-        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    let grants: [(&[CUmemAccessDesc], u64); 3] = [
-        (&[RW0, peer], 32 * MIB),
-        (std::slice::from_ref(&peer), 32 * MIB),
-        (&[RW0], 16 * MIB),
-    ];
-    for (access, bytes) in grants {
-        let e = tiered("64MiB");
-        let [p0, ..] = three_pages(e);
-        // SAFETY: live descriptors.
-        let rc = unsafe {
-            e.mem_set_access(
-                || CUDA_SUCCESS,
-                p0,
-                bytes as usize,
-                access.as_ptr(),
-                access.len(),
-            )
-        };
-        assert_eq!(rc, CUDA_SUCCESS);
-        rounds(e, MIN_ROUNDS as usize + 1);
-        assert_eq!(moves(e), (0, 0), "granted {access:?} over {bytes} bytes");
-    }
-    // A dma-buf of any part of the page, from a range that starts before it.
-    let e = tiered("64MiB");
-    let [p0, ..] = three_pages(e);
-    let rc = e.mem_get_handle_for_address_range(
-        || CUDA_SUCCESS,
-        std::ptr::null_mut(),
-        p0 - 4096,
-        8192,
-        1,
-        0,
-    );
-    assert_eq!(rc, CUDA_SUCCESS);
-    rounds(e, MIN_ROUNDS as usize + 1);
-    assert_eq!(moves(e), (0, 0));
-    // The same pages with none of that: the first is demoted.
-    let e = tiered("64MiB");
-    three_pages(e);
-    rounds(e, MIN_ROUNDS as usize + 1);
-    assert_eq!(moves(e), (1, 1));
-}
-
-/// An import of a descriptor that only has the number an export had (the
-/// export was sent away and closed, and another process's export came in
-/// at that number) is the other memory: the driver's handle, untouched.
-/// The exported descriptor itself, or a copy of it, is this handle.
-#[test]
-fn an_import_is_this_processs_handle_only_from_the_file_it_exported() {
-    let e = tiered("64MiB");
-    let mine = create(e, 2 * MIB).unwrap();
-    let mut fd: c_int = -1;
-    // SAFETY: a descriptor's int.
-    let rc = unsafe {
-        e.mem_export_to_shareable_handle(
-            || CUDA_ERROR_INVALID_VALUE,
-            std::ptr::from_mut(&mut fd).cast(),
-            mine,
-            1,
-            0,
-        )
-    };
-    assert_eq!(rc, CUDA_SUCCESS);
-    let import = |fd: c_int| {
-        const PEERS: u64 = 0xdead_0000;
-        let mut imported = 0u64;
-        let out: *mut u64 = &mut imported;
-        let driver_import = || {
-            // SAFETY: `out` points at `imported`, alive for the call.
-            unsafe { *out = PEERS };
-            CUDA_SUCCESS
-        };
-        // SAFETY: a live out-parameter; the descriptor as the driver takes it.
-        let rc = unsafe {
-            e.mem_import_from_shareable_handle(driver_import, out, fd as usize as *mut c_void, 1)
-        };
-        assert_eq!(rc, CUDA_SUCCESS);
-        (imported != PEERS).then_some(imported)
-    };
-    // SAFETY: dup of our own descriptor.
-    let copy = unsafe { libc::dup(fd) };
-    assert_eq!(import(copy), Some(mine));
-    assert_eq!(e.handles.lock()[&mine].exported.len(), 1);
-    assert_eq!(release(e, mine), CUDA_SUCCESS);
-    // The export's number now names another file (dup2 closes the export
-    // and reuses its number at once: tests run side by side, opening files).
-    // SAFETY: our own descriptors.
-    let foreign = unsafe {
-        libc::close(copy);
-        let other = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
-        let at = libc::dup2(other, fd);
-        libc::close(other);
-        at
-    };
-    assert_eq!(foreign, fd);
-    assert_eq!(import(foreign), None);
-    // SAFETY: our own descriptor.
-    unsafe { libc::close(foreign) };
-    // In a child after fork the kept descriptors are closed (each would
-    // hold the parent's memory allocated for as long as the child lives).
-    e.handles.close_kept_after_fork();
-    assert!(e.handles.lock()[&mine].exported.is_empty());
-    assert_eq!(release(e, mine), CUDA_SUCCESS);
-    assert_eq!(placed(e), (0, 0, 0));
-}
-
-/// The properties of a live handle while another thread unmaps its page
-/// (its block detached, the driver's unmap not yet made) are the driver's
-/// answer for the memory, which no move can change any more.
-#[test]
-fn a_handle_being_unmapped_still_answers_its_properties() {
-    let e = tiered("64MiB");
-    let h = create(e, 2 * MIB).unwrap();
-    let p = map(e, h, 2 * MIB, &[RW0]);
-    assert_eq!(e.tiered_unmapping(p, p + 2 * MIB).len(), 1);
-    assert_eq!(
-        properties(e, h),
-        (CUDA_SUCCESS, crate::engine::tier::location(false, 0))
-    );
-}
-
-/// `cuMemGetAllocationPropertiesFromHandle` of `h`: its answer and the
-/// location the properties name (the host's when none was written).
-fn properties(e: &'static Engine<Fake>, h: u64) -> (CUresult, CUmemLocation) {
-    let mut prop = CUmemAllocationPropFull {
-        kind: 0,
-        handle_types: 0,
-        location: crate::engine::tier::location(true, 0),
-        win32_metadata: std::ptr::null_mut(),
-        alloc_flags: [0; 8],
-    };
-    // SAFETY: a live out-parameter.
-    let rc = unsafe {
-        e.mem_get_allocation_properties_from_handle(|| CUDA_ERROR_INVALID_VALUE, &mut prop, h)
-    };
-    (rc, prop.location)
-}
-
 /// Waits until no round's synchronisation thread is left in the driver.
 fn drained(e: &'static Engine<Fake>) {
-    while e.tiers.quiescing.load(Ordering::SeqCst) > 0 {
+    while e.tiers.syncing() {
         std::thread::yield_now();
     }
 }
@@ -903,7 +540,7 @@ fn a_long_first_drain_is_learnt_without_a_pause() {
     for _ in 0..50 {
         launch(e, &[c]);
     }
-    e.driver.sync_us.store(200_000, Ordering::SeqCst);
+    e.base.driver().sync_us.store(200_000, Ordering::SeqCst);
     rounds(e, MIN_ROUNDS as usize);
     assert_eq!(moves(e), (0, 0), "the first wait gives up");
     drained(e);
@@ -914,14 +551,14 @@ fn a_long_first_drain_is_learnt_without_a_pause() {
     );
     rounds(e, 1);
     assert_eq!(moves(e), (1, 1), "the next round moves");
-    e.driver.sync_us.store(0, Ordering::SeqCst);
+    e.base.driver().sync_us.store(0, Ordering::SeqCst);
 }
 
 /// Three give-ups in a row stop moves for good; a wait that ends in time
 /// starts the count again.
 #[test]
 fn three_give_ups_in_a_row_stop_moves_and_one_in_time_forgives() {
-    use crate::engine::tier::STALL_ROUNDS;
+    use crate::engine::tiered::STALL_ROUNDS;
     let e = tiered("64MiB");
     assert!(!e.tiers.stall());
     assert!(!e.tiers.stall());

@@ -64,7 +64,7 @@ struct Export {
 }
 
 /// The VMM handles this process exported as descriptors, outside tiered
-/// spill (whose handles keep their own: `engine/handles.rs`).
+/// spill (whose handles keep their own: `engine/tiered/handles.rs`).
 #[derive(Default)]
 pub struct Exports {
     list: Mutex<Vec<Export>>,

@@ -7,16 +7,11 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 
-use super::cuda::*;
-use super::driver::{Driver, Flavour};
-use super::records::Kind;
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::records::Kind;
+use crate::engine::driver::{Driver, Flavour};
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
-
-/// How long a context's destroy waits for synchronisations a placement
-/// round left running (`Engine::no_round`): longer than the longest wait
-/// of a round (8 s).
-const QUIESCE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl<D: Driver> Engine<D> {
     /// Drops the records of every allocation of a context the driver
@@ -42,8 +37,8 @@ impl<D: Driver> Engine<D> {
                 self.tier_release(*p, r);
             } else if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, r);
-            } else if let Some(s) = self.slot(CUdevice::from(r.device)) {
-                self.release_on(s, CUdevice::from(r.device), r.bytes);
+            } else if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
+                self.base.release_on(s, CUdevice::from(r.device), r.bytes);
                 s.frees.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -57,7 +52,7 @@ impl<D: Driver> Engine<D> {
             }
         });
         for o in &arrays {
-            self.give_back(o.device, o.bytes);
+            self.base.give_back(o.device, o.bytes);
         }
         if !gone.is_empty() || !arrays.is_empty() {
             log_at!(
@@ -79,64 +74,28 @@ impl<D: Driver> Engine<D> {
             return real();
         }
         self.cache.drain_ctx(&self.base, ctx as usize);
-        let no_round = self.no_round();
+        let no_round = self.tiers.no_round();
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.forget_ctx(ctx as usize);
             drop(no_round);
-            self.context_gone(None);
+            self.base.context_gone(None);
         }
         rc
     }
 
-    /// Under tiered spill, `Tiers::running` held exclusively: no placement
-    /// round runs while it is held (a round holds it shared throughout),
-    /// so none is pushing, synchronising or copying on a context the
-    /// program is destroying; and no thread a round left synchronising
-    /// contexts (it gave up waiting for the GPU) is still in the driver.
-    /// Such a thread ends when the GPU's work does, which the driver's
-    /// destroy waits for too; after [`QUIESCE_WAIT`] the destroy goes ahead
-    /// anyway, with a line in the log, rather than hang on work that waits
-    /// for something the program will not do, and later ones no longer
-    /// wait for such threads.
-    fn no_round(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
-        if !self.tiers.on() {
-            return None;
-        }
-        let only = self
-            .tiers
-            .running
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        let start = std::time::Instant::now();
-        while self.tiers.quiescing.load(Ordering::SeqCst) > 0
-            && !self.tiers.quiesce_abandoned.load(Ordering::SeqCst)
-        {
-            if start.elapsed() > QUIESCE_WAIT {
-                self.tiers.quiesce_abandoned.store(true, Ordering::SeqCst);
-                log_once!(
-                    Warn,
-                    "tiered spill: a context is destroyed while a synchronisation a move started has not returned after {QUIESCE_WAIT:?}; going ahead"
-                );
-                break;
-            }
-            std::thread::yield_now();
-        }
-        Some(only)
-    }
-
     /// The handle of `dev`'s primary context when it is active.
     fn active_primary(&self, dev: CUdevice) -> Option<usize> {
-        if !self.driver.primary_ctx_state(dev).ok()?.1 {
+        if !self.base.driver().primary_ctx_state(dev).ok()?.1 {
             return None;
         }
-        let ctx = self.driver.primary_ctx_retain(dev).ok()?;
-        let _ = self.driver.primary_ctx_release(dev);
+        let ctx = self.base.driver().primary_ctx_retain(dev).ok()?;
+        let _ = self.base.driver().primary_ctx_release(dev);
         Some(ctx)
     }
 
     fn still_active(&self, dev: CUdevice) -> bool {
-        !matches!(self.driver.primary_ctx_state(dev), Ok((_, false)))
+        !matches!(self.base.driver().primary_ctx_state(dev), Ok((_, false)))
     }
 
     /// `cuDevicePrimaryCtxRelease_v2` and `cuDevicePrimaryCtxReset_v2`,
@@ -152,14 +111,14 @@ impl<D: Driver> Engine<D> {
         if let Some(ctx) = primary {
             self.cache.drain_ctx(&self.base, ctx);
         }
-        let no_round = self.no_round();
+        let no_round = self.tiers.no_round();
         let rc = real();
         if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
             && !self.still_active(dev)
         {
             self.forget_ctx(ctx);
             drop(no_round);
-            self.context_gone(Some(dev));
+            self.base.context_gone(Some(dev));
         }
         rc
     }
@@ -264,11 +223,11 @@ impl<D: Driver> Engine<D> {
     /// waited for (blocks it made safe may now meet work on the new
     /// stream, which the legacy stream does not order).
     fn note_stream_flags(&self, flags: c_uint) {
-        if flags & CU_STREAM_NON_BLOCKING == 0 || self.nonblocking_streams() {
+        if flags & CU_STREAM_NON_BLOCKING == 0 || self.base.nonblocking_streams() {
             return;
         }
         let _only = self.cache.ordering_exclusive();
-        if !self.nonblocking_streams.swap(true, Ordering::SeqCst) {
+        if !self.base.note_nonblocking_stream() {
             self.cache.wait_for_orderings(&self.base);
             log_at!(
                 Info,
@@ -286,7 +245,7 @@ impl<D: Driver> Engine<D> {
         let _no_ordering = self.cache.ordering_exclusive();
         let rc = real();
         if rc == CUDA_SUCCESS {
-            self.captures.fetch_add(1, Ordering::SeqCst);
+            self.base.capture_began();
         }
         rc
     }
@@ -337,16 +296,16 @@ impl<D: Driver> Engine<D> {
         _graph: *mut *mut c_void,
     ) -> CUresult {
         let rc = real();
-        let over = match self.driver.stream_is_capturing(stream as usize, flavour) {
+        let over = match self
+            .base
+            .driver()
+            .stream_is_capturing(stream as usize, flavour)
+        {
             Ok(status) => status == 0,
             Err(_) => rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
         };
         if over {
-            let _ = self
-                .captures
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                    (n > 0).then(|| n - 1)
-                });
+            self.base.capture_ended();
         }
         rc
     }

@@ -13,10 +13,10 @@ use std::ffi::{c_int, c_void};
 
 use vramcap_core::page::DeviceSlot;
 
-use super::cuda::*;
-use super::driver::Driver;
-use super::records::Object;
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::records::Object;
+use crate::engine::driver::Driver;
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
@@ -55,11 +55,13 @@ impl<D: Driver> Engine<D> {
         let (slot, _) = match self.reserve("cuMemCreate", device, size as u64) {
             Ok(x) => x,
             Err(rc) => {
-                if self.settings.spill != vramcap_core::settings::Spill::Off && !self.tiers.on() {
+                if self.base.settings().spill != vramcap_core::settings::Spill::Off
+                    && !self.tiers.on()
+                {
                     log_once!(
                         Warn,
                         "cuMemCreate: VMM memory is not spilled by VRAMCAP_SPILL={} (it takes cudaMalloc memory only), so past the cap it is refused; VRAMCAP_SPILL=tiered spills it (PyTorch allocates this way with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
-                        self.settings.spill.name()
+                        self.base.settings().spill.name()
                     );
                 }
                 return rc;
@@ -67,7 +69,7 @@ impl<D: Driver> Engine<D> {
         };
         let rc = self.call_with_retry(device, real);
         if rc != CUDA_SUCCESS {
-            self.release_on(slot, device, size as u64);
+            self.base.release_on(slot, device, size as u64);
             return rc;
         }
         DeviceSlot::add(&slot.allocs, 1);
@@ -119,7 +121,7 @@ impl<D: Driver> Engine<D> {
             o.refs == 0
         });
         if let Some((_, o)) = gone {
-            self.give_back(o.device, o.bytes);
+            self.base.give_back(o.device, o.bytes);
         }
     }
 

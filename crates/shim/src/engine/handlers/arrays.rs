@@ -7,10 +7,10 @@ use std::ffi::{c_int, c_uint};
 
 use vramcap_core::page::DeviceSlot;
 
-use super::cuda::*;
-use super::driver::Driver;
-use super::records::Object;
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::records::Object;
+use crate::engine::driver::Driver;
+use crate::ffi::*;
 use crate::log::log_at;
 
 /// Bytes per element of a `CUarray_format`; 16 (the widest) for formats
@@ -58,7 +58,7 @@ impl<D: Driver> Engine<D> {
         if handle.is_null() || estimate == 0 {
             return real();
         }
-        let Some((ctx, device)) = self.current() else {
+        let Some((ctx, device)) = self.base.current() else {
             return real();
         };
         let _inflight = self.inflight.enter();
@@ -68,19 +68,20 @@ impl<D: Driver> Engine<D> {
         };
         let rc = self.call_with_retry(device, real);
         if rc != CUDA_SUCCESS {
-            self.release_on(slot, device, estimate);
+            self.base.release_on(slot, device, estimate);
             return rc;
         }
         // SAFETY: written by the driver on success.
         let h = unsafe { *handle } as usize;
         let bytes = self
-            .driver
+            .base
+            .driver()
             .array_size(h, device, mipmapped)
             .ok()
             .filter(|&b| b > 0)
             .unwrap_or(estimate);
-        if let Err(rc) = self.settle(what, device, slot, limit, estimate, bytes) {
-            let _ = self.driver.array_destroy(h, mipmapped);
+        if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {
+            let _ = self.base.driver().array_destroy(h, mipmapped);
             return rc;
         }
         DeviceSlot::add(&slot.allocs, 1);
@@ -173,7 +174,7 @@ impl<D: Driver> Engine<D> {
         let record = self.arrays.remove(&(h as u64)).map(|(_, o)| o);
         let rc = real();
         match record {
-            Some(o) if rc == CUDA_SUCCESS => self.give_back(o.device, o.bytes),
+            Some(o) if rc == CUDA_SUCCESS => self.base.give_back(o.device, o.bytes),
             Some(o) => {
                 self.arrays.insert(h as u64, o);
             }

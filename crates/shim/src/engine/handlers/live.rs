@@ -9,7 +9,7 @@
 //! decides every reservation, read again after it (`accounting.rs`), so a
 //! reservation made against a cap lowered at the same moment is taken
 //! back; and a change is acknowledged only once every allocation that may
-//! have read the old cap has finished its driver call ([`InFlight`](super::inflight::InFlight)): from
+//! have read the old cap has finished its driver call ([`InFlight`](crate::engine::accounting::inflight::InFlight)): from
 //! the acknowledgement on, no allocation takes the driver past the new cap.
 //! What the process holds already is not touched: lowered below it, the
 //! shim gives back cached blocks, and new allocations spill (with spill on)
@@ -26,9 +26,9 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
 
-use super::cuda::CUdevice;
-use super::driver::Driver;
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::driver::Driver;
+use crate::ffi::CUdevice;
 use crate::log::{log_at, log_once};
 
 /// `-EINVAL`, `-ENODEV`, `-EPERM` as the C ABI answers them.
@@ -41,7 +41,7 @@ impl<D: Driver> Engine<D> {
     /// and says what it did; (old, new) caps in force, or `None` when the
     /// device's cap is not worked out yet. Returns only once no allocation
     /// granted under the old cap is still in flight
-    /// ([`InFlight`](super::inflight::InFlight)). Never called from inside
+    /// ([`InFlight`](crate::engine::accounting::inflight::InFlight)). Never called from inside
     /// an allocation: it may wait for them.
     pub fn set_own_limit(&self, device: CUdevice, own: u64) -> Option<(u64, u64)> {
         self.change_own_limit(device, |_| own)
@@ -55,16 +55,16 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         own: impl FnOnce(u64) -> u64,
     ) -> Option<(u64, u64)> {
-        let s = self.slot(device)?;
+        let s = self.base.slot(device)?;
         let _one = self.inflight.changing();
         let old = s.budget.limit()?;
         // Never past the operator's cap, whoever asks; asked for more, the
         // file is read again (root may have raised it since).
-        let mut operator = self.operator_cap(device);
+        let mut operator = self.base.operator_cap(device);
         let asked = own(s.own.load(Ordering::Acquire));
         if asked > operator {
             operator = self.operator_cap_again(device).unwrap_or(operator);
-            self.set_operator_cap(s, device, operator);
+            self.base.set_operator_cap(s, device, operator);
         }
         let shown = |b: u64| {
             if b == NO_CAP {
@@ -82,7 +82,7 @@ impl<D: Driver> Engine<D> {
                 vramcap_core::settings::OPERATOR_LIMIT_PATH
             );
         }
-        let new = own.min(self.group_cap(device)).max(1);
+        let new = own.min(self.base.group_cap(device)).max(1);
         s.own.store(own, Ordering::Release);
         s.budget.set_limit(new);
         self.inflight.drain();
@@ -90,7 +90,7 @@ impl<D: Driver> Engine<D> {
         let total = s.total.load(Ordering::Relaxed);
         let base = if new == NO_CAP { total } else { new };
         self.cache
-            .set_bound(device as u16, self.settings.cache.resolve(base));
+            .set_bound(device as u16, self.base.settings().cache.resolve(base));
         let used = s.budget.used();
         if used > new {
             self.cache.evict(&self.base, device as u16, used - new);
@@ -118,7 +118,10 @@ impl<D: Driver> Engine<D> {
     fn operator_cap_again(&self, device: CUdevice) -> Option<u64> {
         use vramcap_core::settings::{OPERATOR_LIMIT_PATH, read_operator_limit};
         match read_operator_limit(std::path::Path::new(OPERATOR_LIMIT_PATH)) {
-            Ok(Some(spec)) => self.cap_from(&spec, device, self.driver.device_uuid(device)),
+            Ok(Some(spec)) => {
+                self.base
+                    .cap_from(&spec, device, self.base.driver().device_uuid(device))
+            }
             Ok(None) | Err(_) => {
                 log_once!(
                     Warn,
@@ -131,8 +134,8 @@ impl<D: Driver> Engine<D> {
 
     /// The background thread's part: applies what `vramcap limit` asked
     /// for, then acknowledges (it asks only for devices in use).
-    pub(super) fn apply_limit_requests(&self) {
-        let page = self.page.get(self.settings);
+    pub(in crate::engine) fn apply_limit_requests(&self) {
+        let page = self.base.page().get(self.base.settings());
         let asked = page.header.limit_requests.load(Ordering::Acquire);
         if asked == page.header.limit_acks.load(Ordering::Acquire) {
             return;
@@ -153,13 +156,13 @@ impl<D: Driver> Engine<D> {
     /// (`vramcap limit --group`) becomes this member's cap in force on that
     /// GPU (its own, made stricter by the group's new one). The group's
     /// budget itself follows at once: every reservation reads its limit.
-    pub(super) fn follow_group_caps(&self) {
-        if !self.group.configured() {
+    pub(in crate::engine) fn follow_group_caps(&self) {
+        if !self.base.group().configured() {
             return;
         }
-        for (i, cap) in self.group_caps.iter().enumerate() {
+        for (i, cap) in self.base.group_caps().iter().enumerate() {
             let device = i as CUdevice;
-            let Some(now) = self.group.limit_now(device) else {
+            let Some(now) = self.base.group().limit_now(device) else {
                 continue;
             };
             if cap.swap(now, Ordering::AcqRel) != now {
@@ -180,7 +183,7 @@ impl<D: Driver> Engine<D> {
             return EINVAL;
         }
         let devices: Vec<CUdevice> = if device == -1 {
-            let page = self.page.get(self.settings);
+            let page = self.base.page().get(self.base.settings());
             (0..MAX_DEVICES)
                 .filter(|&i| page.slots[i].budget.limit().is_some())
                 .map(|i| i as CUdevice)
@@ -197,7 +200,7 @@ impl<D: Driver> Engine<D> {
         }
         // Checked for all before any changes.
         for &d in &devices {
-            let Some(s) = self.slot(d) else {
+            let Some(s) = self.base.slot(d) else {
                 return ENODEV;
             };
             let ceiling = s.ceiling.load(Ordering::Acquire);
@@ -219,7 +222,7 @@ impl<D: Driver> Engine<D> {
 impl<D: Driver> Engine<D> {
     /// Whether `device` is one the process sees.
     pub fn device_exists(&self, device: c_int) -> bool {
-        device >= 0 && self.driver.device_count().is_ok_and(|n| device < n)
+        device >= 0 && self.base.driver().device_count().is_ok_and(|n| device < n)
     }
 
     /// `vramcap_empty_cache`: every cached block back to the driver; the

@@ -1,7 +1,9 @@
 //! What every part of the engine stands on: the driver, the settings, the
 //! statistics page with the per-device budgets, the group membership, the
 //! count of stream captures in progress and the background thread. The
-//! cache and spill take a `&Base`; the engine derefs to it.
+//! cache and spill take a `&Base`; the engine owns it as its `base` part,
+//! and a handler names it (`self.base.reserve_on(..)`, `self.base.driver()`);
+//! its fields are the accounting part's own.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 
@@ -9,38 +11,40 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::settings::Settings;
 
-use super::cuda::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
-use super::driver::{Driver, Flavour};
-use super::group::Membership;
-use super::ledger::Held;
-use super::page::PageHandle;
-use super::worker::Worker;
+use crate::engine::accounting::group::Membership;
+use crate::engine::accounting::ledger::Held;
+use crate::engine::accounting::page::PageHandle;
+use crate::engine::driver::{Driver, Flavour};
+use crate::engine::worker::Worker;
+use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
 
+/// Its fields are the accounting part's own (`accounting/`); the rest of
+/// the engine reads them through the methods below.
 pub struct Base<D: Driver> {
-    pub driver: D,
-    pub settings: &'static Settings,
-    pub page: PageHandle,
-    pub group: Membership,
+    pub(super) driver: D,
+    pub(super) settings: &'static Settings,
+    pub(super) page: PageHandle,
+    pub(super) group: Membership,
     /// Stream captures in progress that the capture hooks saw.
-    pub captures: AtomicI64,
-    pub worker: Worker,
+    pub(super) captures: AtomicI64,
+    pub(super) worker: Worker,
     /// Whether `VRAMCAP_LIMIT`'s device keys all name a GPU, once checked
     /// (`accounting.rs`).
-    pub keys: AtomicU8,
+    pub(super) keys: AtomicU8,
     /// The group's cap of each device, once attached ([`NO_CAP`] outside a
     /// group): the process's own cap is in its page, the group's here.
-    pub group_caps: [AtomicU64; MAX_DEVICES],
+    pub(super) group_caps: [AtomicU64; MAX_DEVICES],
     /// Pools, graph memory and the context (`held.rs`).
-    pub held: Held,
+    pub(super) held: Held,
     /// The operator's cap of each device ([`NO_CAP`] for none), kept here
     /// and not only in the page, which the user can write: every
     /// reservation is held to it (`accounting.rs`).
-    pub operator_caps: [AtomicU64; MAX_DEVICES],
+    pub(super) operator_caps: [AtomicU64; MAX_DEVICES],
     /// Set (for good) when the program asked for a stream that is not
     /// ordered with the legacy stream (`CU_STREAM_NON_BLOCKING`, green
     /// context streams): the cache then waits for a synchronisation before
     /// reusing a block (`cache.rs`).
-    pub nonblocking_streams: AtomicBool,
+    pub(super) nonblocking_streams: AtomicBool,
 }
 
 /// `CU_STREAM_LEGACY`: a handle value, not a pointer to anything.
@@ -61,6 +65,62 @@ impl<D: Driver> Base<D> {
             operator_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
             nonblocking_streams: AtomicBool::new(false),
         }
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &D {
+        &self.driver
+    }
+
+    /// The settings, read once.
+    pub fn settings(&self) -> &'static Settings {
+        self.settings
+    }
+
+    /// The statistics page.
+    pub fn page(&self) -> &PageHandle {
+        &self.page
+    }
+
+    /// The group membership.
+    pub fn group(&self) -> &Membership {
+        &self.group
+    }
+
+    /// The background thread.
+    pub fn worker(&self) -> &Worker {
+        &self.worker
+    }
+
+    /// The book of pools, graph memory and the context (`held.rs`).
+    pub fn held(&self) -> &Held {
+        &self.held
+    }
+
+    /// The group's cap of each device, as last followed (`handlers/live.rs`).
+    pub fn group_caps(&self) -> &[AtomicU64; MAX_DEVICES] {
+        &self.group_caps
+    }
+
+    /// A stream capture the hooks saw began.
+    pub fn capture_began(&self) {
+        self.captures.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A stream capture ended (never below none: an end the hooks saw no
+    /// beginning of counts nothing).
+    pub fn capture_ended(&self) {
+        let _ = self
+            .captures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n > 0).then(|| n - 1)
+            });
+    }
+
+    /// Notes (for good) that a stream unordered with the legacy stream may
+    /// exist; true when it was noted before.
+    pub fn note_nonblocking_stream(&self) -> bool {
+        self.nonblocking_streams.swap(true, Ordering::SeqCst)
     }
 
     /// The operator's cap of `device` ([`NO_CAP`] for none).

@@ -46,8 +46,10 @@ use vramcap_core::settings::default_stats_dir;
 
 use vramcap_core::settings::Settings;
 
-use super::cuda::CUdevice;
-use super::page::{create_private, cstring, errno_text, map_shared, now_unix_ns, prepare_dir};
+use crate::engine::accounting::page::{
+    create_private, cstring, errno_text, map_shared, now_unix_ns, prepare_dir,
+};
+use crate::ffi::CUdevice;
 use crate::log::{log_at, log_once};
 
 const UNTRIED: u8 = 0;

@@ -40,8 +40,9 @@ pub enum Kind {
     SpillManaged,
     /// Past the cap, in pinned host memory (the host address).
     SpillHost(u64),
-    /// Tiered spill: managed memory on the device or the host as the
-    /// block's entry in `tier` says (it moves).
+    /// Tiered spill: VMM memory the engine made (a reserved range with
+    /// physical memory on the device or pinned on the host), where the
+    /// block's entry in `tiered` says (it moves).
     Tiered,
     /// A tiered block freed stream-ordered, waiting for its stream (only in
     /// spill's deferred list), and where it was when it was freed.

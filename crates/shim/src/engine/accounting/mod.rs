@@ -1,57 +1,29 @@
 //! The cap's bookkeeping: per-device budgets (atomics in the statistics
 //! page, see `vramcap_core::budget`), the group's budget on top, and the cap
-//! of each device, worked out once on first use.
+//! of each device, worked out once on first use. Whose limit applies, and
+//! what happens to keys that name no GPU: `docs/design/accounting.md`.
 //!
-//! A reservation is made before the driver call that allocates (by
-//! compare-and-swap: it either fits under the cap or is refused, and two
-//! threads can never both take the last bytes), then settled to the size
-//! the driver really chose, or given back if the call failed. In a group
-//! the process's own budget is reserved first, then the group's; a release
-//! goes the other way.
-//!
-//! # Whose limit applies
-//! A process never holds more than its own `VRAMCAP_LIMIT` on any device,
-//! whatever a group file says: a group can only make the cap stricter.
-//! Each device has two caps, and both must have room:
-//! - the process's own, `min(own limit, group's cap)`, against the bytes
-//!   this process holds (`slot.budget` in its page, which `vramcap stat`
-//!   shows as the process's limit);
-//! - in a group, the group's cap (the first member's `VRAMCAP_LIMIT`,
-//!   recorded in the group page), against the bytes all members hold (the
-//!   group's word for that GPU), kept in [`Base::group_caps`].
-//!
-//! [`Base::reserve_on`] reserves in both and says which refused;
-//! [`Base::picture`] reports the stricter picture of the two to
-//! `cuMemGetInfo` and NVML: total = min of the caps (and of the device),
-//! free = min of the rooms.
-//!
-//! # Keys that name no GPU
-//! A `VRAMCAP_LIMIT` key must name a GPU: an index below the devices the
-//! process sees (`cuDeviceGetCount`), or a UUID prefix of a GPU on the
-//! machine (the driver's visible devices, plus NVML's list of every GPU
-//! when NVML is there, so a setting shared under `CUDA_VISIBLE_DEVICES`
-//! may name GPUs this process does not see). [`Base::limit_keys_match`]
-//! checks this once, at the first CUDA call that needs a cap (the shim
-//! never initialises CUDA itself), before anything else is worked out. A
-//! key that names no GPU would leave that GPU, or all of them, uncapped
-//! without a word; instead the process prints one line naming
-//! `VRAMCAP_LIMIT`, the keys and the devices, and stops with exit status 2.
-//!
-//! Why stop rather than refuse every allocation with
-//! `CUDA_ERROR_OUT_OF_MEMORY`: a key that names no GPU is a setting error
-//! like any other, and gets the same answer as those caught before `main`
-//! (status 2, which `vramcap run` gives for it too). Refused allocations
-//! would look like an ordinary out-of-memory: frameworks print their own
-//! report, which blames the cap's size, retry with smaller batches, or fall
-//! back to the CPU (JAX does when its GPU backend cannot start), so the job
-//! could run on, slowly or wrongly, with the one line that says why lost
-//! in its log. A stopped job is seen at once, by the user and by the
-//! scheduler. The stop is `_exit`, since it happens inside a driver call on
-//! any thread: exit handlers (the CUDA runtime's among them) would call
-//! into the driver while the program's other threads go on. The program's
-//! unwritten output is lost; the line itself is one `write(2)` before it.
-//! A check that cannot be made (the driver will not count its devices) is
-//! treated the same way: the shim cannot be sure the cap applies.
+//! # Invariants
+//! - A reservation is made before the driver call that allocates (by
+//!   compare-and-swap: it either fits under the cap or is refused, and two
+//!   threads can never both take the last bytes), then settled to the size
+//!   the driver really chose, or given back if the call failed.
+//! - In a group the process's own budget is reserved first, then the
+//!   group's; a release goes the other way. A group only makes a cap
+//!   stricter.
+//! - The files of this folder hold the rest of the accounting: `base` (what
+//!   every part stands on), `held` and `ledger`, `records`, `inflight`,
+//!   `page`, `group`, `exports`.
+
+pub(super) mod base;
+pub(super) mod context;
+pub(super) mod exports;
+pub(super) mod group;
+pub(super) mod held;
+pub(super) mod inflight;
+pub(super) mod ledger;
+pub(super) mod page;
+pub(super) mod records;
 
 use std::sync::atomic::Ordering;
 
@@ -59,9 +31,9 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::limit::{Amount, Gpu, LIMIT_VAR, LimitSpec};
 use vramcap_core::page::{DeviceSlot, uuid_text};
 
-use super::base::Base;
-use super::cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult, CUuuid};
-use super::driver::Driver;
+use crate::engine::accounting::base::Base;
+use crate::engine::driver::Driver;
+use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult, CUuuid};
 use crate::log::{log_at, log_once};
 
 /// [`Base::keys`]: not checked yet, every key names a GPU, some do not.
@@ -350,7 +322,7 @@ impl<D: Driver> Base<D> {
 
     /// The cap `spec` gives `device` (whose UUID the driver gave as `uuid`),
     /// [`NO_CAP`] for none; `None` when it cannot be worked out.
-    pub(super) fn cap_from(
+    pub(in crate::engine) fn cap_from(
         &self,
         spec: &LimitSpec,
         device: CUdevice,

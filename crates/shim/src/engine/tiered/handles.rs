@@ -18,7 +18,7 @@
 //!   program got elsewhere, an import, is looked up and passed through).
 //! - **Mapped whole, once: a block.** `cuMemMap` of a whole handle at
 //!   offset 0, while the handle has no other mapping and a context is
-//!   current, makes a tiered block at that address (`tier.rs`), which
+//!   current, makes a tiered block at that address (`engine/tiered/`), which
 //!   moves as the engine's own blocks do once the program has granted
 //!   access to it (`cuMemSetAccess`, whose descriptors a move grants
 //!   again). Any other mapping, and an export, pins the handle where it
@@ -72,14 +72,71 @@
 //!   and its access descriptors, a kept descriptor for each export.
 //! - Killed at any instruction: nothing here outlives the process.
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex};
 
-use super::cuda::*;
-use super::driver::Driver;
-use super::exports::{keep, same_file};
-use super::state::Engine;
-use super::tier::{Handle, TierBlock, location};
+use crate::engine::Engine;
+use crate::engine::accounting::exports::{keep, same_file};
+use crate::engine::driver::Driver;
+use crate::engine::tiered::{Place, TierBlock, location};
+use crate::ffi::*;
 use crate::log::{log_at, log_once};
+
+/// One of the program's `cuMemCreate` handles under tiered spill
+/// (`engine/tiered/handles.rs`): where its memory is while no block holds it.
+pub(in crate::engine) struct Handle {
+    /// The engine's cell whose address is the handle's value.
+    pub(in crate::engine) _cell: Box<u64>,
+    pub(in crate::engine) device: u16,
+    pub(in crate::engine) bytes: u64,
+    /// The physical allocation, when it is not a block (a block's own
+    /// handle is the one in force while it is one).
+    pub(in crate::engine) real: u64,
+    pub(in crate::engine) on_device: bool,
+    /// The program's references (create, retain, import of its export).
+    pub(in crate::engine) refs: u32,
+    /// Its live mappings.
+    pub(in crate::engine) maps: u32,
+    /// The block it is mapped as.
+    pub(in crate::engine) block: Option<Arc<TierBlock>>,
+    /// Mapped in part, twice, or exported: never a moving block again.
+    pub(in crate::engine) pinned: bool,
+    /// Descriptors of the engine's own, each open on the file description
+    /// the handle was exported as (closed when the handle goes), to know
+    /// an import of it (`engine/tiered/handles.rs`).
+    pub(in crate::engine) exported: Vec<std::os::fd::OwnedFd>,
+}
+
+/// The program's handles under tiered spill, by value.
+#[derive(Default)]
+pub struct Handles {
+    map: Mutex<HashMap<u64, Handle>>,
+}
+
+impl Handles {
+    pub(in crate::engine) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Handle>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `h` is one of the program's handles the engine answered.
+    pub fn contains(&self, h: u64) -> bool {
+        self.lock().contains_key(&h)
+    }
+
+    /// In a child after fork (one thread): closes the descriptors kept of
+    /// the parent's exports, which would keep the parent's memory
+    /// allocated as long as the child lives. Only when the map is free: a
+    /// lock another thread of the parent held at the fork is never let go
+    /// in the child, and the map is not read then.
+    pub fn close_kept_after_fork(&self) {
+        if let Ok(mut m) = self.map.try_lock() {
+            for x in m.values_mut() {
+                x.exported.clear();
+            }
+        }
+    }
+}
 
 const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
 
@@ -89,40 +146,41 @@ impl<D: Driver> Engine<D> {
     ///
     /// # Safety
     /// `handle` is non-null and writable.
-    pub(super) unsafe fn tiered_create(
+    pub(in crate::engine) unsafe fn tiered_create(
         &'static self,
         real: impl FnMut() -> CUresult,
         handle: *mut CUmemGenericAllocationHandle,
         size: u64,
         device: CUdevice,
     ) -> Option<CUresult> {
-        let g = self.tiers.granularity(&self.driver, device)?;
+        let g = self.tiers.granularity(self.base.driver(), device)?;
         if !size.is_multiple_of(g) {
             return Some(CUDA_ERROR_INVALID_VALUE); // as the driver answers
         }
         let _inflight = self.inflight.enter();
-        let on_device = match self.tier_place("cuMemCreate", device, size) {
-            Ok(on) => on,
+        let place = match self.tier_place("cuMemCreate", device, size) {
+            Ok(place) => place,
             Err(rc) => return Some(rc),
         };
+        let on_device = place == Place::Device;
         let real_handle = if on_device {
             let rc = self.call_with_retry(device, real);
             if rc != CUDA_SUCCESS {
-                self.tier_unplace(device, size, true);
+                self.tier_unplace(device, size, Place::Device);
                 return Some(rc);
             }
             // SAFETY: the driver succeeded and wrote the handle.
             unsafe { *handle }
         } else {
-            match self.driver.vmm_create(size, location(true, device)) {
+            match self.base.driver().vmm_create(size, location(true, device)) {
                 Ok(h) => h,
                 Err(_) => {
-                    self.tier_unplace(device, size, false);
+                    self.tier_unplace(device, size, Place::Host);
                     return Some(CUDA_ERROR_OUT_OF_MEMORY);
                 }
             }
         };
-        self.tier_placed("cuMemCreate", device, size, on_device);
+        self.tier_placed("cuMemCreate", device, size, place);
         let cell = Box::new(0u64);
         let value = std::ptr::from_ref::<u64>(&cell) as u64;
         self.handles.lock().insert(
@@ -186,7 +244,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// `cuMemMap` of a program handle: `None` when `h` is not one.
-    pub(super) fn tiered_map(
+    pub(in crate::engine) fn tiered_map(
         &'static self,
         ptr: CUdeviceptr,
         size: u64,
@@ -204,7 +262,7 @@ impl<D: Driver> Engine<D> {
             x.maps += 1;
             (whole, x.device, x.bytes)
         };
-        let ctx = match self.driver.ctx_get_current() {
+        let ctx = match self.base.driver().ctx_get_current() {
             Ok(c) if whole && c != 0 => Some(c),
             _ => None,
         };
@@ -212,7 +270,9 @@ impl<D: Driver> Engine<D> {
         let rc = self
             .with_physical(h, ctx.is_none(), |real, on_device| {
                 mapped = (real, on_device);
-                self.driver.vmm_map_as(ptr, size, offset, real, flags)
+                self.base
+                    .driver()
+                    .vmm_map_as(ptr, size, offset, real, flags)
             })
             .unwrap_or(CUDA_ERROR_INVALID_VALUE);
         if rc != CUDA_SUCCESS {
@@ -245,7 +305,11 @@ impl<D: Driver> Engine<D> {
 
     /// Before the program's `cuMemUnmap` of `[ptr, end)`: detaches the
     /// blocks of its handles mapped there, so no move touches them.
-    pub(super) fn tiered_unmapping(&self, ptr: u64, end: u64) -> Vec<std::sync::Arc<TierBlock>> {
+    pub(in crate::engine) fn tiered_unmapping(
+        &self,
+        ptr: u64,
+        end: u64,
+    ) -> Vec<std::sync::Arc<TierBlock>> {
         self.tiers
             .blocks_within(ptr, end)
             .into_iter()
@@ -258,7 +322,7 @@ impl<D: Driver> Engine<D> {
     /// `h` is gone. When it was the handle's block, the block's memory
     /// (final once no move can start: [`TierBlock::stop`]) is the
     /// handle's again.
-    pub(super) fn tiered_unmapped(&self, h: u64, start: u64) {
+    pub(in crate::engine) fn tiered_unmapped(&self, h: u64, start: u64) {
         let block = self
             .handles
             .lock()
@@ -323,12 +387,12 @@ impl<D: Driver> Engine<D> {
 
     /// A handle released and unmapped everywhere: its memory and bytes go.
     fn handle_gone(&self, x: &Handle) {
-        let _ = self.driver.vmm_release(x.real);
-        self.tier_settle_bytes(x.device, x.bytes, x.on_device);
+        let _ = self.base.driver().vmm_release(x.real);
+        self.tier_settle_bytes(x.device, x.bytes, Place::of(x.on_device));
     }
 
     /// `cuMemRelease` of a program handle: `None` when `h` is not one.
-    pub(super) fn tiered_release(&self, h: u64) -> Option<CUresult> {
+    pub(in crate::engine) fn tiered_release(&self, h: u64) -> Option<CUresult> {
         self.change_handle(h, |x| {
             if x.refs == 0 {
                 return CUDA_ERROR_INVALID_VALUE; // released already
@@ -340,7 +404,7 @@ impl<D: Driver> Engine<D> {
 
     /// `cuMemRetainAllocationHandle` of an address a program handle is
     /// mapped at: that handle, with one more reference. `None` otherwise.
-    pub(super) fn tiered_retain(&self, addr: u64) -> Option<u64> {
+    pub(in crate::engine) fn tiered_retain(&self, addr: u64) -> Option<u64> {
         let h = self
             .maps
             .iter()
@@ -357,7 +421,7 @@ impl<D: Driver> Engine<D> {
     ///
     /// # Safety
     /// `shareable` as the driver function requires for `kind`.
-    pub(super) unsafe fn tiered_export(
+    pub(in crate::engine) unsafe fn tiered_export(
         &self,
         shareable: *mut c_void,
         h: u64,
@@ -366,7 +430,7 @@ impl<D: Driver> Engine<D> {
     ) -> Option<CUresult> {
         let rc = self.with_physical(h, true, |real, _| {
             // SAFETY: the caller's contract.
-            unsafe { self.driver.vmm_export(shareable, real, kind, flags) }
+            unsafe { self.base.driver().vmm_export(shareable, real, kind, flags) }
         })?;
         if rc != CUDA_SUCCESS {
             log_once!(
@@ -395,7 +459,7 @@ impl<D: Driver> Engine<D> {
     ///
     /// # Safety
     /// `handle` is non-null and writable.
-    pub(super) unsafe fn tiered_import(
+    pub(in crate::engine) unsafe fn tiered_import(
         &self,
         handle: *mut CUmemGenericAllocationHandle,
         fd: c_int,
@@ -413,7 +477,7 @@ impl<D: Driver> Engine<D> {
         };
         // SAFETY: the caller's contract; the driver wrote its handle there.
         let fresh = unsafe { std::mem::replace(&mut *handle, original) };
-        let _ = self.driver.vmm_release(fresh);
+        let _ = self.base.driver().vmm_release(fresh);
         log_at!(
             Debug,
             "cuMemImportFromShareableHandle: descriptor {fd} is this process's export of handle {original:#x}, which it answers"
@@ -440,7 +504,7 @@ impl<D: Driver> Engine<D> {
         let rc = self
             .with_physical(h, false, |physical, _| {
                 // SAFETY: the caller's contract.
-                unsafe { self.driver.vmm_properties(prop, physical) }
+                unsafe { self.base.driver().vmm_properties(prop, physical) }
             })
             .unwrap_or(CUDA_ERROR_INVALID_VALUE);
         if rc == CUDA_SUCCESS && !prop.is_null() {
@@ -501,7 +565,7 @@ impl<D: Driver> Engine<D> {
 
     /// A context went away: its blocks of program handles stop moving;
     /// their memory stays mapped (it belongs to no context).
-    pub(super) fn tiered_forget_ctx(&self, ctx: usize) {
+    pub(in crate::engine) fn tiered_forget_ctx(&self, ctx: usize) {
         for start in self.tiers.mapped_in(ctx) {
             if let Some(b) = self.tiers.detach(start) {
                 self.unblocked(b.program_handle, &b, true);

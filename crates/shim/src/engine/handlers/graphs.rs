@@ -1,32 +1,17 @@
-//! Handlers for stream-ordered allocation, memory pools and graph memory.
-//!
-//! Under `VRAMCAP_COUNT=held` (the default) a stream-ordered allocation is
-//! charged through its pool: by what the pool grows, not by its size, and
-//! its free changes nothing, since the pool keeps the memory; the pool's
-//! charge follows the reserve the driver reports (the rules are in
-//! `held.rs`). Under `VRAMCAP_COUNT=allocations` (or for a pool the driver
-//! will not describe) each allocation is counted when it is made, on its
-//! stream's device, and given back when its free is *issued*.
-//!
-//! Allocations made while their stream is being captured are graph memory
-//! nodes: the driver allocates them when the graph is uploaded or
-//! launched, which is where graph memory is charged (`held.rs`). A free of
-//! a pointer the engine does not know (another pool's, or a captured one)
-//! goes to the driver unchanged. The allocations belong to the device's
-//! pool, not to a context: they stay counted when their context is
-//! destroyed or reset, as the driver keeps them, until they are freed.
+//! Handlers for graphs: instantiation (sizing a graph's memory nodes),
+//! upload and launch (charging graph memory as it grows, `accounting/held.rs`),
+//! updates and destruction, and the graph memory trim. Under tiered spill
+//! they also read executable graphs' uses (`tiered/graph_heat.rs`).
 
 use std::ffi::{c_char, c_int, c_void};
 
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Counting;
 
-use super::alloc::Request;
-use super::cuda::*;
-use super::driver::{Driver, Flavour};
-use super::records::{Kind, Record};
-use super::state::Engine;
-use crate::log::{log_at, log_once};
+use crate::engine::Engine;
+use crate::engine::driver::{Driver, Flavour};
+use crate::ffi::*;
+use crate::log::log_once;
 
 /// What graph memory grows by at least (32 MiB for a 1-byte node,
 /// measured on the H200, driver 580), and what each allocation node is
@@ -35,314 +20,6 @@ const GRAPH_GRANULE: u64 = 32 << 20;
 const GRAPH_NODE_ROUND: u64 = 2 << 20;
 
 impl<D: Driver> Engine<D> {
-    /// The (context, device) a stream's allocations come from; `None` when
-    /// the stream is being captured (the call then goes to the driver
-    /// uncounted) or there is no current context.
-    fn stream_target(&self, stream: usize, flavour: Flavour) -> Option<(usize, CUdevice)> {
-        let (ctx, cur_dev) = self.current()?;
-        if self.capturing()
-            && self
-                .driver
-                .stream_is_capturing(stream, flavour)
-                .is_ok_and(|status| status != 0)
-        {
-            return None;
-        }
-        let dev = self
-            .driver
-            .stream_get_device(stream, flavour)
-            .unwrap_or(cur_dev);
-        Some((ctx, dev))
-    }
-
-    /// `cuMemAllocAsync[_ptsz]`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_alloc_async(
-        &'static self,
-        flavour: Flavour,
-        real: impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
-        size: usize,
-        stream: CUstream,
-    ) -> CUresult {
-        let what = ["cuMemAllocAsync", "cuMemAllocAsync_ptsz"];
-        // SAFETY: the driver function's contract.
-        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, None, stream) }
-    }
-
-    /// `cuMemAllocFromPoolAsync[_ptsz]`: as [`Engine::mem_alloc_async`].
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_alloc_from_pool_async(
-        &'static self,
-        flavour: Flavour,
-        real: impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
-        size: usize,
-        pool: *mut c_void,
-        stream: CUstream,
-    ) -> CUresult {
-        let what = ["cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"];
-        let pool = (!pool.is_null()).then_some(pool as usize);
-        // SAFETY: the driver function's contract.
-        unsafe { self.alloc_on_stream(what, flavour, real, dptr, size, pool, stream) }
-    }
-
-    /// A stream-ordered allocation of `size` bytes on `stream`'s device;
-    /// `what` names the legacy and the per-thread variant.
-    ///
-    /// # Safety
-    /// `dptr` is null or writable.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn alloc_on_stream(
-        &'static self,
-        what: [&'static str; 2],
-        flavour: Flavour,
-        mut real: impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
-        size: usize,
-        pool: Option<usize>,
-        stream: CUstream,
-    ) -> CUresult {
-        let what = what[usize::from(flavour == Flavour::PerThread)];
-        let target = self.stream_target(stream as usize, flavour);
-        let bytes = size as u64;
-        let through_pool = match target {
-            Some((_, dev)) if self.settings.counting == Counting::Held => {
-                pool.or_else(|| self.driver.device_mem_pool(dev).ok())
-            }
-            _ => None,
-        };
-        if let (Some(pool), Some((ctx, dev)), false) = (through_pool, target, dptr.is_null()) {
-            if size == 0 || self.pool_exempt(pool) {
-                // A pool of host memory holds nothing on any GPU.
-                return real();
-            }
-            let device = self.held.pool_device(pool).unwrap_or(dev as u16);
-            if self.limit_of(CUdevice::from(device)).is_none() {
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            if let Some(rc) =
-                // SAFETY: `dptr` is non-null; the rest is the caller's contract.
-                unsafe {
-                    self.alloc_from_pool(what, &mut real, dptr, bytes, pool, device, ctx)
-                }
-            {
-                return rc;
-            }
-        }
-        // SAFETY: the caller's contract.
-        unsafe { self.capped_alloc(what, dptr, bytes, Request::Async, target, real, || bytes) }
-    }
-
-    /// A stream-ordered allocation charged through its pool (`held.rs`):
-    /// claim, reserve the claim's estimate (once more after reclaiming
-    /// when it does not fit, since the claim itself keeps the pool's
-    /// charge from falling), call, settle. `None` when the driver will not
-    /// describe the pool: the caller charges by size instead.
-    ///
-    /// # Safety
-    /// `dptr` is non-null and writable.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn alloc_from_pool(
-        &'static self,
-        what: &'static str,
-        real: &mut impl FnMut() -> CUresult,
-        dptr: *mut CUdeviceptr,
-        bytes: u64,
-        pool: usize,
-        device: u16,
-        ctx: usize,
-    ) -> Option<CUresult> {
-        let dev = CUdevice::from(device);
-        let _inflight = self.inflight.enter();
-        let mut claim = self.pool_claim(pool, device, bytes)?;
-        let mut reserved = self.try_reserve_evicting(dev, claim.grow);
-        if let Err(why) = reserved {
-            self.pool_settle(claim, false, false);
-            self.reclaim(dev);
-            claim = self.pool_claim(pool, device, bytes)?;
-            reserved = self.try_reserve_evicting(dev, claim.grow);
-            if reserved.is_err() {
-                self.pool_settle(claim, false, false);
-                // SAFETY: the caller's contract.
-                return Some(unsafe {
-                    self.spill_or_refuse(what, dptr, bytes, Request::Async, ctx, dev, why)
-                });
-            }
-        }
-        let rc = self.call_with_retry(dev, &mut *real);
-        if rc != CUDA_SUCCESS {
-            self.pool_settle(claim, false, true);
-            return Some(rc);
-        }
-        self.pool_settle(claim, true, true);
-        self.start_worker(); // sees the pool shrink at synchronisations
-        // SAFETY: the driver succeeded, so it wrote the pointer.
-        let ptr = unsafe { *dptr };
-        if let Some(s) = self.slot(dev) {
-            DeviceSlot::add(&s.allocs, 1);
-        }
-        self.insert(
-            ptr,
-            Record {
-                device,
-                exported: false,
-                bytes,
-                ctx,
-                kind: Kind::Async(Some(claim.serial)),
-            },
-        );
-        log_at!(
-            Debug,
-            "{what}: {bytes} bytes at {ptr:#x} from pool {pool:#x} on device {device}"
-        );
-        Some(rc)
-    }
-
-    /// `cuMemFreeAsync[_ptsz]`. A spilled pointer cannot be freed
-    /// stream-ordered (the driver refuses): it is freed for real once the
-    /// stream gets there.
-    pub fn mem_free_async(
-        &'static self,
-        flavour: Flavour,
-        mut real: impl FnMut() -> CUresult,
-        dptr: CUdeviceptr,
-        stream: CUstream,
-    ) -> CUresult {
-        if dptr == 0 {
-            return real();
-        }
-        let Some((_, mut r)) = self.table.remove(&dptr) else {
-            return self.free_unknown(real, dptr);
-        };
-        let tiered = if r.kind == Kind::Tiered {
-            // Never moved again; settled by where it is when it goes.
-            let b = self.tiers.detach(dptr);
-            r.kind = Kind::TieredFreed {
-                on_device: b.as_ref().is_none_or(|b| b.on_device()),
-                handle: b.as_ref().map_or(0, |b| b.handle()),
-            };
-            b
-        } else {
-            None
-        };
-        if matches!(
-            r.kind,
-            Kind::SpillManaged | Kind::SpillHost(_) | Kind::TieredFreed { .. }
-        ) {
-            let rc = self
-                .spill
-                .free_when_reached(&self.base, dptr, r, stream as usize, flavour);
-            if rc != CUDA_SUCCESS
-                && let Some(b) = tiered
-            {
-                r.kind = Kind::Tiered;
-                self.tiers.reattach(b);
-            }
-            if rc == CUDA_SUCCESS {
-                self.start_worker(); // reaps it
-            } else {
-                self.table.insert(dptr, r);
-            }
-            return rc;
-        }
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.freed(&r);
-        } else {
-            self.table.insert(dptr, r);
-        }
-        rc
-    }
-}
-
-impl<D: Driver> Engine<D> {
-    /// `cuMemPoolCreate`: the pool's device is noted, so its allocations
-    /// are charged there whichever stream makes them.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_pool_create(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        pool: *mut CUmemoryPool,
-        props: *const CUmemPoolProps,
-    ) -> CUresult {
-        let rc = real();
-        if rc != CUDA_SUCCESS {
-            return rc;
-        }
-        // SAFETY: on success both were valid for the driver (null checked).
-        let (p, props) = unsafe { (pool.as_ref(), props.as_ref()) };
-        if self.settings.counting != Counting::Held {
-            return rc;
-        }
-        if let (Some(p), Some(props)) = (p, props) {
-            match u16::try_from(props.location.id) {
-                Ok(dev) if props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE => {
-                    self.held.created(*p as usize, dev, false)
-                }
-                // Host (and host NUMA) pools hold no GPU memory.
-                _ => self.held.created(*p as usize, 0, true),
-            }
-        }
-        rc
-    }
-
-    /// `cuMemPoolDestroy`: a pool with live allocations stays charged
-    /// until the last is freed; one without is given back (`held.rs`).
-    pub fn mem_pool_destroy(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        pool: CUmemoryPool,
-    ) -> CUresult {
-        if self.settings.counting != Counting::Held {
-            return real();
-        }
-        let reserved = self
-            .driver
-            .mem_pool_attribute(pool as usize, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
-            .ok();
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.pool_destroyed(pool as usize, reserved);
-        }
-        rc
-    }
-
-    /// `cuMemPoolTrimTo`: the pool's charge follows what it keeps.
-    pub fn mem_pool_trim_to(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        pool: CUmemoryPool,
-        _keep: usize,
-    ) -> CUresult {
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.pool_refresh(pool as usize);
-        }
-        rc
-    }
-
-    /// `cuMemPoolSetAttribute`: the pool's charge is read again.
-    pub fn mem_pool_set_attribute(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        pool: CUmemoryPool,
-        _attr: c_int,
-        _value: *mut c_void,
-    ) -> CUresult {
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.pool_refresh(pool as usize);
-        }
-        rc
-    }
-
     /// `cuDeviceGraphMemTrim`: the device's graph charge follows.
     pub fn graph_mem_trim(
         &'static self,
@@ -350,8 +27,13 @@ impl<D: Driver> Engine<D> {
         dev: CUdevice,
     ) -> CUresult {
         let rc = real();
-        if rc == CUDA_SUCCESS && self.slot(dev).is_some_and(|s| s.budget.limit().is_some()) {
-            self.graphs_refresh(dev);
+        if rc == CUDA_SUCCESS
+            && self
+                .base
+                .slot(dev)
+                .is_some_and(|s| s.budget.limit().is_some())
+        {
+            self.base.graphs_refresh(dev);
         }
         rc
     }
@@ -371,7 +53,8 @@ impl<D: Driver> Engine<D> {
             return 0;
         }
         let spare = self
-            .driver
+            .base
+            .driver()
             .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
             .map_or(0, |used| reserved.saturating_sub(used));
         need.saturating_sub(spare)
@@ -395,18 +78,18 @@ impl<D: Driver> Engine<D> {
         }
         match self.try_reserve_evicting(device, expect) {
             Ok((slot, _)) => return Ok(Some(slot)),
-            Err(_) if !self.capture_in_progress() => {
-                let _ = self.driver.graph_mem_trim(device);
-                self.graphs_refresh(device);
+            Err(_) if !self.base.capture_in_progress() => {
+                let _ = self.base.driver().graph_mem_trim(device);
+                self.base.graphs_refresh(device);
             }
             Err(_) => {}
         }
         match self.try_reserve_evicting(device, expect) {
             Ok((slot, _)) => Ok(Some(slot)),
             Err(why) => {
-                if let (Some(s), Some(r)) = (self.slot(device), why) {
+                if let (Some(s), Some(r)) = (self.base.slot(device), why) {
                     DeviceSlot::add(&s.refusals, 1);
-                    self.refused(what, device, expect, r);
+                    self.base.refused(what, device, expect, r);
                 }
                 Err(CUDA_ERROR_OUT_OF_MEMORY)
             }
@@ -426,7 +109,7 @@ impl<D: Driver> Engine<D> {
         rc: CUresult,
     ) {
         let reserved = held.map_or(0, |(_, bytes)| bytes);
-        if let Some(after) = self.graphs_settle(device, reserved)
+        if let Some(after) = self.base.graphs_settle(device, reserved)
             && rc == CUDA_SUCCESS
             && after > before
         {
@@ -462,7 +145,7 @@ impl<D: Driver> Engine<D> {
     ) -> CUresult {
         // Tiered spill moves no block while a graph is being launched.
         let _open = self.tiers.enter();
-        if self.settings.counting != Counting::Held || exec.is_null() {
+        if self.base.settings().counting != Counting::Held || exec.is_null() {
             return real();
         }
         let Some((_, device)) = self.stream_target(stream as usize, flavour) else {
@@ -471,7 +154,7 @@ impl<D: Driver> Engine<D> {
         if self.limit_of(device).is_none() {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        let Some(before) = self.graphs_refresh(device) else {
+        let Some(before) = self.base.graphs_refresh(device) else {
             return real();
         };
         let key = exec as u64;
@@ -496,7 +179,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Under tiered spill, what the kernel nodes of the graph `exec` was
-    /// made from use (`tier.rs`).
+    /// made from use (`engine/tiered/`).
     fn graph_walked(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
         if rc != CUDA_SUCCESS || !self.tiers.on() {
             return;
@@ -509,7 +192,7 @@ impl<D: Driver> Engine<D> {
 
     /// Notes the allocation nodes' bytes of the graph `exec` was made from.
     fn graph_sized(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
-        if rc != CUDA_SUCCESS || self.settings.counting != Counting::Held {
+        if rc != CUDA_SUCCESS || self.base.settings().counting != Counting::Held {
             return;
         }
         // SAFETY: on success the driver wrote the handle.
@@ -518,7 +201,8 @@ impl<D: Driver> Engine<D> {
         };
         self.graph_growth.remove(&exec);
         match self
-            .driver
+            .base
+            .driver()
             .graph_alloc_bytes(graph as usize, GRAPH_NODE_ROUND)
         {
             Some(b) if b > 0 => {
@@ -577,7 +261,7 @@ impl<D: Driver> Engine<D> {
             .filter(|p| p.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD != 0)
             .map(|p| p.upload_stream);
         let target = match upload {
-            Some(stream) if self.settings.counting == Counting::Held => {
+            Some(stream) if self.base.settings().counting == Counting::Held => {
                 self.stream_target(stream as usize, flavour)
             }
             _ => None,
@@ -590,17 +274,19 @@ impl<D: Driver> Engine<D> {
         if self.limit_of(device).is_none() {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        let Some(before) = self.graphs_refresh(device) else {
+        let Some(before) = self.base.graphs_refresh(device) else {
             let rc = real();
             self.graph_instantiated(rc, exec, graph);
             return rc;
         };
         let need = self
-            .driver
+            .base
+            .driver()
             .graph_alloc_bytes(graph as usize, GRAPH_NODE_ROUND)
             .unwrap_or(0);
         let spare = self
-            .driver
+            .base
+            .driver()
             .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
             .map_or(0, |used| before.saturating_sub(used));
         let expect = need
@@ -662,11 +348,11 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Under tiered spill, what the kernel nodes of `graph`, which `exec`
-    /// now follows, use (`tier.rs`).
+    /// now follows, use (`engine/tiered/`).
     fn graph_updated(&self, rc: CUresult, exec: CUgraphExec, graph: CUgraph) {
         if rc == CUDA_SUCCESS && self.tiers.on() && !exec.is_null() {
             self.tiers
-                .graph_instantiated(&self.driver, exec as u64, graph as usize);
+                .graph_instantiated(self.base.driver(), exec as u64, graph as usize);
         }
     }
 

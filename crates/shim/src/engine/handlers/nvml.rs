@@ -18,37 +18,39 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::limit::{Amount, cuda_ordinal};
 use vramcap_core::page::uuid_text;
 
-use super::accounting::capped_info;
-use super::cuda::*;
-use super::driver::Driver;
-use super::state::Engine;
+use crate::engine::Engine;
+use crate::engine::accounting::capped_info;
+use crate::engine::driver::Driver;
+use crate::ffi::*;
 
 impl<D: Driver> Engine<D> {
-    /// The caps' (total, free) for an NVML device whose real figures are
-    /// these, or `None` to leave them as NVML said (no cap for this
-    /// process, or a GPU it does not see).
-    fn nvml_capped(&self, device: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64)> {
-        let uuid = self.driver.nvml_device_uuid(device as usize)?;
-        let page = self.page.get(self.settings);
+    /// `nvmlDeviceGetMemoryInfo*`'s figures: the caps' (total, free) for
+    /// an NVML device whose real figures are these, or `None` to leave them
+    /// as NVML said (no cap for this process, or a GPU it does not see).
+    /// The boundary reads and writes the caller's structure
+    /// (`boundary/queries.rs`).
+    pub fn nvml_capped(&self, device: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64)> {
+        let uuid = self.base.driver().nvml_device_uuid(device as usize)?;
+        let page = self.base.page().get(self.base.settings());
         for (i, s) in page.slots.iter().enumerate() {
             if s.flags.load(Ordering::Relaxed) == 0 {
                 continue;
             }
             if uuid_text(&s.uuid_bytes()).is_some_and(|u| u.eq_ignore_ascii_case(&uuid)) {
-                let limit = self.cap_in_force(s, i as i32)?;
-                return (limit != NO_CAP).then(|| self.picture(s, i as i32, total, free));
+                let limit = self.base.cap_in_force(s, i as i32)?;
+                return (limit != NO_CAP).then(|| self.base.picture(s, i as i32, total, free));
             }
         }
         // CUDA not used on this device yet: work the cap out from the
         // process's own limit (a group is joined on first CUDA use only).
         // The stricter of VRAMCAP_LIMIT, NVIDIA_GPU_MEMORY_LIMIT and the
         // operator's cap, as `compute_limit` will make it.
-        let settings = self.settings;
+        let settings = self.base.settings();
         let specs = std::iter::once(&settings.limit).chain(settings.operator.as_ref());
         if settings.nvidia_limit.is_none() && specs.clone().all(|s| s.is_unlimited()) {
             return None;
         }
-        let index = self.driver.nvml_device_index(device as usize)?;
+        let index = self.base.driver().nvml_device_index(device as usize)?;
         let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         let ordinal = cuda_ordinal(index, &uuid, cvd.as_deref())?;
         let mut cap = settings.nvidia_limit.unwrap_or(NO_CAP);
@@ -60,45 +62,5 @@ impl<D: Driver> Engine<D> {
             }
         }
         (cap != NO_CAP).then(|| capped_info(total, free, cap, 0, 0))
-    }
-
-    /// `nvmlDeviceGetMemoryInfo`.
-    ///
-    /// # Safety
-    /// The library function's contract.
-    pub unsafe fn nvml_memory_info(
-        &'static self,
-        mut real: impl FnMut() -> nvmlReturn_t,
-        device: nvmlDevice_t,
-        memory: *mut nvmlMemory_t,
-    ) -> nvmlReturn_t {
-        let rc = real();
-        // SAFETY: null, or written by NVML when it succeeded.
-        if let (NVML_SUCCESS, Some(m)) = (rc, unsafe { memory.as_mut() })
-            && let Some((t, f)) = self.nvml_capped(device, m.total, m.free)
-        {
-            (m.total, m.free, m.used) = (t, f, t - f);
-        }
-        rc
-    }
-
-    /// `nvmlDeviceGetMemoryInfo_v2` (`reserved` reported as 0).
-    ///
-    /// # Safety
-    /// The library function's contract.
-    pub unsafe fn nvml_memory_info_v2(
-        &'static self,
-        mut real: impl FnMut() -> nvmlReturn_t,
-        device: nvmlDevice_t,
-        memory: *mut nvmlMemory_v2_t,
-    ) -> nvmlReturn_t {
-        let rc = real();
-        // SAFETY: null, or written by NVML when it succeeded.
-        if let (NVML_SUCCESS, Some(m)) = (rc, unsafe { memory.as_mut() })
-            && let Some((t, f)) = self.nvml_capped(device, m.total, m.free)
-        {
-            (m.total, m.free, m.reserved, m.used) = (t, f, 0, t - f);
-        }
-        rc
     }
 }

@@ -1,0 +1,26 @@
+//! One row of the hook list ([`HOOKS`](super::hooks::HOOKS)), the type the
+//! list (`hooks.rs`) and its readers (`resolve.rs`, `dlsym.rs`) share, so
+//! that the readers take the list as a value and import nothing of it.
+
+use std::ffi::{CStr, c_void};
+
+use super::real::DynFn;
+use crate::lookup::Lookup;
+
+/// One hooked variant.
+pub struct Hook {
+    /// The exact exported name, which is also the variant's name in the driver.
+    pub name: &'static CStr,
+    pub lookup: Lookup,
+    /// The export.
+    pub hook: *const c_void,
+    /// The library's own function of the same name.
+    pub real: &'static DynFn,
+    /// Only tiered spill needs this hook (the entry's `tiered` flag): it is
+    /// handed out only under `VRAMCAP_SPILL=tiered` (`resolve.rs`), and
+    /// otherwise the program gets the driver's own function and pays nothing.
+    pub tiered_only: bool,
+}
+
+// SAFETY: the raw pointer is a function address, immutable and valid forever.
+unsafe impl Sync for Hook {}

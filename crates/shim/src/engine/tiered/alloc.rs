@@ -1,0 +1,262 @@
+//! Tiered spill's allocation path: a plain allocation becomes a block
+//! (reserved, created, mapped), placed on the device within the cap or on
+//! the host past it; and the frees.
+
+use std::sync::atomic::Ordering;
+
+use vramcap_core::page::DeviceSlot;
+
+use crate::engine::Engine;
+use crate::engine::accounting::records::{Kind, Record};
+use crate::engine::driver::Driver;
+use crate::engine::handlers::allocate::Made;
+use crate::engine::tiered::{Place, TierBlock, location};
+use crate::ffi::*;
+use crate::log::{log_at, log_once};
+
+/// Makes physical memory of `bytes` on the host or `device` and maps it at
+/// `ptr` for the device: the handle, with nothing left behind on failure.
+pub(super) fn make_mapped<D: Driver>(
+    driver: &D,
+    ptr: u64,
+    bytes: u64,
+    host: bool,
+    device: CUdevice,
+) -> Result<u64, CUresult> {
+    let h = driver.vmm_create(bytes, location(host, device))?;
+    let rc = driver.vmm_map(ptr, bytes, h, device);
+    if rc != CUDA_SUCCESS {
+        let _ = driver.vmm_release(h);
+        return Err(rc);
+    }
+    Ok(h)
+}
+
+impl<D: Driver> Engine<D> {
+    /// `cuMemAlloc_v2` under tiered spill (module docs): physical memory
+    /// on the device within the cap, on the host past it, behind an
+    /// address of its own. `None`: the request is not tiered (smaller than
+    /// the granularity, or no VMM), for the ordinary path.
+    pub(in crate::engine) fn tiered_alloc(
+        &'static self,
+        what: &'static str,
+        bytes: u64,
+        ctx: usize,
+        device: CUdevice,
+    ) -> Option<Result<Made, CUresult>> {
+        let g = self.tiers.granularity(self.base.driver(), device)?;
+        if bytes < g {
+            return None;
+        }
+        let size = bytes.checked_next_multiple_of(g)?;
+        let dev16 = device as u16;
+        let _inflight = self.inflight.enter();
+        let place = match self.tier_place(what, device, size) {
+            Ok(place) => place,
+            Err(rc) => return Some(Err(rc)),
+        };
+        let ptr = match self.base.driver().vmm_reserve(size) {
+            Ok(p) => p,
+            Err(rc) => {
+                self.tier_unplace(device, size, place);
+                return Some(Err(rc));
+            }
+        };
+        let on_device = place == Place::Device;
+        let handle = match make_mapped(self.base.driver(), ptr, size, !on_device, device) {
+            Ok(h) => h,
+            Err(rc) => {
+                let _ = self.base.driver().vmm_free_address(ptr, size);
+                self.tier_unplace(device, size, place);
+                return Some(Err(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
+                    CUDA_ERROR_OUT_OF_MEMORY
+                } else {
+                    rc
+                }));
+            }
+        };
+        self.tier_placed(what, device, size, place);
+        // The record first: a stale one at this address (released behind
+        // the engine's back) is settled before the new block is tracked.
+        self.insert(
+            ptr,
+            Record {
+                device: dev16,
+                exported: false,
+                bytes: size,
+                ctx,
+                kind: Kind::Tiered,
+            },
+        );
+        let _ = self
+            .tiers
+            .insert(self.tiers.make(ptr, size, dev16, ctx, handle, on_device));
+        log_at!(
+            Debug,
+            "{what}: {bytes} bytes at {ptr:#x}, tiered ({size} mapped), on the {}",
+            if on_device { "device" } else { "host" }
+        );
+        Some(Ok(Made::at(ptr)))
+    }
+
+    /// Where a new tiered allocation of `size` goes: reserved under the
+    /// cap (`Place::Device`), or taken from the spill limit for host memory
+    /// (`Place::Host`).
+    /// Above the soft limit new blocks start on the host, as a round would
+    /// put them there (the round's target is the soft limit).
+    pub(in crate::engine) fn tier_place(
+        &'static self,
+        what: &'static str,
+        device: CUdevice,
+        size: u64,
+    ) -> Result<Place, CUresult> {
+        let soft = self.base.slot(device).map_or(0, |s| {
+            let soft = s.soft.load(Ordering::Relaxed);
+            if soft > 0 && s.budget.used().saturating_add(size) > soft {
+                soft
+            } else {
+                0
+            }
+        });
+        let reserved = if soft > 0 && self.spill.room(&self.base) >= size {
+            Err(Some(crate::engine::accounting::Refusal {
+                used: self.base.slot(device).map_or(0, |s| s.budget.used()),
+                limit: soft,
+                group: false,
+            }))
+        } else {
+            self.try_reserve_evicting(device, size)
+        };
+        let why = match reserved {
+            Ok(_) => return Ok(Place::Device),
+            Err(None) => return Err(CUDA_ERROR_OUT_OF_MEMORY),
+            Err(Some(why)) => why,
+        };
+        if self.spill.take(&self.base, size) {
+            return Ok(Place::Host);
+        }
+        log_once!(
+            Warn,
+            "{what}: the spill limit (VRAMCAP_SPILL_LIMIT) is reached too; refusing"
+        );
+        if let Some(s) = self.base.slot(device) {
+            DeviceSlot::add(&s.refusals, 1);
+            self.base.refused(what, device, size, why);
+        }
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// Counts a tiered allocation of `size` just made on the device or the
+    /// host.
+    pub(in crate::engine) fn tier_placed(
+        &self,
+        what: &str,
+        device: CUdevice,
+        size: u64,
+        place: Place,
+    ) {
+        let Some(s) = self.base.slot(device) else {
+            return;
+        };
+        DeviceSlot::add(&s.allocs, 1);
+        if place == Place::Host {
+            DeviceSlot::add(&s.spilled, size);
+            DeviceSlot::add(&s.spill_allocs, 1);
+            s.mark_active();
+            log_once!(
+                Info,
+                "{what}: the cap of device {device} is reached; new blocks go to host memory and the most-used move onto the GPU (VRAMCAP_SPILL=tiered)"
+            );
+        }
+    }
+
+    /// Undoes [`Self::tier_place`] for an allocation that was not made.
+    pub(in crate::engine) fn tier_unplace(&self, device: CUdevice, size: u64, place: Place) {
+        match place {
+            Place::Host => self.spill.give_back(size),
+            Place::Device => {
+                if let Some(s) = self.base.slot(device) {
+                    self.base.release_on(s, device, size);
+                }
+            }
+        }
+    }
+
+    /// Settles the bytes of a tiered block that is gone.
+    pub(in crate::engine) fn tier_settle(&self, r: &Record, place: Place) {
+        self.tier_settle_bytes(r.device, r.bytes, place);
+    }
+
+    /// Settles `bytes` of a tiered allocation of `device` that is gone,
+    /// from the device's budget or the spill.
+    pub(in crate::engine) fn tier_settle_bytes(&self, device: u16, bytes: u64, place: Place) {
+        if place == Place::Device {
+            self.base.give_back(device, bytes);
+        } else {
+            self.spill.give_back(bytes);
+            if let Some(s) = self.base.slot(CUdevice::from(device)) {
+                s.spilled.fetch_sub(bytes, Ordering::Relaxed);
+                DeviceSlot::add(&s.frees, 1);
+            }
+        }
+    }
+
+    /// A tiered record found stale (its address handed out again): only
+    /// its bytes are settled; its driver objects are not touched, since
+    /// the address is someone else's now.
+    pub(in crate::engine) fn tier_forget(&self, ptr: u64, r: &Record) {
+        let place = self.tiers.detach(ptr).map_or(Place::Device, |b| b.place());
+        self.tier_settle(r, place);
+    }
+
+    /// A tiered block of a context that went away: VMM memory outlives its
+    /// context, so the mapping, the memory and the address are released
+    /// here (no work of the context can be running), then the bytes.
+    pub(in crate::engine) fn tier_release(&self, ptr: u64, r: &Record) {
+        match self.tiers.detach(ptr) {
+            Some(b) => {
+                self.release_vmm(&b);
+                self.tier_settle(r, b.place());
+            }
+            None => self.tier_settle(r, Place::Device),
+        }
+    }
+
+    /// Unmaps a detached block and releases its memory and address.
+    pub(super) fn release_vmm(&self, b: &TierBlock) -> CUresult {
+        let rc = self.base.driver().vmm_unmap(b.ptr, b.bytes);
+        if rc == CUDA_SUCCESS {
+            let _ = self.base.driver().vmm_release(b.handle());
+            let _ = self.base.driver().vmm_free_address(b.ptr, b.bytes);
+        }
+        rc
+    }
+
+    /// Frees a tiered block: as the driver's `cuMemFree` does, it first
+    /// waits for the block's context to finish its work (unmapping memory
+    /// a kernel still uses makes the kernel fault, and the context with
+    /// it), then unmaps it and releases its memory and address. The
+    /// program's `cuMemFree_v2` of a tiered address comes here instead of
+    /// the driver, which would refuse a mapped range. During a capture,
+    /// when a synchronisation would break it, the free is left to the next
+    /// round (which runs only outside captures).
+    pub(in crate::engine) fn tier_free(&'static self, ptr: u64, r: &Record) -> CUresult {
+        let Some(b) = self.tiers.detach(ptr) else {
+            self.tier_settle(r, Place::Device);
+            return CUDA_SUCCESS;
+        };
+        if self.base.capture_in_progress() {
+            self.tiers.defer_free(b, *r);
+            self.start_worker();
+            return CUDA_SUCCESS;
+        }
+        let _ = self.sync_ctx(b.ctx);
+        let rc = self.release_vmm(&b);
+        if rc != CUDA_SUCCESS {
+            self.tiers.reattach(b);
+            return rc;
+        }
+        self.tier_settle(r, b.place());
+        CUDA_SUCCESS
+    }
+}

@@ -1,0 +1,178 @@
+//! Tiered spill (`VRAMCAP_SPILL=tiered`): the blocks kernels use most live
+//! on the GPU within the cap, the others in pinned host memory the GPU
+//! reads over the link, and a block moves between the two without changing
+//! its address. How and why, with the measurements behind the constants:
+//! `docs/design/tiered.md`. The locks: `engine/mod.rs`, "Concurrency".
+//!
+//! # Files
+//! - `block`: one block ([`TierBlock`]): its place, its claim for a move,
+//!   the spots where uses pointed since the last round.
+//! - `registry`: the block map and the per-context and per-round state of
+//!   [`Tiers`]; `gate`: the gate that moves close.
+//! - `heat` (launch decoding) and `graph_heat` (executable graphs' uses).
+//! - `plan`: pure Rust, tested without a driver: a round's heat and score
+//!   (`take_round`) and the moves it chooses (`plan`).
+//! - `alloc` (the allocation path and frees), `rounds` (the background
+//!   thread's moves), `hooks` (launch, copy and memset hooks), `handles`
+//!   (the program's own `cuMemCreate` memory under tiered spill).
+//!
+//! # Invariants
+//! - A block's place and handle change only in a round, while it is
+//!   claimed; a free removes it from the map first and waits for a claim to
+//!   end, so a block is never freed during a move, and its bytes are
+//!   settled by the place it ends in.
+//! - A block's bytes are charged once: reserved under the cap on the
+//!   device, counted as spilled on the host.
+//! - Nothing moves while a stream capture is in progress or the gate is
+//!   open to a hook's driver call.
+//! - The launch, copy and memset hooks are handed out only in this mode
+//!   (the hook list's `tiered` flag); otherwise the program gets the
+//!   driver's own functions and pays nothing.
+
+/// Reads a lock, carrying on after a panic elsewhere (every write is one
+/// insert or remove, never left half done).
+macro_rules! read {
+    ($l:expr) => {
+        $l.read().unwrap_or_else(|e| e.into_inner())
+    };
+}
+macro_rules! write {
+    ($l:expr) => {
+        $l.write().unwrap_or_else(|e| e.into_inner())
+    };
+}
+
+mod alloc;
+pub(super) mod handles;
+mod hooks;
+mod rounds;
+
+mod block;
+mod gate;
+mod graph_heat;
+mod heat;
+mod plan;
+mod registry;
+
+pub(in crate::engine) use self::block::*;
+pub(in crate::engine) use self::graph_heat::*;
+pub(in crate::engine) use self::handles::Handles;
+pub(in crate::engine) use self::heat::*;
+pub(in crate::engine) use self::plan::*;
+use self::registry::block_at;
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::engine::driver::Driver;
+use crate::ffi::*;
+use crate::log::log_once;
+
+/// A host block displaces device blocks only when its score per byte is
+/// this many times theirs. At 2 a weight-holding block (read by matrix
+/// products) could stay on the host beside optimizer state it was not
+/// twice as hot as. Training side by side with 2 (docs/gpu-results.md),
+/// 1.25 ran 1.39x and 1.40x at 1.1x its cap (2: 1.51x, 1.52x) and 2.62x
+/// at 1.25x (3.78x), but 8.62x at 1.5x (7.80x), where more blocks swapped.
+pub const HYSTERESIS: f64 = 1.25;
+/// What promotions leave free below the target, so that a promotion does
+/// not race the program's next allocation for the last bytes. The first
+/// cut left 1/64 of the cap, which grows with the cap (1.25 GiB of an
+/// 80 GiB one) while the race does not; every byte left free keeps a
+/// byte on the host. Side by side in training (docs/gpu-results.md,
+/// session 10), 8 MiB ran 1.38x at 1.1x its cap and 7.74x at 1.5x, 1/64
+/// 1.40x and 8.19x.
+pub const PROMOTE_MARGIN: u64 = 8 << 20;
+/// Rounds a moved block stays where it went.
+pub const MIN_ROUNDS: u64 = 20;
+/// The most bytes one round moves (promotions and demotions together).
+pub const ROUND_BYTES: u64 = 1 << 30;
+/// The most parameter bytes a launch is scanned for.
+const SCAN_BYTES: usize = 8192;
+/// How long a round waits for the gate before it gives up.
+pub const STOP_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long a round first waits, with the gate closed, for the GPU to
+/// finish the program's work before it gives up. The wait follows the
+/// program's work: it is at least twice the longest recent drain (the time
+/// a synchronisation took, counting one that finished after its round gave
+/// up; each shorter one takes 1/16 off it), and doubles with each give-up
+/// in a row (2, 4, then 8 s), at most [`MAX_SYNC_WAIT`]. A give-up before
+/// any drain was seen only learns it; after that, moves pause for
+/// [`STALL_ROUNDS`] rounds, and three give-ups in a row, or ten in all,
+/// stop them for good. A program whose blocks are on the host runs slowly,
+/// and its queue can hold seconds of work (training at 1.7x its need waited
+/// 2 s and paused: issue 32); work that waits on the held program itself (a
+/// stream waiting for a value a held thread would write, a kernel waiting
+/// on another GPU's in single-process NCCL) never finishes while it is
+/// held, and each try at it holds the program for the wait.
+pub const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// The longest a round waits for the GPU.
+pub const MAX_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Give-ups in all after which moves stop for good.
+const MAX_STALLS: u64 = 10;
+/// Rounds moves pause for after a round gave up waiting for the GPU.
+pub const STALL_ROUNDS: u64 = 100;
+/// The most parameter layouts kept (then they are forgotten and asked again).
+const MAX_LAYOUTS: usize = 1 << 16;
+/// The most executable graphs whose uses are kept at once (graphs
+/// instantiated while that many are kept count no uses).
+const MAX_GRAPHS: usize = 1 << 14;
+
+const CU_STREAM_NON_BLOCKING: c_uint = 1;
+/// `extra` keys of `cuLaunchKernel`.
+const CU_LAUNCH_PARAM_END: usize = 0;
+const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+/// The process's tiered blocks and what decides their place.
+pub struct Tiers {
+    on: bool,
+    blocks: RwLock<BTreeMap<u64, Arc<TierBlock>>>,
+    /// Lowest start and highest end of any block ever made: a cheap first
+    /// test for the words a launch passes.
+    lo: AtomicU64,
+    hi: AtomicU64,
+    layouts: RwLock<HashMap<usize, Layout>>,
+    /// Executable graphs' uses, by handle.
+    graphs: RwLock<HashMap<u64, Arc<GraphUses>>>,
+    /// (context, its mover stream).
+    movers: Mutex<Vec<(usize, usize)>>,
+    /// Closed while blocks move (module docs).
+    gate: RwLock<()>,
+    /// Each device's VMM granularity, 0 until asked (`u64::MAX`: none).
+    granularity: [AtomicU64; vramcap_core::MAX_DEVICES],
+    round: AtomicU64,
+    /// `launches` when scores were last decayed.
+    scored: AtomicU64,
+    /// Frees made during a capture, left to the next round.
+    deferred: Mutex<Vec<(Arc<TierBlock>, crate::engine::accounting::records::Record)>>,
+    /// Rounds in a row that gave up waiting for the GPU, and rounds that
+    /// gave up in all.
+    stalls: AtomicU64,
+    stalls_total: AtomicU64,
+    /// The last drain seen, in µs (the wait follows it: [`SYNC_WAIT`]), and
+    /// the wait before the first one, in µs (a test shortens it).
+    drain_us: AtomicU64,
+    base_wait_us: AtomicU64,
+    /// Threads a round started to synchronise contexts that may still be
+    /// in the driver (one outlives a round that gave up waiting for it).
+    quiescing: AtomicU32,
+    /// Held shared by a placement round throughout, exclusively by the
+    /// program's context destroy and primary-context release or reset
+    /// (`lifecycle.rs`), so that no round uses a context being destroyed.
+    /// Nothing else takes it: a program thread that a destroy waits for
+    /// (through the GPU's work) never waits on it.
+    running: RwLock<()>,
+    /// A destroy gave up waiting for `quiescing` once: such a thread may
+    /// never return, and later ones do not wait for it again.
+    quiesce_abandoned: AtomicBool,
+    /// The rounds moves still pause for (`u64::MAX`: for good).
+    pause: AtomicU64,
+    /// Launches seen (a graph's launch counts each of its kernels), and
+    /// words in them that named a tiered block (a graph's merged words
+    /// count once each launch).
+    launches: AtomicU64,
+    hits: AtomicU64,
+}

@@ -1,0 +1,451 @@
+//! The placement rounds: the background thread's heat, plan and moves
+//! (stage, copy, remap), with the gate closed and the contexts quiet.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::page::DeviceSlot;
+use vramcap_core::settings::LogLevel;
+
+use super::alloc::make_mapped;
+use crate::engine::Engine;
+use crate::engine::driver::Driver;
+use crate::engine::tiered::{
+    Claim, PROMOTE_MARGIN, Place, Plan, STOP_WAIT, TierBlock, plan, score_round,
+};
+use crate::ffi::*;
+use crate::log::{log_at, log_once};
+
+/// One move being carried out: the new memory, mapped at a scratch address.
+struct Staged {
+    block: Claim,
+    to_host: bool,
+    handle: u64,
+    scratch: u64,
+    stream: usize,
+}
+
+impl<D: Driver> Engine<D> {
+    /// `cuCtxSynchronize` of `ctx` (pushed for the call when it is not current).
+    pub(super) fn sync_ctx(&self, ctx: usize) -> CUresult {
+        if self.base.driver().ctx_get_current() == Ok(ctx) {
+            return self.base.driver().ctx_synchronize();
+        }
+        let rc = self.base.driver().ctx_push_current(ctx);
+        if rc != CUDA_SUCCESS {
+            return rc;
+        }
+        let out = self.base.driver().ctx_synchronize();
+        let _ = self.base.driver().ctx_pop_current();
+        out
+    }
+
+    /// The frees left to a round (made during a capture): done now.
+    pub(super) fn deferred_frees(&self) {
+        for (b, r) in self.tiers.take_deferred() {
+            let _ = self.sync_ctx(b.ctx);
+            if self.release_vmm(&b) != CUDA_SUCCESS {
+                log_once!(
+                    Warn,
+                    "tiered spill: a free left for after a capture failed; its bytes are given back anyway"
+                );
+            }
+            self.tier_settle(&r, b.place());
+        }
+    }
+
+    /// One placement round of the background thread (module docs).
+    pub(in crate::engine) fn tier_round(&'static self) {
+        if !self.tiers.on() {
+            return;
+        }
+        let _no_teardown = self.tiers.running.read().unwrap_or_else(|e| e.into_inner());
+        let _no_capture_begins = self.cache.ordering_shared();
+        // Captures the hooks saw; one begun unseen shows on the legacy
+        // stream of its context, which `move_staged` asks with it current.
+        if self.base.capturing() {
+            return;
+        }
+        self.deferred_frees();
+        if self.tiers.paused() {
+            return;
+        }
+        let blocks = self.tiers.snapshot();
+        if blocks.is_empty() {
+            return;
+        }
+        let round = self.tiers.round.fetch_add(1, Ordering::Relaxed) + 1;
+        let launches = self.tiers.launches();
+        let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
+        score_round(&blocks, round, since);
+        if round.is_multiple_of(50) && crate::log::enabled(LogLevel::Debug) {
+            let on = blocks.iter().filter(|b| b.on_device()).count();
+            log_at!(
+                Debug,
+                "tiered spill: round {round}: {} blocks, {on} on the device; {} launches seen (a graph's kernels each), {} uses",
+                blocks.len(),
+                self.tiers.launches(),
+                self.tiers.hits()
+            );
+            // The table placement decisions are made from, one line a block.
+            for b in &blocks {
+                log_at!(
+                    Debug,
+                    "tiered spill: round {round}: block {:#x} {} bytes on the {} score {:.1} weighted {} moved at round {}",
+                    b.ptr,
+                    b.bytes,
+                    if b.on_device() { "device" } else { "host" },
+                    b.score(),
+                    b.weight.load(Ordering::Relaxed),
+                    b.moved.load(Ordering::Relaxed)
+                );
+            }
+        }
+        let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        for dev in devices {
+            let device = CUdevice::from(dev);
+            let Some(slot) = self.base.slot(device) else {
+                continue;
+            };
+            let Some(limit) = self.base.cap_in_force(slot, device) else {
+                continue;
+            };
+            let soft = slot.soft.load(Ordering::Relaxed);
+            let target = if soft > 0 { limit.min(soft) } else { limit };
+            let mine: Vec<Arc<TierBlock>> =
+                blocks.iter().filter(|b| b.device == dev).cloned().collect();
+            let used = i128::from(slot.budget.used());
+            let (over, room) = if target == NO_CAP {
+                (0, i128::from(u64::MAX))
+            } else {
+                let margin = i128::from(PROMOTE_MARGIN.min(target));
+                (
+                    used - i128::from(target),
+                    i128::from(target) - margin - used,
+                )
+            };
+            let p = plan(&mine, over, room, self.spill.room(&self.base), round);
+            if !p.demote.is_empty() || !p.promote.is_empty() {
+                // A synchronisation of an earlier round still runs: the
+                // GPU has not drained since, and a stop now would wait on it.
+                if self.tiers.syncing() {
+                    return;
+                }
+                self.apply(slot, device, limit, round, p);
+            }
+        }
+    }
+
+    /// Stages one move: claims the block, reserves a promotion's bytes,
+    /// makes the new memory and maps it at a scratch address.
+    fn stage(
+        &self,
+        slot: &DeviceSlot,
+        device: CUdevice,
+        limit: u64,
+        b: Arc<TierBlock>,
+        to_host: bool,
+    ) -> Result<Staged, bool> {
+        let Some(b) = b.claim() else {
+            return Err(false);
+        };
+        let Some(stream) = self.tiers.mover(self.base.driver(), b.ctx) else {
+            return Err(true);
+        };
+        if !to_host && self.base.reserve_on(slot, device, b.bytes, limit).is_err() {
+            return Err(true);
+        }
+        if to_host && !self.spill.take(&self.base, b.bytes) {
+            return Err(false);
+        }
+        let undo = |b: &TierBlock| {
+            if to_host {
+                self.spill.give_back(b.bytes);
+            } else {
+                self.base.release_on(slot, device, b.bytes);
+            }
+        };
+        let Ok(scratch) = self.base.driver().vmm_reserve(b.bytes) else {
+            undo(&b);
+            return Err(true);
+        };
+        match make_mapped(self.base.driver(), scratch, b.bytes, to_host, device) {
+            Ok(handle) => Ok(Staged {
+                block: b,
+                to_host,
+                handle,
+                scratch,
+                stream,
+            }),
+            Err(_) => {
+                let _ = self.base.driver().vmm_free_address(scratch, b.bytes);
+                undo(&b);
+                Err(true)
+            }
+        }
+    }
+
+    /// Undoes a staged move that did not happen.
+    fn unstage(&self, slot: &DeviceSlot, device: CUdevice, m: Staged) {
+        let _ = self.base.driver().vmm_unmap(m.scratch, m.block.bytes);
+        let _ = self.base.driver().vmm_release(m.handle);
+        let _ = self
+            .base
+            .driver()
+            .vmm_free_address(m.scratch, m.block.bytes);
+        if m.to_host {
+            self.spill.give_back(m.block.bytes);
+        } else {
+            self.base.release_on(slot, device, m.block.bytes);
+        }
+    }
+
+    /// Carries out one device's plan (module docs): the demotions, then
+    /// the promotions, which often need the room the demotions make.
+    pub(super) fn apply(
+        &'static self,
+        slot: &DeviceSlot,
+        device: CUdevice,
+        limit: u64,
+        round: u64,
+        p: Plan,
+    ) {
+        let mut staged = Vec::new();
+        for b in p.demote {
+            if let Ok(m) = self.stage(slot, device, limit, b, true) {
+                staged.push(m);
+            }
+        }
+        let down = self.move_staged(slot, device, round, staged);
+        let mut staged = Vec::new();
+        for b in p.promote {
+            match self.stage(slot, device, limit, b, false) {
+                Ok(m) => staged.push(m),
+                Err(true) => break,
+                Err(false) => {}
+            }
+        }
+        let up = self.move_staged(slot, device, round, staged);
+        if up + down > 0 {
+            log_at!(
+                Debug,
+                "tiered spill, device {device}: round {round} promoted {up} and demoted {down} blocks; {} launches seen (a graph's kernels each), {} uses",
+                self.tiers.launches(),
+                self.tiers.hits()
+            );
+        }
+    }
+
+    /// Stops the world, copies and remaps the staged moves, opens the gate
+    /// and settles them: how many moved.
+    fn move_staged(
+        &'static self,
+        slot: &DeviceSlot,
+        device: CUdevice,
+        round: u64,
+        staged: Vec<Staged>,
+    ) -> usize {
+        if staged.is_empty() {
+            return 0;
+        }
+        let Some(gate) = self.tiers.stop() else {
+            log_at!(
+                Debug,
+                "tiered spill: the program kept the gate busy for {STOP_WAIT:?}; moving nothing this round"
+            );
+            for m in staged {
+                self.unstage(slot, device, m);
+            }
+            return 0;
+        };
+        // Nothing the program issued may still touch a block; and no
+        // capture the hooks did not see may be running (a synchronisation
+        // would break it).
+        // Every context that owns tiered blocks: another one's work may
+        // reach a moving block too.
+        let mut ctxs: Vec<usize> = staged.iter().map(|m| m.block.ctx).collect();
+        ctxs.extend(self.tiers.contexts());
+        ctxs.sort_unstable();
+        ctxs.dedup();
+        let mut quiet = true;
+        for &c in &ctxs {
+            if self.base.driver().ctx_push_current(c) != CUDA_SUCCESS {
+                quiet = false;
+                continue;
+            }
+            if self.base.capture_in_progress() {
+                quiet = false;
+            }
+            let _ = self.base.driver().ctx_pop_current();
+        }
+        if quiet && !self.quiesce(&ctxs) {
+            quiet = false;
+        }
+        if !quiet {
+            drop(gate);
+            for m in staged {
+                self.unstage(slot, device, m);
+            }
+            return 0;
+        }
+        let mut done = Vec::new();
+        let mut failed = Vec::new();
+        for m in staged {
+            let b = &m.block;
+            let copied = self
+                .base
+                .driver()
+                .copy_dtod(m.scratch, b.ptr, b.bytes, m.stream)
+                == CUDA_SUCCESS
+                && self.base.driver().stream_synchronize(m.stream) == CUDA_SUCCESS;
+            if !copied || self.base.driver().vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS {
+                failed.push(m);
+                continue;
+            }
+            if self.map_block(b, m.handle, device) != CUDA_SUCCESS {
+                // Put the old memory back where it was.
+                let old = b.handle.load(Ordering::SeqCst);
+                if self.map_block(b, old, device) != CUDA_SUCCESS {
+                    log_once!(
+                        Error,
+                        "tiered spill: the block at {:#x} could not be mapped again after a failed move; the program will fault on it",
+                        b.ptr
+                    );
+                }
+                failed.push(m);
+                continue;
+            }
+            done.push(m);
+        }
+        drop(gate);
+        for m in failed {
+            self.unstage(slot, device, m);
+        }
+        let moved = done.len();
+        for m in done {
+            let b = &m.block;
+            let old = b.handle.swap(m.handle, Ordering::SeqCst);
+            let _ = self.base.driver().vmm_unmap(m.scratch, b.bytes);
+            let _ = self.base.driver().vmm_free_address(m.scratch, b.bytes);
+            let _ = self.base.driver().vmm_release(old);
+            b.moved.store(round, Ordering::Relaxed);
+            DeviceSlot::add(&slot.moved_bytes, b.bytes);
+            if m.to_host {
+                b.set_place(Place::Host);
+                self.base.release_on(slot, device, b.bytes);
+                DeviceSlot::add(&slot.spilled, b.bytes);
+                DeviceSlot::add(&slot.demotions, 1);
+            } else {
+                b.set_place(Place::Device);
+                self.spill.give_back(b.bytes);
+                slot.spilled.fetch_sub(b.bytes, Ordering::Relaxed);
+                DeviceSlot::add(&slot.promotions, 1);
+            }
+        }
+        moved
+    }
+
+    /// Maps `handle` at a moving block's address for its device, with the
+    /// access the program granted to it when it is the program's.
+    pub(super) fn map_block(&self, b: &TierBlock, handle: u64, device: CUdevice) -> CUresult {
+        let rc = self.base.driver().vmm_map(b.ptr, b.bytes, handle, device);
+        if rc != CUDA_SUCCESS || b.program_handle == 0 {
+            return rc;
+        }
+        let access = b.access.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let rc = self.base.driver().vmm_set_access(b.ptr, b.bytes, &access);
+        if rc != CUDA_SUCCESS {
+            let _ = self.base.driver().vmm_unmap(b.ptr, b.bytes);
+        }
+        rc
+    }
+
+    /// Waits, with the gate closed, for the contexts' work to finish, for
+    /// at most [`sync_wait`](crate::engine::tiered::Tiers::sync_wait): work that
+    /// waits on something the program would do after its next launch (a kernel waiting on another GPU's,
+    /// a stream waiting on a value the host writes) never finishes while
+    /// the program is held. The synchronisation runs on a thread of its
+    /// own; past the wait the round gives up (that thread finishes when
+    /// the GPU does, and what it took sets later waits), and moves pause,
+    /// for good after three give-ups in a row ([`SYNC_WAIT`](super::SYNC_WAIT)).
+    pub(super) fn quiesce(&'static self, ctxs: &[usize]) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let known = self.tiers.drain_seen();
+        if !self.sync_on_thread(ctxs.to_vec(), tx) {
+            return false;
+        }
+        let wait = self.tiers.sync_wait();
+        match rx.recv_timeout(wait) {
+            Ok(ok) => {
+                self.tiers.quiesced();
+                ok
+            }
+            Err(_) if !known => {
+                // The first drain is longer than the first wait: no pause;
+                // moves wait for it to end and then follow it.
+                log_at!(
+                    Info,
+                    "tiered spill: the GPU's queue took longer than {wait:?} to drain; the next move waits for as long as it takes"
+                );
+                false
+            }
+            Err(_) => {
+                let for_good = self.tiers.stall();
+                log_at!(
+                    Warn,
+                    "tiered spill: the GPU did not finish its work within {wait:?} while the program was held for a move (a long queue, or work waiting on the program?); {}",
+                    if for_good {
+                        "blocks no longer move"
+                    } else {
+                        "moves pause, and the next move waits at least twice as long as the GPU took"
+                    }
+                );
+                false
+            }
+        }
+    }
+
+    /// Synchronises `ctxs` on a thread of its own, counted in `quiescing`
+    /// (a context teardown waits for it): what it took sets later waits
+    /// ([`Tiers::drained`](crate::engine::tiered::Tiers::drained)), and
+    /// whether every context synchronised goes to `tx`. Whether the thread
+    /// started.
+    fn sync_on_thread(&'static self, ctxs: Vec<usize>, tx: std::sync::mpsc::Sender<bool>) -> bool {
+        let driver = self.base.driver();
+        let tiers = &self.tiers;
+        let quiescing = &self.tiers.quiescing;
+        quiescing.fetch_add(1, Ordering::SeqCst);
+        /// Counts the thread out when it ends, however it ends.
+        struct Out(&'static std::sync::atomic::AtomicU32);
+        impl Drop for Out {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let spawned = std::thread::Builder::new()
+            .name("vramcap-quiesce".into())
+            .spawn(move || {
+                let _out = Out(quiescing);
+                let start = std::time::Instant::now();
+                let mut ok = true;
+                for c in ctxs {
+                    if driver.ctx_push_current(c) != CUDA_SUCCESS {
+                        ok = false;
+                        continue;
+                    }
+                    ok &= driver.ctx_synchronize() == CUDA_SUCCESS;
+                    let _ = driver.ctx_pop_current();
+                }
+                tiers.drained(start.elapsed());
+                let _ = tx.send(ok);
+            });
+        if spawned.is_err() {
+            quiescing.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+}

@@ -1,0 +1,222 @@
+//! The source tree as documents describe it: no import circle between the
+//! modules of any crate, and no path in ARCHITECTURE.md that does not exist.
+//! Both read files only.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the repository")
+        .to_path_buf()
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("a readable directory") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a file under a crate's `src` (`lib.rs` and `main.rs`
+/// are the root, `a/mod.rs` is `a`, `a/b.rs` is `a::b`).
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).expect("under src");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop().expect("a file name");
+    let stem = last.trim_end_matches(".rs");
+    if !(stem == "mod" || (parts.is_empty() && (stem == "lib" || stem == "main"))) {
+        parts.push(stem.to_string());
+    }
+    parts
+}
+
+/// The code of a file without its comments and its test module at the end.
+fn code(text: &str) -> String {
+    let text = text
+        .find("\n#[cfg(test)]\nmod ")
+        .map_or(text, |i| &text[..i]);
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The module paths `text` names through `crate::`, `$crate::`, `super::`
+/// and `self::`, as seen from module `me` (the first name after the
+/// prefix, and each first name of a `{…}` list there).
+fn references(me: &[String], text: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &text[i..];
+        let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        let (mut base, mut after) = if starts_word && rest.starts_with("crate::") {
+            (Vec::new(), &rest["crate::".len()..])
+        } else if starts_word && rest.starts_with("self::") {
+            (me.to_vec(), &rest["self::".len()..])
+        } else if starts_word && rest.starts_with("super::") {
+            (
+                me[..me.len().saturating_sub(1)].to_vec(),
+                &rest["super::".len()..],
+            )
+        } else {
+            i += rest.chars().next().map_or(1, char::len_utf8);
+            continue;
+        };
+        while let Some(r) = after.strip_prefix("super::") {
+            base.pop();
+            after = r;
+        }
+        let names: Vec<&str> = if let Some(list) = after.strip_prefix('{') {
+            let end = list.find('}').unwrap_or(list.len());
+            list[..end].split(',').map(|n| ident(n.trim())).collect()
+        } else {
+            vec![ident(after)]
+        };
+        for n in names.into_iter().filter(|n| !n.is_empty() && *n != "self") {
+            let mut target = base.clone();
+            target.push(n.to_string());
+            out.push(target);
+        }
+        i += rest.len() - after.len();
+    }
+    out
+}
+
+#[test]
+fn no_import_circle_in_any_crate() {
+    let mut checked = 0;
+    for krate in std::fs::read_dir(root().join("crates")).expect("crates/") {
+        let src = krate.expect("an entry").path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let modules: BTreeMap<Vec<String>, PathBuf> = files
+            .iter()
+            .map(|f| (module_of(&src, f), f.clone()))
+            .collect();
+        // Edges between siblings: a use of `a::b::x` from `a::c::y` is an
+        // edge `a::c` -> `a::b`.
+        let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+        for (me, file) in &modules {
+            if me.iter().any(|p| p == "tests") {
+                continue;
+            }
+            let text = code(&std::fs::read_to_string(file).expect("a source file"));
+            for target in references(me, &text) {
+                let common = me.iter().zip(&target).take_while(|(a, b)| a == b).count();
+                if common >= me.len() || common >= target.len() {
+                    continue;
+                }
+                let from = me[..=common].to_vec();
+                let to = target[..=common].to_vec();
+                if modules.contains_key(&to) {
+                    edges.entry(from).or_default().insert(to);
+                }
+            }
+        }
+        fn visit(
+            n: &Vec<String>,
+            g: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+            path: &mut Vec<Vec<String>>,
+            done: &mut BTreeSet<Vec<String>>,
+            src: &Path,
+        ) {
+            if done.contains(n) {
+                return;
+            }
+            assert!(
+                !path.contains(n),
+                "import circle in {}: {} -> {}",
+                src.display(),
+                path.iter()
+                    .map(|p| p.join("::"))
+                    .collect::<Vec<_>>()
+                    .join(" -> "),
+                n.join("::")
+            );
+            path.push(n.clone());
+            for m in g.get(n).into_iter().flatten() {
+                visit(m, g, path, done, src);
+            }
+            path.pop();
+            done.insert(n.clone());
+        }
+        let mut done = BTreeSet::new();
+        for n in edges.keys() {
+            visit(n, &edges, &mut Vec::new(), &mut done, &src);
+        }
+        checked += modules.len();
+    }
+    assert!(checked > 50, "the crates' files were not found ({checked})");
+}
+
+/// Where a path that ARCHITECTURE.md names may be: from the repository's
+/// root, or shortened (`engine/…`, `boundary/…` under the shim's `src`,
+/// `core/src/…` under `crates/`).
+fn exists(path: &str) -> bool {
+    let root = root();
+    let path = path.trim_end_matches(['.', ',', ':', ')']);
+    [
+        root.clone(),
+        root.join("crates"),
+        root.join("crates/shim/src"),
+        root.join("crates/cli/src"),
+    ]
+    .iter()
+    .any(|base| base.join(path).exists())
+}
+
+#[test]
+fn architecture_names_only_paths_that_exist() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let prefixes = [
+        "crates/",
+        "engine/",
+        "boundary/",
+        "core/src/",
+        "tests/",
+        "docs/",
+        "scripts/",
+        "python/",
+        "include/",
+    ];
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for word in
+        text.split(|c: char| c.is_whitespace() || matches!(c, '`' | '(' | '"' | '[' | ']' | '|'))
+    {
+        if !prefixes.iter().any(|p| word.starts_with(p)) {
+            continue;
+        }
+        named += 1;
+        if !exists(word) {
+            missing.push(word.to_string());
+        }
+    }
+    assert!(named > 10, "ARCHITECTURE.md names paths: found {named}");
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names paths that do not exist: {missing:?}"
+    );
+}
