@@ -18,7 +18,7 @@ impl<D: Driver> Engine<D> {
     /// destroyed and gives their bytes back. Stream-ordered allocations
     /// stay: they live in the device's memory pool, which outlives the
     /// context (the real driver keeps them, checked on the H200; see
-    /// `scripts/gpu/teardown.cu`), and their free gives the bytes back.
+    /// `scripts/gpu/research/teardown.cu`), and their free gives the bytes back.
     fn forget_ctx(&self, ctx: usize) {
         self.cache.forget_ctx(&self.base, ctx);
         self.tiers.forget_ctx(ctx);
