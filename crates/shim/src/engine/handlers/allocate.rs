@@ -341,7 +341,7 @@ impl<D: Driver> Engine<D> {
     pub(in crate::engine) fn insert(&self, ptr: CUdeviceptr, record: Record) {
         if let Some(stale) = self.table.insert(ptr, record) {
             if stale.kind == Kind::Tiered {
-                self.tier_forget(ptr, &stale);
+                self.tier_drop_stale(ptr, &stale);
             } else if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, &stale);
             } else if let Kind::Async(Some(serial)) = stale.kind {

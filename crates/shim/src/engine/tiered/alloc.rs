@@ -51,14 +51,14 @@ impl<D: Driver> Engine<D> {
         let size = bytes.checked_next_multiple_of(g)?;
         let dev16 = device as u16;
         let _inflight = self.inflight.enter();
-        let place = match self.tier_place(what, device, size) {
+        let place = match self.tier_reserve(what, device, size) {
             Ok(place) => place,
             Err(rc) => return Some(Err(rc)),
         };
         let ptr = match self.base.driver().vmm_reserve(size) {
             Ok(p) => p,
             Err(rc) => {
-                self.tier_unplace(device, size, place);
+                self.tier_unreserve(device, size, place);
                 return Some(Err(rc));
             }
         };
@@ -67,7 +67,7 @@ impl<D: Driver> Engine<D> {
             Ok(h) => h,
             Err(rc) => {
                 let _ = self.base.driver().vmm_free_address(ptr, size);
-                self.tier_unplace(device, size, place);
+                self.tier_unreserve(device, size, place);
                 return Some(Err(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
                     CUDA_ERROR_OUT_OF_MEMORY
                 } else {
@@ -75,7 +75,7 @@ impl<D: Driver> Engine<D> {
                 }));
             }
         };
-        self.tier_placed(what, device, size, place);
+        self.tier_count_made(what, device, size, place);
         // The record first: a stale one at this address (released behind
         // the engine's back) is settled before the new block is tracked.
         self.insert(
@@ -99,12 +99,14 @@ impl<D: Driver> Engine<D> {
         Some(Ok(Made::at(ptr)))
     }
 
-    /// Where a new tiered allocation of `size` goes: reserved under the
-    /// cap (`Place::Device`), or taken from the spill limit for host memory
-    /// (`Place::Host`).
+    /// Reserves a new tiered allocation of `size` where it goes: under the
+    /// cap (`Place::Device`), or from the spill limit for host memory
+    /// (`Place::Host`). The lifecycle of a block's bytes: reserve, then
+    /// count_made or unreserve; give_back when it is freed, drop_stale when
+    /// its record is found stale, release_orphaned when its context went.
     /// Above the soft limit new blocks start on the host, as a round would
     /// put them there (the round's target is the soft limit).
-    pub(in crate::engine) fn tier_place(
+    pub(in crate::engine) fn tier_reserve(
         &'static self,
         what: &'static str,
         device: CUdevice,
@@ -148,7 +150,7 @@ impl<D: Driver> Engine<D> {
 
     /// Counts a tiered allocation of `size` just made on the device or the
     /// host.
-    pub(in crate::engine) fn tier_placed(
+    pub(in crate::engine) fn tier_count_made(
         &self,
         what: &str,
         device: CUdevice,
@@ -170,8 +172,8 @@ impl<D: Driver> Engine<D> {
         }
     }
 
-    /// Undoes [`Self::tier_place`] for an allocation that was not made.
-    pub(in crate::engine) fn tier_unplace(&self, device: CUdevice, size: u64, place: Place) {
+    /// Undoes [`Self::tier_reserve`] for an allocation that was not made.
+    pub(in crate::engine) fn tier_unreserve(&self, device: CUdevice, size: u64, place: Place) {
         match place {
             Place::Host => self.spill.give_back(size),
             Place::Device => {
@@ -183,13 +185,13 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Settles the bytes of a tiered block that is gone.
-    pub(in crate::engine) fn tier_settle(&self, r: &Record, place: Place) {
-        self.tier_settle_bytes(r.device, r.bytes, place);
+    pub(in crate::engine) fn tier_give_back(&self, r: &Record, place: Place) {
+        self.tier_give_back_bytes(r.device, r.bytes, place);
     }
 
     /// Settles `bytes` of a tiered allocation of `device` that is gone,
     /// from the device's budget or the spill.
-    pub(in crate::engine) fn tier_settle_bytes(&self, device: u16, bytes: u64, place: Place) {
+    pub(in crate::engine) fn tier_give_back_bytes(&self, device: u16, bytes: u64, place: Place) {
         if place == Place::Device {
             self.base.give_back(device, bytes);
         } else {
@@ -204,21 +206,21 @@ impl<D: Driver> Engine<D> {
     /// A tiered record found stale (its address handed out again): only
     /// its bytes are settled; its driver objects are not touched, since
     /// the address is someone else's now.
-    pub(in crate::engine) fn tier_forget(&self, ptr: u64, r: &Record) {
+    pub(in crate::engine) fn tier_drop_stale(&self, ptr: u64, r: &Record) {
         let place = self.tiers.detach(ptr).map_or(Place::Device, |b| b.place());
-        self.tier_settle(r, place);
+        self.tier_give_back(r, place);
     }
 
     /// A tiered block of a context that went away: VMM memory outlives its
     /// context, so the mapping, the memory and the address are released
     /// here (no work of the context can be running), then the bytes.
-    pub(in crate::engine) fn tier_release(&self, ptr: u64, r: &Record) {
+    pub(in crate::engine) fn tier_release_orphaned(&self, ptr: u64, r: &Record) {
         match self.tiers.detach(ptr) {
             Some(b) => {
                 self.release_vmm(&b);
-                self.tier_settle(r, b.place());
+                self.tier_give_back(r, b.place());
             }
-            None => self.tier_settle(r, Place::Device),
+            None => self.tier_give_back(r, Place::Device),
         }
     }
 
@@ -242,7 +244,7 @@ impl<D: Driver> Engine<D> {
     /// round (which runs only outside captures).
     pub(in crate::engine) fn tier_free(&'static self, ptr: u64, r: &Record) -> CUresult {
         let Some(b) = self.tiers.detach(ptr) else {
-            self.tier_settle(r, Place::Device);
+            self.tier_give_back(r, Place::Device);
             return CUDA_SUCCESS;
         };
         if self.base.capture_in_progress() {
@@ -256,7 +258,7 @@ impl<D: Driver> Engine<D> {
             self.tiers.reattach(b);
             return rc;
         }
-        self.tier_settle(r, b.place());
+        self.tier_give_back(r, b.place());
         CUDA_SUCCESS
     }
 }

@@ -158,7 +158,7 @@ impl<D: Driver> Engine<D> {
             return Some(CUDA_ERROR_INVALID_VALUE); // as the driver answers
         }
         let _inflight = self.inflight.enter();
-        let place = match self.tier_place("cuMemCreate", device, size) {
+        let place = match self.tier_reserve("cuMemCreate", device, size) {
             Ok(place) => place,
             Err(rc) => return Some(rc),
         };
@@ -166,7 +166,7 @@ impl<D: Driver> Engine<D> {
         let real_handle = if on_device {
             let rc = self.call_with_retry(device, real);
             if rc != CUDA_SUCCESS {
-                self.tier_unplace(device, size, Place::Device);
+                self.tier_unreserve(device, size, Place::Device);
                 return Some(rc);
             }
             // SAFETY: the driver succeeded and wrote the handle.
@@ -175,12 +175,12 @@ impl<D: Driver> Engine<D> {
             match self.base.driver().vmm_create(size, location(true, device)) {
                 Ok(h) => h,
                 Err(_) => {
-                    self.tier_unplace(device, size, Place::Host);
+                    self.tier_unreserve(device, size, Place::Host);
                     return Some(CUDA_ERROR_OUT_OF_MEMORY);
                 }
             }
         };
-        self.tier_placed("cuMemCreate", device, size, place);
+        self.tier_count_made("cuMemCreate", device, size, place);
         let cell = Box::new(0u64);
         let value = std::ptr::from_ref::<u64>(&cell) as u64;
         self.handles.lock().insert(
@@ -388,7 +388,7 @@ impl<D: Driver> Engine<D> {
     /// A handle released and unmapped everywhere: its memory and bytes go.
     fn handle_gone(&self, x: &Handle) {
         let _ = self.base.driver().vmm_release(x.real);
-        self.tier_settle_bytes(x.device, x.bytes, Place::of(x.on_device));
+        self.tier_give_back_bytes(x.device, x.bytes, Place::of(x.on_device));
     }
 
     /// `cuMemRelease` of a program handle: `None` when `h` is not one.

@@ -51,7 +51,7 @@ impl<D: Driver> Engine<D> {
                     "tiered spill: a free left for after a capture failed; its bytes are given back anyway"
                 );
             }
-            self.tier_settle(&r, b.place());
+            self.tier_give_back(&r, b.place());
         }
     }
 
