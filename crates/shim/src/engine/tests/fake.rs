@@ -34,7 +34,8 @@ pub(super) struct Fake {
     /// The most `live` ever was.
     pub(super) peak: AtomicU64,
     pub(super) syncs: AtomicUsize,
-    /// How long `cuCtxSynchronize` takes, in µs: the GPU's queue draining.
+    /// How long the next `cuCtxSynchronize` takes, in µs: the GPU's queue
+    /// draining (once; then 0).
     pub(super) sync_us: AtomicU64,
     /// Events recorded on the legacy stream, and events waited for.
     pub(super) legacy_records: AtomicUsize,
@@ -124,7 +125,8 @@ impl Driver for Fake {
     }
     fn ctx_synchronize(&self) -> CUresult {
         self.syncs.fetch_add(1, Ordering::SeqCst);
-        let us = self.sync_us.load(Ordering::SeqCst);
+        // Once: the drain a test sets up is the next synchronisation's.
+        let us = self.sync_us.swap(0, Ordering::SeqCst);
         if us > 0 {
             // The work a real synchronisation waits for, not a wait for
             // another thread.

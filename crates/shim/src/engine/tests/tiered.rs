@@ -551,7 +551,6 @@ fn a_long_first_drain_is_learnt_without_a_pause() {
     );
     rounds(e, 1);
     assert_eq!(moves(e), (1, 1), "the next round moves");
-    e.base.driver().sync_us.store(0, Ordering::SeqCst);
 }
 
 /// Three give-ups in a row stop moves for good; a wait that ends in time
