@@ -53,6 +53,8 @@ import tempfile
 import threading
 import time
 
+from check_report import reporters
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, "target", "kubelet-venv")
 GEN = os.path.join(VENV, "gen")
@@ -71,18 +73,7 @@ UNITS = 12  # (4 GiB - 1 GiB reserve) / 256 MiB
 LIB_IN_CONTAINER = "/opt/vramcap/lib/libvramcap.so"
 
 
-def fail(msg):
-    print(f"check-device-plugin: {msg}", file=sys.stderr)
-    sys.exit(1)
-
-
-def step(msg):
-    print(f"check-device-plugin: {msg}", flush=True)
-
-
-def want(what, got, expected):
-    if got != expected:
-        fail(f"{what}: got {got!r}, expected {expected!r}")
+fail, step, want = reporters("check-device-plugin")
 
 
 def ensure_venv():
