@@ -10,7 +10,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use crate::util::*;
@@ -79,12 +79,7 @@ fn python() -> Command {
 /// Runs `cmd` with `input` on stdin: its PID and what it did.
 fn run_fed(mut cmd: Command, input: &str) -> (u32, Ran) {
     let what = format!("{cmd:?}");
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let mut child = spawn_piped(&mut cmd);
     let pid = child.id();
     child
         .stdin
