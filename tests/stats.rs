@@ -606,9 +606,7 @@ fn doctor_finds_everything_with_the_stand_in() {
     cmd.env("VRAMCAP_STATS_DIR", &dir)
         .env("LD_LIBRARY_PATH", "/nonexistent")
         .arg("doctor");
-    let ran = run(cmd);
-    ran.expect_code(1);
-    let out = ran.stdout();
+    let out = stdout_of_failure(cmd);
     assert!(
         out.contains("FAIL  CUDA driver: cannot load libcuda.so.1"),
         "{out}"

@@ -164,6 +164,14 @@ pub struct Held {
     pub lines: Vec<String>,
 }
 
+/// Runs `cmd`, which must exit with status 1 (as `doctor` does on a
+/// problem): its stdout.
+pub fn stdout_of_failure(cmd: Command) -> String {
+    let ran = run(cmd);
+    ran.expect_code(1);
+    ran.stdout()
+}
+
 /// Starts `cmd` with its stdin, stdout and stderr piped.
 pub fn spawn_piped(cmd: &mut Command) -> Child {
     cmd.stdin(Stdio::piped())
