@@ -53,6 +53,8 @@ import tempfile
 import threading
 import time
 
+from check_report import reporters
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, "target", "kubelet-venv")
 GEN = os.path.join(VENV, "gen")
@@ -71,18 +73,7 @@ UNITS = 12  # (4 GiB - 1 GiB reserve) / 256 MiB
 LIB_IN_CONTAINER = "/opt/vramcap/lib/libvramcap.so"
 
 
-def fail(msg):
-    print(f"check-device-plugin: {msg}", file=sys.stderr)
-    sys.exit(1)
-
-
-def step(msg):
-    print(f"check-device-plugin: {msg}", flush=True)
-
-
-def want(what, got, expected):
-    if got != expected:
-        fail(f"{what}: got {got!r}, expected {expected!r}")
+fail, step, want = reporters("check-device-plugin")
 
 
 def ensure_venv():
@@ -247,6 +238,11 @@ def units(uuid, ns):
     return [f"{uuid}::{n}" for n in ns]
 
 
+def health_by_gpu(gpu0, gpu1):
+    """Every unit's (ID, health): GPU 0's all gpu0, GPU 1's all gpu1."""
+    return [(i, gpu0) for i in units(UUID0, range(UNITS))] + [(i, gpu1) for i in units(UUID1, range(UNITS))]
+
+
 def gone_within(path, seconds, what):
     deadline = time.time() + seconds
     while os.path.exists(path):
@@ -365,9 +361,7 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
         f.write("1\n")
     update = next(watch)
     want("ListAndWatch after GPU 1 was lost",
-         [(d.ID, d.health) for d in update.devices],
-         [(i, "Healthy") for i in units(UUID0, range(UNITS))]
-         + [(i, "Unhealthy") for i in units(UUID1, range(UNITS))])
+         [(d.ID, d.health) for d in update.devices], health_by_gpu("Healthy", "Unhealthy"))
     os.remove(lost)
     update = next(watch)
     want("ListAndWatch after GPU 1 came back", {d.health for d in update.devices}, {"Healthy"})
@@ -377,9 +371,7 @@ def checks(pb, rpc, grpc, registrations, plugin_sock, kubelet_sock, state_dir, l
         f.write("1 13\n0 79\n")
     update = next(watch)
     want("ListAndWatch after Xid 13 on GPU 1 and Xid 79 on GPU 0",
-         [(d.ID, d.health) for d in update.devices],
-         [(i, "Unhealthy") for i in units(UUID0, range(UNITS))]
-         + [(i, "Healthy") for i in units(UUID1, range(UNITS))])
+         [(d.ID, d.health) for d in update.devices], health_by_gpu("Unhealthy", "Healthy"))
     step("5. health: a lost GPU's units Unhealthy, Healthy again when it is back; "
          "a critical Xid makes them Unhealthy, an application's does not")
 

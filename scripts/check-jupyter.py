@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 
+from check_report import reporters
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, "target", "jupyter-venv")
 PINS = ["jupyter_client==8.6.3", "ipykernel==6.29.5"]
@@ -57,18 +59,7 @@ def fill(size, most):
 """
 
 
-def fail(msg):
-    print(f"check-jupyter: {msg}", file=sys.stderr)
-    sys.exit(1)
-
-
-def step(msg):
-    print(f"check-jupyter: {msg}", flush=True)
-
-
-def want(what, got, expected):
-    if got != expected:
-        fail(f"{what}: got {got!r}, expected {expected!r}")
+fail, step, want = reporters("check-jupyter")
 
 
 def ensure_venv():

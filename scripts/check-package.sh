@@ -100,18 +100,7 @@ got=$("$venv/bin/python" -c 'import vramcap; print(vramcap.is_active(), vramcap.
 # wheel's start hook, and `vramcap.set_limit` at the top of a script
 # restarts it capped. The program allocates 256 MiB blocks on the stand-in
 # driver through ctypes, up to 16.
-alloc='import ctypes
-cu = ctypes.CDLL("libcuda.so.1")
-dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
-assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
-p, n, rc = ctypes.c_uint64(), 0, 0
-while n < 16:
-    rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 << 20))
-    if rc:
-        break
-    n += 1
-print("allocs", n, "rc", rc)'
+alloc=$(cat tests/clients/alloc_256m.py)
 py_capped() { # WANT [VAR=VALUE…] PYTHON ARGS…: stdout must be WANT, stderr kept in $stage/py-err
     local want=$1 got
     shift

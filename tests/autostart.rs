@@ -10,7 +10,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use crate::util::*;
@@ -79,12 +79,7 @@ fn python() -> Command {
 /// Runs `cmd` with `input` on stdin: its PID and what it did.
 fn run_fed(mut cmd: Command, input: &str) -> (u32, Ran) {
     let what = format!("{cmd:?}");
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let mut child = spawn_piped(&mut cmd);
     let pid = child.id();
     child
         .stdin
@@ -98,20 +93,8 @@ fn run_fed(mut cmd: Command, input: &str) -> (u32, Ran) {
 
 /// Opens device 0 on the driver and allocates 256 MiB blocks, up to 16 (4
 /// GiB of the stand-in's 16): how many it got and the last result.
-const ALLOC: &str = r#"
-import ctypes
-cu = ctypes.CDLL("libcuda.so.1")
-dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
-assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
-p, n, rc = ctypes.c_uint64(), 0, 0
-while n < 16:
-    rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 << 20))
-    if rc:
-        break
-    n += 1
-print("allocs", n, "rc", rc)
-"#;
+/// (tests/clients/alloc_256m.py, which scripts/check-package.sh runs too.)
+const ALLOC: &str = concat!("\n", include_str!("clients/alloc_256m.py"));
 
 /// What the process is: PID, argv, the interpreter, stdin, under the shim.
 const WHO: &str = r#"

@@ -62,37 +62,33 @@ fn size_refuses_bad_input_with_one_line_and_an_example() {
 #[test]
 fn first_try_papercuts() {
     let a = artefacts();
-    let mut cmd = bare(&a.cli);
-    cmd.args(["run", "--limit", "-1", "--", "true"]);
-    let ran = run(cmd);
-    ran.expect_code(2);
+    // vramcap ARGS, which must exit with CODE.
+    let cli = |args: &[&str], code: i32| {
+        let mut cmd = bare(&a.cli);
+        cmd.args(args);
+        let ran = run(cmd);
+        ran.expect_code(code);
+        ran
+    };
+    let ran = cli(&["run", "--limit", "-1", "--", "true"], 2);
     assert!(
         ran.stderr()
             .starts_with("vramcap: VRAMCAP_LIMIT=\"-1\" is not a valid limit"),
         "{}",
         ran.stderr()
     );
-    let mut cmd = bare(&a.cli);
-    cmd.args(["trim", "--timeout", "0", "1"]);
-    let ran = run(cmd);
-    ran.expect_code(2);
+    let ran = cli(&["trim", "--timeout", "0", "1"], 2);
     assert!(
         ran.stderr().contains("(e.g. --timeout 2 or --timeout 0.5)"),
         "{}",
         ran.stderr()
     );
-    let mut cmd = bare(&a.cli);
-    cmd.arg("trim");
-    let ran = run(cmd);
-    ran.expect_code(2);
+    let ran = cli(&["trim"], 2);
     assert_eq!(
         ran.stderr(),
         "vramcap: trim needs the processes to trim or --all, e.g. vramcap trim 4242 or vramcap trim --all\n"
     );
-    let mut cmd = bare(&a.cli);
-    cmd.args(["stat", "--dir", "/nonexistent/vramcap"]);
-    let ran = run(cmd);
-    ran.expect_code(0);
+    let ran = cli(&["stat", "--dir", "/nonexistent/vramcap"], 0);
     assert_eq!(
         ran.stderr(),
         "vramcap: --dir /nonexistent/vramcap: no such directory (yet); nothing is shown from it until a process under vramcap writes there\n"

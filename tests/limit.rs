@@ -177,9 +177,7 @@ fn run_and_doctor_say_what_the_shim_says() {
         let mut cmd = vramcap(&["doctor"]);
         cmd.env("VRAMCAP_STATS_DIR", &dir)
             .env("VRAMCAP_LIMIT", limit);
-        let ran = run(cmd);
-        ran.expect_code(1);
-        let out = ran.stdout();
+        let out = stdout_of_failure(cmd);
         assert!(
             out.contains(&format!(
                 "FAIL  limit's devices: {line}{STOP} (exit status: 2)\n      fix: name each device by its index"
@@ -248,9 +246,7 @@ fn a_misspelt_setting_is_named_with_the_closest_one() {
     let mut cmd = vramcap(&["doctor"]);
     cmd.env("VRAMCAP_STATS_DIR", &dir)
         .env("VRAMCAP_LIMT", "1GiB");
-    let ran = run(cmd);
-    ran.expect_code(1);
-    let out = ran.stdout();
+    let out = stdout_of_failure(cmd);
     assert!(
         out.contains(
             "FAIL  settings in this environment: VRAMCAP_LIMT=1GiB: not a vramcap setting; did you mean VRAMCAP_LIMIT?\n      fix: rename it to the setting you meant (VRAMCAP_LIMIT) or unset it\n"

@@ -19,9 +19,23 @@ fn stat(dir: &Path, args: &[&str]) -> Ran {
 }
 
 fn stat_json(dir: &Path, args: &[&str]) -> Value {
+    stat_json_ran(dir, args).0
+}
+
+/// stat's JSON skipped PATH, and only it, for REASON.
+fn assert_skipped(j: &Value, path: &Path, reason: &str) {
+    assert_eq!(
+        j["skipped"],
+        serde_json::json!([{"file": path.display().to_string(), "reason": reason}])
+    );
+}
+
+/// `stat --json ARGS`'s JSON, and the run (for its stderr).
+fn stat_json_ran(dir: &Path, args: &[&str]) -> (Value, Ran) {
     let ran = stat(dir, &[&["--json"], args].concat());
     let text = ran.ok_lines().join("\n");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON ({e}): {text}"))
+    let j = serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON ({e}): {text}"));
+    (j, ran)
 }
 
 fn pages_in(dir: &Path) -> Vec<String> {
@@ -268,8 +282,7 @@ fn pages_of_killed_processes_are_pruned() {
     let reused = dir.join(format!("{me}.page"));
     std::fs::write(&reused, &bytes).unwrap();
 
-    let ran = stat(&dir, &["--json"]);
-    let j: Value = serde_json::from_str(&ran.ok_lines().join("")).unwrap();
+    let (j, ran) = stat_json_ran(&dir, &[]);
     assert_eq!(j["processes"], serde_json::json!([]), "{j}");
     assert_eq!(ran.stderr(), "");
     assert!(
@@ -426,13 +439,9 @@ fn all_users_shows_pages_written_under_another_uid() {
     f.write_all_at(&4242u32.to_ne_bytes(), 32).unwrap();
     drop(f);
 
-    let ran = stat(&dir, &["--json"]);
-    let j: Value = serde_json::from_str(&ran.ok_lines().join("")).unwrap();
+    let (j, ran) = stat_json_ran(&dir, &[]);
     assert_eq!(j["processes"], serde_json::json!([]));
-    assert_eq!(
-        j["skipped"],
-        serde_json::json!([{"file": page.display().to_string(), "reason": "written by another user (uid 4242)"}])
-    );
+    assert_skipped(&j, &page, "written by another user (uid 4242)");
     assert_eq!(
         ran.stderr(),
         format!(
@@ -464,10 +473,7 @@ fn all_users_shows_pages_another_user_owns() {
     std::os::unix::fs::chown(&page, Some(4242), Some(4242)).unwrap();
     let j = stat_json(&dir, &[]);
     assert_eq!(j["processes"], serde_json::json!([]));
-    assert_eq!(
-        j["skipped"],
-        serde_json::json!([{"file": page.display().to_string(), "reason": "owned by another user (uid 4242)"}])
-    );
+    assert_skipped(&j, &page, "owned by another user (uid 4242)");
     let j = stat_json(&dir, &["--all-users"]);
     assert_eq!(j["processes"][0]["pid"], pid, "{j}");
     assert_eq!(j["processes"][0]["devices"][0]["used_bytes"], 300u64 << 20);
@@ -494,13 +500,9 @@ fn all_users_reads_another_users_group_without_writing_it() {
     let before = std::fs::read(&grp).unwrap();
     std::os::unix::fs::chown(&grp, Some(4242), Some(4242)).unwrap();
 
-    let ran = stat(&dir, &["--json"]);
-    let j: Value = serde_json::from_str(&ran.ok_lines().join("")).unwrap();
+    let j = stat_json(&dir, &[]);
     assert_eq!(j["groups"], serde_json::json!([]));
-    assert_eq!(
-        j["skipped"],
-        serde_json::json!([{"file": grp.display().to_string(), "reason": "owned by another user (uid 4242)"}])
-    );
+    assert_skipped(&j, &grp, "owned by another user (uid 4242)");
     let j = stat_json(&dir, &["--all-users"]);
     let g = &j["groups"][0];
     assert_eq!(g["name"], "shared", "{j}");
@@ -604,9 +606,7 @@ fn doctor_finds_everything_with_the_stand_in() {
     cmd.env("VRAMCAP_STATS_DIR", &dir)
         .env("LD_LIBRARY_PATH", "/nonexistent")
         .arg("doctor");
-    let ran = run(cmd);
-    ran.expect_code(1);
-    let out = ran.stdout();
+    let out = stdout_of_failure(cmd);
     assert!(
         out.contains("FAIL  CUDA driver: cannot load libcuda.so.1"),
         "{out}"

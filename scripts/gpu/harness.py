@@ -203,26 +203,37 @@ class Runner:
         self._log("rc: %s%s (wall %.1f s)\n--- stdout ---\n%s\n--- stderr ---\n%s\n--- end %s ---\n" % (
             r.rc, " TIMEOUT" if r.timed_out else "", r.seconds, r.stdout[-1000000:], r.stderr[-1000000:], r.name))
 
-    def run(self, name, argv, env=None, timeout=120, stdin_text=None, cwd=None):
-        """Runs ARGV (stdin /dev/null or STDIN_TEXT) and returns a Result. A
-        timeout kills the process group; an overall deadline already passed
-        returns a Result with rc None and not_run set."""
+    def _prepare(self, name, argv, env, timeout):
+        """(argv as strings, env, timeout, None) once the run is logged as
+        begun, or (.., a not-run Result) when the time budget is spent."""
         argv = [str(a) for a in argv]
         env = self.env() if env is None else env
         to = self._timeout(timeout)
         if to is None:
             self._log("\n=== %s ===\nnot run: the time budget is spent\n" % name)
-            return Result(name, argv, None, "", "", 0.0, not_run="the time budget is spent")
+            return argv, env, to, Result(name, argv, None, "", "", 0.0, not_run="the time budget is spent")
         self._begin(name, argv, env)
+        return argv, env, to, None
+
+    def _not_executed(self, name, argv, e):
+        r = Result(name, argv, 127, "", "could not execute: %s" % e, 0.0)
+        self._end(r)
+        return r
+
+    def run(self, name, argv, env=None, timeout=120, stdin_text=None, cwd=None):
+        """Runs ARGV (stdin /dev/null or STDIN_TEXT) and returns a Result. A
+        timeout kills the process group; an overall deadline already passed
+        returns a Result with rc None and not_run set."""
+        argv, env, to, not_run = self._prepare(name, argv, env, timeout)
+        if not_run is not None:
+            return not_run
         t0 = time.monotonic()
         try:
             p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
                                  start_new_session=True)
         except OSError as e:
-            r = Result(name, argv, 127, "", "could not execute: %s" % e, 0.0)
-            self._end(r)
-            return r
+            return self._not_executed(name, argv, e)
         timed_out = False
         try:
             out, err = p.communicate(input=stdin_text.encode() if stdin_text is not None else None, timeout=to)
@@ -245,21 +256,15 @@ class Runner:
         program waits, whatever on_hold returns (a line) is added to the
         recorded stdout, and the program gets a line on its stdin. Returns a
         Result whose stdout has the program's lines and the added ones."""
-        argv = [str(a) for a in argv]
-        env = self.env() if env is None else env
-        to = self._timeout(timeout)
-        if to is None:
-            self._log("\n=== %s ===\nnot run: the time budget is spent\n" % name)
-            return Result(name, argv, None, "", "", 0.0, not_run="the time budget is spent")
-        self._begin(name, argv, env)
+        argv, env, to, not_run = self._prepare(name, argv, env, timeout)
+        if not_run is not None:
+            return not_run
         t0 = time.monotonic()
         try:
             p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.PIPE, start_new_session=True)
         except OSError as e:
-            r = Result(name, argv, 127, "", "could not execute: %s" % e, 0.0)
-            self._end(r)
-            return r
+            return self._not_executed(name, argv, e)
         lines = queue.Queue()
         err_chunks = []
 
@@ -385,6 +390,13 @@ class Builds:
             ["-L/usr/local/nvidia/lib64", "-l:libcuda.so.1"],
             ["-L/usr/lib/x86_64-linux-gnu", "-l:libcuda.so.1"],
         ]
+
+    def try_build(self, name):
+        """(the built path, "") or (None, why it did not build)."""
+        try:
+            return self.build(name), ""
+        except Exception as e:  # noqa: BLE001 -- the caller shows it in a row
+            return None, str(e)
 
     def build(self, name, flags=None, links=None):
         """name: the stem of scripts/gpu/NAME.cu. flags: instead of -arch

@@ -146,9 +146,7 @@ fn a_squatted_default_directory_is_refused_and_the_runtime_directory_is_used() {
         // doctor fails, naming the directory and the fix.
         let mut cmd = as_user(&a.cli, victim, None, false);
         cmd.arg("doctor");
-        let ran = run(cmd);
-        ran.expect_code(1);
-        let out = ran.stdout();
+        let out = stdout_of_failure(cmd);
         assert!(
             out.contains(&format!(
                 "FAIL  statistics directory: {shown} {what}; nothing is published there and group members refuse their allocations (the cap still holds)\n      fix: {fix}, or make a directory of your own (mkdir -m 700 DIR) and set VRAMCAP_STATS_DIR=DIR\n"

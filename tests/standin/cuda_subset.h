@@ -173,21 +173,16 @@ typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
 } CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 /* The sizes of the real structures on LP64 (x86_64, aarch64). */
-_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
-_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
-_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc ABI");
-_Static_assert(sizeof(CUDA_MEM_ALLOC_NODE_PARAMS) == 120,
-               "CUDA_MEM_ALLOC_NODE_PARAMS ABI");
-_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS) == 72,
-               "CUDA_KERNEL_NODE_PARAMS ABI");
-_Static_assert(sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS) == 32,
-               "CUDA_GRAPH_INSTANTIATE_PARAMS ABI");
-_Static_assert(sizeof(CUDA_ARRAY_DESCRIPTOR) == 24,
-               "CUDA_ARRAY_DESCRIPTOR ABI");
-_Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40,
-               "CUDA_ARRAY3D_DESCRIPTOR ABI");
-_Static_assert(sizeof(CUDA_ARRAY_MEMORY_REQUIREMENTS) == 32,
-               "CUDA_ARRAY_MEMORY_REQUIREMENTS ABI");
+#define ABI_SIZE(type, bytes) _Static_assert(sizeof(type) == (bytes), #type " ABI")
+ABI_SIZE(CUmemAllocationProp, 32);
+ABI_SIZE(CUmemPoolProps, 88);
+ABI_SIZE(CUmemAccessDesc, 12);
+ABI_SIZE(CUDA_MEM_ALLOC_NODE_PARAMS, 120);
+ABI_SIZE(CUDA_KERNEL_NODE_PARAMS, 72);
+ABI_SIZE(CUDA_GRAPH_INSTANTIATE_PARAMS, 32);
+ABI_SIZE(CUDA_ARRAY_DESCRIPTOR, 24);
+ABI_SIZE(CUDA_ARRAY3D_DESCRIPTOR, 40);
+ABI_SIZE(CUDA_ARRAY_MEMORY_REQUIREMENTS, 32);
 
 /* Special stream handles (cuda.h defines them the same way). */
 #define CU_STREAM_LEGACY ((CUstream)0x1)

@@ -235,13 +235,43 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+/*
+ * The checks that open most device queries: NVML_ERROR_UNINITIALIZED before
+ * nvmlInit, NVML_ERROR_INVALID_ARGUMENT for an unknown device or a NULL out;
+ * else NVML_SUCCESS with *dev the device's index.
+ */
+static nvmlReturn_t device_arg(nvmlDevice_t device, const void *out, int *dev)
 {
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
-    int dev = device_index(device);
-    if (dev < 0 || index == NULL)
+    *dev = device_index(device);
+    if (*dev < 0 || out == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+/* int dev, the index of device, or a return of device_arg's error. */
+#define DEVICE_ARG(dev, device, out)                                   \
+    int dev;                                                           \
+    do {                                                               \
+        nvmlReturn_t arg_rc_ = device_arg((device), (out), &dev);      \
+        if (arg_rc_ != NVML_SUCCESS)                                   \
+            return arg_rc_;                                            \
+    } while (0)
+
+/* text (n bytes from snprintf) with its NUL into out, when it fits length. */
+static nvmlReturn_t copy_text(char *out, unsigned int length, const char *text,
+                              int n)
+{
+    if (n < 0 || (unsigned int)n >= length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, text, (size_t)n + 1);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    DEVICE_ARG(dev, device, index);
     *index = (unsigned int)dev;
     return NVML_SUCCESS;
 }
@@ -250,44 +280,37 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid,
                                unsigned int length)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    int dev = device_index(device);
-    if (dev < 0 || uuid == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG(dev, device, uuid);
     char text[NVML_DEVICE_UUID_BUFFER_SIZE];
     int n = snprintf(text, sizeof text,
                      "GPU-5ca1ab1e-0000-4000-8000-%012x", (unsigned int)dev);
-    if (n < 0 || (unsigned int)n >= length)
-        return NVML_ERROR_INSUFFICIENT_SIZE;
-    memcpy(uuid, text, (size_t)n + 1);
-    return NVML_SUCCESS;
+    return copy_text(uuid, length, text, n);
 }
 
 /* "vramcap stand-in N", as cuDeviceGetName gives it. */
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name,
                                unsigned int length)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    int dev = device_index(device);
-    if (dev < 0 || name == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG(dev, device, name);
     char text[64];
     int n = snprintf(text, sizeof text, "vramcap stand-in %d", dev);
-    if (n < 0 || (unsigned int)n >= length)
-        return NVML_ERROR_INSUFFICIENT_SIZE;
-    memcpy(name, text, (size_t)n + 1);
-    return NVML_SUCCESS;
+    return copy_text(name, length, text, n);
+}
+
+/* The file the environment variable name names, open to read; NULL when it
+ * is unset, empty or can not be opened. */
+static FILE *open_env_file(const char *name)
+{
+    const char *path = getenv(name);
+    if (path == NULL || *path == '\0')
+        return NULL;
+    return fopen(path, "r");
 }
 
 /* Whether STANDIN_NVML_LOST_FILE lists device dev now (see the top). */
 static bool lost(int dev)
 {
-    const char *path = getenv("STANDIN_NVML_LOST_FILE");
-    if (path == NULL || *path == '\0')
-        return false;
-    FILE *f = fopen(path, "r");
+    FILE *f = open_env_file("STANDIN_NVML_LOST_FILE");
     if (f == NULL)
         return false;
     char text[256];
@@ -308,11 +331,7 @@ static bool lost(int dev)
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    int dev = device_index(device);
-    if (dev < 0 || memory == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG(dev, device, memory);
     if (lost(dev))
         return NVML_ERROR_GPU_IS_LOST;
     unsigned long long used = cuda_used(dev);
@@ -326,11 +345,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
                                         nvmlMemory_v2_t *memory)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    int dev = device_index(device);
-    if (dev < 0 || memory == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG(dev, device, memory);
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     unsigned long long used = cuda_used(dev);
@@ -375,10 +390,7 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device,
 /* The next undelivered Xid line for a registered device, if any. */
 static bool next_xid(nvmlEventSet_t set, int *dev, unsigned long long *xid)
 {
-    const char *path = getenv("STANDIN_NVML_XID_FILE");
-    if (path == NULL || *path == '\0')
-        return false;
-    FILE *f = fopen(path, "r");
+    FILE *f = open_env_file("STANDIN_NVML_XID_FILE");
     if (f == NULL)
         return false;
     char line[128];
@@ -459,11 +471,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device,
                                       unsigned int *infoCount,
                                       nvmlProcessInfo_t *infos)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    int dev = device_index(device);
-    if (dev < 0 || infoCount == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_ARG(dev, device, infoCount);
     bool self = process_on(dev);
     unsigned int n = (self ? 1u : 0u) + g_cfg.others;
     if (*infoCount < n || (n > 0 && infos == NULL)) {

@@ -164,14 +164,26 @@ pub struct Held {
     pub lines: Vec<String>,
 }
 
+/// Runs `cmd`, which must exit with status 1 (as `doctor` does on a
+/// problem): its stdout.
+pub fn stdout_of_failure(cmd: Command) -> String {
+    let ran = run(cmd);
+    ran.expect_code(1);
+    ran.stdout()
+}
+
+/// Starts `cmd` with its stdin, stdout and stderr piped.
+pub fn spawn_piped(cmd: &mut Command) -> Child {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
+}
+
 impl Held {
     pub fn spawn(mut cmd: Command) -> Held {
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let mut child = spawn_piped(&mut cmd);
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         Held {

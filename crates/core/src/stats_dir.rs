@@ -269,13 +269,19 @@ mod tests {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
 
-    #[test]
-    fn the_runtime_directory_is_used_only_when_it_is_ours_and_private() {
-        let uid = me();
-        let root = scratch("runtime");
+    /// A scratch directory and, in it, a runtime directory `rt` of mode 700.
+    fn private_runtime_dir(name: &str) -> (PathBuf, PathBuf) {
+        let root = scratch(name);
         let rt = root.join("rt");
         std::fs::create_dir(&rt).unwrap();
         chmod(&rt, 0o700);
+        (root, rt)
+    }
+
+    #[test]
+    fn the_runtime_directory_is_used_only_when_it_is_ours_and_private() {
+        let uid = me();
+        let (root, rt) = private_runtime_dir("runtime");
         let x = |p: &Path| Some(p.as_os_str().to_owned());
         assert_eq!(default_dir(uid, x(&rt).as_deref()), rt.join("vramcap"));
         assert_eq!(default_dir(uid, None), fallback_dir(uid));
@@ -378,10 +384,7 @@ mod tests {
     #[test]
     fn readers_look_wherever_a_writer_may_have_put_pages() {
         let uid = me();
-        let root = scratch("readers");
-        let rt = root.join("rt");
-        std::fs::create_dir(&rt).unwrap();
-        chmod(&rt, 0o700);
+        let (root, rt) = private_runtime_dir("readers");
         let dirs = reader_dirs(uid, Some(rt.as_os_str()));
         assert_eq!(dirs.first(), Some(&rt.join("vramcap")));
         assert_eq!(dirs.last(), Some(&fallback_dir(uid)));

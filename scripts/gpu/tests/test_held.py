@@ -50,6 +50,14 @@ def cu_held(gpu, runner, held_bin, cap, name, mode, shim, pin):
     return run_held(gpu, runner, name, [held_bin, mode, int(cap)], env, CU_TIMEOUT)
 
 
+def cu_held_ran(check, gpu, runner, held_bin, cap, mode, pin):
+    """cu_held MODE under the shim, named MODE, checked by ran: (r, its RESULT line)."""
+    r = cu_held(gpu, runner, held_bin, cap, mode, mode, True, pin)
+    d = r.kv("RESULT")
+    ran(check, r, d)
+    return r, d
+
+
 def py_held(gpu, runner, cap, name, mode, shim, pin, **vars):
     env = runner.env(shim=gpu.shim, VRAMCAP_LIMIT=cap.text, **pin, **vars) if shim else runner.env(**pin, **vars)
     return run_held(gpu, runner, name, [gpu.python, gpu.script("held.py"), mode, "--cap", int(cap)], env, PY_TIMEOUT)
@@ -160,9 +168,7 @@ def test_start(held_start, cap, check):
 ])
 def test_fill(gpu, runner, held_bin, cap, pin, check, mode, tag, title):
     check.title = title
-    r = cu_held(gpu, runner, held_bin, cap, mode, mode, True, pin)
-    d = r.kv("RESULT")
-    ran(check, r, d)
+    r, d = cu_held_ran(check, gpu, runner, held_bin, cap, mode, pin)
     check.kv(d, "stop", "refused")
     check.kv(d, "err", 2)
     check.within("bytes", d.get("bytes"), min_fill(cap), None, show=mib)
@@ -174,9 +180,7 @@ def test_fill(gpu, runner, held_bin, cap, pin, check, mode, tag, title):
 
 def test_pool_retains_trim_gives_back(gpu, runner, held_bin, cap, pin, check):
     check.title = "pool retains, trim gives back"
-    r = cu_held(gpu, runner, held_bin, cap, "pool", "pool", True, pin)
-    d = r.kv("RESULT")
-    ran(check, r, d)
+    r, d = cu_held_ran(check, gpu, runner, held_bin, cap, "pool", pin)
     check.eq("cudaMallocAsync 70% of free-at-start: async_err", d.get("async_err"), 0)
     check.kv(d, "sync", "cudaSuccess")
     check.eq("cudaMalloc 90% while the pool retains: before_trim_err", d.get("before_trim_err"), 2)
@@ -190,9 +194,7 @@ def test_pool_retains_trim_gives_back(gpu, runner, held_bin, cap, pin, check):
 
 def test_two_halves(gpu, runner, held_bin, cap, pin, check):
     check.title = "two halves of the reported total"
-    r = cu_held(gpu, runner, held_bin, cap, "halves", "halves", True, pin)
-    d = r.kv("RESULT")
-    ran(check, r, d)
+    r, d = cu_held_ran(check, gpu, runner, held_bin, cap, "halves", pin)
     check.eq("cudaMalloc(T/2): first_err", d.get("first_err"), 0)
     check.eq("a second cudaMalloc(T/2): second_err", d.get("second_err"), 2)
     want_nvml(check, r, cap, "halves")
@@ -208,9 +210,7 @@ def test_graph(gpu, runner, held_bin, cap, pin, check, mode, title):
     """With 3/8 CAP held, a graph allocating 3/4 CAP is refused at instantiate
     or launch; after freeing and cudaDeviceGraphMemTrim the launch succeeds."""
     check.title = title
-    r = cu_held(gpu, runner, held_bin, cap, mode, mode, True, pin)
-    d = r.kv("RESULT")
-    ran(check, r, d)
+    r, d = cu_held_ran(check, gpu, runner, held_bin, cap, mode, pin)
     check.kv(d, "build_at", "none")
     check.that(d.get("run1_at") in ("instantiate", "launch"), "first run refused at instantiate or launch",
                "run1_at=%s" % d.get("run1_at"))

@@ -14,7 +14,7 @@ use vramcap_core::limit::{Amount, LIMIT_VAR, LimitSpec, parse_limit};
 use vramcap_core::page::{FLAG_ACTIVE, Page, acknowledged, uuid_text};
 
 use super::stat::StatsDirs;
-use super::trim::{find, targets, usable};
+use super::trim::{find, next_ticket, targets, usable};
 use crate::read::Users;
 
 /// What the SPEC asks for.
@@ -173,11 +173,7 @@ fn change(
             )
         });
     }
-    let ticket = page
-        .header
-        .limit_requests
-        .fetch_add(1, Ordering::AcqRel)
-        .wrapping_add(1);
+    let ticket = next_ticket(&page.header.limit_requests);
     let start = Instant::now();
     while !acknowledged(page.header.limit_acks.load(Ordering::Acquire), ticket) {
         if map.shrank() {

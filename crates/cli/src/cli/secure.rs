@@ -165,19 +165,26 @@ mod tests {
         d
     }
 
+    /// d/NAME (its directory made) holding BYTES, with MODE when given.
+    fn file_in(d: &Path, name: &str, bytes: &[u8], mode: Option<u32>) -> PathBuf {
+        let p = d.join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, bytes).unwrap();
+        if let Some(mode) = mode {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        p
+    }
+
     /// `/etc/ld.so.preload` naming the shim (the file itself, or a copy
     /// of libvramcap.so, among other entries and separators) is the one
     /// exception; a file naming something else, or none, is not.
     #[test]
     fn the_preload_file_must_name_the_shim() {
         let d = scratch("preload");
-        let lib = d.join("libvramcap.so");
-        std::fs::write(&lib, b"x").unwrap();
-        let other = d.join("other/libvramcap.so");
-        std::fs::create_dir_all(other.parent().unwrap()).unwrap();
-        std::fs::write(&other, b"y").unwrap();
-        let not = d.join("libother.so");
-        std::fs::write(&not, b"z").unwrap();
+        let lib = file_in(&d, "libvramcap.so", b"x", None);
+        let other = file_in(&d, "other/libvramcap.so", b"y", None);
+        let not = file_in(&d, "libother.so", b"z", None);
         let preload = d.join("ld.so.preload");
         let names = |text: String| {
             std::fs::write(&preload, text).unwrap();
@@ -201,13 +208,9 @@ mod tests {
     #[test]
     fn what_gains_no_privilege_is_not_refused() {
         let d = scratch("plain");
-        let own = d.join("own");
-        std::fs::write(&own, b"\x7fELF").unwrap();
-        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        let own = file_in(&d, "own", b"\x7fELF", Some(0o4755));
         assert_eq!(privilege(&own), None);
-        let script = d.join("script");
-        std::fs::write(&script, b"#!/bin/sh\necho hi\n").unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        let script = file_in(&d, "script", b"#!/bin/sh\necho hi\n", Some(0o4755));
         assert_eq!(interpreter(&script), Some(PathBuf::from("/bin/sh")));
         assert_eq!(privilege(&script), privilege(Path::new("/bin/sh")));
         assert_eq!(refusal(OsStr::new("sh"), &own, &d.join("none")), None);

@@ -4,7 +4,7 @@
 //! within a tick (100 ms) by releasing everything and acknowledging.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::stat::StatsDirs;
@@ -150,11 +150,7 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
             println!("{pid}: nothing cached");
             continue;
         }
-        let ticket = page
-            .header
-            .trim_requests
-            .fetch_add(1, Ordering::AcqRel)
-            .wrapping_add(1);
+        let ticket = next_ticket(&page.header.trim_requests);
         let start = Instant::now();
         loop {
             if map.shrank() {
@@ -188,4 +184,10 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
         }
     }
     u8::from(failed)
+}
+
+/// A new request's ticket: the request counter moved on by one, as the shim
+/// acknowledges it (wrapping).
+pub(super) fn next_ticket(requests: &AtomicU64) -> u64 {
+    requests.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
 }

@@ -47,6 +47,18 @@ pub struct GroupSnapshot {
     pub members: Vec<MemberSnapshot>,
 }
 
+impl GroupSnapshot {
+    /// "0" without members; else `with(how many, their PIDs joined by ", ")`.
+    pub fn members_text(&self, with: impl Fn(usize, String) -> String) -> String {
+        let pids: Vec<String> = self.members.iter().map(|m| m.pid.to_string()).collect();
+        if pids.is_empty() {
+            "0".to_string()
+        } else {
+            with(pids.len(), pids.join(", "))
+        }
+    }
+}
+
 /// One group file: `Ok(None)` while it is being created or when it went.
 pub(super) fn read_group(
     dir: &Dir,

@@ -25,7 +25,7 @@ use std::path::{Component, Path, PathBuf};
 use vramcap_core::stats_dir::{self, DirProblem};
 
 use super::budget::{Bounds, Counts, Deadline};
-use super::dir::{Dir, has_extension};
+use super::dir::{Dir, Listing, has_extension};
 use super::groups::{GroupSnapshot, read_group};
 use super::pages::{Outcome, Scan, read_one};
 use super::{Skipped, Users};
@@ -103,6 +103,27 @@ struct Walk<'a> {
 type Failed = (PathBuf, io::Error);
 
 impl Walk<'_> {
+    /// dir's names that `keep` keeps (`max` at most); when they can not be
+    /// listed, `None` with the directory skipped (saying `what`) where it
+    /// was matched, else the error.
+    fn list_or_skip(
+        &mut self,
+        dir: &Dir,
+        matched: bool,
+        max: usize,
+        keep: impl Fn(&[u8]) -> bool,
+        what: &str,
+    ) -> Result<Option<Listing>, Failed> {
+        match dir.list(max, keep) {
+            Ok(l) => Ok(Some(l)),
+            Err(e) if matched => {
+                self.skip(&dir.path, format!("{what}: {e}"), 1);
+                Ok(None)
+            }
+            Err(e) => Err((dir.path.clone(), e)),
+        }
+    }
+
     fn skip(&mut self, path: &Path, reason: String, count: usize) {
         self.out.scan.skipped.push(Skipped {
             path: path.to_path_buf(),
@@ -174,13 +195,15 @@ impl Walk<'_> {
             self.skip(&dir.path, why, 1);
             return Ok(Counts::default());
         }
-        let listing = match dir.list(allow.entries, |n| !n.starts_with(b".")) {
-            Ok(l) => l,
-            Err(e) if matched => {
-                self.skip(&dir.path, format!("cannot list the directory: {e}"), 1);
-                return Ok(Counts::default());
-            }
-            Err(e) => return Err((dir.path.clone(), e)),
+        let Some(listing) = self.list_or_skip(
+            &dir,
+            matched,
+            allow.entries,
+            |n| !n.starts_with(b"."),
+            "cannot list the directory",
+        )?
+        else {
+            return Ok(Counts::default());
         };
         let mut used = Counts {
             entries: listing.looked,
@@ -260,13 +283,15 @@ impl Walk<'_> {
         // files of writers that died (`temps`).
         let keep =
             |n: &[u8]| has_extension(n, "page") || has_extension(n, "grp") || is_temp_name(n);
-        let listing = match dir.list(allow.entries, keep) {
-            Ok(l) => l,
-            Err(e) if matched => {
-                self.skip(&dir.path, format!("cannot read the directory: {e}"), 1);
-                return Ok(Counts::default());
-            }
-            Err(e) => return Err((dir.path.clone(), e)),
+        let Some(listing) = self.list_or_skip(
+            &dir,
+            matched,
+            allow.entries,
+            keep,
+            "cannot read the directory",
+        )?
+        else {
+            return Ok(Counts::default());
         };
         let mut used = Counts {
             entries: listing.looked,

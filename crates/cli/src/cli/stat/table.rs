@@ -16,12 +16,7 @@ pub(super) fn groups_table(groups: &[GroupSnapshot]) -> String {
         "MEMBERS".into(),
     ]];
     for g in groups {
-        let pids: Vec<String> = g.members.iter().map(|m| m.pid.to_string()).collect();
-        let members = if pids.is_empty() {
-            "0".to_string()
-        } else {
-            format!("{} ({})", pids.len(), pids.join(", "))
-        };
+        let members = g.members_text(|n, pids| format!("{n} ({pids})"));
         if g.devices.is_empty() {
             rows.push([
                 g.name.clone(),

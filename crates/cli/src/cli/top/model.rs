@@ -265,18 +265,22 @@ mod tests {
             row(10, 0, 300, 0),
             row(30, 0, 500, 2),
         ];
-        sort_rows(&mut rows, SortBy::Used, false);
-        assert_eq!(order(&rows), [(10, 1), (20, 0), (30, 0), (10, 0)]);
-        sort_rows(&mut rows, SortBy::Used, true);
-        assert_eq!(order(&rows), [(10, 0), (30, 0), (20, 0), (10, 1)]);
-        sort_rows(&mut rows, SortBy::Pid, false);
-        assert_eq!(order(&rows), [(10, 0), (10, 1), (20, 0), (30, 0)]);
-        sort_rows(&mut rows, SortBy::Gpu, false);
-        assert_eq!(order(&rows), [(10, 0), (20, 0), (30, 0), (10, 1)]);
-        sort_rows(&mut rows, SortBy::Refusals, false);
-        assert_eq!(order(&rows), [(30, 0), (10, 1), (10, 0), (20, 0)]);
-        sort_rows(&mut rows, SortBy::Gpu, true);
-        assert_eq!(order(&rows), [(10, 1), (30, 0), (20, 0), (10, 0)]);
+        // One after the other: each sort starts from the order the last left.
+        for (by, reverse, want) in [
+            (SortBy::Used, false, [(10, 1), (20, 0), (30, 0), (10, 0)]),
+            (SortBy::Used, true, [(10, 0), (30, 0), (20, 0), (10, 1)]),
+            (SortBy::Pid, false, [(10, 0), (10, 1), (20, 0), (30, 0)]),
+            (SortBy::Gpu, false, [(10, 0), (20, 0), (30, 0), (10, 1)]),
+            (
+                SortBy::Refusals,
+                false,
+                [(30, 0), (10, 1), (10, 0), (20, 0)],
+            ),
+            (SortBy::Gpu, true, [(10, 1), (30, 0), (20, 0), (10, 0)]),
+        ] {
+            sort_rows(&mut rows, by, reverse);
+            assert_eq!(order(&rows), want, "{by:?} reverse={reverse}");
+        }
     }
 
     #[test]

@@ -214,21 +214,14 @@ fn title_line(m: &Model) -> Line<'static> {
     Line::from(spans)
 }
 
+/// The widest of `widths`, and at least `least`.
+fn widest(widths: impl Iterator<Item = usize>, least: usize) -> usize {
+    widths.max().unwrap_or(0).max(least)
+}
+
 fn draw_processes(m: &Model, f: &mut Frame, area: Rect) {
-    let pid_w = m
-        .rows
-        .iter()
-        .map(|r| r.pid.to_string().len())
-        .max()
-        .unwrap_or(0)
-        .max(7);
-    let oom_w = m
-        .rows
-        .iter()
-        .map(|r| r.slot.refusals.to_string().len())
-        .max()
-        .unwrap_or(0)
-        .max(4);
+    let pid_w = widest(m.rows.iter().map(|r| r.pid.to_string().len()), 7);
+    let oom_w = widest(m.rows.iter().map(|r| r.slot.refusals.to_string().len()), 4);
     // GPU (with room for the sort arrow), PID, USED, LIMIT, %, OOM and
     // the spaces between nine columns.
     let fixed = 4 + pid_w + 8 + 8 + 6 + oom_w + 8;
@@ -346,13 +339,7 @@ fn draw_processes(m: &Model, f: &mut Frame, area: Rect) {
 }
 
 fn draw_groups(m: &Model, f: &mut Frame, area: Rect) {
-    let name_w = m
-        .groups
-        .iter()
-        .map(|g| g.name.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(5);
+    let name_w = widest(m.groups.iter().map(|g| g.name.chars().count()), 5);
     let full_uuid = area.width >= 110;
     let uuid_w = if full_uuid { 40 } else { 12 };
     let fixed = name_w + uuid_w + 8 + 8 + 5;
@@ -370,12 +357,7 @@ fn draw_groups(m: &Model, f: &mut Frame, area: Rect) {
     .style(Style::default().add_modifier(Modifier::REVERSED));
     let mut rows = Vec::new();
     for g in &m.groups {
-        let pids: Vec<String> = g.members.iter().map(|m| m.pid.to_string()).collect();
-        let members = if pids.is_empty() {
-            "0".to_string()
-        } else {
-            format!("{}: {}", pids.len(), pids.join(", "))
-        };
+        let members = g.members_text(|n, pids| format!("{n}: {pids}"));
         if g.devices.is_empty() {
             rows.push(Row::new(vec![
                 Cell::from(text::printable(&g.name).into_owned()),
@@ -421,28 +403,26 @@ fn draw_groups(m: &Model, f: &mut Frame, area: Rect) {
 fn footer_line() -> Line<'static> {
     let key = |k: &'static str| Span::styled(k, Style::default().add_modifier(Modifier::BOLD));
     let glyph = |g: char, c: Color| Span::styled(g.to_string(), Style::default().fg(c));
-    Line::from(vec![
-        key("q"),
-        Span::raw(" quit  "),
-        key("u"),
-        Span::raw(" used  "),
-        key("p"),
-        Span::raw(" pid  "),
-        key("g"),
-        Span::raw(" gpu  "),
-        key("o"),
-        Span::raw(" oom  "),
-        key("r"),
-        Span::raw(" reverse   "),
-        glyph(CONTEXT_GLYPH, CONTEXT_COLOUR),
-        Span::raw(" context "),
-        glyph(USED_GLYPH, USED_COLOUR),
-        Span::raw(" used "),
-        glyph(CACHED_GLYPH, CACHED_COLOUR),
-        Span::raw(" cached "),
-        glyph(SPILLED_GLYPH, SPILLED_COLOUR),
-        Span::raw(" spilled"),
-    ])
+    let mut spans = Vec::new();
+    for (k, what) in [
+        ("q", " quit  "),
+        ("u", " used  "),
+        ("p", " pid  "),
+        ("g", " gpu  "),
+        ("o", " oom  "),
+        ("r", " reverse   "),
+    ] {
+        spans.extend([key(k), Span::raw(what)]);
+    }
+    for (g, c, what) in [
+        (CONTEXT_GLYPH, CONTEXT_COLOUR, " context "),
+        (USED_GLYPH, USED_COLOUR, " used "),
+        (CACHED_GLYPH, CACHED_COLOUR, " cached "),
+        (SPILLED_GLYPH, SPILLED_COLOUR, " spilled"),
+    ] {
+        spans.extend([glyph(g, c), Span::raw(what)]);
+    }
+    Line::from(spans)
 }
 
 #[cfg(test)]
@@ -457,49 +437,32 @@ mod tests {
         assert_eq!(bar_cells(10, 100, &[100, 50, 50]), [10, 0, 0]);
         assert_eq!(bar_cells(4, 0, &[0]), [0]);
         assert_eq!(bar_cells(0, 10, &[5]), [0]);
-        let s = SlotSnapshot {
-            limit: Some(100),
-            used: 50,
-            peak: 50,
-            cached: 10,
-            spilled: 50,
-            ..SlotSnapshot::default()
-        };
-        // Scale widens to used + spilled = 100: 4 used, 1 cached, 5 spilled.
-        let text: String = slot_bar(10, &s)
-            .spans
-            .iter()
-            .map(|s| s.content.as_ref())
-            .collect();
-        assert_eq!(text, "████▓▒▒▒▒▒");
-        // The context and graph memory come first, out of what is used.
-        let held = SlotSnapshot {
-            limit: Some(100),
-            used: 100,
-            peak: 100,
-            cached: 10,
-            context: 20,
-            graphs: 10,
-            ..SlotSnapshot::default()
-        };
-        let text: String = slot_bar(10, &held)
-            .spans
-            .iter()
-            .map(|s| s.content.as_ref())
-            .collect();
-        assert_eq!(text, "░░░██████▓");
-        let uncapped = SlotSnapshot {
-            limit: None,
-            used: 25,
-            peak: 100,
-            ..SlotSnapshot::default()
-        };
-        let text: String = slot_bar(8, &uncapped)
-            .spans
-            .iter()
-            .map(|s| s.content.as_ref())
-            .collect();
-        assert_eq!(text, "██······");
+        // (limit, used, peak, cached, context, graphs, spilled), the width,
+        // and the bar drawn.
+        for ((limit, used, peak, cached, context, graphs, spilled), width, want) in [
+            // Scale widens to used + spilled = 100: 4 used, 1 cached, 5 spilled.
+            ((Some(100), 50, 50, 10, 0, 0, 50), 10, "████▓▒▒▒▒▒"),
+            // The context and graph memory come first, out of what is used.
+            ((Some(100), 100, 100, 10, 20, 10, 0), 10, "░░░██████▓"),
+            ((None, 25, 100, 0, 0, 0, 0), 8, "██······"),
+        ] {
+            let s = SlotSnapshot {
+                limit,
+                used,
+                peak,
+                cached,
+                context,
+                graphs,
+                spilled,
+                ..SlotSnapshot::default()
+            };
+            let text: String = slot_bar(width, &s)
+                .spans
+                .iter()
+                .map(|s| s.content.as_ref())
+                .collect();
+            assert_eq!(text, want, "{s:?}");
+        }
     }
 
     #[test]
