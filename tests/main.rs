@@ -16,6 +16,7 @@ mod held;
 mod layout;
 mod limit;
 mod live;
+mod operator;
 mod paths;
 mod python;
 mod readers;

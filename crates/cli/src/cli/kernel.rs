@@ -26,7 +26,7 @@ pub enum Action {
     /// Write a kernelspec whose kernels start under the shim: `vramcap kernel install --limit 8GiB`
     Install {
         #[command(flatten)]
-        opts: crate::ShimOptions,
+        opts: crate::cli::run::ShimOptions,
         /// The kernel's name (letters, digits, `.`, `_`, `-`); default vramcap-LIMIT, e.g. vramcap-8gib
         #[arg(long, value_name = "NAME")]
         name: Option<String>,
@@ -132,7 +132,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 /// `vramcap-8gib` for `--limit 8GiB`, `vramcap-group-train` for `--group train`.
-fn default_name(opts: &crate::ShimOptions) -> String {
+fn default_name(opts: &crate::cli::run::ShimOptions) -> String {
     let mut parts: Vec<String> = Vec::new();
     if let Some(l) = &opts.limit {
         parts.push(l.replace('%', "pct"));
@@ -168,7 +168,7 @@ fn size_words(bytes: u64) -> String {
 }
 
 /// "Python 3 (vramcap 8 GiB)", "Python 3 (vramcap 0=8GiB,1=4GiB, group train)".
-fn default_display_name(opts: &crate::ShimOptions) -> String {
+fn default_display_name(opts: &crate::cli::run::ShimOptions) -> String {
     let mut what: Vec<String> = Vec::new();
     if let Some(l) = &opts.limit {
         what.push(match vramcap_core::size::parse_size(l) {
@@ -183,7 +183,7 @@ fn default_display_name(opts: &crate::ShimOptions) -> String {
 }
 
 /// `--limit 8GiB --group g …`: the options as `vramcap run` takes them.
-fn run_flags(opts: &crate::ShimOptions) -> Vec<String> {
+fn run_flags(opts: &crate::cli::run::ShimOptions) -> Vec<String> {
     let all = [
         ("--limit", &opts.limit),
         ("--log", &opts.log),
@@ -322,7 +322,7 @@ fn all_specs(extra: Option<&Path>) -> Vec<Found> {
 }
 
 fn install(
-    opts: &crate::ShimOptions,
+    opts: &crate::cli::run::ShimOptions,
     name: Option<String>,
     display_name: Option<String>,
     python: Option<PathBuf>,
@@ -336,7 +336,7 @@ fn install(
         );
     }
     // Every value checked as `vramcap run` will check it when the kernel starts.
-    crate::shim_env(opts)?;
+    crate::cli::run::shim_env(opts)?;
     let name = name.unwrap_or_else(|| default_name(opts));
     if !valid_name(&name) {
         return Err(format!(
@@ -466,8 +466,8 @@ fn remove(name: &str, extra: Option<&Path>) -> Result<ExitCode, String> {
 mod tests {
     use super::*;
 
-    fn opts(limit: Option<&str>, group: Option<&str>) -> crate::ShimOptions {
-        crate::ShimOptions {
+    fn opts(limit: Option<&str>, group: Option<&str>) -> crate::cli::run::ShimOptions {
+        crate::cli::run::ShimOptions {
             limit: limit.map(str::to_string),
             log: None,
             cache: None,

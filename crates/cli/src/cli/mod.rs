@@ -4,6 +4,7 @@ pub mod kernel;
 pub mod limit;
 pub mod machine;
 pub mod plugin;
+pub mod run;
 pub mod secure;
 pub mod stat;
 pub mod top;

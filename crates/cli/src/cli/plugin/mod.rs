@@ -27,21 +27,22 @@
 //! - SIGTERM or SIGINT ends it: the server stops and its socket goes.
 
 pub mod layout;
+mod node;
+mod service;
 
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
-use tokio_stream::Stream;
-use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Endpoint, Server, Uri};
-use tonic::{Request, Response, Status};
 
-use self::layout::{Config, Gpu};
+use self::layout::Config;
+use self::node::{Node, watch_health};
+use self::service::{Plugin, options};
 
 #[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub)]
 pub mod api {
@@ -60,12 +61,8 @@ pub mod podresources {
     tonic::include_proto!("v1");
 }
 
-use api::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use api::device_plugin_server::DevicePluginServer;
 use api::registration_client::RegistrationClient;
-
-/// Xid errors of the program, not of the GPU (NVIDIA's device plugin
-/// skips the same ones): a GPU that reports one stays healthy.
-pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// The API version the plugin speaks.
 pub const VERSION: &str = "v1beta1";
@@ -92,50 +89,9 @@ pub struct Args {
     pub sweep_grace: Duration,
 }
 
-/// The node's GPUs and their health, as the gRPC side sees them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Node {
-    gpus: Vec<Gpu>,
-    healthy: Vec<bool>,
-}
-
 fn log(text: impl std::fmt::Display) {
     eprintln!("vramcap device-plugin: {text}");
 }
-
-struct Plugin {
-    config: Config,
-    node: watch::Receiver<Node>,
-    /// Allocations answered (each gets a directory of its own), over
-    /// every server this run made.
-    serial: Arc<std::sync::atomic::AtomicU64>,
-    /// Set when the server stops: every `ListAndWatch` stream ends then,
-    /// so that the server's shutdown does not wait for the kubelet.
-    stop: watch::Receiver<bool>,
-}
-
-impl Plugin {
-    /// What `ListAndWatch` sends for a state of the node.
-    fn view(config: &Config) -> impl Fn(&Node) -> api::ListAndWatchResponse + use<> {
-        let config = config.clone();
-        move |node| api::ListAndWatchResponse {
-            devices: node
-                .gpus
-                .iter()
-                .zip(&node.healthy)
-                .flat_map(|(g, &ok)| {
-                    (0..layout::units(g, &config)).map(move |n| api::Device {
-                        id: layout::unit_id(&g.uuid, n),
-                        health: if ok { HEALTHY } else { UNHEALTHY }.to_string(),
-                        topology: None,
-                    })
-                })
-                .collect(),
-        }
-    }
-}
-
-type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
 
 /// Writes `text` to `path` through a temporary file and a rename, mode 0644.
 fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
@@ -153,182 +109,6 @@ fn write_file(path: &Path, text: &str) -> std::io::Result<()> {
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
-}
-
-/// Makes the allocation's directory: its operator's cap file and its
-/// statistics directory (writable by the container's user, whoever it is;
-/// no other container has it mounted).
-fn prepare(config: &Config, a: &layout::Allocation) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = layout::alloc_dir(config, &a.id);
-    std::fs::create_dir_all(&dir)?;
-    // Root's alone: the runtime mounts what is inside by path, and no user
-    // of the node needs to reach another container's statistics.
-    if let Some(parent) = dir.parent() {
-        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))?;
-    }
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-    write_file(&dir.join("operator-limit"), &a.operator_file)?;
-    let stats = dir.join("stats");
-    std::fs::create_dir_all(&stats)?;
-    std::fs::set_permissions(&stats, std::fs::Permissions::from_mode(0o1777))
-}
-
-#[tonic::async_trait]
-impl DevicePlugin for Plugin {
-    async fn get_device_plugin_options(
-        &self,
-        _: Request<api::Empty>,
-    ) -> Result<Response<api::DevicePluginOptions>, Status> {
-        Ok(Response::new(options()))
-    }
-
-    type ListAndWatchStream = DeviceStream;
-
-    async fn list_and_watch(
-        &self,
-        _: Request<api::Empty>,
-    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let mut node = self.node.clone();
-        let mut stop = self.stop.clone();
-        let config = self.config.clone();
-        tokio::spawn(async move {
-            let view = Plugin::view(&config);
-            loop {
-                let list = view(&node.borrow_and_update());
-                if tx.send(Ok(list)).await.is_err() {
-                    return; // the kubelet went away
-                }
-                tokio::select! {
-                    changed = node.changed() => if changed.is_err() { return },
-                    _ = stop.wait_for(|s| *s) => return,
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-
-    async fn get_preferred_allocation(
-        &self,
-        request: Request<api::PreferredAllocationRequest>,
-    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
-        let container_responses = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|r| api::ContainerPreferredAllocationResponse {
-                device_i_ds: layout::preferred(
-                    &r.available_device_i_ds,
-                    &r.must_include_device_i_ds,
-                    usize::try_from(r.allocation_size).unwrap_or(0),
-                ),
-            })
-            .collect();
-        Ok(Response::new(api::PreferredAllocationResponse {
-            container_responses,
-        }))
-    }
-
-    async fn allocate(
-        &self,
-        request: Request<api::AllocateRequest>,
-    ) -> Result<Response<api::AllocateResponse>, Status> {
-        let requests = request.into_inner().container_requests;
-        if requests.len() > MAX_CONTAINERS {
-            let e = format!(
-                "Allocate: {} container requests in one call, more than {MAX_CONTAINERS} (the kubelet asks for one container at a time)",
-                requests.len()
-            );
-            log(&e);
-            return Err(Status::invalid_argument(e));
-        }
-        let gpus = self.node.borrow().gpus.clone();
-        let config = self.config.clone();
-        let serial = self.serial.clone();
-        // The directories are written (and synced) off the runtime's
-        // threads, which keep answering meanwhile.
-        tokio::task::spawn_blocking(move || allocate_all(requests, &gpus, &config, &serial))
-            .await
-            .map_err(|e| Status::internal(format!("Allocate: {e}")))?
-            .map(Response::new)
-    }
-
-    async fn pre_start_container(
-        &self,
-        _: Request<api::PreStartContainerRequest>,
-    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
-        Ok(Response::new(api::PreStartContainerResponse {}))
-    }
-}
-
-/// The most container requests one `Allocate` may carry (the kubelet
-/// sends one).
-pub const MAX_CONTAINERS: usize = 64;
-
-/// `Allocate`'s answer: each container's allocation checked, its
-/// directory made, its response.
-fn allocate_all(
-    requests: Vec<api::ContainerAllocateRequest>,
-    gpus: &[Gpu],
-    config: &Config,
-    serial: &std::sync::atomic::AtomicU64,
-) -> Result<api::AllocateResponse, Status> {
-    let mut container_responses = Vec::new();
-    for r in requests {
-        let serial = serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        // Unique across restarts of the plugin too: the time, then the count.
-        let unique = stamp.saturating_mul(1_000_000).saturating_add(serial);
-        let a = layout::allocate(&r.devices_ids, gpus, config, unique).map_err(|e| {
-            log(&e);
-            Status::invalid_argument(e)
-        })?;
-        prepare(config, &a).map_err(|e| {
-            let e = format!(
-                "Allocate: cannot write {}: {e}",
-                layout::alloc_dir(config, &a.id).display()
-            );
-            log(&e);
-            Status::internal(e)
-        })?;
-        log(format_args!(
-            "allocated {} units: {}",
-            r.devices_ids.len(),
-            a.envs["VRAMCAP_LIMIT"]
-        ));
-        container_responses.push(api::ContainerAllocateResponse {
-            envs: a.envs.into_iter().collect(),
-            mounts: a
-                .mounts
-                .into_iter()
-                .map(|(container_path, host_path, read_only)| api::Mount {
-                    container_path,
-                    host_path,
-                    read_only,
-                })
-                .collect(),
-            devices: Vec::new(),
-            annotations: Default::default(),
-            cdi_devices: a
-                .cdi_devices
-                .into_iter()
-                .map(|name| api::CdiDevice { name })
-                .collect(),
-        });
-    }
-    Ok(api::AllocateResponse {
-        container_responses,
-    })
-}
-
-fn options() -> api::DevicePluginOptions {
-    api::DevicePluginOptions {
-        pre_start_required: false,
-        get_preferred_allocation_available: true,
-    }
 }
 
 /// A gRPC channel over the Unix socket `path`.
@@ -437,157 +217,6 @@ async fn register(kubelet: &Path, args: &Args) -> Result<(), String> {
 fn identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
-/// The node's GPUs as NVML lists them (all, or those of `--gpu`).
-fn list_gpus(
-    inventory: &crate::cli::machine::Inventory,
-    only: Option<&[String]>,
-) -> Result<Vec<Gpu>, String> {
-    let all = inventory
-        .gpus()
-        .ok_or("NVML cannot count the GPUs of this node")?;
-    let mut listed = Vec::new();
-    for g in all {
-        match g {
-            Ok(x) => listed.push(x),
-            Err(why) => log(format_args!("{why}: not advertised")),
-        }
-    }
-    let gpus: Vec<Gpu> = match only {
-        None => listed
-            .into_iter()
-            .map(|(uuid, total)| Gpu { uuid, total })
-            .collect(),
-        Some(only) => {
-            let mut out = Vec::new();
-            for u in only {
-                let Some((uuid, total)) = listed.iter().find(|(x, _)| x == u).cloned() else {
-                    return Err(format!(
-                        "--gpu {u}: NVML lists no such GPU (it lists {})",
-                        listed
-                            .iter()
-                            .map(|(x, _)| x.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                };
-                out.push(Gpu { uuid, total });
-            }
-            out
-        }
-    };
-    if gpus.is_empty() {
-        return Err(
-            "NVML lists no GPU this plugin can serve on this node: nothing to advertise".into(),
-        );
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    if let Some(g) = gpus.iter().find(|g| !seen.insert(g.uuid.clone())) {
-        return Err(format!("--gpu {}: given twice", g.uuid));
-    }
-    Ok(gpus)
-}
-
-/// The NVML thread (NVML's handles stay on it): the node's GPUs, then
-/// their health every interval.
-fn watch_health(args: &Args) -> Result<watch::Receiver<Node>, String> {
-    let (first_tx, first_rx) = std::sync::mpsc::channel::<Result<watch::Receiver<Node>, String>>();
-    let only = args.only.clone();
-    let interval = args.health_interval;
-    let config = args.config.clone();
-    std::thread::Builder::new()
-        .name("nvml-health".into())
-        .spawn(move || {
-            let Some(inventory) = crate::cli::machine::Inventory::open() else {
-                let _ = first_tx.send(Err(
-                    "NVML (libnvidia-ml.so.1) cannot be loaded or started: the plugin needs it to list the GPUs".into(),
-                ));
-                return;
-            };
-            let gpus = match list_gpus(&inventory, only.as_deref()) {
-                Ok(g) => g,
-                Err(e) => {
-                    let _ = first_tx.send(Err(e));
-                    return;
-                }
-            };
-            for g in &gpus {
-                log(format_args!(
-                    "{}: {} bytes, {} units of {} bytes",
-                    g.uuid,
-                    g.total,
-                    layout::units(g, &config),
-                    config.unit
-                ));
-            }
-            let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
-            let xids = inventory.xid_watch(&uuids);
-            if xids.is_none() {
-                log("NVML gives no Xid events here: a GPU is unhealthy only when NVML no longer answers for it");
-            }
-            let mut failed = vec![false; gpus.len()];
-            let mut last = Node {
-                healthy: vec![true; gpus.len()],
-                gpus,
-            };
-            let (tx, rx) = watch::channel(last.clone());
-            if first_tx.send(Ok(rx)).is_err() {
-                return;
-            }
-            let ms = u32::try_from(interval.as_millis()).unwrap_or(u32::MAX).max(1);
-            loop {
-                match &xids {
-                    Some(w) => {
-                        if let Some((i, xid)) = inventory.wait_xid(w, ms) {
-                            if APPLICATION_XIDS.contains(&xid) {
-                                log(format_args!(
-                                    "{}: Xid {xid} (an application's error): still healthy",
-                                    last.gpus[i].uuid
-                                ));
-                            } else if !failed[i] {
-                                failed[i] = true;
-                                log(format_args!(
-                                    "{}: Xid {xid}: unhealthy until the plugin restarts",
-                                    last.gpus[i].uuid
-                                ));
-                            }
-                        }
-                    }
-                    None => std::thread::sleep(interval),
-                }
-                let healthy: Vec<bool> = last
-                    .gpus
-                    .iter()
-                    .zip(&failed)
-                    .map(|(g, &f)| !f && inventory.memory(&g.uuid).is_some())
-                    .collect();
-                if healthy == last.healthy {
-                    continue;
-                }
-                for (g, (&was, &now)) in last.gpus.iter().zip(last.healthy.iter().zip(&healthy)) {
-                    if was != now {
-                        log(format_args!(
-                            "{}: {}",
-                            g.uuid,
-                            if now {
-                                "healthy again"
-                            } else {
-                                "unhealthy: NVML no longer answers for it"
-                            }
-                        ));
-                    }
-                }
-                last.healthy = healthy;
-                if tx.send(last.clone()).is_err() {
-                    return;
-                }
-            }
-        })
-        .map_err(|e| format!("cannot start the health thread: {e}"))?;
-    first_rx
-        .recv()
-        .map_err(|_| "the health thread ended before listing the GPUs".to_string())?
 }
 
 /// The most units one node may advertise: a `ListAndWatch` message must

@@ -32,6 +32,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::budget::DeviceBudget;
 
+mod check;
+pub use check::{PageProblem, check_header};
+
 pub const MAGIC: [u8; 8] = *b"vramcap\0";
 pub const VERSION: u32 = 1;
 /// Device slots per page; device indices past this are not tracked.
@@ -326,75 +329,6 @@ impl Header {
     }
 }
 
-/// Why a file in the stats directory is not a page this reader can show.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PageProblem {
-    Truncated { len: u64 },
-    ForeignMagic,
-    OtherVersion { version: u32 },
-    BadSizes,
-    OtherUser { uid: u32 },
-    Initialising,
-}
-
-impl std::fmt::Display for PageProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PageProblem::Truncated { len } => {
-                write!(
-                    f,
-                    "truncated ({len} bytes, a version-{VERSION} page has {PAGE_SIZE})"
-                )
-            }
-            PageProblem::ForeignMagic => write!(f, "not a vramcap page (wrong magic)"),
-            PageProblem::OtherVersion { version } => write!(
-                f,
-                "page layout version {version}, this vramcap reads version {VERSION} (use the vramcap that matches the library)"
-            ),
-            PageProblem::BadSizes => write!(
-                f,
-                "corrupt page (sizes in the header do not match the layout)"
-            ),
-            PageProblem::OtherUser { uid } => write!(f, "written by another user (uid {uid})"),
-            PageProblem::Initialising => write!(f, "still being created"),
-        }
-    }
-}
-
-/// Checks the fixed part of a page's header. `len` is the file's length;
-/// `head` its first [`HEADER_SIZE`] bytes (or fewer when the file is shorter).
-pub fn check_header(len: u64, head: &[u8], expected_uid: Option<u32>) -> Result<(), PageProblem> {
-    if head.len() < 16 || head[..8] != MAGIC {
-        if head.len() >= 8 && head[..8] != MAGIC {
-            return Err(PageProblem::ForeignMagic);
-        }
-        return Err(PageProblem::Truncated { len });
-    }
-    let word = |at: usize| u32::from_ne_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
-    let version = word(offset_of!(Header, version));
-    if version != VERSION {
-        return Err(PageProblem::OtherVersion { version });
-    }
-    if len < PAGE_SIZE as u64 || head.len() < HEADER_SIZE {
-        return Err(PageProblem::Truncated { len });
-    }
-    if word(offset_of!(Header, header_size)) as usize != HEADER_SIZE
-        || word(offset_of!(Header, page_size)) as usize != PAGE_SIZE
-        || word(offset_of!(Header, slot_size)) as usize != SLOT_SIZE
-        || word(offset_of!(Header, slot_count)) as usize != SLOTS
-    {
-        return Err(PageProblem::BadSizes);
-    }
-    let uid = word(offset_of!(Header, uid));
-    if expected_uid.is_some_and(|e| e != uid) {
-        return Err(PageProblem::OtherUser { uid });
-    }
-    if word(offset_of!(Header, state)) != STATE_READY {
-        return Err(PageProblem::Initialising);
-    }
-    Ok(())
-}
-
 /// The canonical `GPU-…` text of a UUID, or `None` for all zeroes.
 pub fn uuid_text(bytes: &[u8; 16]) -> Option<String> {
     if bytes.iter().all(|&b| b == 0) {
@@ -531,67 +465,6 @@ mod tests {
         }
         // The budget's three words, in this order.
         assert_eq!(size_of::<DeviceBudget>(), 24);
-    }
-
-    fn page_bytes() -> Vec<u8> {
-        let mut h: Header = unsafe_zeroed_header();
-        h.fill(42, 1000, 7, 9, "python train.py", "");
-        h.state = AtomicU32::new(STATE_READY);
-        // SAFETY: Header is repr(C) plain data; viewing it as bytes is sound.
-        let bytes =
-            unsafe { std::slice::from_raw_parts((&h as *const Header).cast::<u8>(), HEADER_SIZE) };
-        bytes.to_vec()
-    }
-
-    fn unsafe_zeroed_header() -> Header {
-        // SAFETY: every field of Header is an integer, array of integers or
-        // atomic integer, for which all-zero bytes are valid.
-        unsafe { std::mem::zeroed() }
-    }
-
-    #[test]
-    fn header_checks() {
-        let head = page_bytes();
-        let len = PAGE_SIZE as u64;
-        assert_eq!(check_header(len, &head, Some(1000)), Ok(()));
-        assert_eq!(check_header(len, &head, None), Ok(()), "any user's page");
-        assert_eq!(
-            check_header(len, &head, Some(1001)),
-            Err(PageProblem::OtherUser { uid: 1000 })
-        );
-        assert_eq!(
-            check_header(100, &head[..100], Some(1000)),
-            Err(PageProblem::Truncated { len: 100 })
-        );
-        assert_eq!(
-            check_header(4, &head[..4], Some(1000)),
-            Err(PageProblem::Truncated { len: 4 })
-        );
-        let mut bad = head.clone();
-        bad[0] = b'X';
-        assert_eq!(
-            check_header(len, &bad, Some(1000)),
-            Err(PageProblem::ForeignMagic)
-        );
-        let mut bad = head.clone();
-        bad[8] = 2;
-        assert_eq!(
-            check_header(len, &bad, Some(1000)),
-            Err(PageProblem::OtherVersion { version: 2 })
-        );
-        let mut bad = head.clone();
-        bad[16] = 0;
-        bad[17] = 0;
-        assert_eq!(
-            check_header(len, &bad, Some(1000)),
-            Err(PageProblem::BadSizes)
-        );
-        let mut bad = head.clone();
-        bad[36] = 0;
-        assert_eq!(
-            check_header(len, &bad, Some(1000)),
-            Err(PageProblem::Initialising)
-        );
     }
 
     #[test]
