@@ -10,6 +10,7 @@ import os
 import pytest
 
 from harness import GiB, mib
+from test_wheel import wheel_venv
 
 pytestmark = pytest.mark.python
 
@@ -18,21 +19,9 @@ BARE = dict(LD_PRELOAD=None, VRAMCAP_LIBRARY=None, VRAMCAP_LIMIT=None, VRAMCAP_G
 
 @pytest.fixture(scope="session")
 def pyenv(gpu, runner, work):
-    whls = sorted(glob.glob(os.path.join(gpu.art, "vramcap-*.whl")))
-    if not whls:
-        pytest.fail("no vramcap-*.whl in %s" % gpu.art, pytrace=False)
-    v = os.path.join(work, "pyvenv")
-    r1 = runner.run("py-venv", [gpu.python, "-m", "venv", "--system-site-packages", v], timeout=120)
-    sp = runner.run("py-site", [gpu.python, "-c", "import sys; print('\\n'.join(p for p in sys.path if "
-                                "p.endswith(('site-packages', 'dist-packages'))))"], timeout=60)
+    v, whl, r1, r2 = wheel_venv(gpu, runner, work, "pyvenv")
     site = (glob.glob(os.path.join(v, "lib", "python3*", "site-packages")) or [None])[0]
-    if site:
-        with open(os.path.join(site, "outer-packages.pth"), "w") as f:
-            f.write(sp.stdout)
-    r2 = runner.run("py-pip", [os.path.join(v, "bin", "pip"), "install", "--no-index", "--no-deps",
-                               "--no-cache-dir", whls[0]], env=runner.env(PIP_DISABLE_PIP_VERSION_CHECK=1),
-                    timeout=120)
-    return dict(dir=v, site=site, whl=whls[0], py=os.path.join(v, "bin", "python"), made=(r1, r2))
+    return dict(dir=v, site=site, whl=whl, py=os.path.join(v, "bin", "python"), made=(r1, r2))
 
 
 def bare(runner, **vars):

@@ -14,23 +14,31 @@ from harness import GiB, mib
 pytestmark = pytest.mark.wheel
 
 
-@pytest.fixture(scope="session")
-def venv(gpu, runner, work):
+def wheel_venv(gpu, runner, work, name):
+    """A fresh venv WORK/NAME with DIR's vramcap-*.whl installed offline:
+    (venv, wheel, the venv's run, pip's run). It sees --python's own
+    packages (torch) through a .pth file, also when --python is itself a
+    virtual environment, whose packages --system-site-packages does not
+    reach. No wheel fails the test that asked."""
     whls = sorted(glob.glob(os.path.join(gpu.art, "vramcap-*.whl")))
     if not whls:
         pytest.fail("no vramcap-*.whl in %s" % gpu.art, pytrace=False)
-    v = os.path.join(work, "venv")
-    r1 = runner.run("venv", [gpu.python, "-m", "venv", "--system-site-packages", v], timeout=120)
-    # --python's own packages (torch), also when it is itself a virtual
-    # environment, whose packages --system-site-packages does not reach.
-    sp = runner.run("site", [gpu.python, "-c", "import sys; print('\\n'.join(p for p in sys.path if "
-                             "p.endswith(('site-packages', 'dist-packages'))))"], timeout=60)
+    v = os.path.join(work, name)
+    r1 = runner.run(name, [gpu.python, "-m", "venv", "--system-site-packages", v], timeout=120)
+    sp = runner.run(name + "-site", [gpu.python, "-c", "import sys; print('\\n'.join(p for p in sys.path if "
+                                     "p.endswith(('site-packages', 'dist-packages'))))"], timeout=60)
     for d in glob.glob(os.path.join(v, "lib", "python3*", "site-packages")):
         with open(os.path.join(d, "outer-packages.pth"), "w") as f:
             f.write(sp.stdout)
-    r2 = runner.run("pip", [os.path.join(v, "bin", "pip"), "install", "--no-index", "--no-deps", "--no-cache-dir",
-                            whls[0]], env=runner.env(PIP_DISABLE_PIP_VERSION_CHECK=1), timeout=120)
+    r2 = runner.run(name + "-pip", [os.path.join(v, "bin", "pip"), "install", "--no-index", "--no-deps",
+                                    "--no-cache-dir", whls[0]], env=runner.env(PIP_DISABLE_PIP_VERSION_CHECK=1),
+                    timeout=120)
     return v, whls[0], r1, r2
+
+
+@pytest.fixture(scope="session")
+def venv(gpu, runner, work):
+    return wheel_venv(gpu, runner, work, "venv")
 
 
 def test_install(venv, check):
