@@ -137,16 +137,22 @@ fn vramcap_limit_lowers_and_raises_a_running_process() {
 /// number 0, and `vramcap limit` waits for the process to take it (it used
 /// to take the acknowledgement of the one before, u64::MAX, for its own and
 /// report "1.00 GiB -> 1.00 GiB", a change the process never took).
+/// A client under a 1 GiB cap (cache off) holding 256 MiB at its first
+/// `wait`, with a second `wait` after an `info`.
+fn holding_256m(dir: &std::path::Path) -> crate::util::Held {
+    held_in(
+        &artefacts().client,
+        dir,
+        &[ONE_GIB, NO_CACHE],
+        &["init", "alloc", "256M", "wait", "info", "wait"],
+    )
+}
+
 #[test]
 fn vramcap_limit_waits_for_its_own_answer_across_the_counters_wrap() {
     use std::os::unix::fs::FileExt;
     let dir = crate::util::scratch_dir();
-    let mut h = held_in(
-        &artefacts().client,
-        &dir,
-        &[ONE_GIB, NO_CACHE],
-        &["init", "alloc", "256M", "wait", "info", "wait"],
-    );
+    let mut h = holding_256m(&dir);
     let pid = h.pid();
     let p = pid.to_string();
     let page = std::fs::OpenOptions::new()
@@ -558,12 +564,7 @@ fn all_users_is_refused_to_anyone_but_root() {
 fn another_users_process_takes_a_change_only_from_root_with_all_users() {
     needs_root();
     let dir = scratch_dir();
-    let mut h = held_in(
-        &artefacts().client,
-        &dir,
-        &[ONE_GIB, NO_CACHE],
-        &["init", "alloc", "256M", "wait", "info", "wait"],
-    );
+    let mut h = holding_256m(&dir);
     let pid = h.pid();
     let p = pid.to_string();
     let page = dir.join(format!("{pid}.page"));

@@ -81,13 +81,12 @@ extern "C" fn dlopen_mode(file: *const c_char, mode: c_int) -> c_int {
 /// another link namespace under a cap, refused. Called by the trampoline.
 extern "C" fn dlmopen_mode(lmid: c_long, file: *const c_char, mode: c_int) -> c_int {
     resolve(&REAL_DLMOPEN, c"dlmopen");
-    resolve(&REAL_DLOPEN, c"dlopen");
-    let guarded = std::panic::catch_unwind(guarding).unwrap_or(true);
-    if !guarded {
-        return mode;
-    }
     if lmid == libc::LM_ID_BASE {
         return dlopen_mode(file, mode);
+    }
+    resolve(&REAL_DLOPEN, c"dlopen");
+    if !std::panic::catch_unwind(guarding).unwrap_or(true) {
+        return mode;
     }
     let name: &CStr = if file.is_null() {
         c"(null)"

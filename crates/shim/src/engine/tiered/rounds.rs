@@ -388,7 +388,7 @@ impl<D: Driver> Engine<D> {
                 // moves wait for it to end and then follow it.
                 log_at!(
                     Info,
-                    "tiered spill: the GPU's queue took longer than {wait:?} to drain; the next move waits for as long as it takes"
+                    "tiered spill: the GPU's queue took longer than {wait:?} to drain; moves do not pause, and the next one waits twice as long as this drain took"
                 );
                 false
             }
