@@ -24,7 +24,7 @@ use vramcap_core::settings::Counting;
 use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::{Driver, Flavour};
-use crate::engine::handlers::allocate::{Made, Request};
+use crate::engine::handlers::alloc::{Made, Request};
 use crate::ffi::*;
 use crate::log::log_at;
 
