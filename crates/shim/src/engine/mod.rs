@@ -131,7 +131,7 @@ use self::accounting::base::Base;
 use self::accounting::inflight::InFlight;
 use self::accounting::records::{Object, Record, Registry, registry};
 use self::cache::Cache;
-use self::spill::Spill;
+use self::spill::HostSpill;
 use self::tiered::{Handles, Tiers};
 use crate::ffi::CUdevice;
 use crate::log::log_at;
@@ -143,7 +143,7 @@ use vramcap_core::settings::Settings;
 pub struct Engine<D: Driver> {
     base: Base<D>,
     cache: Cache,
-    spill: Spill,
+    spill: HostSpill,
     tiers: Tiers,
     /// The program's `cuMemCreate` handles under tiered spill.
     handles: Handles,
@@ -172,7 +172,7 @@ impl<D: Driver> Engine<D> {
         Engine {
             base: Base::new(driver, settings),
             cache: Cache::new(),
-            spill: Spill::new(),
+            spill: HostSpill::new(),
             tiers: Tiers::new(settings.spill == vramcap_core::settings::Spill::Tiered),
             handles: Handles::default(),
             table: registry(),

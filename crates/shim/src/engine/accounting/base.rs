@@ -12,7 +12,7 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::settings::Settings;
 
 use crate::engine::accounting::group::Membership;
-use crate::engine::accounting::ledger::Held;
+use crate::engine::accounting::ledger::HeldBook;
 use crate::engine::accounting::page::PageHandle;
 use crate::engine::driver::{Driver, Flavour};
 use crate::engine::worker::Worker;
@@ -35,7 +35,7 @@ pub struct Base<D: Driver> {
     /// group): the process's own cap is in its page, the group's here.
     pub(super) group_caps: [AtomicU64; MAX_DEVICES],
     /// Pools, graph memory and the context (`held.rs`).
-    pub(super) held: Held,
+    pub(super) held: HeldBook,
     /// The operator's cap of each device ([`NO_CAP`] for none), kept here
     /// and not only in the page, which the user can write: every
     /// reservation is held to it (`accounting.rs`).
@@ -61,7 +61,7 @@ impl<D: Driver> Base<D> {
             worker: Worker::new(),
             keys: AtomicU8::new(0),
             group_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
-            held: Held::new(),
+            held: HeldBook::new(),
             operator_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
             nonblocking_streams: AtomicBool::new(false),
         }
@@ -93,7 +93,7 @@ impl<D: Driver> Base<D> {
     }
 
     /// The book of pools, graph memory and the context (`held.rs`).
-    pub fn held(&self) -> &Held {
+    pub fn held(&self) -> &HeldBook {
         &self.held
     }
 

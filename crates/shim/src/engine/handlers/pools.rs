@@ -22,7 +22,7 @@ use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Counting;
 
 use crate::engine::Engine;
-use crate::engine::accounting::records::{Kind, Record};
+use crate::engine::accounting::records::{Kind, Place, Record};
 use crate::engine::driver::{Driver, Flavour};
 use crate::engine::handlers::alloc::{Made, Request};
 use crate::ffi::*;
@@ -202,7 +202,7 @@ impl<D: Driver> Engine<D> {
             // Never moved again; settled by where it is when it goes.
             let b = self.tiers.detach(dptr);
             r.kind = Kind::TieredFreed {
-                on_device: b.as_ref().is_none_or(|b| b.on_device()),
+                place: b.as_ref().map_or(Place::Device, |b| b.place()),
                 handle: b.as_ref().map_or(0, |b| b.handle()),
             };
             b

@@ -56,7 +56,7 @@ impl Tiers {
         device: u16,
         ctx: usize,
         handle: u64,
-        on_device: bool,
+        place: Place,
     ) -> TierBlock {
         TierBlock::new(
             ptr,
@@ -64,7 +64,7 @@ impl Tiers {
             device,
             ctx,
             handle,
-            Place::of(on_device),
+            place,
             self.round.load(Ordering::Relaxed),
         )
     }
@@ -281,7 +281,7 @@ impl Tiers {
         let g = match slot.load(Ordering::Relaxed) {
             0 => {
                 let g = driver
-                    .vmm_granularity(location(false, device))
+                    .vmm_granularity(location(Place::Device, device))
                     .ok()
                     .filter(|g| g.is_power_of_two())
                     .unwrap_or(u64::MAX);
