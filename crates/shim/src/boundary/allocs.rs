@@ -1,8 +1,9 @@
-//! The allocation family's handlers at the edge: the caller's out-pointers
-//! (the address, and a pitched allocation's pitch) are read after the real
-//! call and written with the engine's answer here, so the engine's
-//! allocation path takes and returns Rust values ([`Made`]). A null
-//! out-pointer goes to the driver unchanged, as it always has.
+//! The allocating handlers at the edge: the caller's out-pointers (the
+//! address, a pitched allocation's pitch, an array's or a pool's handle)
+//! are read after the real call and written with the engine's answer here,
+//! and the caller's descriptors read, so the engine takes and returns Rust
+//! values ([`Made`], a handle, a descriptor by reference). A null pointer
+//! goes to the driver unchanged, as it always has.
 
 use std::ffi::{c_uint, c_void};
 
@@ -182,4 +183,91 @@ pub unsafe fn mem_alloc_from_pool_async(
     );
     // SAFETY: as above.
     unsafe { answer(made, dptr, none) }
+}
+
+/// The real call, answering what the driver wrote through `out` when it
+/// succeeded.
+///
+/// # Safety
+/// `out` is non-null and writable; `real` writes through it when it
+/// succeeds.
+unsafe fn written<T: Copy>(
+    mut real: impl FnMut() -> CUresult,
+    out: *mut T,
+) -> impl FnMut() -> Result<T, CUresult> {
+    move || match real() {
+        // SAFETY: the driver succeeded, so it wrote through `out` (the
+        // caller's contract).
+        CUDA_SUCCESS => Ok(unsafe { *out }),
+        rc => Err(rc),
+    }
+}
+
+/// `cuArrayCreate_v2`.
+///
+/// # Safety
+/// The driver function's contract.
+pub unsafe fn array_create(
+    engine: E,
+    mut real: impl FnMut() -> CUresult,
+    handle: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
+    if handle.is_null() || desc.is_null() {
+        return real();
+    }
+    // SAFETY: both are non-null; the driver function's contract.
+    unsafe { engine.array_create(written(real, handle), &*desc) }
+}
+
+/// `cuArray3DCreate_v2`.
+///
+/// # Safety
+/// The driver function's contract.
+pub unsafe fn array_3d_create(
+    engine: E,
+    mut real: impl FnMut() -> CUresult,
+    handle: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
+    if handle.is_null() || desc.is_null() {
+        return real();
+    }
+    // SAFETY: both are non-null; the driver function's contract.
+    unsafe { engine.array_3d_create(written(real, handle), &*desc) }
+}
+
+/// `cuMipmappedArrayCreate`.
+///
+/// # Safety
+/// The driver function's contract.
+pub unsafe fn mipmapped_array_create(
+    engine: E,
+    mut real: impl FnMut() -> CUresult,
+    handle: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    _levels: c_uint,
+) -> CUresult {
+    if handle.is_null() || desc.is_null() {
+        return real();
+    }
+    // SAFETY: both are non-null; the driver function's contract.
+    unsafe { engine.mipmapped_array_create(written(real, handle), &*desc) }
+}
+
+/// `cuMemPoolCreate`.
+///
+/// # Safety
+/// The driver function's contract.
+pub unsafe fn mem_pool_create(
+    engine: E,
+    mut real: impl FnMut() -> CUresult,
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> CUresult {
+    if pool.is_null() || props.is_null() {
+        return real();
+    }
+    // SAFETY: both are non-null; the driver function's contract.
+    unsafe { engine.mem_pool_create(written(real, pool), &*props) }
 }

@@ -60,7 +60,7 @@ hooks! {
         fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM => allocs::mem_alloc_from_pool_async[PTSZ];
         fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).legacy_stream(), on panic NOT_FOUND => Engine::mem_free_async[LEGACY];
         fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).per_thread_stream(), on panic NOT_FOUND => Engine::mem_free_async[PTSZ];
-        fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult, Lookup::cuda("cuMemPoolCreate", 11020), on panic NOT_FOUND => Engine::mem_pool_create;
+        fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult, Lookup::cuda("cuMemPoolCreate", 11020), on panic NOT_FOUND => allocs::mem_pool_create;
         fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult, Lookup::cuda("cuMemPoolDestroy", 11020), on panic NOT_FOUND => Engine::mem_pool_destroy;
         fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult, Lookup::cuda("cuMemPoolTrimTo", 11020), on panic NOT_FOUND => Engine::mem_pool_trim_to;
         fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult, Lookup::cuda("cuMemPoolSetAttribute", 11020), on panic NOT_FOUND => Engine::mem_pool_set_attribute;
@@ -196,9 +196,9 @@ hooks! {
         fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND, tiered => Engine::mem_get_allocation_properties_from_handle;
         fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemGetHandleForAddressRange", 11070), on panic NOT_FOUND, tiered => Engine::mem_get_handle_for_address_range;
 
-        fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => Engine::array_create;
-        fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => Engine::array_3d_create;
-        fn cuMipmappedArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult, Lookup::cuda("cuMipmappedArrayCreate", 5000), on panic OOM => Engine::mipmapped_array_create;
+        fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => allocs::array_create;
+        fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => allocs::array_3d_create;
+        fn cuMipmappedArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult, Lookup::cuda("cuMipmappedArrayCreate", 5000), on panic OOM => allocs::mipmapped_array_create;
         fn cuArrayDestroy(array: CUarray) -> CUresult, Lookup::cuda("cuArrayDestroy", 2000), on panic NOT_FOUND => Engine::array_destroy;
         fn cuMipmappedArrayDestroy(array: CUarray) -> CUresult, Lookup::cuda("cuMipmappedArrayDestroy", 5000), on panic NOT_FOUND => Engine::array_destroy;
     }

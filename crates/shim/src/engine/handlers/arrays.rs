@@ -43,36 +43,40 @@ pub fn array_estimate(
 
 impl<D: Driver> Engine<D> {
     /// Shared by the array handlers: reserve `estimate`, create, settle to
-    /// the driver's reported size, record.
-    ///
-    /// # Safety
-    /// `handle` is null or writable.
-    unsafe fn capped_array(
+    /// the driver's reported size, record. `real` makes the real call and
+    /// answers the handle it made (the boundary reads the caller's pointer,
+    /// `boundary/allocs.rs`).
+    fn capped_array(
         &'static self,
         what: &'static str,
         mipmapped: bool,
-        handle: *mut CUarray,
         estimate: u64,
-        mut real: impl FnMut() -> CUresult,
+        mut real: impl FnMut() -> Result<CUarray, CUresult>,
     ) -> CUresult {
-        if handle.is_null() || estimate == 0 {
-            return real();
+        let passed = |r: Result<CUarray, CUresult>| r.err().unwrap_or(CUDA_SUCCESS);
+        if estimate == 0 {
+            return passed(real());
         }
         let Some((ctx, device)) = self.base.current() else {
-            return real();
+            return passed(real());
         };
         let _inflight = self.inflight.enter();
         let (slot, limit) = match self.reserve(what, device, estimate) {
             Ok(x) => x,
             Err(rc) => return rc,
         };
-        let rc = self.call_with_retry(device, real);
+        let mut h = 0;
+        let rc = self.call_with_retry(device, || match real() {
+            Ok(a) => {
+                h = a as usize;
+                CUDA_SUCCESS
+            }
+            Err(rc) => rc,
+        });
         if rc != CUDA_SUCCESS {
             self.base.release_on(slot, device, estimate);
             return rc;
         }
-        // SAFETY: written by the driver on success.
-        let h = unsafe { *handle } as usize;
         let bytes = self
             .base
             .driver()
@@ -99,67 +103,36 @@ impl<D: Driver> Engine<D> {
         rc
     }
 
-    /// `cuArrayCreate_v2`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn array_create(
+    /// `cuArrayCreate_v2` of the descriptor `d`.
+    pub fn array_create(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
-        handle: *mut CUarray,
-        desc: *const CUDA_ARRAY_DESCRIPTOR,
+        real: impl FnMut() -> Result<CUarray, CUresult>,
+        d: &CUDA_ARRAY_DESCRIPTOR,
     ) -> CUresult {
-        if desc.is_null() {
-            return real();
-        }
-        // SAFETY: a valid descriptor from the caller.
-        let d = unsafe { &*desc };
         let estimate = array_estimate(d.width, d.height, 1, d.format, d.channels);
-        // SAFETY: the driver function's contract.
-        unsafe { self.capped_array("cuArrayCreate", false, handle, estimate, real) }
+        self.capped_array("cuArrayCreate", false, estimate, real)
     }
 
-    /// `cuArray3DCreate_v2`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn array_3d_create(
+    /// `cuArray3DCreate_v2` of the descriptor `d`.
+    pub fn array_3d_create(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
-        handle: *mut CUarray,
-        desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+        real: impl FnMut() -> Result<CUarray, CUresult>,
+        d: &CUDA_ARRAY3D_DESCRIPTOR,
     ) -> CUresult {
-        if desc.is_null() {
-            return real();
-        }
-        // SAFETY: a valid descriptor from the caller.
-        let d = unsafe { &*desc };
         let estimate = array_estimate(d.width, d.height, d.depth, d.format, d.channels);
-        // SAFETY: the driver function's contract.
-        unsafe { self.capped_array("cuArray3DCreate", false, handle, estimate, real) }
+        self.capped_array("cuArray3DCreate", false, estimate, real)
     }
 
-    /// `cuMipmappedArrayCreate`: all levels together are less than twice
-    /// the first one.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mipmapped_array_create(
+    /// `cuMipmappedArrayCreate` of the descriptor `d`: all levels together
+    /// are less than twice the first one.
+    pub fn mipmapped_array_create(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
-        handle: *mut CUarray,
-        desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-        _levels: c_uint,
+        real: impl FnMut() -> Result<CUarray, CUresult>,
+        d: &CUDA_ARRAY3D_DESCRIPTOR,
     ) -> CUresult {
-        if desc.is_null() {
-            return real();
-        }
-        // SAFETY: a valid descriptor from the caller.
-        let d = unsafe { &*desc };
         let estimate =
             array_estimate(d.width, d.height, d.depth, d.format, d.channels).saturating_mul(2);
-        // SAFETY: the driver function's contract.
-        unsafe { self.capped_array("cuMipmappedArrayCreate", true, handle, estimate, real) }
+        self.capped_array("cuMipmappedArrayCreate", true, estimate, real)
     }
 
     /// `cuArrayDestroy` and `cuMipmappedArrayDestroy`: the record is taken

@@ -240,36 +240,30 @@ impl<D: Driver> Engine<D> {
 }
 
 impl<D: Driver> Engine<D> {
-    /// `cuMemPoolCreate`: the pool's device is noted, so its allocations
-    /// are charged there whichever stream makes them.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_pool_create(
+    /// `cuMemPoolCreate` with the properties `props`: the pool's device is
+    /// noted, so its allocations are charged there whichever stream makes
+    /// them. `real` makes the real call and answers the pool it made (the
+    /// boundary reads the caller's pointer, `boundary/allocs.rs`).
+    pub fn mem_pool_create(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
-        pool: *mut CUmemoryPool,
-        props: *const CUmemPoolProps,
+        mut real: impl FnMut() -> Result<CUmemoryPool, CUresult>,
+        props: &CUmemPoolProps,
     ) -> CUresult {
-        let rc = real();
-        if rc != CUDA_SUCCESS {
-            return rc;
-        }
-        // SAFETY: on success both were valid for the driver (null checked).
-        let (p, props) = unsafe { (pool.as_ref(), props.as_ref()) };
+        let p = match real() {
+            Ok(p) => p as usize,
+            Err(rc) => return rc,
+        };
         if self.base.settings().counting != Counting::Held {
-            return rc;
+            return CUDA_SUCCESS;
         }
-        if let (Some(p), Some(props)) = (p, props) {
-            match u16::try_from(props.location.id) {
-                Ok(dev) if props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE => {
-                    self.base.held().created(*p as usize, dev, false)
-                }
-                // Host (and host NUMA) pools hold no GPU memory.
-                _ => self.base.held().created(*p as usize, 0, true),
+        match u16::try_from(props.location.id) {
+            Ok(dev) if props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE => {
+                self.base.held().created(p, dev, false)
             }
+            // Host (and host NUMA) pools hold no GPU memory.
+            _ => self.base.held().created(p, 0, true),
         }
-        rc
+        CUDA_SUCCESS
     }
 
     /// `cuMemPoolDestroy`: a pool with live allocations stays charged
