@@ -8,7 +8,7 @@
 use std::ffi::{c_uint, c_void};
 
 use super::RealDriver;
-use crate::engine::{Engine, Flavour, Made};
+use crate::engine::{ArrayDesc, Engine, Flavour, Made};
 use crate::ffi::*;
 
 type E = &'static Engine<RealDriver>;
@@ -203,71 +203,47 @@ unsafe fn written<T: Copy>(
     }
 }
 
-/// `cuArrayCreate_v2`.
-///
-/// # Safety
-/// The driver function's contract.
-pub unsafe fn array_create(
-    engine: E,
-    mut real: impl FnMut() -> CUresult,
-    handle: *mut CUarray,
-    desc: *const CUDA_ARRAY_DESCRIPTOR,
-) -> CUresult {
-    if handle.is_null() || desc.is_null() {
-        return real();
-    }
-    // SAFETY: both are non-null; the driver function's contract.
-    unsafe { engine.array_create(written(real, handle), &*desc) }
+/// The handlers of calls that make one handle through an out-pointer from
+/// a descriptor: a null pointer goes to the driver unchanged; otherwise the
+/// engine's handler gets the descriptor (wrapped, when a wrapper is named)
+/// and a real call that answers the handle.
+macro_rules! makers {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($out:ident: *mut $t:ty, $input:ident: *const $i:ty $(, $extra:ident: $et:ty)*)
+            => $handler:ident($($wrap:path)?);
+    )*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The driver function's contract.
+        pub unsafe fn $name(
+            engine: E,
+            mut real: impl FnMut() -> CUresult,
+            $out: *mut $t,
+            $input: *const $i,
+            $($extra: $et,)*
+        ) -> CUresult {
+            if $out.is_null() || $input.is_null() {
+                return real();
+            }
+            // SAFETY: both are non-null; the driver function's contract.
+            unsafe { engine.$handler(written(real, $out), $($wrap)?(&*$input)) }
+        }
+    )*};
 }
 
-/// `cuArray3DCreate_v2`.
-///
-/// # Safety
-/// The driver function's contract.
-pub unsafe fn array_3d_create(
-    engine: E,
-    mut real: impl FnMut() -> CUresult,
-    handle: *mut CUarray,
-    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-) -> CUresult {
-    if handle.is_null() || desc.is_null() {
-        return real();
-    }
-    // SAFETY: both are non-null; the driver function's contract.
-    unsafe { engine.array_3d_create(written(real, handle), &*desc) }
-}
-
-/// `cuMipmappedArrayCreate`.
-///
-/// # Safety
-/// The driver function's contract.
-pub unsafe fn mipmapped_array_create(
-    engine: E,
-    mut real: impl FnMut() -> CUresult,
-    handle: *mut CUarray,
-    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-    _levels: c_uint,
-) -> CUresult {
-    if handle.is_null() || desc.is_null() {
-        return real();
-    }
-    // SAFETY: both are non-null; the driver function's contract.
-    unsafe { engine.mipmapped_array_create(written(real, handle), &*desc) }
-}
-
-/// `cuMemPoolCreate`.
-///
-/// # Safety
-/// The driver function's contract.
-pub unsafe fn mem_pool_create(
-    engine: E,
-    mut real: impl FnMut() -> CUresult,
-    pool: *mut CUmemoryPool,
-    props: *const CUmemPoolProps,
-) -> CUresult {
-    if pool.is_null() || props.is_null() {
-        return real();
-    }
-    // SAFETY: both are non-null; the driver function's contract.
-    unsafe { engine.mem_pool_create(written(real, pool), &*props) }
+makers! {
+    /// `cuArrayCreate_v2`.
+    fn array_create(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR)
+        => array_create(ArrayDesc::Flat);
+    /// `cuArray3DCreate_v2`.
+    fn array_3d_create(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR)
+        => array_create(ArrayDesc::Layered);
+    /// `cuMipmappedArrayCreate` (of any number of levels).
+    fn mipmapped_array_create(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, _levels: c_uint)
+        => array_create(ArrayDesc::Mipmapped);
+    /// `cuMemPoolCreate`.
+    fn mem_pool_create(pool: *mut CUmemoryPool, props: *const CUmemPoolProps)
+        => mem_pool_create();
 }

@@ -2,8 +2,10 @@
 //! exported name with its C signature, how `cuGetProcAddress` reaches it
 //! (base name, `cudaVersion` range, stream flavour), what a panic in the
 //! engine answers, its flags (`tiered`: handed out only under tiered
-//! spill; `gate`: the handler is called with the engine and the real call
-//! only), and the engine handler (with any extra arguments in brackets),
+//! spill; `gate`: a hook that passes tiered spill's gate, whose handler is
+//! called with the engine, the bracketed arguments and the real call, not
+//! the caller's arguments), and the engine handler (with any extra
+//! arguments in brackets, which may name the caller's),
 //! one line each. `hooks!` (in `macros.rs`) makes the export,
 //! the typed real function and the row of [`HOOKS`] from it.
 //!
@@ -84,12 +86,12 @@ hooks! {
         // Flagged `tiered`, handed out only under VRAMCAP_SPILL=tiered:
         // launches count uses, and launches, copies and memsets pass a gate
         // that moves close (engine/tiered/).
-        fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 4000).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel;
-        fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel;
-        fn cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 11060).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel_ex;
-        fn cuLaunchKernelEx_ptsz(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel_ex;
-        fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 9000).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_cooperative;
-        fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_cooperative;
+        fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, extra];
+        fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, extra];
+        fn cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 11060).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, extra];
+        fn cuLaunchKernelEx_ptsz(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, extra];
+        fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 9000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, std::ptr::null_mut()];
+        fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, std::ptr::null_mut()];
         fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
         fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
         fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyHtoDAsync", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;

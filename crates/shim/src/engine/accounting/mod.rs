@@ -65,6 +65,15 @@ pub fn capped_info(total: u64, free: u64, limit: u64, held: u64, cached: u64) ->
     (t, f.min(t))
 }
 
+/// The cap of `device` in a per-device list of caps ([`NO_CAP`] for a
+/// device beyond it).
+fn cap_of(caps: &[std::sync::atomic::AtomicU64], device: CUdevice) -> u64 {
+    usize::try_from(device)
+        .ok()
+        .and_then(|d| caps.get(d))
+        .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
+}
+
 impl<D: Driver> Base<D> {
     /// The calling thread's current context and its device.
     pub fn current(&self) -> Option<(usize, CUdevice)> {
@@ -75,10 +84,7 @@ impl<D: Driver> Base<D> {
 
     /// The operator's cap of `device` ([`NO_CAP`] for none).
     pub fn operator_cap(&self, device: CUdevice) -> u64 {
-        usize::try_from(device)
-            .ok()
-            .and_then(|d| self.operator_caps.get(d))
-            .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
+        cap_of(&self.operator_caps, device)
     }
 
     /// Records the operator's cap of `device`: here, and in the page for
@@ -121,10 +127,7 @@ impl<D: Driver> Base<D> {
     /// The group's cap of `device` ([`NO_CAP`] outside a group or before
     /// the device is attached).
     pub fn group_cap(&self, device: CUdevice) -> u64 {
-        usize::try_from(device)
-            .ok()
-            .and_then(|d| self.group_caps.get(d))
-            .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
+        cap_of(&self.group_caps, device)
     }
 
     /// Reserves `bytes` on `device`: in the process's own budget against

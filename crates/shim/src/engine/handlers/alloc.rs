@@ -58,6 +58,14 @@ pub enum Request {
     Async,
 }
 
+/// A driver call's answer as a `Result`.
+pub(in crate::engine) fn checked(rc: CUresult) -> Result<(), CUresult> {
+    match rc {
+        CUDA_SUCCESS => Ok(()),
+        rc => Err(rc),
+    }
+}
+
 /// The pitch the driver picks is not known before the call: reserve for a
 /// row rounded up to 512 bytes (what current drivers use), then settle to
 /// the real `pitch × height`.
@@ -255,18 +263,19 @@ impl<D: Driver> Engine<D> {
 
     /// Runs a driver allocation, once more after releasing the device's
     /// cache when the driver itself is out of memory with blocks parked there.
-    pub(in crate::engine) fn call_with_retry(
+    pub(in crate::engine) fn call_with_retry<T>(
         &self,
         device: CUdevice,
-        mut alloc: impl FnMut() -> CUresult,
-    ) -> CUresult {
-        let rc = alloc();
-        if rc == CUDA_ERROR_OUT_OF_MEMORY
-            && self.cache.evict(&self.base, device as u16, u64::MAX) > 0
-        {
-            return alloc();
+        mut alloc: impl FnMut() -> Result<T, CUresult>,
+    ) -> Result<T, CUresult> {
+        match alloc() {
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+                if self.cache.evict(&self.base, device as u16, u64::MAX) > 0 =>
+            {
+                alloc()
+            }
+            r => r,
         }
-        rc
     }
 
     /// The allocation path shared by the handlers that return a device
@@ -359,18 +368,13 @@ impl<D: Driver> Engine<D> {
                 return self.spill_or_refuse(what, estimate, request, ctx, device, why);
             }
         };
-        let mut made = Made::default();
-        let rc = self.call_with_retry(device, || match alloc() {
-            Ok(m) => {
-                made = m;
-                CUDA_SUCCESS
+        let made = match self.call_with_retry(device, alloc) {
+            Ok(m) => m,
+            Err(rc) => {
+                self.base.release_on(slot, device, estimate);
+                return Err(rc);
             }
-            Err(rc) => rc,
-        });
-        if rc != CUDA_SUCCESS {
-            self.base.release_on(slot, device, estimate);
-            return Err(rc);
-        }
+        };
         let ptr = made.ptr;
         let bytes = actual(made);
         if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {

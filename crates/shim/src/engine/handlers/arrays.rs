@@ -41,18 +41,46 @@ pub fn array_estimate(
         .saturating_mul(depth.max(1) as u64)
 }
 
+/// An array creation's descriptor.
+#[derive(Clone, Copy)]
+pub enum ArrayDesc<'a> {
+    /// `cuArrayCreate_v2`.
+    Flat(&'a CUDA_ARRAY_DESCRIPTOR),
+    /// `cuArray3DCreate_v2`.
+    Layered(&'a CUDA_ARRAY3D_DESCRIPTOR),
+    /// `cuMipmappedArrayCreate`.
+    Mipmapped(&'a CUDA_ARRAY3D_DESCRIPTOR),
+}
+
 impl<D: Driver> Engine<D> {
-    /// Shared by the array handlers: reserve `estimate`, create, settle to
-    /// the driver's reported size, record. `real` makes the real call and
+    /// `cuArrayCreate_v2`, `cuArray3DCreate_v2` and `cuMipmappedArrayCreate`
+    /// of the descriptor `desc`: reserve its estimate, create, settle to the
+    /// driver's reported size, record. `real` makes the real call and
     /// answers the handle it made (the boundary reads the caller's pointer,
     /// `boundary/allocs.rs`).
-    fn capped_array(
+    pub fn array_create(
         &'static self,
-        what: &'static str,
-        mipmapped: bool,
-        estimate: u64,
         mut real: impl FnMut() -> Result<CUarray, CUresult>,
+        desc: ArrayDesc<'_>,
     ) -> CUresult {
+        let (what, mipmapped, estimate) = match desc {
+            ArrayDesc::Flat(d) => (
+                "cuArrayCreate",
+                false,
+                array_estimate(d.width, d.height, 1, d.format, d.channels),
+            ),
+            ArrayDesc::Layered(d) => (
+                "cuArray3DCreate",
+                false,
+                array_estimate(d.width, d.height, d.depth, d.format, d.channels),
+            ),
+            // All levels together are less than twice the first one.
+            ArrayDesc::Mipmapped(d) => (
+                "cuMipmappedArrayCreate",
+                true,
+                array_estimate(d.width, d.height, d.depth, d.format, d.channels).saturating_mul(2),
+            ),
+        };
         let passed = |r: Result<CUarray, CUresult>| r.err().unwrap_or(CUDA_SUCCESS);
         if estimate == 0 {
             return passed(real());
@@ -65,18 +93,13 @@ impl<D: Driver> Engine<D> {
             Ok(x) => x,
             Err(rc) => return rc,
         };
-        let mut h = 0;
-        let rc = self.call_with_retry(device, || match real() {
-            Ok(a) => {
-                h = a as usize;
-                CUDA_SUCCESS
+        let h = match self.call_with_retry(device, real) {
+            Ok(a) => a as usize,
+            Err(rc) => {
+                self.base.release_on(slot, device, estimate);
+                return rc;
             }
-            Err(rc) => rc,
-        });
-        if rc != CUDA_SUCCESS {
-            self.base.release_on(slot, device, estimate);
-            return rc;
-        }
+        };
         let bytes = self
             .base
             .driver()
@@ -100,39 +123,7 @@ impl<D: Driver> Engine<D> {
             },
         );
         log_at!(Debug, "{what}: {bytes} bytes on device {device}");
-        rc
-    }
-
-    /// `cuArrayCreate_v2` of the descriptor `d`.
-    pub fn array_create(
-        &'static self,
-        real: impl FnMut() -> Result<CUarray, CUresult>,
-        d: &CUDA_ARRAY_DESCRIPTOR,
-    ) -> CUresult {
-        let estimate = array_estimate(d.width, d.height, 1, d.format, d.channels);
-        self.capped_array("cuArrayCreate", false, estimate, real)
-    }
-
-    /// `cuArray3DCreate_v2` of the descriptor `d`.
-    pub fn array_3d_create(
-        &'static self,
-        real: impl FnMut() -> Result<CUarray, CUresult>,
-        d: &CUDA_ARRAY3D_DESCRIPTOR,
-    ) -> CUresult {
-        let estimate = array_estimate(d.width, d.height, d.depth, d.format, d.channels);
-        self.capped_array("cuArray3DCreate", false, estimate, real)
-    }
-
-    /// `cuMipmappedArrayCreate` of the descriptor `d`: all levels together
-    /// are less than twice the first one.
-    pub fn mipmapped_array_create(
-        &'static self,
-        real: impl FnMut() -> Result<CUarray, CUresult>,
-        d: &CUDA_ARRAY3D_DESCRIPTOR,
-    ) -> CUresult {
-        let estimate =
-            array_estimate(d.width, d.height, d.depth, d.format, d.channels).saturating_mul(2);
-        self.capped_array("cuMipmappedArrayCreate", true, estimate, real)
+        CUDA_SUCCESS
     }
 
     /// `cuArrayDestroy` and `cuMipmappedArrayDestroy`: the record is taken

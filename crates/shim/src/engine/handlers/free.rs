@@ -58,6 +58,18 @@ impl<D: Driver> Engine<D> {
                 return CUDA_SUCCESS;
             }
         }
+        self.free_recorded(real, dptr, r)
+    }
+
+    /// The real free of the recorded allocation `r` at `dptr`, whose record
+    /// left the table: its bytes go back when the driver freed it, else the
+    /// record returns.
+    pub(in crate::engine) fn free_recorded(
+        &self,
+        mut real: impl FnMut() -> CUresult,
+        dptr: CUdeviceptr,
+        r: Record,
+    ) -> CUresult {
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.freed(&r);

@@ -147,18 +147,13 @@ impl<D: Driver> Engine<D> {
                 return Some(self.spill_or_refuse(what, bytes, Request::Async, ctx, dev, why));
             }
         }
-        let mut made = Made::default();
-        let rc = self.call_with_retry(dev, || match real() {
-            Ok(m) => {
-                made = m;
-                CUDA_SUCCESS
+        let made = match self.call_with_retry(dev, real) {
+            Ok(m) => m,
+            Err(rc) => {
+                self.base.pool_settle(claim, false, true);
+                return Some(Err(rc));
             }
-            Err(rc) => rc,
-        });
-        if rc != CUDA_SUCCESS {
-            self.base.pool_settle(claim, false, true);
-            return Some(Err(rc));
-        }
+        };
         self.base.pool_settle(claim, true, true);
         self.start_worker(); // sees the pool shrink at synchronisations
         let ptr = made.ptr;
@@ -229,13 +224,7 @@ impl<D: Driver> Engine<D> {
             }
             return rc;
         }
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.freed(&r);
-        } else {
-            self.table.insert(dptr, r);
-        }
-        rc
+        self.free_recorded(real, dptr, r)
     }
 }
 

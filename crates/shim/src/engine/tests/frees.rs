@@ -45,7 +45,10 @@ fn arrays_go_back_to_the_budget_with_their_context() {
         channels: 4,
     };
     let h: CUarray = std::ptr::without_provenance_mut(0xa11a);
-    assert_eq!(e.array_create(|| Ok(h), &desc), CUDA_SUCCESS);
+    assert_eq!(
+        e.array_create(|| Ok(h), crate::engine::ArrayDesc::Flat(&desc)),
+        CUDA_SUCCESS
+    );
     // The fake reports no size: the estimate (rows of 16 KiB) stands.
     assert_eq!(used(e), 16 * MIB);
     let ctx: CUcontext = std::ptr::without_provenance_mut(CTX);

@@ -89,9 +89,15 @@ impl<D: Driver> Engine<D> {
                 kind: Kind::Tiered,
             },
         );
-        let _ = self
-            .tiers
-            .insert(self.tiers.make(ptr, size, dev16, ctx, handle, place));
+        let _ = self.tiers.insert(TierBlock::new(
+            ptr,
+            size,
+            dev16,
+            ctx,
+            handle,
+            place,
+            self.tiers.round_now(),
+        ));
         log_at!(
             Debug,
             "{what}: {bytes} bytes at {ptr:#x}, tiered ({size} mapped), on the {}",

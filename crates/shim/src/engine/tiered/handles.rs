@@ -79,6 +79,7 @@ use std::sync::{Arc, Mutex};
 use crate::engine::Engine;
 use crate::engine::accounting::exports::{keep, same_file};
 use crate::engine::driver::Driver;
+use crate::engine::handlers::alloc::checked;
 use crate::engine::tiered::{Place, TierBlock, location};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -148,7 +149,7 @@ impl<D: Driver> Engine<D> {
     /// `handle` is non-null and writable.
     pub(in crate::engine) unsafe fn tiered_create(
         &'static self,
-        real: impl FnMut() -> CUresult,
+        mut real: impl FnMut() -> CUresult,
         handle: *mut CUmemGenericAllocationHandle,
         size: u64,
         device: CUdevice,
@@ -163,8 +164,7 @@ impl<D: Driver> Engine<D> {
             Err(rc) => return Some(rc),
         };
         let real_handle = if place == Place::Device {
-            let rc = self.call_with_retry(device, real);
-            if rc != CUDA_SUCCESS {
+            if let Err(rc) = self.call_with_retry(device, || checked(real())) {
                 self.tier_unreserve(device, size, Place::Device);
                 return Some(rc);
             }
@@ -286,8 +286,7 @@ impl<D: Driver> Engine<D> {
         if let Some(ctx) = ctx {
             let (real, place) = mapped;
             let b = self.tiers.insert(
-                self.tiers
-                    .make(ptr, bytes, device, ctx, real, place)
+                TierBlock::new(ptr, bytes, device, ctx, real, place, self.tiers.round_now())
                     .of_program(h),
             );
             // Another thread may have exported or mapped the handle again

@@ -308,7 +308,15 @@ mod tests {
     #[test]
     fn a_claim_ends_when_a_move_panics() {
         let t = Tiers::new(true);
-        let _ = t.insert(t.make(1 << 40, 4 * M, 0, 1, 0, Place::Device));
+        let _ = t.insert(TierBlock::new(
+            1 << 40,
+            4 * M,
+            0,
+            1,
+            0,
+            Place::Device,
+            t.round_now(),
+        ));
         let b = t.snapshot().pop().unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _c = b.claim().unwrap();

@@ -48,25 +48,9 @@ impl Tiers {
         self.on
     }
 
-    /// A new block, made in this round (for [`Tiers::insert`]).
-    pub(in crate::engine) fn make(
-        &self,
-        ptr: u64,
-        bytes: u64,
-        device: u16,
-        ctx: usize,
-        handle: u64,
-        place: Place,
-    ) -> TierBlock {
-        TierBlock::new(
-            ptr,
-            bytes,
-            device,
-            ctx,
-            handle,
-            place,
-            self.round.load(Ordering::Relaxed),
-        )
+    /// The round now: a new block is made in it ([`TierBlock::new`]).
+    pub(in crate::engine) fn round_now(&self) -> u64 {
+        self.round.load(Ordering::Relaxed)
     }
 
     /// Tracks block `b`.
