@@ -120,6 +120,23 @@ impl Handles {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Calls `f` with the entry of the program's live handle `h`: `None`
+    /// when `h` is not the program's, `Err` (the driver's answer for it)
+    /// when it was released.
+    fn with_live<R>(
+        &self,
+        h: u64,
+        f: impl FnOnce(&mut Handle) -> R,
+    ) -> Option<Result<R, CUresult>> {
+        let mut m = self.lock();
+        let x = m.get_mut(&h)?;
+        Some(if x.refs == 0 {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        } else {
+            Ok(f(x))
+        })
+    }
+
     /// Whether `h` is one of the program's handles the engine answered.
     pub fn contains(&self, h: u64) -> bool {
         self.lock().contains_key(&h)
@@ -222,14 +239,13 @@ impl<D: Driver> Engine<D> {
         pin: bool,
         f: impl FnOnce(u64, Place) -> CUresult,
     ) -> Option<CUresult> {
-        let (block, real, place) = {
-            let mut m = self.handles.lock();
-            let x = m.get_mut(&h)?;
-            if x.refs == 0 {
-                return Some(CUDA_ERROR_INVALID_VALUE);
-            }
+        let live = self.handles.with_live(h, |x| {
             x.pinned |= pin;
             (x.block.clone(), x.real, x.place)
+        })?;
+        let (block, real, place) = match live {
+            Ok(x) => x,
+            Err(rc) => return Some(rc),
         };
         let Some(b) = block else {
             return Some(f(real, place));
@@ -255,15 +271,14 @@ impl<D: Driver> Engine<D> {
         h: u64,
         flags: u64,
     ) -> Option<CUresult> {
-        let (whole, device, bytes) = {
-            let mut m = self.handles.lock();
-            let x = m.get_mut(&h)?;
-            if x.refs == 0 {
-                return Some(CUDA_ERROR_INVALID_VALUE);
-            }
+        let live = self.handles.with_live(h, |x| {
             let whole = offset == 0 && size == x.bytes && x.maps == 0 && !x.pinned;
             x.maps += 1;
             (whole, x.device, x.bytes)
+        })?;
+        let (whole, device, bytes) = match live {
+            Ok(x) => x,
+            Err(rc) => return Some(rc),
         };
         let ctx = match self.base.driver().ctx_get_current() {
             Ok(c) if whole && c != 0 => Some(c),

@@ -371,39 +371,31 @@ mod tests {
         assert!(p.demote.is_empty());
     }
 
+    /// Round 100's plan for device block 1 and host block 2 of 100 MiB
+    /// each, (score, round last moved) each, with no room and `spill_limit`:
+    /// the (demoted, promoted) blocks.
+    fn swap(device: (f64, u64), host: (f64, u64), spill_limit: u64) -> (Vec<u64>, Vec<u64>) {
+        let b = [
+            block(1, 100 * M, Place::Device, device.0, device.1),
+            block(2, 100 * M, Place::Host, host.0, host.1),
+        ];
+        let p = plan(&b, 0, 0, spill_limit, 100);
+        (ptrs(&p.demote), ptrs(&p.promote))
+    }
+
     #[test]
     fn swaps_need_the_hysteresis_margin() {
-        // Device block 1 has density 10/100M; host block 2 has 12.4/100M:
-        // not 1.25x hotter, so nothing moves; host block 3 (12.6/100M) is.
+        // Device block 1 has density 10/100M; a host block of 12.4/100M is
+        // not 1.25x hotter, so nothing moves; one of 12.6/100M is.
         assert_eq!(HYSTERESIS, 1.25);
-        let b = [
-            block(1, 100 * M, Place::Device, 10.0, 0),
-            block(2, 100 * M, Place::Host, 12.4, 0),
-        ];
-        let p = plan(&b, 0, 0, u64::MAX, 100);
-        assert!(p.promote.is_empty() && p.demote.is_empty());
-        let b = [
-            block(1, 100 * M, Place::Device, 10.0, 0),
-            block(3, 100 * M, Place::Host, 12.6, 0),
-        ];
-        let p = plan(&b, 0, 0, u64::MAX, 100);
-        assert_eq!((ptrs(&p.demote), ptrs(&p.promote)), (vec![1], vec![3]));
+        assert_eq!(swap((10.0, 0), (12.4, 0), u64::MAX), (vec![], vec![]));
+        assert_eq!(swap((10.0, 0), (12.6, 0), u64::MAX), (vec![1], vec![2]));
     }
 
     #[test]
     fn recently_moved_blocks_stay() {
-        let b = [
-            block(1, 100 * M, Place::Device, 1.0, 90),
-            block(2, 100 * M, Place::Host, 50.0, 0),
-        ];
-        let p = plan(&b, 0, 0, u64::MAX, 100);
-        assert!(p.promote.is_empty() && p.demote.is_empty());
-        let b = [
-            block(1, 100 * M, Place::Device, 1.0, 0),
-            block(2, 100 * M, Place::Host, 50.0, 85),
-        ];
-        let p = plan(&b, 0, 0, u64::MAX, 100);
-        assert!(p.promote.is_empty() && p.demote.is_empty());
+        assert_eq!(swap((1.0, 90), (50.0, 0), u64::MAX), (vec![], vec![]));
+        assert_eq!(swap((1.0, 0), (50.0, 85), u64::MAX), (vec![], vec![]));
     }
 
     #[test]
@@ -420,13 +412,8 @@ mod tests {
 
     #[test]
     fn the_spill_limit_bounds_demotions() {
-        let b = [
-            block(1, 100 * M, Place::Device, 1.0, 0),
-            block(2, 100 * M, Place::Host, 50.0, 0),
-        ];
         // A swap moves no bytes to the host on balance: allowed with no room.
-        let p = plan(&b, 0, 0, 0, 100);
-        assert_eq!((ptrs(&p.demote), ptrs(&p.promote)), (vec![1], vec![2]));
+        assert_eq!(swap((1.0, 0), (50.0, 0), 0), (vec![1], vec![2]));
         let b = [block(1, 100 * M, Place::Device, 1.0, 0)];
         let p = plan(&b, 1, 0, 0, 100);
         assert!(p.demote.is_empty());
