@@ -15,11 +15,7 @@ pub struct RealDriver;
 
 /// `Ok(value)` when `rc` is success.
 fn ok<T>(rc: CUresult, value: T) -> Result<T, CUresult> {
-    if rc == CUDA_SUCCESS {
-        Ok(value)
-    } else {
-        Err(rc)
-    }
+    (rc == CUDA_SUCCESS).then_some(value).ok_or(rc)
 }
 
 /// A real stream query that answers through an out-pointer.
