@@ -102,7 +102,6 @@ pub(crate) fn limit(dir: &Path, args: &[&str]) -> Ran {
 fn vramcap_limit_lowers_and_raises_a_running_process() {
     let dir = scratch_dir();
     let mut h = held_in(
-        &artefacts().client,
         &dir,
         &[ONE_GIB, NO_CACHE],
         &[
@@ -141,7 +140,6 @@ fn vramcap_limit_lowers_and_raises_a_running_process() {
 /// `wait`, with a second `wait` after an `info`.
 fn holding_256m(dir: &std::path::Path) -> crate::util::Held {
     held_in(
-        &artefacts().client,
         dir,
         &[ONE_GIB, NO_CACHE],
         &["init", "alloc", "256M", "wait", "info", "wait"],
@@ -182,7 +180,6 @@ fn vramcap_limit_waits_for_its_own_answer_across_the_counters_wrap() {
 fn vramcap_limit_reports_over_cap_waits_lifts_and_refuses_bad_input() {
     let dir = scratch_dir();
     let mut h = held_in(
-        &artefacts().client,
         &dir,
         &[ONE_GIB, NO_CACHE],
         &["init", "alloc", "768M", "wait", "alloc", "1M", "wait"],
@@ -346,13 +343,11 @@ fn vramcap_limit_changes_a_groups_budget_for_all_members_at_once() {
     let dir = scratch_dir();
     let env = [ONE_GIB, NO_CACHE, ("VRAMCAP_GROUP", "g")];
     let mut a = held_in(
-        &artefacts().client,
         &dir,
         &env,
         &["init", "alloc", "256M", "wait", "fill", "16M", "wait"],
     );
     let mut b = held_in(
-        &artefacts().client,
         &dir,
         &env,
         &["init", "alloc", "256M", "wait", "alloc", "16M"],
@@ -416,7 +411,6 @@ fn above_the_soft_limit_the_cache_shrinks_and_spill_is_preferred() {
     // it went there.
     let dir = scratch_dir();
     let mut h = held_in(
-        &artefacts().client,
         &dir,
         &[ONE_GIB, NO_CACHE, soft],
         &["init", "alloc", "600M", "wait", "free", "0", "wait"],

@@ -69,7 +69,7 @@ fn freed_three() -> [String; 5] {
 /// and returns its lines once it has exited successfully.
 fn promoted_run(cmds: &[&str], used: u64) -> Vec<String> {
     let dir = scratch_dir();
-    let mut h = held_in(&artefacts().client, &dir, &tiered("64MiB"), cmds);
+    let mut h = held_in(&dir, &tiered("64MiB"), cmds);
     promoted_once(&dir, h.pid(), used);
     h.resume();
     let (lines, out) = h.finish();

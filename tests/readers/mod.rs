@@ -26,7 +26,6 @@ pub fn template() -> &'static [u8] {
     T.get_or_init(|| {
         let dir = fresh_dir("readers-template");
         let h = held_in(
-            &artefacts().client,
             &dir,
             &[("VRAMCAP_LIMIT", "1GiB")],
             &["init", "alloc", "1M", "wait"],
@@ -225,7 +224,6 @@ fn a_page_truncated_while_stat_reads_it_never_kills_stat() {
 fn a_group_file_truncated_while_stat_reclaims_it_never_kills_stat() {
     let src = scratch_dir();
     let h = held_in(
-        &artefacts().client,
         &src,
         &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_GROUP", "g")],
         &["init", "alloc", "1M", "wait"],

@@ -241,11 +241,16 @@ pub fn shimmed(program: &Path) -> Command {
     cmd
 }
 
+/// The test client under the shim: [`held_program_in`] with the client.
+pub fn held_in(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
+    held_program_in(&artefacts().client, dir, env, args)
+}
+
 /// `program` (a test client) under the shim, reaching the driver through
 /// `cuGetProcAddress` as the runtime does, publishing its page in `dir`,
 /// with `env` added; running `args` up to its first `wait`, where it holds
 /// what it allocated until told to go on.
-pub fn held_in(program: &Path, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
+pub fn held_program_in(program: &Path, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
     let mut cmd = shimmed(program);
     cmd.env("VRAMCAP_STATS_DIR", dir)
         .envs(env.iter().copied())
