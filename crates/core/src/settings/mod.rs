@@ -19,9 +19,9 @@ mod vars;
 
 pub use operator::{OperatorError, read_operator_limit};
 pub use parse::{
-    CacheBound, ContextCharge, Counting, LogLevel, SettingsError, Spill, SpillLimit,
-    default_stats_dir, parse_cache, parse_context, parse_counting, parse_duration, parse_log_level,
-    parse_spill, parse_spill_limit,
+    CacheBound, ContextCharge, Counting, LogLevel, MANAGED_AS_HOST, SettingsError, Spill,
+    SpillLimit, default_stats_dir, parse_cache, parse_context, parse_counting, parse_duration,
+    parse_log_level, parse_spill, parse_spill_limit,
 };
 pub use vars::{
     CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, CUDA_LIBRARY_VAR, DISABLE_VAR, GROUP_VAR,
@@ -48,6 +48,9 @@ pub struct Settings {
     pub cache_idle: std::time::Duration,
     /// `VRAMCAP_SPILL`: where allocations go past the cap.
     pub spill: Spill,
+    /// `VRAMCAP_SPILL=managed` was asked for: `spill` is `Host`, and
+    /// [`Settings::managed_as_host`] is the line that says so.
+    pub spill_was_managed: bool,
     /// `VRAMCAP_SPILL_LIMIT`: host memory spill may take per process.
     pub spill_limit: SpillLimit,
     /// `VRAMCAP_GROUP`: share one budget per GPU with this group's members.
@@ -138,8 +141,8 @@ impl Settings {
                 expected: "a duration greater than zero, e.g. 5s, 500ms, 2m (a bare number is seconds)",
             })?,
         };
-        let spill = match get(SPILL_VAR) {
-            None => Spill::Off,
+        let (spill, spill_was_managed) = match get(SPILL_VAR) {
+            None => (Spill::Off, false),
             Some(v) => parse_spill(&v)?,
         };
         let spill_limit = match get(SPILL_LIMIT_VAR) {
@@ -201,6 +204,7 @@ impl Settings {
             cache,
             cache_idle,
             spill,
+            spill_was_managed,
             spill_limit,
             group,
             limit_text: get(LIMIT_VAR).unwrap_or_default(),
@@ -234,6 +238,12 @@ impl Settings {
             asked.join(" and "),
             if asked.len() > 1 { "are" } else { "is" }
         ))
+    }
+
+    /// The one warning line for `VRAMCAP_SPILL=managed`, taken as host;
+    /// `None` for any other mode.
+    pub fn managed_as_host(&self) -> Option<&'static str> {
+        self.spill_was_managed.then_some(MANAGED_AS_HOST)
     }
 
     /// Reads the settings from the process environment.

@@ -117,6 +117,8 @@ fn spill_values() {
     let s = read(&[]).unwrap();
     assert_eq!((s.spill, s.spill_limit), (Spill::Off, SpillLimit::DEFAULT));
     assert_eq!(s.spill_limit.resolve(4000), 1000);
+    assert_eq!(s.managed_as_host(), None);
+    // The removed managed mode is host spill, said in one line.
     let s = read(&[
         ("VRAMCAP_SPILL", "Managed"),
         ("VRAMCAP_SPILL_LIMIT", "6GiB"),
@@ -124,12 +126,16 @@ fn spill_values() {
     .unwrap();
     assert_eq!(
         (s.spill, s.spill_limit),
-        (Spill::Managed, SpillLimit::Bytes(6 << 30))
+        (Spill::Host, SpillLimit::Bytes(6 << 30))
     );
     assert_eq!(
-        read(&[("VRAMCAP_SPILL", "host")]).unwrap().spill,
-        Spill::Host
+        s.managed_as_host(),
+        Some(
+            "VRAMCAP_SPILL=managed is taken as host (e.g. VRAMCAP_SPILL=host): managed memory past the cap could be moved onto the GPU by the program, unseen by NVML"
+        )
     );
+    let s = read(&[("VRAMCAP_SPILL", "host")]).unwrap();
+    assert_eq!((s.spill, s.managed_as_host()), (Spill::Host, None));
     assert_eq!(
         read(&[("VRAMCAP_SPILL_LIMIT", "10%")])
             .unwrap()
@@ -140,7 +146,7 @@ fn spill_values() {
     let e = read(&[("VRAMCAP_SPILL", "disk")]).unwrap_err().to_string();
     assert_eq!(
         e,
-        "VRAMCAP_SPILL=\"disk\" is not valid: expected off, managed, host or tiered (e.g. VRAMCAP_SPILL=tiered)"
+        "VRAMCAP_SPILL=\"disk\" is not valid: expected off, host or tiered (e.g. VRAMCAP_SPILL=host)"
     );
     let e = read(&[("VRAMCAP_SPILL_LIMIT", "0")])
         .unwrap_err()

@@ -38,8 +38,9 @@ impl<D: Driver> Engine<D> {
         ctx: usize,
         device: CUdevice,
     ) -> Option<Result<Made, CUresult>> {
+        // Managed memory is never spilled (docs/design/spill-modes.md).
         if self.base.settings().spill == vramcap_core::settings::Spill::Off
-            || matches!(request, Request::Pitch { .. })
+            || matches!(request, Request::Pitch { .. } | Request::Managed)
         {
             return None;
         }
@@ -48,13 +49,9 @@ impl<D: Driver> Engine<D> {
         if soft == 0 || slot.budget.used().saturating_add(estimate) <= soft {
             return None;
         }
-        let flags = match request {
-            Request::Managed(f) => Some(f),
-            _ => None,
-        };
         let (ptr, record) = self
             .spill
-            .place(&self.base, what, true, device, ctx, estimate, flags)?;
+            .place(&self.base, what, true, device, ctx, estimate)?;
         self.insert(ptr, record);
         Some(Ok(Made::at(ptr)))
     }
@@ -97,15 +94,15 @@ impl<D: Driver> Engine<D> {
     }
 
     /// `cuMemAllocManaged`: counted against the current device's cap (it can
-    /// occupy that device in full) and never cached.
+    /// occupy that device in full), never cached and never spilled: past the
+    /// cap it is refused in every mode (docs/design/spill-modes.md).
     pub fn mem_alloc_managed(
         &'static self,
         real: impl FnMut() -> Result<Made, CUresult>,
         bytes: u64,
-        flags: c_uint,
     ) -> Result<Made, CUresult> {
         let target = self.base.current();
-        let request = Request::Managed(flags);
+        let request = Request::Managed;
         self.capped_alloc("cuMemAllocManaged", bytes, request, target, real, |_| bytes)
     }
 
@@ -133,7 +130,7 @@ impl<D: Driver> Engine<D> {
             }
             return rc;
         }
-        if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+        if matches!(r.kind, Kind::SpillHost(_)) {
             let rc = self.spill.free(&self.base, dptr, &r);
             if rc != CUDA_SUCCESS {
                 self.table.insert(dptr, r);

@@ -8,8 +8,6 @@
 //!    itself is out of memory);
 //! 5. settle the reservation to the size the driver chose and record it.
 
-use std::ffi::c_uint;
-
 use vramcap_core::cache::{Shape, Want};
 use vramcap_core::page::DeviceSlot;
 
@@ -44,8 +42,8 @@ pub enum Request {
         height: u64,
         elem: u32,
     },
-    /// Managed memory, with the program's flags (used if it spills).
-    Managed(c_uint),
+    /// Managed memory (`cuMemAllocManaged`): never spilled.
+    Managed,
     /// Stream-ordered, charged by size (`Kind::Async(None)`).
     Async,
 }
@@ -207,7 +205,7 @@ impl<D: Driver> Engine<D> {
                 height,
                 elem,
             }),
-            Request::Managed(_) | Request::Async => None,
+            Request::Managed | Request::Async => None,
         };
         if let Some(want) = want.filter(|_| self.cache.caching(dev16))
             && let Some(slot) = self.base.slot(device)
@@ -284,7 +282,7 @@ impl<D: Driver> Engine<D> {
                 elem,
                 pitch: made.pitch,
             }),
-            Request::Managed(_) => Kind::Managed,
+            Request::Managed => Kind::Managed,
             Request::Async => Kind::Async(None),
         };
         self.insert(
@@ -314,17 +312,29 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         why: Option<Refusal>,
     ) -> Result<Made, CUresult> {
-        let (bytes, managed_flags) = match request {
+        let bytes = match request {
             Request::Pitch { width, height, .. } => {
-                (width.next_multiple_of(512).saturating_mul(height), None)
+                width.next_multiple_of(512).saturating_mul(height)
             }
-            Request::Managed(flags) => (estimate, Some(flags)),
-            _ => (estimate, None),
+            _ => estimate,
         };
+        let managed = matches!(request, Request::Managed);
+        if managed
+            && why.is_some()
+            && self.base.settings().spill != vramcap_core::settings::Spill::Off
+        {
+            // Managed memory in host memory is memory the program could
+            // move onto the GPU past the cap (docs/design/spill-modes.md).
+            log_once!(
+                Warn,
+                "{what}: managed memory past the cap is not spilled (the program could move it onto the GPU); refusing"
+            );
+        }
         if why.is_some()
-            && let Some((ptr, record)) =
-                self.spill
-                    .place(&self.base, what, false, device, ctx, bytes, managed_flags)
+            && !managed
+            && let Some((ptr, record)) = self
+                .spill
+                .place(&self.base, what, false, device, ctx, bytes)
         {
             let pitch = match request {
                 Request::Pitch { width, .. } => width.next_multiple_of(512),
@@ -342,7 +352,7 @@ impl<D: Driver> Engine<D> {
         if let Some(stale) = self.table.insert(ptr, record) {
             if stale.kind == Kind::Tiered {
                 self.tier_drop_stale(ptr, &stale);
-            } else if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+            } else if matches!(stale.kind, Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, &stale);
             } else if let Kind::Async(Some(serial)) = stale.kind {
                 self.base.pool_freed(serial);
