@@ -101,9 +101,8 @@ pub(crate) fn limit(dir: &Path, args: &[&str]) -> Ran {
 #[test]
 fn vramcap_limit_lowers_and_raises_a_running_process() {
     let dir = scratch_dir();
-    let mut h = held_in(
+    let mut h = capped_1gib(
         &dir,
-        &[ONE_GIB, NO_CACHE],
         &[
             "init", "alloc", "256M", "wait", "info", "fill", "16M", "wait", "fill", "16M",
         ],
@@ -132,20 +131,22 @@ fn vramcap_limit_lowers_and_raises_a_running_process() {
     );
 }
 
+/// The client under a 1 GiB cap with the cache off, run up to its first
+/// `wait`.
+fn capped_1gib(dir: &Path, args: &[&str]) -> Held {
+    held_in(dir, &[ONE_GIB, NO_CACHE], args)
+}
+
+/// A client under a 1 GiB cap (cache off) holding 256 MiB at its first
+/// `wait`, with a second `wait` after an `info`.
+fn holding_256m(dir: &Path) -> Held {
+    capped_1gib(dir, &["init", "alloc", "256M", "wait", "info", "wait"])
+}
+
 /// A page whose request counters stand at `u64::MAX`: the next request is
 /// number 0, and `vramcap limit` waits for the process to take it (it used
 /// to take the acknowledgement of the one before, u64::MAX, for its own and
 /// report "1.00 GiB -> 1.00 GiB", a change the process never took).
-/// A client under a 1 GiB cap (cache off) holding 256 MiB at its first
-/// `wait`, with a second `wait` after an `info`.
-fn holding_256m(dir: &std::path::Path) -> crate::util::Held {
-    held_in(
-        dir,
-        &[ONE_GIB, NO_CACHE],
-        &["init", "alloc", "256M", "wait", "info", "wait"],
-    )
-}
-
 #[test]
 fn vramcap_limit_waits_for_its_own_answer_across_the_counters_wrap() {
     use std::os::unix::fs::FileExt;
@@ -179,9 +180,8 @@ fn vramcap_limit_waits_for_its_own_answer_across_the_counters_wrap() {
 #[test]
 fn vramcap_limit_reports_over_cap_waits_lifts_and_refuses_bad_input() {
     let dir = scratch_dir();
-    let mut h = held_in(
+    let mut h = capped_1gib(
         &dir,
-        &[ONE_GIB, NO_CACHE],
         &["init", "alloc", "768M", "wait", "alloc", "1M", "wait"],
     );
     let pid = h.pid();

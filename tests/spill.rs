@@ -282,8 +282,7 @@ fn spilled_bytes_show_in_stat() {
     cmd.env("VRAMCAP_STATS_DIR", &dir).envs(env("host")).args([
         "procaddr", "init", "fill", "256M", "wait", "freeall", "wait",
     ]);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
+    let mut h = Held::at_wait(cmd);
     let figures = |d: &Value, keys: [&str; 3]| keys.map(|k| d[k].as_u64());
     let d = stat_device0(&dir, h.pid());
     assert_eq!(
@@ -322,8 +321,7 @@ fn deferred_frees_complete_in_a_quiet_process() {
         "wait",
         "kinds",
     ]);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
+    let h = Held::at_wait(cmd);
     let start = Instant::now();
     loop {
         let d = stat_device0(&dir, h.pid());

@@ -194,6 +194,14 @@ impl Held {
         }
     }
 
+    /// Starts `cmd` and reads its stdout up to its first `wait`, where it
+    /// holds what it allocated until told to go on.
+    pub fn at_wait(cmd: Command) -> Held {
+        let mut h = Held::spawn(cmd);
+        h.until("wait");
+        h
+    }
+
     /// Reads stdout until the line `want` (panics at end of output).
     pub fn until(&mut self, want: &str) {
         loop {
@@ -256,9 +264,7 @@ pub fn held_program_in(program: &Path, dir: &Path, env: &[(&str, &str)], args: &
         .envs(env.iter().copied())
         .arg("procaddr")
         .args(args);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
-    h
+    Held::at_wait(cmd)
 }
 
 pub struct Ran {
