@@ -18,14 +18,6 @@ fn info(free: u64) -> String {
 /// allocated plainly.
 const POOL_THEN_PLAIN: [&str; 7] = ["allocasync", "3G", "freeasync", "0", "sync", "alloc", "3G"];
 
-/// The parts' lines, one after another, as `expect_lines` takes them.
-fn lines<'a>(parts: &[&'a [String]]) -> Vec<&'a str> {
-    parts
-        .iter()
-        .flat_map(|p| p.iter().map(String::as_str))
-        .collect()
-}
-
 /// What [`POOL_THEN_PLAIN`] answers when both allocations are granted.
 fn pool_then_plain_granted() -> [String; 4] {
     [
@@ -87,11 +79,14 @@ fn a_pool_trimmed_at_a_synchronisation_is_seen_before_a_refusal() {
     let mut cmds = vec!["init", "stream"];
     cmds.extend_from_slice(&POOL_THEN_PLAIN);
     cmds.push("info");
-    client("procaddr", &[CAP, RETAIN], &cmds).expect_lines(&lines(&[
-        &["init -> 0".into(), "stream -> 0".into()],
-        &pool_then_plain_granted(),
-        &[info(GIB)],
-    ]));
+    client("procaddr", &[CAP, RETAIN], &cmds).expect_owned_lines(
+        &[
+            &["init -> 0".into(), "stream -> 0".into()][..],
+            &pool_then_plain_granted(),
+            &[info(GIB)],
+        ]
+        .concat(),
+    );
 }
 
 /// The context is counted: the program sees a card of the cap's size
@@ -213,9 +208,12 @@ fn counting_allocations_leaves_pools_and_the_context_out() {
         ]
         .concat(),
     )
-    .expect_lines(&lines(&[
-        &["init -> 0".into(), info(4 * GIB), "stream -> 0".into()],
-        &["poolset threshold max -> 0".into()],
-        &pool_then_plain_granted(),
-    ]));
+    .expect_owned_lines(
+        &[
+            &["init -> 0".into(), info(4 * GIB), "stream -> 0".into()][..],
+            &["poolset threshold max -> 0".into()],
+            &pool_then_plain_granted(),
+        ]
+        .concat(),
+    );
 }

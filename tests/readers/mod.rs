@@ -91,6 +91,18 @@ pub struct Forged {
     pub bytes: Vec<u8>,
 }
 
+/// `n` live pages forged in `dir` for PIDs from `first_pid` on, each
+/// claiming all 64 GPUs (the most a page holds).
+pub fn forge_full_pages(dir: &Path, first_pid: u32, n: u32) -> Vec<Forged> {
+    (0..n)
+        .map(|i| {
+            let mut f = Forge::pid(first_pid + i);
+            f.devices = 64;
+            forge(dir, &f)
+        })
+        .collect()
+}
+
 pub fn forge(dir: &Path, f: &Forge) -> Forged {
     let path = dir.join(format!("{}.page", f.pid));
     let bytes = f.bytes();
@@ -357,13 +369,7 @@ fn two_thousand_forged_pages_cost_stat_a_bounded_amount() {
     const N: u32 = 2000;
     room_for_files(N as u64);
     let dir = scratch_dir();
-    let forged: Vec<Forged> = (0..N)
-        .map(|i| {
-            let mut f = Forge::pid(920_000 + i);
-            f.devices = 64;
-            forge(&dir, &f)
-        })
-        .collect();
+    let forged = forge_full_pages(&dir, 920_000, N);
     // The first refresh is printed, then stat sleeps: its peak memory is
     // read then, while it still runs.
     let start = std::time::Instant::now();

@@ -314,6 +314,12 @@ impl Ran {
         assert_eq!(got, want, "stdout differs{}", self.context());
     }
 
+    /// [`Ran::expect_lines`] for lines made at run time.
+    pub fn expect_owned_lines(&self, want: &[String]) {
+        let got = self.ok_lines();
+        assert_eq!(got, want, "stdout differs{}", self.context());
+    }
+
     pub fn expect_code(&self, code: i32) {
         assert_eq!(
             self.code(),
