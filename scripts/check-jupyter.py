@@ -35,6 +35,8 @@ import tempfile
 from check_report import reporters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "gpu"))
+from jupyter_cell import run_cell  # noqa: E402 (scripts/gpu, shared with check_kernel.py)
 VENV = os.path.join(ROOT, "target", "jupyter-venv")
 PINS = ["jupyter_client==8.6.3", "ipykernel==6.29.5"]
 CLI = os.path.join(ROOT, "target", "debug", "vramcap")
@@ -85,24 +87,6 @@ def ensure_venv():
         os.unlink(cli)
     os.symlink(CLI, cli)
     return py
-
-
-def run_cell(kc, code):
-    """Runs `code` in the kernel: its stdout, and the error's name and
-    value if it raised."""
-    out, err = [], []
-
-    def hook(msg):
-        t, c = msg["msg_type"], msg["content"]
-        if t == "stream" and c["name"] == "stdout":
-            out.append(c["text"])
-        elif t == "error":
-            err.append(f"{c['ename']}: {c['evalue']}")
-
-    reply = kc.execute_interactive(code, output_hook=hook, timeout=60)
-    if reply["content"]["status"] != "ok" and not err:
-        err.append(reply["content"].get("ename", "error"))
-    return "".join(out).strip(), err
 
 
 def vramcap(*args):

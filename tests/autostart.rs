@@ -105,6 +105,17 @@ print("stdin", sys.stdin.read().strip())
 print("active", vramcap.is_active(), os.environ.get("LD_PRELOAD", "").count("libvramcap.so"))
 "#;
 
+/// What [`WHO`] prints in the process `pid`, run as `python -c WHO ARGS…`
+/// (`argv`: the list Python shows) by `python`, fed `stdin`, under the shim.
+fn who_under_the_shim(pid: u32, argv: &str, python: &Path, stdin: &str) -> Vec<String> {
+    vec![
+        format!("pid {pid}"),
+        format!("argv {argv} True {}", python.display()),
+        format!("stdin {stdin}"),
+        "active True 1".to_string(),
+    ]
+}
+
 /// `VRAMCAP_LIMIT=1GiB python -c …`: the program runs once, under the
 /// shim, capped, with its PID, command line, interpreter and stdin.
 #[test]
@@ -114,25 +125,16 @@ fn the_environment_variable_alone_caps_python() {
     cmd.env("VRAMCAP_LIMIT", "1GiB")
         .args(["-c", &format!("{WHO}{ALLOC}"), "one", "two"]);
     let (pid, ran) = run_fed(cmd, "fed on stdin\n");
-    ran.expect_lines(&[
-        &format!("pid {pid}"),
-        &format!("argv ['-c', 'one', 'two'] True {}", v.python.display()),
-        "stdin fed on stdin",
-        "active True 1",
-        "allocs 4 rc 2",
-    ]);
+    let mut want = who_under_the_shim(pid, "['-c', 'one', 'two']", &v.python, "fed on stdin");
+    want.push("allocs 4 rc 2".into());
+    ran.expect_owned_lines(&want);
     assert_eq!(ran.stderr(), "", "stderr{}", ran.stderr());
 
     // VRAMCAP_GROUP alone starts it under the shim too.
     let mut cmd = python();
     cmd.env("VRAMCAP_GROUP", "py-autostart").args(["-c", WHO]);
     let (pid, ran) = run_fed(cmd, "");
-    ran.expect_lines(&[
-        &format!("pid {pid}"),
-        &format!("argv ['-c'] True {}", v.python.display()),
-        "stdin ",
-        "active True 1",
-    ]);
+    ran.expect_owned_lines(&who_under_the_shim(pid, "['-c']", &v.python, ""));
 }
 
 /// Without a vramcap variable the hook does nothing: not under the shim,

@@ -69,7 +69,6 @@ fn reuse_waits_only_once_a_non_blocking_stream_exists() {
     ] {
         let dir = scratch_dir();
         let h = held_in(
-            &artefacts().client,
             &dir,
             &[("VRAMCAP_LIMIT", "1GiB")],
             &["init", make, "pairs", "4", "1M", "counts", "wait"],
@@ -89,7 +88,6 @@ fn reuse_waits_only_once_a_non_blocking_stream_exists() {
     // stream, which the legacy stream does not order.
     let dir = scratch_dir_named("late-stream");
     let h = held_in(
-        &artefacts().client,
         &dir,
         &[("VRAMCAP_LIMIT", "1GiB")],
         &[
@@ -253,7 +251,7 @@ fn poll_until(dir: &Path, pid: u32, what: &str, cond: impl Fn(&Value) -> bool) -
 }
 
 fn held(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
-    held_in(&artefacts().client, dir, env, args)
+    held_in(dir, env, args)
 }
 
 /// A client under a 1 GiB cap with `VRAMCAP_CACHE_IDLE=idle` holding one

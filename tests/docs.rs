@@ -289,7 +289,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Every variable the core reads (a `const …: &str = "VRAMCAP_…"` or
-/// `"NVIDIA_…"` anywhere in crates/core/src) has a row in
+/// `"NVIDIA_…"` name anywhere in crates/core/src) has a row in
 /// docs/configuration.md's table with what it takes, a default and an
 /// example; the names of vramcap's own tools (`TOOL_VARS`) are named on
 /// the page too. A variable added without its row fails here.
@@ -308,7 +308,11 @@ fn every_variable_has_a_row_with_a_default_and_an_example() {
                 && let Some((_, v)) = line.split_once(": &str = \"")
             {
                 let name = v.trim_end_matches("\";");
-                if name.starts_with("VRAMCAP_") || name.starts_with("NVIDIA_") {
+                // A variable's name, not a message that starts with one.
+                let is_name = name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+                if is_name && (name.starts_with("VRAMCAP_") || name.starts_with("NVIDIA_")) {
                     vars.insert(name.to_string());
                 }
             }

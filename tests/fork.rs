@@ -45,7 +45,6 @@ fn pids_in(dir: &Path) -> Vec<u64> {
 fn a_forked_child_does_not_keep_its_killed_parent_alive() {
     let dir = scratch_dir();
     let mut h = held_in(
-        &artefacts().client,
         &dir,
         &[("VRAMCAP_LIMIT", "1GiB")],
         &["init", "alloc", "64M", "forkhold", "wait"],

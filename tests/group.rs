@@ -40,15 +40,14 @@ fn group<'a>(j: &'a Value, name: &str) -> &'a Value {
 #[test]
 fn members_share_one_budget_and_get_a_killed_members_share_back() {
     let dir = scratch_dir();
-    let mut a = Held::spawn(member(
+    let mut a = Held::at_wait(member(
         &dir,
         "train",
         "1GiB",
         &["init", "alloc", "768M", "wait"],
     ));
-    a.until("wait");
     // The second member gets exactly what is left; another group is independent.
-    let mut b = Held::spawn(member(
+    let b = Held::at_wait(member(
         &dir,
         "train",
         "1GiB",
@@ -56,7 +55,6 @@ fn members_share_one_budget_and_get_a_killed_members_share_back() {
             "init", "fill", "256M", "wait", "freeall", "fill", "256M", "info",
         ],
     ));
-    b.until("wait");
     assert_eq!(
         b.lines[1],
         "fill 268435456 -> 1 allocs 268435456 bytes rc=2"
@@ -109,8 +107,7 @@ fn members_share_one_budget_and_get_a_killed_members_share_back() {
 fn the_stricter_of_a_members_limit_and_the_groups_applies() {
     // The group's 512 MiB is stricter than the member's 2 GiB.
     let dir = scratch_dir();
-    let mut a = Held::spawn(member(&dir, "g", "512MiB", &["init", "info", "wait"]));
-    a.until("wait");
+    let a = Held::at_wait(member(&dir, "g", "512MiB", &["init", "info", "wait"]));
     let ran = run(member(&dir, "g", "2GiB", &["init", "info"]));
     assert_eq!(
         ran.ok_lines(),
@@ -130,14 +127,13 @@ fn the_stricter_of_a_members_limit_and_the_groups_applies() {
     // both rooms show: 1792 MiB of the group's are held by the first, so
     // the group's room (256 MiB) binds first, then the member's own cap.
     let dir = scratch_dir_named("own");
-    let mut a = Held::spawn(member(
+    let mut a = Held::at_wait(member(
         &dir,
         "g",
         "2GiB",
         &["init", "alloc", "1792M", "wait"],
     ));
-    a.until("wait");
-    let mut b = Held::spawn(member(
+    let b = Held::at_wait(member(
         &dir,
         "g",
         "512MiB",
@@ -145,7 +141,6 @@ fn the_stricter_of_a_members_limit_and_the_groups_applies() {
             "init", "info", "fill", "128M", "info", "nvml", "wait", "fill", "128M", "info",
         ],
     ));
-    b.until("wait");
     let cap = 512 * MIB;
     assert_eq!(
         b.lines,
@@ -275,7 +270,7 @@ fn random_members_and_kills_never_pass_the_budget() {
     let budget = 512 * MIB;
     let mut members: Vec<Held> = (0..24)
         .map(|i| {
-            let mut h = Held::spawn(member(
+            Held::at_wait(member(
                 &dir,
                 "stress",
                 "512MiB",
@@ -288,9 +283,7 @@ fn random_members_and_kills_never_pass_the_budget() {
                     "32M",
                     "standin",
                 ],
-            ));
-            h.until("wait");
-            h
+            ))
         })
         .collect();
     for m in &mut members {
@@ -490,8 +483,7 @@ fn a_member_that_exits_gives_its_bytes_back_as_it_leaves() {
     let dir = scratch_dir();
     let mut stays = member(&dir, "l", "1GiB", &["init", "alloc", "1M", "wait", "info"]);
     stays.env("VRAMCAP_LOG", "info");
-    let mut stays = Held::spawn(stays);
-    stays.until("wait");
+    let stays = Held::at_wait(stays);
     let mut leaves = member(
         &dir,
         "l",

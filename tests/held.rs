@@ -14,6 +14,20 @@ fn info(free: u64) -> String {
     format!("info -> 0 free={free} total={}", 4 * GIB)
 }
 
+/// 3 GiB from the stream's pool, freed and synchronised, then 3 GiB
+/// allocated plainly.
+const POOL_THEN_PLAIN: [&str; 7] = ["allocasync", "3G", "freeasync", "0", "sync", "alloc", "3G"];
+
+/// What [`POOL_THEN_PLAIN`] answers when both allocations are granted.
+fn pool_then_plain_granted() -> [String; 4] {
+    [
+        format!("allocasync {} -> 0 #0", 3 * GIB),
+        "freeasync #0 -> 0".into(),
+        "sync -> 0".into(),
+        format!("alloc {} -> 0 #1", 3 * GIB),
+    ]
+}
+
 /// The scenario: a pool whose release threshold keeps everything
 /// is charged for what it keeps; a plain allocation that needs it is
 /// refused until the program trims the pool, then granted.
@@ -62,31 +76,17 @@ fn a_pool_that_keeps_freed_memory_is_refused_until_trimmed() {
 /// synchronisation; the shim sees it before refusing anything.
 #[test]
 fn a_pool_trimmed_at_a_synchronisation_is_seen_before_a_refusal() {
-    client(
-        "procaddr",
-        &[CAP, RETAIN],
+    let mut cmds = vec!["init", "stream"];
+    cmds.extend_from_slice(&POOL_THEN_PLAIN);
+    cmds.push("info");
+    client("procaddr", &[CAP, RETAIN], &cmds).expect_owned_lines(
         &[
-            "init",
-            "stream",
-            "allocasync",
-            "3G",
-            "freeasync",
-            "0",
-            "sync",
-            "alloc",
-            "3G",
-            "info",
-        ],
-    )
-    .expect_lines(&[
-        "init -> 0",
-        "stream -> 0",
-        &format!("allocasync {} -> 0 #0", 3 * GIB),
-        "freeasync #0 -> 0",
-        "sync -> 0",
-        &format!("alloc {} -> 0 #1", 3 * GIB),
-        &info(GIB),
-    ]);
+            &["init -> 0".into(), "stream -> 0".into()][..],
+            &pool_then_plain_granted(),
+            &[info(GIB)],
+        ]
+        .concat(),
+    );
 }
 
 /// The context is counted: the program sees a card of the cap's size
@@ -203,29 +203,17 @@ fn counting_allocations_leaves_pools_and_the_context_out() {
             ("VRAMCAP_COUNT", "allocations"),
         ],
         &[
-            "init",
-            "info",
-            "stream",
-            "poolset",
-            "threshold",
-            "max",
-            "allocasync",
-            "3G",
-            "freeasync",
-            "0",
-            "sync",
-            "alloc",
-            "3G",
-        ],
+            &["init", "info", "stream", "poolset", "threshold", "max"][..],
+            &POOL_THEN_PLAIN,
+        ]
+        .concat(),
     )
-    .expect_lines(&[
-        "init -> 0",
-        &info(4 * GIB),
-        "stream -> 0",
-        "poolset threshold max -> 0",
-        &format!("allocasync {} -> 0 #0", 3 * GIB),
-        "freeasync #0 -> 0",
-        "sync -> 0",
-        &format!("alloc {} -> 0 #1", 3 * GIB),
-    ]);
+    .expect_owned_lines(
+        &[
+            &["init -> 0".into(), info(4 * GIB), "stream -> 0".into()][..],
+            &["poolset threshold max -> 0".into()],
+            &pool_then_plain_granted(),
+        ]
+        .concat(),
+    );
 }

@@ -101,10 +101,8 @@ pub(crate) fn limit(dir: &Path, args: &[&str]) -> Ran {
 #[test]
 fn vramcap_limit_lowers_and_raises_a_running_process() {
     let dir = scratch_dir();
-    let mut h = held_in(
-        &artefacts().client,
+    let mut h = capped_1gib(
         &dir,
-        &[ONE_GIB, NO_CACHE],
         &[
             "init", "alloc", "256M", "wait", "info", "fill", "16M", "wait", "fill", "16M",
         ],
@@ -133,21 +131,22 @@ fn vramcap_limit_lowers_and_raises_a_running_process() {
     );
 }
 
+/// The client under a 1 GiB cap with the cache off, run up to its first
+/// `wait`.
+fn capped_1gib(dir: &Path, args: &[&str]) -> Held {
+    held_in(dir, &[ONE_GIB, NO_CACHE], args)
+}
+
+/// A client under a 1 GiB cap (cache off) holding 256 MiB at its first
+/// `wait`, with a second `wait` after an `info`.
+fn holding_256m(dir: &Path) -> Held {
+    capped_1gib(dir, &["init", "alloc", "256M", "wait", "info", "wait"])
+}
+
 /// A page whose request counters stand at `u64::MAX`: the next request is
 /// number 0, and `vramcap limit` waits for the process to take it (it used
 /// to take the acknowledgement of the one before, u64::MAX, for its own and
 /// report "1.00 GiB -> 1.00 GiB", a change the process never took).
-/// A client under a 1 GiB cap (cache off) holding 256 MiB at its first
-/// `wait`, with a second `wait` after an `info`.
-fn holding_256m(dir: &std::path::Path) -> crate::util::Held {
-    held_in(
-        &artefacts().client,
-        dir,
-        &[ONE_GIB, NO_CACHE],
-        &["init", "alloc", "256M", "wait", "info", "wait"],
-    )
-}
-
 #[test]
 fn vramcap_limit_waits_for_its_own_answer_across_the_counters_wrap() {
     use std::os::unix::fs::FileExt;
@@ -181,10 +180,8 @@ fn vramcap_limit_waits_for_its_own_answer_across_the_counters_wrap() {
 #[test]
 fn vramcap_limit_reports_over_cap_waits_lifts_and_refuses_bad_input() {
     let dir = scratch_dir();
-    let mut h = held_in(
-        &artefacts().client,
+    let mut h = capped_1gib(
         &dir,
-        &[ONE_GIB, NO_CACHE],
         &["init", "alloc", "768M", "wait", "alloc", "1M", "wait"],
     );
     let pid = h.pid();
@@ -346,13 +343,11 @@ fn vramcap_limit_changes_a_groups_budget_for_all_members_at_once() {
     let dir = scratch_dir();
     let env = [ONE_GIB, NO_CACHE, ("VRAMCAP_GROUP", "g")];
     let mut a = held_in(
-        &artefacts().client,
         &dir,
         &env,
         &["init", "alloc", "256M", "wait", "fill", "16M", "wait"],
     );
     let mut b = held_in(
-        &artefacts().client,
         &dir,
         &env,
         &["init", "alloc", "256M", "wait", "alloc", "16M"],
@@ -416,7 +411,6 @@ fn above_the_soft_limit_the_cache_shrinks_and_spill_is_preferred() {
     // it went there.
     let dir = scratch_dir();
     let mut h = held_in(
-        &artefacts().client,
         &dir,
         &[ONE_GIB, NO_CACHE, soft],
         &["init", "alloc", "600M", "wait", "free", "0", "wait"],

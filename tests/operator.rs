@@ -117,8 +117,7 @@ fn the_operators_cap_file_holds_whatever_the_environment_says() {
         &["init", "alloc", "64M", "wait", "alloc", "448M", "info"],
     );
     cmd.env("VRAMCAP_STATS_DIR", &dir);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
+    let mut h = Held::at_wait(cmd);
     let pid = h.pid();
     limit(&dir, &["--pid", &pid.to_string(), "1GiB"]).expect_lines(&[&format!(
         "{pid} gpu 0: limit 256 MiB -> 256 MiB, holds 64.0 MiB"

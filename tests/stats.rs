@@ -9,7 +9,7 @@ use crate::util::*;
 use serde_json::Value;
 
 fn held_client(dir: &Path, limit: &str, args: &[&str]) -> Held {
-    held_in(&artefacts().client, dir, &[("VRAMCAP_LIMIT", limit)], args)
+    held_in(dir, &[("VRAMCAP_LIMIT", limit)], args)
 }
 
 fn stat(dir: &Path, args: &[&str]) -> Ran {
@@ -491,7 +491,6 @@ fn all_users_reads_another_users_group_without_writing_it() {
     needs_root();
     let dir = scratch_dir();
     let h = held_in(
-        &artefacts().client,
         &dir,
         &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_GROUP", "shared")],
         &["init", "alloc", "100M", "wait"],
@@ -625,7 +624,6 @@ fn liveness_follows_the_lock_not_the_pid() {
     use std::os::unix::fs::FileExt;
     let dir = scratch_dir();
     let h = held_in(
-        &artefacts().client,
         &dir,
         &[
             ("VRAMCAP_LIMIT", "1GiB"),

@@ -12,13 +12,8 @@ use crate::util::*;
 
 /// Waits (at most 30 s) for the process's one promotion under a 64 MiB
 /// cap: the 32 MiB host block #2 onto the device, the 32 MiB device block
-/// #0 making room (the device then holds #1 and #2).
-fn promoted_once(dir: &std::path::Path, pid: u32) {
-    promoted_once_holding(dir, pid, 48 * MIB);
-}
-
-/// [`promoted_once`] with `used` bytes reserved on the device after it.
-fn promoted_once_holding(dir: &std::path::Path, pid: u32, used: u64) {
+/// #0 making room (the device then holds #1 and #2, `used` bytes).
+fn promoted_once(dir: &std::path::Path, pid: u32, used: u64) {
     let start = Instant::now();
     let d = loop {
         let d = stat_device0(dir, pid);
@@ -46,88 +41,77 @@ fn tiered(cap: &'static str) -> Vec<(&'static str, &'static str)> {
     ]
 }
 
+/// Three blocks under a 64 MiB cap: #0 (32 MiB) and #1 (16 MiB) on the
+/// device, #2 (32 MiB) past the cap on the host; #2 tagged 77, #0 tagged 5;
+/// the kernel `touch2` loaded.
+const THREE_BLOCKS: [&str; 17] = [
+    "init", "alloc", "32M", "alloc", "16M", "alloc", "32M", "memset32", "2", "32M", "77",
+    "memset32", "0", "32M", "5", "kernel", "touch2",
+];
+
+/// The three blocks freed, then the device's use.
+const FREE_THREE: [&str; 7] = ["free", "0", "free", "1", "free", "2", "standin"];
+
+/// What [`FREE_THREE`] answers after a promotion under a 64 MiB cap (a
+/// peak of 48 MiB on the device).
+fn freed_three() -> [String; 5] {
+    [
+        "free #0 -> 0".into(),
+        "free #1 -> 0".into(),
+        "free #2 -> 0".into(),
+        format!("standin dev=0 used=0 peak={}", 48 * MIB),
+        "standin dev=1 used=0 peak=0".into(),
+    ]
+}
+
+/// Runs the client with `cmds` under tiered spill and a 64 MiB cap, waits
+/// for its one promotion (`used` bytes on the device after it), resumes it
+/// and returns its lines once it has exited successfully.
+fn promoted_run(cmds: &[&str], used: u64) -> Vec<String> {
+    let dir = scratch_dir();
+    let mut h = held_in(&dir, &tiered("64MiB"), cmds);
+    promoted_once(&dir, h.pid(), used);
+    h.resume();
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+    lines
+}
+
+/// The lines from `resumed` on.
+fn after_resume(lines: &[String]) -> Vec<&str> {
+    lines
+        .iter()
+        .map(String::as_str)
+        .skip_while(|l| *l != "resumed")
+        .collect()
+}
+
 /// A hot host block is promoted: the cold device block that makes room goes
 /// to the host, the hot one comes to the device, the stand-in's device
 /// never holds more than the 64 MiB cap, and the hot block's contents (the
 /// stand-in's tag, written before the move and read after it) survive.
 #[test]
 fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
-    let dir = scratch_dir();
-    let mut h = held_in(
-        &artefacts().client,
-        &dir,
-        &tiered("64MiB"),
-        &[
-            "init",
-            "alloc",
-            "32M",
-            "alloc",
-            "16M",
-            "alloc",
-            "32M",
-            "memset32",
-            "2",
-            "32M",
-            "77",
-            "memset32",
-            "0",
-            "32M",
-            "5",
-            "kernel",
-            "touch2",
-            "kernel-launch",
-            "3000",
-            "#2",
-            "#2",
-            "wait",
-            "read32",
-            "2",
-            "read32",
-            "0",
-            "kernel-launch",
-            "1",
-            "#0",
-            "#2",
-            "kcounts",
-            "standin",
-            "free",
-            "0",
-            "free",
-            "1",
-            "free",
-            "2",
-            "standin",
-        ],
-    );
+    let mut cmds = THREE_BLOCKS.to_vec();
+    cmds.extend_from_slice(&["kernel-launch", "3000", "#2", "#2", "wait", "read32", "2"]);
+    cmds.extend_from_slice(&["read32", "0", "kernel-launch", "1", "#0", "#2", "kcounts"]);
+    cmds.push("standin");
+    cmds.extend_from_slice(&FREE_THREE);
     // #0 (32 MiB, never launched) is the block to make room for #2.
-    promoted_once(&dir, h.pid());
-    h.resume();
-    let (lines, out) = h.finish();
-    assert!(out.status.success(), "{lines:?}");
-    let tail: Vec<&str> = lines
-        .iter()
-        .map(String::as_str)
-        .skip_while(|l| *l != "resumed")
-        .collect();
-    assert_eq!(
-        tail,
-        [
-            "resumed",
-            "read32 #2 -> 0 value=77",
-            "read32 #0 -> 0 value=5",
-            "kernel-launch 1 -> 0",
-            "kcounts launch=3001 fault=0",
-            // The peak: 48 MiB, never the 80 MiB a move that made the new
-            // memory before giving back the old would have needed.
-            &format!("standin dev=0 used={} peak={}", 48 * MIB, 48 * MIB),
-            "standin dev=1 used=0 peak=0",
-            "free #0 -> 0",
-            "free #1 -> 0",
-            "free #2 -> 0",
-            &format!("standin dev=0 used=0 peak={}", 48 * MIB),
-            "standin dev=1 used=0 peak=0",
-        ]
-    );
+    let lines = promoted_run(&cmds, 48 * MIB);
+    let mut want = vec![
+        "resumed".to_string(),
+        "read32 #2 -> 0 value=77".into(),
+        "read32 #0 -> 0 value=5".into(),
+        "kernel-launch 1 -> 0".into(),
+        "kcounts launch=3001 fault=0".into(),
+        // The peak: 48 MiB, never the 80 MiB a move that made the new
+        // memory before giving back the old would have needed.
+        format!("standin dev=0 used={} peak={}", 48 * MIB, 48 * MIB),
+        "standin dev=1 used=0 peak=0".into(),
+    ];
+    want.extend(freed_three());
+    assert_eq!(after_resume(&lines), want);
 }
 
 /// The program's own `cuMemCreate` memory (PyTorch's expandable segments)
@@ -137,78 +121,34 @@ fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
 /// maps, retains and releases; and its bytes come back with its release.
 #[test]
 fn the_programs_own_vmm_pages_move_with_their_handles_and_contents() {
-    let dir = scratch_dir();
-    let mut h = held_in(
-        &artefacts().client,
-        &dir,
-        &tiered("64MiB"),
-        &[
-            "init",
-            "vmm",
-            "32M",
-            "vmm",
-            "32M",
-            "vmm",
-            "32M",
-            "vmmmap",
-            "%0",
-            "vmmmap",
-            "%1",
-            "vmmmap",
-            "%2",
-            "standin",
-            "memset32",
-            "%2",
-            "32M",
-            "77",
-            "memset32",
-            "%0",
-            "32M",
-            "5",
-            "kernel",
-            "touch2",
-            "kernel-launch",
-            "3000",
-            "%2",
-            "%2",
-            "wait",
-            "read32",
-            "%2",
-            "read32",
-            "%0",
-            "kernel-launch",
-            "1",
-            "%0",
-            "%2",
-            "kcounts",
-            "standin",
-            "vmmretain",
-            "%2",
-            "vmmrelease",
-            "%3",
-            "vmmunmap",
-            "%0",
-            "vmmunmap",
-            "%1",
-            "vmmunmap",
-            "%2",
-            "vmmrelease",
-            "%0",
-            "vmmrelease",
-            "%1",
-            "vmmrelease",
-            "%2",
-            "vmmrelease",
-            "%2",
-            "standin",
-            "counts",
-        ],
-    );
+    let mut cmds = vec!["init", "vmm", "32M", "vmm", "32M", "vmm", "32M"];
+    cmds.extend_from_slice(&["vmmmap", "%0", "vmmmap", "%1", "vmmmap", "%2", "standin"]);
+    cmds.extend_from_slice(&["memset32", "%2", "32M", "77", "memset32", "%0", "32M", "5"]);
+    cmds.extend_from_slice(&[
+        "kernel",
+        "touch2",
+        "kernel-launch",
+        "3000",
+        "%2",
+        "%2",
+        "wait",
+    ]);
+    cmds.extend_from_slice(&[
+        "read32",
+        "%2",
+        "read32",
+        "%0",
+        "kernel-launch",
+        "1",
+        "%0",
+        "%2",
+    ]);
+    cmds.extend_from_slice(&["kcounts", "standin", "vmmretain", "%2", "vmmrelease", "%3"]);
+    cmds.extend_from_slice(&["vmmunmap", "%0", "vmmunmap", "%1", "vmmunmap", "%2"]);
+    cmds.extend_from_slice(&["vmmrelease", "%0", "vmmrelease", "%1", "vmmrelease", "%2"]);
+    cmds.extend_from_slice(&["vmmrelease", "%2", "standin", "counts"]);
     // %0 (32 MiB, never launched) is the block to make room for %2.
-    promoted_once_holding(&dir, h.pid(), 64 * MIB);
-    h.resume();
-    let (lines, out) = h.finish();
-    assert!(out.status.success(), "{lines:?}");
+    let lines = promoted_run(&cmds, 64 * MIB);
     let at = |l: &str| lines.iter().position(|x| x == l).expect(l);
     // The third handle is past the cap: host memory, the device holds two.
     assert_eq!(
@@ -268,31 +208,8 @@ const CAPTURE_2: [&str; 7] = [
 /// must promote #2 (#0 making room) with its contents kept and no fault.
 /// `said`: what the graph commands answer.
 fn graph_promotes(graph: &[&str], said: &[&str]) {
-    let dir = scratch_dir();
-    let mut cmds = vec![
-        "init",
-        "alloc",
-        "32M",
-        "alloc",
-        "16M",
-        "alloc",
-        "32M",
-        "memset32",
-        "2",
-        "32M",
-        "77",
-        "memset32",
-        "0",
-        "32M",
-        "5",
-        "kernel",
-        "touch2",
-        "kernel-launch",
-        "10",
-        "#0",
-        "#1",
-        "stream",
-    ];
+    let mut cmds = THREE_BLOCKS.to_vec();
+    cmds.extend_from_slice(&["kernel-launch", "10", "#0", "#1", "stream"]);
     cmds.extend_from_slice(graph);
     cmds.extend_from_slice(&[
         "launches",
@@ -306,19 +223,9 @@ fn graph_promotes(graph: &[&str], said: &[&str]) {
         "kcounts",
         "standin",
         "execdestroy",
-        "free",
-        "0",
-        "free",
-        "1",
-        "free",
-        "2",
-        "standin",
     ]);
-    let mut h = held_in(&artefacts().client, &dir, &tiered("64MiB"), &cmds);
-    promoted_once(&dir, h.pid());
-    h.resume();
-    let (lines, out) = h.finish();
-    assert!(out.status.success(), "{lines:?}");
+    cmds.extend_from_slice(&FREE_THREE);
+    let lines = promoted_run(&cmds, 48 * MIB);
     let before: Vec<&str> = lines
         .iter()
         .map(String::as_str)
@@ -339,30 +246,19 @@ fn graph_promotes(graph: &[&str], said: &[&str]) {
     want.extend_from_slice(said);
     want.push("launches 3000 -> 0");
     assert_eq!(before, want);
-    let tail: Vec<&str> = lines
-        .iter()
-        .map(String::as_str)
-        .skip_while(|l| *l != "resumed")
-        .collect();
-    assert_eq!(
-        tail,
-        [
-            "resumed",
-            "read32 #2 -> 0 value=77",
-            "read32 #0 -> 0 value=5",
-            "launch -> 0",
-            // Captured launches ran nothing; each graph launch ran its one kernel.
-            "kcounts launch=3011 fault=0",
-            &format!("standin dev=0 used={} peak={}", 48 * MIB, 48 * MIB),
-            "standin dev=1 used=0 peak=0",
-            "execdestroy -> 0",
-            "free #0 -> 0",
-            "free #1 -> 0",
-            "free #2 -> 0",
-            &format!("standin dev=0 used=0 peak={}", 48 * MIB),
-            "standin dev=1 used=0 peak=0",
-        ]
-    );
+    let mut want = vec![
+        "resumed".to_string(),
+        "read32 #2 -> 0 value=77".into(),
+        "read32 #0 -> 0 value=5".into(),
+        "launch -> 0".into(),
+        // Captured launches ran nothing; each graph launch ran its one kernel.
+        "kcounts launch=3011 fault=0".into(),
+        format!("standin dev=0 used={} peak={}", 48 * MIB, 48 * MIB),
+        "standin dev=1 used=0 peak=0".into(),
+        "execdestroy -> 0".into(),
+    ];
+    want.extend(freed_three());
+    assert_eq!(after_resume(&lines), want);
 }
 
 /// A host block that only a CUDA graph's kernel uses heats as launched

@@ -13,7 +13,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 fn held_client(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
     let env = [&[("VRAMCAP_LIMIT", "1GiB")], env].concat();
-    held_in(&artefacts().client, dir, &env, args)
+    held_in(dir, &env, args)
 }
 
 fn shell_quote(s: &str) -> String {

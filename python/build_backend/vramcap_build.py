@@ -28,6 +28,17 @@ import zipfile
 
 import maturin
 
+# The hooks with nothing to add are maturin's own (PEP 517 and 660 look them
+# up by name).
+from maturin import (  # noqa: F401
+    build_sdist,
+    get_requires_for_build_editable,
+    get_requires_for_build_sdist,
+    get_requires_for_build_wheel,
+    prepare_metadata_for_build_editable,
+    prepare_metadata_for_build_wheel,
+)
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
 ROOT = os.path.dirname(HERE)
 PLACED = os.path.join(HERE, "vramcap", "libvramcap.so")
@@ -78,36 +89,12 @@ def _add_autostart(wheel_directory, filename):
     os.replace(tmp, path)
 
 
-def get_requires_for_build_wheel(config_settings=None):
-    return maturin.get_requires_for_build_wheel(config_settings)
-
-
-def get_requires_for_build_sdist(config_settings=None):
-    return maturin.get_requires_for_build_sdist(config_settings)
-
-
-def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
-    return maturin.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
-
-
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     _place_shim()
     return maturin.build_wheel(wheel_directory, config_settings, metadata_directory)
 
 
-def build_sdist(sdist_directory, config_settings=None):
-    return maturin.build_sdist(sdist_directory, config_settings)
-
-
 # `pip install -e .` (PEP 660): the same, as maturin's editable wheel.
-def get_requires_for_build_editable(config_settings=None):
-    return maturin.get_requires_for_build_editable(config_settings)
-
-
-def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
-    return maturin.prepare_metadata_for_build_editable(metadata_directory, config_settings)
-
-
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     _place_shim()
     filename = maturin.build_editable(wheel_directory, config_settings, metadata_directory)

@@ -21,6 +21,8 @@ import sys
 
 from jupyter_client.manager import KernelManager
 
+from jupyter_cell import run_cell
+
 FILL = """
 import torch
 xs = []
@@ -37,19 +39,10 @@ torch.cuda.empty_cache()
 
 
 def cell(kc, code):
-    out, err = [], []
-
-    def hook(msg):
-        t, c = msg["msg_type"], msg["content"]
-        if t == "stream" and c["name"] == "stdout":
-            out.append(c["text"])
-        elif t == "error":
-            err.append(f"{c['ename']}: {c['evalue']}")
-
-    kc.execute_interactive(code, output_hook=hook, timeout=300)
+    out, err = run_cell(kc, code, timeout=300)
     if err:
         raise RuntimeError(f"cell {code!r}: {err[0]}")
-    return "".join(out).split()
+    return out.split()
 
 
 def main():

@@ -110,6 +110,18 @@ static cudaMemPool_t default_pool_retaining() {
     return pool;
 }
 
+// A non-blocking stream in *s and the default pool, set to keep everything,
+// in *pool; 1 after one ERROR line when either cannot be had.
+static int stream_and_pool(cudaStream_t *s, cudaMemPool_t *pool) {
+    CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    *pool = default_pool_retaining();
+    if (!*pool) {
+        printf("ERROR default pool / release threshold: %s\n", rt_name(cudaGetLastError()));
+        return 1;
+    }
+    return 0;
+}
+
 static uint64_t pool_attr(cudaMemPool_t pool, cudaMemPoolAttr a) {
     uint64_t v = 0;
     if (cudaMemPoolGetAttribute(pool, a, &v) != cudaSuccess) {
@@ -147,14 +159,7 @@ static int mode_fill(size_t cap, bool async) {
     const size_t hard = cap + GIB;
     cudaStream_t s = 0;
     cudaMemPool_t pool = NULL;
-    if (async) {
-        CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        pool = default_pool_retaining();
-        if (!pool) {
-            printf("ERROR default pool / release threshold: %s\n", rt_name(cudaGetLastError()));
-            return 1;
-        }
-    }
+    if (async && stream_and_pool(&s, &pool)) return 1;
     std::vector<void *> ptrs;
     size_t bytes = 0, chunk = GIB;
     int refusals = 0;
@@ -225,12 +230,8 @@ static int mode_pool(size_t cap) {
     const size_t a = (size_t)(0.7 * (double)f0);
     const size_t b = (size_t)(0.9 * (double)f0);
     cudaStream_t s;
-    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaMemPool_t pool = default_pool_retaining();
-    if (!pool) {
-        printf("ERROR default pool / release threshold: %s\n", rt_name(cudaGetLastError()));
-        return 1;
-    }
+    cudaMemPool_t pool;
+    if (stream_and_pool(&s, &pool)) return 1;
     void *p = NULL;
     cudaError_t ea = cudaMallocAsync(&p, a, s);
     cudaError_t es = cudaSuccess;
@@ -449,12 +450,8 @@ static int mode_footprint() {
 
     // The default pool's granule: reserved memory for a 1-byte allocation.
     cudaStream_t s;
-    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaMemPool_t pool = default_pool_retaining();
-    if (!pool) {
-        printf("ERROR default pool / release threshold: %s\n", rt_name(cudaGetLastError()));
-        return 1;
-    }
+    cudaMemPool_t pool;
+    if (stream_and_pool(&s, &pool)) return 1;
     uint64_t r0 = pool_attr(pool, cudaMemPoolAttrReservedMemCurrent);
     void *p = NULL;
     CHECK(cudaMallocAsync(&p, 1, s));

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::*;
-use crate::readers::{Forge, Forged, Truncator, forge, peak_rss, room_for_files};
+use crate::readers::{Forge, Truncator, forge, forge_full_pages, peak_rss, room_for_files};
 
 /// A page truncated and restored without pause while the exporter is
 /// scraped 300 times: every answer is 200, the exporter lives on (it used
@@ -45,13 +45,7 @@ fn two_thousand_forged_pages_cost_a_scrape_a_bounded_amount() {
     // Named by hand, short: the path is in the `dir` label of each of the
     // scrape's ~90,000 samples, which the bound on its size counts.
     let dir = fresh_dir("exporter-bounded");
-    let forged: Vec<Forged> = (0..N)
-        .map(|i| {
-            let mut f = Forge::pid(950_000 + i);
-            f.devices = 64;
-            forge(&dir, &f)
-        })
-        .collect();
+    let forged = forge_full_pages(&dir, 950_000, N);
     let ex = Exporter::start(&dir);
     let start = Instant::now();
     let r = ex.get("/metrics");

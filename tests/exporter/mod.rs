@@ -270,7 +270,7 @@ fn held_program(
     args: &[&str],
 ) -> Held {
     let limit: Vec<(&str, &str)> = limit.map(|l| ("VRAMCAP_LIMIT", l)).into_iter().collect();
-    held_in(program, dir, &[&limit[..], env].concat(), args)
+    held_program_in(program, dir, &[&limit[..], env].concat(), args)
 }
 
 fn stat_json(dir: &Path) -> Json {

@@ -160,8 +160,7 @@ fn a_squatted_default_directory_is_refused_and_the_runtime_directory_is_used() {
         cmd.env("VRAMCAP_LIMIT", "1GiB")
             .env("VRAMCAP_GROUP", "g")
             .args(["procaddr", "init", "alloc", "64M", "wait"]);
-        let mut h = Held::spawn(cmd);
-        h.until("wait");
+        let h = Held::at_wait(cmd);
         let pages = rt.join("vramcap");
         let page = pages.join(format!("{}.page", h.pid()));
         assert!(page.is_file(), "no page in {}", pages.display());
@@ -213,9 +212,7 @@ fn readers_find_pages_in_every_default_directory() {
         let mut cmd = as_user(&a.client, uid, xdg, true);
         cmd.env("VRAMCAP_LIMIT", "1GiB")
             .args(["procaddr", "init", "alloc", "16M", "wait"]);
-        let mut h = Held::spawn(cmd);
-        h.until("wait");
-        h
+        Held::at_wait(cmd)
     };
     let cron = start(None);
     let shell = start(Some(&rt));

@@ -26,7 +26,6 @@ pub fn template() -> &'static [u8] {
     T.get_or_init(|| {
         let dir = fresh_dir("readers-template");
         let h = held_in(
-            &artefacts().client,
             &dir,
             &[("VRAMCAP_LIMIT", "1GiB")],
             &["init", "alloc", "1M", "wait"],
@@ -90,6 +89,18 @@ impl Forge<'_> {
 pub struct Forged {
     pub file: File,
     pub bytes: Vec<u8>,
+}
+
+/// `n` live pages forged in `dir` for PIDs from `first_pid` on, each
+/// claiming all 64 GPUs (the most a page holds).
+pub fn forge_full_pages(dir: &Path, first_pid: u32, n: u32) -> Vec<Forged> {
+    (0..n)
+        .map(|i| {
+            let mut f = Forge::pid(first_pid + i);
+            f.devices = 64;
+            forge(dir, &f)
+        })
+        .collect()
 }
 
 pub fn forge(dir: &Path, f: &Forge) -> Forged {
@@ -225,7 +236,6 @@ fn a_page_truncated_while_stat_reads_it_never_kills_stat() {
 fn a_group_file_truncated_while_stat_reclaims_it_never_kills_stat() {
     let src = scratch_dir();
     let h = held_in(
-        &artefacts().client,
         &src,
         &[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_GROUP", "g")],
         &["init", "alloc", "1M", "wait"],
@@ -359,13 +369,7 @@ fn two_thousand_forged_pages_cost_stat_a_bounded_amount() {
     const N: u32 = 2000;
     room_for_files(N as u64);
     let dir = scratch_dir();
-    let forged: Vec<Forged> = (0..N)
-        .map(|i| {
-            let mut f = Forge::pid(920_000 + i);
-            f.devices = 64;
-            forge(&dir, &f)
-        })
-        .collect();
+    let forged = forge_full_pages(&dir, 920_000, N);
     // The first refresh is printed, then stat sleeps: its peak memory is
     // read then, while it still runs.
     let start = std::time::Instant::now();

@@ -194,6 +194,14 @@ impl Held {
         }
     }
 
+    /// Starts `cmd` and reads its stdout up to its first `wait`, where it
+    /// holds what it allocated until told to go on.
+    pub fn at_wait(cmd: Command) -> Held {
+        let mut h = Held::spawn(cmd);
+        h.until("wait");
+        h
+    }
+
     /// Reads stdout until the line `want` (panics at end of output).
     pub fn until(&mut self, want: &str) {
         loop {
@@ -241,19 +249,22 @@ pub fn shimmed(program: &Path) -> Command {
     cmd
 }
 
+/// The test client under the shim: [`held_program_in`] with the client.
+pub fn held_in(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
+    held_program_in(&artefacts().client, dir, env, args)
+}
+
 /// `program` (a test client) under the shim, reaching the driver through
 /// `cuGetProcAddress` as the runtime does, publishing its page in `dir`,
 /// with `env` added; running `args` up to its first `wait`, where it holds
 /// what it allocated until told to go on.
-pub fn held_in(program: &Path, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
+pub fn held_program_in(program: &Path, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
     let mut cmd = shimmed(program);
     cmd.env("VRAMCAP_STATS_DIR", dir)
         .envs(env.iter().copied())
         .arg("procaddr")
         .args(args);
-    let mut h = Held::spawn(cmd);
-    h.until("wait");
-    h
+    Held::at_wait(cmd)
 }
 
 pub struct Ran {
@@ -299,6 +310,12 @@ impl Ran {
 
     /// Asserts a zero exit and stdout equal to `want`, line by line.
     pub fn expect_lines(&self, want: &[&str]) {
+        let got = self.ok_lines();
+        assert_eq!(got, want, "stdout differs{}", self.context());
+    }
+
+    /// [`Ran::expect_lines`] for lines made at run time.
+    pub fn expect_owned_lines(&self, want: &[String]) {
         let got = self.ok_lines();
         assert_eq!(got, want, "stdout differs{}", self.context());
     }

@@ -27,7 +27,7 @@ pub struct ShimOptions {
     /// Return cached blocks idle this long, e.g. 5s (sets VRAMCAP_CACHE_IDLE)
     #[arg(long, value_name = "DURATION")]
     pub cache_idle: Option<String>,
-    /// Past the cap, spill to host memory: off, managed, host or tiered (sets VRAMCAP_SPILL)
+    /// Past the cap, spill to host memory: off, host or tiered (sets VRAMCAP_SPILL)
     #[arg(long, value_name = "MODE")]
     pub spill: Option<String>,
     /// Host memory spill may take: a size or a percentage of RAM (sets VRAMCAP_SPILL_LIMIT)

@@ -114,30 +114,23 @@ mod tests {
             check_header(4, &head[..4], Some(1000)),
             Err(PageProblem::Truncated { len: 4 })
         );
-        let mut bad = head.clone();
-        bad[0] = b'X';
-        assert_eq!(
-            check_header(len, &bad, Some(1000)),
-            Err(PageProblem::ForeignMagic)
-        );
-        let mut bad = head.clone();
-        bad[8] = 2;
-        assert_eq!(
-            check_header(len, &bad, Some(1000)),
-            Err(PageProblem::OtherVersion { version: 2 })
-        );
-        let mut bad = head.clone();
-        bad[16] = 0;
-        bad[17] = 0;
-        assert_eq!(
-            check_header(len, &bad, Some(1000)),
-            Err(PageProblem::BadSizes)
-        );
-        let mut bad = head.clone();
-        bad[36] = 0;
-        assert_eq!(
-            check_header(len, &bad, Some(1000)),
-            Err(PageProblem::Initialising)
-        );
+        // A byte of the header changed (offset, new value) and what it makes.
+        let spoilt = [
+            (&[(0, b'X')][..], PageProblem::ForeignMagic),
+            (&[(8, 2)], PageProblem::OtherVersion { version: 2 }),
+            (&[(16, 0), (17, 0)], PageProblem::BadSizes),
+            (&[(36, 0)], PageProblem::Initialising),
+        ];
+        for (bytes, problem) in spoilt {
+            let mut bad = head.clone();
+            for &(at, value) in bytes {
+                bad[at] = value;
+            }
+            assert_eq!(
+                check_header(len, &bad, Some(1000)),
+                Err(problem),
+                "{bytes:?}"
+            );
+        }
     }
 }

@@ -19,9 +19,9 @@ mod vars;
 
 pub use operator::{OperatorError, read_operator_limit};
 pub use parse::{
-    CacheBound, ContextCharge, Counting, LogLevel, SettingsError, Spill, SpillLimit,
-    default_stats_dir, parse_cache, parse_context, parse_counting, parse_duration, parse_log_level,
-    parse_spill, parse_spill_limit,
+    CacheBound, ContextCharge, Counting, LogLevel, MANAGED_AS_HOST, SettingsError, Spill,
+    SpillLimit, default_stats_dir, parse_cache, parse_context, parse_counting, parse_duration,
+    parse_log_level, parse_spill, parse_spill_limit,
 };
 pub use vars::{
     CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, CUDA_LIBRARY_VAR, DISABLE_VAR, GROUP_VAR,
@@ -48,6 +48,9 @@ pub struct Settings {
     pub cache_idle: std::time::Duration,
     /// `VRAMCAP_SPILL`: where allocations go past the cap.
     pub spill: Spill,
+    /// `VRAMCAP_SPILL=managed` was asked for: `spill` is `Host`, and
+    /// [`Settings::managed_as_host`] is the line that says so.
+    pub spill_was_managed: bool,
     /// `VRAMCAP_SPILL_LIMIT`: host memory spill may take per process.
     pub spill_limit: SpillLimit,
     /// `VRAMCAP_GROUP`: share one budget per GPU with this group's members.
@@ -74,118 +77,107 @@ impl Settings {
     /// `None` when it is unset. A variable set to a value that is not valid
     /// UTF-8 should be passed as `Some` of its lossy text: it is then refused.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Settings, SettingsError> {
-        let limit = match get(LIMIT_VAR) {
-            None => LimitSpec::default(),
-            Some(v) => parse_limit(&v).map_err(SettingsError::Limit)?,
-        };
-        let log = match get(LOG_VAR) {
-            None => LogLevel::Warn,
-            Some(v) => parse_log_level(&v)?,
-        };
-        let cuda_library = match get(CUDA_LIBRARY_VAR) {
-            None => None,
-            Some(v) if v.trim().is_empty() => {
-                return Err(SettingsError::Other {
-                    var: CUDA_LIBRARY_VAR,
-                    value: v,
-                    expected: "the path of the real libcuda.so.1 (e.g. /usr/lib/x86_64-linux-gnu/libcuda.so.1)",
-                });
+        // A set variable through its parser; `None` when it is unset.
+        fn parsed<T>(
+            value: Option<String>,
+            parse: impl FnOnce(&str) -> Result<T, SettingsError>,
+        ) -> Result<Option<T>, SettingsError> {
+            value.as_deref().map(parse).transpose()
+        }
+        // The standard error for `var`'s `value`.
+        fn bad(var: &'static str, value: &str, expected: &'static str) -> SettingsError {
+            SettingsError::Other {
+                var,
+                value: value.to_string(),
+                expected,
             }
-            Some(v) => Some(PathBuf::from(v)),
-        };
+        }
+        let limit = parsed(get(LIMIT_VAR), |v| {
+            parse_limit(v).map_err(SettingsError::Limit)
+        })?
+        .unwrap_or_default();
+        let log = parsed(get(LOG_VAR), parse_log_level)?.unwrap_or(LogLevel::Warn);
+        let cuda_library = parsed(get(CUDA_LIBRARY_VAR), |v| match v.trim().is_empty() {
+            false => Ok(PathBuf::from(v)),
+            true => Err(bad(
+                CUDA_LIBRARY_VAR,
+                v,
+                "the path of the real libcuda.so.1 (e.g. /usr/lib/x86_64-linux-gnu/libcuda.so.1)",
+            )),
+        })?;
         let disabled = match get(DISABLE_VAR).as_deref().map(str::trim) {
             None | Some("") | Some("0") => false,
             Some("1") => true,
             Some(v) => {
-                return Err(SettingsError::Other {
-                    var: DISABLE_VAR,
-                    value: v.to_string(),
-                    expected: "1 to pass every call through, or 0/unset",
-                });
+                return Err(bad(
+                    DISABLE_VAR,
+                    v,
+                    "1 to pass every call through, or 0/unset",
+                ));
             }
         };
         let stats = match get(STATS_VAR).as_deref().map(str::trim) {
             None | Some("on") | Some("1") => true,
             Some("off") | Some("0") => false,
             Some(v) => {
-                return Err(SettingsError::Other {
-                    var: STATS_VAR,
-                    value: v.to_string(),
-                    expected: "on or off (off: no statistics page; the cap still holds)",
-                });
+                return Err(bad(
+                    STATS_VAR,
+                    v,
+                    "on or off (off: no statistics page; the cap still holds)",
+                ));
             }
         };
-        let stats_dir = match get(STATS_DIR_VAR) {
-            None => None,
-            Some(v) if v.starts_with('/') => Some(PathBuf::from(v)),
-            Some(v) => {
-                return Err(SettingsError::Other {
-                    var: STATS_DIR_VAR,
-                    value: v,
-                    expected: "an absolute directory path (e.g. VRAMCAP_STATS_DIR=/dev/shm/vramcap-jobs)",
-                });
-            }
-        };
-        let cache = match get(CACHE_VAR) {
-            None => CacheBound::DEFAULT,
-            Some(v) => parse_cache(&v)?,
-        };
-        let cache_idle = match get(CACHE_IDLE_VAR) {
-            None => std::time::Duration::from_secs(5),
-            Some(v) => parse_duration(&v).ok_or_else(|| SettingsError::Other {
-                var: CACHE_IDLE_VAR,
-                value: v.clone(),
-                expected: "a duration greater than zero, e.g. 5s, 500ms, 2m (a bare number is seconds)",
-            })?,
-        };
-        let spill = match get(SPILL_VAR) {
-            None => Spill::Off,
-            Some(v) => parse_spill(&v)?,
-        };
-        let spill_limit = match get(SPILL_LIMIT_VAR) {
-            None => SpillLimit::DEFAULT,
-            Some(v) => parse_spill_limit(&v)?,
-        };
-        let group = match get(GROUP_VAR) {
-            None => None,
-            Some(v) if crate::group::valid_name(&v) => Some(v),
-            Some(v) => {
-                return Err(SettingsError::Other {
-                    var: GROUP_VAR,
-                    value: v,
-                    expected: "1 to 63 letters, digits, '.', '_' or '-', not starting with '.' (e.g. VRAMCAP_GROUP=train-42)",
-                });
-            }
-        };
-        let counting = match get(COUNT_VAR) {
-            None => Counting::Held,
-            Some(v) => parse_counting(&v)?,
-        };
-        let context = match get(CONTEXT_VAR) {
-            None => ContextCharge::Auto,
-            Some(v) => parse_context(&v)?,
-        };
-        let nvidia_limit = match get(NVIDIA_LIMIT_VAR) {
-            None => None,
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(mib) if mib > 0 && mib <= u64::MAX >> 20 => Some(mib << 20),
-                _ => {
-                    return Err(SettingsError::Other {
-                        var: NVIDIA_LIMIT_VAR,
-                        value: v,
-                        expected: "a whole number of MiB greater than 0, as NVIDIA's container toolkit takes it (e.g. NVIDIA_GPU_MEMORY_LIMIT=8192)",
-                    });
-                }
-            },
-        };
-        let soft = match get(SOFT_LIMIT_VAR) {
-            None => LimitSpec::default(),
-            Some(v) => parse_limit(&v).map_err(|_| SettingsError::Other {
-                var: SOFT_LIMIT_VAR,
-                value: v.clone(),
-                expected: "a soft limit in the grammar of VRAMCAP_LIMIT, e.g. VRAMCAP_SOFT_LIMIT=6GiB (with VRAMCAP_LIMIT=8GiB)",
-            })?,
-        };
+        let stats_dir = parsed(get(STATS_DIR_VAR), |v| match v.starts_with('/') {
+            true => Ok(PathBuf::from(v)),
+            false => Err(bad(
+                STATS_DIR_VAR,
+                v,
+                "an absolute directory path (e.g. VRAMCAP_STATS_DIR=/dev/shm/vramcap-jobs)",
+            )),
+        })?;
+        let cache = parsed(get(CACHE_VAR), parse_cache)?.unwrap_or(CacheBound::DEFAULT);
+        let cache_idle = parsed(get(CACHE_IDLE_VAR), |v| {
+            parse_duration(v).ok_or_else(|| {
+                bad(
+                    CACHE_IDLE_VAR,
+                    v,
+                    "a duration greater than zero, e.g. 5s, 500ms, 2m (a bare number is seconds)",
+                )
+            })
+        })?
+        .unwrap_or(std::time::Duration::from_secs(5));
+        let (spill, spill_was_managed) =
+            parsed(get(SPILL_VAR), parse_spill)?.unwrap_or((Spill::Off, false));
+        let spill_limit =
+            parsed(get(SPILL_LIMIT_VAR), parse_spill_limit)?.unwrap_or(SpillLimit::DEFAULT);
+        let group = parsed(get(GROUP_VAR), |v| match crate::group::valid_name(v) {
+            true => Ok(v.to_string()),
+            false => Err(bad(
+                GROUP_VAR,
+                v,
+                "1 to 63 letters, digits, '.', '_' or '-', not starting with '.' (e.g. VRAMCAP_GROUP=train-42)",
+            )),
+        })?;
+        let counting = parsed(get(COUNT_VAR), parse_counting)?.unwrap_or(Counting::Held);
+        let context = parsed(get(CONTEXT_VAR), parse_context)?.unwrap_or(ContextCharge::Auto);
+        let nvidia_limit = parsed(get(NVIDIA_LIMIT_VAR), |v| match v.trim().parse::<u64>() {
+            Ok(mib) if mib > 0 && mib <= u64::MAX >> 20 => Ok(mib << 20),
+            _ => Err(bad(
+                NVIDIA_LIMIT_VAR,
+                v,
+                "a whole number of MiB greater than 0, as NVIDIA's container toolkit takes it (e.g. NVIDIA_GPU_MEMORY_LIMIT=8192)",
+            )),
+        })?;
+        let soft = parsed(get(SOFT_LIMIT_VAR), |v| {
+            parse_limit(v).map_err(|_| {
+                bad(
+                    SOFT_LIMIT_VAR,
+                    v,
+                    "a soft limit in the grammar of VRAMCAP_LIMIT, e.g. VRAMCAP_SOFT_LIMIT=6GiB (with VRAMCAP_LIMIT=8GiB)",
+                )
+            })
+        })?
+        .unwrap_or_default();
         Ok(Settings {
             limit,
             nvidia_limit,
@@ -201,6 +193,7 @@ impl Settings {
             cache,
             cache_idle,
             spill,
+            spill_was_managed,
             spill_limit,
             group,
             limit_text: get(LIMIT_VAR).unwrap_or_default(),
@@ -234,6 +227,12 @@ impl Settings {
             asked.join(" and "),
             if asked.len() > 1 { "are" } else { "is" }
         ))
+    }
+
+    /// The one warning line for `VRAMCAP_SPILL=managed`, taken as host;
+    /// `None` for any other mode.
+    pub fn managed_as_host(&self) -> Option<&'static str> {
+        self.spill_was_managed.then_some(MANAGED_AS_HOST)
     }
 
     /// Reads the settings from the process environment.

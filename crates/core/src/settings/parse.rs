@@ -85,12 +85,12 @@ pub fn parse_context(value: &str) -> Result<ContextCharge, SettingsError> {
         })
 }
 
-/// Where allocations go once the cap is reached.
+/// Where allocations go once the cap is reached. There is no managed mode:
+/// `VRAMCAP_SPILL=managed` is taken as [`Spill::Host`] with the warning
+/// [`MANAGED_AS_HOST`] (docs/design/spill-modes.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spill {
     Off,
-    /// Managed memory advised to live on the host and be read by the device.
-    Managed,
     /// Pinned host memory mapped into the device's address space.
     Host,
     /// Plain device memory becomes managed memory that vramcap moves
@@ -103,7 +103,6 @@ impl Spill {
     pub fn name(self) -> &'static str {
         match self {
             Spill::Off => "off",
-            Spill::Managed => "managed",
             Spill::Host => "host",
             Spill::Tiered => "tiered",
         }
@@ -130,17 +129,23 @@ impl SpillLimit {
     }
 }
 
-/// Parses `VRAMCAP_SPILL` with the standard error.
-pub fn parse_spill(value: &str) -> Result<Spill, SettingsError> {
+/// The one line said when `VRAMCAP_SPILL=managed` is asked for: the mode is
+/// gone (managed memory past the cap is memory the program could move onto
+/// the GPU, unseen by NVML) and host spill serves instead.
+pub const MANAGED_AS_HOST: &str = "VRAMCAP_SPILL=managed is taken as host (e.g. VRAMCAP_SPILL=host): managed memory past the cap could be moved onto the GPU by the program, unseen by NVML";
+
+/// Parses `VRAMCAP_SPILL` with the standard error; the second value is
+/// whether it asked for the removed managed mode (taken as host).
+pub fn parse_spill(value: &str) -> Result<(Spill, bool), SettingsError> {
     match value.trim().to_ascii_lowercase().as_str() {
-        "off" => Ok(Spill::Off),
-        "managed" => Ok(Spill::Managed),
-        "host" => Ok(Spill::Host),
-        "tiered" => Ok(Spill::Tiered),
+        "off" => Ok((Spill::Off, false)),
+        "managed" => Ok((Spill::Host, true)),
+        "host" => Ok((Spill::Host, false)),
+        "tiered" => Ok((Spill::Tiered, false)),
         _ => Err(SettingsError::Other {
             var: SPILL_VAR,
             value: value.to_string(),
-            expected: "off, managed, host or tiered (e.g. VRAMCAP_SPILL=tiered)",
+            expected: "off, host or tiered (e.g. VRAMCAP_SPILL=host)",
         }),
     }
 }

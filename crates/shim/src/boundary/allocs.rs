@@ -112,7 +112,8 @@ pub unsafe fn mem_alloc_pitch(
     unsafe { answer(made, dptr, pitch) }
 }
 
-/// `cuMemAllocManaged`.
+/// `cuMemAllocManaged`. Its flags go to the real call only: the engine
+/// makes no managed memory of its own.
 ///
 /// # Safety
 /// The driver function's contract.
@@ -121,15 +122,14 @@ pub unsafe fn mem_alloc_managed(
     mut real: impl FnMut() -> CUresult,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
-    flags: c_uint,
+    _flags: c_uint,
 ) -> CUresult {
     if dptr.is_null() {
         return real();
     }
     let none = std::ptr::null_mut();
     // SAFETY: `dptr` is non-null; the driver function's contract.
-    let made =
-        engine.mem_alloc_managed(unsafe { reading(real, dptr, none) }, bytesize as u64, flags);
+    let made = engine.mem_alloc_managed(unsafe { reading(real, dptr, none) }, bytesize as u64);
     // SAFETY: as above.
     unsafe { answer(made, dptr, none) }
 }

@@ -164,13 +164,6 @@ impl Driver for RealDriver {
         ok(rc, u.bytes)
     }
 
-    fn device_attribute(&self, attr: c_int, dev: CUdevice) -> Result<c_int, CUresult> {
-        let mut v: c_int = 0;
-        // SAFETY: see the impl.
-        let rc = unsafe { c::cuDeviceGetAttribute::call(&mut v, attr, dev) };
-        ok(rc, v)
-    }
-
     fn stream_is_capturing(&self, stream: usize, flavour: Flavour) -> Result<c_int, CUresult> {
         stream_query(
             stream,
@@ -194,33 +187,6 @@ impl Driver for RealDriver {
     fn mem_free(&self, ptr: CUdeviceptr) -> CUresult {
         // SAFETY: see the impl.
         unsafe { h::cuMemFree_v2::call(ptr) }
-    }
-
-    fn mem_alloc_managed(&self, bytes: usize, flags: c_uint) -> Result<CUdeviceptr, CUresult> {
-        let mut p: CUdeviceptr = 0;
-        // SAFETY: see the impl.
-        let rc = unsafe { h::cuMemAllocManaged::call(&mut p, bytes, flags) };
-        ok(rc, p)
-    }
-
-    fn has_mem_advise_v2(&self) -> bool {
-        c::cuMemAdvise_v2::SLOT.get().is_some()
-    }
-
-    fn mem_advise_v2(
-        &self,
-        ptr: CUdeviceptr,
-        bytes: usize,
-        advice: c_int,
-        location: CUmemLocation,
-    ) -> CUresult {
-        // SAFETY: see the impl.
-        unsafe { c::cuMemAdvise_v2::call(ptr, bytes, advice, location) }
-    }
-
-    fn mem_advise(&self, ptr: CUdeviceptr, bytes: usize, advice: c_int, dev: CUdevice) -> CUresult {
-        // SAFETY: see the impl.
-        unsafe { c::cuMemAdvise::call(ptr, bytes, advice, dev) }
     }
 
     fn mem_host_alloc(&self, bytes: usize, flags: c_uint) -> Result<usize, CUresult> {

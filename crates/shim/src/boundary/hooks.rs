@@ -228,7 +228,6 @@ pub mod calls {
         fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
         fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
         fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
-        fn cuDeviceGetAttribute(value: *mut c_int, attr: c_int, dev: CUdevice) -> CUresult;
         fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CUresult;
         fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_int) -> CUresult;
         fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
@@ -242,8 +241,6 @@ pub mod calls {
         fn cuGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) -> CUresult;
         fn cuGraphKernelNodeGetParams(node: CUgraphNode, params: *mut CUDA_KERNEL_NODE_PARAMS) -> CUresult;
         fn cuGraphKernelNodeGetParams_v2(node: CUgraphNode, params: *mut CUDA_KERNEL_NODE_PARAMS) -> CUresult;
-        fn cuMemAdvise(ptr: CUdeviceptr, bytes: usize, advice: c_int, dev: CUdevice) -> CUresult;
-        fn cuMemAdvise_v2(ptr: CUdeviceptr, bytes: usize, advice: c_int, location: CUmemLocation) -> CUresult;
         fn cuMemHostAlloc(host: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
         fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, host: *mut c_void, flags: c_uint) -> CUresult;
         fn cuMemFreeHost(host: *mut c_void) -> CUresult;

@@ -55,6 +55,10 @@ pub fn settings() -> &'static Settings {
             if let Some(line) = s.disabled_over_cap() {
                 crate::log::log_at!(Warn, "{line}");
             }
+            // The removed managed mode (docs/design/spill-modes.md).
+            if let Some(line) = s.managed_as_host() {
+                crate::log::log_at!(Warn, "{line}");
+            }
             s
         }
         Err(e) => {
@@ -74,7 +78,7 @@ pub fn settings() -> &'static Settings {
 /// `VRAMCAP_COUNT=allocations` are ignored, with a warning.
 fn with_operator(mut s: Settings) -> Result<Settings, vramcap_core::settings::SettingsError> {
     use vramcap_core::settings::{
-        ContextCharge, Counting, OPERATOR_LIMIT_PATH, OperatorError, SettingsError, Spill,
+        ContextCharge, Counting, OPERATOR_LIMIT_PATH, OperatorError, SettingsError,
         read_operator_limit,
     };
     match read_operator_limit(std::path::Path::new(OPERATOR_LIMIT_PATH)) {
@@ -103,13 +107,6 @@ fn with_operator(mut s: Settings) -> Result<Settings, vramcap_core::settings::Se
                     "VRAMCAP_CUDA_LIBRARY is ignored: under the operator's cap ({OPERATOR_LIMIT_PATH}) the shim caps the driver the program loads"
                 ));
                 s.cuda_library = None;
-            }
-            if s.spill == Spill::Managed {
-                crate::log::write_line(format_args!(
-                    "VRAMCAP_SPILL={} is taken as host: under the operator's cap ({OPERATOR_LIMIT_PATH}) spilled memory may not be managed memory the program could move onto the GPU",
-                    s.spill.name()
-                ));
-                s.spill = Spill::Host;
             }
             s.operator = Some(spec);
         }

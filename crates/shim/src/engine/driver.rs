@@ -55,8 +55,6 @@ pub trait Driver: Send + Sync + 'static {
     fn device_total_mem(&self, dev: CUdevice) -> Result<u64, CUresult>;
     /// `cuDeviceGetUuid_v2`, else `cuDeviceGetUuid`.
     fn device_uuid(&self, dev: CUdevice) -> Result<[u8; 16], CUresult>;
-    /// `cuDeviceGetAttribute`.
-    fn device_attribute(&self, attr: c_int, dev: CUdevice) -> Result<c_int, CUresult>;
 
     /// `cuStreamIsCapturing[_ptsz]`: the capture status (0: not capturing).
     fn stream_is_capturing(&self, stream: usize, flavour: Flavour) -> Result<c_int, CUresult>;
@@ -65,20 +63,6 @@ pub trait Driver: Send + Sync + 'static {
 
     /// `cuMemFree_v2` (the real one: never the shim's hook).
     fn mem_free(&self, ptr: CUdeviceptr) -> CUresult;
-    /// `cuMemAllocManaged`.
-    fn mem_alloc_managed(&self, bytes: usize, flags: c_uint) -> Result<CUdeviceptr, CUresult>;
-    /// Whether the driver has the location-based `cuMemAdvise_v2` (CUDA 12.2+).
-    fn has_mem_advise_v2(&self) -> bool;
-    /// `cuMemAdvise_v2`.
-    fn mem_advise_v2(
-        &self,
-        ptr: CUdeviceptr,
-        bytes: usize,
-        advice: c_int,
-        location: CUmemLocation,
-    ) -> CUresult;
-    /// `cuMemAdvise` (a device ordinal, -1 for the host).
-    fn mem_advise(&self, ptr: CUdeviceptr, bytes: usize, advice: c_int, dev: CUdevice) -> CUresult;
     /// `cuMemHostAlloc`: the host address.
     fn mem_host_alloc(&self, bytes: usize, flags: c_uint) -> Result<usize, CUresult>;
     /// `cuMemHostGetDevicePointer_v2`.

@@ -1,21 +1,17 @@
-//! Spill past the cap into host memory (`VRAMCAP_SPILL=managed|host`).
+//! Spill past the cap into host memory (`VRAMCAP_SPILL=host`, and what
+//! tiered spill does not take).
 //!
 //! Order on the allocation path: the cap is reached → the device's cache is
 //! released → spill, if on and within `VRAMCAP_SPILL_LIMIT` → refuse.
-//!
-//! - `managed`: `cuMemAllocManaged`, then advice that its preferred location
-//!   is the host and that the device accesses it (CUDA 13's location-based
-//!   `cuMemAdvise_v2`, the older device-number form otherwise), so the pages
-//!   stay in host memory and the device reads them over the link: the GPU's
-//!   own memory never passes the cap. Only on devices with concurrent
-//!   managed access; elsewhere the allocation is refused as without spill.
-//! - `host`: pinned host memory mapped for the device (`cuMemHostAlloc` with
-//!   `DEVICEMAP`, device address from `cuMemHostGetDevicePointer_v2`).
+//! Spilled memory is pinned host memory mapped for the device
+//! (`cuMemHostAlloc` with `DEVICEMAP`, device address from
+//! `cuMemHostGetDevicePointer_v2`): the program cannot move it onto the GPU.
+//! There is no managed placement, and the program's own managed memory is
+//! never spilled (docs/design/spill-modes.md).
 //!
 //! Spilled bytes do not count against the device cap; they are counted in
 //! the page (`spilled`, `spill_allocs`) and against the per-process spill
-//! limit. Frees are routed to the matching call (`cuMemFree_v2` for managed,
-//! `cuMemFreeHost` for host). A stream-ordered free of a spilled pointer is
+//! limit. Frees go to `cuMemFreeHost`. A stream-ordered free of a spilled pointer is
 //! deferred until the stream reaches it (an event recorded on the stream,
 //! polled by later allocations and by the background thread), since the
 //! driver refuses `cuMemFreeAsync` on such memory. `cuMemGetInfo` keeps
@@ -26,11 +22,10 @@
 //! held only to push, or to take the whole list out and put back what is
 //! not ready: the events are queried with the lock released.
 
-use std::ffi::{c_int, c_uint};
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::ffi::c_uint;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use vramcap_core::MAX_DEVICES;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Spill as Mode;
 
@@ -40,13 +35,8 @@ use crate::engine::driver::{Driver, Flavour};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
-const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: c_int = 89;
-const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: c_int = 3;
-const CU_MEM_ADVISE_SET_ACCESSED_BY: c_int = 5;
-const CU_DEVICE_CPU: CUdevice = -1;
 const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x01;
 const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x02;
-const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
 
 /// A stream-ordered free of a spilled pointer, waiting for its event.
 struct Deferred {
@@ -63,8 +53,6 @@ pub struct HostSpill {
     /// may reap).
     pending: AtomicUsize,
     deferred: Mutex<Vec<Deferred>>,
-    /// 0 unknown, 1 yes, 2 no: can the device read managed memory concurrently?
-    managed_ok: [AtomicU8; MAX_DEVICES],
 }
 
 impl HostSpill {
@@ -74,7 +62,6 @@ impl HostSpill {
             limit: OnceLock::new(),
             pending: AtomicUsize::new(0),
             deferred: Mutex::new(Vec::new()),
-            managed_ok: [const { AtomicU8::new(0) }; MAX_DEVICES],
         }
     }
 
@@ -127,40 +114,11 @@ impl HostSpill {
             });
     }
 
-    fn managed_ok<D: Driver>(&self, base: &Base<D>, device: CUdevice) -> bool {
-        let Some(flag) = usize::try_from(device)
-            .ok()
-            .and_then(|d| self.managed_ok.get(d))
-        else {
-            return false;
-        };
-        match flag.load(Ordering::Relaxed) {
-            1 => true,
-            2 => false,
-            _ => {
-                let ok = base
-                    .driver()
-                    .device_attribute(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, device)
-                    .is_ok_and(|v| v != 0);
-                flag.store(if ok { 1 } else { 2 }, Ordering::Relaxed);
-                if !ok {
-                    log_once!(
-                        Warn,
-                        "device {device} has no concurrent managed access; VRAMCAP_SPILL=managed cannot spill there"
-                    );
-                }
-                ok
-            }
-        }
-    }
-
     /// Places `bytes` past the cap of `device` in host memory, if spill is
-    /// on, the device can, and the spill limit allows. Returns the device
-    /// address and the record to keep, or `None` to refuse as without
-    /// spill. `managed_flags`: the program's own flags when it asked for
-    /// managed memory. `soft`: placed because the allocation would pass
-    /// the soft limit (said in the log), not the cap.
-    #[allow(clippy::too_many_arguments)]
+    /// on and the spill limit allows. Returns the device address and the
+    /// record to keep, or `None` to refuse as without spill. `soft`: placed
+    /// because the allocation would pass the soft limit (said in the log),
+    /// not the cap.
     pub fn place<D: Driver>(
         &self,
         base: &Base<D>,
@@ -169,33 +127,11 @@ impl HostSpill {
         device: CUdevice,
         ctx: usize,
         bytes: u64,
-        managed_flags: Option<c_uint>,
     ) -> Option<(CUdeviceptr, Record)> {
-        let mode = base.settings().spill;
-        if mode == Mode::Off || bytes == 0 {
+        if base.settings().spill == Mode::Off || bytes == 0 {
             return None;
         }
         self.reap(base);
-        let mode = if managed_flags.is_some() {
-            Mode::Managed
-        } else if mode == Mode::Tiered {
-            // What tiered spill does not take (small, pitched): pinned host memory.
-            Mode::Host
-        } else {
-            mode
-        };
-        if mode == Mode::Managed && base.settings().operator.is_some() {
-            // The program could prefetch managed pages onto the GPU, past
-            // the operator's cap: refused as without spill.
-            log_once!(
-                Warn,
-                "{what}: managed memory past the operator's cap is not spilled; refusing"
-            );
-            return None;
-        }
-        if mode == Mode::Managed && !self.managed_ok(base, device) {
-            return None;
-        }
         if !self.take(base, bytes) {
             log_once!(
                 Warn,
@@ -203,36 +139,20 @@ impl HostSpill {
             );
             return None;
         }
-        let size = bytes as usize;
-        let placed = match mode {
-            Mode::Managed => {
-                let flags = managed_flags.unwrap_or(CU_MEM_ATTACH_GLOBAL);
-                match base.driver().mem_alloc_managed(size, flags) {
-                    Err(_) => None,
-                    Ok(p) if advise_host(base.driver(), p, size, device) != CUDA_SUCCESS => {
-                        // Without the advice the pages could migrate onto
-                        // the GPU and pass the cap: give it back and refuse.
-                        log_once!(Warn, "{what}: cuMemAdvise failed; not spilling");
-                        let _ = base.driver().mem_free(p);
-                        None
-                    }
-                    Ok(p) => Some((p, Kind::SpillManaged)),
+        // Under tiered spill too: what tiered spill does not take (small,
+        // pitched) is pinned host memory.
+        let placed = match base.driver().mem_host_alloc(
+            bytes as usize,
+            CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP,
+        ) {
+            Err(_) => None,
+            Ok(h) => match base.driver().mem_host_get_device_pointer(h) {
+                Ok(d) => Some((d, Kind::SpillHost(h as u64))),
+                Err(_) => {
+                    let _ = base.driver().mem_free_host(h);
+                    None
                 }
-            }
-            Mode::Host => match base
-                .driver()
-                .mem_host_alloc(size, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)
-            {
-                Err(_) => None,
-                Ok(h) => match base.driver().mem_host_get_device_pointer(h) {
-                    Ok(d) => Some((d, Kind::SpillHost(h as u64))),
-                    Err(_) => {
-                        let _ = base.driver().mem_free_host(h);
-                        None
-                    }
-                },
             },
-            Mode::Off | Mode::Tiered => None,
         };
         let Some((ptr, kind)) = placed else {
             self.give_back(bytes);
@@ -369,40 +289,4 @@ impl HostSpill {
             }
         }
     }
-}
-
-/// Keeps managed pages on the host, mapped for `device`: CUDA 13's
-/// location-based advice when the driver has it, the device-number form
-/// otherwise.
-fn advise_host<D: Driver>(
-    driver: &D,
-    ptr: CUdeviceptr,
-    bytes: usize,
-    device: CUdevice,
-) -> CUresult {
-    if driver.has_mem_advise_v2() {
-        let host = CUmemLocation {
-            kind: CU_MEM_LOCATION_TYPE_HOST,
-            id: 0,
-        };
-        let dev = CUmemLocation {
-            kind: CU_MEM_LOCATION_TYPE_DEVICE,
-            id: device,
-        };
-        let rc = driver.mem_advise_v2(ptr, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host);
-        if rc != CUDA_SUCCESS {
-            return rc;
-        }
-        return driver.mem_advise_v2(ptr, bytes, CU_MEM_ADVISE_SET_ACCESSED_BY, dev);
-    }
-    let rc = driver.mem_advise(
-        ptr,
-        bytes,
-        CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
-        CU_DEVICE_CPU,
-    );
-    if rc != CUDA_SUCCESS {
-        return rc;
-    }
-    driver.mem_advise(ptr, bytes, CU_MEM_ADVISE_SET_ACCESSED_BY, device)
 }

@@ -65,23 +65,27 @@ pub(super) fn enforcement(
         .map_or_else(|| PathBuf::from(MPS_PIPES), PathBuf::from);
     let daemon = pipes.join("control").exists();
     let where_ = text::path(&pipes);
-    match (std::env::var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), daemon) {
-        (Ok(v), true) => r.ok(
-            "MPS pinned-memory limit",
-            format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v:?} and an MPS control daemon at {where_}: the driver holds this process's GPU memory to it, on any driver, whatever the program calls"),
+    let pinned = std::env::var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+    // In force only with both the limit and a daemon to apply it.
+    let in_force = pinned.is_ok() && daemon;
+    let mps_limit = match (pinned, daemon) {
+        (Ok(v), true) => format!(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v:?} and an MPS control daemon at {where_}: the driver holds this process's GPU memory to it, on any driver, whatever the program calls"
         ),
-        (Ok(v), false) => r.note(
-            "MPS pinned-memory limit",
-            format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v:?}, but no MPS control daemon at {where_}: it applies only to clients of a running MPS server"),
+        (Ok(v), false) => format!(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v:?}, but no MPS control daemon at {where_}: it applies only to clients of a running MPS server"
         ),
-        (Err(_), true) => r.note(
-            "MPS pinned-memory limit",
-            format!("an MPS control daemon at {where_}, and no CUDA_MPS_PINNED_DEVICE_MEM_LIMIT here: only the daemon's default (set_default_device_pinned_mem_limit), if it set one, holds"),
+        (Err(_), true) => format!(
+            "an MPS control daemon at {where_}, and no CUDA_MPS_PINNED_DEVICE_MEM_LIMIT here: only the daemon's default (set_default_device_pinned_mem_limit), if it set one, holds"
         ),
-        (Err(_), false) => r.note(
-            "MPS pinned-memory limit",
-            format!("not in force (no MPS control daemon at {where_}); with MPS the driver holds each client to its pinned-memory limit, on any driver"),
+        (Err(_), false) => format!(
+            "not in force (no MPS control daemon at {where_}); with MPS the driver holds each client to its pinned-memory limit, on any driver"
         ),
+    };
+    if in_force {
+        r.ok("MPS pinned-memory limit", mps_limit);
+    } else {
+        r.note("MPS pinned-memory limit", mps_limit);
     }
     let mps = daemon && std::env::var_os("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").is_some();
     let version = crate::cli::machine::Inventory::open().and_then(|i| i.driver_version());

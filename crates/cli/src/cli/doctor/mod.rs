@@ -90,6 +90,9 @@ pub fn run(lib: Result<PathBuf, String>, stats_dirs: Result<StatsDirs, String>, 
                     "allocations only (VRAMCAP_COUNT=allocations): pools' retained memory, graph memory and the context are not capped, so the process can hold more than its cap",
                 ),
             }
+            if let Some(line) = s.managed_as_host() {
+                r.note("spill", line);
+            }
             if let Some(nv) = s.nvidia_limit {
                 r.ok(
                     "NVIDIA_GPU_MEMORY_LIMIT",
@@ -111,11 +114,10 @@ pub fn run(lib: Result<PathBuf, String>, stats_dirs: Result<StatsDirs, String>, 
                         || s.counting == vramcap_core::settings::Counting::Allocations
                         || s.cuda_library.is_some()
                         || matches!(s.context, vramcap_core::settings::ContextCharge::Bytes(_))
-                        || s.spill == vramcap_core::settings::Spill::Managed
                     {
                         r.note(
                             "operator's cap",
-                            "under it the shim ignores VRAMCAP_DISABLE, VRAMCAP_COUNT=allocations, VRAMCAP_CONTEXT and VRAMCAP_CUDA_LIBRARY and takes VRAMCAP_SPILL=managed as host: what this environment sets of them does not apply",
+                            "under it the shim ignores VRAMCAP_DISABLE, VRAMCAP_COUNT=allocations, VRAMCAP_CONTEXT and VRAMCAP_CUDA_LIBRARY: what this environment sets of them does not apply",
                         );
                     }
                 }

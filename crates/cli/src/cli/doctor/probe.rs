@@ -6,17 +6,20 @@ use std::ffi::{c_int, c_void};
 
 use super::driver::{Driver, GetProc, file_name, init_driver, object_of};
 
+/// The driver, or `None` after one line saying why it cannot be loaded.
+fn open_driver() -> Option<Driver> {
+    Driver::open()
+        .map_err(|e| println!("cannot load the driver: {e}"))
+        .ok()
+}
+
 /// The child side of the key check, run under the shim with the
 /// environment's limit: one call that needs a cap (`cuDeviceTotalMem_v2`
 /// of device 0), at which the shim checks the keys and stops the process
 /// with status 2 when one names no GPU.
 pub fn probe_limit() -> u8 {
-    let d = match Driver::open() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("cannot load the driver: {e}");
-            return 1;
-        }
+    let Some(d) = open_driver() else {
+        return 1;
     };
     if let Err(e) = init_driver(&d) {
         println!("driver init under the shim failed: {e}");
@@ -42,12 +45,8 @@ pub fn probe_limit() -> u8 {
 
 /// The child side of the interposition check, run under the shim.
 pub fn probe() -> u8 {
-    let d = match Driver::open() {
-        Ok(d) => d,
-        Err(e) => {
-            println!("cannot load the driver: {e}");
-            return 1;
-        }
+    let Some(d) = open_driver() else {
+        return 1;
     };
     let mut failed = false;
     let mut check = |what: &str, p: *const c_void| {

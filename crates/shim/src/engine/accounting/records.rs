@@ -36,8 +36,6 @@ pub enum Kind {
     /// `None` when it is charged by its own size (`VRAMCAP_COUNT=allocations`,
     /// or a pool the driver would not describe).
     Async(Option<u64>),
-    /// Past the cap, in managed memory kept on the host (see `spill`).
-    SpillManaged,
     /// Past the cap, in pinned host memory (the host address).
     SpillHost(u64),
     /// Tiered spill: VMM memory the engine made (a reserved range with

@@ -52,8 +52,8 @@ pub enum Request {
         height: u64,
         elem: u32,
     },
-    /// Managed memory, with the program's flags (used if it spills).
-    Managed(c_uint),
+    /// Managed memory (`cuMemAllocManaged`): never spilled.
+    Managed,
     /// Stream-ordered, charged by size (`Kind::Async(None)`).
     Async,
 }
@@ -115,15 +115,15 @@ impl<D: Driver> Engine<D> {
     }
 
     /// `cuMemAllocManaged`: counted against the current device's cap (it can
-    /// occupy that device in full) and never cached.
+    /// occupy that device in full), never cached and never spilled: past the
+    /// cap it is refused in every mode (docs/design/spill-modes.md).
     pub fn mem_alloc_managed(
         &'static self,
         real: impl FnMut() -> Result<Made, CUresult>,
         bytes: u64,
-        flags: c_uint,
     ) -> Result<Made, CUresult> {
         let target = self.base.current();
-        let request = Request::Managed(flags);
+        let request = Request::Managed;
         self.capped_alloc("cuMemAllocManaged", bytes, request, target, real, |_| bytes)
     }
 
@@ -322,7 +322,7 @@ impl<D: Driver> Engine<D> {
                 height,
                 elem,
             }),
-            Request::Managed(_) | Request::Async => None,
+            Request::Managed | Request::Async => None,
         };
         if let Some(want) = want.filter(|_| self.cache.caching(dev16))
             && let Some(slot) = self.base.slot(device)
@@ -394,7 +394,7 @@ impl<D: Driver> Engine<D> {
                 elem,
                 pitch: made.pitch,
             }),
-            Request::Managed(_) => Kind::Managed,
+            Request::Managed => Kind::Managed,
             Request::Async => Kind::Async(None),
         };
         self.insert(
@@ -424,17 +424,29 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         why: Option<Refusal>,
     ) -> Result<Made, CUresult> {
-        let (bytes, managed_flags) = match request {
+        let bytes = match request {
             Request::Pitch { width, height, .. } => {
-                (width.next_multiple_of(512).saturating_mul(height), None)
+                width.next_multiple_of(512).saturating_mul(height)
             }
-            Request::Managed(flags) => (estimate, Some(flags)),
-            _ => (estimate, None),
+            _ => estimate,
         };
+        let managed = matches!(request, Request::Managed);
+        if managed
+            && why.is_some()
+            && self.base.settings().spill != vramcap_core::settings::Spill::Off
+        {
+            // Managed memory in host memory is memory the program could
+            // move onto the GPU past the cap (docs/design/spill-modes.md).
+            log_once!(
+                Warn,
+                "{what}: managed memory past the cap is not spilled (the program could move it onto the GPU); refusing"
+            );
+        }
         if why.is_some()
-            && let Some((ptr, record)) =
-                self.spill
-                    .place(&self.base, what, false, device, ctx, bytes, managed_flags)
+            && !managed
+            && let Some((ptr, record)) = self
+                .spill
+                .place(&self.base, what, false, device, ctx, bytes)
         {
             let pitch = match request {
                 Request::Pitch { width, .. } => width.next_multiple_of(512),
@@ -452,7 +464,7 @@ impl<D: Driver> Engine<D> {
         if let Some(stale) = self.table.insert(ptr, record) {
             if stale.kind == Kind::Tiered {
                 self.tier_drop_stale(ptr, &stale);
-            } else if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+            } else if matches!(stale.kind, Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, &stale);
             } else if let Kind::Async(Some(serial)) = stale.kind {
                 self.base.pool_freed(serial);
@@ -478,8 +490,9 @@ impl<D: Driver> Engine<D> {
         ctx: usize,
         device: CUdevice,
     ) -> Option<Result<Made, CUresult>> {
+        // Managed memory is never spilled (docs/design/spill-modes.md).
         if self.base.settings().spill == vramcap_core::settings::Spill::Off
-            || matches!(request, Request::Pitch { .. })
+            || matches!(request, Request::Pitch { .. } | Request::Managed)
         {
             return None;
         }
@@ -488,13 +501,9 @@ impl<D: Driver> Engine<D> {
         if soft == 0 || slot.budget.used().saturating_add(estimate) <= soft {
             return None;
         }
-        let flags = match request {
-            Request::Managed(f) => Some(f),
-            _ => None,
-        };
         let (ptr, record) = self
             .spill
-            .place(&self.base, what, true, device, ctx, estimate, flags)?;
+            .place(&self.base, what, true, device, ctx, estimate)?;
         self.insert(ptr, record);
         Some(Ok(Made::at(ptr)))
     }

@@ -34,7 +34,7 @@ impl<D: Driver> Engine<D> {
             }
             return rc;
         }
-        if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+        if matches!(r.kind, Kind::SpillHost(_)) {
             let rc = self.spill.free(&self.base, dptr, &r);
             if rc != CUDA_SUCCESS {
                 self.table.insert(dptr, r);

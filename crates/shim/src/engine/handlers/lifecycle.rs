@@ -35,7 +35,7 @@ impl<D: Driver> Engine<D> {
         for (p, r) in &gone {
             if r.kind == Kind::Tiered {
                 self.tier_release_orphaned(*p, r);
-            } else if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+            } else if matches!(r.kind, Kind::SpillHost(_)) {
                 self.spill.forget(&self.base, r);
             } else if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
                 self.base.release_on(s, CUdevice::from(r.device), r.bytes);

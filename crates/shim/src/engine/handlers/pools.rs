@@ -204,10 +204,7 @@ impl<D: Driver> Engine<D> {
         } else {
             None
         };
-        if matches!(
-            r.kind,
-            Kind::SpillManaged | Kind::SpillHost(_) | Kind::TieredFreed { .. }
-        ) {
+        if matches!(r.kind, Kind::SpillHost(_) | Kind::TieredFreed { .. }) {
             let rc = self
                 .spill
                 .free_when_reached(&self.base, dptr, r, stream as usize, flavour);

@@ -165,9 +165,6 @@ impl Driver for Fake {
         }
         Ok([dev as u8 + 1; 16])
     }
-    fn device_attribute(&self, _attr: c_int, _dev: CUdevice) -> Result<c_int, CUresult> {
-        Ok(1)
-    }
     fn stream_is_capturing(&self, stream: usize, _flavour: Flavour) -> Result<c_int, CUresult> {
         Ok(*self.capturing.lock().unwrap().get(&stream).unwrap_or(&0))
     }
@@ -183,18 +180,6 @@ impl Driver for Fake {
             }
             None => 1, // CUDA_ERROR_INVALID_VALUE
         }
-    }
-    fn mem_alloc_managed(&self, bytes: usize, _flags: c_uint) -> Result<CUdeviceptr, CUresult> {
-        Ok(self.alloc(bytes as u64))
-    }
-    fn has_mem_advise_v2(&self) -> bool {
-        true
-    }
-    fn mem_advise_v2(&self, _: CUdeviceptr, _: usize, _: c_int, _: CUmemLocation) -> CUresult {
-        CUDA_SUCCESS
-    }
-    fn mem_advise(&self, _: CUdeviceptr, _: usize, _: c_int, _: CUdevice) -> CUresult {
-        CUDA_SUCCESS
     }
     fn mem_host_alloc(&self, bytes: usize, _flags: c_uint) -> Result<usize, CUresult> {
         Ok(0x5000_0000 + bytes)
