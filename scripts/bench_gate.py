@@ -42,22 +42,12 @@ def main():
         print("bench_gate: --rounds and --iters must be positive (e.g. --rounds 6 --iters 200000)", file=sys.stderr)
         return 2
 
-    art = os.path.realpath(a.artefacts)
-    shim = os.path.join(art, "libvramcap.so")
-    if not os.access(shim, os.R_OK):
-        print("bench_gate: %s not found" % shim, file=sys.stderr)
+    bench = harness.Bench("bench_gate", a.artefacts, a.out, "bench-gate.log", a.budget,
+                          env=dict(os.environ, VRAMCAP_STATS_DIR=tempfile.mkdtemp(prefix="vramcap-bench-gate-stats.")))
+    if bench.shim is None:
         return 2
-    os.makedirs(a.out, exist_ok=True)
-    log = os.path.join(a.out, "bench-gate.log")
-    open(log, "w").close()
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu")
-    work = tempfile.mkdtemp(prefix="vramcap-bench-gate.")
-    t0 = time.monotonic()
-    rn = harness.Runner(log, deadline=t0 + a.budget, env=dict(os.environ, VRAMCAP_STATS_DIR=os.path.join(work, "s")))
-    smi = harness.find_nvidia_smi()
-    q = harness.smi_query(smi, "name,driver_version")
-    gpu = "%s, driver %s" % (q[0][0], q[0][1]) if q and len(q[0]) >= 2 else "unknown"
-    commit = harness.commit_of(art, os.path.dirname(os.path.dirname(src)))
+    shim, log, src, work, t0, rn = bench.shim, bench.log, bench.src, bench.work, bench.t0, bench.rn
+    gpu, commit = bench.gpu, bench.commit
     header = "vramcap gate bench — %s — commit %s — GPU %s" % (
         time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), commit, gpu)
     rn._log(header + "\nROUNDS=%d ITERS=%d\n" % (a.rounds, a.iters))
