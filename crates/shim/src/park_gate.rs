@@ -21,8 +21,6 @@ pub static GATE: AtomicU32 = AtomicU32::new(RUNNING);
 pub static ACTIVE: AtomicBool = AtomicBool::new(true);
 
 pub const RUNNING: u32 = 0;
-/// A state in which calls wait without asking for a resume (`Parking`).
-pub const PARKING: u32 = 1;
 pub const FAILED: u32 = 4;
 /// What a call answers when the process cannot continue.
 pub const CUDA_ERROR_ILLEGAL_STATE: i32 = 401;

@@ -367,7 +367,7 @@ mod tests {
     fn a_closed_gate_holds_the_call_until_it_opens_and_keeps_every_argument() {
         let _one = GATE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let f = forwarded_many();
-        gate::set_state(gate::PARKING);
+        gate::set_state(1); // Parking: calls wait
         let before = super::super::test_gate::WAITS.load(Ordering::Relaxed);
         let caller = std::thread::spawn(move || call(f));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

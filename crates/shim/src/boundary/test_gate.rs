@@ -19,6 +19,10 @@ use crate::park_gate as gate;
 /// The variable that turns the hook on.
 pub const TEST_GATE_VAR: &str = "VRAMCAP_TEST_GATE";
 
+/// The state the switch closes the gate with: `Parking` (1), in which
+/// calls wait and ask for no resume.
+const CLOSED: u32 = 1;
+
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
 /// How many forwarded calls have found the gate closed (read by unit tests).
@@ -50,7 +54,7 @@ pub fn start() {
             while let Ok(1) = f.read(&mut byte) {
                 match byte[0] {
                     b'c' => {
-                        gate::set_state(gate::PARKING);
+                        gate::set_state(CLOSED);
                         crate::log::write_line(format_args!("test gate: closed"));
                     }
                     b'o' => {
