@@ -7,7 +7,8 @@ run: ../park_gate_cost.cu in three variants, interleaved round by round
   park  the shim, VRAMCAP_PARK=manual (every unhooked function the program
         looks up is a forwarder; the hooks pass the gate too)
 
-Used by ../../bench_gate.py (the table) and tests/test_park_gate.py (the
+Used by ../../bench_gate.py (the table, with the PyTorch step of
+bench_torch.py in the same three variants) and tests/test_park_gate.py (the
 row with its bound). The cap is VRAMCAP_LIMIT=8GiB in both shim variants.
 """
 from harness import as_float, median, ratio
@@ -50,14 +51,33 @@ def measure(runner, prog, shim, rounds, iters=200000, inner_rounds=5, timeout=18
     return got, failed
 
 
+def measure_torch(runner, shim, python, script, rounds, timeout=240, **extra):
+    """The PyTorch step (../bench_torch.py: an MLP, AdamW) in the three
+    variants, interleaved: {variant: {"ms_per_step": [per-run figures]}},
+    and the runs that failed."""
+    got = {v: {} for v in VARIANTS}
+    failed = []
+    for rnd in range(1, rounds + 1):
+        for v in (VARIANTS if rnd % 2 else VARIANTS[::-1]):
+            r = runner.run("park-gate torch round %d %s" % (rnd, v), [python, script],
+                           env=env_of(runner, shim, v, **extra), timeout=timeout)
+            d = r.kv("BENCH")
+            if r.rc != 0 or not d:
+                failed.append(r)
+                continue
+            got[v].setdefault("ms_per_step", []).append(as_float(d.get("ms_per_step")))
+    return got, failed
+
+
 def figure(got, variant, key):
     """The median over rounds of one figure, None when no run gave it."""
     xs = [x for x in got[variant].get(key, []) if x is not None]
     return median(xs) if xs else None
 
 
-def table(got):
-    """Markdown lines: each figure in the three variants, with the ratios."""
+def table(got, torch=None):
+    """Markdown lines: each figure in the three variants, with the ratios
+    (and the PyTorch step's, given TORCH from measure_torch)."""
     out = ["| what | %s | %s | %s | park / off | off / none | park / none |" % tuple(LABELS[v] for v in VARIANTS),
            "|---|---|---|---|---|---|---|"]
     for k, label in FIGURES:
@@ -65,6 +85,11 @@ def table(got):
         show = ["NA" if x is None else "%.2f" % x for x in (n, o, p)]
         out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
             label, show[0], show[1], show[2], ratio(o, p, "%.3f"), ratio(n, o, "%.3f"), ratio(n, p, "%.3f")))
+    if torch is not None:
+        n, o, p = (figure(torch, v, "ms_per_step") for v in VARIANTS)
+        show = ["NA" if x is None else "%.3f" % x for x in (n, o, p)]
+        out.append("| PyTorch MLP training step (8×Linear(4096), AdamW, fp32), ms | %s | %s | %s | %s | %s | %s |" % (
+            show[0], show[1], show[2], ratio(o, p, "%.3f"), ratio(n, o, "%.3f"), ratio(n, p, "%.3f")))
     out.append("")
     for v in VARIANTS:
         out.append("Pointers' files, %s: %s" % (LABELS[v], "; ".join(
