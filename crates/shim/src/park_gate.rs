@@ -1,9 +1,11 @@
 //! STUB of the parking gate (issue 34, design item 6) with the names of the
 //! parking core's `engine/park/gate.rs` (branch `park`), so that the
 //! forwarders (`boundary/forward.rs`) and their test switch
-//! (`boundary/test_gate.rs`) build before it is merged. At the merge: those
-//! two files import `crate::engine::park::gate` instead, [`enabled`]
-//! becomes `settings().park.is_some()`, and this file goes.
+//! (`boundary/test_gate.rs`) build before it is merged. At the merge those
+//! two files' `use crate::park_gate as gate;` becomes `use
+//! crate::engine::park::gate;`, and this file and its `mod` line go (tried
+//! on a merge of both branches: it builds, and tests/forward.rs and
+//! tests/park.rs pass).
 //!
 //! - [`GATE`]: the parking state as a word; [`RUNNING`] (0) is open.
 //! - [`ACTIVE`]: set by calls that pass; the worker clears it each tick.
@@ -26,7 +28,7 @@ pub const FAILED: u32 = 4;
 pub const CUDA_ERROR_ILLEGAL_STATE: i32 = 401;
 
 /// Whether parking is enabled for this process: `VRAMCAP_PARK` set to a
-/// non-empty value. Read once.
+/// non-empty value, read once (the real gate is told by the settings).
 pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("VRAMCAP_PARK").is_some_and(|v| !v.is_empty()))

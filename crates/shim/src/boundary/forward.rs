@@ -54,6 +54,11 @@ pub const fn forwarders_available() -> bool {
     cfg!(target_arch = "x86_64")
 }
 
+/// Whether parking, and so the forwarders, are enabled in this process.
+pub fn parking_enabled() -> bool {
+    forwarders_available() && gate::enabled()
+}
+
 /// What the program gets for the driver's function `real` (found under
 /// `name`): its forwarder when parking is enabled, else `real` itself.
 pub fn forwarder(name: &CStr, real: *mut c_void) -> *mut c_void {

@@ -20,7 +20,7 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 
 use super::entry::Hook;
-use super::forward::forwarder;
+use super::forward::{forwarder, parking_enabled};
 use super::real::{Lib, driver, driver_path, real_dlsym};
 use super::{RealDriver, disabled};
 use crate::engine::Engine;
@@ -285,7 +285,7 @@ pub fn answer_dlsym(hooks: &[Hook], name: &CStr, found: *mut c_void) -> *mut c_v
 /// `cudnn…`, the runtime's `cuda…`, `cuFile…`) are never forwarded.
 fn forwarded_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
     let n = name.to_bytes();
-    if !crate::park_gate::enabled() || !n.get(2).is_some_and(u8::is_ascii_uppercase) {
+    if !parking_enabled() || !n.get(2).is_some_and(u8::is_ascii_uppercase) {
         return found;
     }
     match driver() {
