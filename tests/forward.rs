@@ -30,26 +30,28 @@ const CALLS: [&str; 5] = [
 ];
 
 /// The lookups' lines when unhooked functions are answered with `k`
-/// (`real` or `forwarder`) and `cuMemAlloc_v2` with `alloc`; `equal`:
-/// whether the driver's dlsym and cuGetProcAddress answers are one address.
-fn lookups(k: &str, alloc: &str, equal: &str) -> Vec<String> {
+/// through dlsym and `pa` through cuGetProcAddress (`real`: the driver's
+/// export of the name, `internal`: another of its addresses, `forwarder`)
+/// and `cuMemAlloc_v2` with `alloc`; `equal`: whether the two answers are
+/// one address.
+fn lookups(k: &str, pa: &str, alloc: &str, equal: &str) -> Vec<String> {
     let line = |name: &str, k: &str, pa: &str, eq: &str| {
         format!("resolve {name} dlsym={k} again=same procaddr={pa} again=same equal={eq}")
     };
     vec![
-        line("cuCtxGetDevice", k, k, equal),
-        line("cuDeviceGetName", k, k, equal),
-        line("cuCtxGetCurrent", k, k, equal),
+        line("cuCtxGetDevice", k, pa, equal),
+        line("cuDeviceGetName", k, pa, equal),
+        line("cuCtxGetCurrent", k, pa, equal),
         // A hook that only tiered spill hands out: without it, unhooked.
-        line("cuLaunchKernel", k, k, equal),
+        line("cuLaunchKernel", k, pa, equal),
         line("cuMemAlloc_v2", alloc, alloc, "yes"),
         // Reached through dlsym only (the stand-in's resolver lacks it).
         line("cuTexRefSetMipmapLevelClamp", k, "null", "no"),
     ]
 }
 
-fn expected(k: &str, alloc: &str, equal: &str) -> Vec<String> {
-    let mut want = lookups(k, alloc, equal);
+fn expected(k: &str, pa: &str, alloc: &str, equal: &str) -> Vec<String> {
+    let mut want = lookups(k, pa, alloc, equal);
     want.extend(CALLS.map(String::from));
     want
 }
@@ -57,24 +59,30 @@ fn expected(k: &str, alloc: &str, equal: &str) -> Vec<String> {
 #[test]
 fn without_the_shim_the_client_sees_the_driver() {
     let ran = run(bare(&forward_program()));
-    assert_eq!(ran.ok_lines(), expected("real", "real", "yes"));
+    assert_eq!(ran.ok_lines(), expected("real", "real", "real", "yes"));
 }
 
 #[test]
 fn without_parking_the_program_gets_the_driver_s_own_functions() {
     let ran = run(shimmed(&forward_program()));
-    assert_eq!(ran.ok_lines(), expected("real", "hook", "yes"));
+    assert_eq!(ran.ok_lines(), expected("real", "real", "hook", "yes"));
     // Internal pointers (not the exports) from the resolver: as before.
     let mut cmd = shimmed(&forward_program());
     cmd.env("STANDIN_PROCADDR_ALIASES", "1");
-    assert_eq!(run(cmd).ok_lines(), expected("real", "hook", "no"));
+    assert_eq!(
+        run(cmd).ok_lines(),
+        expected("real", "internal", "hook", "no")
+    );
 }
 
 #[test]
 fn with_parking_unhooked_functions_are_forwarders_that_call_exactly() {
     let mut cmd = shimmed(&forward_program());
     cmd.env(PARK.0, PARK.1);
-    assert_eq!(run(cmd).ok_lines(), expected("forwarder", "hook", "yes"));
+    assert_eq!(
+        run(cmd).ok_lines(),
+        expected("forwarder", "forwarder", "hook", "yes")
+    );
 }
 
 #[test]
@@ -83,7 +91,10 @@ fn forwarders_are_one_address_exactly_when_the_driver_s_functions_are() {
     // addresses of one function, which stay two forwarders.
     let mut cmd = shimmed(&forward_program());
     cmd.env(PARK.0, PARK.1).env("STANDIN_PROCADDR_ALIASES", "1");
-    assert_eq!(run(cmd).ok_lines(), expected("forwarder", "hook", "no"));
+    assert_eq!(
+        run(cmd).ok_lines(),
+        expected("forwarder", "forwarder", "hook", "no")
+    );
 }
 
 /// The shim's stderr lines without their `vramcap[PID]: ` prefix, read on
@@ -161,7 +172,7 @@ fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
     assert_eq!(got.pop().as_deref(), Some("ready"));
     assert_eq!(
         got,
-        lookups("forwarder", "hook", "yes")
+        lookups("forwarder", "forwarder", "hook", "yes")
             .into_iter()
             .chain(["init -> 0".into()])
             .collect::<Vec<_>>()

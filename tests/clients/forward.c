@@ -11,8 +11,9 @@
  * Lookups, one line each, for NAME in the list below:
  *   "resolve NAME dlsym=K again=same|other procaddr=K again=same|other
  *    equal=yes|no"
- * K is what the first lookup answered: "real" (an address in the driver),
- * "hook" (the shim's export of that name), "forwarder" (another address in
+ * K is what the first lookup answered: "real" (the driver's export of
+ * that name), "internal" (another address in the driver), "hook" (the
+ * shim's export of that name), "forwarder" (another address in
  * the shim), "null" or "other"; again: whether a second lookup answered
  * the same address; equal: whether dlsym's and cuGetProcAddress's answers
  * are one address.
@@ -46,7 +47,10 @@ static const char *kind(const char *name, void *p)
     if (dladdr(p, &info) == 0 || info.dli_fname == NULL)
         return "other";
     if (strstr(info.dli_fname, "libcuda.so") != NULL)
-        return "real";
+        return info.dli_saddr == p && info.dli_sname != NULL &&
+                       strcmp(info.dli_sname, name) == 0
+                   ? "real"
+                   : "internal";
     if (strstr(info.dli_fname, "libvramcap.so") == NULL)
         return "other";
     if (info.dli_saddr == p && info.dli_sname != NULL &&
