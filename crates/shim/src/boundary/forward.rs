@@ -77,20 +77,27 @@ pub fn forwarder(name: &CStr, real: *mut c_void) -> *mut c_void {
     }
 }
 
-/// The slot of `real`: the one that holds it, else the first free one on
-/// its probe sequence, taken; `None` when every slot holds another.
-/// Slots are never freed, so a function found once is found at the same
-/// slot by every later probe (nothing on its sequence before it empties).
+/// The slot of `real` in the table.
 fn slot_of(real: *mut c_void) -> Option<usize> {
-    let start = hash(real as usize);
-    for k in 0..SLOTS {
-        let i = (start + k) % SLOTS;
-        let held = TARGETS[i].load(Ordering::Acquire);
+    slot_in(&TARGETS, real)
+}
+
+/// The slot of `real` in `targets` (a power of two long): the one that
+/// holds it, else the first free one on its probe sequence, taken; `None`
+/// when every slot holds another. Slots are never freed, so a function
+/// found once is found at the same slot by every later probe (nothing on
+/// its sequence before it empties).
+fn slot_in(targets: &[AtomicPtr<c_void>], real: *mut c_void) -> Option<usize> {
+    let n = targets.len();
+    let start = hash(real as usize, n);
+    for k in 0..n {
+        let i = (start + k) % n;
+        let held = targets[i].load(Ordering::Acquire);
         if held == real {
             return Some(i);
         }
         if held.is_null() {
-            match TARGETS[i].compare_exchange(
+            match targets[i].compare_exchange(
                 ptr::null_mut(),
                 real,
                 Ordering::AcqRel,
@@ -105,11 +112,14 @@ fn slot_of(real: *mut c_void) -> Option<usize> {
     None
 }
 
-/// Where an address starts its probe (Fibonacci hashing of the address
-/// without its alignment bits).
-fn hash(addr: usize) -> usize {
-    const BITS: u32 = SLOTS.trailing_zeros();
-    ((addr as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - BITS)) as usize
+/// Where an address starts its probe in a table of `n` (a power of two)
+/// slots: Fibonacci hashing of the address without its alignment bits.
+fn hash(addr: usize, n: usize) -> usize {
+    let bits = n.trailing_zeros();
+    if bits == 0 {
+        return 0;
+    }
+    ((addr as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
 }
 
 /// Whether `p` is one of the forwarders (never forwarded again).
@@ -273,6 +283,50 @@ mod tests {
         assert_eq!(slot_of(b), Some(sb));
         assert!(is_forwarder(entry(sa)));
         assert!(!is_forwarder(entry(sa).cast::<u8>().wrapping_add(1).cast()));
+    }
+
+    fn table(n: usize) -> Vec<AtomicPtr<c_void>> {
+        (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect()
+    }
+
+    #[test]
+    fn a_full_table_answers_none_and_keeps_what_it_holds() {
+        let t = table(4);
+        let f = |a: usize| a as *mut c_void;
+        let slots: Vec<_> = (1..=4).map(|a| slot_in(&t, f(a << 12))).collect();
+        assert!(slots.iter().all(Option::is_some));
+        let mut distinct = slots.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 4);
+        assert_eq!(slot_in(&t, f(5 << 12)), None, "the table is full");
+        for (a, s) in (1..=4).zip(&slots) {
+            assert_eq!(slot_in(&t, f(a << 12)), *s, "still found");
+        }
+    }
+
+    #[test]
+    fn threads_racing_for_the_same_functions_get_the_same_slots() {
+        let t = std::sync::Arc::new(table(64));
+        let runs: Vec<Vec<Option<usize>>> = (0..8)
+            .map(|_| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    (1..=48usize)
+                        .map(|a| slot_in(&t, (a * 0x40) as *mut c_void))
+                        .collect()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .collect();
+        assert!(runs[0].iter().all(Option::is_some));
+        assert!(runs.iter().all(|r| *r == runs[0]), "{runs:?}");
+        let mut s: Vec<_> = runs[0].clone();
+        s.sort();
+        s.dedup();
+        assert_eq!(s.len(), 48, "one slot per function");
     }
 
     /// Twelve integer and ten floating-point arguments: every argument
