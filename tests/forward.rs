@@ -56,6 +56,16 @@ fn expected(k: &str, pa: &str, alloc: &str, equal: &str) -> Vec<String> {
     want
 }
 
+/// The client's lines under the shim with `env`.
+fn shimmed_lines(env: &[(&str, &str)]) -> Vec<String> {
+    let mut cmd = shimmed(&forward_program());
+    cmd.envs(env.iter().copied());
+    run(cmd).ok_lines()
+}
+
+/// The stand-in's resolver answers internal entry points, not its exports.
+const ALIASES: (&str, &str) = ("STANDIN_PROCADDR_ALIASES", "1");
+
 #[test]
 fn without_the_shim_the_client_sees_the_driver() {
     let ran = run(bare(&forward_program()));
@@ -64,37 +74,25 @@ fn without_the_shim_the_client_sees_the_driver() {
 
 #[test]
 fn without_parking_the_program_gets_the_driver_s_own_functions() {
-    let ran = run(shimmed(&forward_program()));
-    assert_eq!(ran.ok_lines(), expected("real", "real", "hook", "yes"));
-    // Internal pointers (not the exports) from the resolver: as before.
-    let mut cmd = shimmed(&forward_program());
-    cmd.env("STANDIN_PROCADDR_ALIASES", "1");
-    assert_eq!(
-        run(cmd).ok_lines(),
-        expected("real", "internal", "hook", "no")
-    );
+    let want = expected("real", "real", "hook", "yes");
+    assert_eq!(shimmed_lines(&[]), want);
+    // Internal pointers from the resolver: handed out as they are.
+    let want = expected("real", "internal", "hook", "no");
+    assert_eq!(shimmed_lines(&[ALIASES]), want);
 }
 
 #[test]
 fn with_parking_unhooked_functions_are_forwarders_that_call_exactly() {
-    let mut cmd = shimmed(&forward_program());
-    cmd.env(PARK.0, PARK.1);
-    assert_eq!(
-        run(cmd).ok_lines(),
-        expected("forwarder", "forwarder", "hook", "yes")
-    );
+    let want = expected("forwarder", "forwarder", "hook", "yes");
+    assert_eq!(shimmed_lines(&[PARK]), want);
 }
 
 #[test]
 fn forwarders_are_one_address_exactly_when_the_driver_s_functions_are() {
-    // The resolver answers internal entry points, dlsym the exports: two
-    // addresses of one function, which stay two forwarders.
-    let mut cmd = shimmed(&forward_program());
-    cmd.env(PARK.0, PARK.1).env("STANDIN_PROCADDR_ALIASES", "1");
-    assert_eq!(
-        run(cmd).ok_lines(),
-        expected("forwarder", "forwarder", "hook", "no")
-    );
+    // Two addresses of one function (dlsym's export, the resolver's
+    // internal entry point) stay two forwarders.
+    let want = expected("forwarder", "forwarder", "hook", "no");
+    assert_eq!(shimmed_lines(&[PARK, ALIASES]), want);
 }
 
 /// The shim's stderr lines without their `vramcap[PID]: ` prefix, read on
