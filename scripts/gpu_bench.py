@@ -20,7 +20,6 @@ Exit status 0 when every figure was measured for both variants, else 1.
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
@@ -57,23 +56,12 @@ def main():
     ap.add_argument("--cuda-arch", default="sm_90")
     a = ap.parse_args()
 
-    art = os.path.realpath(a.artefacts)
-    shim = os.path.join(art, "libvramcap.so")
-    if not os.access(shim, os.R_OK):
-        print("gpu_bench: %s not found" % shim, file=sys.stderr)
+    bench = harness.Bench("gpu_bench", a.artefacts, a.out, "bench.log", a.budget)
+    if bench.shim is None:
         return 2
-    os.makedirs(a.out, exist_ok=True)
-    log = os.path.join(a.out, "bench.log")
-    open(log, "w").close()
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu")
-    work = tempfile.mkdtemp(prefix="vramcap-bench.")
-    t0 = time.monotonic()
-    rn = harness.Runner(log, deadline=t0 + a.budget)
+    shim, log, src, work, t0, rn = bench.shim, bench.log, bench.src, bench.work, bench.t0, bench.rn
+    gpu, commit = bench.gpu, bench.commit
     rn.MIN_LEFT = 10
-    smi = harness.find_nvidia_smi()
-    q = harness.smi_query(smi, "name,driver_version")
-    gpu = "%s, driver %s" % (q[0][0], q[0][1]) if q and len(q[0]) >= 2 else "unknown"
-    commit = harness.commit_of(art, os.path.dirname(os.path.dirname(src)))
     header = "vramcap bench — %s — commit %s — GPU %s — with shim: VRAMCAP_LIMIT=%s" % (
         time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), commit, gpu, a.limit)
     rn._log(header + "\nROUNDS=%d TORCH_ROUNDS=%d PYTHON=%s\n" % (a.rounds, a.torch_rounds, a.python))

@@ -11,6 +11,7 @@ mod docs;
 mod escape;
 mod exporter;
 mod fork;
+mod forward;
 mod group;
 mod held;
 mod layout;

@@ -361,6 +361,34 @@ def commit_of(art, root):
     return "unknown"
 
 
+class Bench:
+    """What the benchmarks (../gpu_bench.py, ../bench_gate.py) start from:
+    the shim in ARTEFACTS, OUT made with an empty OUT/LOG_NAME, a temp folder
+    (`work`), a Runner with BUDGET seconds (`rn`, in ENV), and the GPU's and
+    the commit's names (`gpu`, `commit`). `shim` is None, after one line on
+    stderr naming it, when the shim is missing."""
+
+    def __init__(self, tool, artefacts, out, log_name, budget, env=None):
+        self.art = os.path.realpath(artefacts)
+        self.shim = os.path.join(self.art, "libvramcap.so")
+        if not os.access(self.shim, os.R_OK):
+            import sys
+            print("%s: %s not found" % (tool, self.shim), file=sys.stderr)
+            self.shim = None
+            return
+        os.makedirs(out, exist_ok=True)
+        self.log = os.path.join(out, log_name)
+        open(self.log, "w").close()
+        self.src = os.path.dirname(os.path.abspath(__file__))
+        import tempfile
+        self.work = tempfile.mkdtemp(prefix="vramcap-%s." % tool)
+        self.t0 = time.monotonic()
+        self.rn = Runner(self.log, deadline=self.t0 + budget, env=env)
+        q = smi_query(find_nvidia_smi(), "name,driver_version")
+        self.gpu = "%s, driver %s" % (q[0][0], q[0][1]) if q and len(q[0]) >= 2 else "unknown"
+        self.commit = commit_of(self.art, os.path.dirname(os.path.dirname(self.src)))
+
+
 # ---------------------------------------------------------------- nvcc
 
 def find_nvcc(explicit=None):

@@ -10,6 +10,8 @@
 #   OUTDIR/bin/client-linked      same client, also linked against -lcuda
 #                                 (no rpath: run it with
 #                                 LD_LIBRARY_PATH=OUTDIR/lib)
+#   OUTDIR/bin/forward            looks unhooked driver functions up and
+#                                 calls them (tests/forward.rs)
 #   OUTDIR/bin/escape             loads OUTDIR/lib/libescape.so (linked
 #                                 against -lcuda) around the preload, or
 #                                 looks driver functions up at a version
@@ -75,6 +77,10 @@ $CC $CFLAGS -fPIC -shared -Wl,-z,defs -I "$here" -o "$tmp/lib/libescape.so" \
     "$clients/escape_lib.c" -L "$tmp/lib" -lcuda
 # shellcheck disable=SC2086
 $CC $CFLAGS -I "$here" -o "$tmp/bin/escape" "$clients/escape.c" -ldl
+# forward calls the stand-in's inspection exports: linked with -lcuda.
+# shellcheck disable=SC2086
+$CC $CFLAGS -I "$here" -o "$tmp/bin/forward" "$clients/forward.c" \
+    -L "$tmp/lib" -lcuda -ldl
 
 # Rename into place; each rename replaces its target atomically. The
 # libraries go first so that a client never appears before its driver.
@@ -86,3 +92,4 @@ mv -f "$tmp/bin/client" "$out/bin/client"
 mv -f "$tmp/bin/client-linked" "$out/bin/client-linked"
 mv -f "$tmp/lib/libescape.so" "$out/lib/libescape.so"
 mv -f "$tmp/bin/escape" "$out/bin/escape"
+mv -f "$tmp/bin/forward" "$out/bin/forward"

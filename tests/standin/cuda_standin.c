@@ -4433,13 +4433,57 @@ static CUresult launch(CUfunction f, CUstream hStream, void **kernelParams,
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
+/* The dimensions, shared bytes and stream of the last cuLaunchKernel(_ptsz)
+ * call, whatever its result (vramcap_standin_last_launch). */
+static _Atomic unsigned g_last_launch[7];
+static _Atomic(CUstream) g_last_launch_stream;
+
+static CUfunction note_launch(CUfunction f, unsigned gx, unsigned gy,
+                              unsigned gz, unsigned bx, unsigned by,
+                              unsigned bz, unsigned shared, CUstream s)
+{
+    const unsigned v[7] = { gx, gy, gz, bx, by, bz, shared };
+    for (int i = 0; i < 7; i++)
+        atomic_store(&g_last_launch[i], v[i]);
+    atomic_store(&g_last_launch_stream, s);
+    return f;
+}
+
 WITH_PTSZ(cuLaunchKernel,
           (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
            unsigned int bx, unsigned int by, unsigned int bz,
            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams,
            void **extra),
-          launch, ((void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz,
-                   (void)sharedMemBytes, f), hStream, kernelParams, extra)
+          launch, note_launch(f, gx, gy, gz, bx, by, bz, sharedMemBytes,
+                              hStream), hStream, kernelParams, extra)
+
+/*
+ * Texture references: only the mipmap level clamp, kept once for every
+ * reference (a non-null handle), so that a test can pass two floats by
+ * value and read them back.
+ */
+static _Atomic float g_clamp[2];
+
+CUresult cuTexRefSetMipmapLevelClamp(CUtexref hTexRef, float minClamp,
+                                     float maxClamp)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(hTexRef != NULL, CUDA_ERROR_INVALID_VALUE);
+    atomic_store(&g_clamp[0], minClamp);
+    atomic_store(&g_clamp[1], maxClamp);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuTexRefGetMipmapLevelClamp(float *pminClamp, float *pmaxClamp,
+                                     CUtexref hTexRef)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(hTexRef != NULL && pminClamp != NULL && pmaxClamp != NULL,
+          CUDA_ERROR_INVALID_VALUE);
+    *pminClamp = atomic_load(&g_clamp[0]);
+    *pmaxClamp = atomic_load(&g_clamp[1]);
+    return CUDA_SUCCESS;
+}
 
 /* A copy or memset names an address: unmapped reserved space faults. */
 static CUresult touch_locked(CUdeviceptr p)
@@ -5439,6 +5483,13 @@ const char *vramcap_standin_kind(CUdeviceptr ptr)
     }
     pthread_mutex_unlock(&g_lock);
     return kind;
+}
+
+void vramcap_standin_last_launch(unsigned dims[7], CUstream *stream)
+{
+    for (int i = 0; i < 7; i++)
+        dims[i] = atomic_load(&g_last_launch[i]);
+    *stream = atomic_load(&g_last_launch_stream);
 }
 
 unsigned long vramcap_standin_count(const char *what)

@@ -485,6 +485,12 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
                              unsigned int blockDimX, unsigned int blockDimY,
                              unsigned int blockDimZ, unsigned int sharedMemBytes,
                              CUstream hStream, void **kernelParams, void **extra);
+/* Texture references: only the mipmap level clamp (two floats by value). */
+typedef struct CUtexref_st *CUtexref;
+CUresult cuTexRefSetMipmapLevelClamp(CUtexref hTexRef, float minClamp,
+                                     float maxClamp);
+CUresult cuTexRefGetMipmapLevelClamp(float *pminClamp, float *pmaxClamp,
+                                     CUtexref hTexRef);
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                               size_t ByteCount, CUstream hStream);
 CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
@@ -734,5 +740,10 @@ unsigned long vramcap_standin_count(const char *what);
  * stand-in lists the process on the devices where this is not 0.
  */
 int vramcap_standin_contexts(int dev);
+/*
+ * The grid and block dimensions and shared bytes (dims[0..7]) and the
+ * stream of the last cuLaunchKernel or cuLaunchKernel_ptsz call.
+ */
+void vramcap_standin_last_launch(unsigned dims[7], CUstream *stream);
 
 #endif /* VRAMCAP_CUDA_SUBSET_H */

@@ -50,11 +50,13 @@ pub const SETTING_VARS: &[&str] = &[
 
 /// `VRAMCAP_*` names that are not settings but belong to vramcap's own
 /// tools, so they are not warned about: `vramcap doctor`'s child check,
-/// `scripts/demo.sh`'s cap and the release build's linker switch.
+/// `scripts/demo.sh`'s cap, the release build's linker switch and the
+/// integration tests' switch of the parking gate.
 pub const TOOL_VARS: &[&str] = &[
     "VRAMCAP_PROBE_GPU",
     "VRAMCAP_DEMO_LIMIT",
     "VRAMCAP_ZIG_LINKER",
+    "VRAMCAP_TEST_GATE",
 ];
 
 /// Every known `VRAMCAP_*` name: [`SETTING_VARS`] and [`TOOL_VARS`].

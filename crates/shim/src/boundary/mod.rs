@@ -1,7 +1,9 @@
 //! The boundary: everything C sees. The exports (generated from the one
 //! list in `hooks.rs`), the program's own C ABI (`abi.rs`), the `dlsym`
 //! trampoline, the `cuGetProcAddress*`
-//! and `dlsym` answers, the real libraries' functions, the settings read
+//! and `dlsym` answers, the forwarders handed out for the driver's other
+//! functions when parking is enabled (`forward.rs`; `test_gate.rs` is a
+//! test-only switch of the gate), the real libraries' functions, the settings read
 //! once, the process's engine, and the panic boundary around every hook.
 //!
 //! A call travels: export (`hooks!`) → [`disabled`]? → real function;
@@ -13,6 +15,7 @@ mod allocs;
 mod dlsym;
 mod driver;
 mod entry;
+pub mod forward;
 mod graph_walk;
 pub mod hooks;
 mod loader;
@@ -20,6 +23,7 @@ mod macros;
 mod queries;
 pub mod real;
 mod resolve;
+mod test_gate;
 
 use std::panic::AssertUnwindSafe;
 use std::ptr;
@@ -192,6 +196,7 @@ pub fn init() -> &'static Settings {
     let s = settings();
     // SAFETY: registering a handler with no prepare/parent parts is always valid.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    test_gate::start();
     s
 }
 

@@ -11,11 +11,17 @@
 //! same pointer is the same function, and gets its hook; another is a
 //! function the hooks were not written for, and under a cap the lookup
 //! fails rather than hand out a way around it.
+//!
+//! With parking enabled, a driver function that gets no hook (none
+//! written, or one handed out only under tiered spill) is answered with
+//! its forwarder (`forward.rs`), last, after every comparison above has
+//! seen the driver's own pointer.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
 use super::entry::Hook;
-use super::real::{Lib, driver_path};
+use super::forward::{forwarder, parking_enabled};
+use super::real::{Lib, driver, driver_path, real_dlsym};
 use super::{RealDriver, disabled};
 use crate::engine::Engine;
 use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUresult};
@@ -130,7 +136,24 @@ pub unsafe fn get_proc_address(
             // SAFETY: the real resolver accepted it as a NUL-terminated string.
             let name = unsafe { CStr::from_ptr(symbol) };
             // SAFETY: pfn is non-null and writable.
-            return unsafe { beyond_known_versions(hooks, name, pfn, cuda_version, flags) };
+            let rc = unsafe { beyond_known_versions(hooks, name, pfn, cuda_version, flags) };
+            if rc != CUDA_SUCCESS {
+                return rc;
+            }
+        }
+        // Last, so that every comparison above saw the driver's pointer:
+        // a driver function that is no hook gets its forwarder (parking
+        // only; otherwise it is handed out as found).
+        // SAFETY: as above.
+        if unsafe { *pfn } == found && !found.is_null() {
+            let name = if symbol.is_null() {
+                c"(null)"
+            } else {
+                // SAFETY: the real resolver accepted it as a NUL-terminated string.
+                unsafe { CStr::from_ptr(symbol) }
+            };
+            // SAFETY: pfn is non-null and writable.
+            unsafe { *pfn = forwarder(name, found) };
         }
     }
     rc
@@ -227,7 +250,7 @@ pub fn answer_dlsym(hooks: &[Hook], name: &CStr, found: *mut c_void) -> *mut c_v
         .find(|h| h.name == name)
         .filter(|h| handed_out(h))
     else {
-        return found;
+        return forwarded_dlsym(name, found);
     };
     match h.real.get() {
         Some(p) if p == found => h.hook.cast_mut(),
@@ -252,6 +275,22 @@ pub fn answer_dlsym(hooks: &[Hook], name: &CStr, found: *mut c_void) -> *mut c_v
             );
             found
         }
+    }
+}
+
+/// `dlsym`'s answer for a name that gets no hook: its forwarder when it is
+/// the driver's own function (a `cu` name followed by a capital, which the
+/// driver's handle answers with the same address) and parking is enabled;
+/// else `found`. Libraries whose names start with `cu` too (`cublas…`,
+/// `cudnn…`, the runtime's `cuda…`, `cuFile…`) are never forwarded.
+fn forwarded_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
+    let n = name.to_bytes();
+    if !parking_enabled() || !n.get(2).is_some_and(u8::is_ascii_uppercase) {
+        return found;
+    }
+    match driver() {
+        Some(h) if real_dlsym(h, name) == found => forwarder(name, found),
+        _ => found,
     }
 }
 

@@ -30,7 +30,9 @@
 //! # Concurrency (written here once; ARCHITECTURE.md and the modules point here)
 //! - **Atomics:** budgets, counters, the capture count, every lazily made
 //!   pointer (driver handle, function slots, the page, the engine), a
-//!   tiered block's spots, place and claim. A reservation is a
+//!   tiered block's spots, place and claim; the boundary's forwarders'
+//!   slots (claimed by compare-and-swap, never freed: no lock) and the
+//!   parking gate's word and activity flag. A reservation is a
 //!   compare-and-swap under the cap.
 //! - **Locks, and what each guards.** Each is held for one map or list
 //!   operation, never across `dlopen` or `dlsym`, and never across a driver

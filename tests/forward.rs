@@ -1,0 +1,208 @@
+//! The forwarders (issue 34): with parking enabled, driver functions that
+//! are no hooks are handed out, through `dlsym` on the driver and through
+//! `cuGetProcAddress`, as trampolines that pass the parking gate; without
+//! it the program gets the driver's own functions, as before. The gate is
+//! closed and opened from outside through the shim's test-only switch
+//! (`VRAMCAP_TEST_GATE`, `crates/shim/src/boundary/test_gate.rs`).
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::util::{bare, run, scratch_dir, shimmed, spawn_piped};
+
+fn forward_program() -> PathBuf {
+    PathBuf::from(env!("STANDIN_DIR")).join("bin/forward")
+}
+
+const PARK: (&str, &str) = ("VRAMCAP_PARK", "manual");
+
+/// The calls' lines: exactly what the stand-in answers without the shim.
+const CALLS: [&str; 5] = [
+    "init -> 0",
+    "ctxdev -> 0 dev=0",
+    "name -> 0 vramcap stand-in 0",
+    "launch -> 0 dims=3,5,7,11,13,17 shared=19 stream=0x2",
+    "clamp -> 0 0 min=0.5 max=-1.25",
+];
+
+/// The lookups' lines when unhooked functions are answered with `k`
+/// through dlsym and `pa` through cuGetProcAddress (`real`: the driver's
+/// export of the name, `internal`: another of its addresses, `forwarder`)
+/// and `cuMemAlloc_v2` with `alloc`; `equal`: whether the two answers are
+/// one address.
+fn lookups(k: &str, pa: &str, alloc: &str, equal: &str) -> Vec<String> {
+    let line = |name: &str, k: &str, pa: &str, eq: &str| {
+        format!("resolve {name} dlsym={k} again=same procaddr={pa} again=same equal={eq}")
+    };
+    vec![
+        line("cuCtxGetDevice", k, pa, equal),
+        line("cuDeviceGetName", k, pa, equal),
+        line("cuCtxGetCurrent", k, pa, equal),
+        // A hook that only tiered spill hands out: without it, unhooked.
+        line("cuLaunchKernel", k, pa, equal),
+        line("cuMemAlloc_v2", alloc, alloc, "yes"),
+        // Reached through dlsym only (the stand-in's resolver lacks it).
+        line("cuTexRefSetMipmapLevelClamp", k, "null", "no"),
+    ]
+}
+
+fn expected(k: &str, pa: &str, alloc: &str, equal: &str) -> Vec<String> {
+    let mut want = lookups(k, pa, alloc, equal);
+    want.extend(CALLS.map(String::from));
+    want
+}
+
+/// The client's lines under the shim with `env`.
+fn shimmed_lines(env: &[(&str, &str)]) -> Vec<String> {
+    let mut cmd = shimmed(&forward_program());
+    cmd.envs(env.iter().copied());
+    run(cmd).ok_lines()
+}
+
+/// The stand-in's resolver answers internal entry points, not its exports.
+const ALIASES: (&str, &str) = ("STANDIN_PROCADDR_ALIASES", "1");
+
+#[test]
+fn without_the_shim_the_client_sees_the_driver() {
+    let ran = run(bare(&forward_program()));
+    assert_eq!(ran.ok_lines(), expected("real", "real", "real", "yes"));
+}
+
+#[test]
+fn without_parking_the_program_gets_the_driver_s_own_functions() {
+    let want = expected("real", "real", "hook", "yes");
+    assert_eq!(shimmed_lines(&[]), want);
+    // Internal pointers from the resolver: handed out as they are.
+    let want = expected("real", "internal", "hook", "no");
+    assert_eq!(shimmed_lines(&[ALIASES]), want);
+}
+
+#[test]
+fn with_parking_unhooked_functions_are_forwarders_that_call_exactly() {
+    let want = expected("forwarder", "forwarder", "hook", "yes");
+    assert_eq!(shimmed_lines(&[PARK]), want);
+}
+
+#[test]
+fn forwarders_are_one_address_exactly_when_the_driver_s_functions_are() {
+    // Two addresses of one function (dlsym's export, the resolver's
+    // internal entry point) stay two forwarders.
+    let want = expected("forwarder", "forwarder", "hook", "no");
+    assert_eq!(shimmed_lines(&[PARK, ALIASES]), want);
+}
+
+/// The shim's stderr lines without their `vramcap[PID]: ` prefix, read on
+/// a thread so that a missing line fails after a while instead of hanging.
+fn stderr_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
+    let err = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in err.lines().map_while(Result::ok) {
+            let l = match l.split_once("]: ") {
+                Some((p, rest)) if p.starts_with("vramcap[") => rest.to_string(),
+                _ => l,
+            };
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Reads `rx` until the line `want`; fails at the end of stderr or after a
+/// minute without it.
+fn wait_for(rx: &mpsc::Receiver<String>, want: &str, seen: &mut Vec<String>) {
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) if l == want => return,
+            Ok(l) => seen.push(l),
+            Err(e) => panic!("no {want:?} on stderr ({e}); it had {seen:?}"),
+        }
+    }
+}
+
+/// The next line of the client's stdout (empty at its end).
+fn next(out: &mut BufReader<std::process::ChildStdout>) -> String {
+    let mut l = String::new();
+    out.read_line(&mut l).expect("read stdout");
+    l.trim_end().to_string()
+}
+
+#[test]
+fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
+    let dir = scratch_dir();
+    let fifo = dir.join("gate");
+    let c = std::ffi::CString::new(fifo.to_str().expect("a UTF-8 path")).expect("no NUL");
+    // SAFETY: a NUL-terminated path and a mode.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    // Read and write: opening never blocks, and the shim's reader finds a
+    // writer at once.
+    let mut gate = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .expect("open the FIFO");
+    let mut cmd = shimmed(&forward_program());
+    cmd.env(PARK.0, PARK.1)
+        .env("VRAMCAP_TEST_GATE", &fifo)
+        .arg("wait");
+    let mut child = spawn_piped(&mut cmd);
+    let pid = child.id();
+    // A minute at most: then the child is killed and the reads below end.
+    let (done, watch) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if watch.recv_timeout(Duration::from_secs(60)).is_err() {
+            // SAFETY: kill of our own child's pid.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    });
+    let err = stderr_lines(&mut child);
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let out = child.stdout.take().expect("piped stdout");
+    let fd = out.as_raw_fd();
+    let mut out = BufReader::new(out);
+    let mut got: Vec<String> = (0..8).map(|_| next(&mut out)).collect();
+    assert_eq!(got.pop().as_deref(), Some("ready"));
+    assert_eq!(
+        got,
+        lookups("forwarder", "forwarder", "hook", "yes")
+            .into_iter()
+            .chain(["init -> 0".into()])
+            .collect::<Vec<_>>()
+    );
+    let mut seen = Vec::new();
+    for (what, want) in [
+        ("launch", CALLS[3]),
+        ("clamp", CALLS[4]),
+        ("name", CALLS[2]),
+        ("ctxdev", CALLS[1]),
+    ] {
+        gate.write_all(b"c").expect("close the gate");
+        wait_for(&err, "test gate: closed", &mut seen);
+        writeln!(stdin, "{what}").expect("ask for the call");
+        assert_eq!(next(&mut out), format!("calling {what}"));
+        wait_for(&err, "test gate: a forwarded call waits", &mut seen);
+        // The call is at the gate: nothing of its answer is out.
+        assert!(out.buffer().is_empty(), "{what} answered at a closed gate");
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        let ready = unsafe { libc::poll(&mut p, 1, 0) };
+        assert_eq!(ready, 0, "{what} answered at a closed gate");
+        gate.write_all(b"o").expect("open the gate");
+        wait_for(&err, "test gate: opened", &mut seen);
+        assert_eq!(next(&mut out), want);
+    }
+    drop(stdin);
+    let status = child.wait().expect("wait for the client");
+    let _ = done.send(());
+    assert!(status.success(), "{status}; stderr had {seen:?}");
+}
