@@ -114,6 +114,7 @@ pub mod driver;
 mod accounting;
 mod cache;
 mod handlers;
+pub mod park;
 mod spill;
 mod tiered;
 mod worker;
