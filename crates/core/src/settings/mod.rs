@@ -21,13 +21,13 @@ pub use operator::{OperatorError, read_operator_limit};
 pub use parse::{
     CacheBound, ContextCharge, Counting, LogLevel, SettingsError, Spill, SpillLimit,
     default_stats_dir, parse_cache, parse_context, parse_counting, parse_duration, parse_log_level,
-    parse_spill, parse_spill_limit,
+    parse_park, parse_park_wait, parse_spill, parse_spill_limit,
 };
 pub use vars::{
     CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, CUDA_LIBRARY_VAR, DISABLE_VAR, GROUP_VAR,
-    KNOWN_VARS, LIBRARY_VAR, LOG_VAR, NVIDIA_LIMIT_VAR, OPERATOR_LIMIT_PATH, SETTING_VARS,
-    SOFT_LIMIT_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR, STATS_VAR, TOOL_VARS, UnknownVar,
-    unknown_vars, unknown_vars_in_env,
+    KNOWN_VARS, LIBRARY_VAR, LOG_VAR, NVIDIA_LIMIT_VAR, OPERATOR_LIMIT_PATH, PARK_VAR,
+    PARK_WAIT_VAR, SETTING_VARS, SOFT_LIMIT_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR,
+    STATS_VAR, TOOL_VARS, UnknownVar, unknown_vars, unknown_vars_in_env,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +67,11 @@ pub struct Settings {
     /// The operator's cap ([`OPERATOR_LIMIT_PATH`]), when the file is there
     /// ([`read_operator_limit`]); `from_lookup` never sets it.
     pub operator: Option<LimitSpec>,
+    /// `VRAMCAP_PARK`: parking enabled (`None`: off, the gate stays open).
+    pub park: Option<crate::park::ParkMode>,
+    /// `VRAMCAP_PARK_WAIT`: how long an allocation waits for room when no
+    /// group member can be parked (zero: refuse at once).
+    pub park_wait: std::time::Duration,
 }
 
 impl Settings {
@@ -186,7 +191,17 @@ impl Settings {
                 expected: "a soft limit in the grammar of VRAMCAP_LIMIT, e.g. VRAMCAP_SOFT_LIMIT=6GiB (with VRAMCAP_LIMIT=8GiB)",
             })?,
         };
+        let park = match get(PARK_VAR) {
+            None => None,
+            Some(v) => Some(parse_park(&v)?),
+        };
+        let park_wait = match get(PARK_WAIT_VAR) {
+            None => std::time::Duration::ZERO,
+            Some(v) => parse_park_wait(&v)?,
+        };
         Ok(Settings {
+            park,
+            park_wait,
             limit,
             nvidia_limit,
             operator: None,
