@@ -154,6 +154,46 @@ enum Command {
         #[command(flatten)]
         write: cli::trim::WriteOptions,
     },
+    /// Park running processes: their GPU memory to host memory, their budget released (docs/parking.md)
+    Park {
+        /// Processes to park (repeatable)
+        #[arg(long = "pid", value_name = "PID", required_unless_present_any = ["all", "group"], conflicts_with_all = ["all", "group"])]
+        pids: Vec<u32>,
+        /// Every process of this user started with parking
+        #[arg(long, conflicts_with = "group")]
+        all: bool,
+        /// The members of this group
+        #[arg(long, value_name = "NAME")]
+        group: Option<String>,
+        /// Only processes that use one of these GPUs: indices or UUID prefixes
+        #[arg(short = 'i', long = "id", value_name = "ID[,ID…]", value_delimiter = ',', value_parser = cli::stat::parse_gpu)]
+        gpus: Vec<cli::stat::GpuSel>,
+        /// Only processes that made no CUDA call for this long, e.g. 10m
+        #[arg(long, value_name = "DURATION", value_parser = parse_park_duration)]
+        idle: Option<std::time::Duration>,
+        #[command(flatten)]
+        write: cli::trim::WriteOptions,
+    },
+    /// Resume parked processes, once their bytes fit on the GPU and in their group
+    Resume {
+        /// Processes to resume (repeatable)
+        #[arg(long = "pid", value_name = "PID", required_unless_present_any = ["all", "group"], conflicts_with_all = ["all", "group"])]
+        pids: Vec<u32>,
+        /// Every process of this user started with parking
+        #[arg(long, conflicts_with = "group")]
+        all: bool,
+        /// The members of this group
+        #[arg(long, value_name = "NAME")]
+        group: Option<String>,
+        /// Only processes that use one of these GPUs: indices or UUID prefixes
+        #[arg(short = 'i', long = "id", value_name = "ID[,ID…]", value_delimiter = ',', value_parser = cli::stat::parse_gpu)]
+        gpus: Vec<cli::stat::GpuSel>,
+        /// Keep trying this long while there is no room, e.g. 5m (default: refuse at once)
+        #[arg(long, value_name = "DURATION", value_parser = parse_park_duration)]
+        wait: Option<std::time::Duration>,
+        #[command(flatten)]
+        write: cli::trim::WriteOptions,
+    },
     /// Print the bytes of a size such as 4GiB (the grammar of --limit amounts)
     Size {
         /// A size: whole or decimal number, then B, K/KB/KiB, M/MB/MiB, G/GB/GiB or T/TB/TiB
@@ -359,6 +399,42 @@ fn main() -> ExitCode {
             };
             ExitCode::from(cli::limit::run(&dirs, users, &args))
         }),
+        Command::Park {
+            pids,
+            all,
+            group,
+            gpus,
+            idle,
+            write,
+        } => write.resolve(uid, "park").map(|(dirs, users)| {
+            let a = cli::park::ParkArgs {
+                pids: &pids,
+                all,
+                group: group.as_deref(),
+                gpus: &gpus,
+                idle,
+                wait: std::time::Duration::ZERO,
+            };
+            ExitCode::from(cli::park::run(&dirs, users, vramcap_core::park::Ask::Park, &a))
+        }),
+        Command::Resume {
+            pids,
+            all,
+            group,
+            gpus,
+            wait,
+            write,
+        } => write.resolve(uid, "resume").map(|(dirs, users)| {
+            let a = cli::park::ParkArgs {
+                pids: &pids,
+                all,
+                group: group.as_deref(),
+                gpus: &gpus,
+                idle: None,
+                wait: wait.unwrap_or_default(),
+            };
+            ExitCode::from(cli::park::run(&dirs, users, vramcap_core::park::Ask::Resume, &a))
+        }),
         Command::Size { size } => print_size(&size),
         Command::Kernel { action } => cli::kernel::run(action),
         Command::DevicePlugin {
@@ -414,4 +490,10 @@ fn main() -> ExitCode {
         eprintln!("vramcap: {e}");
         ExitCode::from(2)
     })
+}
+
+/// A duration as `VRAMCAP_PARK`'s `idle:` takes it (10m, 30s, 500ms).
+fn parse_park_duration(text: &str) -> Result<std::time::Duration, String> {
+    vramcap_core::settings::parse_duration(text)
+        .ok_or_else(|| format!("{text:?} is not a duration; e.g. 10m, 30s or 500ms"))
 }

@@ -91,6 +91,8 @@ pub enum Outcome {
     TooManyDevices(u32),
     /// A restore failed and the process is stuck (the detail: the driver's code).
     Stuck(u32),
+    /// A CUDA call of the program did not end within the lock's timeout.
+    Busy,
 }
 
 impl Outcome {
@@ -109,6 +111,7 @@ impl Outcome {
             Outcome::DriverError(n) => (9, n),
             Outcome::TooManyDevices(d) => (10, d),
             Outcome::Stuck(n) => (11, n),
+            Outcome::Busy => (12, 0),
         };
         code | u64::from(detail) << 32
     }
@@ -127,6 +130,7 @@ impl Outcome {
             8 => Outcome::NoCheckpointApi,
             10 => Outcome::TooManyDevices(d),
             11 => Outcome::Stuck(d),
+            12 => Outcome::Busy,
             _ => Outcome::DriverError(d),
         }
     }
@@ -162,6 +166,9 @@ impl fmt::Display for Outcome {
             Outcome::Stuck(n) => write!(
                 f,
                 "the driver's restore failed (error {n}): the process is stuck and cannot continue"
+            ),
+            Outcome::Busy => f.write_str(
+                "a CUDA call of the program did not end within 10 s (try again when it is idle)",
             ),
         }
     }
@@ -224,6 +231,7 @@ mod tests {
             Outcome::DriverError(801),
             Outcome::TooManyDevices(9),
             Outcome::Stuck(304),
+            Outcome::Busy,
         ] {
             assert_eq!(Outcome::from_word(o.word()), o);
         }

@@ -166,6 +166,8 @@ pub struct Engine<D: Driver> {
     graph_size: Registry<u64>,
     /// Allocations in flight, for cap changes (`live.rs`).
     inflight: InFlight,
+    /// Parking's state (`park/`).
+    park: park::Park,
 }
 
 impl<D: Driver> Engine<D> {
@@ -184,6 +186,7 @@ impl<D: Driver> Engine<D> {
             graph_growth: registry(),
             graph_size: registry(),
             inflight: InFlight::new(),
+            park: park::Park::new(),
         }
     }
 
@@ -238,6 +241,11 @@ impl<D: Driver> Engine<D> {
 
     /// One round of the background thread.
     fn background_round(&'static self) {
+        if self.park_round() {
+            // Parked (or stuck): no CUDA work; the group stays alive.
+            self.base.group().tick();
+            return;
+        }
         if self.base.capturing() {
             // Frees from this thread could invalidate the capture: wait.
             return;

@@ -33,6 +33,14 @@ pub static RESUME_WANTED: AtomicBool = AtomicBool::new(false);
 /// Program threads waiting at the gate now.
 pub static WAITERS: AtomicUsize = AtomicUsize::new(0);
 
+/// Parking is enabled in this process (`VRAMCAP_PARK`): the hooked exports
+/// pass [`enter`]; otherwise they skip it (one load).
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// Program threads inside a hooked export now (only counted when enabled):
+/// the background thread parks only once it is 0 with the gate closed, so
+/// no hook's accounting runs beside the ledgers' release.
+pub static INSIDE: AtomicUsize = AtomicUsize::new(0);
+
 static LOCK: Mutex<()> = Mutex::new(());
 static CHANGED: Condvar = Condvar::new();
 
@@ -54,6 +62,58 @@ pub fn gate() -> i32 {
         ACTIVE.store(true, Ordering::Relaxed);
     }
     0
+}
+
+/// Turns the gate on for this process (the settings, once).
+pub fn enable(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether parking is enabled in this process (for the forwarders of
+/// unhooked functions, branch `parkfwd`).
+#[allow(dead_code)]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// A hooked export's pass: counted in [`INSIDE`] until dropped.
+pub struct Inside(bool);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        if self.0 {
+            INSIDE.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// What a hooked export calls first: without parking, nothing (one load);
+/// with it, [`gate`], then counts the thread inside until the pass is
+/// dropped. `Err(code)` is the answer the call must give instead.
+#[inline(always)]
+pub fn enter() -> Result<Inside, i32> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Ok(Inside(false));
+    }
+    enter_counted()
+}
+
+#[inline(never)]
+fn enter_counted() -> Result<Inside, i32> {
+    loop {
+        let rc = gate();
+        if rc != 0 {
+            return Err(rc);
+        }
+        // Counted, then the gate read again (both SeqCst, as the parker's
+        // close and read of INSIDE are): either the parker sees this
+        // thread inside, or this thread sees the gate closed and backs out.
+        INSIDE.fetch_add(1, Ordering::SeqCst);
+        if GATE.load(Ordering::SeqCst) == RUNNING {
+            return Ok(Inside(true));
+        }
+        INSIDE.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The slow path: waits for `Running` (asking for a resume if parked).
@@ -86,7 +146,7 @@ pub extern "C" fn gate_slow() -> u32 {
 /// Sets the state word and wakes the waiters (the background thread only).
 pub fn set_state(state: u32) {
     let _held = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    GATE.store(state, Ordering::Release);
+    GATE.store(state, Ordering::SeqCst);
     if state == RUNNING {
         RESUME_WANTED.store(false, Ordering::SeqCst);
     }
@@ -103,5 +163,6 @@ pub fn reset_after_fork() {
     GATE.store(RUNNING, Ordering::Release);
     RESUME_WANTED.store(false, Ordering::Release);
     WAITERS.store(0, Ordering::Release);
+    INSIDE.store(0, Ordering::Release);
     ACTIVE.store(true, Ordering::Release);
 }
