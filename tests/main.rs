@@ -17,6 +17,7 @@ mod layout;
 mod limit;
 mod live;
 mod operator;
+mod park;
 mod paths;
 mod python;
 mod readers;
