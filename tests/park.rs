@@ -298,3 +298,66 @@ fn run_park_takes_manual_or_idle_and_refuses_the_rest_in_one_line() {
         "vramcap: VRAMCAP_PARK=\"idle\" is not valid: expected manual (parked only by vramcap park) or idle:DURATION (also parked when idle that long and a group member needs room), e.g. VRAMCAP_PARK=idle:10m\n"
     );
 }
+
+/// The idle policy: in a group whose budget is full, an allocation that
+/// would be refused parks the member idle past its threshold and succeeds;
+/// the parked member, calling CUDA again, waits for room in the group and
+/// resumes once the other frees. Without a parkable member it is refused.
+#[test]
+fn an_allocation_the_group_would_refuse_parks_the_idle_member() {
+    let dir = scratch_dir();
+    let group = [
+        NO_CACHE,
+        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_GROUP", "pol"),
+    ];
+    // No member can be parked: refused, as without parking.
+    let b = held_in(
+        &artefacts().client,
+        &dir,
+        &group,
+        &["init", "alloc", "1536M", "wait"],
+    );
+    let a = held_in(
+        &artefacts().client,
+        &dir,
+        &group,
+        &["init", "alloc", "1G", "wait"],
+    );
+    assert_eq!(a.lines.last().unwrap(), "wait");
+    assert_eq!(a.lines[a.lines.len() - 2], format!("alloc {GIB} -> 2"));
+    drop((a.finish(), b.finish()));
+
+    let idle = [group.as_slice(), &[("VRAMCAP_PARK", "idle:200ms")]].concat();
+    let mut b = held_in(
+        &artefacts().client,
+        &dir,
+        &idle,
+        &["init", "alloc", "1536M", "wait", "info", "ckstate", "wait"],
+    );
+    // The allocating member waits (VRAMCAP_PARK_WAIT) until the other has
+    // been idle 200 ms, parks it, and gets its gigabyte.
+    let waiting = [group.as_slice(), &[("VRAMCAP_PARK_WAIT", "10s")]].concat();
+    let mut a = held_in(
+        &artefacts().client,
+        &dir,
+        &waiting,
+        &["init", "alloc", "1G", "wait", "free", "0", "wait"],
+    );
+    assert_eq!(a.lines[a.lines.len() - 2], format!("alloc {GIB} -> 0 #0"));
+    assert_eq!(stat_device0(&dir, b.pid())["used_bytes"], 0);
+    assert_eq!(group_used(&dir).0, GIB);
+    // The parked member calls CUDA: no room in the group, it waits.
+    b.resume();
+    b.until("resumed");
+    let line = stderr_until(&mut b, "waiting for");
+    assert!(
+        line.ends_with("waiting for 1.5 GiB on GPU 0 to resume"),
+        "{line}"
+    );
+    a.resume();
+    a.until("wait");
+    b.until("ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0");
+    assert_eq!(group_used(&dir).0, 1536 * MIB);
+    drop((a.finish(), b.finish()));
+}

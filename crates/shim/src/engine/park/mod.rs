@@ -60,7 +60,9 @@ impl<D: Driver> Engine<D> {
         let settings = self.base.settings();
         let page = self.base.page().get(settings);
         let h = &page.header;
-        if gate::ACTIVE.swap(false, Ordering::Relaxed) {
+        // A call in flight (a synchronisation, a waiting allocation) is
+        // activity too: such a process is not idle.
+        if gate::ACTIVE.swap(false, Ordering::Relaxed) || gate::INSIDE.load(Ordering::Relaxed) > 0 {
             h.last_activity.store(now_unix_ns(), Ordering::Release);
         }
         let asked = h.park_requests.load(Ordering::Acquire);
