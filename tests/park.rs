@@ -82,7 +82,15 @@ fn parked_releases_the_ledgers_and_the_next_call_resumes_with_data_intact() {
         "{pid}: parked, 1.00 GiB moved to host memory and released"
     )]);
     assert_eq!(stat_device0(&dir, pid)["used_bytes"], 0);
+    assert_eq!(stat_device0(&dir, pid)["parked_bytes"], GIB);
     assert_eq!(group_used(&dir), (0, vec![0]));
+    let park = &stat(&dir)["processes"][0]["park"];
+    assert_eq!(park["mode"], "manual");
+    assert_eq!(park["state"], "parked");
+    assert_eq!(park["parked_bytes"], GIB);
+    assert!(park["parked_seconds"].as_f64().unwrap() >= 0.0, "{park}");
+    let table = cli(&dir, &["stat"]).ok_lines();
+    assert!(table[1].contains(" [parked 1.00 GiB, "), "{table:?}");
     // Parking twice is no change.
     cli(&dir, &["park", "--pid", &pid.to_string()]).expect_lines(&[&format!(
         "{pid}: parked, 1.00 GiB moved to host memory and released"
@@ -104,6 +112,8 @@ fn parked_releases_the_ledgers_and_the_next_call_resumes_with_data_intact() {
         ][..]
     );
     assert_eq!(stat_device0(&dir, pid)["used_bytes"], GIB);
+    assert_eq!(stat_device0(&dir, pid)["parked_bytes"], 0);
+    assert_eq!(stat(&dir)["processes"][0]["park"]["state"], "running");
     assert_eq!(group_used(&dir), (GIB, vec![GIB]));
     let (_, out) = h.finish();
     assert!(out.status.success());

@@ -20,9 +20,10 @@ pub const PARK_DEVICES: usize = 8;
 pub const RESUME_MARGIN: u64 = 64 << 20;
 
 /// The process's parking state (`Header::park_state`); 0 is `Running`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(u32)]
 pub enum ParkState {
+    #[default]
     Running = 0,
     Parking = 1,
     Parked = 2,
@@ -50,6 +51,49 @@ impl ParkState {
             ParkState::Parked => "parked",
             ParkState::Resuming => "resuming",
             ParkState::Failed => "failed",
+        }
+    }
+}
+
+/// What readers show of a process's parking (read by `Page::snapshot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ParkSnapshot {
+    /// Started with `VRAMCAP_PARK`.
+    pub mode: Option<ParkMode>,
+    pub state: ParkState,
+    /// Unix ns, 0 when not parked.
+    pub since_unix_ns: u64,
+    /// Bytes parked per GPU.
+    pub parked: [u64; PARK_DEVICES],
+}
+
+impl ParkSnapshot {
+    /// Every GPU's parked bytes.
+    pub fn bytes(&self) -> u64 {
+        self.parked.iter().sum()
+    }
+
+    /// The bytes parked of GPU `index` (0 past [`PARK_DEVICES`]).
+    pub fn on(&self, index: u32) -> u64 {
+        self.parked.get(index as usize).copied().unwrap_or(0)
+    }
+
+    /// Seconds parked at `now_ns`, `None` when not parked.
+    pub fn seconds(&self, now_ns: u64) -> Option<f64> {
+        (self.since_unix_ns != 0).then(|| now_ns.saturating_sub(self.since_unix_ns) as f64 / 1e9)
+    }
+
+    /// What a table shows before the command: `[parked 1.00 GiB, 12s] `,
+    /// `[failed] ` and the like; empty when running.
+    pub fn label(&self, now_ns: u64) -> String {
+        match self.state {
+            ParkState::Running => String::new(),
+            ParkState::Parked => format!(
+                "[parked {}, {:.0}s] ",
+                crate::human_bytes(self.bytes()),
+                self.seconds(now_ns).unwrap_or(0.0)
+            ),
+            s => format!("[{}] ", s.name()),
         }
     }
 }
