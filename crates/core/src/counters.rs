@@ -217,7 +217,7 @@ pub struct PageSnapshot {
     /// until then).
     pub dir: std::path::PathBuf,
     /// Parking: the state, since when, the bytes parked.
-    pub park: crate::park::ParkSnapshot,
+    pub park: Box<crate::park::ParkSnapshot>,
 }
 
 impl Page {
@@ -244,12 +244,12 @@ impl Page {
             container: get_text(&h.container),
             devices,
             dir: std::path::PathBuf::new(),
-            park: crate::park::ParkSnapshot {
+            park: Box::new(crate::park::ParkSnapshot {
                 mode: crate::park::ParkMode::from_word(h.park_mode),
                 state: crate::park::ParkState::from_word(h.park_state.load(Ordering::Acquire)),
                 since_unix_ns: h.parked_since.load(Ordering::Acquire),
-                parked: std::array::from_fn(|i| h.parked[i].load(Ordering::Acquire)),
-            },
+                parked: h.parked.iter().map(|w| w.load(Ordering::Acquire)).collect(),
+            }),
         }
     }
 }

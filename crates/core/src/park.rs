@@ -56,15 +56,16 @@ impl ParkState {
 }
 
 /// What readers show of a process's parking (read by `Page::snapshot`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ParkSnapshot {
     /// Started with `VRAMCAP_PARK`.
     pub mode: Option<ParkMode>,
     pub state: ParkState,
     /// Unix ns, 0 when not parked.
     pub since_unix_ns: u64,
-    /// Bytes parked per GPU.
-    pub parked: [u64; PARK_DEVICES],
+    /// Bytes parked per GPU (index order; `PARK_DEVICES` of them, or
+    /// none in a default value).
+    pub parked: Vec<u64>,
 }
 
 impl ParkSnapshot {

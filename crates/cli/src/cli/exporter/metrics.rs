@@ -370,8 +370,7 @@ mod tests {
     #[test]
     fn parked_processes_show_their_bytes_state_and_time() {
         use vramcap_core::park::{ParkMode, ParkSnapshot, ParkState};
-        let mut parked = [0; vramcap_core::park::PARK_DEVICES];
-        parked[0] = 5;
+        let parked = vec![5, 0, 0, 0, 0, 0, 0, 0];
         let page = |mode| PageSnapshot {
             pid: 7,
             uid: 1,
@@ -384,12 +383,12 @@ mod tests {
             container: String::new(),
             devices: vec![slot(0, None)],
             dir: std::path::PathBuf::from("/d"),
-            park: ParkSnapshot {
+            park: Box::new(ParkSnapshot {
                 mode,
                 state: ParkState::Parked,
                 since_unix_ns: 1,
-                parked,
-            },
+                parked: parked.clone(),
+            }),
         };
         let text = render(&[page(Some(ParkMode::Manual))], &[], 0);
         let value = |name: &str| {
