@@ -17,6 +17,8 @@
 //!   (`inflight`), the statistics page (`page`), the group membership
 //!   (`group`) and the exports this process made (`exports`).
 //! - `cache`, `spill`: the freed-block cache and spill to host memory.
+//! - `park/`: parking (its gate, its state, the checkpoint steps on the
+//!   background thread, the idle policy).
 //! - `tiered/`: tiered spill: its blocks, heat, a pure planner, the gate,
 //!   the rounds, its allocation path and hooks, and the program's own
 //!   `cuMemCreate` memory under it (`tiered/mod.rs` lists the files).
@@ -60,6 +62,9 @@
 //!     takes it with `try_write` for at most `STOP_WAIT`, 50 ms, and gives
 //!     up the round otherwise, so a program thread blocked in a gated call
 //!     cannot deadlock with it).
+//!   - `park/gate.rs`: parking's gate mutex, taken alone, to change the
+//!     state or to wait on its condvar for it (program threads at a closed
+//!     gate wait there, outside every other lock).
 //!   - `OnceLock`s and `Once`s of values made once (settings, the driver's
 //!     path, the spill limit, the group's limit, the cache's clock, the
 //!     exit handler).
@@ -67,8 +72,15 @@
 //!   cache's ordering lock, then the gate or a device cache's mutex
 //!   (briefly); the list of exports, then a VMM registry shard; the
 //!   settings' initialiser setting the driver's path, once, before any hook
-//!   runs. Hooks take only the gate. Nothing else is held with another lock.
-//! - **Waits:** nothing waits on another process. The page and the group
+//!   runs. Hooks take only the gate. Parking's gate mutex is never held
+//!   with another lock. Nothing else is held with another lock.
+//! - **Waits:** nothing waits on another process, but parking's policy (an
+//!   allocation the group refuses waits, holding no lock, for an idle
+//!   member's answer: 2 s and 1 s per GiB it holds, then up to
+//!   `VRAMCAP_PARK_WAIT`). With parking on, a program thread at a closed
+//!   gate waits on its condvar until the background thread resumes the
+//!   process; the background thread waits (at most 10 s) for the threads
+//!   inside hooked exports to leave before it parks. The page and the group
 //!   membership are made by one thread while others yield (`page`,
 //!   `group`); an allocation that needs the context's first figure while
 //!   another thread measures it sleeps 200 µs at a time until it is there
