@@ -371,3 +371,19 @@ fn an_allocation_the_group_would_refuse_parks_the_idle_member() {
     assert_eq!(group_used(&dir).0, 1536 * MIB);
     drop((a.finish(), b.finish()));
 }
+
+/// With parking on, `cuGetProcAddress` hands out the shim's launch, copy
+/// and memset hooks (otherwise only under tiered spill), so that those
+/// calls of a parked process reach the gate before the driver's lock.
+#[test]
+fn with_parking_the_launch_family_is_handed_out_so_it_passes_the_gate() {
+    let args = ["init", "resolve", "cuLaunchKernel", "13000", "0"];
+    client("procaddr", &[MANUAL], &args).expect_lines(&[
+        "init -> 0",
+        "resolve cuLaunchKernel 13000 0 -> 0 status=0 lib=libvramcap.so",
+    ]);
+    client("procaddr", &[], &args).expect_lines(&[
+        "init -> 0",
+        "resolve cuLaunchKernel 13000 0 -> 0 status=0 lib=libcuda.so.1",
+    ]);
+}

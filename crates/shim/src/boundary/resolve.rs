@@ -256,10 +256,13 @@ pub fn answer_dlsym(hooks: &[Hook], name: &CStr, found: *mut c_void) -> *mut c_v
 }
 
 /// Whether the hook of `h` is handed out: those only tiered spill needs
-/// (the entry's `tiered` flag, `hooks.rs`) only under tiered spill;
-/// otherwise the program gets the driver's own functions and pays nothing.
+/// (the entry's `tiered` flag, `hooks.rs`) only under tiered spill or
+/// parking (a launch, copy or memset of a parked process must reach the
+/// gate before the driver's lock); otherwise the program gets the driver's
+/// own functions and pays nothing.
 fn handed_out(h: &Hook) -> bool {
-    !h.tiered_only || super::settings().spill == Spill::Tiered
+    let s = super::settings();
+    !h.tiered_only || s.spill == Spill::Tiered || s.park.is_some()
 }
 
 /// Whether any cap was asked for (a limit, NVIDIA's variable, the
