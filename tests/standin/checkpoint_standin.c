@@ -56,28 +56,29 @@ static bool checkpoint_gate(void)
     return !atomic_load(&ck_stuck);
 }
 
-/* The common checks: own PID, not stuck. */
-static CUresult ck_enter(int pid)
+/* The common checks: own PID, not stuck, in state `want`; on success
+ * ck_mu is held. */
+static CUresult ck_begin(int pid, CUprocessState want)
 {
     config();
     if (pid != (int)getpid())
         return CUDA_ERROR_NOT_SUPPORTED_;
     if (atomic_load(&ck_stuck))
         return CUDA_ERROR_OS_CALL_FAILED_;
+    pthread_mutex_lock(&ck_mu);
+    if (ck_state != want) {
+        pthread_mutex_unlock(&ck_mu);
+        return CUDA_ERROR_ILLEGAL_STATE_;
+    }
     return CUDA_SUCCESS;
 }
 
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
     (void)args;
-    CUresult rc = ck_enter(pid);
+    CUresult rc = ck_begin(pid, CU_PROCESS_STATE_RUNNING);
     if (rc != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&ck_mu);
-    if (ck_state != CU_PROCESS_STATE_RUNNING) {
-        pthread_mutex_unlock(&ck_mu);
-        return CUDA_ERROR_ILLEGAL_STATE_;
-    }
     ck_state = CU_PROCESS_STATE_LOCKED;
     ck_owner = pthread_self();
     atomic_store(&ck_locked, true);
@@ -88,14 +89,9 @@ CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
 {
     (void)args;
-    CUresult rc = ck_enter(pid);
+    CUresult rc = ck_begin(pid, CU_PROCESS_STATE_LOCKED);
     if (rc != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&ck_mu);
-    if (ck_state != CU_PROCESS_STATE_LOCKED) {
-        pthread_mutex_unlock(&ck_mu);
-        return CUDA_ERROR_ILLEGAL_STATE_;
-    }
     pthread_mutex_lock(&g_lock);
     bool managed = false;
     for (int d = 0; d < g_cfg.devices && !managed; d++)
@@ -117,14 +113,9 @@ CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 {
     (void)args;
-    CUresult rc = ck_enter(pid);
+    CUresult rc = ck_begin(pid, CU_PROCESS_STATE_CHECKPOINTED);
     if (rc != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&ck_mu);
-    if (ck_state != CU_PROCESS_STATE_CHECKPOINTED) {
-        pthread_mutex_unlock(&ck_mu);
-        return CUDA_ERROR_ILLEGAL_STATE_;
-    }
     size_t foreign = (size_t)standin_foreign_bytes();
     pthread_mutex_lock(&g_lock);
     bool room = true;
@@ -155,14 +146,9 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 {
     (void)args;
-    CUresult rc = ck_enter(pid);
+    CUresult rc = ck_begin(pid, CU_PROCESS_STATE_LOCKED);
     if (rc != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&ck_mu);
-    if (ck_state != CU_PROCESS_STATE_LOCKED) {
-        pthread_mutex_unlock(&ck_mu);
-        return CUDA_ERROR_ILLEGAL_STATE_;
-    }
     ck_state = CU_PROCESS_STATE_RUNNING;
     atomic_store(&ck_locked, false);
     pthread_cond_broadcast(&ck_cv);

@@ -156,18 +156,8 @@ enum Command {
     },
     /// Park running processes: their GPU memory to host memory, their budget released (docs/parking.md)
     Park {
-        /// Processes to park (repeatable)
-        #[arg(long = "pid", value_name = "PID", required_unless_present_any = ["all", "group"], conflicts_with_all = ["all", "group"])]
-        pids: Vec<u32>,
-        /// Every process of this user started with parking
-        #[arg(long, conflicts_with = "group")]
-        all: bool,
-        /// The members of this group
-        #[arg(long, value_name = "NAME")]
-        group: Option<String>,
-        /// Only processes that use one of these GPUs: indices or UUID prefixes
-        #[arg(short = 'i', long = "id", value_name = "ID[,ID…]", value_delimiter = ',', value_parser = cli::stat::parse_gpu)]
-        gpus: Vec<cli::stat::GpuSel>,
+        #[command(flatten)]
+        targets: cli::park::Targets,
         /// Only processes that made no CUDA call for this long, e.g. 10m
         #[arg(long, value_name = "DURATION", value_parser = parse_park_duration)]
         idle: Option<std::time::Duration>,
@@ -176,18 +166,8 @@ enum Command {
     },
     /// Resume parked processes, once their bytes fit on the GPU and in their group
     Resume {
-        /// Processes to resume (repeatable)
-        #[arg(long = "pid", value_name = "PID", required_unless_present_any = ["all", "group"], conflicts_with_all = ["all", "group"])]
-        pids: Vec<u32>,
-        /// Every process of this user started with parking
-        #[arg(long, conflicts_with = "group")]
-        all: bool,
-        /// The members of this group
-        #[arg(long, value_name = "NAME")]
-        group: Option<String>,
-        /// Only processes that use one of these GPUs: indices or UUID prefixes
-        #[arg(short = 'i', long = "id", value_name = "ID[,ID…]", value_delimiter = ',', value_parser = cli::stat::parse_gpu)]
-        gpus: Vec<cli::stat::GpuSel>,
+        #[command(flatten)]
+        targets: cli::park::Targets,
         /// Keep trying this long while there is no room, e.g. 5m (default: refuse at once)
         #[arg(long, value_name = "DURATION", value_parser = parse_park_duration)]
         wait: Option<std::time::Duration>,
@@ -400,40 +380,20 @@ fn main() -> ExitCode {
             ExitCode::from(cli::limit::run(&dirs, users, &args))
         }),
         Command::Park {
-            pids,
-            all,
-            group,
-            gpus,
+            targets,
             idle,
             write,
         } => write.resolve(uid, "park").map(|(dirs, users)| {
-            let a = cli::park::ParkArgs {
-                pids: &pids,
-                all,
-                group: group.as_deref(),
-                gpus: &gpus,
-                idle,
-                wait: std::time::Duration::ZERO,
-            };
-            ExitCode::from(cli::park::run(&dirs, users, vramcap_core::park::Ask::Park, &a))
+            let ask = vramcap_core::park::Ask::Park;
+            ExitCode::from(cli::park::run(&dirs, users, ask, &targets.args(idle, None)))
         }),
         Command::Resume {
-            pids,
-            all,
-            group,
-            gpus,
+            targets,
             wait,
             write,
         } => write.resolve(uid, "resume").map(|(dirs, users)| {
-            let a = cli::park::ParkArgs {
-                pids: &pids,
-                all,
-                group: group.as_deref(),
-                gpus: &gpus,
-                idle: None,
-                wait: wait.unwrap_or_default(),
-            };
-            ExitCode::from(cli::park::run(&dirs, users, vramcap_core::park::Ask::Resume, &a))
+            let ask = vramcap_core::park::Ask::Resume;
+            ExitCode::from(cli::park::run(&dirs, users, ask, &targets.args(None, wait)))
         }),
         Command::Size { size } => print_size(&size),
         Command::Kernel { action } => cli::kernel::run(action),

@@ -16,6 +16,23 @@ use super::stat::StatsDirs;
 use super::trim::{find, next_ticket, targets, usable};
 use crate::read::Users;
 
+/// Which processes: the options both commands take (clap).
+#[derive(clap::Args)]
+pub struct Targets {
+    /// Processes (repeatable)
+    #[arg(long = "pid", value_name = "PID", required_unless_present_any = ["all", "group"], conflicts_with_all = ["all", "group"])]
+    pub pids: Vec<u32>,
+    /// Every process of this user started with parking
+    #[arg(long, conflicts_with = "group")]
+    pub all: bool,
+    /// The members of this group
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
+    /// Only processes that use one of these GPUs: indices or UUID prefixes
+    #[arg(short = 'i', long = "id", value_name = "ID[,ID…]", value_delimiter = ',', value_parser = super::stat::parse_gpu)]
+    pub gpus: Vec<super::stat::GpuSel>,
+}
+
 /// The options both commands share.
 pub struct ParkArgs<'a> {
     pub pids: &'a [u32],
@@ -27,6 +44,20 @@ pub struct ParkArgs<'a> {
     pub idle: Option<Duration>,
     /// resume: how long to keep asking while there is no room.
     pub wait: Duration,
+}
+
+impl Targets {
+    /// The arguments of one run: `idle` for park, `wait` for resume.
+    pub fn args(&self, idle: Option<Duration>, wait: Option<Duration>) -> ParkArgs<'_> {
+        ParkArgs {
+            pids: &self.pids,
+            all: self.all,
+            group: self.group.as_deref(),
+            gpus: &self.gpus,
+            idle,
+            wait: wait.unwrap_or_default(),
+        }
+    }
 }
 
 /// Runs `vramcap park` (`ask` Park) or `vramcap resume`; the exit status:
