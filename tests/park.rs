@@ -387,3 +387,49 @@ fn with_parking_the_launch_family_is_handed_out_so_it_passes_the_gate() {
         "resolve cuLaunchKernel 13000 0 -> 0 status=0 lib=libcuda.so.1",
     ]);
 }
+
+/// A checkpoint call that fails (the stand-in's STANDIN_CHECKPOINT_FAIL):
+/// refused with the driver's error, nothing released, the process
+/// unlocked and running on.
+#[test]
+fn a_failing_checkpoint_call_releases_nothing_and_unlocks() {
+    for call in ["lock", "checkpoint"] {
+        let dir = scratch_dir();
+        let env = [
+            MANUAL,
+            NO_CACHE,
+            ("VRAMCAP_LIMIT", "4GiB"),
+            ("VRAMCAP_GROUP", "fl"),
+            ("STANDIN_CHECKPOINT_FAIL", call),
+        ];
+        let mut h = held_in(
+            &artefacts().client,
+            &dir,
+            &env,
+            &["init", "alloc", "1G", "wait", "info", "ckstate"],
+        );
+        let pid = h.pid();
+        let ran = cli(&dir, &["park", "--pid", &pid.to_string()]);
+        ran.expect_code(1);
+        assert_eq!(
+            ran.stderr(),
+            format!(
+                "vramcap: {pid}: cannot park: the driver's checkpoint call failed (error 999)\n"
+            )
+        );
+        assert_eq!(stat_device0(&dir, pid)["used_bytes"], GIB);
+        assert_eq!(group_used(&dir), (GIB, vec![GIB]));
+        assert_eq!(stat(&dir)["processes"][0]["park"]["state"], "running");
+        h.resume();
+        let (lines, out) = h.finish();
+        assert!(out.status.success(), "{lines:?}");
+        assert_eq!(
+            lines[lines.len() - 2..],
+            [
+                format!("info -> 0 free={} total={}", 3 * GIB, 4 * GIB),
+                "ckstate state=0 checkpoints=0 restores=0 failures=0 parked=0".to_string(),
+            ][..],
+            "{call}"
+        );
+    }
+}

@@ -22,6 +22,9 @@
  *   other driver call CUDA_ERROR_NOT_INITIALIZED.
  * - Unlock (locked, not checkpointed) lets the waiting calls go on.
  * - GetRestoreThreadId answers the PID (the stand-in has no restore thread).
+ * - STANDIN_CHECKPOINT_FAIL=lock or =checkpoint (read at each call): that
+ *   call answers 999 (CUDA_ERROR_UNKNOWN) and changes nothing, as a driver
+ *   error would (after a failed checkpoint the process stays locked).
  */
 #include "checkpoint_subset.h"
 
@@ -56,6 +59,13 @@ static bool checkpoint_gate(void)
     return !atomic_load(&ck_stuck);
 }
 
+/* Whether STANDIN_CHECKPOINT_FAIL names this call. */
+static bool ck_fails(const char *call)
+{
+    const char *f = getenv("STANDIN_CHECKPOINT_FAIL");
+    return f != NULL && strcmp(f, call) == 0;
+}
+
 /* The common checks: own PID, not stuck, in state `want`; on success
  * ck_mu is held. */
 static CUresult ck_begin(int pid, CUprocessState want)
@@ -63,6 +73,7 @@ static CUresult ck_begin(int pid, CUprocessState want)
     config();
     if (pid != (int)getpid())
         return CUDA_ERROR_NOT_SUPPORTED_;
+
     if (atomic_load(&ck_stuck))
         return CUDA_ERROR_OS_CALL_FAILED_;
     pthread_mutex_lock(&ck_mu);
@@ -76,6 +87,8 @@ static CUresult ck_begin(int pid, CUprocessState want)
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
     (void)args;
+    if (ck_fails("lock"))
+        return 999;
     CUresult rc = ck_begin(pid, CU_PROCESS_STATE_RUNNING);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -89,6 +102,8 @@ CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
 {
     (void)args;
+    if (ck_fails("checkpoint"))
+        return 999;
     CUresult rc = ck_begin(pid, CU_PROCESS_STATE_LOCKED);
     if (rc != CUDA_SUCCESS)
         return rc;
