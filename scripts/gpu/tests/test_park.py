@@ -99,7 +99,11 @@ def test_notebook_parked_by_idle_resumes_with_identical_results(gpu, runner, wor
         check.that(r is not None and r.rc == 0 and "parked, 4" in r.stdout, "vramcap park --idle 5s parks it",
                    r.stdout.strip() if r else "not run")
         used = harness.nvml_used_mib(gpu.smi, pid, log=runner._log)
-        check.at_most("nvidia-smi MiB of the parked notebook", used if used is not None else 1e9, 100)
+        # Measured at r580: a parked process is gone from the list, or shows a few MiB.
+        shown = 0 if used == "missing" else used if isinstance(used, int) else 1e9
+        check.at_most("nvidia-smi MiB of the parked notebook (%s)" % used, shown, 100)
+        rows = harness.smi_query(gpu.smi, "memory.used")
+        check.note("GPU memory used while parked: %s MiB" % (rows[0][0] if rows and rows[0] else "?"))
         grab = runner.run("park: 100 GiB while parked", [gpu.python, gpu.script("check_park.py"), "grab", "100"],
                           env=runner.env(shim=gpu.shim), timeout=600)
         kv = grab.kv()
@@ -155,7 +159,7 @@ def test_resume_without_room_waits_and_never_sticks(gpu, runner, work, check):
         check.eq("its line", r.stderr.strip(),
                  "vramcap: %d: cannot resume: no room on GPU 0 for its parked memory" % pid)
         nb.go()  # its next CUDA call waits for room
-        line = nb.wait_line("waiting for 8.0 GiB on GPU 0 to resume", 60, path=nb.err)
+        line = nb.wait_line("GiB on GPU 0 to resume", 60, path=nb.err)
         check.that(bool(line), "the notebook says once that it waits", line or "no line")
         filler.go()
         filler.finish()
