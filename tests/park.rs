@@ -433,3 +433,21 @@ fn a_failing_checkpoint_call_releases_nothing_and_unlocks() {
         );
     }
 }
+
+/// A parked process that exits without calling CUDA again ends normally,
+/// and its page goes with it.
+#[test]
+fn a_parked_process_exits_normally() {
+    let dir = scratch_dir();
+    let h = held_in(
+        &artefacts().client,
+        &dir,
+        &[MANUAL],
+        &["init", "alloc", "1G", "wait"],
+    );
+    let pid = h.pid();
+    cli(&dir, &["park", "--pid", &pid.to_string()]).ok_lines();
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+    assert!(!dir.join(format!("{pid}.page")).exists());
+}

@@ -8,6 +8,9 @@
                                tensor: it resumes a parked process), print
                                "RESUMED seconds=T", do the step again and
                                print "STEP2 sum=S"; "RESULTKV same=0|1 ..."
+  check_park.py exit GIB       hold GIB GiB, print "IDLE pid=P", wait for a
+                               line on stdin, then exit normally without
+                               another CUDA call of its own (while parked)
   check_park.py grab GIB       allocate GIB GiB (1 GiB tensors) and print
                                "RESULTKV got=BYTES oom=0|1", then exit
   check_park.py fill LEAVE_GIB allocate 1 GiB tensors until less than
@@ -52,6 +55,17 @@ def notebook(gib):
     print(f"STEP2 sum={s2!r}", flush=True)
     print(f"RESULTKV same={int(s1 == s2)} first={first!r} resume_s={resumed:.3f} step1={s1!r} step2={s2!r}",
           flush=True)
+    return 0
+
+
+def hold_then_exit(gib):
+    import torch
+
+    keep = [torch.ones((1 << 30) // 4, device="cuda") for _ in range(gib)]
+    torch.cuda.synchronize()
+    print(f"IDLE pid={os.getpid()} bytes={gib << 30} tensors={len(keep)}", flush=True)
+    sys.stdin.readline()
+    print("EXITING", flush=True)
     return 0
 
 
@@ -137,7 +151,7 @@ def capture():
 def main():
     mode = sys.argv[1]
     arg = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    return {"notebook": notebook, "grab": grab, "fill": fill, "managed": managed,
+    return {"notebook": notebook, "exit": hold_then_exit, "grab": grab, "fill": fill, "managed": managed,
             "capture": lambda _: capture()}[mode](arg)
 
 

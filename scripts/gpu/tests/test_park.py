@@ -171,3 +171,19 @@ def test_resume_without_room_waits_and_never_sticks(gpu, runner, work, check):
         nb.kill()
         if filler:
             filler.kill()
+
+
+def test_parked_process_exits_normally(gpu, runner, work, check):
+    check.title = "a parked process that exits without resuming ends (no hang at the driver's exit)"
+    p = Proc(gpu, runner, work, "exit", ["exit", "1"], VRAMCAP_PARK="manual")
+    try:
+        check.that(bool(p.wait_line("IDLE", 300)), "a 1 GiB process idles", "")
+        r = cli(gpu, runner, "park (exit row)", "park", "--pid", str(p.p.pid))
+        check.eq("park exit status", r.rc, 0)
+        p.go()
+        t0 = time.monotonic()
+        out, err = p.finish(60)
+        check.eq("its exit status", p.p.returncode, 0)
+        check.at_most("seconds to exit", time.monotonic() - t0, 30)
+    finally:
+        p.kill()
