@@ -12,6 +12,21 @@ use crate::util::*;
 const MANUAL: (&str, &str) = ("VRAMCAP_PARK", "manual");
 const NO_CACHE: (&str, &str) = ("VRAMCAP_CACHE", "off");
 
+/// Parking on, no cache, a cap and a group.
+fn grouped(limit: &'static str, group: &'static str) -> [(&'static str, &'static str); 4] {
+    [
+        MANUAL,
+        NO_CACHE,
+        ("VRAMCAP_LIMIT", limit),
+        ("VRAMCAP_GROUP", group),
+    ]
+}
+
+/// `vramcap park --pid PID`.
+fn park(dir: &Path, pid: u32) -> Ran {
+    cli(dir, &["park", "--pid", &pid.to_string()])
+}
+
 fn cli(dir: &Path, args: &[&str]) -> Ran {
     let mut cmd = bare(&artefacts().cli);
     cmd.env("VRAMCAP_STATS_DIR", dir).args(args);
@@ -58,12 +73,7 @@ fn stderr_until(h: &mut Held, want: &str) -> String {
 #[test]
 fn parked_releases_the_ledgers_and_the_next_call_resumes_with_data_intact() {
     let dir = scratch_dir();
-    let env = [
-        MANUAL,
-        NO_CACHE,
-        ("VRAMCAP_LIMIT", "4GiB"),
-        ("VRAMCAP_GROUP", "pk"),
-    ];
+    let env = grouped("4GiB", "pk");
     let mut h = held_in(
         &artefacts().client,
         &dir,
@@ -78,21 +88,21 @@ fn parked_releases_the_ledgers_and_the_next_call_resumes_with_data_intact() {
     assert_eq!(stat_device0(&dir, pid)["used_bytes"], GIB);
     assert_eq!(group_used(&dir), (GIB, vec![GIB]));
 
-    cli(&dir, &["park", "--pid", &pid.to_string()]).expect_lines(&[&format!(
+    park(&dir, pid).expect_lines(&[&format!(
         "{pid}: parked, 1.00 GiB moved to host memory and released"
     )]);
     assert_eq!(stat_device0(&dir, pid)["used_bytes"], 0);
     assert_eq!(stat_device0(&dir, pid)["parked_bytes"], GIB);
     assert_eq!(group_used(&dir), (0, vec![0]));
-    let park = &stat(&dir)["processes"][0]["park"];
-    assert_eq!(park["mode"], "manual");
-    assert_eq!(park["state"], "parked");
-    assert_eq!(park["parked_bytes"], GIB);
-    assert!(park["parked_seconds"].as_f64().unwrap() >= 0.0, "{park}");
+    let j = &stat(&dir)["processes"][0]["park"];
+    assert_eq!(j["mode"], "manual");
+    assert_eq!(j["state"], "parked");
+    assert_eq!(j["parked_bytes"], GIB);
+    assert!(j["parked_seconds"].as_f64().unwrap() >= 0.0, "{j}");
     let table = cli(&dir, &["stat"]).ok_lines();
     assert!(table[1].contains(" [parked 1.00 GiB, "), "{table:?}");
     // Parking twice is no change.
-    cli(&dir, &["park", "--pid", &pid.to_string()]).expect_lines(&[&format!(
+    park(&dir, pid).expect_lines(&[&format!(
         "{pid}: parked, 1.00 GiB moved to host memory and released"
     )]);
 
@@ -150,7 +160,7 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
     for (args, why) in cases {
         let mut h = held_in(&artefacts().client, &dir, &[MANUAL], args);
         let pid = h.pid();
-        let ran = cli(&dir, &["park", "--pid", &pid.to_string()]);
+        let ran = park(&dir, pid);
         ran.expect_code(1);
         assert_eq!(ran.stdout(), "");
         assert_eq!(
@@ -177,7 +187,7 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
         &["init", "alloc", "1M", "wait"],
     );
     let pid = h.pid();
-    let ran = cli(&dir, &["park", "--pid", &pid.to_string()]);
+    let ran = park(&dir, pid);
     ran.expect_code(1);
     assert_eq!(
         ran.stderr(),
@@ -220,7 +230,7 @@ fn resume_without_room_waits_or_refuses_and_never_restores() {
         &["init", "alloc", "1G", "wait", "ckstate", "info", "ckstate"],
     );
     let pid = h.pid().to_string();
-    cli(&dir, &["park", "--pid", &pid]).ok_lines();
+    park(&dir, h.pid()).ok_lines();
     // 16 GiB devices: 15.5 GiB held by others leaves less than 1 GiB + 64 MiB.
     std::fs::write(&foreign, "15872").unwrap();
     for extra in [&[][..], &["--wait", "300ms"][..]] {
@@ -262,12 +272,7 @@ fn resume_without_room_waits_or_refuses_and_never_restores() {
 #[test]
 fn a_parked_member_killed_leaves_the_group_ledger_exact() {
     let dir = scratch_dir();
-    let env = [
-        MANUAL,
-        NO_CACHE,
-        ("VRAMCAP_LIMIT", "2GiB"),
-        ("VRAMCAP_GROUP", "kp"),
-    ];
+    let env = grouped("2GiB", "kp");
     let a = held_in(
         &artefacts().client,
         &dir,
@@ -280,7 +285,7 @@ fn a_parked_member_killed_leaves_the_group_ledger_exact() {
         &env,
         &["init", "alloc", "512M", "wait", "fill", "64M", "wait"],
     );
-    cli(&dir, &["park", "--pid", &a.pid().to_string()]).ok_lines();
+    park(&dir, a.pid()).ok_lines();
     assert_eq!(group_used(&dir).0, 512 * MIB);
     let mut a = a;
     a.child.kill().unwrap();
@@ -395,13 +400,8 @@ fn with_parking_the_launch_family_is_handed_out_so_it_passes_the_gate() {
 fn a_failing_checkpoint_call_releases_nothing_and_unlocks() {
     for call in ["lock", "checkpoint"] {
         let dir = scratch_dir();
-        let env = [
-            MANUAL,
-            NO_CACHE,
-            ("VRAMCAP_LIMIT", "4GiB"),
-            ("VRAMCAP_GROUP", "fl"),
-            ("STANDIN_CHECKPOINT_FAIL", call),
-        ];
+        let fail = [("STANDIN_CHECKPOINT_FAIL", call)];
+        let env = [grouped("4GiB", "fl").as_slice(), &fail].concat();
         let mut h = held_in(
             &artefacts().client,
             &dir,
@@ -409,7 +409,7 @@ fn a_failing_checkpoint_call_releases_nothing_and_unlocks() {
             &["init", "alloc", "1G", "wait", "info", "ckstate"],
         );
         let pid = h.pid();
-        let ran = cli(&dir, &["park", "--pid", &pid.to_string()]);
+        let ran = park(&dir, pid);
         ran.expect_code(1);
         assert_eq!(
             ran.stderr(),
@@ -446,7 +446,7 @@ fn a_parked_process_exits_normally() {
         &["init", "alloc", "1G", "wait"],
     );
     let pid = h.pid();
-    cli(&dir, &["park", "--pid", &pid.to_string()]).ok_lines();
+    park(&dir, pid).ok_lines();
     let (lines, out) = h.finish();
     assert!(out.status.success(), "{lines:?}");
     assert!(!dir.join(format!("{pid}.page")).exists());
