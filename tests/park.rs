@@ -179,6 +179,32 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
             "{lines:?}"
         );
     }
+    // NCCL loaded (a library of that name mapped: a copy of the test's
+    // libescape.so, preloaded after the shim).
+    let nccl = dir.join("libnccl.so.2");
+    std::fs::copy(artefacts().standin_lib.join("libescape.so"), &nccl).unwrap();
+    let preload = format!("{} {}", artefacts().shim.display(), nccl.display());
+    let env = [MANUAL, ("LD_PRELOAD", preload.as_str())];
+    let mut h = held_in(
+        &artefacts().client,
+        &dir,
+        &env,
+        &["init", "alloc", "1M", "wait"],
+    );
+    let pid = h.pid();
+    let why = "it has NCCL loaded, which the driver cannot checkpoint";
+    let ran = park(&dir, pid);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!("vramcap: {pid}: cannot park: {why}\n")
+    );
+    assert_eq!(
+        stderr_until(&mut h, "cannot park"),
+        format!("vramcap[{pid}]: cannot park: {why}")
+    );
+    let (_, out) = h.finish();
+    assert!(out.status.success());
     // Not started with parking.
     let h = held_in(
         &artefacts().client,
