@@ -1,2 +1,2 @@
 #!/usr/bin/env bash
-exec "${PYTHON:-python3}" -m pytest "$(dirname "${BASH_SOURCE[0]}")/gpu/tests" "$@"
+d="$(dirname "${BASH_SOURCE[0]}")/gpu/tests"; exec "${PYTHON:-python3}" -m pytest -c "$d/pytest.ini" --rootdir "$d" "$d" "$@"

@@ -220,3 +220,68 @@ fn architecture_names_only_paths_that_exist() {
         "ARCHITECTURE.md names paths that do not exist: {missing:?}"
     );
 }
+
+/// ARCHITECTURE.md's `cuMemAlloc_v2` path crosses at most eight files of
+/// the shim, each exists, and the steps it places in them are there.
+#[test]
+fn mem_alloc_path_crosses_at_most_eight_shim_files() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("cuMemAlloc_v2 path: "))
+        .expect("ARCHITECTURE.md has a line `cuMemAlloc_v2 path: A → B → …`");
+    let files: Vec<&str> = line.split('→').map(str::trim).collect();
+    let src = root().join("crates/shim/src");
+    for f in &files {
+        assert!(
+            src.join(f).is_file(),
+            "the path names {f}, not a file of crates/shim/src"
+        );
+    }
+    let mut distinct = files.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), files.len(), "a file named twice: {files:?}");
+    assert!(
+        files.len() <= 8,
+        "the path crosses {} files: {files:?}",
+        files.len()
+    );
+    assert_eq!(files.first(), Some(&"boundary/hooks.rs"));
+    // The steps the list places in its files.
+    for (file, steps) in [
+        (
+            "engine/handlers/alloc.rs",
+            &[
+                "fn mem_alloc(",
+                "fn capped_alloc(",
+                "fn limit_of(",
+                "fn insert(",
+            ][..],
+        ),
+        (
+            "engine/accounting/mod.rs",
+            &[
+                "fn current(",
+                "fn reserve_on(",
+                "fn settle(",
+                "fn cap_in_force(",
+            ][..],
+        ),
+        ("engine/cache.rs", &["fn reuse<"][..]),
+        ("boundary/allocs.rs", &["fn mem_alloc("][..]),
+        (
+            "boundary/mod.rs",
+            &["fn boundary<", "fn engine(", "fn disabled("][..],
+        ),
+    ] {
+        assert!(
+            files.contains(&file),
+            "{file} is not on the path: {files:?}"
+        );
+        let code = std::fs::read_to_string(src.join(file)).expect(file);
+        for step in steps {
+            assert!(code.contains(step), "{file} has no `{step}`");
+        }
+    }
+}

@@ -1,13 +1,14 @@
-//! The allocation family's handlers at the edge: the caller's out-pointers
-//! (the address, and a pitched allocation's pitch) are read after the real
-//! call and written with the engine's answer here, so the engine's
-//! allocation path takes and returns Rust values ([`Made`]). A null
-//! out-pointer goes to the driver unchanged, as it always has.
+//! The allocating handlers at the edge: the caller's out-pointers (the
+//! address, a pitched allocation's pitch, an array's or a pool's handle)
+//! are read after the real call and written with the engine's answer here,
+//! and the caller's descriptors read, so the engine takes and returns Rust
+//! values ([`Made`], a handle, a descriptor by reference). A null pointer
+//! goes to the driver unchanged, as it always has.
 
 use std::ffi::{c_uint, c_void};
 
 use super::RealDriver;
-use crate::engine::{Engine, Flavour, Made};
+use crate::engine::{ArrayDesc, Engine, Flavour, Made};
 use crate::ffi::*;
 
 type E = &'static Engine<RealDriver>;
@@ -182,4 +183,67 @@ pub unsafe fn mem_alloc_from_pool_async(
     );
     // SAFETY: as above.
     unsafe { answer(made, dptr, none) }
+}
+
+/// The real call, answering what the driver wrote through `out` when it
+/// succeeded.
+///
+/// # Safety
+/// `out` is non-null and writable; `real` writes through it when it
+/// succeeds.
+unsafe fn written<T: Copy>(
+    mut real: impl FnMut() -> CUresult,
+    out: *mut T,
+) -> impl FnMut() -> Result<T, CUresult> {
+    move || match real() {
+        // SAFETY: the driver succeeded, so it wrote through `out` (the
+        // caller's contract).
+        CUDA_SUCCESS => Ok(unsafe { *out }),
+        rc => Err(rc),
+    }
+}
+
+/// The handlers of calls that make one handle through an out-pointer from
+/// a descriptor: a null pointer goes to the driver unchanged; otherwise the
+/// engine's handler gets the descriptor (wrapped, when a wrapper is named)
+/// and a real call that answers the handle.
+macro_rules! makers {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($out:ident: *mut $t:ty, $input:ident: *const $i:ty $(, $extra:ident: $et:ty)*)
+            => $handler:ident($($wrap:path)?);
+    )*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The driver function's contract.
+        pub unsafe fn $name(
+            engine: E,
+            mut real: impl FnMut() -> CUresult,
+            $out: *mut $t,
+            $input: *const $i,
+            $($extra: $et,)*
+        ) -> CUresult {
+            if $out.is_null() || $input.is_null() {
+                return real();
+            }
+            // SAFETY: both are non-null; the driver function's contract.
+            unsafe { engine.$handler(written(real, $out), $($wrap)?(&*$input)) }
+        }
+    )*};
+}
+
+makers! {
+    /// `cuArrayCreate_v2`.
+    fn array_create(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR)
+        => array_create(ArrayDesc::Flat);
+    /// `cuArray3DCreate_v2`.
+    fn array_3d_create(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR)
+        => array_create(ArrayDesc::Layered);
+    /// `cuMipmappedArrayCreate` (of any number of levels).
+    fn mipmapped_array_create(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, _levels: c_uint)
+        => array_create(ArrayDesc::Mipmapped);
+    /// `cuMemPoolCreate`.
+    fn mem_pool_create(pool: *mut CUmemoryPool, props: *const CUmemPoolProps)
+        => mem_pool_create();
 }

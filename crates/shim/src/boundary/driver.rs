@@ -15,11 +15,18 @@ pub struct RealDriver;
 
 /// `Ok(value)` when `rc` is success.
 fn ok<T>(rc: CUresult, value: T) -> Result<T, CUresult> {
-    if rc == CUDA_SUCCESS {
-        Ok(value)
-    } else {
-        Err(rc)
-    }
+    (rc == CUDA_SUCCESS).then_some(value).ok_or(rc)
+}
+
+/// A real stream query that answers through an out-pointer.
+type StreamQuery<T> = unsafe fn(CUstream, *mut T) -> CUresult;
+
+/// Asks `query` about `stream`: its answer, or the driver's error.
+fn stream_query<T: Default>(stream: usize, query: StreamQuery<T>) -> Result<T, CUresult> {
+    let mut v = T::default();
+    // SAFETY: see the impl.
+    let rc = unsafe { query(handle(stream), &mut v) };
+    ok(rc, v)
 }
 
 /// The text NVML wrote into `buf`, when it succeeded.
@@ -165,29 +172,23 @@ impl Driver for RealDriver {
     }
 
     fn stream_is_capturing(&self, stream: usize, flavour: Flavour) -> Result<c_int, CUresult> {
-        let mut status: c_int = 0;
-        // SAFETY: see the impl.
-        let rc = unsafe {
+        stream_query(
+            stream,
             match flavour {
-                Flavour::Legacy => c::cuStreamIsCapturing::call(handle(stream), &mut status),
-                Flavour::PerThread => {
-                    c::cuStreamIsCapturing_ptsz::call(handle(stream), &mut status)
-                }
-            }
-        };
-        ok(rc, status)
+                Flavour::Legacy => c::cuStreamIsCapturing::call,
+                Flavour::PerThread => c::cuStreamIsCapturing_ptsz::call,
+            },
+        )
     }
 
     fn stream_get_device(&self, stream: usize, flavour: Flavour) -> Result<CUdevice, CUresult> {
-        let mut dev: CUdevice = 0;
-        // SAFETY: see the impl.
-        let rc = unsafe {
+        stream_query(
+            stream,
             match flavour {
-                Flavour::Legacy => c::cuStreamGetDevice::call(handle(stream), &mut dev),
-                Flavour::PerThread => c::cuStreamGetDevice_ptsz::call(handle(stream), &mut dev),
-            }
-        };
-        ok(rc, dev)
+                Flavour::Legacy => c::cuStreamGetDevice::call,
+                Flavour::PerThread => c::cuStreamGetDevice_ptsz::call,
+            },
+        )
     }
 
     fn mem_free(&self, ptr: CUdeviceptr) -> CUresult {

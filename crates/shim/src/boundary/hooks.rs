@@ -2,8 +2,10 @@
 //! exported name with its C signature, how `cuGetProcAddress` reaches it
 //! (base name, `cudaVersion` range, stream flavour), what a panic in the
 //! engine answers, its flags (`tiered`: handed out only under tiered
-//! spill; `gate`: the handler is called with the engine and the real call
-//! only), and the engine handler (with any extra arguments in brackets),
+//! spill; `gate`: a hook that passes tiered spill's gate, whose handler is
+//! called with the engine, the bracketed arguments and the real call, not
+//! the caller's arguments), and the engine handler (with any extra
+//! arguments in brackets, which may name the caller's),
 //! one line each. `hooks!` (in `macros.rs`) makes the export,
 //! the typed real function and the row of [`HOOKS`] from it.
 //!
@@ -60,7 +62,7 @@ hooks! {
         fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) -> CUresult, Lookup::cuda("cuMemAllocFromPoolAsync", 11020).per_thread_stream(), on panic OOM => allocs::mem_alloc_from_pool_async[PTSZ];
         fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).legacy_stream(), on panic NOT_FOUND => Engine::mem_free_async[LEGACY];
         fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult, Lookup::cuda("cuMemFreeAsync", 11020).per_thread_stream(), on panic NOT_FOUND => Engine::mem_free_async[PTSZ];
-        fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult, Lookup::cuda("cuMemPoolCreate", 11020), on panic NOT_FOUND => Engine::mem_pool_create;
+        fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult, Lookup::cuda("cuMemPoolCreate", 11020), on panic NOT_FOUND => allocs::mem_pool_create;
         fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult, Lookup::cuda("cuMemPoolDestroy", 11020), on panic NOT_FOUND => Engine::mem_pool_destroy;
         fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult, Lookup::cuda("cuMemPoolTrimTo", 11020), on panic NOT_FOUND => Engine::mem_pool_trim_to;
         fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult, Lookup::cuda("cuMemPoolSetAttribute", 11020), on panic NOT_FOUND => Engine::mem_pool_set_attribute;
@@ -84,12 +86,12 @@ hooks! {
         // Flagged `tiered`, handed out only under VRAMCAP_SPILL=tiered:
         // launches count uses, and launches, copies and memsets pass a gate
         // that moves close (engine/tiered/).
-        fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 4000).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel;
-        fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel;
-        fn cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 11060).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel_ex;
-        fn cuLaunchKernelEx_ptsz(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_kernel_ex;
-        fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 9000).legacy_stream(), on panic NOT_FOUND, tiered => Engine::launch_cooperative;
-        fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered => Engine::launch_cooperative;
+        fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, extra];
+        fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, extra];
+        fn cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 11060).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, extra];
+        fn cuLaunchKernelEx_ptsz(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchKernelEx", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, extra];
+        fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 9000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, std::ptr::null_mut()];
+        fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult, Lookup::cuda("cuLaunchCooperativeKernel", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::launched[f, params, std::ptr::null_mut()];
         fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 4000).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
         fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyAsync", 7000).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
         fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult, Lookup::cuda("cuMemcpyHtoDAsync", 3020).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
@@ -196,9 +198,9 @@ hooks! {
         fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND, tiered => Engine::mem_get_allocation_properties_from_handle;
         fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemGetHandleForAddressRange", 11070), on panic NOT_FOUND, tiered => Engine::mem_get_handle_for_address_range;
 
-        fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => Engine::array_create;
-        fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => Engine::array_3d_create;
-        fn cuMipmappedArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult, Lookup::cuda("cuMipmappedArrayCreate", 5000), on panic OOM => Engine::mipmapped_array_create;
+        fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => allocs::array_create;
+        fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => allocs::array_3d_create;
+        fn cuMipmappedArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult, Lookup::cuda("cuMipmappedArrayCreate", 5000), on panic OOM => allocs::mipmapped_array_create;
         fn cuArrayDestroy(array: CUarray) -> CUresult, Lookup::cuda("cuArrayDestroy", 2000), on panic NOT_FOUND => Engine::array_destroy;
         fn cuMipmappedArrayDestroy(array: CUarray) -> CUresult, Lookup::cuda("cuMipmappedArrayDestroy", 5000), on panic NOT_FOUND => Engine::array_destroy;
     }

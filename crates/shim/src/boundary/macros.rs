@@ -22,8 +22,10 @@
 //!     answers are made.
 //!
 //! An entry's flags, after its `on panic` value: `tiered` (handed out only
-//! under tiered spill) and `gate` (the handler takes only the engine and
-//! the real call: a hook that passes tiered spill's gate and nothing more).
+//! under tiered spill) and `gate` (a hook that passes tiered spill's gate:
+//! the handler takes the engine, the entry's bracketed arguments, which may
+//! name the caller's, and the real call; `Engine::pass_gate` takes none, a
+//! launch the function and its parameters).
 
 /// A `&'static CStr` of an identifier's text.
 macro_rules! c_name {

@@ -24,7 +24,8 @@
 //!   `cuMemCreate` memory under it (`tiered/mod.rs` lists the files).
 //! - this file: the [`Engine`], which owns all of the above.
 //! - `handlers/`, by API family: `alloc` (plain, pitched and managed
-//!   memory, frees, memory queries), `pools` (stream-ordered), `vmm`,
+//!   memory, the allocation path they share and the cap of a device,
+//!   worked out once), `free`, `queries` (memory queries), `pools` (stream-ordered), `vmm`,
 //!   `arrays`, `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps
 //!   changed while the program runs).
 //!
@@ -135,7 +136,8 @@ mod worker;
 mod tests;
 
 pub use self::driver::{Driver, Flavour};
-pub use self::handlers::allocate::Made;
+pub use self::handlers::alloc::Made;
+pub use self::handlers::arrays::ArrayDesc;
 pub use self::handlers::live::{EINVAL, ENODEV};
 pub use self::worker::reset_after_fork as reset_worker_after_fork;
 
@@ -143,20 +145,19 @@ use self::accounting::base::Base;
 use self::accounting::inflight::InFlight;
 use self::accounting::records::{Object, Record, Registry, registry};
 use self::cache::Cache;
-use self::spill::Spill;
+use self::spill::HostSpill;
 use self::tiered::{Handles, Tiers};
 use crate::ffi::CUdevice;
 use crate::log::log_at;
 use std::sync::atomic::Ordering;
-use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
-use vramcap_core::settings::{Counting, Settings};
+use vramcap_core::settings::Settings;
 
 /// All the state of one process's shim (one per process; a test makes its own).
 pub struct Engine<D: Driver> {
     base: Base<D>,
     cache: Cache,
-    spill: Spill,
+    spill: HostSpill,
     tiers: Tiers,
     /// The program's `cuMemCreate` handles under tiered spill.
     handles: Handles,
@@ -187,7 +188,7 @@ impl<D: Driver> Engine<D> {
         Engine {
             base: Base::new(driver, settings),
             cache: Cache::new(),
-            spill: Spill::new(),
+            spill: HostSpill::new(),
             tiers: Tiers::new(settings.spill == vramcap_core::settings::Spill::Tiered),
             handles: Handles::default(),
             table: registry(),
@@ -202,44 +203,6 @@ impl<D: Driver> Engine<D> {
         }
     }
 
-    /// The cap of `device` in bytes ([`NO_CAP`] for none), worked out on
-    /// first use (which also sets the device's cache bound and, in a group,
-    /// joins it). `None` when it cannot be worked out: callers then refuse.
-    /// The first call checks that every device key of `VRAMCAP_LIMIT`
-    /// names a GPU, before the page or the group is touched, and stops the
-    /// process when one does not (`accounting.rs`).
-    pub fn limit_of(&'static self, device: CUdevice) -> Option<u64> {
-        if !self.base.limit_keys_match() {
-            return None;
-        }
-        let s = self.base.slot(device)?;
-        if let Some(l) = self.base.cap_in_force(s, device) {
-            return Some(l);
-        }
-        let l = self.base.compute_limit(device, s);
-        if self.base.group().configured() {
-            // Reclaims dead members, even when this device could not be
-            // attached to the group (its allocations are refused then).
-            self.start_worker();
-        }
-        let l = l?;
-        let total = self.base.driver().device_total_mem(device).unwrap_or(0);
-        s.total.store(total, Ordering::Relaxed);
-        s.budget.set_limit(l);
-        s.mark_active();
-        let base = if l == NO_CAP { total } else { l };
-        self.cache
-            .set_bound(device as u16, self.base.settings().cache.resolve(base));
-        if self.base.settings().counting == Counting::Held {
-            // The background thread keeps the context's figure current.
-            self.base.context_measure(device);
-        }
-        // It also answers `vramcap limit` (which asks only for devices in
-        // use, so nothing can be pending for this one yet).
-        self.start_worker();
-        Some(l)
-    }
-
     /// The statistics page's slot of `device`, made on first use (`None`
     /// when the page cannot be made): what the C ABI reads.
     pub fn slot(&self, device: CUdevice) -> Option<&'static DeviceSlot> {
@@ -247,7 +210,7 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Starts the background thread if it is not running.
-    fn start_worker(&'static self) {
+    pub(in crate::engine) fn start_worker(&'static self) {
         self.base.worker().ensure(move || self.background_round());
     }
 

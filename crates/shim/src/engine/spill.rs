@@ -35,7 +35,7 @@ use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Spill as Mode;
 
 use crate::engine::accounting::base::Base;
-use crate::engine::accounting::records::{Kind, Record};
+use crate::engine::accounting::records::{Kind, Place, Record};
 use crate::engine::driver::{Driver, Flavour};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -56,7 +56,7 @@ struct Deferred {
 }
 
 /// The process's spill state.
-pub struct Spill {
+pub struct HostSpill {
     used: AtomicU64,
     limit: OnceLock<u64>,
     /// Deferred frees waiting (checked without the lock by every call that
@@ -67,9 +67,9 @@ pub struct Spill {
     managed_ok: [AtomicU8; MAX_DEVICES],
 }
 
-impl Spill {
-    pub fn new() -> Spill {
-        Spill {
+impl HostSpill {
+    pub fn new() -> HostSpill {
+        HostSpill {
             used: AtomicU64::new(0),
             limit: OnceLock::new(),
             pending: AtomicUsize::new(0),
@@ -298,7 +298,8 @@ impl Spill {
     /// Settles the counters of a spilled allocation that is gone.
     pub fn forget<D: Driver>(&self, base: &Base<D>, r: &Record) {
         if let Kind::TieredFreed {
-            on_device: true, ..
+            place: Place::Device,
+            ..
         } = r.kind
         {
             base.give_back(r.device, r.bytes);

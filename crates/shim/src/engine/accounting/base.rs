@@ -12,11 +12,11 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::settings::Settings;
 
 use crate::engine::accounting::group::Membership;
-use crate::engine::accounting::ledger::Held;
+use crate::engine::accounting::ledger::HeldBook;
 use crate::engine::accounting::page::PageHandle;
 use crate::engine::driver::{Driver, Flavour};
 use crate::engine::worker::Worker;
-use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult};
+use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdeviceptr, CUresult};
 
 /// Its fields are the accounting part's own (`accounting/`); the rest of
 /// the engine reads them through the methods below.
@@ -35,7 +35,7 @@ pub struct Base<D: Driver> {
     /// group): the process's own cap is in its page, the group's here.
     pub(super) group_caps: [AtomicU64; MAX_DEVICES],
     /// Pools, graph memory and the context (`held.rs`).
-    pub(super) held: Held,
+    pub(super) held: HeldBook,
     /// The operator's cap of each device ([`NO_CAP`] for none), kept here
     /// and not only in the page, which the user can write: every
     /// reservation is held to it (`accounting.rs`).
@@ -61,7 +61,7 @@ impl<D: Driver> Base<D> {
             worker: Worker::new(),
             keys: AtomicU8::new(0),
             group_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
-            held: Held::new(),
+            held: HeldBook::new(),
             operator_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
             nonblocking_streams: AtomicBool::new(false),
         }
@@ -93,7 +93,7 @@ impl<D: Driver> Base<D> {
     }
 
     /// The book of pools, graph memory and the context (`held.rs`).
-    pub fn held(&self) -> &Held {
+    pub fn held(&self) -> &HeldBook {
         &self.held
     }
 
@@ -123,54 +123,9 @@ impl<D: Driver> Base<D> {
         self.nonblocking_streams.swap(true, Ordering::SeqCst)
     }
 
-    /// The operator's cap of `device` ([`NO_CAP`] for none).
-    pub fn operator_cap(&self, device: CUdevice) -> u64 {
-        usize::try_from(device)
-            .ok()
-            .and_then(|d| self.operator_caps.get(d))
-            .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
-    }
-
-    /// Records the operator's cap of `device`: here, and in the page for
-    /// readers.
-    pub fn set_operator_cap(
-        &self,
-        slot: &vramcap_core::page::DeviceSlot,
-        device: CUdevice,
-        cap: u64,
-    ) {
-        if let Some(c) = usize::try_from(device)
-            .ok()
-            .and_then(|d| self.operator_caps.get(d))
-        {
-            c.store(cap, Ordering::Release);
-        }
-        slot.operator.store(cap, Ordering::Release);
-    }
-
-    /// The cap in force on `device` as the page says it, held to the
-    /// operator's cap (the page is the user's to write); `None` before it
-    /// is worked out.
-    pub fn cap_in_force(
-        &self,
-        slot: &vramcap_core::page::DeviceSlot,
-        device: CUdevice,
-    ) -> Option<u64> {
-        slot.budget
-            .limit()
-            .map(|l| l.min(self.operator_cap(device)))
-    }
-
     /// Whether a stream unordered with the legacy stream may exist.
     pub fn nonblocking_streams(&self) -> bool {
         self.nonblocking_streams.load(Ordering::SeqCst)
-    }
-
-    /// The calling thread's current context and its device.
-    pub fn current(&self) -> Option<(usize, CUdevice)> {
-        let ctx = self.driver.ctx_get_current().ok().filter(|&c| c != 0)?;
-        let dev = self.driver.ctx_get_device().ok()?;
-        Some((ctx, dev))
     }
 
     /// True while a stream capture the hooks saw is in progress: the engine

@@ -41,7 +41,7 @@ impl<D: Driver> Base<D> {
     /// the caller reserves. `None` when the driver will not describe the
     /// pool (the caller then charges the allocation by its size), outside
     /// `VRAMCAP_COUNT=held`, and for a pool of host memory (`exempt`).
-    pub fn pool_claim(&self, pool: usize, device: u16, size: u64) -> Option<Claim> {
+    pub fn pool_claim(&self, pool: usize, device: u16, size: u64) -> Option<PoolClaim> {
         if !self.counting_held() {
             return None;
         }
@@ -68,7 +68,7 @@ impl<D: Driver> Base<D> {
             .unwrap_or(u64::MAX);
         e.claimed += take;
         e.inflight += 1;
-        Some(Claim {
+        Some(PoolClaim {
             serial: e.serial,
             device: e.device,
             grow,
@@ -91,7 +91,7 @@ impl<D: Driver> Base<D> {
     /// is in the budget. Where the pool grew by more than the estimate and
     /// the cap has no room for it, the excess is charged anyway (the memory
     /// is held) and said once.
-    pub fn pool_settle(&self, claim: Claim, made: bool, reserved: bool) {
+    pub fn pool_settle(&self, claim: PoolClaim, made: bool, reserved: bool) {
         let grow = if reserved { claim.grow } else { 0 };
         let change = {
             let mut book = self.held.book();

@@ -89,7 +89,7 @@ impl PoolEntry {
 
 /// An allocation's claim on its pool, between estimate and settling.
 #[derive(Debug, Clone, Copy)]
-pub struct Claim {
+pub struct PoolClaim {
     /// The pool's entry.
     pub serial: u64,
     pub device: u16,
@@ -110,7 +110,7 @@ pub struct Change {
     pub reserved: u64,
 }
 
-pub struct Held {
+pub struct HeldBook {
     pub pools: Mutex<Vec<PoolEntry>>,
     /// The next [`PoolEntry::serial`].
     pub next_serial: AtomicU64,
@@ -144,9 +144,9 @@ pub fn mono_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-impl Held {
-    pub fn new() -> Held {
-        Held {
+impl HeldBook {
+    pub fn new() -> HeldBook {
+        HeldBook {
             pools: Mutex::new(Vec::new()),
             next_serial: AtomicU64::new(1),
             graphs: Mutex::new(()),
@@ -189,7 +189,7 @@ impl Held {
         }
     }
 
-    /// The graph lock (see [`Held::graphs`]).
+    /// The graph lock (see [`HeldBook::graphs`]).
     pub fn graph_lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.graphs
             .lock()

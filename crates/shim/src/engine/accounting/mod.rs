@@ -65,7 +65,58 @@ pub fn capped_info(total: u64, free: u64, limit: u64, held: u64, cached: u64) ->
     (t, f.min(t))
 }
 
+/// The cap of `device` in a per-device list of caps ([`NO_CAP`] for a
+/// device beyond it).
+fn cap_of(caps: &[std::sync::atomic::AtomicU64], device: CUdevice) -> u64 {
+    usize::try_from(device)
+        .ok()
+        .and_then(|d| caps.get(d))
+        .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
+}
+
 impl<D: Driver> Base<D> {
+    /// The calling thread's current context and its device.
+    pub fn current(&self) -> Option<(usize, CUdevice)> {
+        let ctx = self.driver.ctx_get_current().ok().filter(|&c| c != 0)?;
+        let dev = self.driver.ctx_get_device().ok()?;
+        Some((ctx, dev))
+    }
+
+    /// The operator's cap of `device` ([`NO_CAP`] for none).
+    pub fn operator_cap(&self, device: CUdevice) -> u64 {
+        cap_of(&self.operator_caps, device)
+    }
+
+    /// Records the operator's cap of `device`: here, and in the page for
+    /// readers.
+    pub fn set_operator_cap(
+        &self,
+        slot: &vramcap_core::page::DeviceSlot,
+        device: CUdevice,
+        cap: u64,
+    ) {
+        if let Some(c) = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.operator_caps.get(d))
+        {
+            c.store(cap, Ordering::Release);
+        }
+        slot.operator.store(cap, Ordering::Release);
+    }
+
+    /// The cap in force on `device` as the page says it, held to the
+    /// operator's cap (the page is the user's to write); `None` before it
+    /// is worked out.
+    pub fn cap_in_force(
+        &self,
+        slot: &vramcap_core::page::DeviceSlot,
+        device: CUdevice,
+    ) -> Option<u64> {
+        slot.budget
+            .limit()
+            .map(|l| l.min(self.operator_cap(device)))
+    }
+
     /// The counters of `device` in the statistics page.
     pub fn slot(&self, device: CUdevice) -> Option<&'static DeviceSlot> {
         usize::try_from(device)
@@ -76,10 +127,7 @@ impl<D: Driver> Base<D> {
     /// The group's cap of `device` ([`NO_CAP`] outside a group or before
     /// the device is attached).
     pub fn group_cap(&self, device: CUdevice) -> u64 {
-        usize::try_from(device)
-            .ok()
-            .and_then(|d| self.group_caps.get(d))
-            .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
+        cap_of(&self.group_caps, device)
     }
 
     /// Reserves `bytes` on `device`: in the process's own budget against

@@ -47,9 +47,29 @@ pub enum Kind {
     /// A tiered block freed stream-ordered, waiting for its stream (only in
     /// spill's deferred list), and where it was when it was freed.
     TieredFreed {
-        on_device: bool,
+        place: Place,
         handle: u64,
     },
+}
+
+/// Where a tiered block's memory is (kept in the block as a `u8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Place {
+    /// The device's memory, reserved under the cap.
+    Device = 0,
+    /// Pinned host memory the GPU reads over the link, counted as spilled.
+    Host = 1,
+}
+
+impl Place {
+    /// Its name in messages: `device` or `host`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Place::Device => "device",
+            Place::Host => "host",
+        }
+    }
 }
 
 /// Device pointers are 512-byte aligned and spread over a wide range; a

@@ -1,20 +1,70 @@
-//! Handlers for plain, pitched and managed device memory, its free, and the
-//! memory queries.
+//! The allocation family's handlers (plain, pitched and managed memory)
+//! and the allocation path every allocating family shares
+//! (`Engine::capped_alloc`), after the cap of the device is worked out
+//! (`Engine::limit_of`, once per device):
+//! 1. reuse a cached block when the request may have one (a hit costs no
+//!    driver allocation and no reservation: its bytes are still reserved);
+//! 2. reserve the estimate on the target device, releasing cached blocks
+//!    when the cap would refuse;
+//! 3. past the cap: spill, if on, else refuse with out-of-memory;
+//! 4. call the driver (once more after releasing the cache if the driver
+//!    itself is out of memory);
+//! 5. settle the reservation to the size the driver chose and record it.
 //!
-//! The allocation path they share is `allocate.rs`.
+//! Frees are `free.rs`; the memory queries `queries.rs`.
 
 use std::ffi::c_uint;
+use std::sync::atomic::Ordering;
 
 use vramcap_core::budget::NO_CAP;
-use vramcap_core::cache::Block;
+use vramcap_core::cache::{Shape, Want};
 use vramcap_core::page::DeviceSlot;
+use vramcap_core::settings::Counting;
 
 use crate::engine::Engine;
+use crate::engine::accounting::Refusal;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::Driver;
-use crate::engine::handlers::allocate::{Made, Request};
 use crate::ffi::*;
-use crate::log::log_once;
+use crate::log::{log_at, log_once};
+
+/// What an allocation answers: its address, and for a pitched one its
+/// pitch (0 otherwise). The boundary writes them to the caller's pointers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Made {
+    pub ptr: CUdeviceptr,
+    pub pitch: u64,
+}
+
+impl Made {
+    /// An address with no pitch.
+    pub fn at(ptr: CUdeviceptr) -> Made {
+        Made { ptr, pitch: 0 }
+    }
+}
+
+/// What an allocating handler asks for.
+#[derive(Clone, Copy)]
+pub enum Request {
+    Plain,
+    Pitch {
+        width: u64,
+        height: u64,
+        elem: u32,
+    },
+    /// Managed memory, with the program's flags (used if it spills).
+    Managed(c_uint),
+    /// Stream-ordered, charged by size (`Kind::Async(None)`).
+    Async,
+}
+
+/// A driver call's answer as a `Result`.
+pub(in crate::engine) fn checked(rc: CUresult) -> Result<(), CUresult> {
+    match rc {
+        CUDA_SUCCESS => Ok(()),
+        rc => Err(rc),
+    }
+}
 
 /// The pitch the driver picks is not known before the call: reserve for a
 /// row rounded up to 512 bytes (what current drivers use), then settle to
@@ -27,38 +77,6 @@ fn pitch_estimate(width: u64, height: u64) -> u64 {
 }
 
 impl<D: Driver> Engine<D> {
-    /// With spill on, an allocation that would take the process above its
-    /// soft limit goes to host memory first; `None` when it does not (no
-    /// soft limit, below it, or spill could not place it).
-    pub(in crate::engine) fn spill_past_soft(
-        &self,
-        what: &'static str,
-        estimate: u64,
-        request: Request,
-        ctx: usize,
-        device: CUdevice,
-    ) -> Option<Result<Made, CUresult>> {
-        if self.base.settings().spill == vramcap_core::settings::Spill::Off
-            || matches!(request, Request::Pitch { .. })
-        {
-            return None;
-        }
-        let slot = self.base.slot(device)?;
-        let soft = slot.soft.load(std::sync::atomic::Ordering::Relaxed);
-        if soft == 0 || slot.budget.used().saturating_add(estimate) <= soft {
-            return None;
-        }
-        let flags = match request {
-            Request::Managed(f) => Some(f),
-            _ => None,
-        };
-        let (ptr, record) = self
-            .spill
-            .place(&self.base, what, true, device, ctx, estimate, flags)?;
-        self.insert(ptr, record);
-        Some(Ok(Made::at(ptr)))
-    }
-
     /// `cuMemAlloc_v2` of `bytes`: `real` makes the real call and answers
     /// the address it made (the boundary reads and writes the caller's
     /// pointer, `boundary/allocs.rs`).
@@ -109,123 +127,380 @@ impl<D: Driver> Engine<D> {
         self.capped_alloc("cuMemAllocManaged", bytes, request, target, real, |_| bytes)
     }
 
-    /// `cuMemFree_v2`: a known device block goes to the cache when its
-    /// device caches; anything else is freed for real. The record leaves the
-    /// table before the real free: once the driver has freed the address,
-    /// another thread may be handed it and record it anew. The bytes return
-    /// to the budget only after the driver has released them.
-    pub fn mem_free(
+    /// The cap of `device` in bytes ([`NO_CAP`] for none), worked out on
+    /// first use (which also sets the device's cache bound and, in a group,
+    /// joins it). `None` when it cannot be worked out: callers then refuse.
+    /// The first call checks that every device key of `VRAMCAP_LIMIT`
+    /// names a GPU, before the page or the group is touched, and stops the
+    /// process when one does not (`accounting.rs`).
+    pub fn limit_of(&'static self, device: CUdevice) -> Option<u64> {
+        if !self.base.limit_keys_match() {
+            return None;
+        }
+        let s = self.base.slot(device)?;
+        if let Some(l) = self.base.cap_in_force(s, device) {
+            return Some(l);
+        }
+        let l = self.base.compute_limit(device, s);
+        if self.base.group().configured() {
+            // Reclaims dead members, even when this device could not be
+            // attached to the group (its allocations are refused then).
+            self.start_worker();
+        }
+        let l = l?;
+        let total = self.base.driver().device_total_mem(device).unwrap_or(0);
+        s.total.store(total, Ordering::Relaxed);
+        s.budget.set_limit(l);
+        s.mark_active();
+        let base = if l == NO_CAP { total } else { l };
+        self.cache
+            .set_bound(device as u16, self.base.settings().cache.resolve(base));
+        if self.base.settings().counting == Counting::Held {
+            // The background thread keeps the context's figure current.
+            self.base.context_measure(device);
+        }
+        // It also answers `vramcap limit` (which asks only for devices in
+        // use, so nothing can be pending for this one yet).
+        self.start_worker();
+        Some(l)
+    }
+
+    /// Reserves `estimate` bytes on `device`, releasing cached blocks of the
+    /// device when the cap would refuse, then what pools retain
+    /// ([`Base::reclaim`](crate::engine::accounting::base::Base::reclaim)).
+    pub(in crate::engine) fn try_reserve_evicting(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
-        dptr: CUdeviceptr,
-    ) -> CUresult {
-        if dptr == 0 {
-            return real();
-        }
-        self.spill.reap(&self.base);
-        let Some((_, r)) = self.table.remove(&dptr) else {
-            return self.free_unknown(real, dptr);
+        device: CUdevice,
+        estimate: u64,
+    ) -> Result<(&'static DeviceSlot, u64), Option<Refusal>> {
+        let Some(slot) = self.base.slot(device) else {
+            log_once!(
+                Error,
+                "device {device} is beyond the {} devices vramcap tracks; refusing its allocations",
+                vramcap_core::MAX_DEVICES
+            );
+            return Err(None);
         };
-        if r.kind == Kind::Tiered {
-            let rc = self.tier_free(dptr, &r);
-            if rc != CUDA_SUCCESS {
-                self.table.insert(dptr, r);
-            }
-            return rc;
-        }
-        if matches!(r.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
-            let rc = self.spill.free(&self.base, dptr, &r);
-            if rc != CUDA_SUCCESS {
-                self.table.insert(dptr, r);
-            }
-            return rc;
-        }
-        if let (Kind::Device(shape), false) = (r.kind, r.exported) {
-            let block = Block {
-                ptr: dptr,
-                bytes: r.bytes,
-                ctx: r.ctx,
-                shape,
-                ticket: 0,
-                freed_ns: 0,
-            };
-            if self.cache.keep(&self.base, r.device, block) {
-                if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
-                    DeviceSlot::add(&s.frees, 1);
+        let Some(limit) = self.limit_of(device) else {
+            return Err(None);
+        };
+        self.base.context_check(device, slot, estimate, limit);
+        let mut reclaimed = false;
+        loop {
+            match self.base.reserve_on(slot, device, estimate, limit) {
+                Ok(()) => {
+                    self.past_soft(slot, device, estimate);
+                    return Ok((slot, limit));
                 }
-                self.start_worker(); // releases idle blocks
-                return CUDA_SUCCESS;
-            }
-        }
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.freed(&r);
-        } else {
-            self.table.insert(dptr, r);
-        }
-        rc
-    }
-
-    /// The driver freed the allocation of `r`: its bytes go back, except
-    /// a stream-ordered allocation charged through its pool, which keeps
-    /// the memory (`held.rs`).
-    pub(in crate::engine) fn freed(&self, r: &Record) {
-        match r.kind {
-            Kind::Async(Some(serial)) => {
-                if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
-                    DeviceSlot::add(&s.frees, 1);
+                Err(r) => {
+                    let need = r.used.saturating_add(estimate).saturating_sub(r.limit);
+                    if self.cache.evict(&self.base, device as u16, need) > 0 {
+                        continue;
+                    }
+                    // Once per call: pools trimmed as a synchronisation
+                    // would, pools, graphs and the context read again.
+                    if reclaimed || self.base.reclaim(device) == 0 {
+                        // Parking's policy: an idle group member parked
+                        // makes room (`park/policy.rs`).
+                        if r.group && self.park_for_room(device, need) {
+                            continue;
+                        }
+                        return Err(Some(r));
+                    }
+                    reclaimed = true;
                 }
-                self.base.pool_freed(serial);
             }
-            _ => self.base.give_back(r.device, r.bytes),
         }
     }
 
-    /// A free of an address the engine holds no record of. One the cache
-    /// holds was freed by the program already: a second free is answered
-    /// as the driver answers a free of a freed address, and changes
-    /// nothing (freeing it for real would let the cache hand out memory the
-    /// driver may give to someone else). Anything else is the driver's.
-    pub(in crate::engine) fn free_unknown(
+    /// After a reservation of `bytes`: above the soft limit the cache gives
+    /// back what passes it, and going above it counts one event.
+    pub(in crate::engine) fn past_soft(&self, slot: &DeviceSlot, device: CUdevice, bytes: u64) {
+        let soft = slot.soft.load(std::sync::atomic::Ordering::Relaxed);
+        if soft == 0 {
+            return;
+        }
+        let used = slot.budget.used();
+        if used <= soft {
+            return;
+        }
+        if used.saturating_sub(bytes) <= soft {
+            DeviceSlot::add(&slot.soft_events, 1);
+            log_once!(
+                Info,
+                "device {device}: above the soft limit of {soft} bytes (VRAMCAP_SOFT_LIMIT): the cache gives back what passes it{}",
+                if self.base.settings().spill == vramcap_core::settings::Spill::Off {
+                    ""
+                } else {
+                    ", and allocations past it spill"
+                }
+            );
+        }
+        self.cache.evict(&self.base, device as u16, used - soft);
+    }
+
+    /// Counts and logs a refusal; the out-of-memory code to return.
+    pub(in crate::engine) fn refuse(
         &self,
-        mut real: impl FnMut() -> CUresult,
-        dptr: CUdeviceptr,
+        what: &str,
+        device: CUdevice,
+        bytes: u64,
+        why: Option<Refusal>,
     ) -> CUresult {
-        if self.cache.holds(dptr) {
+        if let (Some(s), Some(r)) = (self.base.slot(device), why) {
+            DeviceSlot::add(&s.refusals, 1);
+            self.base.refused(what, device, bytes, r);
+        }
+        CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// [`Engine::try_reserve_evicting`], refusing with out-of-memory when it
+    /// does not fit.
+    pub(in crate::engine) fn reserve(
+        &'static self,
+        what: &str,
+        device: CUdevice,
+        estimate: u64,
+    ) -> Result<(&'static DeviceSlot, u64), CUresult> {
+        self.try_reserve_evicting(device, estimate)
+            .map_err(|why| self.refuse(what, device, estimate, why))
+    }
+
+    /// Runs a driver allocation, once more after releasing the device's
+    /// cache when the driver itself is out of memory with blocks parked there.
+    pub(in crate::engine) fn call_with_retry<T>(
+        &self,
+        device: CUdevice,
+        mut alloc: impl FnMut() -> Result<T, CUresult>,
+    ) -> Result<T, CUresult> {
+        match alloc() {
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+                if self.cache.evict(&self.base, device as u16, u64::MAX) > 0 =>
+            {
+                alloc()
+            }
+            r => r,
+        }
+    }
+
+    /// The allocation path shared by the handlers that return a device
+    /// address (module docs). `target` is the (context, device) the memory
+    /// comes from; `None` (no current context) passes the call to the
+    /// driver unchanged. `alloc` makes the real call and answers what it
+    /// made; `actual` is the bytes the driver chose for it.
+    pub(in crate::engine) fn capped_alloc(
+        &'static self,
+        what: &'static str,
+        estimate: u64,
+        request: Request,
+        target: Option<(usize, CUdevice)>,
+        mut alloc: impl FnMut() -> Result<Made, CUresult>,
+        actual: impl FnOnce(Made) -> u64,
+    ) -> Result<Made, CUresult> {
+        if estimate == 0 {
+            return alloc();
+        }
+        let Some((ctx, device)) = target else {
+            // No current context: the driver's own answer, whatever it is.
+            return alloc();
+        };
+        let dev16 = device as u16;
+        // Working out the cap also sets the device's cache bound.
+        if self.limit_of(device).is_none() {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        if matches!(request, Request::Plain)
+            && self.tiers.on()
+            && let Some(made) = self.tiered_alloc(what, estimate, ctx, device)
+        {
+            return made;
+        }
+        let want = match request {
+            Request::Plain => Some(Want::Plain { bytes: estimate }),
+            Request::Pitch {
+                width,
+                height,
+                elem,
+                ..
+            } => Some(Want::Pitch {
+                width,
+                height,
+                elem,
+            }),
+            Request::Managed(_) | Request::Async => None,
+        };
+        if let Some(want) = want.filter(|_| self.cache.caching(dev16))
+            && let Some(slot) = self.base.slot(device)
+        {
+            if let Some(b) = self.cache.reuse(&self.base, dev16, ctx, want) {
+                let pitch = match (request, b.shape) {
+                    (Request::Pitch { .. }, Shape::Pitch { pitch, .. }) => pitch,
+                    _ => 0,
+                };
+                slot.cached
+                    .fetch_sub(b.bytes, std::sync::atomic::Ordering::Relaxed);
+                DeviceSlot::add(&slot.cache_hits, 1);
+                DeviceSlot::add(&slot.allocs, 1);
+                self.insert(
+                    b.ptr,
+                    Record {
+                        device: dev16,
+                        exported: false,
+                        bytes: b.bytes,
+                        ctx,
+                        kind: Kind::Device(b.shape),
+                    },
+                );
+                log_at!(
+                    Debug,
+                    "{what}: {} bytes at {:#x} on device {device} from the cache",
+                    b.bytes,
+                    b.ptr
+                );
+                return Ok(Made { ptr: b.ptr, pitch });
+            }
+            DeviceSlot::add(&slot.cache_misses, 1);
+        }
+
+        if let Some(made) = self.spill_past_soft(what, estimate, request, ctx, device) {
+            return made;
+        }
+        // Counted in flight until the driver call is settled (`live.rs`).
+        let _inflight = self.inflight.enter();
+        let (slot, limit) = match self.try_reserve_evicting(device, estimate) {
+            Ok(x) => x,
+            Err(why) => {
+                return self.spill_or_refuse(what, estimate, request, ctx, device, why);
+            }
+        };
+        let made = match self.call_with_retry(device, alloc) {
+            Ok(m) => m,
+            Err(rc) => {
+                self.base.release_on(slot, device, estimate);
+                return Err(rc);
+            }
+        };
+        let ptr = made.ptr;
+        let bytes = actual(made);
+        if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {
+            let _ = self.base.driver().mem_free(ptr);
+            return Err(rc);
+        }
+        DeviceSlot::add(&slot.allocs, 1);
+        let kind = match request {
+            Request::Plain => Kind::Device(Shape::Plain),
+            Request::Pitch {
+                width,
+                height,
+                elem,
+            } => Kind::Device(Shape::Pitch {
+                width,
+                height,
+                elem,
+                pitch: made.pitch,
+            }),
+            Request::Managed(_) => Kind::Managed,
+            Request::Async => Kind::Async(None),
+        };
+        self.insert(
+            ptr,
+            Record {
+                device: dev16,
+                exported: false,
+                bytes,
+                ctx,
+                kind,
+            },
+        );
+        log_at!(
+            Debug,
+            "{what}: {bytes} bytes at {ptr:#x} on device {device}"
+        );
+        Ok(made)
+    }
+
+    /// Past the cap: spill, if on, else refuse.
+    pub(in crate::engine) fn spill_or_refuse(
+        &self,
+        what: &'static str,
+        estimate: u64,
+        request: Request,
+        ctx: usize,
+        device: CUdevice,
+        why: Option<Refusal>,
+    ) -> Result<Made, CUresult> {
+        let (bytes, managed_flags) = match request {
+            Request::Pitch { width, height, .. } => {
+                (width.next_multiple_of(512).saturating_mul(height), None)
+            }
+            Request::Managed(flags) => (estimate, Some(flags)),
+            _ => (estimate, None),
+        };
+        if why.is_some()
+            && let Some((ptr, record)) =
+                self.spill
+                    .place(&self.base, what, false, device, ctx, bytes, managed_flags)
+        {
+            let pitch = match request {
+                Request::Pitch { width, .. } => width.next_multiple_of(512),
+                _ => 0,
+            };
+            self.insert(ptr, record);
+            return Ok(Made { ptr, pitch });
+        }
+        Err(self.refuse(what, device, estimate, why))
+    }
+
+    /// Records a live allocation. An address the engine still thought live
+    /// was released behind its back: its old record is settled first.
+    pub(in crate::engine) fn insert(&self, ptr: CUdeviceptr, record: Record) {
+        if let Some(stale) = self.table.insert(ptr, record) {
+            if stale.kind == Kind::Tiered {
+                self.tier_drop_stale(ptr, &stale);
+            } else if matches!(stale.kind, Kind::SpillManaged | Kind::SpillHost(_)) {
+                self.spill.forget(&self.base, &stale);
+            } else if let Kind::Async(Some(serial)) = stale.kind {
+                self.base.pool_freed(serial);
+            } else if let Some(s) = self.base.slot(CUdevice::from(stale.device)) {
+                self.base
+                    .release_on(s, CUdevice::from(stale.device), stale.bytes);
+            }
             log_once!(
                 Warn,
-                "a free of {dptr:#x}, which the program had freed already; answered CUDA_ERROR_INVALID_VALUE as the driver does"
+                "address {ptr:#x} was reused by the driver while vramcap still counted it; counting it once"
             );
-            return CUDA_ERROR_INVALID_VALUE;
         }
-        real()
     }
 
-    /// `cuMemGetInfo_v2`'s figures as the cap shows them: the driver's
-    /// `free` and `total` on the current device in, the (free, total) to
-    /// answer out; `None` to leave the driver's (no context, no cap worked
-    /// out). The boundary reads and writes the caller's pointers
-    /// (`boundary/queries.rs`).
-    pub fn mem_info(&'static self, free: u64, total: u64) -> Option<(u64, u64)> {
-        let (_, device) = self.base.current()?;
-        let (Some(s), Some(_)) = (self.base.slot(device), self.limit_of(device)) else {
+    /// With spill on, an allocation that would take the process above its
+    /// soft limit goes to host memory first; `None` when it does not (no
+    /// soft limit, below it, or spill could not place it).
+    pub(in crate::engine) fn spill_past_soft(
+        &self,
+        what: &'static str,
+        estimate: u64,
+        request: Request,
+        ctx: usize,
+        device: CUdevice,
+    ) -> Option<Result<Made, CUresult>> {
+        if self.base.settings().spill == vramcap_core::settings::Spill::Off
+            || matches!(request, Request::Pitch { .. })
+        {
             return None;
+        }
+        let slot = self.base.slot(device)?;
+        let soft = slot.soft.load(std::sync::atomic::Ordering::Relaxed);
+        if soft == 0 || slot.budget.used().saturating_add(estimate) <= soft {
+            return None;
+        }
+        let flags = match request {
+            Request::Managed(f) => Some(f),
+            _ => None,
         };
-        // What the pools and graphs hold may have shrunk at a synchronisation.
-        self.base.pools_refresh(Some(device as u16));
-        if let Some(limit) = self.base.cap_in_force(s, device) {
-            self.base.context_check(device, s, 0, limit);
-        }
-        self.base.graphs_refresh(device);
-        let (t, f) = self.base.picture(s, device, total, free);
-        Some((f, t))
-    }
-
-    /// `cuDeviceTotalMem_v2`'s figure for `dev`: at most the cap.
-    pub fn device_total(&'static self, dev: CUdevice, bytes: u64) -> u64 {
-        match self.limit_of(dev) {
-            Some(limit) if limit != NO_CAP => bytes.min(limit),
-            _ => bytes,
-        }
+        let (ptr, record) = self
+            .spill
+            .place(&self.base, what, true, device, ctx, estimate, flags)?;
+        self.insert(ptr, record);
+        Some(Ok(Made::at(ptr)))
     }
 }

@@ -41,38 +41,65 @@ pub fn array_estimate(
         .saturating_mul(depth.max(1) as u64)
 }
 
+/// An array creation's descriptor.
+#[derive(Clone, Copy)]
+pub enum ArrayDesc<'a> {
+    /// `cuArrayCreate_v2`.
+    Flat(&'a CUDA_ARRAY_DESCRIPTOR),
+    /// `cuArray3DCreate_v2`.
+    Layered(&'a CUDA_ARRAY3D_DESCRIPTOR),
+    /// `cuMipmappedArrayCreate`.
+    Mipmapped(&'a CUDA_ARRAY3D_DESCRIPTOR),
+}
+
 impl<D: Driver> Engine<D> {
-    /// Shared by the array handlers: reserve `estimate`, create, settle to
-    /// the driver's reported size, record.
-    ///
-    /// # Safety
-    /// `handle` is null or writable.
-    unsafe fn capped_array(
+    /// `cuArrayCreate_v2`, `cuArray3DCreate_v2` and `cuMipmappedArrayCreate`
+    /// of the descriptor `desc`: reserve its estimate, create, settle to the
+    /// driver's reported size, record. `real` makes the real call and
+    /// answers the handle it made (the boundary reads the caller's pointer,
+    /// `boundary/allocs.rs`).
+    pub fn array_create(
         &'static self,
-        what: &'static str,
-        mipmapped: bool,
-        handle: *mut CUarray,
-        estimate: u64,
-        mut real: impl FnMut() -> CUresult,
+        mut real: impl FnMut() -> Result<CUarray, CUresult>,
+        desc: ArrayDesc<'_>,
     ) -> CUresult {
-        if handle.is_null() || estimate == 0 {
-            return real();
+        let (what, mipmapped, estimate) = match desc {
+            ArrayDesc::Flat(d) => (
+                "cuArrayCreate",
+                false,
+                array_estimate(d.width, d.height, 1, d.format, d.channels),
+            ),
+            ArrayDesc::Layered(d) => (
+                "cuArray3DCreate",
+                false,
+                array_estimate(d.width, d.height, d.depth, d.format, d.channels),
+            ),
+            // All levels together are less than twice the first one.
+            ArrayDesc::Mipmapped(d) => (
+                "cuMipmappedArrayCreate",
+                true,
+                array_estimate(d.width, d.height, d.depth, d.format, d.channels).saturating_mul(2),
+            ),
+        };
+        let passed = |r: Result<CUarray, CUresult>| r.err().unwrap_or(CUDA_SUCCESS);
+        if estimate == 0 {
+            return passed(real());
         }
         let Some((ctx, device)) = self.base.current() else {
-            return real();
+            return passed(real());
         };
         let _inflight = self.inflight.enter();
         let (slot, limit) = match self.reserve(what, device, estimate) {
             Ok(x) => x,
             Err(rc) => return rc,
         };
-        let rc = self.call_with_retry(device, real);
-        if rc != CUDA_SUCCESS {
-            self.base.release_on(slot, device, estimate);
-            return rc;
-        }
-        // SAFETY: written by the driver on success.
-        let h = unsafe { *handle } as usize;
+        let h = match self.call_with_retry(device, real) {
+            Ok(a) => a as usize,
+            Err(rc) => {
+                self.base.release_on(slot, device, estimate);
+                return rc;
+            }
+        };
         let bytes = self
             .base
             .driver()
@@ -96,70 +123,7 @@ impl<D: Driver> Engine<D> {
             },
         );
         log_at!(Debug, "{what}: {bytes} bytes on device {device}");
-        rc
-    }
-
-    /// `cuArrayCreate_v2`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn array_create(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        handle: *mut CUarray,
-        desc: *const CUDA_ARRAY_DESCRIPTOR,
-    ) -> CUresult {
-        if desc.is_null() {
-            return real();
-        }
-        // SAFETY: a valid descriptor from the caller.
-        let d = unsafe { &*desc };
-        let estimate = array_estimate(d.width, d.height, 1, d.format, d.channels);
-        // SAFETY: the driver function's contract.
-        unsafe { self.capped_array("cuArrayCreate", false, handle, estimate, real) }
-    }
-
-    /// `cuArray3DCreate_v2`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn array_3d_create(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        handle: *mut CUarray,
-        desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-    ) -> CUresult {
-        if desc.is_null() {
-            return real();
-        }
-        // SAFETY: a valid descriptor from the caller.
-        let d = unsafe { &*desc };
-        let estimate = array_estimate(d.width, d.height, d.depth, d.format, d.channels);
-        // SAFETY: the driver function's contract.
-        unsafe { self.capped_array("cuArray3DCreate", false, handle, estimate, real) }
-    }
-
-    /// `cuMipmappedArrayCreate`: all levels together are less than twice
-    /// the first one.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mipmapped_array_create(
-        &'static self,
-        mut real: impl FnMut() -> CUresult,
-        handle: *mut CUarray,
-        desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-        _levels: c_uint,
-    ) -> CUresult {
-        if desc.is_null() {
-            return real();
-        }
-        // SAFETY: a valid descriptor from the caller.
-        let d = unsafe { &*desc };
-        let estimate =
-            array_estimate(d.width, d.height, d.depth, d.format, d.channels).saturating_mul(2);
-        // SAFETY: the driver function's contract.
-        unsafe { self.capped_array("cuMipmappedArrayCreate", true, handle, estimate, real) }
+        CUDA_SUCCESS
     }
 
     /// `cuArrayDestroy` and `cuMipmappedArrayDestroy`: the record is taken

@@ -22,9 +22,9 @@ use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Counting;
 
 use crate::engine::Engine;
-use crate::engine::accounting::records::{Kind, Record};
+use crate::engine::accounting::records::{Kind, Place, Record};
 use crate::engine::driver::{Driver, Flavour};
-use crate::engine::handlers::allocate::{Made, Request};
+use crate::engine::handlers::alloc::{Made, Request};
 use crate::ffi::*;
 use crate::log::log_at;
 
@@ -147,18 +147,13 @@ impl<D: Driver> Engine<D> {
                 return Some(self.spill_or_refuse(what, bytes, Request::Async, ctx, dev, why));
             }
         }
-        let mut made = Made::default();
-        let rc = self.call_with_retry(dev, || match real() {
-            Ok(m) => {
-                made = m;
-                CUDA_SUCCESS
+        let made = match self.call_with_retry(dev, real) {
+            Ok(m) => m,
+            Err(rc) => {
+                self.base.pool_settle(claim, false, true);
+                return Some(Err(rc));
             }
-            Err(rc) => rc,
-        });
-        if rc != CUDA_SUCCESS {
-            self.base.pool_settle(claim, false, true);
-            return Some(Err(rc));
-        }
+        };
         self.base.pool_settle(claim, true, true);
         self.start_worker(); // sees the pool shrink at synchronisations
         let ptr = made.ptr;
@@ -202,7 +197,7 @@ impl<D: Driver> Engine<D> {
             // Never moved again; settled by where it is when it goes.
             let b = self.tiers.detach(dptr);
             r.kind = Kind::TieredFreed {
-                on_device: b.as_ref().is_none_or(|b| b.on_device()),
+                place: b.as_ref().map_or(Place::Device, |b| b.place()),
                 handle: b.as_ref().map_or(0, |b| b.handle()),
             };
             b
@@ -229,47 +224,35 @@ impl<D: Driver> Engine<D> {
             }
             return rc;
         }
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.freed(&r);
-        } else {
-            self.table.insert(dptr, r);
-        }
-        rc
+        self.free_recorded(real, dptr, r)
     }
 }
 
 impl<D: Driver> Engine<D> {
-    /// `cuMemPoolCreate`: the pool's device is noted, so its allocations
-    /// are charged there whichever stream makes them.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn mem_pool_create(
+    /// `cuMemPoolCreate` with the properties `props`: the pool's device is
+    /// noted, so its allocations are charged there whichever stream makes
+    /// them. `real` makes the real call and answers the pool it made (the
+    /// boundary reads the caller's pointer, `boundary/allocs.rs`).
+    pub fn mem_pool_create(
         &'static self,
-        mut real: impl FnMut() -> CUresult,
-        pool: *mut CUmemoryPool,
-        props: *const CUmemPoolProps,
+        mut real: impl FnMut() -> Result<CUmemoryPool, CUresult>,
+        props: &CUmemPoolProps,
     ) -> CUresult {
-        let rc = real();
-        if rc != CUDA_SUCCESS {
-            return rc;
-        }
-        // SAFETY: on success both were valid for the driver (null checked).
-        let (p, props) = unsafe { (pool.as_ref(), props.as_ref()) };
+        let p = match real() {
+            Ok(p) => p as usize,
+            Err(rc) => return rc,
+        };
         if self.base.settings().counting != Counting::Held {
-            return rc;
+            return CUDA_SUCCESS;
         }
-        if let (Some(p), Some(props)) = (p, props) {
-            match u16::try_from(props.location.id) {
-                Ok(dev) if props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE => {
-                    self.base.held().created(*p as usize, dev, false)
-                }
-                // Host (and host NUMA) pools hold no GPU memory.
-                _ => self.base.held().created(*p as usize, 0, true),
+        match u16::try_from(props.location.id) {
+            Ok(dev) if props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE => {
+                self.base.held().created(p, dev, false)
             }
+            // Host (and host NUMA) pools hold no GPU memory.
+            _ => self.base.held().created(p, 0, true),
         }
-        rc
+        CUDA_SUCCESS
     }
 
     /// `cuMemPoolDestroy`: a pool with live allocations stays charged

@@ -16,6 +16,7 @@ use vramcap_core::page::DeviceSlot;
 use crate::engine::Engine;
 use crate::engine::accounting::records::Object;
 use crate::engine::driver::Driver;
+use crate::engine::handlers::alloc::checked;
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
@@ -67,8 +68,7 @@ impl<D: Driver> Engine<D> {
                 return rc;
             }
         };
-        let rc = self.call_with_retry(device, real);
-        if rc != CUDA_SUCCESS {
+        if let Err(rc) = self.call_with_retry(device, || checked(real())) {
             self.base.release_on(slot, device, size as u64);
             return rc;
         }
@@ -89,7 +89,7 @@ impl<D: Driver> Engine<D> {
             Debug,
             "cuMemCreate: {size} bytes on device {device}, handle {h:#x}"
         );
-        rc
+        CUDA_SUCCESS
     }
 
     /// Another reference to a handle the engine counts (a retain yields the

@@ -300,8 +300,13 @@ impl Driver for Fake {
         let Some(&(_, host)) = self.vmm.lock().unwrap().get(&handle) else {
             return CUDA_ERROR_INVALID_VALUE;
         };
+        let place = if host {
+            crate::engine::tiered::Place::Host
+        } else {
+            crate::engine::tiered::Place::Device
+        };
         // SAFETY: the caller's contract.
-        unsafe { (*prop).location = crate::engine::tiered::location(host, 0) };
+        unsafe { (*prop).location = crate::engine::tiered::location(place, 0) };
         CUDA_SUCCESS
     }
     fn copy_dtod(&self, _: CUdeviceptr, _: CUdeviceptr, _: u64, _: usize) -> CUresult {

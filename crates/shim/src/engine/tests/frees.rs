@@ -44,15 +44,11 @@ fn arrays_go_back_to_the_budget_with_their_context() {
         format: 0x20, // float
         channels: 4,
     };
-    let mut h: CUarray = std::ptr::null_mut();
-    let out: *mut CUarray = &mut h;
-    let real = || {
-        // SAFETY: `out` points at `h`.
-        unsafe { *out = std::ptr::without_provenance_mut(0xa11a) };
+    let h: CUarray = std::ptr::without_provenance_mut(0xa11a);
+    assert_eq!(
+        e.array_create(|| Ok(h), crate::engine::ArrayDesc::Flat(&desc)),
         CUDA_SUCCESS
-    };
-    // SAFETY: valid out-pointer and descriptor.
-    assert_eq!(unsafe { e.array_create(real, out, &desc) }, CUDA_SUCCESS);
+    );
     // The fake reports no size: the estimate (rows of 16 KiB) stands.
     assert_eq!(used(e), 16 * MIB);
     let ctx: CUcontext = std::ptr::without_provenance_mut(CTX);

@@ -30,19 +30,11 @@ fn launch(e: &'static Engine<Fake>, words: &[u64]) -> CUresult {
     // SAFETY: one valid pointer per parameter of the fake's function
     // `words.len()` (which has that many 8-byte parameters).
     unsafe {
-        e.launch_kernel(
-            || CUDA_SUCCESS,
+        e.launched(
             words.len() as *mut c_void,
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
             params.as_mut_ptr(),
             std::ptr::null_mut(),
+            || CUDA_SUCCESS,
         )
     }
 }

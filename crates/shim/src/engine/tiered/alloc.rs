@@ -9,7 +9,7 @@ use vramcap_core::page::DeviceSlot;
 use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::Driver;
-use crate::engine::handlers::allocate::Made;
+use crate::engine::handlers::alloc::Made;
 use crate::engine::tiered::{Place, TierBlock, location};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -20,10 +20,10 @@ pub(super) fn make_mapped<D: Driver>(
     driver: &D,
     ptr: u64,
     bytes: u64,
-    host: bool,
+    place: Place,
     device: CUdevice,
 ) -> Result<u64, CUresult> {
-    let h = driver.vmm_create(bytes, location(host, device))?;
+    let h = driver.vmm_create(bytes, location(place, device))?;
     let rc = driver.vmm_map(ptr, bytes, h, device);
     if rc != CUDA_SUCCESS {
         let _ = driver.vmm_release(h);
@@ -62,17 +62,18 @@ impl<D: Driver> Engine<D> {
                 return Some(Err(rc));
             }
         };
-        let on_device = place == Place::Device;
-        let handle = match make_mapped(self.base.driver(), ptr, size, !on_device, device) {
+        let handle = match make_mapped(self.base.driver(), ptr, size, place, device) {
             Ok(h) => h,
             Err(rc) => {
                 let _ = self.base.driver().vmm_free_address(ptr, size);
                 self.tier_unreserve(device, size, place);
-                return Some(Err(if rc == CUDA_ERROR_OUT_OF_MEMORY || !on_device {
-                    CUDA_ERROR_OUT_OF_MEMORY
-                } else {
-                    rc
-                }));
+                return Some(Err(
+                    if rc == CUDA_ERROR_OUT_OF_MEMORY || place == Place::Host {
+                        CUDA_ERROR_OUT_OF_MEMORY
+                    } else {
+                        rc
+                    },
+                ));
             }
         };
         self.tier_count_made(what, device, size, place);
@@ -88,13 +89,19 @@ impl<D: Driver> Engine<D> {
                 kind: Kind::Tiered,
             },
         );
-        let _ = self
-            .tiers
-            .insert(self.tiers.make(ptr, size, dev16, ctx, handle, on_device));
+        let _ = self.tiers.insert(TierBlock::new(
+            ptr,
+            size,
+            dev16,
+            ctx,
+            handle,
+            place,
+            self.tiers.round_now(),
+        ));
         log_at!(
             Debug,
             "{what}: {bytes} bytes at {ptr:#x}, tiered ({size} mapped), on the {}",
-            if on_device { "device" } else { "host" }
+            place.name()
         );
         Some(Ok(Made::at(ptr)))
     }

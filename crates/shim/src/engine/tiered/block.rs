@@ -4,26 +4,7 @@
 #[allow(unused_imports)]
 use super::*;
 
-/// Where a tiered block's memory is (kept in the block as a `u8`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Place {
-    /// The device's memory, reserved under the cap.
-    Device = 0,
-    /// Pinned host memory the GPU reads over the link, counted as spilled.
-    Host = 1,
-}
-
-impl Place {
-    /// `Device` when `on_device`, else `Host`.
-    pub fn of(on_device: bool) -> Place {
-        if on_device {
-            Place::Device
-        } else {
-            Place::Host
-        }
-    }
-}
+pub(in crate::engine) use crate::engine::accounting::records::Place;
 
 /// One tiered allocation.
 pub struct TierBlock {
@@ -100,10 +81,10 @@ impl TierBlock {
         self.ready.load(Ordering::SeqCst) && !self.pinned.load(Ordering::SeqCst)
     }
     /// Claims the block for a move: `None` when it is being freed, is
-    /// pinned, or is moved already. The claim ends when the [`Claim`] is
+    /// pinned, or is moved already. The claim ends when the [`BlockClaim`] is
     /// dropped, on a panic's unwinding too, so a free never waits on a
     /// move that died.
-    pub(in crate::engine) fn claim(self: &Arc<Self>) -> Option<Claim> {
+    pub(in crate::engine) fn claim(self: &Arc<Self>) -> Option<BlockClaim> {
         if self.moving.swap(true, Ordering::SeqCst) {
             return None;
         }
@@ -111,7 +92,7 @@ impl TierBlock {
             self.moving.store(false, Ordering::SeqCst);
             return None;
         }
-        Some(Claim(self.clone()))
+        Some(BlockClaim(self.clone()))
     }
     /// The block as memory the program made with `cuMemCreate` and mapped
     /// whole (`engine/tiered/handles.rs`), under its handle `h`: it may move once
@@ -121,9 +102,9 @@ impl TierBlock {
         self.ready = AtomicBool::new(false);
         self
     }
-    /// Holds the block where it is for as long as the [`Claim`] lives,
+    /// Holds the block where it is for as long as the [`BlockClaim`] lives,
     /// waiting for a move in progress to end: `None` when it is freed.
-    pub(in crate::engine) fn hold(self: &Arc<Self>) -> Option<Claim> {
+    pub(in crate::engine) fn hold(self: &Arc<Self>) -> Option<BlockClaim> {
         while self.moving.swap(true, Ordering::SeqCst) {
             std::thread::yield_now();
         }
@@ -131,7 +112,7 @@ impl TierBlock {
             self.moving.store(false, Ordering::SeqCst);
             return None;
         }
-        Some(Claim(self.clone()))
+        Some(BlockClaim(self.clone()))
     }
     /// Keeps the block where it is from now on, once any move of it has
     /// ended: its handle is then final. The same handshake as a free's
@@ -168,16 +149,16 @@ impl TierBlock {
 }
 
 /// A block claimed for a move ([`TierBlock::claim`]).
-pub(in crate::engine) struct Claim(Arc<TierBlock>);
+pub(in crate::engine) struct BlockClaim(Arc<TierBlock>);
 
-impl std::ops::Deref for Claim {
+impl std::ops::Deref for BlockClaim {
     type Target = TierBlock;
     fn deref(&self) -> &TierBlock {
         &self.0
     }
 }
 
-impl Drop for Claim {
+impl Drop for BlockClaim {
     fn drop(&mut self) {
         self.0.moving.store(false, Ordering::SeqCst);
     }
@@ -294,16 +275,16 @@ impl TierBlock {
     }
 }
 
-pub(in crate::engine) fn location(host: bool, device: CUdevice) -> CUmemLocation {
-    if host {
-        CUmemLocation {
+/// The location of physical memory at `place`, for `device`.
+pub(in crate::engine) fn location(place: Place, device: CUdevice) -> CUmemLocation {
+    match place {
+        Place::Host => CUmemLocation {
             kind: CU_MEM_LOCATION_TYPE_HOST,
             id: 0,
-        }
-    } else {
-        CUmemLocation {
+        },
+        Place::Device => CUmemLocation {
             kind: CU_MEM_LOCATION_TYPE_DEVICE,
             id: device,
-        }
+        },
     }
 }

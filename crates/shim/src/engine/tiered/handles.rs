@@ -79,6 +79,7 @@ use std::sync::{Arc, Mutex};
 use crate::engine::Engine;
 use crate::engine::accounting::exports::{keep, same_file};
 use crate::engine::driver::Driver;
+use crate::engine::handlers::alloc::checked;
 use crate::engine::tiered::{Place, TierBlock, location};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -93,7 +94,7 @@ pub(in crate::engine) struct Handle {
     /// The physical allocation, when it is not a block (a block's own
     /// handle is the one in force while it is one).
     pub(in crate::engine) real: u64,
-    pub(in crate::engine) on_device: bool,
+    pub(in crate::engine) place: Place,
     /// The program's references (create, retain, import of its export).
     pub(in crate::engine) refs: u32,
     /// Its live mappings.
@@ -117,6 +118,23 @@ pub struct Handles {
 impl Handles {
     pub(in crate::engine) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Handle>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Calls `f` with the entry of the program's live handle `h`: `None`
+    /// when `h` is not the program's, `Err` (the driver's answer for it)
+    /// when it was released.
+    fn with_live<R>(
+        &self,
+        h: u64,
+        f: impl FnOnce(&mut Handle) -> R,
+    ) -> Option<Result<R, CUresult>> {
+        let mut m = self.lock();
+        let x = m.get_mut(&h)?;
+        Some(if x.refs == 0 {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        } else {
+            Ok(f(x))
+        })
     }
 
     /// Whether `h` is one of the program's handles the engine answered.
@@ -148,7 +166,7 @@ impl<D: Driver> Engine<D> {
     /// `handle` is non-null and writable.
     pub(in crate::engine) unsafe fn tiered_create(
         &'static self,
-        real: impl FnMut() -> CUresult,
+        mut real: impl FnMut() -> CUresult,
         handle: *mut CUmemGenericAllocationHandle,
         size: u64,
         device: CUdevice,
@@ -162,17 +180,19 @@ impl<D: Driver> Engine<D> {
             Ok(place) => place,
             Err(rc) => return Some(rc),
         };
-        let on_device = place == Place::Device;
-        let real_handle = if on_device {
-            let rc = self.call_with_retry(device, real);
-            if rc != CUDA_SUCCESS {
+        let real_handle = if place == Place::Device {
+            if let Err(rc) = self.call_with_retry(device, || checked(real())) {
                 self.tier_unreserve(device, size, Place::Device);
                 return Some(rc);
             }
             // SAFETY: the driver succeeded and wrote the handle.
             unsafe { *handle }
         } else {
-            match self.base.driver().vmm_create(size, location(true, device)) {
+            match self
+                .base
+                .driver()
+                .vmm_create(size, location(Place::Host, device))
+            {
                 Ok(h) => h,
                 Err(_) => {
                     self.tier_unreserve(device, size, Place::Host);
@@ -190,7 +210,7 @@ impl<D: Driver> Engine<D> {
                 device: device as u16,
                 bytes: size,
                 real: real_handle,
-                on_device,
+                place,
                 refs: 1,
                 maps: 0,
                 block: None,
@@ -203,7 +223,7 @@ impl<D: Driver> Engine<D> {
         log_at!(
             Debug,
             "cuMemCreate: {size} bytes on device {device}, handle {value:#x}, on the {}",
-            if on_device { "device" } else { "host" }
+            place.name()
         );
         Some(CUDA_SUCCESS)
     }
@@ -217,29 +237,28 @@ impl<D: Driver> Engine<D> {
         &self,
         h: u64,
         pin: bool,
-        f: impl FnOnce(u64, bool) -> CUresult,
+        f: impl FnOnce(u64, Place) -> CUresult,
     ) -> Option<CUresult> {
-        let (block, real, on_device) = {
-            let mut m = self.handles.lock();
-            let x = m.get_mut(&h)?;
-            if x.refs == 0 {
-                return Some(CUDA_ERROR_INVALID_VALUE);
-            }
+        let live = self.handles.with_live(h, |x| {
             x.pinned |= pin;
-            (x.block.clone(), x.real, x.on_device)
+            (x.block.clone(), x.real, x.place)
+        })?;
+        let (block, real, place) = match live {
+            Ok(x) => x,
+            Err(rc) => return Some(rc),
         };
         let Some(b) = block else {
-            return Some(f(real, on_device));
+            return Some(f(real, place));
         };
         if pin {
             b.pin();
-            return Some(f(b.handle(), b.on_device()));
+            return Some(f(b.handle(), b.place()));
         }
         match b.hold() {
-            Some(held) => Some(f(held.handle(), held.on_device())),
+            Some(held) => Some(f(held.handle(), held.place())),
             // Being unmapped or freed: no move can start, so its memory is
             // final (and the handle's own while `refs` holds it).
-            None => Some(f(b.handle(), b.on_device())),
+            None => Some(f(b.handle(), b.place())),
         }
     }
 
@@ -252,24 +271,23 @@ impl<D: Driver> Engine<D> {
         h: u64,
         flags: u64,
     ) -> Option<CUresult> {
-        let (whole, device, bytes) = {
-            let mut m = self.handles.lock();
-            let x = m.get_mut(&h)?;
-            if x.refs == 0 {
-                return Some(CUDA_ERROR_INVALID_VALUE);
-            }
+        let live = self.handles.with_live(h, |x| {
             let whole = offset == 0 && size == x.bytes && x.maps == 0 && !x.pinned;
             x.maps += 1;
             (whole, x.device, x.bytes)
+        })?;
+        let (whole, device, bytes) = match live {
+            Ok(x) => x,
+            Err(rc) => return Some(rc),
         };
         let ctx = match self.base.driver().ctx_get_current() {
             Ok(c) if whole && c != 0 => Some(c),
             _ => None,
         };
-        let mut mapped = (0, false);
+        let mut mapped = (0, Place::Device);
         let rc = self
-            .with_physical(h, ctx.is_none(), |real, on_device| {
-                mapped = (real, on_device);
+            .with_physical(h, ctx.is_none(), |real, place| {
+                mapped = (real, place);
                 self.base
                     .driver()
                     .vmm_map_as(ptr, size, offset, real, flags)
@@ -281,10 +299,9 @@ impl<D: Driver> Engine<D> {
         }
         self.maps.insert(ptr, (h, size));
         if let Some(ctx) = ctx {
-            let (real, on_device) = mapped;
+            let (real, place) = mapped;
             let b = self.tiers.insert(
-                self.tiers
-                    .make(ptr, bytes, device, ctx, real, on_device)
+                TierBlock::new(ptr, bytes, device, ctx, real, place, self.tiers.round_now())
                     .of_program(h),
             );
             // Another thread may have exported or mapped the handle again
@@ -346,7 +363,7 @@ impl<D: Driver> Engine<D> {
                 .is_some_and(|k| std::sync::Arc::ptr_eq(k, b))
         {
             x.real = b.handle();
-            x.on_device = b.on_device();
+            x.place = b.place();
             x.block = None;
             x.pinned |= pin;
         }
@@ -388,7 +405,7 @@ impl<D: Driver> Engine<D> {
     /// A handle released and unmapped everywhere: its memory and bytes go.
     fn handle_gone(&self, x: &Handle) {
         let _ = self.base.driver().vmm_release(x.real);
-        self.tier_give_back_bytes(x.device, x.bytes, Place::of(x.on_device));
+        self.tier_give_back_bytes(x.device, x.bytes, x.place);
     }
 
     /// `cuMemRelease` of a program handle: `None` when `h` is not one.
@@ -510,7 +527,7 @@ impl<D: Driver> Engine<D> {
         if rc == CUDA_SUCCESS && !prop.is_null() {
             // SAFETY: written by the driver on success.
             unsafe {
-                (*prop).location = location(false, CUdevice::from(device));
+                (*prop).location = location(Place::Device, CUdevice::from(device));
             }
         }
         rc
@@ -550,7 +567,7 @@ impl<D: Driver> Engine<D> {
             // Access for another device (its work is not waited for before
             // a move) or for part of the page (a move grants what it keeps
             // over the whole page): the page stays where it is.
-            let own = location(false, CUdevice::from(b.device));
+            let own = location(Place::Device, CUdevice::from(b.device));
             if b.ptr >= ptr
                 && b.ptr.saturating_add(b.bytes) <= end
                 && access.iter().all(|d| d.location == own)

@@ -2,18 +2,22 @@
 //! and pass the gate; copies, memsets and the other `gate` entries of the
 //! hook list pass the gate only.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::c_void;
 
 use crate::engine::Engine;
 use crate::engine::driver::Driver;
 use crate::ffi::*;
 
 impl<D: Driver> Engine<D> {
-    /// Counts uses for tiered spill, then makes the launch through the gate.
+    /// A launch of `func` with its `params` and `extra` (null for a
+    /// cooperative launch), the hook list's `gate` entries of
+    /// `cuLaunchKernel`, `cuLaunchKernelEx` and `cuLaunchCooperativeKernel`
+    /// (and their `_ptsz`): counts uses for tiered spill, then makes the
+    /// launch through the gate.
     ///
     /// # Safety
     /// The launch function's contract.
-    unsafe fn launched(
+    pub unsafe fn launched(
         &'static self,
         func: CUfunction,
         params: *mut *mut c_void,
@@ -30,69 +34,6 @@ impl<D: Driver> Engine<D> {
         };
         let _open = self.tiers.enter();
         real()
-    }
-
-    /// `cuLaunchKernel[_ptsz]`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn launch_kernel(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        f: CUfunction,
-        _gx: c_uint,
-        _gy: c_uint,
-        _gz: c_uint,
-        _bx: c_uint,
-        _by: c_uint,
-        _bz: c_uint,
-        _shared: c_uint,
-        _stream: CUstream,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult {
-        // SAFETY: the driver function's contract.
-        unsafe { self.launched(f, params, extra, real) }
-    }
-
-    /// `cuLaunchKernelEx[_ptsz]`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    pub unsafe fn launch_kernel_ex(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        _config: *const c_void,
-        f: CUfunction,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult {
-        // SAFETY: the driver function's contract.
-        unsafe { self.launched(f, params, extra, real) }
-    }
-
-    /// `cuLaunchCooperativeKernel[_ptsz]`.
-    ///
-    /// # Safety
-    /// The driver function's contract.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn launch_cooperative(
-        &'static self,
-        real: impl FnMut() -> CUresult,
-        f: CUfunction,
-        _gx: c_uint,
-        _gy: c_uint,
-        _gz: c_uint,
-        _bx: c_uint,
-        _by: c_uint,
-        _bz: c_uint,
-        _shared: c_uint,
-        _stream: CUstream,
-        params: *mut *mut c_void,
-    ) -> CUresult {
-        // SAFETY: the driver function's contract.
-        unsafe { self.launched(f, params, std::ptr::null_mut(), real) }
     }
 
     /// `cuModuleUnload`, `cuLibraryUnload`: the functions' handles may come

@@ -231,8 +231,8 @@ pub(in crate::engine) fn plan(
 mod tests {
     use super::*;
 
-    fn block(ptr: u64, bytes: u64, on_device: bool, score: f64, moved: u64) -> Arc<TierBlock> {
-        let b = TierBlock::new(ptr, bytes, 0, 1, 0, Place::of(on_device), moved);
+    fn block(ptr: u64, bytes: u64, place: Place, score: f64, moved: u64) -> Arc<TierBlock> {
+        let b = TierBlock::new(ptr, bytes, 0, 1, 0, place, moved);
         b.score.store(score.to_bits(), Ordering::Relaxed);
         Arc::new(b)
     }
@@ -277,7 +277,7 @@ mod tests {
 
     #[test]
     fn a_use_touches_up_to_the_next_offset_used() {
-        let b = block(1 << 40, 32 * M, false, 0.0, 0);
+        let b = block(1 << 40, 32 * M, Place::Host, 0.0, 0);
         // One use at the start of the block: one pass over it.
         b.note(0, 1);
         assert_eq!(b.take_passes(), (1.0, 1));
@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn uses_past_the_spots_count_a_share_of_the_block() {
-        let b = block(1 << 40, 32 * M, false, 0.0, 0);
+        let b = block(1 << 40, 32 * M, Place::Host, 0.0, 0);
         for i in 0..=SPOTS as u64 {
             b.note(i * M, 1);
         }
@@ -308,7 +308,15 @@ mod tests {
     #[test]
     fn a_claim_ends_when_a_move_panics() {
         let t = Tiers::new(true);
-        let _ = t.insert(t.make(1 << 40, 4 * M, 0, 1, 0, true));
+        let _ = t.insert(TierBlock::new(
+            1 << 40,
+            4 * M,
+            0,
+            1,
+            0,
+            Place::Device,
+            t.round_now(),
+        ));
         let b = t.snapshot().pop().unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _c = b.claim().unwrap();
@@ -354,56 +362,48 @@ mod tests {
     #[test]
     fn hot_host_blocks_fill_the_room_first() {
         let b = [
-            block(1, 100 * M, false, 10.0, 0),
-            block(2, 100 * M, false, 50.0, 0),
-            block(3, 100 * M, false, 0.0, 0),
+            block(1, 100 * M, Place::Host, 10.0, 0),
+            block(2, 100 * M, Place::Host, 50.0, 0),
+            block(3, 100 * M, Place::Host, 0.0, 0),
         ];
         let p = plan(&b, 0, i128::from(150 * M), u64::MAX, 100);
         assert_eq!(ptrs(&p.promote), vec![2]);
         assert!(p.demote.is_empty());
     }
 
+    /// Round 100's plan for device block 1 and host block 2 of 100 MiB
+    /// each, (score, round last moved) each, with no room and `spill_limit`:
+    /// the (demoted, promoted) blocks.
+    fn swap(device: (f64, u64), host: (f64, u64), spill_limit: u64) -> (Vec<u64>, Vec<u64>) {
+        let b = [
+            block(1, 100 * M, Place::Device, device.0, device.1),
+            block(2, 100 * M, Place::Host, host.0, host.1),
+        ];
+        let p = plan(&b, 0, 0, spill_limit, 100);
+        (ptrs(&p.demote), ptrs(&p.promote))
+    }
+
     #[test]
     fn swaps_need_the_hysteresis_margin() {
-        // Device block 1 has density 10/100M; host block 2 has 12.4/100M:
-        // not 1.25x hotter, so nothing moves; host block 3 (12.6/100M) is.
+        // Device block 1 has density 10/100M; a host block of 12.4/100M is
+        // not 1.25x hotter, so nothing moves; one of 12.6/100M is.
         assert_eq!(HYSTERESIS, 1.25);
-        let b = [
-            block(1, 100 * M, true, 10.0, 0),
-            block(2, 100 * M, false, 12.4, 0),
-        ];
-        let p = plan(&b, 0, 0, u64::MAX, 100);
-        assert!(p.promote.is_empty() && p.demote.is_empty());
-        let b = [
-            block(1, 100 * M, true, 10.0, 0),
-            block(3, 100 * M, false, 12.6, 0),
-        ];
-        let p = plan(&b, 0, 0, u64::MAX, 100);
-        assert_eq!((ptrs(&p.demote), ptrs(&p.promote)), (vec![1], vec![3]));
+        assert_eq!(swap((10.0, 0), (12.4, 0), u64::MAX), (vec![], vec![]));
+        assert_eq!(swap((10.0, 0), (12.6, 0), u64::MAX), (vec![1], vec![2]));
     }
 
     #[test]
     fn recently_moved_blocks_stay() {
-        let b = [
-            block(1, 100 * M, true, 1.0, 90),
-            block(2, 100 * M, false, 50.0, 0),
-        ];
-        let p = plan(&b, 0, 0, u64::MAX, 100);
-        assert!(p.promote.is_empty() && p.demote.is_empty());
-        let b = [
-            block(1, 100 * M, true, 1.0, 0),
-            block(2, 100 * M, false, 50.0, 85),
-        ];
-        let p = plan(&b, 0, 0, u64::MAX, 100);
-        assert!(p.promote.is_empty() && p.demote.is_empty());
+        assert_eq!(swap((1.0, 90), (50.0, 0), u64::MAX), (vec![], vec![]));
+        assert_eq!(swap((1.0, 0), (50.0, 85), u64::MAX), (vec![], vec![]));
     }
 
     #[test]
     fn above_the_target_the_coldest_go_first() {
         let b = [
-            block(1, 100 * M, true, 9.0, 99),
-            block(2, 100 * M, true, 1.0, 99),
-            block(3, 100 * M, true, 5.0, 99),
+            block(1, 100 * M, Place::Device, 9.0, 99),
+            block(2, 100 * M, Place::Device, 1.0, 99),
+            block(3, 100 * M, Place::Device, 5.0, 99),
         ];
         let p = plan(&b, i128::from(150 * M), 0, u64::MAX, 100);
         assert_eq!(ptrs(&p.demote), vec![2, 3]);
@@ -412,14 +412,9 @@ mod tests {
 
     #[test]
     fn the_spill_limit_bounds_demotions() {
-        let b = [
-            block(1, 100 * M, true, 1.0, 0),
-            block(2, 100 * M, false, 50.0, 0),
-        ];
         // A swap moves no bytes to the host on balance: allowed with no room.
-        let p = plan(&b, 0, 0, 0, 100);
-        assert_eq!((ptrs(&p.demote), ptrs(&p.promote)), (vec![1], vec![2]));
-        let b = [block(1, 100 * M, true, 1.0, 0)];
+        assert_eq!(swap((1.0, 0), (50.0, 0), 0), (vec![1], vec![2]));
+        let b = [block(1, 100 * M, Place::Device, 1.0, 0)];
         let p = plan(&b, 1, 0, 0, 100);
         assert!(p.demote.is_empty());
     }
@@ -427,8 +422,8 @@ mod tests {
     #[test]
     fn a_block_larger_than_a_rounds_budget_moves_alone() {
         let b = [
-            block(1, 3 * ROUND_BYTES, false, 1000.0, 0),
-            block(2, 512 * M, false, 50.0, 0),
+            block(1, 3 * ROUND_BYTES, Place::Host, 1000.0, 0),
+            block(2, 512 * M, Place::Host, 50.0, 0),
         ];
         let p = plan(&b, 0, i128::from(8 * ROUND_BYTES), u64::MAX, 100);
         assert_eq!(ptrs(&p.promote), vec![1]);
@@ -437,7 +432,7 @@ mod tests {
     #[test]
     fn a_round_moves_at_most_its_budget() {
         let b: Vec<_> = (0..10)
-            .map(|i| block(i + 1, 512 * M, false, 100.0, 0))
+            .map(|i| block(i + 1, 512 * M, Place::Host, 100.0, 0))
             .collect();
         let p = plan(&b, 0, i128::from(100 * 512 * M), u64::MAX, 100);
         let moved: u64 = p.promote.iter().map(|b| b.bytes).sum();

@@ -48,25 +48,9 @@ impl Tiers {
         self.on
     }
 
-    /// A new block, made in this round (for [`Tiers::insert`]).
-    pub(in crate::engine) fn make(
-        &self,
-        ptr: u64,
-        bytes: u64,
-        device: u16,
-        ctx: usize,
-        handle: u64,
-        on_device: bool,
-    ) -> TierBlock {
-        TierBlock::new(
-            ptr,
-            bytes,
-            device,
-            ctx,
-            handle,
-            Place::of(on_device),
-            self.round.load(Ordering::Relaxed),
-        )
+    /// The round now: a new block is made in it ([`TierBlock::new`]).
+    pub(in crate::engine) fn round_now(&self) -> u64 {
+        self.round.load(Ordering::Relaxed)
     }
 
     /// Tracks block `b`.
@@ -281,7 +265,7 @@ impl Tiers {
         let g = match slot.load(Ordering::Relaxed) {
             0 => {
                 let g = driver
-                    .vmm_granularity(location(false, device))
+                    .vmm_granularity(location(Place::Device, device))
                     .ok()
                     .filter(|g| g.is_power_of_two())
                     .unwrap_or(u64::MAX);

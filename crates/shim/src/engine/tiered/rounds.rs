@@ -12,15 +12,15 @@ use super::alloc::make_mapped;
 use crate::engine::Engine;
 use crate::engine::driver::Driver;
 use crate::engine::tiered::{
-    Claim, PROMOTE_MARGIN, Place, Plan, STOP_WAIT, TierBlock, plan, score_round,
+    BlockClaim, PROMOTE_MARGIN, Place, Plan, STOP_WAIT, TierBlock, plan, score_round,
 };
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 /// One move being carried out: the new memory, mapped at a scratch address.
 struct Staged {
-    block: Claim,
-    to_host: bool,
+    block: BlockClaim,
+    to: Place,
     handle: u64,
     scratch: u64,
     stream: usize,
@@ -95,7 +95,7 @@ impl<D: Driver> Engine<D> {
                     "tiered spill: round {round}: block {:#x} {} bytes on the {} score {:.1} weighted {} moved at round {}",
                     b.ptr,
                     b.bytes,
-                    if b.on_device() { "device" } else { "host" },
+                    b.place().name(),
                     b.score(),
                     b.weight.load(Ordering::Relaxed),
                     b.moved.load(Ordering::Relaxed)
@@ -147,7 +147,7 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         limit: u64,
         b: Arc<TierBlock>,
-        to_host: bool,
+        to: Place,
     ) -> Result<Staged, bool> {
         let Some(b) = b.claim() else {
             return Err(false);
@@ -155,14 +155,14 @@ impl<D: Driver> Engine<D> {
         let Some(stream) = self.tiers.mover(self.base.driver(), b.ctx) else {
             return Err(true);
         };
-        if !to_host && self.base.reserve_on(slot, device, b.bytes, limit).is_err() {
+        if to == Place::Device && self.base.reserve_on(slot, device, b.bytes, limit).is_err() {
             return Err(true);
         }
-        if to_host && !self.spill.take(&self.base, b.bytes) {
+        if to == Place::Host && !self.spill.take(&self.base, b.bytes) {
             return Err(false);
         }
         let undo = |b: &TierBlock| {
-            if to_host {
+            if to == Place::Host {
                 self.spill.give_back(b.bytes);
             } else {
                 self.base.release_on(slot, device, b.bytes);
@@ -172,10 +172,10 @@ impl<D: Driver> Engine<D> {
             undo(&b);
             return Err(true);
         };
-        match make_mapped(self.base.driver(), scratch, b.bytes, to_host, device) {
+        match make_mapped(self.base.driver(), scratch, b.bytes, to, device) {
             Ok(handle) => Ok(Staged {
                 block: b,
-                to_host,
+                to,
                 handle,
                 scratch,
                 stream,
@@ -196,7 +196,7 @@ impl<D: Driver> Engine<D> {
             .base
             .driver()
             .vmm_free_address(m.scratch, m.block.bytes);
-        if m.to_host {
+        if m.to == Place::Host {
             self.spill.give_back(m.block.bytes);
         } else {
             self.base.release_on(slot, device, m.block.bytes);
@@ -215,14 +215,14 @@ impl<D: Driver> Engine<D> {
     ) {
         let mut staged = Vec::new();
         for b in p.demote {
-            if let Ok(m) = self.stage(slot, device, limit, b, true) {
+            if let Ok(m) = self.stage(slot, device, limit, b, Place::Host) {
                 staged.push(m);
             }
         }
         let down = self.move_staged(slot, device, round, staged);
         let mut staged = Vec::new();
         for b in p.promote {
-            match self.stage(slot, device, limit, b, false) {
+            match self.stage(slot, device, limit, b, Place::Device) {
                 Ok(m) => staged.push(m),
                 Err(true) => break,
                 Err(false) => {}
@@ -333,13 +333,12 @@ impl<D: Driver> Engine<D> {
             let _ = self.base.driver().vmm_release(old);
             b.moved.store(round, Ordering::Relaxed);
             DeviceSlot::add(&slot.moved_bytes, b.bytes);
-            if m.to_host {
-                b.set_place(Place::Host);
+            b.set_place(m.to);
+            if m.to == Place::Host {
                 self.base.release_on(slot, device, b.bytes);
                 DeviceSlot::add(&slot.spilled, b.bytes);
                 DeviceSlot::add(&slot.demotions, 1);
             } else {
-                b.set_place(Place::Device);
                 self.spill.give_back(b.bytes);
                 slot.spilled.fetch_sub(b.bytes, Ordering::Relaxed);
                 DeviceSlot::add(&slot.promotions, 1);

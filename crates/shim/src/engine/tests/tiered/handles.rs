@@ -18,7 +18,7 @@ fn create(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
     let prop = CUmemAllocationProp {
         kind: CU_MEM_ALLOCATION_TYPE_PINNED,
         handle_types: 1,
-        location: crate::engine::tiered::location(false, 0),
+        location: crate::engine::tiered::location(crate::engine::tiered::Place::Device, 0),
     };
     let mut h = 0u64;
     let out: *mut u64 = &mut h;
@@ -129,7 +129,10 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
     // p0's memory is on the host now; the properties name the device.
     assert_eq!(
         properties(e, hs[0]),
-        (CUDA_SUCCESS, crate::engine::tiered::location(false, 0))
+        (
+            CUDA_SUCCESS,
+            crate::engine::tiered::location(crate::engine::tiered::Place::Device, 0)
+        )
     );
     // Unmapped, then released: the bytes come back where they are now.
     for (p, h) in [p0, p1, p2].into_iter().zip(&hs) {
@@ -198,7 +201,10 @@ fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
             *out = e
                 .base
                 .driver()
-                .vmm_create(2 * MIB, crate::engine::tiered::location(false, 0))
+                .vmm_create(
+                    2 * MIB,
+                    crate::engine::tiered::location(crate::engine::tiered::Place::Device, 0),
+                )
                 .unwrap()
         };
         CUDA_SUCCESS
@@ -244,7 +250,7 @@ fn three_pages(e: &'static Engine<Fake>) -> [u64; 3] {
 #[test]
 fn pages_granted_to_another_device_in_part_or_as_a_dma_buf_stay_put() {
     let peer = CUmemAccessDesc {
-        location: crate::engine::tiered::location(false, 1),
+        location: crate::engine::tiered::location(crate::engine::tiered::Place::Device, 1),
         flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
     let grants: [(&[CUmemAccessDesc], u64); 3] = [
@@ -364,7 +370,10 @@ fn a_handle_being_unmapped_still_answers_its_properties() {
     assert_eq!(e.tiered_unmapping(p, p + 2 * MIB).len(), 1);
     assert_eq!(
         properties(e, h),
-        (CUDA_SUCCESS, crate::engine::tiered::location(false, 0))
+        (
+            CUDA_SUCCESS,
+            crate::engine::tiered::location(crate::engine::tiered::Place::Device, 0)
+        )
     );
 }
 
@@ -374,7 +383,7 @@ fn properties(e: &'static Engine<Fake>, h: u64) -> (CUresult, CUmemLocation) {
     let mut prop = CUmemAllocationPropFull {
         kind: 0,
         handle_types: 0,
-        location: crate::engine::tiered::location(true, 0),
+        location: crate::engine::tiered::location(crate::engine::tiered::Place::Host, 0),
         win32_metadata: std::ptr::null_mut(),
         alloc_flags: [0; 8],
     };
