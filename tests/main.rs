@@ -18,6 +18,7 @@ mod layout;
 mod limit;
 mod live;
 mod operator;
+mod park;
 mod paths;
 mod python;
 mod readers;

@@ -63,6 +63,10 @@
  *   kcounts               "kcounts launch=L fault=F": the stand-in's kernel
  *                         launches that ran and launches or copies that
  *                         named reserved but unmapped addresses
+ *   ckstate               the stand-in's checkpoint model (parking):
+ *                         "ckstate state=S checkpoints=C restores=R
+ *                         failures=F parked=P" (S a CUprocessState: 0
+ *                         running, 1 locked, 2 checkpointed, 3 failed)
  *   kinds                 per device "kinds dev=N device=D managed_host=M"
  *                         (D: vramcap_standin_used, M: the device's managed
  *                         bytes preferring the host), then "kinds host=H"
@@ -2288,6 +2292,21 @@ static int command(int argc, char **argv, bool run)
             else
                 out("kcounts launch=%lu fault=%lu", count("launch"),
                     count("fault"));
+        }
+        return 1;
+    }
+    if (strcmp(cmd, "ckstate") == 0) {
+        if (run) {
+            void *p = dlsym(libcuda(), "vramcap_standin_checkpoint");
+            unsigned long (*ck)(const char *) = NULL;
+            if (p != NULL)
+                memcpy(&ck, &p, sizeof p);
+            if (ck == NULL)
+                out("ckstate -> unavailable");
+            else
+                out("ckstate state=%lu checkpoints=%lu restores=%lu "
+                    "failures=%lu parked=%lu", ck("state"), ck("checkpoints"),
+                    ck("restores"), ck("restore_failures"), ck("parked"));
         }
         return 1;
     }

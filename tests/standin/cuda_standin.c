@@ -481,9 +481,11 @@ __attribute__((destructor)) static void standin_unload(void)
 
 /* ---- Helpers -------------------------------------------------------------- */
 
+static bool checkpoint_gate(void); /* checkpoint_standin.c */
+
 static bool initialized(void)
 {
-    return atomic_load(&g_initialized);
+    return checkpoint_gate() && atomic_load(&g_initialized);
 }
 
 static bool valid_device(CUdevice dev)
@@ -5542,3 +5544,7 @@ unsigned long vramcap_standin_count(const char *what)
     pthread_mutex_unlock(&g_lock);
     return n;
 }
+
+/* ---- Checkpointing (cuCheckpointProcess*) --------------------------------- */
+
+#include "checkpoint_standin.c"

@@ -22,7 +22,10 @@
  * (vramcap_standin_used), with the PID getpid() or STANDIN_NVML_PID (as a
  * container's NVML shows host PIDs); then STANDIN_NVML_OTHERS (0..64,
  * default 0) other processes, PIDs 4000000 + i, of 100 MiB each, on every
- * device. Those others also count in the devices' memory info.
+ * device. Those others also count in the devices' memory info, and so do
+ * the MiB in the file STANDIN_FOREIGN_FILE names (read at each call: what
+ * parking's tests make other processes hold; the CUDA stand-in's restore
+ * needs room beside them).
  *
  * A GPU can be lost while a process runs: STANDIN_NVML_LOST_FILE names a
  * file read at every nvmlDeviceGetHandleByUUID and nvmlDeviceGetMemoryInfo
@@ -156,8 +159,8 @@ static bool process_on(int dev)
 /* The device's memory in use: this process's plus the other processes'. */
 static unsigned long long cuda_used(int dev)
 {
-    unsigned long long used =
-        process_used(dev) + (unsigned long long)g_cfg.others * OTHER_BYTES;
+    unsigned long long used = process_used(dev) +
+        (unsigned long long)g_cfg.others * OTHER_BYTES + standin_foreign_bytes();
     return used > g_cfg.total_bytes ? g_cfg.total_bytes : used;
 }
 

@@ -46,4 +46,25 @@ static inline long env_long(const char *name, long def, long min, long max,
     return v;
 }
 
+/*
+ * What other processes hold on every device (parking's tests): the number
+ * of MiB in the file STANDIN_FOREIGN_FILE names, read at each call; 0
+ * without the variable or the file. The CUDA stand-in's restore needs room
+ * beside it, and the NVML stand-in counts it as used.
+ */
+static inline unsigned long long standin_foreign_bytes(void)
+{
+    const char *path = getenv("STANDIN_FOREIGN_FILE");
+    if (path == NULL)
+        return 0;
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    unsigned long long mib = 0;
+    if (fscanf(f, "%llu", &mib) != 1)
+        mib = 0;
+    fclose(f);
+    return mib << 20;
+}
+
 #endif

@@ -154,6 +154,26 @@ enum Command {
         #[command(flatten)]
         write: cli::trim::WriteOptions,
     },
+    /// Park running processes: their GPU memory to host memory, their budget released (docs/parking.md)
+    Park {
+        #[command(flatten)]
+        targets: cli::park::Targets,
+        /// Only processes that made no CUDA call for this long, e.g. 10m
+        #[arg(long, value_name = "DURATION", value_parser = parse_park_duration)]
+        idle: Option<std::time::Duration>,
+        #[command(flatten)]
+        write: cli::trim::WriteOptions,
+    },
+    /// Resume parked processes, once their bytes fit on the GPU and in their group
+    Resume {
+        #[command(flatten)]
+        targets: cli::park::Targets,
+        /// Keep trying this long while there is no room, e.g. 5m (default: refuse at once)
+        #[arg(long, value_name = "DURATION", value_parser = parse_park_duration)]
+        wait: Option<std::time::Duration>,
+        #[command(flatten)]
+        write: cli::trim::WriteOptions,
+    },
     /// Print the bytes of a size such as 4GiB (the grammar of --limit amounts)
     Size {
         /// A size: whole or decimal number, then B, K/KB/KiB, M/MB/MiB, G/GB/GiB or T/TB/TiB
@@ -359,6 +379,22 @@ fn main() -> ExitCode {
             };
             ExitCode::from(cli::limit::run(&dirs, users, &args))
         }),
+        Command::Park {
+            targets,
+            idle,
+            write,
+        } => write.resolve(uid, "park").map(|(dirs, users)| {
+            let ask = vramcap_core::park::Ask::Park;
+            ExitCode::from(cli::park::run(&dirs, users, ask, &targets.args(idle, None)))
+        }),
+        Command::Resume {
+            targets,
+            wait,
+            write,
+        } => write.resolve(uid, "resume").map(|(dirs, users)| {
+            let ask = vramcap_core::park::Ask::Resume;
+            ExitCode::from(cli::park::run(&dirs, users, ask, &targets.args(None, wait)))
+        }),
         Command::Size { size } => print_size(&size),
         Command::Kernel { action } => cli::kernel::run(action),
         Command::DevicePlugin {
@@ -414,4 +450,10 @@ fn main() -> ExitCode {
         eprintln!("vramcap: {e}");
         ExitCode::from(2)
     })
+}
+
+/// A duration as `VRAMCAP_PARK`'s `idle:` takes it (10m, 30s, 500ms).
+fn parse_park_duration(text: &str) -> Result<std::time::Duration, String> {
+    vramcap_core::settings::parse_duration(text)
+        .ok_or_else(|| format!("{text:?} is not a duration; e.g. 10m, 30s or 500ms"))
 }

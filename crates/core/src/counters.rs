@@ -216,6 +216,8 @@ pub struct PageSnapshot {
     /// The directory the page was read from (filled in by the scan; empty
     /// until then).
     pub dir: std::path::PathBuf,
+    /// Parking: the state, since when, the bytes parked.
+    pub park: Box<crate::park::ParkSnapshot>,
 }
 
 impl Page {
@@ -242,6 +244,12 @@ impl Page {
             container: get_text(&h.container),
             devices,
             dir: std::path::PathBuf::new(),
+            park: Box::new(crate::park::ParkSnapshot {
+                mode: crate::park::ParkMode::from_word(h.park_mode),
+                state: crate::park::ParkState::from_word(h.park_state.load(Ordering::Acquire)),
+                since_unix_ns: h.parked_since.load(Ordering::Acquire),
+                parked: h.parked.iter().map(|w| w.load(Ordering::Acquire)).collect(),
+            }),
         }
     }
 }

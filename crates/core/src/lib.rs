@@ -8,6 +8,7 @@ pub mod group;
 pub mod limit;
 pub mod liveness;
 pub mod page;
+pub mod park;
 pub mod settings;
 pub mod size;
 pub mod stats_dir;

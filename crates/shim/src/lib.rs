@@ -9,8 +9,6 @@
 //! - [`engine`]: what the shim decides, in plain Rust with a driver trait:
 //!   the cap, the cache, spill, groups, records, the statistics page.
 //! - [`lookup`]: which hooked variant a `cuGetProcAddress` request is for.
-//! - `park_gate`: the parking gate's word and slow path, which the
-//!   forwarders pass (a stub until the parking core lands).
 //! - `log`: lock-free, allocation-free logging, used by all of them.
 //! - `vramcap_core` (another crate): layouts, grammars and budgets shared
 //!   with the CLI.
@@ -41,7 +39,6 @@ mod engine;
 mod ffi;
 mod log;
 mod lookup;
-mod park_gate;
 
 use crate::log::log_at;
 

@@ -195,6 +195,7 @@ fn run_flags(opts: &crate::cli::run::ShimOptions) -> Vec<String> {
         ("--group", &opts.group),
         ("--count", &opts.count),
         ("--context", &opts.context),
+        ("--park", &opts.park),
     ];
     let mut out = Vec::new();
     for (flag, value) in all {
@@ -478,6 +479,7 @@ mod tests {
             group: group.map(str::to_string),
             count: None,
             context: None,
+            park: None,
         }
     }
 

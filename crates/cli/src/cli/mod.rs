@@ -3,6 +3,7 @@ pub mod exporter;
 pub mod kernel;
 pub mod limit;
 pub mod machine;
+pub mod park;
 pub mod plugin;
 pub mod run;
 pub mod secure;

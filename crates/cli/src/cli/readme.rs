@@ -36,6 +36,7 @@ fn sample_json() -> serde_json::Value {
             container: String::new(),
             devices: vec![SlotSnapshot::default()],
             dir: PathBuf::from("/d"),
+            park: Default::default(),
         }],
         skipped: vec![Skipped {
             path: PathBuf::from("/d/x.page"),
@@ -163,7 +164,7 @@ fn readme_metric_table_is_what_the_exporter_serves() {
             ));
         }
     }
-    assert_eq!(want.len(), 26, "{text}");
+    assert_eq!(want.len(), 29, "{text}");
     let readme = readme();
     let rows: Vec<&str> = readme
         .lines()

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use vramcap_core::limit::parse_limit;
 use vramcap_core::settings::{
-    CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, DISABLE_VAR, GROUP_VAR, LOG_VAR,
+    CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, DISABLE_VAR, GROUP_VAR, LOG_VAR, PARK_VAR,
     SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR, Settings, parse_log_level, unknown_vars_in_env,
 };
 
@@ -45,6 +45,9 @@ pub struct ShimOptions {
     /// The context's footprint: auto (measured through NVML) or a size per GPU (sets VRAMCAP_CONTEXT)
     #[arg(long, value_name = "auto|SIZE")]
     pub context: Option<String>,
+    /// Let the process be parked: manual (only by vramcap park) or idle:DURATION (also by the idle policy) (sets VRAMCAP_PARK)
+    #[arg(long, value_name = "manual|idle:DURATION")]
+    pub park: Option<String>,
 }
 
 /// `vramcap run`: the command under the shim, in place of this process.
@@ -236,6 +239,7 @@ pub fn shim_env(opts: &ShimOptions) -> Result<Vec<(String, OsString)>, String> {
         (GROUP_VAR, &opts.group),
         (COUNT_VAR, &opts.count),
         (CONTEXT_VAR, &opts.context),
+        (PARK_VAR, &opts.park),
     ];
     for (var, value) in others {
         if let Some(v) = value {

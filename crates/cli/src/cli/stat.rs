@@ -305,14 +305,33 @@ fn filtered(scan: &Scan, a: &StatArgs) -> Vec<(PageSnapshot, Vec<SlotSnapshot>)>
 
 /// One device of a process: its index, UUID, then every value of
 /// [`COUNTERS`], in their order.
-fn device_json(d: &SlotSnapshot) -> Value {
+fn device_json(d: &SlotSnapshot, park: &vramcap_core::park::ParkSnapshot) -> Value {
     let mut out = serde_json::Map::new();
     out.insert("gpu".into(), json!(d.device));
     out.insert("uuid".into(), json!(uuid_text(&d.uuid)));
     for c in COUNTERS {
         out.insert(c.json.into(), json!((c.value)(d)));
     }
+    out.insert("parked_bytes".into(), json!(park.on(d.device)));
     Value::Object(out)
+}
+
+/// A process's parking: whether it may be parked (`mode`: null, "manual"
+/// or the idle threshold in seconds), its state, the bytes parked and
+/// since when.
+fn park_json(p: &vramcap_core::park::ParkSnapshot, now: u64) -> Value {
+    use vramcap_core::park::ParkMode;
+    json!({
+        "mode": match p.mode {
+            None => Value::Null,
+            Some(ParkMode::Manual) => json!("manual"),
+            Some(ParkMode::Idle(t)) => json!(format!("idle:{}s", t.as_secs_f64())),
+        },
+        "state": p.state.name(),
+        "parked_bytes": p.bytes(),
+        "parked_since_unix_ns": (p.since_unix_ns != 0).then_some(p.since_unix_ns),
+        "parked_seconds": p.seconds(now),
+    })
 }
 
 fn groups_json(groups: &[GroupSnapshot]) -> Vec<Value> {
@@ -355,7 +374,8 @@ pub fn to_json(scan: &Scan, a: &StatArgs) -> Value {
                 "namespace": if p.namespace.is_empty() { Value::Null } else { Value::from(p.namespace.clone()) },
                 "container": if p.container.is_empty() { Value::Null } else { Value::from(p.container.clone()) },
                 "dir": text::path(&p.dir),
-                "devices": devs.iter().map(device_json).collect::<Vec<_>>(),
+                "devices": devs.iter().map(|d| device_json(d, &p.park)).collect::<Vec<_>>(),
+                "park": park_json(&p.park, now),
             })
         })
         .collect();

@@ -92,7 +92,16 @@ pub struct Header {
     /// the value it saw.
     pub limit_requests: AtomicU64,
     pub limit_acks: AtomicU64,
-    pub reserved0: [u64; 5],
+    /// Parking ([`crate::park`]): the state (`ParkState as u64`), raised by
+    /// `vramcap park`/`resume` (and a group member's policy) after writing
+    /// `park_ask`; the shim acts, writes `park_outcome` (an
+    /// `Outcome::word`) and sets `park_acks` to the value it saw. These
+    /// five words were reserved (zero) before.
+    pub park_state: AtomicU64,
+    pub park_requests: AtomicU64,
+    pub park_acks: AtomicU64,
+    pub park_ask: AtomicU64,
+    pub park_outcome: AtomicU64,
     /// `VRAMCAP_GROUP`, NUL-padded (empty when none).
     pub group: [u8; GROUP_LEN],
     /// The command line, arguments joined by spaces, NUL-padded, cut to fit.
@@ -103,7 +112,14 @@ pub struct Header {
     pub pod: [u8; 96],
     pub namespace: [u8; 64],
     pub container: [u8; 64],
-    pub reserved: [u8; 88],
+    /// `VRAMCAP_PARK` (`ParkMode::word`; 0 for none). Then, while parked,
+    /// since when (Unix ns, 0 otherwise); when the program last called the
+    /// driver, as the background thread saw it (Unix ns); and the bytes
+    /// parked per GPU (`park::PARK_DEVICES`). These were reserved before.
+    pub park_mode: u64,
+    pub parked_since: AtomicU64,
+    pub last_activity: AtomicU64,
+    pub parked: [AtomicU64; crate::park::PARK_DEVICES],
 }
 
 /// Where the page's identity fields come from, by field.
@@ -309,10 +325,23 @@ impl Header {
         self.counting = 0;
         self.limit_requests = AtomicU64::new(0);
         self.limit_acks = AtomicU64::new(0);
-        self.reserved0 = [0; 5];
+        for w in [
+            &self.park_state,
+            &self.park_requests,
+            &self.park_acks,
+            &self.park_ask,
+            &self.park_outcome,
+            &self.parked_since,
+            &self.last_activity,
+        ] {
+            w.store(0, Ordering::Relaxed);
+        }
+        self.park_mode = 0;
+        for w in &self.parked {
+            w.store(0, Ordering::Relaxed);
+        }
         put_text(&mut self.group, group);
         put_text(&mut self.command, command);
-        self.reserved = [0; 88];
     }
 
     /// Fills the identity fields through `get` (an environment lookup).
@@ -418,13 +447,20 @@ mod tests {
             (offset_of!(Header, counting), 72),
             (offset_of!(Header, limit_requests), 80),
             (offset_of!(Header, limit_acks), 88),
-            (offset_of!(Header, reserved0), 96),
+            (offset_of!(Header, park_state), 96),
+            (offset_of!(Header, park_requests), 104),
+            (offset_of!(Header, park_acks), 112),
+            (offset_of!(Header, park_ask), 120),
+            (offset_of!(Header, park_outcome), 128),
             (offset_of!(Header, group), 136),
             (offset_of!(Header, command), 200),
             (offset_of!(Header, pod), 712),
             (offset_of!(Header, namespace), 808),
             (offset_of!(Header, container), 872),
-            (offset_of!(Header, reserved), 936),
+            (offset_of!(Header, park_mode), 936),
+            (offset_of!(Header, parked_since), 944),
+            (offset_of!(Header, last_activity), 952),
+            (offset_of!(Header, parked), 960),
         ];
         for (got, want) in h {
             assert_eq!(got, want);

@@ -21,13 +21,13 @@ pub use operator::{OperatorError, read_operator_limit};
 pub use parse::{
     CacheBound, ContextCharge, Counting, LogLevel, MANAGED_AS_HOST, SettingsError, Spill,
     SpillLimit, default_stats_dir, parse_cache, parse_context, parse_counting, parse_duration,
-    parse_log_level, parse_spill, parse_spill_limit,
+    parse_log_level, parse_park, parse_park_wait, parse_spill, parse_spill_limit,
 };
 pub use vars::{
     CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, CUDA_LIBRARY_VAR, DISABLE_VAR, GROUP_VAR,
-    KNOWN_VARS, LIBRARY_VAR, LOG_VAR, NVIDIA_LIMIT_VAR, OPERATOR_LIMIT_PATH, SETTING_VARS,
-    SOFT_LIMIT_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR, STATS_VAR, TOOL_VARS, UnknownVar,
-    unknown_vars, unknown_vars_in_env,
+    KNOWN_VARS, LIBRARY_VAR, LOG_VAR, NVIDIA_LIMIT_VAR, OPERATOR_LIMIT_PATH, PARK_VAR,
+    PARK_WAIT_VAR, SETTING_VARS, SOFT_LIMIT_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR,
+    STATS_VAR, TOOL_VARS, UnknownVar, unknown_vars, unknown_vars_in_env,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +70,11 @@ pub struct Settings {
     /// The operator's cap ([`OPERATOR_LIMIT_PATH`]), when the file is there
     /// ([`read_operator_limit`]); `from_lookup` never sets it.
     pub operator: Option<LimitSpec>,
+    /// `VRAMCAP_PARK`: parking enabled (`None`: off, the gate stays open).
+    pub park: Option<crate::park::ParkMode>,
+    /// `VRAMCAP_PARK_WAIT`: how long an allocation waits for room when no
+    /// group member can be parked (zero: refuse at once).
+    pub park_wait: std::time::Duration,
 }
 
 impl Settings {
@@ -178,7 +183,12 @@ impl Settings {
             })
         })?
         .unwrap_or_default();
+        let park = parsed(get(PARK_VAR), parse_park)?;
+        let park_wait =
+            parsed(get(PARK_WAIT_VAR), parse_park_wait)?.unwrap_or(std::time::Duration::ZERO);
         Ok(Settings {
+            park,
+            park_wait,
             limit,
             nvidia_limit,
             operator: None,

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use super::{CACHE_VAR, CONTEXT_VAR, COUNT_VAR, LOG_VAR, SPILL_LIMIT_VAR, SPILL_VAR};
+use super::{
+    CACHE_VAR, CONTEXT_VAR, COUNT_VAR, LOG_VAR, PARK_VAR, PARK_WAIT_VAR, SPILL_LIMIT_VAR, SPILL_VAR,
+};
 use crate::limit::LimitError;
 
 /// What the cap counts (`VRAMCAP_COUNT`).
@@ -315,4 +317,40 @@ pub fn parse_cache(value: &str) -> Result<CacheBound, SettingsError> {
     crate::size::parse_size(t)
         .map(CacheBound::Bytes)
         .map_err(|_| err())
+}
+
+const PARK_EXPECTED: &str = "manual (parked only by vramcap park) or idle:DURATION (also parked when idle that long and a group member needs room), e.g. VRAMCAP_PARK=idle:10m";
+
+/// Parses `VRAMCAP_PARK` (`manual` or `idle:DURATION`).
+pub fn parse_park(value: &str) -> Result<crate::park::ParkMode, SettingsError> {
+    let t = value.trim();
+    let err = || SettingsError::Other {
+        var: PARK_VAR,
+        value: value.to_string(),
+        expected: PARK_EXPECTED,
+    };
+    if t.eq_ignore_ascii_case("manual") {
+        return Ok(crate::park::ParkMode::Manual);
+    }
+    let rest = t
+        .get(..5)
+        .filter(|p| p.eq_ignore_ascii_case("idle:"))
+        .map(|_| &t[5..])
+        .ok_or_else(err)?;
+    parse_duration(rest)
+        .map(crate::park::ParkMode::Idle)
+        .ok_or_else(err)
+}
+
+/// Parses `VRAMCAP_PARK_WAIT` (how long an allocation waits for room when
+/// no group member can be parked; `0` is the default, refuse at once).
+pub fn parse_park_wait(value: &str) -> Result<std::time::Duration, SettingsError> {
+    if value.trim() == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    parse_duration(value).ok_or_else(|| SettingsError::Other {
+        var: PARK_WAIT_VAR,
+        value: value.to_string(),
+        expected: "a duration, 0 for none (the default), e.g. VRAMCAP_PARK_WAIT=30s",
+    })
 }

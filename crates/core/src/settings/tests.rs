@@ -334,3 +334,39 @@ fn the_disable_switch_over_a_cap_is_one_warning() {
     );
     assert_eq!(line(&[("VRAMCAP_LIMIT", "1GiB")]), None);
 }
+
+#[test]
+fn modes_parse_and_bad_values_say_so_in_one_line() {
+    assert_eq!(parse_park("manual"), Ok(crate::park::ParkMode::Manual));
+    assert_eq!(parse_park(" Manual "), Ok(crate::park::ParkMode::Manual));
+    assert_eq!(
+        parse_park("idle:10m"),
+        Ok(crate::park::ParkMode::Idle(std::time::Duration::from_secs(
+            600
+        )))
+    );
+    assert_eq!(
+        parse_park("IDLE:500ms"),
+        Ok(crate::park::ParkMode::Idle(
+            std::time::Duration::from_millis(500)
+        ))
+    );
+    for bad in [
+        "", "idle", "idle:", "idle:0", "idle:-1s", "auto", "idle:10x", "manual:1",
+    ] {
+        let e = parse_park(bad).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "VRAMCAP_PARK=\"{bad}\" is not valid: expected manual (parked only by vramcap park) or idle:DURATION (also parked when idle that long and a group member needs room), e.g. VRAMCAP_PARK=idle:10m"
+            )
+        );
+        assert!(!e.contains('\n'));
+    }
+    assert_eq!(parse_park_wait("0"), Ok(std::time::Duration::ZERO));
+    assert_eq!(
+        parse_park_wait("30s"),
+        Ok(std::time::Duration::from_secs(30))
+    );
+    assert!(parse_park_wait("soon").is_err());
+}

@@ -23,6 +23,10 @@ pub const NVIDIA_LIMIT_VAR: &str = "NVIDIA_GPU_MEMORY_LIMIT";
 /// container), in the `VRAMCAP_LIMIT` grammar. It only ever makes the cap
 /// stricter; nothing in the process's environment lifts it.
 pub const OPERATOR_LIMIT_PATH: &str = "/run/vramcap/operator-limit";
+/// Parking (issue 34): `manual` or `idle:DURATION`; and how long an
+/// allocation waits for room when no group member can be parked.
+pub const PARK_VAR: &str = "VRAMCAP_PARK";
+pub const PARK_WAIT_VAR: &str = "VRAMCAP_PARK_WAIT";
 pub const CACHE_IDLE_VAR: &str = "VRAMCAP_CACHE_IDLE";
 pub const STATS_DIR_VAR: &str = "VRAMCAP_STATS_DIR";
 /// Read by the CLI only: where `vramcap run`/`env` find the shim.
@@ -46,6 +50,8 @@ pub const SETTING_VARS: &[&str] = &[
     STATS_VAR,
     STATS_DIR_VAR,
     LIBRARY_VAR,
+    PARK_VAR,
+    PARK_WAIT_VAR,
 ];
 
 /// `VRAMCAP_*` names that are not settings but belong to vramcap's own

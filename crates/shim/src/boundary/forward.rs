@@ -35,8 +35,8 @@ use std::ffi::{CStr, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
+use crate::engine::park::gate;
 use crate::log::log_once;
-use crate::park_gate as gate;
 
 /// How many functions can be forwarded. cudart resolves its whole table of
 /// driver functions (several hundred, the stream functions twice) and

@@ -16,7 +16,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use super::macros::{c_name, hook_call, hooks, real_fns, tiered_flag};
+use super::macros::{c_name, hook_call, hooks, park_pass, real_fns, tiered_flag};
 use super::{allocs, queries, resolve};
 use crate::engine::{Engine, Flavour};
 use crate::ffi::*;
@@ -260,6 +260,10 @@ pub mod calls {
         fn cuEventDestroy_v2(event: CUevent) -> CUresult;
         fn cuArrayGetMemoryRequirements(req: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, dev: CUdevice) -> CUresult;
         fn cuMipmappedArrayGetMemoryRequirements(req: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, dev: CUdevice) -> CUresult;
+        fn cuCheckpointProcessLock(pid: c_int, args: *mut c_void) -> CUresult;
+        fn cuCheckpointProcessCheckpoint(pid: c_int, args: *mut c_void) -> CUresult;
+        fn cuCheckpointProcessRestore(pid: c_int, args: *mut c_void) -> CUresult;
+        fn cuCheckpointProcessUnlock(pid: c_int, args: *mut c_void) -> CUresult;
     }
 
     real_fns! { nvml, NVML_ERROR_FUNCTION_NOT_FOUND;

@@ -9,7 +9,8 @@
 //!   it. No call site casts a pointer.
 //! - [`hooks!`]: for each entry, the real function as above, plus
 //!   - the `#[no_mangle]` export, which passes straight to the real
-//!     function when the shim is disabled and otherwise runs the engine's
+//!     function when the shim is disabled, passes parking's gate (CUDA
+//!     exports, when parking is enabled) and otherwise runs the engine's
 //!     handler inside the panic boundary (a panic answers the entry's
 //!     `on panic` value), handing it the engine, any extra arguments from
 //!     the entry, a closure that makes the real call with the caller's
@@ -103,6 +104,7 @@ macro_rules! hooks {
                 if $crate::boundary::disabled() {
                     return real();
                 }
+                park_pass!($lib, _inside);
                 $crate::boundary::boundary(stringify!($name), $panic, move || {
                     let engine = $crate::boundary::engine();
                     #[allow(unused_unsafe)]
@@ -129,6 +131,21 @@ macro_rules! hooks {
                 },
             )* )*
         ];
+    };
+}
+
+/// A CUDA export's first step when parking is enabled: the entry gate
+/// (`engine/park/gate.rs`), held as `$pass` for the call; a call that may
+/// not proceed (the process cannot continue) answers the gate's code.
+/// NVML exports pass no gate: NVML works while the process is parked, and
+/// a monitor's queries are no activity.
+macro_rules! park_pass {
+    (nvml, $pass:ident) => {};
+    ($lib:ident, $pass:ident) => {
+        let $pass = match $crate::engine::park::gate::enter() {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
     };
 }
 
@@ -162,4 +179,4 @@ macro_rules! hook_call {
     };
 }
 
-pub(crate) use {c_name, hook_call, hooks, real_fns, tiered_flag};
+pub(crate) use {c_name, hook_call, hooks, park_pass, real_fns, tiered_flag};

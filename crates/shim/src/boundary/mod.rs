@@ -20,6 +20,7 @@ mod graph_walk;
 pub mod hooks;
 mod loader;
 mod macros;
+mod park;
 mod queries;
 pub mod real;
 mod resolve;
@@ -50,6 +51,7 @@ pub fn settings() -> &'static Settings {
         Ok(s) => {
             crate::log::set_level(s.log);
             DISABLED.store(s.disabled, Ordering::Relaxed);
+            crate::engine::park::gate::enable(s.park.is_some() && !s.disabled);
             real::set_driver_path(s.cuda_library.as_deref());
             for unknown in vramcap_core::settings::unknown_vars_in_env() {
                 crate::log::log_at!(Warn, "{unknown}");
@@ -188,6 +190,7 @@ extern "C" fn after_fork_in_child() {
     }
     ENGINE.store(ptr::null_mut(), Ordering::Release);
     crate::engine::reset_worker_after_fork();
+    crate::engine::park::gate::reset_after_fork();
 }
 
 /// Called by the constructor: reads and checks the settings (exiting with

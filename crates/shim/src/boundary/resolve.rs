@@ -296,7 +296,9 @@ fn forwarded_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
 
 /// Whether the hook of `h` is handed out: those only tiered spill needs
 /// (the entry's `tiered` flag, `hooks.rs`) only under tiered spill;
-/// otherwise the program gets the driver's own functions and pays nothing.
+/// otherwise the program gets the driver's own functions and pays nothing,
+/// or under parking their forwarders (`forward.rs`), which pass the gate
+/// at the cost of one load.
 fn handed_out(h: &Hook) -> bool {
     !h.tiered_only || super::settings().spill == Spill::Tiered
 }

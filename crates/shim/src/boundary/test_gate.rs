@@ -14,7 +14,7 @@
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::park_gate as gate;
+use crate::engine::park::gate;
 
 /// The variable that turns the hook on.
 pub const TEST_GATE_VAR: &str = "VRAMCAP_TEST_GATE";

@@ -26,7 +26,36 @@ pub enum Flavour {
     PerThread,
 }
 
-pub trait Driver: Send + Sync + 'static {
+/// A step of the driver's checkpoint API, always on this process's own PID
+/// (`cuCheckpointProcess*`; parking, `engine/park/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checkpoint {
+    /// `cuCheckpointProcessLock`, with a timeout in milliseconds.
+    Lock(u32),
+    /// `cuCheckpointProcessCheckpoint`.
+    Save,
+    Restore,
+    Unlock,
+}
+
+/// What parking asks of the driver and NVML, apart from [`Driver`] so that
+/// its implementations live with parking (`boundary/park.rs`); the
+/// defaults answer "not there" (the fake).
+pub trait Checkpointing {
+    /// A checkpoint step on this process; `None` when the driver lacks the
+    /// checkpoint API (drivers before r570).
+    fn checkpoint(&self, _step: Checkpoint) -> Option<CUresult> {
+        None
+    }
+    /// `nvmlDeviceGetMemoryInfo`'s free bytes of an NVML device (the real
+    /// NVML: CUDA calls block while the process is locked); `None` when
+    /// NVML cannot say.
+    fn nvml_free(&self, _device: usize) -> Option<u64> {
+        None
+    }
+}
+
+pub trait Driver: Checkpointing + Send + Sync + 'static {
     /// `cuCtxGetCurrent`: the calling thread's context (0 for none).
     fn ctx_get_current(&self) -> Result<usize, CUresult>;
     /// `cuCtxGetDevice` of the current context.

@@ -17,6 +17,8 @@
 //!   (`inflight`), the statistics page (`page`), the group membership
 //!   (`group`) and the exports this process made (`exports`).
 //! - `cache`, `spill`: the freed-block cache and spill to host memory.
+//! - `park/`: parking (its gate, its state, the checkpoint steps on the
+//!   background thread, the idle policy).
 //! - `tiered/`: tiered spill: its blocks, heat, a pure planner, the gate,
 //!   the rounds, its allocation path and hooks, and the program's own
 //!   `cuMemCreate` memory under it (`tiered/mod.rs` lists the files).
@@ -63,6 +65,9 @@
 //!     takes it with `try_write` for at most `STOP_WAIT`, 50 ms, and gives
 //!     up the round otherwise, so a program thread blocked in a gated call
 //!     cannot deadlock with it).
+//!   - `park/gate.rs`: parking's gate mutex, taken alone, to change the
+//!     state or to wait on its condvar for it (program threads at a closed
+//!     gate wait there, outside every other lock).
 //!   - `OnceLock`s and `Once`s of values made once (settings, the driver's
 //!     path, the spill limit, the group's limit, the cache's clock, the
 //!     exit handler).
@@ -70,8 +75,15 @@
 //!   cache's ordering lock, then the gate or a device cache's mutex
 //!   (briefly); the list of exports, then a VMM registry shard; the
 //!   settings' initialiser setting the driver's path, once, before any hook
-//!   runs. Hooks take only the gate. Nothing else is held with another lock.
-//! - **Waits:** nothing waits on another process. The page and the group
+//!   runs. Hooks take only the gate. Parking's gate mutex is never held
+//!   with another lock. Nothing else is held with another lock.
+//! - **Waits:** nothing waits on another process, but parking's policy (an
+//!   allocation the group refuses waits, holding no lock, for an idle
+//!   member's answer: 2 s and 1 s per GiB it holds, then up to
+//!   `VRAMCAP_PARK_WAIT`). With parking on, a program thread at a closed
+//!   gate waits on its condvar until the background thread resumes the
+//!   process; the background thread waits (at most 10 s) for the threads
+//!   inside hooked exports to leave before it parks. The page and the group
 //!   membership are made by one thread while others yield (`page`,
 //!   `group`); an allocation that needs the context's first figure while
 //!   another thread measures it sleeps 200 µs at a time until it is there
@@ -117,6 +129,7 @@ pub mod driver;
 mod accounting;
 mod cache;
 mod handlers;
+pub mod park;
 mod spill;
 mod tiered;
 mod worker;
@@ -168,6 +181,8 @@ pub struct Engine<D: Driver> {
     graph_size: Registry<u64>,
     /// Allocations in flight, for cap changes (`live.rs`).
     inflight: InFlight,
+    /// Parking's state (`park/`).
+    park: park::Park,
 }
 
 impl<D: Driver> Engine<D> {
@@ -186,6 +201,7 @@ impl<D: Driver> Engine<D> {
             graph_growth: registry(),
             graph_size: registry(),
             inflight: InFlight::new(),
+            park: park::Park::new(),
         }
     }
 
@@ -202,6 +218,11 @@ impl<D: Driver> Engine<D> {
 
     /// One round of the background thread.
     fn background_round(&'static self) {
+        if self.park_round() {
+            // Parked (or stuck): no CUDA work; the group stays alive.
+            self.base.group().tick();
+            return;
+        }
         if self.base.capturing() {
             // Frees from this thread could invalidate the capture: wait.
             return;

@@ -143,9 +143,62 @@ const GROUP_FAMILIES: [Family<GroupGpu>; 3] = [
     },
 ];
 
+/// Parking's families, per process and GPU of the processes started with
+/// parking (the others have nothing to show, and a scrape stays small):
+/// the bytes parked, whether it is parked, and for how long.
+fn park_families(out: &mut String, rows: &[(String, &SlotSnapshot, &PageSnapshot)]) {
+    let rows: Vec<_> = rows
+        .iter()
+        .filter(|(_, _, p)| p.park.mode.is_some())
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    family(
+        out,
+        "vramcap_gpu_memory_parked_bytes",
+        "gauge",
+        "Bytes of the process's GPU memory parked in host memory (vramcap park).",
+    );
+    for (labels, d, p) in &rows {
+        sample(
+            out,
+            "vramcap_gpu_memory_parked_bytes",
+            labels,
+            p.park.on(d.device),
+        );
+    }
+    family(
+        out,
+        "vramcap_process_parked",
+        "gauge",
+        "1 while the process is parked, 0 otherwise (2 while parking or resuming, 3 when a restore failed).",
+    );
+    for (labels, _, p) in &rows {
+        let v = match p.park.state {
+            vramcap_core::park::ParkState::Running => 0,
+            vramcap_core::park::ParkState::Parked => 1,
+            vramcap_core::park::ParkState::Failed => 3,
+            _ => 2,
+        };
+        sample(out, "vramcap_process_parked", labels, v);
+    }
+    family(
+        out,
+        "vramcap_process_parked_seconds",
+        "gauge",
+        "Seconds the process has been parked (only while parked).",
+    );
+    for (labels, _, p) in &rows {
+        if let Some(s) = p.park.seconds(now) {
+            sample(out, "vramcap_process_parked_seconds", labels, s as u64);
+        }
+    }
+}
+
 /// The exposition text for these pages and groups.
 pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) -> String {
-    let mut rows: Vec<(String, &SlotSnapshot)> = Vec::new();
+    let mut rows: Vec<(String, &SlotSnapshot, &PageSnapshot)> = Vec::new();
     for p in pages {
         let command: String = p.command.chars().take(COMMAND_CHARS).collect();
         for d in &p.devices {
@@ -158,19 +211,20 @@ pub fn render(pages: &[PageSnapshot], groups: &[GroupSnapshot], skipped: usize) 
                 ("dir", text::path(&p.dir)),
             ];
             labels.extend(identity_labels(p));
-            rows.push((label_text(&labels), d));
+            rows.push((label_text(&labels), d, p));
         }
     }
     let mut out = String::new();
     for c in COUNTERS {
         let Some(m) = c.metric else { continue };
         family(&mut out, m.name, m.kind.as_str(), m.help);
-        for (labels, d) in &rows {
+        for (labels, d, _) in &rows {
             if let Some(v) = (c.value)(d) {
                 sample(&mut out, m.name, labels, v);
             }
         }
     }
+    park_families(&mut out, &rows);
     let mut group_rows: Vec<(String, GroupGpu)> = Vec::new();
     for g in groups {
         let members = g.members.len() as u64;
@@ -273,6 +327,7 @@ mod tests {
             container: String::new(),
             devices: vec![slot(0, Some(100)), slot(3, None)],
             dir: std::path::PathBuf::from("/run/vramcap"),
+            park: Default::default(),
         }];
         let text = render(&pages, &[], 2);
         let cmd = format!("a\\\"b\\\\c\\\\x0a{}", "x".repeat(122));
@@ -307,6 +362,48 @@ mod tests {
                 seen.push(name);
             }
         }
-        assert_eq!(seen.len(), 26);
+        assert_eq!(seen.len(), 29);
+    }
+
+    /// A parked process started with parking: its parked bytes per GPU,
+    /// its state and time parked; a process without parking shows none.
+    #[test]
+    fn parked_processes_show_their_bytes_state_and_time() {
+        use vramcap_core::park::{ParkMode, ParkSnapshot, ParkState};
+        let parked = vec![5, 0, 0, 0, 0, 0, 0, 0];
+        let page = |mode| PageSnapshot {
+            pid: 7,
+            uid: 1,
+            start_time: 0,
+            created_unix_ns: 0,
+            command: "nb".into(),
+            group: String::new(),
+            pod: String::new(),
+            namespace: String::new(),
+            container: String::new(),
+            devices: vec![slot(0, None)],
+            dir: std::path::PathBuf::from("/d"),
+            park: Box::new(ParkSnapshot {
+                mode,
+                state: ParkState::Parked,
+                since_unix_ns: 1,
+                parked: parked.clone(),
+            }),
+        };
+        let text = render(&[page(Some(ParkMode::Manual))], &[], 0);
+        let value = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{name}{{")))
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_string)
+        };
+        assert_eq!(
+            value("vramcap_gpu_memory_parked_bytes").as_deref(),
+            Some("5")
+        );
+        assert_eq!(value("vramcap_process_parked").as_deref(), Some("1"));
+        assert!(value("vramcap_process_parked_seconds").is_some());
+        let text = render(&[page(None)], &[], 0);
+        assert!(!text.contains("vramcap_process_parked{"), "{text}");
     }
 }

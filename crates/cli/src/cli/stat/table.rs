@@ -116,7 +116,7 @@ pub fn to_table(scan: &Scan, a: &StatArgs, style_colour: bool) -> String {
                     pct.map(|p| format!("{p:.1}%"))
                         .unwrap_or_else(|| "-".into()),
                     d.refusals.to_string(),
-                    p.command.clone(),
+                    format!("{}{}", p.park.label(now_ns()), p.command),
                 ],
                 colour,
             ));
@@ -214,4 +214,10 @@ pub(super) fn notes(pid: u32, d: &SlotSnapshot) -> Vec<String> {
         }
     }
     out
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }

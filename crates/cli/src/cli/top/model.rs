@@ -183,7 +183,15 @@ impl Model {
                         pid: p.pid,
                         start_time: p.start_time,
                         dir: p.dir.clone(),
-                        command: p.command.clone(),
+                        command: format!(
+                            "{}{}",
+                            p.park.label(
+                                std::time::SystemTime::now()
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .map_or(0, |t| t.as_nanos() as u64)
+                            ),
+                            p.command
+                        ),
                         pod: p.pod.clone(),
                         container: p.container.clone(),
                         slot: *d,

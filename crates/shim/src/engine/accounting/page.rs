@@ -254,6 +254,7 @@ impl PageHandle {
         );
         header.fill_identity(|name| std::env::var(name).ok());
         header.counting = s.counting.page_code();
+        header.park_mode = s.park.map_or(vramcap_core::park::MODE_OFF, |m| m.word());
         header.state.store(STATE_READY, Ordering::Release);
         // SAFETY: two valid paths in the same directory.
         if unsafe { libc::rename(tmp.as_ptr(), fin.as_ptr()) } != 0 {

@@ -200,6 +200,11 @@ impl<D: Driver> Engine<D> {
                     // Once per call: pools trimmed as a synchronisation
                     // would, pools, graphs and the context read again.
                     if reclaimed || self.base.reclaim(device) == 0 {
+                        // Parking's policy: an idle group member parked
+                        // makes room (`park/policy.rs`).
+                        if r.group && self.park_for_room(device, need) {
+                            continue;
+                        }
                         return Err(Some(r));
                     }
                     reclaimed = true;

@@ -113,6 +113,8 @@ impl Fake {
     }
 }
 
+impl crate::engine::driver::Checkpointing for Fake {}
+
 impl Driver for Fake {
     fn ctx_get_current(&self) -> Result<usize, CUresult> {
         Ok(CTX)

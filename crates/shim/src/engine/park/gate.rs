@@ -1,0 +1,168 @@
+//! The entry gate of parking: every driver entry point the program can
+//! reach passes it first when parking is enabled (the hooked exports, and
+//! the forwarders of unhooked functions).
+//!
+//! - [`GATE`] is the process's parking state as a word
+//!   (`vramcap_core::park::ParkState as u32`): 0 (`Running`) is open, any
+//!   other value is closed. [`gate`]'s fast path is one `Relaxed` load of
+//!   it; only a closed gate takes [`gate_slow`].
+//! - [`gate_slow`] waits (a condvar, no spinning) until the state is
+//!   `Running` again, asking for a resume when it finds `Parked`; it
+//!   answers 0 to go on, or `CUDA_ERROR_ILLEGAL_STATE` (401) when a restore
+//!   failed and the process cannot continue (`Failed`).
+//! - [`ACTIVE`] is the activity flag: set by every call that passes, swapped
+//!   to false each tick by the background thread, which then writes the
+//!   page's `last_activity` (design item 7).
+//!
+//! Only the background thread changes the state ([`set_state`]), and it
+//! never passes the gate (it calls the real driver). The waiters' count
+//! tells it that a thread of the program is waiting (such a process is not
+//! idle). Process-wide statics: one per process; a child after fork resets
+//! them ([`reset_after_fork`]).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// The parking state as a word; 0 (`Running`) = open.
+pub static GATE: AtomicU32 = AtomicU32::new(0);
+/// Set by calls that pass the gate; swapped to false by the background thread each tick.
+pub static ACTIVE: AtomicBool = AtomicBool::new(true);
+/// A program thread found the process parked and wants it back.
+pub static RESUME_WANTED: AtomicBool = AtomicBool::new(false);
+/// Program threads waiting at the gate now.
+pub static WAITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Parking is enabled in this process (`VRAMCAP_PARK`): the hooked exports
+/// pass [`enter`]; otherwise they skip it (one load).
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// Program threads inside a hooked export now (only counted when enabled):
+/// the background thread parks only once it is 0 with the gate closed, so
+/// no hook's accounting runs beside the ledgers' release.
+pub static INSIDE: AtomicUsize = AtomicUsize::new(0);
+
+static LOCK: Mutex<()> = Mutex::new(());
+static CHANGED: Condvar = Condvar::new();
+
+/// The state words (the values of `vramcap_core::park::ParkState`).
+pub const RUNNING: u32 = 0;
+pub const PARKED: u32 = 2;
+pub const FAILED: u32 = 4;
+/// What a call gets when the process cannot continue (a restore failed).
+pub const CUDA_ERROR_ILLEGAL_STATE: i32 = 401;
+
+/// Passes the gate: 0 to go on into the driver, or the error the call
+/// must answer instead. The fast path is one `Relaxed` load.
+#[inline(always)]
+pub fn gate() -> i32 {
+    if GATE.load(Ordering::Relaxed) != RUNNING {
+        return gate_slow() as i32;
+    }
+    if !ACTIVE.load(Ordering::Relaxed) {
+        ACTIVE.store(true, Ordering::Relaxed);
+    }
+    0
+}
+
+/// Turns the gate on for this process (the settings, once).
+pub fn enable(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether parking is enabled in this process (for the forwarders of
+/// unhooked functions, branch `parkfwd`).
+#[allow(dead_code)]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// A hooked export's pass: counted in [`INSIDE`] until dropped.
+pub struct Inside(bool);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        if self.0 {
+            INSIDE.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// What a hooked export calls first: without parking, nothing (one load);
+/// with it, [`gate`], then counts the thread inside until the pass is
+/// dropped. `Err(code)` is the answer the call must give instead.
+#[inline(always)]
+pub fn enter() -> Result<Inside, i32> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Ok(Inside(false));
+    }
+    enter_counted()
+}
+
+#[inline(never)]
+fn enter_counted() -> Result<Inside, i32> {
+    loop {
+        let rc = gate();
+        if rc != 0 {
+            return Err(rc);
+        }
+        // Counted, then the gate read again (both SeqCst, as the parker's
+        // close and read of INSIDE are): either the parker sees this
+        // thread inside, or this thread sees the gate closed and backs out.
+        INSIDE.fetch_add(1, Ordering::SeqCst);
+        if GATE.load(Ordering::SeqCst) == RUNNING {
+            return Ok(Inside(true));
+        }
+        INSIDE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The slow path: waits for `Running` (asking for a resume if parked).
+/// `extern "C"` so that assembly forwarders can call it (through a `sym`
+/// operand: it is not exported); it never unwinds.
+#[cold]
+#[inline(never)]
+pub extern "C" fn gate_slow() -> u32 {
+    WAITERS.fetch_add(1, Ordering::SeqCst);
+    let answer = loop {
+        let s = GATE.load(Ordering::Acquire);
+        match s {
+            RUNNING => break 0,
+            FAILED => break CUDA_ERROR_ILLEGAL_STATE as u32,
+            PARKED => RESUME_WANTED.store(true, Ordering::SeqCst),
+            _ => {}
+        }
+        let held = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        if GATE.load(Ordering::Acquire) == s {
+            // The timeout only bounds a missed wake-up; the state is
+            // re-read each time.
+            let _ = CHANGED.wait_timeout(held, Duration::from_millis(500));
+        }
+    };
+    WAITERS.fetch_sub(1, Ordering::SeqCst);
+    ACTIVE.store(true, Ordering::Relaxed);
+    answer
+}
+
+/// Sets the state word and wakes the waiters (the background thread only).
+pub fn set_state(state: u32) {
+    let _held = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    GATE.store(state, Ordering::SeqCst);
+    if state == RUNNING {
+        RESUME_WANTED.store(false, Ordering::SeqCst);
+    }
+    CHANGED.notify_all();
+}
+
+/// The state word now.
+pub fn state() -> u32 {
+    GATE.load(Ordering::Acquire)
+}
+
+/// In a child after fork: the child has no parked memory and no waiters.
+pub fn reset_after_fork() {
+    GATE.store(RUNNING, Ordering::Release);
+    RESUME_WANTED.store(false, Ordering::Release);
+    WAITERS.store(0, Ordering::Release);
+    INSIDE.store(0, Ordering::Release);
+    ACTIVE.store(true, Ordering::Release);
+}

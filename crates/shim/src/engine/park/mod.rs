@@ -1,0 +1,140 @@
+//! Parking (issue 34; docs/design/parking.md): the process moves its own
+//! device memory to host memory through the driver's checkpoint calls and
+//! releases its budget (own and group), then comes back when asked or when
+//! the program calls CUDA again ([`gate`]).
+//!
+//! - Everything happens on the background thread ([`Engine::park_round`],
+//!   each tick): the page's requests (`vramcap park`/`resume`, a group
+//!   member's policy), transparent resumes asked by the gate, the activity
+//!   stamp. The checkpoint calls are made by that one thread.
+//! - **Invariant:** while the state is not `Running`, the ledgers (the
+//!   page's `used`, the group member's ledger) hold none of the parked
+//!   bytes, [`Park::parked`] holds them exactly, and no program thread is
+//!   inside a hooked export ([`gate::INSIDE`] is 0 with the gate closed),
+//!   so nothing else moves those ledgers.
+//! - A resume reserves the parked bytes through the allocations' path
+//!   (`reserve_on`) and checks NVML's real free memory first; Restore is
+//!   never called without both. A failed Restore leaves the process
+//!   `Failed` (the driver holds it stuck): never retried.
+//! - Locks: the gate's mutex (`gate.rs`), taken alone, only to change the
+//!   state or wait for it. See engine/mod.rs for the order.
+
+pub mod gate;
+mod policy;
+mod steps;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use vramcap_core::park::{Ask, Outcome, PARK_DEVICES};
+
+use crate::engine::Engine;
+use crate::engine::accounting::page::now_unix_ns;
+use crate::engine::driver::Driver;
+use crate::log::log_at;
+
+/// Parking's own state (one per engine).
+pub struct Park {
+    /// The bytes parked per device, exactly what was released.
+    parked: [AtomicU64; PARK_DEVICES],
+    /// A transparent resume holds its reservation while it waits for room.
+    reserved: AtomicBool,
+    /// The "waiting for room" line was said for this parking.
+    said_waiting: AtomicBool,
+}
+
+impl Park {
+    pub fn new() -> Park {
+        Park {
+            parked: Default::default(),
+            reserved: AtomicBool::new(false),
+            said_waiting: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<D: Driver> Engine<D> {
+    /// The background thread's part, first in each round. True when the
+    /// process is not running (parked, or stuck): the round then does no
+    /// CUDA work.
+    pub(in crate::engine) fn park_round(&'static self) -> bool {
+        let settings = self.base.settings();
+        let page = self.base.page().get(settings);
+        let h = &page.header;
+        // A call in flight (a synchronisation, a waiting allocation) is
+        // activity too: such a process is not idle.
+        if gate::ACTIVE.swap(false, Ordering::Relaxed) || gate::INSIDE.load(Ordering::Relaxed) > 0 {
+            h.last_activity.store(now_unix_ns(), Ordering::Release);
+        }
+        let asked = h.park_requests.load(Ordering::Acquire);
+        if asked != h.park_acks.load(Ordering::Acquire) {
+            let outcome = if settings.park.is_none() {
+                Outcome::NotEnabled
+            } else {
+                match Ask::from_word(h.park_ask.load(Ordering::Acquire)) {
+                    Some(Ask::Park) => self.park_now(),
+                    Some(Ask::Resume) => self.resume_now(false),
+                    None => Outcome::Ok,
+                }
+            };
+            h.park_outcome.store(outcome.word(), Ordering::Release);
+            h.park_acks.store(asked, Ordering::Release);
+        }
+        if gate::state() == gate::PARKED && gate::RESUME_WANTED.load(Ordering::SeqCst) {
+            self.resume_now(true);
+        }
+        gate::state() != gate::RUNNING
+    }
+
+    /// Parks the process now (see the module docs), or says why not.
+    fn park_now(&'static self) -> Outcome {
+        match gate::state() {
+            gate::RUNNING => {}
+            gate::FAILED => return Outcome::Stuck(0),
+            _ => return Outcome::Ok,
+        }
+        if let Some(why) = self.park_refusal() {
+            log_at!(Warn, "cannot park: {why}");
+            return why;
+        }
+        let outcome = self.checkpoint_and_release();
+        if outcome != Outcome::Ok {
+            log_at!(Warn, "cannot park: {outcome}");
+        }
+        outcome
+    }
+
+    /// Resumes the process if it is parked. `transparent`: asked by a
+    /// program thread at the gate (the reservation is kept while it waits
+    /// for room, and it says so once); else asked by `vramcap resume`
+    /// (one try: no room is the answer).
+    fn resume_now(&'static self, transparent: bool) -> Outcome {
+        match gate::state() {
+            gate::PARKED => {}
+            gate::FAILED => return Outcome::Stuck(0),
+            _ => return Outcome::Ok,
+        }
+        match self.reserve_and_restore(transparent) {
+            Ok(()) => Outcome::Ok,
+            Err(o @ Outcome::NoRoom(d)) => {
+                if transparent && !self.park.said_waiting.swap(true, Ordering::Relaxed) {
+                    let since = self
+                        .base
+                        .page()
+                        .get(self.base.settings())
+                        .header
+                        .parked_since
+                        .load(Ordering::Relaxed);
+                    let bytes = self.park.parked[d as usize].load(Ordering::Relaxed);
+                    log_at!(
+                        Warn,
+                        "this process was parked {}s ago; waiting for {:.1} GiB on GPU {d} to resume",
+                        now_unix_ns().saturating_sub(since) / 1_000_000_000,
+                        bytes as f64 / (1u64 << 30) as f64
+                    );
+                }
+                o
+            }
+            Err(o) => o,
+        }
+    }
+}

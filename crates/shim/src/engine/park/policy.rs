@@ -1,0 +1,211 @@
+//! The idle policy (`VRAMCAP_PARK=idle:T`, design item 8): when an
+//! allocation would be refused by the group's budget (after the cache was
+//! emptied), the allocating process finds the member of its group idle
+//! longest past its own threshold, among those started with
+//! `VRAMCAP_PARK=idle:…` and running, posts it a park request on its page
+//! (as `vramcap park` does), waits for the answer (2 s and 1 s per GiB it
+//! holds) and lets the allocation try again. With no such member it waits
+//! up to `VRAMCAP_PARK_WAIT` for one or for room (0, the default: refused
+//! as without parking). Per-GPU sharing without a group is not covered.
+//!
+//! Idle: the member's `last_activity` (written each tick when its gate saw
+//! a call, or a call was in flight) is at least its threshold ago.
+//! Members are found by their pages in the statistics directory: the same
+//! user's, the same group's. Nothing is held while waiting.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use vramcap_core::page::{PAGE_SIZE, Page, acknowledged, check_header, get_text};
+use vramcap_core::park::{Ask, Outcome, ParkMode, ParkState};
+use vramcap_core::settings::default_stats_dir;
+
+use crate::engine::Engine;
+use crate::engine::accounting::page::now_unix_ns;
+use crate::engine::driver::Driver;
+use crate::engine::worker::TICK;
+use crate::ffi::CUdevice;
+use crate::log::log_at;
+
+/// Another process's page, mapped for as long as it is asked something.
+struct Mapped(*mut libc::c_void);
+
+impl Mapped {
+    /// Maps `path` if it is a complete page of this user.
+    fn open(path: &Path) -> Option<Mapped> {
+        let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+        // SAFETY: a NUL-terminated path; the descriptor is closed below.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: zeroed bytes are a valid stat buffer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor and a stat buffer.
+        let ok = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as usize >= PAGE_SIZE;
+        let map = if ok {
+            // SAFETY: mapping PAGE_SIZE bytes of a file at least that long.
+            unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    PAGE_SIZE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            }
+        } else {
+            libc::MAP_FAILED
+        };
+        // SAFETY: closing our own descriptor; the mapping stays.
+        unsafe { libc::close(fd) };
+        if map == libc::MAP_FAILED {
+            return None;
+        }
+        let m = Mapped(map);
+        // SAFETY: PAGE_SIZE mapped bytes.
+        let head = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), PAGE_SIZE) };
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        check_header(st.st_size as u64, head, Some(uid)).ok()?;
+        Some(m)
+    }
+
+    fn page(&self) -> &Page {
+        // SAFETY: a checked page of PAGE_SIZE bytes, mapped while self lives
+        // (its fields are atomics or written once before it was published).
+        unsafe { &*self.0.cast::<Page>() }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `open` mapped.
+        unsafe { libc::munmap(self.0, PAGE_SIZE) };
+    }
+}
+
+impl<D: Driver> Engine<D> {
+    /// The policy's hook, where an allocation of `need` more bytes on
+    /// `device` would be refused by the group: true when a member was
+    /// parked (or room came while waiting) and the reservation should be
+    /// tried again.
+    pub(in crate::engine) fn park_for_room(&'static self, device: CUdevice, need: u64) -> bool {
+        let settings = self.base.settings();
+        let Some(group) = settings.group.as_deref() else {
+            return false;
+        };
+        let start = Instant::now();
+        loop {
+            if let Some((pid, path)) = self.idle_member(group, device)
+                && let Some(m) = Mapped::open(&path)
+            {
+                let outcome = ask_park(m.page());
+                log_at!(
+                    Info,
+                    "group {group}: {need} more bytes needed on device {device}; parking idle member {pid}: {}",
+                    outcome.map_or("no answer".to_string(), |o| o.to_string())
+                );
+                if outcome == Some(Outcome::Ok) {
+                    return true;
+                }
+            }
+            if start.elapsed() >= settings.park_wait {
+                return false;
+            }
+            std::thread::sleep(TICK);
+            let room = match (
+                self.base.group().used(device),
+                self.base.group().limit_now(device),
+            ) {
+                (Some(u), Some(l)) => u.saturating_add(need) <= l,
+                _ => false,
+            };
+            if room {
+                return true;
+            }
+        }
+    }
+
+    /// The member of `group` idle longest past its own threshold that holds
+    /// memory on `device` (its PID and page), if any.
+    fn idle_member(&self, group: &str, device: CUdevice) -> Option<(u32, PathBuf)> {
+        let settings = self.base.settings();
+        // SAFETY: getuid and getpid cannot fail.
+        let (uid, me) = unsafe { (libc::getuid(), libc::getpid() as u32) };
+        let dir = settings
+            .stats_dir
+            .clone()
+            .unwrap_or_else(|| default_stats_dir(uid));
+        let now = now_unix_ns();
+        let mut best: Option<(u64, u32, PathBuf)> = None;
+        for e in std::fs::read_dir(&dir).ok()?.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".page"))
+                .and_then(|p| p.parse::<u32>().ok())
+                .filter(|&p| p != me)
+            else {
+                continue;
+            };
+            let Some(m) = Mapped::open(&e.path()) else {
+                continue;
+            };
+            let p = m.page();
+            let h = &p.header;
+            let Some(ParkMode::Idle(t)) = ParkMode::from_word(h.park_mode) else {
+                continue;
+            };
+            let holds = usize::try_from(device)
+                .ok()
+                .and_then(|d| p.slots.get(d))
+                .is_some_and(|s| s.budget.used() > 0);
+            if get_text(&h.group) != group
+                || ParkState::from_word(h.park_state.load(Ordering::Acquire)) != ParkState::Running
+                || !holds
+                || vramcap_core::liveness::start_time(pid) != Some(h.start_time)
+            {
+                continue;
+            }
+            let last = match h.last_activity.load(Ordering::Acquire) {
+                0 => h.created_unix_ns,
+                l => l,
+            };
+            let idle = now.saturating_sub(last);
+            if idle < t.as_nanos() as u64 {
+                continue;
+            }
+            let past = idle - t.as_nanos() as u64;
+            if best.as_ref().is_none_or(|b| past > b.0) {
+                best = Some((past, pid, e.path()));
+            }
+        }
+        best.map(|(_, pid, path)| (pid, path))
+    }
+}
+
+/// Posts a park request on `page` and waits for its answer (2 s and 1 s
+/// per GiB the process holds); `None` when none came in time.
+fn ask_park(page: &Page) -> Option<Outcome> {
+    let h = &page.header;
+    let held: u64 = page.slots.iter().map(|s| s.budget.used()).sum();
+    let bound = Duration::from_secs(2 + held.div_ceil(1 << 30));
+    h.park_ask.store(Ask::Park as u64, Ordering::Release);
+    let ticket = h
+        .park_requests
+        .fetch_add(1, Ordering::AcqRel)
+        .wrapping_add(1);
+    let start = Instant::now();
+    while !acknowledged(h.park_acks.load(Ordering::Acquire), ticket) {
+        if start.elapsed() >= bound {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Some(Outcome::from_word(h.park_outcome.load(Ordering::Acquire)))
+}

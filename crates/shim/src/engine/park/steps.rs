@@ -1,0 +1,219 @@
+//! Parking's steps on the background thread: the refusals, the checkpoint
+//! with the ledgers' release, and the resume with their reservation.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use vramcap_core::budget::NO_CAP;
+use vramcap_core::page::uuid_text;
+use vramcap_core::park::{Outcome, PARK_DEVICES, ParkState, RESUME_MARGIN};
+
+use super::gate;
+use crate::engine::Engine;
+use crate::engine::accounting::page::now_unix_ns;
+use crate::engine::accounting::records::Kind;
+use crate::engine::driver::{Checkpoint, Driver};
+use crate::ffi::{CUDA_SUCCESS, CUdevice};
+use crate::log::{log_at, log_once};
+
+/// How long parking waits for the program's calls in flight (and the
+/// driver's lock for its own).
+const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl<D: Driver> Engine<D> {
+    /// Sets the state, on the gate and on the page.
+    fn park_set(&self, state: ParkState) {
+        let page = self.base.page().get(self.base.settings());
+        page.header
+            .park_state
+            .store(state as u64, Ordering::Release);
+        gate::set_state(state as u32);
+    }
+
+    /// Why the process cannot be parked now, if it cannot (design item 4a).
+    pub(super) fn park_refusal(&self) -> Option<Outcome> {
+        if self.table.iter().any(|r| matches!(r.kind, Kind::Managed)) {
+            return Some(Outcome::ManagedMemory);
+        }
+        if self.table.iter().any(|r| r.exported) {
+            return Some(Outcome::IpcExport);
+        }
+        if std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("libnccl")) {
+            return Some(Outcome::Nccl);
+        }
+        if self.base.capturing() {
+            return Some(Outcome::Capture);
+        }
+        // Tiered spill's moves run on this same thread, between rounds:
+        // none is in flight here (Outcome::TieredMoving is never needed).
+        let page = self.base.page().get(self.base.settings());
+        for (d, s) in page.slots.iter().enumerate().skip(PARK_DEVICES) {
+            if s.budget.used() > 0 {
+                return Some(Outcome::TooManyDevices(d as u32));
+            }
+        }
+        None
+    }
+
+    /// Closes the gate, waits for the calls in flight, empties the cache,
+    /// locks and checkpoints, then releases the ledgers (module docs).
+    pub(super) fn checkpoint_and_release(&'static self) -> Outcome {
+        let driver = self.base.driver();
+        self.park_set(ParkState::Parking);
+        let start = Instant::now();
+        while gate::INSIDE.load(Ordering::SeqCst) != 0 {
+            if start.elapsed() > LOCK_TIMEOUT {
+                self.park_set(ParkState::Running);
+                return Outcome::Busy;
+            }
+            std::thread::yield_now();
+        }
+        let freed = self.cache.trim_all(&self.base);
+        match driver.checkpoint(Checkpoint::Lock(LOCK_TIMEOUT.as_millis() as u32)) {
+            Some(CUDA_SUCCESS) => {}
+            None => {
+                self.park_set(ParkState::Running);
+                return Outcome::NoCheckpointApi;
+            }
+            Some(rc) => {
+                self.park_set(ParkState::Running);
+                return Outcome::DriverError(rc as u32);
+            }
+        }
+        match driver.checkpoint(Checkpoint::Save) {
+            Some(CUDA_SUCCESS) => {}
+            other => {
+                // As measured: the process stays locked; unlocking recovers it.
+                driver.checkpoint(Checkpoint::Unlock);
+                self.park_set(ParkState::Running);
+                return Outcome::DriverError(other.unwrap_or(0) as u32);
+            }
+        }
+        let page = self.base.page().get(self.base.settings());
+        let mut total = 0;
+        for d in 0..PARK_DEVICES {
+            let Some(s) = self.base.slot(d as CUdevice) else {
+                continue;
+            };
+            let used = s.budget.used();
+            if used == 0 {
+                continue;
+            }
+            self.park.parked[d].store(used, Ordering::Relaxed);
+            self.base.release_on(s, d as CUdevice, used);
+            page.header.parked[d].store(used, Ordering::Release);
+            total += used;
+        }
+        page.header
+            .parked_since
+            .store(now_unix_ns(), Ordering::Release);
+        self.park.said_waiting.store(false, Ordering::Relaxed);
+        self.park_set(ParkState::Parked);
+        log_at!(
+            Info,
+            "parked: {total} bytes moved to host memory ({freed} cached bytes released first); the budget is released"
+        );
+        Outcome::Ok
+    }
+
+    /// Reserves the parked bytes (own budget and group), checks the real
+    /// free memory, restores and unlocks. `keep`: a reservation made and
+    /// not usable yet (no real room) is kept for the next try.
+    pub(super) fn reserve_and_restore(&'static self, keep: bool) -> Result<(), Outcome> {
+        if !self.park.reserved.load(Ordering::Relaxed) {
+            for d in 0..PARK_DEVICES {
+                let bytes = self.park.parked[d].load(Ordering::Relaxed);
+                let Some(s) = self.base.slot(d as CUdevice).filter(|_| bytes > 0) else {
+                    continue;
+                };
+                let limit = s.budget.limit().unwrap_or(NO_CAP);
+                if self
+                    .base
+                    .reserve_on(s, d as CUdevice, bytes, limit)
+                    .is_err()
+                {
+                    self.unreserve(d);
+                    return Err(Outcome::NoRoom(d as u32));
+                }
+            }
+            self.park.reserved.store(true, Ordering::Relaxed);
+        }
+        if let Some(d) = self.short_of_room() {
+            if !keep {
+                self.unreserve(PARK_DEVICES);
+                self.park.reserved.store(false, Ordering::Relaxed);
+            }
+            return Err(Outcome::NoRoom(d as u32));
+        }
+        self.park_set(ParkState::Resuming);
+        let driver = self.base.driver();
+        for step in [Checkpoint::Restore, Checkpoint::Unlock] {
+            match driver.checkpoint(step) {
+                Some(CUDA_SUCCESS) => {}
+                other => {
+                    let rc = other.unwrap_or(0) as u32;
+                    self.park_set(ParkState::Failed);
+                    log_at!(
+                        Error,
+                        "{}; its CUDA calls answer CUDA_ERROR_ILLEGAL_STATE from now on",
+                        Outcome::Stuck(rc)
+                    );
+                    return Err(Outcome::Stuck(rc));
+                }
+            }
+        }
+        let page = self.base.page().get(self.base.settings());
+        for d in 0..PARK_DEVICES {
+            self.park.parked[d].store(0, Ordering::Relaxed);
+            page.header.parked[d].store(0, Ordering::Release);
+        }
+        page.header.parked_since.store(0, Ordering::Release);
+        self.park.reserved.store(false, Ordering::Relaxed);
+        self.park_set(ParkState::Running);
+        log_at!(Info, "resumed: the parked memory is back on the GPU");
+        Ok(())
+    }
+
+    /// Gives back the reservations of the parked bytes of devices before `upto`.
+    fn unreserve(&self, upto: usize) {
+        for d in 0..upto {
+            let bytes = self.park.parked[d].load(Ordering::Relaxed);
+            if let Some(s) = self.base.slot(d as CUdevice).filter(|_| bytes > 0) {
+                self.base.release_on(s, d as CUdevice, bytes);
+            }
+        }
+    }
+
+    /// The first device whose real free memory (NVML: CUDA calls would
+    /// block while the process is locked) is less than its parked bytes
+    /// and a margin; a device NVML cannot measure counts as short.
+    fn short_of_room(&self) -> Option<usize> {
+        let driver = self.base.driver();
+        let page = self.base.page().get(self.base.settings());
+        let started = driver.nvml_init();
+        let mut short = None;
+        for d in 0..PARK_DEVICES {
+            let bytes = self.park.parked[d].load(Ordering::Relaxed);
+            if bytes == 0 {
+                continue;
+            }
+            let free = uuid_text(&page.slots[d].uuid_bytes())
+                .and_then(|u| driver.nvml_device_by_uuid(&u))
+                .and_then(|h| driver.nvml_free(h));
+            if free.is_none() {
+                log_once!(
+                    Warn,
+                    "resume: NVML cannot tell GPU {d}'s free memory; the process stays parked (a restore without room would leave it stuck)"
+                );
+            }
+            if free.is_none_or(|f| f < bytes.saturating_add(RESUME_MARGIN)) {
+                short = Some(d);
+                break;
+            }
+        }
+        if started {
+            driver.nvml_shutdown();
+        }
+        short
+    }
+}

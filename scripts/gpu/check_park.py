@@ -1,0 +1,159 @@
+"""Parking's workloads on the real driver (run by tests/test_park.py).
+
+  check_park.py notebook GIB   hold GIB GiB of float32 tensors (1 GiB each,
+                               filled from a fixed seed), do a step (a sum
+                               over all of them), print "STEP1 sum=S", then
+                               "IDLE pid=P" and wait for a line on stdin; then
+                               time the first CUDA call (a sum of the first
+                               tensor: it resumes a parked process), print
+                               "RESUMED seconds=T", do the step again and
+                               print "STEP2 sum=S"; "RESULTKV same=0|1 ..."
+  check_park.py exit GIB       hold GIB GiB, print "IDLE pid=P", wait for a
+                               line on stdin, then exit normally without
+                               another CUDA call of its own (while parked)
+  check_park.py grab GIB       allocate GIB GiB (1 GiB tensors) and print
+                               "RESULTKV got=BYTES oom=0|1", then exit
+  check_park.py fill LEAVE_GIB allocate 1 GiB tensors until less than
+                               LEAVE_GIB GiB are free, print "FILLED bytes=B",
+                               then wait for a line on stdin and exit
+  check_park.py managed MIB    cuMemAllocManaged MIB MiB (at most 1024),
+                               write a pattern, print "IDLE pid=P", wait for a
+                               line, check the pattern: "RESULTKV intact=0|1"
+  check_park.py capture        begin a CUDA graph capture on a side stream,
+                               print "IDLE pid=P", wait for a line, end it,
+                               replay it: "RESULTKV replayed=0|1"
+Each step of "notebook" is deterministic: the two sums of a run that was
+parked between them are equal to each other and to a run never parked.
+"""
+
+import ctypes
+import os
+import sys
+import time
+
+
+def notebook(gib):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    n = (1 << 30) // 4
+    keep = [torch.rand(n, device="cuda", generator=g) for _ in range(gib)]
+    torch.cuda.synchronize()
+
+    def step():
+        return sum(float(t.double().sum().item()) for t in keep)
+
+    s1 = step()
+    print(f"STEP1 sum={s1!r}", flush=True)
+    print(f"IDLE pid={os.getpid()} bytes={gib << 30}", flush=True)
+    sys.stdin.readline()
+    t0 = time.monotonic()
+    first = float(keep[0].double().sum().item())  # the first CUDA call: resumes
+    resumed = time.monotonic() - t0
+    print(f"RESUMED seconds={resumed:.3f}", flush=True)
+    s2 = step()
+    print(f"STEP2 sum={s2!r}", flush=True)
+    print(f"RESULTKV same={int(s1 == s2)} first={first!r} resume_s={resumed:.3f} step1={s1!r} step2={s2!r}",
+          flush=True)
+    return 0
+
+
+def hold_then_exit(gib):
+    import torch
+
+    keep = [torch.ones((1 << 30) // 4, device="cuda") for _ in range(gib)]
+    torch.cuda.synchronize()
+    print(f"IDLE pid={os.getpid()} bytes={gib << 30} tensors={len(keep)}", flush=True)
+    sys.stdin.readline()
+    print("EXITING", flush=True)
+    return 0
+
+
+def grab(gib):
+    import torch
+
+    got, oom = [], 0
+    try:
+        for _ in range(gib):
+            got.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
+        torch.cuda.synchronize()
+    except torch.OutOfMemoryError:
+        oom = 1
+    print(f"RESULTKV got={len(got) << 30} oom={oom}", flush=True)
+    return 0
+
+
+def fill(leave_gib):
+    import torch
+
+    got = []
+    while True:
+        free, _ = torch.cuda.mem_get_info()
+        if free < (leave_gib + 1) << 30:
+            break
+        got.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
+    torch.cuda.synchronize()
+    print(f"FILLED bytes={len(got) << 30} free={torch.cuda.mem_get_info()[0]}", flush=True)
+    sys.stdin.readline()
+    return 0
+
+
+def cuda():
+    lib = ctypes.CDLL("libcuda.so.1")
+    for name in ("cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAllocManaged",
+                 "cuMemsetD32_v2", "cuMemcpyDtoH_v2", "cuCtxSynchronize"):
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+def managed(mib):
+    mib = min(mib, 1024)
+    lib = cuda()
+    ctx = ctypes.c_void_p()
+    assert lib.cuInit(0) == 0
+    assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert lib.cuCtxSetCurrent(ctx) == 0
+    ptr = ctypes.c_uint64()
+    rc = lib.cuMemAllocManaged(ctypes.byref(ptr), ctypes.c_size_t(mib << 20), 1)
+    assert rc == 0, rc
+    words = (mib << 20) // 4
+    assert lib.cuMemsetD32_v2(ptr, 0x5CA1AB1E, ctypes.c_size_t(words)) == 0
+    assert lib.cuCtxSynchronize() == 0
+    print(f"IDLE pid={os.getpid()} bytes={mib << 20}", flush=True)
+    sys.stdin.readline()
+    buf = (ctypes.c_uint32 * 1024)()
+    rc = lib.cuMemcpyDtoH_v2(buf, ptr, ctypes.c_size_t(4096))
+    intact = int(rc == 0 and all(w == 0x5CA1AB1E for w in buf))
+    print(f"RESULTKV intact={intact} rc={rc}", flush=True)
+    return 0
+
+
+def capture():
+    import torch
+
+    x = torch.ones(1 << 20, device="cuda")
+    y = torch.zeros_like(x)
+    s = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        graph.capture_begin()
+        y.copy_(x * 2)
+        print(f"IDLE pid={os.getpid()} bytes=0", flush=True)
+        sys.stdin.readline()
+        graph.capture_end()
+    graph.replay()
+    torch.cuda.synchronize()
+    print(f"RESULTKV replayed={int(float(y.sum().item()) == 2.0 * (1 << 20))}", flush=True)
+    return 0
+
+
+def main():
+    mode = sys.argv[1]
+    arg = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    return {"notebook": notebook, "exit": hold_then_exit, "grab": grab, "fill": fill, "managed": managed,
+            "capture": lambda _: capture()}[mode](arg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

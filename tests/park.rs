@@ -1,0 +1,444 @@
+//! Parking (`crates/shim/src/engine/park/`, docs/parking.md) against the
+//! stand-in's checkpoint model (`tests/standin/checkpoint_standin.c`):
+//! the ledgers released and re-reserved exactly, the data and handles
+//! intact across a transparent resume, the refusals with their lines, and
+//! a resume that never restores without room. One fresh process per case.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use crate::util::*;
+
+const MANUAL: (&str, &str) = ("VRAMCAP_PARK", "manual");
+const NO_CACHE: (&str, &str) = ("VRAMCAP_CACHE", "off");
+
+/// Parking on, no cache, a cap and a group.
+fn grouped(limit: &'static str, group: &'static str) -> [(&'static str, &'static str); 4] {
+    [
+        MANUAL,
+        NO_CACHE,
+        ("VRAMCAP_LIMIT", limit),
+        ("VRAMCAP_GROUP", group),
+    ]
+}
+
+/// `vramcap park --pid PID`.
+fn park(dir: &Path, pid: u32) -> Ran {
+    cli(dir, &["park", "--pid", &pid.to_string()])
+}
+
+fn cli(dir: &Path, args: &[&str]) -> Ran {
+    let mut cmd = bare(&artefacts().cli);
+    cmd.env("VRAMCAP_STATS_DIR", dir).args(args);
+    run(cmd)
+}
+
+fn stat(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&cli(dir, &["stat", "--json"]).ok_lines().join("")).unwrap()
+}
+
+/// The group's bytes held on its first GPU, and each member's ledger.
+fn group_used(dir: &Path) -> (u64, Vec<u64>) {
+    let j = stat(dir);
+    let g = &j["groups"][0];
+    let members = g["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["held_bytes"][0].as_u64().unwrap())
+        .collect();
+    (g["devices"][0]["used_bytes"].as_u64().unwrap(), members)
+}
+
+/// Reads `h`'s stderr until a line containing `want`; returns the line.
+fn stderr_until(h: &mut Held, want: &str) -> String {
+    let err = h.child.stderr.as_mut().expect("piped stderr");
+    let mut r = BufReader::new(err);
+    loop {
+        let mut l = String::new();
+        assert!(
+            r.read_line(&mut l).expect("read stderr") > 0,
+            "stderr ended before {want:?}"
+        );
+        if l.contains(want) {
+            return l.trim_end().to_string();
+        }
+    }
+}
+
+/// Parked, the process's page and its group member ledger hold nothing of
+/// it; its next CUDA call resumes it, its pointer and the stand-in's block
+/// unchanged (no allocation made or freed), and the ledgers hold the exact
+/// bytes again.
+#[test]
+fn parked_releases_the_ledgers_and_the_next_call_resumes_with_data_intact() {
+    let dir = scratch_dir();
+    let env = grouped("4GiB", "pk");
+    let mut h = held_in(
+        &dir,
+        &env,
+        &[
+            "init", "alloc", "1G", "ptr", "0", "wait", "ptr", "0", "info", "standin", "ckstate",
+            "counts", "wait",
+        ],
+    );
+    let pid = h.pid();
+    let before = h.lines[2].clone();
+    assert_eq!(stat_device0(&dir, pid)["used_bytes"], GIB);
+    assert_eq!(group_used(&dir), (GIB, vec![GIB]));
+
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 1.00 GiB moved to host memory and released"
+    )]);
+    assert_eq!(stat_device0(&dir, pid)["used_bytes"], 0);
+    assert_eq!(stat_device0(&dir, pid)["parked_bytes"], GIB);
+    assert_eq!(group_used(&dir), (0, vec![0]));
+    let j = &stat(&dir)["processes"][0]["park"];
+    assert_eq!(j["mode"], "manual");
+    assert_eq!(j["state"], "parked");
+    assert_eq!(j["parked_bytes"], GIB);
+    assert!(j["parked_seconds"].as_f64().unwrap() >= 0.0, "{j}");
+    let table = cli(&dir, &["stat"]).ok_lines();
+    assert!(table[1].contains(" [parked 1.00 GiB, "), "{table:?}");
+    // Parking twice is no change.
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 1.00 GiB moved to host memory and released"
+    )]);
+
+    h.resume();
+    h.until("wait");
+    let n = h.lines.len();
+    assert_eq!(
+        h.lines[n - 8..n - 1],
+        [
+            "resumed".to_string(),
+            before,
+            format!("info -> 0 free={} total={}", 3 * GIB, 4 * GIB),
+            format!("standin dev=0 used={GIB} peak={GIB}"),
+            "standin dev=1 used=0 peak=0".to_string(),
+            "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0".to_string(),
+            "counts alloc=1 free=0 getprocaddress=22 alias=0 sync=0 capture=0 ipc=0 async=0 vmm=0 vmm_host=0 array=0 host_bytes=0 managed_host_bytes=0 event=0".to_string(),
+        ][..]
+    );
+    assert_eq!(stat_device0(&dir, pid)["used_bytes"], GIB);
+    assert_eq!(stat_device0(&dir, pid)["parked_bytes"], 0);
+    assert_eq!(stat(&dir)["processes"][0]["park"]["state"], "running");
+    assert_eq!(group_used(&dir), (GIB, vec![GIB]));
+    let (_, out) = h.finish();
+    assert!(out.status.success());
+}
+
+/// A process that cannot be parked safely is refused with one line, in
+/// the CLI (exit 1) and in the process's own stderr, and keeps running.
+#[test]
+fn refusals_say_why_in_one_line_and_the_process_goes_on() {
+    let dir = scratch_dir();
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["init", "managed", "64M", "wait", "standin"],
+            "it holds managed (unified) memory, which the driver's checkpoint refuses",
+        ),
+        (
+            &["init", "alloc", "1M", "ipc", "0", "wait", "standin"],
+            "it exported memory to another process (IPC), which the driver cannot checkpoint",
+        ),
+        (
+            &[
+                "init",
+                "alloc",
+                "1M",
+                "stream",
+                "capture-begin",
+                "wait",
+                "capture-end",
+                "standin",
+            ],
+            "a stream capture is in progress",
+        ),
+    ];
+    for (args, why) in cases {
+        let mut h = held_in(&dir, &[MANUAL], args);
+        let pid = h.pid();
+        let ran = park(&dir, pid);
+        ran.expect_code(1);
+        assert_eq!(ran.stdout(), "");
+        assert_eq!(
+            ran.stderr(),
+            format!("vramcap: {pid}: cannot park: {why}\n")
+        );
+        assert_eq!(
+            stderr_until(&mut h, "cannot park"),
+            format!("vramcap[{pid}]: cannot park: {why}")
+        );
+        h.resume();
+        let (lines, out) = h.finish();
+        assert!(out.status.success(), "{lines:?}");
+        assert!(
+            lines.last().unwrap().starts_with("standin dev=1"),
+            "{lines:?}"
+        );
+    }
+    // NCCL loaded (a library of that name mapped: a copy of the test's
+    // libescape.so, preloaded after the shim).
+    let nccl = dir.join("libnccl.so.2");
+    std::fs::copy(artefacts().standin_lib.join("libescape.so"), &nccl).unwrap();
+    let preload = format!("{} {}", artefacts().shim.display(), nccl.display());
+    let env = [MANUAL, ("LD_PRELOAD", preload.as_str())];
+    let mut h = held_in(&dir, &env, &["init", "alloc", "1M", "wait"]);
+    let pid = h.pid();
+    let why = "it has NCCL loaded, which the driver cannot checkpoint";
+    let ran = park(&dir, pid);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!("vramcap: {pid}: cannot park: {why}\n")
+    );
+    assert_eq!(
+        stderr_until(&mut h, "cannot park"),
+        format!("vramcap[{pid}]: cannot park: {why}")
+    );
+    let (_, out) = h.finish();
+    assert!(out.status.success());
+    // Not started with parking.
+    let h = held_in(&dir, &[], &["init", "alloc", "1M", "wait"]);
+    let pid = h.pid();
+    let ran = park(&dir, pid);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: process {pid} was not started with parking (VRAMCAP_PARK); start it as vramcap run --park manual …\n"
+        )
+    );
+    let (_, out) = h.finish();
+    assert!(out.status.success());
+    let ran = cli(&dir, &["park", "--pid", "1", "--idle", "soon"]);
+    ran.expect_code(2);
+    assert!(
+        ran.stderr()
+            .contains("\"soon\" is not a duration; e.g. 10m, 30s or 500ms"),
+        "{}",
+        ran.stderr()
+    );
+}
+
+/// With the GPU full (other processes hold it: the stand-in's
+/// STANDIN_FOREIGN_FILE), `vramcap resume` refuses, with `--wait` too once
+/// the time is up, and the program's next call waits, saying so once; the
+/// stand-in's restore is never tried without room (no failure, never
+/// stuck), and once room comes the process resumes by itself.
+#[test]
+fn resume_without_room_waits_or_refuses_and_never_restores() {
+    let dir = scratch_dir();
+    let foreign = dir.join("foreign-mib");
+    std::fs::write(&foreign, "0").unwrap();
+    let foreign_env = foreign.to_str().unwrap().to_string();
+    let env = [
+        MANUAL,
+        NO_CACHE,
+        ("STANDIN_FOREIGN_FILE", foreign_env.as_str()),
+    ];
+    let mut h = held_in(
+        &dir,
+        &env,
+        &["init", "alloc", "1G", "wait", "ckstate", "info", "ckstate"],
+    );
+    let pid = h.pid().to_string();
+    park(&dir, h.pid()).ok_lines();
+    // 16 GiB devices: 15.5 GiB held by others leaves less than 1 GiB + 64 MiB.
+    std::fs::write(&foreign, "15872").unwrap();
+    for extra in [&[][..], &["--wait", "300ms"][..]] {
+        let mut args = vec!["resume", "--pid", pid.as_str()];
+        args.extend_from_slice(extra);
+        let ran = cli(&dir, &args);
+        ran.expect_code(1);
+        assert_eq!(
+            ran.stderr(),
+            format!("vramcap: {pid}: cannot resume: no room on GPU 0 for its parked memory\n")
+        );
+    }
+    // The program calls CUDA: it waits at the gate, and says why once.
+    h.resume();
+    h.until("resumed");
+    let line = stderr_until(&mut h, "waiting for");
+    assert!(
+        line.starts_with(&format!("vramcap[{pid}]: this process was parked "))
+            && line.ends_with("ago; waiting for 1.0 GiB on GPU 0 to resume"),
+        "{line}"
+    );
+    // `ckstate` is the stand-in's inspection export, no driver call: the
+    // process is still checkpointed, nothing failed.
+    h.until("ckstate state=2 checkpoints=1 restores=0 failures=0 parked=1073741824");
+    std::fs::write(&foreign, "0").unwrap();
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+    assert_eq!(
+        lines[lines.len() - 2..],
+        [
+            "info -> 0 free=16106127360 total=17179869184".to_string(),
+            "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0".to_string(),
+        ][..]
+    );
+}
+
+/// A parked member killed: the group's ledger holds exactly what the
+/// living members hold, and they get the whole rest of the budget.
+#[test]
+fn a_parked_member_killed_leaves_the_group_ledger_exact() {
+    let dir = scratch_dir();
+    let env = grouped("2GiB", "kp");
+    let a = held_in(&dir, &env, &["init", "alloc", "1G", "wait"]);
+    let mut b = held_in(
+        &dir,
+        &env,
+        &["init", "alloc", "512M", "wait", "fill", "64M", "wait"],
+    );
+    park(&dir, a.pid()).ok_lines();
+    assert_eq!(group_used(&dir).0, 512 * MIB);
+    let mut a = a;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    b.resume();
+    b.until("wait");
+    assert_eq!(
+        b.lines[b.lines.len() - 2],
+        format!("fill {} -> 24 allocs {} bytes rc=2", 64 * MIB, 1536 * MIB)
+    );
+    assert_eq!(group_used(&dir).0, 2 * GIB);
+    let (_, out) = b.finish();
+    assert!(out.status.success());
+}
+
+/// `vramcap run --park` checks the value as the shim will.
+#[test]
+fn run_park_takes_manual_or_idle_and_refuses_the_rest_in_one_line() {
+    let mut cmd = bare(&artefacts().cli);
+    cmd.args(["run", "--park", "idle", "--", "true"]);
+    let ran = run(cmd);
+    ran.expect_code(2);
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: VRAMCAP_PARK=\"idle\" is not valid: expected manual (parked only by vramcap park) or idle:DURATION (also parked when idle that long and a group member needs room), e.g. VRAMCAP_PARK=idle:10m\n"
+    );
+}
+
+/// The idle policy: in a group whose budget is full, an allocation that
+/// would be refused parks the member idle past its threshold and succeeds;
+/// the parked member, calling CUDA again, waits for room in the group and
+/// resumes once the other frees. Without a parkable member it is refused.
+#[test]
+fn an_allocation_the_group_would_refuse_parks_the_idle_member() {
+    let dir = scratch_dir();
+    let group = [
+        NO_CACHE,
+        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_GROUP", "pol"),
+    ];
+    // No member can be parked: refused, as without parking.
+    let b = held_in(&dir, &group, &["init", "alloc", "1536M", "wait"]);
+    let a = held_in(&dir, &group, &["init", "alloc", "1G", "wait"]);
+    assert_eq!(a.lines.last().unwrap(), "wait");
+    assert_eq!(a.lines[a.lines.len() - 2], format!("alloc {GIB} -> 2"));
+    drop((a.finish(), b.finish()));
+
+    let idle = [group.as_slice(), &[("VRAMCAP_PARK", "idle:200ms")]].concat();
+    let mut b = held_in(
+        &dir,
+        &idle,
+        &["init", "alloc", "1536M", "wait", "info", "ckstate", "wait"],
+    );
+    // The allocating member waits (VRAMCAP_PARK_WAIT) until the other has
+    // been idle 200 ms, parks it, and gets its gigabyte.
+    let waiting = [group.as_slice(), &[("VRAMCAP_PARK_WAIT", "10s")]].concat();
+    let mut a = held_in(
+        &dir,
+        &waiting,
+        &["init", "alloc", "1G", "wait", "free", "0", "wait"],
+    );
+    assert_eq!(a.lines[a.lines.len() - 2], format!("alloc {GIB} -> 0 #0"));
+    assert_eq!(stat_device0(&dir, b.pid())["used_bytes"], 0);
+    assert_eq!(group_used(&dir).0, GIB);
+    // The parked member calls CUDA: no room in the group, it waits.
+    b.resume();
+    b.until("resumed");
+    let line = stderr_until(&mut b, "waiting for");
+    assert!(
+        line.ends_with("waiting for 1.5 GiB on GPU 0 to resume"),
+        "{line}"
+    );
+    a.resume();
+    a.until("wait");
+    b.until("ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0");
+    assert_eq!(group_used(&dir).0, 1536 * MIB);
+    drop((a.finish(), b.finish()));
+}
+
+/// With parking on, `cuGetProcAddress` hands out the shim's forwarder for
+/// a launch (a hook only under tiered spill), so that a parked process's
+/// launch reaches the gate before the driver's lock (tests/forward.rs
+/// tells a forwarder from a hook).
+#[test]
+fn with_parking_a_launch_is_handed_out_by_the_shim_so_it_passes_the_gate() {
+    let args = ["init", "resolve", "cuLaunchKernel", "13000", "0"];
+    client("procaddr", &[MANUAL], &args).expect_lines(&[
+        "init -> 0",
+        "resolve cuLaunchKernel 13000 0 -> 0 status=0 lib=libvramcap.so",
+    ]);
+    client("procaddr", &[], &args).expect_lines(&[
+        "init -> 0",
+        "resolve cuLaunchKernel 13000 0 -> 0 status=0 lib=libcuda.so.1",
+    ]);
+}
+
+/// A checkpoint call that fails (the stand-in's STANDIN_CHECKPOINT_FAIL):
+/// refused with the driver's error, nothing released, the process
+/// unlocked and running on.
+#[test]
+fn a_failing_checkpoint_call_releases_nothing_and_unlocks() {
+    for call in ["lock", "checkpoint"] {
+        let dir = scratch_dir();
+        let fail = [("STANDIN_CHECKPOINT_FAIL", call)];
+        let env = [grouped("4GiB", "fl").as_slice(), &fail].concat();
+        let mut h = held_in(
+            &dir,
+            &env,
+            &["init", "alloc", "1G", "wait", "info", "ckstate"],
+        );
+        let pid = h.pid();
+        let ran = park(&dir, pid);
+        ran.expect_code(1);
+        assert_eq!(
+            ran.stderr(),
+            format!(
+                "vramcap: {pid}: cannot park: the driver's checkpoint call failed (error 999)\n"
+            )
+        );
+        assert_eq!(stat_device0(&dir, pid)["used_bytes"], GIB);
+        assert_eq!(group_used(&dir), (GIB, vec![GIB]));
+        assert_eq!(stat(&dir)["processes"][0]["park"]["state"], "running");
+        h.resume();
+        let (lines, out) = h.finish();
+        assert!(out.status.success(), "{lines:?}");
+        assert_eq!(
+            lines[lines.len() - 2..],
+            [
+                format!("info -> 0 free={} total={}", 3 * GIB, 4 * GIB),
+                "ckstate state=0 checkpoints=0 restores=0 failures=0 parked=0".to_string(),
+            ][..],
+            "{call}"
+        );
+    }
+}
+
+/// A parked process that exits without calling CUDA again ends normally,
+/// and its page goes with it.
+#[test]
+fn a_parked_process_exits_normally() {
+    let dir = scratch_dir();
+    let h = held_in(&dir, &[MANUAL], &["init", "alloc", "1G", "wait"]);
+    let pid = h.pid();
+    park(&dir, pid).ok_lines();
+    let (lines, out) = h.finish();
+    assert!(out.status.success(), "{lines:?}");
+    assert!(!dir.join(format!("{pid}.page")).exists());
+}
