@@ -140,7 +140,7 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
         ),
         (
             &["init", "alloc", "1M", "ipc", "0", "wait", "standin"],
-            "it exported memory to another process (IPC), which the driver cannot checkpoint",
+            "it exported GPU memory to other processes (an IPC or shareable handle), which the driver cannot checkpoint",
         ),
         (
             &[
@@ -179,14 +179,27 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
         );
     }
     // NCCL loaded (a library of that name mapped: a copy of the test's
-    // libescape.so, preloaded after the shim).
+    // libescape.so, preloaded after the shim) and two GPUs in use. NCCL
+    // loaded with one GPU is no refusal (every PyTorch process maps it):
+    // that process parks.
     let nccl = dir.join("libnccl.so.2");
     std::fs::copy(artefacts().standin_lib.join("libescape.so"), &nccl).unwrap();
     let preload = format!("{} {}", artefacts().shim.display(), nccl.display());
     let env = [MANUAL, ("LD_PRELOAD", preload.as_str())];
-    let mut h = held_in(&dir, &env, &["init", "alloc", "1M", "wait"]);
+    let h = held_in(&dir, &env, &["init", "alloc", "1M", "wait"]);
     let pid = h.pid();
-    let why = "it has NCCL loaded, which the driver cannot checkpoint";
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 1.00 MiB moved to host memory and released"
+    )]);
+    let (_, out) = h.finish();
+    assert!(out.status.success());
+    let mut h = held_in(
+        &dir,
+        &env,
+        &["init", "alloc", "1M", "ctx", "1", "alloc", "1M", "wait"],
+    );
+    let pid = h.pid();
+    let why = "it has NCCL loaded and uses more than one GPU (NCCL's peer transfers cannot be checkpointed)";
     let ran = park(&dir, pid);
     ran.expect_code(1);
     assert_eq!(

@@ -190,9 +190,11 @@ impl fmt::Display for Outcome {
                 "it holds managed (unified) memory, which the driver's checkpoint refuses",
             ),
             Outcome::IpcExport => f.write_str(
-                "it exported memory to another process (IPC), which the driver cannot checkpoint",
+                "it exported GPU memory to other processes (an IPC or shareable handle), which the driver cannot checkpoint",
             ),
-            Outcome::Nccl => f.write_str("it has NCCL loaded, which the driver cannot checkpoint"),
+            Outcome::Nccl => f.write_str(
+                "it has NCCL loaded and uses more than one GPU (NCCL's peer transfers cannot be checkpointed)",
+            ),
             Outcome::Capture => f.write_str("a stream capture is in progress"),
             Outcome::TieredMoving => f.write_str("tiered spill is moving memory"),
             Outcome::NotEnabled => f.write_str(

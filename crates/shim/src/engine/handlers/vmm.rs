@@ -272,6 +272,9 @@ impl<D: Driver> Engine<D> {
             Some(rc) => rc,
             None => real(),
         };
+        if rc == CUDA_SUCCESS {
+            self.park.note_export();
+        }
         if rc == CUDA_SUCCESS
             && kind == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
             && !shareable.is_null()

@@ -40,6 +40,9 @@ pub struct Park {
     reserved: AtomicBool,
     /// The "waiting for room" line was said for this parking.
     said_waiting: AtomicBool,
+    /// A VMM allocation was exported as a shareable handle (another
+    /// process may map it): such a process is not parked.
+    vmm_exported: AtomicBool,
 }
 
 impl Park {
@@ -48,7 +51,13 @@ impl Park {
             parked: Default::default(),
             reserved: AtomicBool::new(false),
             said_waiting: AtomicBool::new(false),
+            vmm_exported: AtomicBool::new(false),
         }
+    }
+
+    /// Notes a successful `cuMemExportToShareableHandle`.
+    pub fn note_export(&self) {
+        self.vmm_exported.store(true, Ordering::Relaxed);
     }
 }
 

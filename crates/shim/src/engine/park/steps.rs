@@ -35,10 +35,17 @@ impl<D: Driver> Engine<D> {
         if self.table.iter().any(|r| matches!(r.kind, Kind::Managed)) {
             return Some(Outcome::ManagedMemory);
         }
-        if self.table.iter().any(|r| r.exported) {
+        if self.table.iter().any(|r| r.exported) || self.park.vmm_exported.load(Ordering::Relaxed) {
             return Some(Outcome::IpcExport);
         }
-        if std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("libnccl")) {
+        // NCCL merely loaded is no refusal: every PyTorch process maps
+        // libnccl. Its communicators leave marks the shim sees: another
+        // process's share of GPU memory (an IPC or shareable export, above)
+        // or, within one process, more than one GPU in use (peer copies).
+        // A communicator over the network alone leaves none (docs/parking.md).
+        if self.devices_in_use() > 1
+            && std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("libnccl"))
+        {
             return Some(Outcome::Nccl);
         }
         if self.base.capturing() {
@@ -53,6 +60,12 @@ impl<D: Driver> Engine<D> {
             }
         }
         None
+    }
+
+    /// How many GPUs the process holds memory on now.
+    fn devices_in_use(&self) -> usize {
+        let page = self.base.page().get(self.base.settings());
+        page.slots.iter().filter(|s| s.budget.used() > 0).count()
     }
 
     /// Closes the gate, waits for the calls in flight, empties the cache,
