@@ -107,8 +107,7 @@ fn launches_count_uses_of_the_blocks_their_words_point_into() {
         launch(e, &[a, a + 8 * MIB - 1, a + 8 * MIB, 7]),
         CUDA_SUCCESS
     );
-    assert_eq!(e.tiers.hits(), 2);
-    assert_eq!(e.tiers.launches(), 1);
+    assert_eq!((e.tiers.launches(), e.tiers.hits()), (1, 2));
 }
 
 #[test]
@@ -120,6 +119,18 @@ fn a_use_by_a_matrix_product_weighs_more() {
     launch(e, &[a, 0, 0, 0, 0, 0, 0]); // function 7: a matrix product
     assert_eq!(e.tiers.heat_of(a), Some(1 + 32));
     assert_eq!(e.tiers.heat_of(b), Some(1));
+}
+
+/// Gives the fake driver's `graph` these kernel nodes (function, parameter
+/// words), then instantiates it as [`instantiate`] does.
+fn graph_of(
+    e: &'static Engine<Fake>,
+    graph: usize,
+    handle: usize,
+    nodes: Vec<KernelNode>,
+) -> CUgraphExec {
+    e.base.driver().graphs.lock().unwrap().insert(graph, nodes);
+    instantiate(e, graph, handle)
 }
 
 /// `cuGraphInstantiateWithFlags` of `graph` through the engine: the
@@ -151,15 +162,16 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     // Function N has N 8-byte parameters; 7 is a matrix product. Two
     // nodes name `a` at its start (one entry, weight 2), a product names
     // it 1 MiB in; words outside every block (0, 7) are left out.
-    e.base.driver().graphs.lock().unwrap().insert(
+    let exec = graph_of(
+        e,
         0x50,
+        0x5000,
         vec![
             (2, vec![a, b]),
             (1, vec![a]),
             (7, vec![a + MIB, 0, 0, 0, 0, 0, 7]),
         ],
     );
-    let exec = instantiate(e, 0x50, 0x5000);
     // Instantiating is no use.
     assert_eq!(e.tiers.heat_of(a), Some(0));
     for _ in 0..3 {
@@ -168,8 +180,7 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     assert_eq!(e.tiers.heat_of(a), Some(3 * (2 + 32)));
     assert_eq!(e.tiers.heat_of(b), Some(3));
     // Each launch: three kernels for the scores' clock, three entries hit.
-    assert_eq!(e.tiers.launches(), 9);
-    assert_eq!(e.tiers.hits(), 9);
+    assert_eq!((e.tiers.launches(), e.tiers.hits()), (9, 9));
     // An upload runs no kernel.
     assert_eq!(
         e.graph_upload(Flavour::Legacy, || CUDA_SUCCESS, exec, std::ptr::null_mut()),
@@ -187,24 +198,12 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
 fn a_failed_destroy_keeps_the_graphs_uses_and_no_block_means_no_walk() {
     let e = tiered("64MiB");
     // Before any tiered block the graph is not walked.
-    e.base
-        .driver()
-        .graphs
-        .lock()
-        .unwrap()
-        .insert(0x80, vec![(1, vec![0])]);
-    let early = instantiate(e, 0x80, 0x8000);
+    let early = graph_of(e, 0x80, 0x8000, vec![(1, vec![0])]);
     assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
     assert_eq!(graph_launch(e, early), CUDA_SUCCESS);
     assert_eq!(e.tiers.launches(), 0);
     let a = alloc(e, 8 * MIB).unwrap();
-    e.base
-        .driver()
-        .graphs
-        .lock()
-        .unwrap()
-        .insert(0x81, vec![(1, vec![a])]);
-    let exec = instantiate(e, 0x81, 0x8100);
+    let exec = graph_of(e, 0x81, 0x8100, vec![(1, vec![a])]);
     assert_eq!(
         e.graph_exec_destroy(|| CUDA_ERROR_INVALID_VALUE, exec),
         CUDA_ERROR_INVALID_VALUE
@@ -278,13 +277,7 @@ fn a_block_used_only_by_a_graph_is_promoted() {
     let _b = alloc(e, 16 * MIB).unwrap();
     let c = alloc(e, 32 * MIB).unwrap(); // past the cap: on the host
     assert_eq!((used(e), spilled(e)), (48 * MIB, 32 * MIB));
-    e.base
-        .driver()
-        .graphs
-        .lock()
-        .unwrap()
-        .insert(0x60, vec![(2, vec![c, c + 64])]);
-    let exec = instantiate(e, 0x60, 0x6000);
+    let exec = graph_of(e, 0x60, 0x6000, vec![(2, vec![c, c + 64])]);
     launch(e, &[a]);
     for _ in 0..50 {
         assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
@@ -298,17 +291,10 @@ fn a_block_used_only_by_a_graph_is_promoted() {
 fn without_tiered_spill_graphs_are_not_walked() {
     let e = engine(&[("VRAMCAP_LIMIT", "64MiB"), ("VRAMCAP_CACHE", "off")]);
     let a = alloc(e, 8 * MIB).unwrap();
-    e.base
-        .driver()
-        .graphs
-        .lock()
-        .unwrap()
-        .insert(0x70, vec![(1, vec![a])]);
-    let exec = instantiate(e, 0x70, 0x7000);
+    let exec = graph_of(e, 0x70, 0x7000, vec![(1, vec![a])]);
     assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
     assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
-    assert_eq!(e.tiers.launches(), 0);
-    assert_eq!(e.tiers.hits(), 0);
+    assert_eq!((e.tiers.launches(), e.tiers.hits()), (0, 0));
 }
 
 #[test]
