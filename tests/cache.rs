@@ -24,7 +24,7 @@ fn lines_under_1gib(args: &[&str]) -> Vec<String> {
 
 /// Runs the client through cuGetProcAddress under a 1 GiB cap.
 fn under_1gib(args: &[&str]) -> Ran {
-    client("procaddr", &[("VRAMCAP_LIMIT", "1GiB")], args)
+    capped("procaddr", "1GiB", args)
 }
 
 /// The `counts` line starts with `counts alloc=ALLOC free=FREE ` and, where

@@ -14,9 +14,9 @@ fn vmm_client(args: &[&str]) -> Ran {
 
 #[test]
 fn stream_ordered_allocations_are_capped_and_freed() {
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init",
             "stream",
@@ -88,9 +88,9 @@ fn pool_allocations_count_and_unknown_frees_pass_through() {
 /// driver's behaviour, not counted.
 #[test]
 fn captured_stream_allocations_pass_through() {
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init",
             "stream",
@@ -184,9 +184,9 @@ fn vmm_counts_device_handles_until_the_last_reference() {
 fn arrays_are_counted_at_the_driver_reported_size() {
     // 1000 float4 texels per row = 16000 bytes, padded to 16384; 64 rows.
     let row = 16384u64;
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "4MiB")],
+        "4MiB",
         &[
             "init",
             "array",
@@ -415,9 +415,9 @@ fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
 fn arrays_go_back_to_the_budget_with_their_context() {
     // 1000 float4 texels, the row padded to 512 bytes by the stand-in.
     let row = (1000u64 * 16).next_multiple_of(512);
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "4MiB")],
+        "4MiB",
         &[
             "init",
             "ctxcreate",
@@ -453,9 +453,9 @@ fn arrays_go_back_to_the_budget_with_their_context() {
 /// docs/gpu-results.md), so they stay counted until they are freed.
 #[test]
 fn stream_ordered_memory_stays_counted_past_its_context() {
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init",
             "ctxcreate",

@@ -368,9 +368,9 @@ fn the_launch_hooks_are_handed_out_only_under_tiered_spill() {
 /// function whatever the mode; without tiered spill it is the driver's.
 #[test]
 fn a_linked_launch_without_tiered_spill_is_the_drivers() {
-    client(
+    capped(
         "linked",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init",
             "alloc",

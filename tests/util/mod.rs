@@ -367,6 +367,11 @@ pub fn client(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
 }
 
 /// Runs the test client against the stand-in driver alone.
+/// [`client`] under `VRAMCAP_LIMIT=limit` and no other setting.
+pub fn capped(method: &str, limit: &str, args: &[&str]) -> Ran {
+    client(method, &[("VRAMCAP_LIMIT", limit)], args)
+}
+
 pub fn client_bare(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
     run_client(bare(client_program(method)), method, env, args)
 }
