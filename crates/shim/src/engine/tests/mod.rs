@@ -22,6 +22,16 @@ mod tiered;
 
 use self::fake::*;
 
+/// The freed-block cache off: every free reaches the fake.
+const NO_CACHE: (&str, &str) = ("VRAMCAP_CACHE", "off");
+
+/// [`engine`] capped at `cap` with [`NO_CACHE`], and `more` settings.
+fn uncached(cap: &str, more: &[(&str, &str)]) -> &'static Engine<Fake> {
+    let mut vars = vec![("VRAMCAP_LIMIT", cap), NO_CACHE];
+    vars.extend_from_slice(more);
+    engine(&vars)
+}
+
 /// `cuMemAlloc_v2` through the engine, the fake playing the driver.
 fn alloc(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
     let real = || Ok(Made::at(e.base.driver().alloc(bytes)));
@@ -38,7 +48,7 @@ fn used(e: &'static Engine<Fake>) -> u64 {
 
 #[test]
 fn the_cap_refuses_exactly_past_it_and_frees_give_back() {
-    let e = engine(&[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("1GiB", &[]);
     let a = alloc(e, 768 * MIB).unwrap();
     assert_eq!(alloc(e, 257 * MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
     let b = alloc(e, 256 * MIB).unwrap();
@@ -56,7 +66,7 @@ fn the_cap_refuses_exactly_past_it_and_frees_give_back() {
 
 #[test]
 fn racing_threads_never_hold_more_than_the_cap() {
-    let e = engine(&[("VRAMCAP_LIMIT", "100MiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("100MiB", &[]);
     let granted = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for t in 0..8u64 {
@@ -300,7 +310,7 @@ fn vmm_bytes_come_back_with_the_last_reference_or_mapping() {
 
 #[test]
 fn a_pitch_wider_than_the_estimate_is_settled_or_refused() {
-    let e = engine(&[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("1GiB", &[]);
     let pitched = |width: usize, height: usize, driver_pitch: usize| {
         let real = || {
             Ok(Made {
@@ -329,11 +339,7 @@ fn a_pitch_wider_than_the_estimate_is_settled_or_refused() {
 
 #[test]
 fn past_the_cap_host_spill_places_and_frees_outside_the_budget() {
-    let e = engine(&[
-        ("VRAMCAP_LIMIT", "1GiB"),
-        ("VRAMCAP_CACHE", "off"),
-        ("VRAMCAP_SPILL", "host"),
-    ]);
+    let e = uncached("1GiB", &[("VRAMCAP_SPILL", "host")]);
     let a = alloc(e, GIB).unwrap();
     let b = alloc(e, 256 * MIB).unwrap();
     assert_eq!(

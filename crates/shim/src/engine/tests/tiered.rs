@@ -13,7 +13,7 @@ mod handles;
 const TIERED: (&str, &str) = ("VRAMCAP_SPILL", "tiered");
 
 fn tiered(cap: &str) -> &'static Engine<Fake> {
-    engine(&[("VRAMCAP_LIMIT", cap), TIERED, ("VRAMCAP_CACHE", "off")])
+    uncached(cap, &[TIERED])
 }
 
 fn spilled(e: &'static Engine<Fake>) -> u64 {
@@ -289,7 +289,7 @@ fn a_block_used_only_by_a_graph_is_promoted() {
 
 #[test]
 fn without_tiered_spill_graphs_are_not_walked() {
-    let e = engine(&[("VRAMCAP_LIMIT", "64MiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("64MiB", &[]);
     let a = alloc(e, 8 * MIB).unwrap();
     let exec = graph_of(e, 0x70, 0x7000, vec![(1, vec![a])]);
     assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
@@ -470,12 +470,7 @@ fn a_context_that_goes_away_takes_its_blocks_memory_with_it() {
 
 #[test]
 fn above_the_soft_limit_new_blocks_start_on_the_host() {
-    let e = engine(&[
-        ("VRAMCAP_LIMIT", "64MiB"),
-        ("VRAMCAP_SOFT_LIMIT", "32MiB"),
-        TIERED,
-        ("VRAMCAP_CACHE", "off"),
-    ]);
+    let e = uncached("64MiB", &[("VRAMCAP_SOFT_LIMIT", "32MiB"), TIERED]);
     let _a = alloc(e, 24 * MIB).unwrap();
     let _b = alloc(e, 16 * MIB).unwrap();
     assert_eq!((used(e), spilled(e)), (24 * MIB, 16 * MIB));
