@@ -164,13 +164,20 @@ fn counting_allocations_only_charges_by_size() {
     assert_eq!(info(e), (4 * GIB, 4 * GIB));
 }
 
-/// The settings and fake for the context tests below: a 4 GiB cap, the
-/// cache off, the context measured.
-const MEASURED: [(&str, &str); 3] = [
-    ("VRAMCAP_LIMIT", "4GiB"),
-    NO_CACHE,
-    ("VRAMCAP_CONTEXT", "auto"),
-];
+/// The engine of the context tests below: a 4 GiB cap, the cache off, the
+/// context measured, on `fake` with a context of 300 MiB.
+fn measured(fake: Fake) -> &'static Engine<Fake> {
+    let fake = Fake {
+        context: Some(300 * MIB),
+        ..fake
+    };
+    let vars = [
+        ("VRAMCAP_LIMIT", "4GiB"),
+        NO_CACHE,
+        ("VRAMCAP_CONTEXT", "auto"),
+    ];
+    engine_with(fake, &vars)
+}
 
 /// In a container NVML lists host PIDs. With another process on the GPU
 /// the fallback is charged until this one can be told apart (the only one
@@ -178,15 +185,11 @@ const MEASURED: [(&str, &str); 3] = [
 /// can fall again.
 #[test]
 fn in_a_container_the_context_is_a_provisional_guess() {
-    let e = engine_with(
-        Fake {
-            context: Some(300 * MIB),
-            container: true,
-            others: vec![(9, 100 * MIB)],
-            ..Fake::default()
-        },
-        &MEASURED,
-    );
+    let e = measured(Fake {
+        container: true,
+        others: vec![(9, 100 * MIB)],
+        ..Fake::default()
+    });
     assert_eq!(
         info(e).0,
         4 * GIB - 512 * MIB,
@@ -213,14 +216,10 @@ fn in_a_container_the_context_is_a_provisional_guess() {
 /// alone on the list is never taken for it.
 #[test]
 fn in_the_host_namespace_another_pid_is_never_taken_for_this_one() {
-    let e = engine_with(
-        Fake {
-            context: Some(300 * MIB),
-            not_available: true,
-            ..Fake::default()
-        },
-        &MEASURED,
-    );
+    let e = measured(Fake {
+        not_available: true,
+        ..Fake::default()
+    });
     // NVML lists this PID without a figure: the fallback, not 2^64 bytes.
     assert_eq!(info(e).0, 4 * GIB - 512 * MIB);
     let a = alloc(e, GIB).unwrap();

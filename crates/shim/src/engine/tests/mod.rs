@@ -38,6 +38,11 @@ fn alloc(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
     e.mem_alloc(real, bytes).map(|m| m.ptr)
 }
 
+/// [`alloc`] of each size in turn, each of which must succeed.
+fn allocs<const N: usize>(e: &'static Engine<Fake>, sizes: [u64; N]) -> [u64; N] {
+    sizes.map(|bytes| alloc(e, bytes).unwrap())
+}
+
 fn free(e: &'static Engine<Fake>, ptr: u64) -> CUresult {
     e.mem_free(|| e.base.driver().mem_free(ptr), ptr)
 }
@@ -154,8 +159,7 @@ fn a_new_context_at_the_same_address_gets_its_own_event() {
 #[test]
 fn a_late_non_blocking_stream_waits_for_the_orderings_made() {
     let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, b), CUDA_SUCCESS);
     let _c = alloc(e, 8 * MIB).unwrap();
@@ -180,8 +184,7 @@ fn a_late_non_blocking_stream_waits_for_the_orderings_made() {
 }
 
 fn reuse_once_per_burst(e: &'static Engine<Fake>, syncs: &AtomicUsize) {
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, b), CUDA_SUCCESS);
     // Both kept: no driver free, still counted.
@@ -340,8 +343,7 @@ fn a_pitch_wider_than_the_estimate_is_settled_or_refused() {
 #[test]
 fn past_the_cap_host_spill_places_and_frees_outside_the_budget() {
     let e = uncached("1GiB", &[("VRAMCAP_SPILL", "host")]);
-    let a = alloc(e, GIB).unwrap();
-    let b = alloc(e, 256 * MIB).unwrap();
+    let [a, b] = allocs(e, [GIB, 256 * MIB]);
     assert_eq!(
         b & 0x1_0000_0000_0000,
         0x1_0000_0000_0000,

@@ -113,8 +113,7 @@ fn launches_count_uses_of_the_blocks_their_words_point_into() {
 #[test]
 fn a_use_by_a_matrix_product_weighs_more() {
     let e = tiered("64MiB");
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     launch(e, &[a, b]); // an element-wise kernel
     launch(e, &[a, 0, 0, 0, 0, 0, 0]); // function 7: a matrix product
     assert_eq!(e.tiers.heat_of(a), Some(1 + 32));
@@ -157,8 +156,7 @@ fn graph_launch(e: &'static Engine<Fake>, exec: CUgraphExec) -> CUresult {
 #[test]
 fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     let e = tiered("64MiB");
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     // Function N has N 8-byte parameters; 7 is a matrix product. Two
     // nodes name `a` at its start (one entry, weight 2), a product names
     // it 1 MiB in; words outside every block (0, 7) are left out.
@@ -218,8 +216,7 @@ const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
 #[test]
 fn an_updated_graph_counts_its_new_uses_and_a_changed_node_none() {
     let e = tiered("64MiB");
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     {
         let mut g = e.base.driver().graphs.lock().unwrap();
         g.insert(0x90, vec![(1, vec![a])]);
@@ -273,9 +270,7 @@ fn an_updated_graph_counts_its_new_uses_and_a_changed_node_none() {
 #[test]
 fn a_block_used_only_by_a_graph_is_promoted() {
     let e = tiered("64MiB");
-    let a = alloc(e, 32 * MIB).unwrap();
-    let _b = alloc(e, 16 * MIB).unwrap();
-    let c = alloc(e, 32 * MIB).unwrap(); // past the cap: on the host
+    let [a, _b, c] = allocs(e, [32 * MIB, 16 * MIB, 32 * MIB]); // c is past the cap: on the host
     assert_eq!((used(e), spilled(e)), (48 * MIB, 32 * MIB));
     let exec = graph_of(e, 0x60, 0x6000, vec![(2, vec![c, c + 64])]);
     launch(e, &[a]);
@@ -300,9 +295,7 @@ fn without_tiered_spill_graphs_are_not_walked() {
 #[test]
 fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     let e = tiered("64MiB");
-    let a = alloc(e, 32 * MIB).unwrap();
-    let b = alloc(e, 16 * MIB).unwrap();
-    let c = alloc(e, 32 * MIB).unwrap(); // past the cap: on the host
+    let [a, b, c] = allocs(e, [32 * MIB, 16 * MIB, 32 * MIB]); // c is past the cap: on the host
     assert_eq!((used(e), spilled(e)), (48 * MIB, 32 * MIB));
     launch(e, &[a]);
     for _ in 0..50 {
@@ -342,9 +335,7 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
 fn promotions_fill_the_cap_to_within_the_margin() {
     use crate::engine::tiered::PROMOTE_MARGIN;
     let e = tiered("1GiB");
-    let a = alloc(e, 1000 * MIB).unwrap();
-    let b = alloc(e, 20 * MIB).unwrap();
-    let h = alloc(e, 12 * MIB).unwrap(); // 1032 MiB: past the cap
+    let [a, b, h] = allocs(e, [1000 * MIB, 20 * MIB, 12 * MIB]); // with h 1032 MiB: past the cap
     assert_eq!((used(e), spilled(e)), (1020 * MIB, 12 * MIB));
     assert_eq!(free(e, b), CUDA_SUCCESS);
     assert!(1024 * MIB - used(e) - PROMOTE_MARGIN >= 12 * MIB);
@@ -366,8 +357,7 @@ fn promotions_fill_the_cap_to_within_the_margin() {
 #[test]
 fn nothing_moves_while_a_capture_runs() {
     let e = tiered("64MiB");
-    let _a = alloc(e, 48 * MIB).unwrap();
-    let c = alloc(e, 32 * MIB).unwrap();
+    let [_a, c] = allocs(e, [48 * MIB, 32 * MIB]);
     for _ in 0..50 {
         launch(e, &[c]);
     }
@@ -389,8 +379,7 @@ fn the_spill_limit_bounds_host_blocks() {
         TIERED,
         ("VRAMCAP_SPILL_LIMIT", "16MiB"),
     ]);
-    let _a = alloc(e, 32 * MIB).unwrap();
-    let _b = alloc(e, 16 * MIB).unwrap();
+    let [_a, _b] = allocs(e, [32 * MIB, 16 * MIB]);
     assert_eq!(alloc(e, 2 * MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
     assert_eq!(e.slot(0).unwrap().refusals.load(Ordering::Relaxed), 1);
 }
@@ -456,8 +445,7 @@ fn a_free_during_a_capture_is_left_to_the_next_round() {
 #[test]
 fn a_context_that_goes_away_takes_its_blocks_memory_with_it() {
     let e = tiered("64MiB");
-    let _a = alloc(e, 32 * MIB).unwrap();
-    let _b = alloc(e, 48 * MIB).unwrap(); // on the host
+    let [_a, _b] = allocs(e, [32 * MIB, 48 * MIB]); // _b: on the host
     assert_eq!(
         e.ctx_destroy(|| CUDA_SUCCESS, CTX as CUcontext),
         CUDA_SUCCESS
@@ -471,8 +459,7 @@ fn a_context_that_goes_away_takes_its_blocks_memory_with_it() {
 #[test]
 fn above_the_soft_limit_new_blocks_start_on_the_host() {
     let e = uncached("64MiB", &[("VRAMCAP_SOFT_LIMIT", "32MiB"), TIERED]);
-    let _a = alloc(e, 24 * MIB).unwrap();
-    let _b = alloc(e, 16 * MIB).unwrap();
+    let [_a, _b] = allocs(e, [24 * MIB, 16 * MIB]);
     assert_eq!((used(e), spilled(e)), (24 * MIB, 16 * MIB));
     // A round finds nothing to correct.
     rounds(e, MIN_ROUNDS as usize + 1);
@@ -508,8 +495,7 @@ fn a_long_first_drain_is_learnt_without_a_pause() {
     use std::time::Duration;
     let e = tiered("64MiB");
     e.tiers.set_base_wait(Duration::from_millis(20));
-    let _a = alloc(e, 48 * MIB).unwrap();
-    let c = alloc(e, 32 * MIB).unwrap();
+    let [_a, c] = allocs(e, [48 * MIB, 32 * MIB]);
     for _ in 0..50 {
         launch(e, &[c]);
     }
