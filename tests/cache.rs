@@ -19,7 +19,12 @@ fn counts_line(lines: &[String]) -> &str {
 /// Runs the client through cuGetProcAddress under a 1 GiB cap; its stdout
 /// lines (it must exit 0).
 fn lines_under_1gib(args: &[&str]) -> Vec<String> {
-    client("procaddr", &[("VRAMCAP_LIMIT", "1GiB")], args).ok_lines()
+    under_1gib(args).ok_lines()
+}
+
+/// Runs the client through cuGetProcAddress under a 1 GiB cap.
+fn under_1gib(args: &[&str]) -> Ran {
+    capped("procaddr", "1GiB", args)
 }
 
 /// The `counts` line starts with `counts alloc=ALLOC free=FREE ` and, where
@@ -388,29 +393,24 @@ fn no_synchronisation_while_a_capture_runs() {
 
 #[test]
 fn memory_of_a_destroyed_context_returns_to_the_budget() {
-    let gib = 1u64 << 30;
-    client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
-        &[
-            "init",
-            "ctxcreate",
-            "alloc",
-            "256M",
-            "free",
-            "0",
-            "alloc",
-            "512M",
-            "ctxdestroy",
-            "ctx",
-            "0",
-            "info",
-            "standin",
-            "fill",
-            "256M",
-        ],
-    )
-    .expect_lines(&[
+    under_1gib(&[
+        "init",
+        "ctxcreate",
+        "alloc",
+        "256M",
+        "free",
+        "0",
+        "alloc",
+        "512M",
+        "ctxdestroy",
+        "ctx",
+        "0",
+        "info",
+        "standin",
+        "fill",
+        "256M",
+    ])
+    .expect_sized(&[
         "init -> 0",
         "ctxcreate -> 0",
         "alloc 268435456 -> 0 #0",
@@ -418,29 +418,25 @@ fn memory_of_a_destroyed_context_returns_to_the_budget() {
         "alloc 536870912 -> 0 #1",
         "ctxdestroy -> 0",
         "ctx 0 -> 0",
-        &format!("info -> 0 free={gib} total={gib}"),
-        &format!("standin dev=0 used=0 peak={}", 768u64 << 20),
+        "info -> 0 free=1G total=1G",
+        "standin dev=0 used=0 peak=768M",
         "standin dev=1 used=0 peak=0",
         "fill 268435456 -> 4 allocs 1073741824 bytes rc=2",
     ]);
     // The primary context reset drops its allocations and its cache.
-    client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
-        &[
-            "init", "alloc", "256M", "alloc", "256M", "free", "0", "reset", "0", "init", "info",
-            "standin",
-        ],
-    )
-    .expect_lines(&[
+    under_1gib(&[
+        "init", "alloc", "256M", "alloc", "256M", "free", "0", "reset", "0", "init", "info",
+        "standin",
+    ])
+    .expect_sized(&[
         "init -> 0",
         "alloc 268435456 -> 0 #0",
         "alloc 268435456 -> 0 #1",
         "free #0 -> 0",
         "reset 0 -> 0",
         "init -> 0",
-        &format!("info -> 0 free={gib} total={gib}"),
-        &format!("standin dev=0 used=0 peak={}", 512u64 << 20),
+        "info -> 0 free=1G total=1G",
+        "standin dev=0 used=0 peak=512M",
         "standin dev=1 used=0 peak=0",
     ]);
 }
@@ -470,25 +466,20 @@ fn threads_near_the_cap_with_the_cache_end_with_nothing_held() {
 /// may give to someone else) and stays counted once.
 #[test]
 fn a_second_free_is_refused_and_the_cached_block_stays_counted_once() {
-    let mib8 = 8u64 << 20;
-    client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
-        &[
-            "init", "alloc", "8M", "free", "0", "free", "0", "standin", "alloc", "8M", "info",
-            "standin",
-        ],
-    )
-    .expect_lines(&[
+    under_1gib(&[
+        "init", "alloc", "8M", "free", "0", "free", "0", "standin", "alloc", "8M", "info",
+        "standin",
+    ])
+    .expect_sized(&[
         "init -> 0",
         "alloc 8388608 -> 0 #0",
         "free #0 -> 0",
         "free #0 -> 1",
-        &format!("standin dev=0 used={mib8} peak={mib8}"),
+        "standin dev=0 used=8M peak=8M",
         "standin dev=1 used=0 peak=0",
         "alloc 8388608 -> 0 #1",
-        &format!("info -> 0 free={} total={}", GIB - mib8, GIB),
-        &format!("standin dev=0 used={mib8} peak={mib8}"),
+        "info -> 0 free=1016M total=1G",
+        "standin dev=0 used=8M peak=8M",
         "standin dev=1 used=0 peak=0",
     ]);
 }

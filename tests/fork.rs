@@ -13,9 +13,9 @@ use crate::util::*;
 /// handler and its dlsym answer and exits 0 within the deadline.
 #[test]
 fn forks_while_threads_are_busy_inside_the_shim_never_hang() {
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "64MiB")],
+        "64MiB",
         &["init", "forkbusy", "4", "50", "info"],
     )
     .expect_lines(&[

@@ -22,6 +22,11 @@ fn member(dir: &Path, group: &str, limit: &str, args: &[&str]) -> Command {
     cmd
 }
 
+/// A member started and come to its `wait`.
+fn waiting(dir: &Path, group: &str, limit: &str, args: &[&str]) -> Held {
+    Held::at_wait(member(dir, group, limit, args))
+}
+
 fn stat_json(dir: &Path) -> Value {
     let mut cmd = bare(&artefacts().cli);
     cmd.env("VRAMCAP_STATS_DIR", dir).args(["stat", "--json"]);
@@ -40,21 +45,16 @@ fn group<'a>(j: &'a Value, name: &str) -> &'a Value {
 #[test]
 fn members_share_one_budget_and_get_a_killed_members_share_back() {
     let dir = scratch_dir();
-    let mut a = Held::at_wait(member(
-        &dir,
-        "train",
-        "1GiB",
-        &["init", "alloc", "768M", "wait"],
-    ));
+    let mut a = waiting(&dir, "train", "1GiB", &["init", "alloc", "768M", "wait"]);
     // The second member gets exactly what is left; another group is independent.
-    let b = Held::at_wait(member(
+    let b = waiting(
         &dir,
         "train",
         "1GiB",
         &[
             "init", "fill", "256M", "wait", "freeall", "fill", "256M", "info",
         ],
-    ));
+    );
     assert_eq!(
         b.lines[1],
         "fill 268435456 -> 1 allocs 268435456 bytes rc=2"
@@ -107,7 +107,7 @@ fn members_share_one_budget_and_get_a_killed_members_share_back() {
 fn the_stricter_of_a_members_limit_and_the_groups_applies() {
     // The group's 512 MiB is stricter than the member's 2 GiB.
     let dir = scratch_dir();
-    let a = Held::at_wait(member(&dir, "g", "512MiB", &["init", "info", "wait"]));
+    let a = waiting(&dir, "g", "512MiB", &["init", "info", "wait"]);
     let ran = run(member(&dir, "g", "2GiB", &["init", "info"]));
     assert_eq!(
         ran.ok_lines(),
@@ -127,20 +127,15 @@ fn the_stricter_of_a_members_limit_and_the_groups_applies() {
     // both rooms show: 1792 MiB of the group's are held by the first, so
     // the group's room (256 MiB) binds first, then the member's own cap.
     let dir = scratch_dir_named("own");
-    let mut a = Held::at_wait(member(
-        &dir,
-        "g",
-        "2GiB",
-        &["init", "alloc", "1792M", "wait"],
-    ));
-    let b = Held::at_wait(member(
+    let mut a = waiting(&dir, "g", "2GiB", &["init", "alloc", "1792M", "wait"]);
+    let b = waiting(
         &dir,
         "g",
         "512MiB",
         &[
             "init", "info", "fill", "128M", "info", "nvml", "wait", "fill", "128M", "info",
         ],
-    ));
+    );
     let cap = 512 * MIB;
     assert_eq!(
         b.lines,
@@ -270,7 +265,7 @@ fn random_members_and_kills_never_pass_the_budget() {
     let budget = 512 * MIB;
     let mut members: Vec<Held> = (0..24)
         .map(|i| {
-            Held::at_wait(member(
+            waiting(
                 &dir,
                 "stress",
                 "512MiB",
@@ -283,7 +278,7 @@ fn random_members_and_kills_never_pass_the_budget() {
                     "32M",
                     "standin",
                 ],
-            ))
+            )
         })
         .collect();
     for m in &mut members {

@@ -57,17 +57,17 @@ fn a_pool_that_keeps_freed_memory_is_refused_until_trimmed() {
             "info",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "stream -> 0",
         "poolset threshold max -> 0",
-        &format!("allocasync {} -> 0 #0", 2800 * MIB),
+        "allocasync 2800M -> 0 #0",
         "freeasync #0 -> 0",
         "sync -> 0",
         &info(4 * GIB - 2800 * MIB),
-        &format!("alloc {} -> 2", 3600 * MIB),
+        "alloc 3600M -> 2",
         "pooltrim 0 -> 0",
-        &format!("alloc {} -> 0 #1", 3600 * MIB),
+        "alloc 3600M -> 0 #1",
         &info(4 * GIB - 3600 * MIB),
     ]);
 }
@@ -98,12 +98,12 @@ fn the_context_is_counted_and_two_halves_do_not_fit() {
         &[CAP, ("STANDIN_CONTEXT_MIB", "518")],
         &["init", "info", "alloc", "2G", "alloc", "2G"],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         // Measured, and charged with 128 MiB of room to grow.
         &info(4 * GIB - 518 * MIB - 128 * MIB),
-        &format!("alloc {} -> 0 #0", 2 * GIB),
-        &format!("alloc {} -> 2", 2 * GIB),
+        "alloc 2G -> 0 #0",
+        "alloc 2G -> 2",
     ]);
 }
 
@@ -132,11 +132,11 @@ fn a_process_nvml_names_by_another_pid_is_found_only_in_a_container() {
         ],
         &["init", "info", "alloc", "1G", "alloc", "4G", "info"],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         &info(4 * GIB - 512 * MIB),
-        &format!("alloc {} -> 0 #0", GIB),
-        &format!("alloc {} -> 2", 4 * GIB),
+        "alloc 1G -> 0 #0",
+        "alloc 4G -> 2",
         &info(3 * GIB - context),
     ]);
 }
@@ -171,16 +171,16 @@ fn a_graph_that_does_not_fit_is_refused_at_launch() {
                 "info",
             ],
         )
-        .expect_lines(&[
+        .expect_sized(&[
             "init -> 0",
             "stream -> 0",
-            &format!("graphalloc {} -> 0 #0", 3 * GIB),
+            "graphalloc 3G -> 0 #0",
             "instantiate -> 0",
-            &format!("alloc {} -> 0 #1", 1536 * MIB),
+            "alloc 1536M -> 0 #1",
             "launch -> 2",
             "free #1 -> 0",
             "launch -> 0",
-            &format!("graphmem reserved -> 0 {}", 3 * GIB),
+            "graphmem reserved -> 0 3G",
             &info(GIB),
             // Freed, its graph memory stays reserved until trimmed.
             "freeasync #0 -> 0",

@@ -26,25 +26,25 @@ fn the_program_lowers_and_raises_its_cap_through_the_c_abi() {
             "standin",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
-        &format!("alloc {} -> 0 #0", 256 * MIB),
-        &format!("setlimit 0 {} -> 0", 512 * MIB),
-        &format!("info -> 0 free={} total={}", 256 * MIB, 512 * MIB),
-        &format!("fill {} -> 16 allocs {} bytes rc=2", 16 * MIB, 256 * MIB),
-        &format!("setlimit 0 {GIB} -> 0"),
-        &format!("fill {} -> 32 allocs {} bytes rc=2", 16 * MIB, 512 * MIB),
+        "alloc 256M -> 0 #0",
+        "setlimit 0 512M -> 0",
+        "info -> 0 free=256M total=512M",
+        "fill 16M -> 16 allocs 256M bytes rc=2",
+        "setlimit 0 1G -> 0",
+        "fill 16M -> 32 allocs 512M bytes rc=2",
         // Never above the cap it started with.
-        &format!("setlimit 0 {} -> -1", 2 * GIB),
+        "setlimit 0 2G -> -1",
         "setlimit 0 max -> -1",
-        &format!("getlimit 0 -> {GIB}"),
+        "getlimit 0 -> 1G",
         &format!(
             "abistats 0 -> 0 size=96 limit={GIB} soft=18446744073709551615 held={GIB} allocations={GIB} pools=0 graphs=0 context=0 peak={GIB} cached=0 refusals=2"
         ),
-        &format!("setlimit -2 {} -> -22", 256 * MIB),
-        &format!("setlimit 7 {} -> -19", 256 * MIB),
+        "setlimit -2 256M -> -22",
+        "setlimit 7 256M -> -19",
         "abiversion -> 1",
-        &format!("standin dev=0 used={GIB} peak={GIB}"),
+        "standin dev=0 used=1G peak=1G",
         "standin dev=1 used=0 peak=0",
     ]);
 }
@@ -62,15 +62,15 @@ fn lowered_below_what_it_holds_the_program_is_refused_until_it_frees() {
             "1M", "free", "0", "alloc", "256M", "emptycache", "abistats", "0",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
-        &format!("alloc {} -> 0 #0", 768 * MIB),
-        &format!("alloc {} -> 0 #1", 64 * MIB),
+        "alloc 768M -> 0 #0",
+        "alloc 64M -> 0 #1",
         "free #1 -> 0",
-        &format!("setlimit 0 {} -> 0", 512 * MIB),
-        &format!("alloc {MIB} -> 2"),
+        "setlimit 0 512M -> 0",
+        "alloc 1M -> 2",
         "free #0 -> 0",
-        &format!("alloc {} -> 0 #2", 256 * MIB),
+        "alloc 256M -> 0 #2",
         "emptycache -> 0",
         &format!(
             "abistats 0 -> 0 size=96 limit={} soft=18446744073709551615 held={} allocations={} pools=0 graphs=0 context=0 peak={} cached=0 refusals=1",
@@ -302,13 +302,13 @@ except KeyError as e:
         .env("VRAMCAP_STATS", "off")
         .args(["-c", script])
         .arg(&pkg);
-    run(cmd).expect_lines(&[
+    run(cmd).expect_sized(&[
         &GIB.to_string(),
         &(512 * MIB).to_string(),
         &(256 * MIB).to_string(),
         &(512 * MIB).to_string(),
         "PermissionError: set_limit(0, '2GiB'): above the cap this process started with (VRAMCAP_LIMIT); a program may lower its cap and raise it back, never above that",
-        &format!("{} 0 None {}", 512 * MIB, 16 * GIB),
+        "512M 0 None 16G",
         "0",
         &format!("restored {} \"the block's own error\"", 512 * MIB),
     ]);
@@ -440,13 +440,13 @@ fn above_the_soft_limit_the_cache_shrinks_and_spill_is_preferred() {
             "abistats", "0",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
-        &format!("alloc {} -> 0 #0", 256 * MIB),
-        &format!("alloc {} -> 0 #1", 128 * MIB),
+        "alloc 256M -> 0 #0",
+        "alloc 128M -> 0 #1",
         "free #0 -> 0",
         "free #1 -> 0",
-        &format!("alloc {} -> 0 #2", 400 * MIB),
+        "alloc 400M -> 0 #2",
         &format!(
             "abistats 0 -> 0 size=96 limit={GIB} soft={} held={} allocations={} pools=0 graphs=0 context=0 peak={} cached=0 refusals=0",
             512 * MIB,
@@ -479,12 +479,12 @@ fn above_the_soft_limit_the_cache_shrinks_and_spill_is_preferred() {
         "{}",
         ran.stderr()
     );
-    ran.expect_lines(&[
+    ran.expect_sized(&[
         "init -> 0",
-        &format!("alloc {} -> 0 #0", 400 * MIB),
-        &format!("alloc {} -> 0 #1", 200 * MIB),
+        "alloc 400M -> 0 #0",
+        "alloc 200M -> 0 #1",
         "ptrkind #1 = host",
-        &format!("alloc {} -> 0 #2", 100 * MIB),
+        "alloc 100M -> 0 #2",
         "ptrkind #2 = device",
     ]);
     let ran = client(
@@ -519,10 +519,10 @@ fn a_disabled_shim_answers_enosys() {
             "0",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "abiversion -> -38",
-        &format!("setlimit 0 {} -> -38", 512 * MIB),
+        "setlimit 0 512M -> -38",
         "getlimit 0 -> 0",
     ]);
 }

@@ -14,9 +14,9 @@ fn vmm_client(args: &[&str]) -> Ran {
 
 #[test]
 fn stream_ordered_allocations_are_capped_and_freed() {
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init",
             "stream",
@@ -35,17 +35,17 @@ fn stream_ordered_allocations_are_capped_and_freed() {
             "standin",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "stream -> 0",
         "allocasync 536870912 -> 0 #0",
         "allocasync 536870912 -> 0 #1",
         "allocasync 1048576 -> 2",
-        &format!("info -> 0 free=0 total={GIB}"),
+        "info -> 0 free=0 total=1G",
         "freeasync #0 -> 0",
-        &format!("info -> 0 free={} total={GIB}", 512 * MIB),
+        "info -> 0 free=512M total=1G",
         "allocasync 268435456 -> 0 #2",
-        &format!("standin dev=0 used={} peak={GIB}", 768 * MIB),
+        "standin dev=0 used=768M peak=1G",
         "standin dev=1 used=0 peak=0",
     ]);
 }
@@ -71,14 +71,14 @@ fn pool_allocations_count_and_unknown_frees_pass_through() {
                 "0x1234",
             ],
         )
-        .expect_lines(&[
+        .expect_sized(&[
             "init -> 0",
             "pool -> 0",
             "poolalloc 805306368 -> 0 #0",
             "poolalloc 536870912 -> 2",
             "poolalloc 268435456 -> 0 #1",
             "freeall -> 2 freed rc=0",
-            &format!("info -> 0 free={GIB} total={GIB}"),
+            "info -> 0 free=1G total=1G",
             "freeraw 0x1234 -> 1",
         ]);
     }
@@ -88,9 +88,9 @@ fn pool_allocations_count_and_unknown_frees_pass_through() {
 /// driver's behaviour, not counted.
 #[test]
 fn captured_stream_allocations_pass_through() {
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init",
             "stream",
@@ -103,14 +103,14 @@ fn captured_stream_allocations_pass_through() {
             "info",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "stream -> 0",
         "capture-begin -> 0",
         "allocasync 2147483648 -> 0 #0",
         "freeasync #0 -> 0",
         "capture-end -> 0",
-        &format!("info -> 0 free={GIB} total={GIB}"),
+        "info -> 0 free=1G total=1G",
     ]);
 }
 
@@ -152,7 +152,7 @@ fn vmm_counts_device_handles_until_the_last_reference() {
         "vmm",
         "64M",
     ])
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "vmm 33554432 -> 0 %0",
         "vmm 33554432 -> 0 %1",
@@ -167,13 +167,13 @@ fn vmm_counts_device_handles_until_the_last_reference() {
         "info -> 0 free=0 total=67108864",
         "vmmunmap %0 -> 0",
         "vmmrelease %3 -> 0",
-        &format!("info -> 0 free={} total=67108864", 32 * MIB),
+        "info -> 0 free=32M total=67108864",
         // Exported and imported in the same process: one allocation, two
         // references, counted once.
         "vmmexport %1 -> 0",
         "vmmimport -> 0 %4",
         "vmmrelease %1 -> 0",
-        &format!("info -> 0 free={} total=67108864", 32 * MIB),
+        "info -> 0 free=32M total=67108864",
         "vmmrelease %4 -> 0",
         "info -> 0 free=67108864 total=67108864",
         "vmm 67108864 -> 0 %5",
@@ -184,9 +184,9 @@ fn vmm_counts_device_handles_until_the_last_reference() {
 fn arrays_are_counted_at_the_driver_reported_size() {
     // 1000 float4 texels per row = 16000 bytes, padded to 16384; 64 rows.
     let row = 16384u64;
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "4MiB")],
+        "4MiB",
         &[
             "init",
             "array",
@@ -249,13 +249,13 @@ fn nvml_reports_the_cap_like_cuda_does() {
             &[("VRAMCAP_LIMIT", "0=1GiB,1=512MiB")],
             &["init", "alloc", "256M", "nvml", "info"],
         )
-        .expect_lines(&[
+        .expect_sized(&[
             "init -> 0",
             "alloc 268435456 -> 0 #0",
             &format!("nvml dev=0 uuid=GPU-5ca1ab1e-0000-4000-8000-000000000000 total={GIB} free={0} used={1} v2total={GIB} v2free={0} v2used={1} v2reserved=0", 768 * MIB, 256 * MIB),
             // Device 1 not used through CUDA yet: its cap comes from the limit.
             &format!("nvml dev=1 uuid=GPU-5ca1ab1e-0000-4000-8000-000000000001 total={0} free={0} used=0 v2total={0} v2free={0} v2used=0 v2reserved=0", 512 * MIB),
-            &format!("info -> 0 free={} total={GIB}", 768 * MIB),
+            "info -> 0 free=768M total=1G",
         ]);
     }
     // CUDA_VISIBLE_DEVICES=1,0: NVML's device 1 is the process's device 0.
@@ -319,7 +319,7 @@ fn mixed_paths_on_two_devices() {
             "standin",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "stream -> 0",
         "alloc 268435456 -> 0 #0",
@@ -338,9 +338,9 @@ fn mixed_paths_on_two_devices() {
         "freeasync #0 -> 0",
         "vmmrelease %0 -> 0",
         "free #2 -> 0",
-        &format!("info -> 0 free={GIB} total={GIB}"),
-        &format!("standin dev=0 used=0 peak={GIB}"),
-        &format!("standin dev=1 used={} peak={}", 512 * MIB, 512 * MIB),
+        "info -> 0 free=1G total=1G",
+        "standin dev=0 used=0 peak=1G",
+        "standin dev=1 used=512M peak=512M",
     ]);
 }
 
@@ -394,12 +394,12 @@ fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
         "info",
         "standin",
     ])
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "vmm 33554432 -> 0 %0",
         "vmmmap %0 -> 0",
         "vmmrelease %0 -> 0",
-        &format!("info -> 0 free={} total=67108864", 32 * MIB),
+        "info -> 0 free=32M total=67108864",
         "vmm 67108864 -> 2",
         "vmmunmap %0 -> 0",
         "info -> 0 free=67108864 total=67108864",
@@ -415,9 +415,9 @@ fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
 fn arrays_go_back_to_the_budget_with_their_context() {
     // 1000 float4 texels, the row padded to 512 bytes by the stand-in.
     let row = (1000u64 * 16).next_multiple_of(512);
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "4MiB")],
+        "4MiB",
         &[
             "init",
             "ctxcreate",
@@ -453,9 +453,9 @@ fn arrays_go_back_to_the_budget_with_their_context() {
 /// docs/gpu-results.md), so they stay counted until they are freed.
 #[test]
 fn stream_ordered_memory_stays_counted_past_its_context() {
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init",
             "ctxcreate",
@@ -472,7 +472,7 @@ fn stream_ordered_memory_stays_counted_past_its_context() {
             "standin",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "ctxcreate -> 0",
         "allocasync 268435456 -> 0 #0",
@@ -482,8 +482,8 @@ fn stream_ordered_memory_stays_counted_past_its_context() {
         &format!("standin dev=0 used={0} peak={0}", 256 * MIB),
         "standin dev=1 used=0 peak=0",
         "free #0 -> 0",
-        &format!("info -> 0 free={GIB} total={GIB}"),
-        &format!("standin dev=0 used=0 peak={}", 256 * MIB),
+        "info -> 0 free=1G total=1G",
+        "standin dev=0 used=0 peak=256M",
         "standin dev=1 used=0 peak=0",
     ]);
 }

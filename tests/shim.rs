@@ -28,9 +28,9 @@ fn cap_holds_on_every_way_to_the_driver() {
     }
     // With the default cache (a quarter of the cap), one freed 256 MiB block
     // stays with the process, and is reported as free to it.
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init", "fill", "256M", "freeall", "info", "standin", "fill", "256M",
         ],
@@ -116,9 +116,9 @@ fn disable_switch_passes_everything_through() {
 #[test]
 fn partial_room_and_memory_info() {
     let cap = 1000 * MIB;
-    client(
+    capped(
         "procaddr",
-        &[("VRAMCAP_LIMIT", "1000MiB")],
+        "1000MiB",
         &[
             "init", "info", "fill", "256M", "info", "free", "0", "info", "total", "0", "total", "1",
         ],
@@ -139,9 +139,9 @@ fn partial_room_and_memory_info() {
 #[test]
 fn cap_larger_than_the_device_reports_the_device() {
     let total = 16 * GIB;
-    client(
+    capped(
         "linked",
-        &[("VRAMCAP_LIMIT", "32GiB")],
+        "32GiB",
         &["init", "alloc", "1G", "info", "total", "0"],
     )
     .expect_lines(&[
@@ -178,9 +178,9 @@ fn pitch_counts_pitch_times_height() {
 
 #[test]
 fn managed_memory_counts_against_the_current_device() {
-    client(
+    capped(
         "linked",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init", "managed", "768M", "alloc", "512M", "alloc", "256M", "info", "freeall", "info",
         ],
@@ -198,12 +198,7 @@ fn managed_memory_counts_against_the_current_device() {
 
 #[test]
 fn percent_of_each_device() {
-    client(
-        "dlsym",
-        &[("VRAMCAP_LIMIT", "25%")],
-        &["init", "fill", "1G", "info"],
-    )
-    .expect_lines(&[
+    capped("dlsym", "25%", &["init", "fill", "1G", "info"]).expect_lines(&[
         "init -> 0",
         "fill 1073741824 -> 4 allocs 4294967296 bytes rc=2",
         &format!("info -> 0 free=0 total={}", 4 * GIB),
@@ -262,9 +257,9 @@ fn per_device_caps_by_index_and_uuid() {
 /// device's context is current at the time.
 #[test]
 fn free_returns_bytes_to_the_allocating_device() {
-    client(
+    capped(
         "linked",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init", "alloc", "1G", "ctx", "1", "free", "0", "ctx", "0", "info", "alloc", "1G",
         ],

@@ -115,11 +115,7 @@ fn vmm_memory_past_the_cap_spills_only_under_tiered_spill() {
     assert!(lines[6].contains(" vmm=2 vmm_host=1 "), "{}", lines[6]);
     assert_eq!(ran.stderr(), "", "nothing is said of spill");
     // Without spill, only the refusal is said, and nothing of spill.
-    let ran = client(
-        "procaddr",
-        &[("VRAMCAP_LIMIT", "1GiB")],
-        &["init", "vmm", "1G", "vmm", "512M"],
-    );
+    let ran = capped("procaddr", "1GiB", &["init", "vmm", "1G", "vmm", "512M"]);
     ran.expect_lines(&["init -> 0", "vmm 1073741824 -> 0 %0", "vmm 536870912 -> 2"]);
     // Only the refusal's own line.
     assert_eq!(

@@ -16,10 +16,6 @@ fn retaining(method: &str, args: &[&str]) -> Ran {
     )
 }
 
-fn used_line(dev: u32, used: u64, peak: u64) -> String {
-    format!("standin dev={dev} used={used} peak={peak}")
-}
-
 #[test]
 fn standin_pool_grows_by_granule_and_keeps_freed_memory_until_sync() {
     for method in ["linked", "dlsym", "procaddr"] {
@@ -63,28 +59,28 @@ fn standin_pool_grows_by_granule_and_keeps_freed_memory_until_sync() {
                 "standin",
             ],
         )
-        .expect_lines(&[
+        .expect_sized(&[
             "init -> 0",
             "stream -> 0",
             "allocasync 1048576 -> 0 #0",
-            &format!("poolattr reserved -> 0 {GRANULE}"),
-            &format!("poolattr used -> 0 {MIB}"),
+            "poolattr reserved -> 0 2M",
+            "poolattr used -> 0 1M",
             "allocasync 1048576 -> 0 #1",
-            &format!("poolattr reserved -> 0 {GRANULE}"),
+            "poolattr reserved -> 0 2M",
             "allocasync 1048576 -> 0 #2",
-            &format!("poolattr reserved -> 0 {}", 2 * GRANULE),
+            "poolattr reserved -> 0 4M",
             "freeasync #0 -> 0",
             "freeasync #1 -> 0",
-            &format!("poolattr used -> 0 {MIB}"),
-            &format!("poolattr reserved -> 0 {}", 2 * GRANULE),
-            &format!("info -> 0 free={} total={}", 60 * MIB, 64 * MIB),
+            "poolattr used -> 0 1M",
+            "poolattr reserved -> 0 4M",
+            "info -> 0 free=60M total=64M",
             "streamsync -> 0",
             // Trimmed to the live MiB, rounded up to the granule.
-            &format!("poolattr reserved -> 0 {GRANULE}"),
-            &format!("poolattr reservedhigh -> 0 {}", 2 * GRANULE),
-            &format!("poolattr usedhigh -> 0 {}", 3 * MIB),
-            &used_line(0, GRANULE, 2 * GRANULE),
-            &used_line(1, 0, 0),
+            "poolattr reserved -> 0 2M",
+            "poolattr reservedhigh -> 0 4M",
+            "poolattr usedhigh -> 0 3M",
+            "standin dev=0 used=2M peak=4M",
+            "standin dev=1 used=0 peak=0",
         ]);
     }
 }
@@ -140,30 +136,30 @@ fn standin_pool_threshold_keeps_reserve_at_sync() {
             "standin",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "stream -> 0",
-        &format!("poolset threshold {} -> 0", 5 * MIB),
-        &format!("allocasync {} -> 0 #0", 9 * MIB),
+        "poolset threshold 5M -> 0",
+        "allocasync 9M -> 0 #0",
         "freeasync #0 -> 0",
         "sync -> 0",
-        &format!("poolattr threshold -> 0 {}", 5 * MIB),
-        &format!("poolattr reserved -> 0 {}", 6 * MIB),
+        "poolattr threshold -> 0 5M",
+        "poolattr reserved -> 0 6M",
         "poolset threshold max -> 0",
-        &format!("allocasync {} -> 0 #1", 20 * MIB),
+        "allocasync 20M -> 0 #1",
         "freeasync #1 -> 0",
         "sync -> 0",
-        &format!("poolattr reserved -> 0 {}", 20 * MIB),
+        "poolattr reserved -> 0 20M",
         &format!("poolattr threshold -> 0 {}", u64::MAX),
-        &format!("pooltrim {} -> 0", 3 * MIB),
-        &format!("poolattr reserved -> 0 {}", 4 * MIB),
+        "pooltrim 3M -> 0",
+        "poolattr reserved -> 0 4M",
         "pooltrim 0 -> 0",
         "poolattr reserved -> 0 0",
         "poolset reservedhigh 0 -> 0",
         "poolattr reservedhigh -> 0 0",
         "poolset usedhigh 1 -> 1",
-        &used_line(0, 0, 20 * MIB),
-        &used_line(1, 0, 0),
+        "standin dev=0 used=0 peak=20M",
+        "standin dev=1 used=0 peak=0",
     ]);
 }
 
@@ -195,19 +191,19 @@ fn standin_pool_growth_that_does_not_fit_changes_nothing() {
             "standin",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "stream -> 0",
-        &format!("allocasync {} -> 0 #0", 40 * MIB),
-        &format!("allocasync {} -> 0 #1", 20 * MIB),
+        "allocasync 40M -> 0 #0",
+        "allocasync 20M -> 0 #1",
         "freeasync #0 -> 0",
-        &format!("allocasync {} -> 2", 50 * MIB),
-        &format!("poolattr reserved -> 0 {}", 60 * MIB),
-        &format!("allocasync {} -> 0 #2", 44 * MIB),
-        &format!("poolattr reserved -> 0 {}", 64 * MIB),
-        &format!("alloc {MIB} -> 2"),
-        &used_line(0, 64 * MIB, 64 * MIB),
-        &used_line(1, 0, 0),
+        "allocasync 50M -> 2",
+        "poolattr reserved -> 0 60M",
+        "allocasync 44M -> 0 #2",
+        "poolattr reserved -> 0 64M",
+        "alloc 1M -> 2",
+        "standin dev=0 used=64M peak=64M",
+        "standin dev=1 used=0 peak=0",
     ]);
 }
 
@@ -236,22 +232,22 @@ fn standin_created_pool_current_pool_and_destroy() {
             "standin",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "stream -> 0",
         "pool -> 0",
         "setpool -> 0",
-        &format!("allocasync {} -> 0 #0", 3 * MIB),
-        &format!("allocasync {MIB} -> 0 #1"),
-        &format!("poolattr reserved -> 0 {}", 4 * MIB),
+        "allocasync 3M -> 0 #0",
+        "allocasync 1M -> 0 #1",
+        "poolattr reserved -> 0 4M",
         "freeasync #1 -> 0",
         "destroypool -> 0",
         // What the live 3 MiB need stays (granule-rounded); the rest goes.
-        &used_line(0, 4 * MIB, 4 * MIB),
-        &used_line(1, 0, 0),
+        "standin dev=0 used=4M peak=4M",
+        "standin dev=1 used=0 peak=0",
         "freeasync #0 -> 0",
-        &used_line(0, 0, 4 * MIB),
-        &used_line(1, 0, 0),
+        "standin dev=0 used=0 peak=4M",
+        "standin dev=1 used=0 peak=0",
     ]);
 }
 
@@ -301,34 +297,34 @@ fn standin_graph_memory_counts_at_launch_in_every_method() {
                 "execdestroy",
             ],
         )
-        .expect_lines(&[
+        .expect_sized(&[
             "init -> 0",
             "stream -> 0",
-            &format!("graphalloc {} -> 0 #0", 3 * MIB),
-            &format!("graphalloc {MIB} -> 0 #1"),
+            "graphalloc 3M -> 0 #0",
+            "graphalloc 1M -> 0 #1",
             "graphfree #1 -> 0",
             "graphnodes -> 0 n=3 types=10,10,11",
             "instantiate -> 0",
-            &used_line(0, 0, 0),
-            &used_line(1, 0, 0),
+            "standin dev=0 used=0 peak=0",
+            "standin dev=1 used=0 peak=0",
             "launch -> 0",
-            &format!("graphmem used -> 0 {}", 3 * MIB),
-            &format!("graphmem usedhigh -> 0 {}", 4 * MIB),
-            &format!("graphmem reserved -> 0 {}", 4 * MIB),
-            &format!("graphmem reservedhigh -> 0 {}", 4 * MIB),
-            &used_line(0, 4 * MIB, 4 * MIB),
-            &used_line(1, 0, 0),
+            "graphmem used -> 0 3M",
+            "graphmem usedhigh -> 0 4M",
+            "graphmem reserved -> 0 4M",
+            "graphmem reservedhigh -> 0 4M",
+            "standin dev=0 used=4M peak=4M",
+            "standin dev=1 used=0 peak=0",
             "launch -> 1",
             "freeasync #0 -> 0",
             "graphmem used -> 0 0",
-            &used_line(0, 4 * MIB, 4 * MIB),
-            &used_line(1, 0, 0),
+            "standin dev=0 used=4M peak=4M",
+            "standin dev=1 used=0 peak=0",
             "graphtrim -> 0",
             "graphmem reserved -> 0 0",
             "graphmemset reservedhigh 0 -> 0",
             "graphmem reservedhigh -> 0 0",
-            &used_line(0, 0, 4 * MIB),
-            &used_line(1, 0, 0),
+            "standin dev=0 used=0 peak=4M",
+            "standin dev=1 used=0 peak=0",
             "execdestroy -> 0",
         ]);
     }
@@ -373,30 +369,30 @@ fn standin_captured_graph_upload_autofree_and_oom() {
             "standin",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "stream -> 0",
         "capture-begin -> 0",
-        &format!("allocasync {} -> 0 #0", 40 * MIB),
+        "allocasync 40M -> 0 #0",
         "capture-end -> 0",
         "graphnodes -> 0 n=1 types=10",
         "instantiate autofree -> 0",
         "upload -> 0",
-        &format!("graphmem reserved -> 0 {}", 40 * MIB),
+        "graphmem reserved -> 0 40M",
         "launch -> 0",
         "launch -> 0",
-        &format!("graphmem used -> 0 {}", 40 * MIB),
+        "graphmem used -> 0 40M",
         "free #0 -> 0",
         "free #0 -> 1",
         "graphtrim -> 0",
-        &format!("alloc {} -> 0 #1", 30 * MIB),
-        &used_line(0, 30 * MIB, 40 * MIB),
-        &used_line(1, 0, 0),
+        "alloc 30M -> 0 #1",
+        "standin dev=0 used=30M peak=40M",
+        "standin dev=1 used=0 peak=0",
         "launch -> 2",
         "graphmem reserved -> 0 0",
         "graphmem used -> 0 0",
-        &used_line(0, 30 * MIB, 40 * MIB),
-        &used_line(1, 0, 0),
+        "standin dev=0 used=30M peak=40M",
+        "standin dev=1 used=0 peak=0",
     ]);
 }
 
@@ -419,12 +415,12 @@ fn standin_instantiate_with_params_uploads() {
             "instantiate",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "stream -> 0",
-        &format!("graphalloc {} -> 0 #0", 5 * MIB),
+        "graphalloc 5M -> 0 #0",
         "instantiate upload -> 0 result=0",
-        &format!("graphmem reserved -> 0 {}", 6 * MIB),
+        "graphmem reserved -> 0 6M",
         "graphmem used -> 0 0",
         "instantiate -> 1",
     ]);
@@ -448,12 +444,12 @@ fn standin_context_footprint_counts_per_context() {
             "standin",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         "ctx 1 -> 0",
         "ctxcreate -> 0",
-        &used_line(0, 600 * MIB, 600 * MIB),
-        &used_line(1, 300 * MIB, 300 * MIB),
+        "standin dev=0 used=600M peak=600M",
+        "standin dev=1 used=300M peak=300M",
         &format!(
             "info -> 0 free={} total={}",
             16384 * MIB - 600 * MIB,
@@ -461,8 +457,8 @@ fn standin_context_footprint_counts_per_context() {
         ),
         "ctxdestroy -> 0",
         "release 1 -> 0",
-        &used_line(0, 300 * MIB, 600 * MIB),
-        &used_line(1, 0, 300 * MIB),
+        "standin dev=0 used=300M peak=600M",
+        "standin dev=1 used=0 peak=300M",
     ]);
 }
 
@@ -505,16 +501,16 @@ fn standin_nvml_pid_override_and_other_processes() {
         ],
         &["init", "alloc", "7M", "nvmlprocs", "nvml"],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
-        &format!("alloc {} -> 0 #0", 7 * MIB),
-        &format!("nvmlprocs dev=0 pid=4242 used={}", 7 * MIB),
-        &format!("nvmlprocs dev=0 pid=4000000 used={}", 100 * MIB),
-        &format!("nvmlprocs dev=0 pid=4000001 used={}", 100 * MIB),
-        &format!("nvmlprocs dev=1 pid=4000000 used={}", 100 * MIB),
-        &format!("nvmlprocs dev=1 pid=4000001 used={}", 100 * MIB),
-        &format!("nvmlprocs dev=2 pid=4000000 used={}", 100 * MIB),
-        &format!("nvmlprocs dev=2 pid=4000001 used={}", 100 * MIB),
+        "alloc 7M -> 0 #0",
+        "nvmlprocs dev=0 pid=4242 used=7M",
+        "nvmlprocs dev=0 pid=4000000 used=100M",
+        "nvmlprocs dev=0 pid=4000001 used=100M",
+        "nvmlprocs dev=1 pid=4000000 used=100M",
+        "nvmlprocs dev=1 pid=4000001 used=100M",
+        "nvmlprocs dev=2 pid=4000000 used=100M",
+        "nvmlprocs dev=2 pid=4000001 used=100M",
         &nvml_line(0, 207 * MIB),
         &nvml_line(1, 200 * MIB),
         &nvml_line(2, 200 * MIB),

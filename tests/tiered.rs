@@ -324,18 +324,18 @@ fn past_the_cap_blocks_are_host_memory_within_the_spill_limit() {
             "standin", "info",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
         // 3 MiB is mapped and charged as 4 MiB (the 2 MiB granularity).
-        &format!("alloc {} -> 0 #0", 3 * MIB),
-        &format!("alloc {} -> 0 #1", 60 * MIB),
-        &format!("alloc {} -> 0 #2", 32 * MIB),
-        &format!("alloc {} -> 2", 2 * MIB),
+        "alloc 3M -> 0 #0",
+        "alloc 60M -> 0 #1",
+        "alloc 32M -> 0 #2",
+        "alloc 2M -> 2",
         // 1 MiB: the ordinary path, whose spill the full spill limit refuses too.
-        &format!("alloc {} -> 2", MIB),
-        &format!("standin dev=0 used={} peak={}", 64 * MIB, 64 * MIB),
+        "alloc 1M -> 2",
+        "standin dev=0 used=64M peak=64M",
         "standin dev=1 used=0 peak=0",
-        &format!("info -> 0 free=0 total={}", 64 * MIB),
+        "info -> 0 free=0 total=64M",
     ]);
 }
 
@@ -368,9 +368,9 @@ fn the_launch_hooks_are_handed_out_only_under_tiered_spill() {
 /// function whatever the mode; without tiered spill it is the driver's.
 #[test]
 fn a_linked_launch_without_tiered_spill_is_the_drivers() {
-    client(
+    capped(
         "linked",
-        &[("VRAMCAP_LIMIT", "1GiB")],
+        "1GiB",
         &[
             "init",
             "alloc",
@@ -383,9 +383,9 @@ fn a_linked_launch_without_tiered_spill_is_the_drivers() {
             "kcounts",
         ],
     )
-    .expect_lines(&[
+    .expect_sized(&[
         "init -> 0",
-        &format!("alloc {} -> 0 #0", 4 * MIB),
+        "alloc 4M -> 0 #0",
         "kernel touch1 -> 0",
         "kernel-launch 5 -> 0",
         "kcounts launch=5 fault=0",

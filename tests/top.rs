@@ -528,19 +528,9 @@ fn a_bad_interval_or_count_is_refused() {
 /// untouched, nothing cleared.
 #[test]
 fn escape_sequences_in_a_page_never_reach_the_terminal() {
-    use crate::readers::{Forge, HOSTILE_COMMAND, forge};
+    use crate::readers::{Forge, forge};
     let dir = scratch_dir();
-    let page = forge(
-        &dir,
-        &Forge {
-            pid: 970_001,
-            devices: 1,
-            command: HOSTILE_COMMAND,
-            group: b"",
-            pod: b"\x1b]2;pod\x07",
-            namespace: b"",
-        },
-    );
+    let page = forge(&dir, &Forge::hostile(970_001, b"", b"\x1b]2;pod\x07", b""));
     let command = format!(
         "env VRAMCAP_STATS_DIR={} {} top --interval 120; read line",
         shell_quote(&dir.display().to_string()),

@@ -79,14 +79,7 @@ fn hostile_text_in_pages_and_directory_names_is_escaped_in_labels() {
     std::fs::create_dir(&sub).unwrap();
     let page = forge(
         &sub,
-        &Forge {
-            pid: 960_001,
-            devices: 1,
-            command: crate::readers::HOSTILE_COMMAND,
-            group: b"g\"x\n",
-            pod: b"p\x07od",
-            namespace: b"n\xffs",
-        },
+        &Forge::hostile(960_001, b"g\"x\n", b"p\x07od", b"n\xffs"),
     );
     let pattern = format!("{}/*", root.display());
     let ex = Exporter::start_with(&root, &["--dir", &pattern]);

@@ -60,6 +60,19 @@ impl Forge<'_> {
         }
     }
 
+    /// A page of `pid` on one GPU with [`HOSTILE_COMMAND`] for its command
+    /// and these group, pod and namespace.
+    pub fn hostile<'a>(pid: u32, group: &'a [u8], pod: &'a [u8], namespace: &'a [u8]) -> Forge<'a> {
+        Forge {
+            pid,
+            devices: 1,
+            command: HOSTILE_COMMAND,
+            group,
+            pod,
+            namespace,
+        }
+    }
+
     pub fn bytes(&self) -> Vec<u8> {
         let mut b = template().to_vec();
         b[28..32].copy_from_slice(&self.pid.to_ne_bytes());
@@ -124,6 +137,15 @@ pub fn lock(file: &File, at: i64) {
     // SAFETY: an open descriptor and a valid flock.
     let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
     assert_eq!(rc, 0, "lock: {}", std::io::Error::last_os_error());
+}
+
+/// More than `least` truncations happened while the reads ran: they
+/// overlapped.
+fn assert_overlapped(rounds: u64, least: u64) {
+    assert!(
+        rounds > least,
+        "the truncations overlapped the reads: {rounds}"
+    );
 }
 
 /// Truncates and restores `file` (to `bytes`) over and over, in several
@@ -224,10 +246,7 @@ fn a_page_truncated_while_stat_reads_it_never_kills_stat() {
         }
     }
     eprintln!("{rounds} truncations; the page was shown in {shown} of 400 refreshes");
-    assert!(
-        rounds > 100,
-        "the truncations overlapped the reads: {rounds}"
-    );
+    assert_overlapped(rounds, 100);
 }
 
 /// The reader's own group file is mapped (to return dead members'
@@ -257,10 +276,7 @@ fn a_group_file_truncated_while_stat_reclaims_it_never_kills_stat() {
     exited_0(&ran);
     assert_eq!(ran.ok_lines().len(), 300);
     eprintln!("{rounds} truncations of the group file");
-    assert!(
-        rounds > 50,
-        "the truncations overlapped the reads: {rounds}"
-    );
+    assert_overlapped(rounds, 50);
 }
 
 /// `trim` keeps the page of the process it asks mapped while it waits for
@@ -439,14 +455,7 @@ fn escape_sequences_in_pages_and_file_names_are_shown_escaped() {
     let dir = scratch_dir();
     let page = forge(
         &dir,
-        &Forge {
-            pid: 930_001,
-            devices: 1,
-            command: HOSTILE_COMMAND,
-            group: b"g\x1b[31m",
-            pod: b"pod\n\"x\"",
-            namespace: b"ns\xc2\x9b",
-        },
+        &Forge::hostile(930_001, b"g\x1b[31m", b"pod\n\"x\"", b"ns\xc2\x9b"),
     );
     std::fs::write(dir.join("\x1b]0;owned\x07.page"), b"junk, not a page").unwrap();
     let no_controls = |what: &str, bytes: &[u8]| {

@@ -314,6 +314,13 @@ impl Ran {
         assert_eq!(got, want, "stdout differs{}", self.context());
     }
 
+    /// [`Ran::expect_lines`] with each size word of `want` (`40M`, `3G`)
+    /// written in bytes first, as the stand-in prints sizes: see [`in_bytes`].
+    pub fn expect_sized(&self, want: &[&str]) {
+        let want: Vec<String> = want.iter().map(|line| in_bytes(line)).collect();
+        self.expect_owned_lines(&want);
+    }
+
     /// [`Ran::expect_lines`] for lines made at run time.
     pub fn expect_owned_lines(&self, want: &[String]) {
         let got = self.ok_lines();
@@ -360,12 +367,50 @@ pub fn client(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
 }
 
 /// Runs the test client against the stand-in driver alone.
+/// [`client`] under `VRAMCAP_LIMIT=limit` and no other setting.
+pub fn capped(method: &str, limit: &str, args: &[&str]) -> Ran {
+    client(method, &[("VRAMCAP_LIMIT", limit)], args)
+}
+
 pub fn client_bare(method: &str, env: &[(&str, &str)], args: &[&str]) -> Ran {
     run_client(bare(client_program(method)), method, env, args)
 }
 
 pub const GIB: u64 = 1 << 30;
 pub const MIB: u64 = 1 << 20;
+
+/// `line` with each size word in bytes: digits followed by `M` (MiB) or `G`
+/// (GiB), with no letter or digit on either side, so `alloc 40M -> 0 #1`
+/// becomes `alloc 41943040 -> 0 #1`. Everything else is kept as it is.
+pub fn in_bytes(line: &str) -> String {
+    let alnum = |c: Option<&u8>| c.is_some_and(u8::is_ascii_alphanumeric);
+    let b = line.as_bytes();
+    let mut out = String::with_capacity(line.len() + 16);
+    let mut i = 0;
+    while i < b.len() {
+        let digits = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+        let unit = match b.get(i + digits) {
+            Some(b'M') => MIB,
+            Some(b'G') => GIB,
+            _ => 0,
+        };
+        let alone =
+            !alnum(i.checked_sub(1).and_then(|j| b.get(j))) && !alnum(b.get(i + digits + 1));
+        if digits > 0 && unit > 0 && alone {
+            let n: u64 = line[i..i + digits].parse().expect("only digits");
+            out.push_str(&(n * unit).to_string());
+            i += digits + 1;
+        } else if digits > 0 {
+            out.push_str(&line[i..i + digits]);
+            i += digits;
+        } else {
+            let c = line[i..].chars().next().expect("i is below the length");
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
 
 /// Device 0 of process `pid` as `vramcap stat --json` shows it, from `dir`.
 pub fn stat_device0(dir: &Path, pid: u32) -> serde_json::Value {

@@ -20,6 +20,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use vramcap_core::park::Ask;
+
+/// The device plugin's default paths: where the DaemonSet puts the shim on
+/// the node (and where containers see it), and the kubelet's sockets.
+const SHIM_ON_NODE: &str = "/opt/vramcap/lib/libvramcap.so";
+const KUBELET_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
+const POD_RESOURCES: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 #[derive(Parser)]
 #[command(
@@ -183,11 +190,7 @@ enum Command {
     /// Serve GPU memory to the kubelet as vramcap.io/gpu-memory (a device plugin, API v1beta1; docs/device-plugin.md)
     DevicePlugin {
         /// The kubelet's device-plugin directory (its kubelet.sock is there)
-        #[arg(
-            long,
-            value_name = "DIR",
-            default_value = "/var/lib/kubelet/device-plugins"
-        )]
+        #[arg(long, value_name = "DIR", default_value = KUBELET_PLUGINS)]
         plugin_dir: PathBuf,
         /// The plugin's socket, in that directory
         #[arg(long, value_name = "NAME", default_value = "vramcap-gpu-memory.sock")]
@@ -202,18 +205,10 @@ enum Command {
         #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_reserve)]
         reserve: u64,
         /// The shim on the node (where the DaemonSet's init container puts it), mounted read-only into each container
-        #[arg(
-            long,
-            value_name = "PATH",
-            default_value = "/opt/vramcap/lib/libvramcap.so"
-        )]
+        #[arg(long, value_name = "PATH", default_value = SHIM_ON_NODE)]
         library: PathBuf,
         /// Where containers see the shim (named by their /etc/ld.so.preload)
-        #[arg(
-            long,
-            value_name = "PATH",
-            default_value = "/opt/vramcap/lib/libvramcap.so"
-        )]
+        #[arg(long, value_name = "PATH", default_value = SHIM_ON_NODE)]
         library_in_container: PathBuf,
         /// The plugin's directory on the node: ld.so.preload and one directory per allocation
         #[arg(long, value_name = "DIR", default_value = "/var/lib/vramcap")]
@@ -228,11 +223,7 @@ enum Command {
         #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = cli::stat::parse_seconds)]
         health_interval: std::time::Duration,
         /// The kubelet's PodResources socket, asked which allocations are still there
-        #[arg(
-            long,
-            value_name = "PATH",
-            default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
-        )]
+        #[arg(long, value_name = "PATH", default_value = POD_RESOURCES)]
         pod_resources: PathBuf,
         /// How often the directories of ended allocations are swept, in seconds
         #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = cli::stat::parse_seconds)]
@@ -291,6 +282,19 @@ fn print_size(text: &str) -> Result<ExitCode, String> {
     })?;
     println!("{bytes}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `vramcap park` and `vramcap resume` (`command`): `ask` to the processes
+/// `args` picks, in the statistics directories `write` resolves.
+fn park(
+    write: &cli::trim::WriteOptions,
+    uid: u32,
+    command: &str,
+    ask: Ask,
+    args: &cli::park::ParkArgs,
+) -> Result<ExitCode, String> {
+    let (dirs, users) = write.resolve(uid, command)?;
+    Ok(ExitCode::from(cli::park::run(&dirs, users, ask, args)))
 }
 
 fn main() -> ExitCode {
@@ -383,18 +387,12 @@ fn main() -> ExitCode {
             targets,
             idle,
             write,
-        } => write.resolve(uid, "park").map(|(dirs, users)| {
-            let ask = vramcap_core::park::Ask::Park;
-            ExitCode::from(cli::park::run(&dirs, users, ask, &targets.args(idle, None)))
-        }),
+        } => park(&write, uid, "park", Ask::Park, &targets.args(idle, None)),
         Command::Resume {
             targets,
             wait,
             write,
-        } => write.resolve(uid, "resume").map(|(dirs, users)| {
-            let ask = vramcap_core::park::Ask::Resume;
-            ExitCode::from(cli::park::run(&dirs, users, ask, &targets.args(None, wait)))
-        }),
+        } => park(&write, uid, "resume", Ask::Resume, &targets.args(None, wait)),
         Command::Size { size } => print_size(&size),
         Command::Kernel { action } => cli::kernel::run(action),
         Command::DevicePlugin {

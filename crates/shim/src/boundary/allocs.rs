@@ -61,27 +61,43 @@ unsafe fn answer(
     }
 }
 
+/// An allocation answered through `dptr` (and `pitch`, when non-null): a
+/// null `dptr` goes to the driver unchanged; otherwise `handler` (the
+/// engine's) gets the real call as [`reading`] makes it, and its answer is
+/// written back.
+///
+/// # Safety
+/// As [`reading`], where `dptr` is non-null.
+unsafe fn allocating(
+    mut real: impl FnMut() -> CUresult,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    handler: impl FnOnce(&mut dyn FnMut() -> Result<Made, CUresult>) -> Result<Made, CUresult>,
+) -> CUresult {
+    if dptr.is_null() {
+        return real();
+    }
+    // SAFETY: `dptr` is non-null; the caller's contract.
+    let made = handler(&mut unsafe { reading(real, dptr, pitch) });
+    // SAFETY: as above.
+    unsafe { answer(made, dptr, pitch) }
+}
+
 /// `cuMemAlloc_v2`.
 ///
 /// # Safety
 /// The driver function's contract.
 pub unsafe fn mem_alloc(
     engine: E,
-    mut real: impl FnMut() -> CUresult,
+    real: impl FnMut() -> CUresult,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
 ) -> CUresult {
-    if dptr.is_null() {
-        return real();
-    }
-    let none = std::ptr::null_mut();
-    // SAFETY: `dptr` is non-null; the driver function's contract.
+    // SAFETY: the driver function's contract.
     unsafe {
-        answer(
-            engine.mem_alloc(reading(real, dptr, none), bytesize as u64),
-            dptr,
-            none,
-        )
+        allocating(real, dptr, std::ptr::null_mut(), |r| {
+            engine.mem_alloc(r, bytesize as u64)
+        })
     }
 }
 
@@ -98,18 +114,15 @@ pub unsafe fn mem_alloc_pitch(
     height: usize,
     element_size: c_uint,
 ) -> CUresult {
-    if dptr.is_null() || pitch.is_null() {
+    if pitch.is_null() {
         return real();
     }
-    let made = engine.mem_alloc_pitch(
-        // SAFETY: both are non-null; the driver function's contract.
-        unsafe { reading(real, dptr, pitch) },
-        width as u64,
-        height as u64,
-        element_size,
-    );
-    // SAFETY: as above.
-    unsafe { answer(made, dptr, pitch) }
+    // SAFETY: the driver function's contract.
+    unsafe {
+        allocating(real, dptr, pitch, |r| {
+            engine.mem_alloc_pitch(r, width as u64, height as u64, element_size)
+        })
+    }
 }
 
 /// `cuMemAllocManaged`. Its flags go to the real call only: the engine
@@ -119,19 +132,17 @@ pub unsafe fn mem_alloc_pitch(
 /// The driver function's contract.
 pub unsafe fn mem_alloc_managed(
     engine: E,
-    mut real: impl FnMut() -> CUresult,
+    real: impl FnMut() -> CUresult,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     _flags: c_uint,
 ) -> CUresult {
-    if dptr.is_null() {
-        return real();
+    // SAFETY: the driver function's contract.
+    unsafe {
+        allocating(real, dptr, std::ptr::null_mut(), |r| {
+            engine.mem_alloc_managed(r, bytesize as u64)
+        })
     }
-    let none = std::ptr::null_mut();
-    // SAFETY: `dptr` is non-null; the driver function's contract.
-    let made = engine.mem_alloc_managed(unsafe { reading(real, dptr, none) }, bytesize as u64);
-    // SAFETY: as above.
-    unsafe { answer(made, dptr, none) }
 }
 
 /// `cuMemAllocAsync[_ptsz]`.
@@ -141,19 +152,17 @@ pub unsafe fn mem_alloc_managed(
 pub unsafe fn mem_alloc_async(
     engine: E,
     flavour: Flavour,
-    mut real: impl FnMut() -> CUresult,
+    real: impl FnMut() -> CUresult,
     dptr: *mut CUdeviceptr,
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    if dptr.is_null() {
-        return real();
+    // SAFETY: the driver function's contract.
+    unsafe {
+        allocating(real, dptr, std::ptr::null_mut(), |r| {
+            engine.mem_alloc_async(flavour, r, size, stream)
+        })
     }
-    let none = std::ptr::null_mut();
-    // SAFETY: `dptr` is non-null; the driver function's contract.
-    let made = engine.mem_alloc_async(flavour, unsafe { reading(real, dptr, none) }, size, stream);
-    // SAFETY: as above.
-    unsafe { answer(made, dptr, none) }
 }
 
 /// `cuMemAllocFromPoolAsync[_ptsz]`.
@@ -163,26 +172,18 @@ pub unsafe fn mem_alloc_async(
 pub unsafe fn mem_alloc_from_pool_async(
     engine: E,
     flavour: Flavour,
-    mut real: impl FnMut() -> CUresult,
+    real: impl FnMut() -> CUresult,
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: *mut c_void,
     stream: CUstream,
 ) -> CUresult {
-    if dptr.is_null() {
-        return real();
+    // SAFETY: the driver function's contract.
+    unsafe {
+        allocating(real, dptr, std::ptr::null_mut(), |r| {
+            engine.mem_alloc_from_pool_async(flavour, r, size, pool, stream)
+        })
     }
-    let none = std::ptr::null_mut();
-    let made = engine.mem_alloc_from_pool_async(
-        flavour,
-        // SAFETY: `dptr` is non-null; the driver function's contract.
-        unsafe { reading(real, dptr, none) },
-        size,
-        pool,
-        stream,
-    );
-    // SAFETY: as above.
-    unsafe { answer(made, dptr, none) }
 }
 
 /// The real call, answering what the driver wrote through `out` when it

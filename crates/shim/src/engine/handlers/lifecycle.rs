@@ -7,6 +7,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 
+use super::on_success;
 use crate::engine::Engine;
 use crate::engine::accounting::records::Kind;
 use crate::engine::driver::{Driver, Flavour};
@@ -243,11 +244,7 @@ impl<D: Driver> Engine<D> {
     /// for captures and its record (`cache.rs`).
     fn began(&self, mut real: impl FnMut() -> CUresult) -> CUresult {
         let _no_ordering = self.cache.ordering_exclusive();
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.base.capture_began();
-        }
-        rc
+        on_success(real(), || self.base.capture_began())
     }
 
     /// `cuStreamBeginCapture[_ptsz]` (CUDA 10.0).

@@ -17,3 +17,14 @@ pub(super) mod nvml;
 pub(super) mod pools;
 pub(super) mod queries;
 pub(super) mod vmm;
+
+use crate::ffi::{CUDA_SUCCESS, CUresult};
+
+/// `rc`, a real call's answer, after `then` (what the engine records of a
+/// call that worked; what it returns is not needed) when it is success.
+fn on_success<T>(rc: CUresult, then: impl FnOnce() -> T) -> CUresult {
+    if rc == CUDA_SUCCESS {
+        then();
+    }
+    rc
+}

@@ -21,6 +21,7 @@ use std::ffi::{c_int, c_void};
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Counting;
 
+use super::on_success;
 use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Place, Record};
 use crate::engine::driver::{Driver, Flavour};
@@ -267,11 +268,7 @@ impl<D: Driver> Engine<D> {
             .driver()
             .mem_pool_attribute(pool as usize, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
             .ok();
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.base.pool_destroyed(pool as usize, reserved);
-        }
-        rc
+        on_success(real(), || self.base.pool_destroyed(pool as usize, reserved))
     }
 
     /// `cuMemPoolTrimTo`: the pool's charge follows what it keeps.
@@ -281,11 +278,7 @@ impl<D: Driver> Engine<D> {
         pool: CUmemoryPool,
         _keep: usize,
     ) -> CUresult {
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.base.pool_refresh(pool as usize);
-        }
-        rc
+        on_success(real(), || self.base.pool_refresh(pool as usize))
     }
 
     /// `cuMemPoolSetAttribute`: the pool's charge is read again.
@@ -296,10 +289,6 @@ impl<D: Driver> Engine<D> {
         _attr: c_int,
         _value: *mut c_void,
     ) -> CUresult {
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.base.pool_refresh(pool as usize);
-        }
-        rc
+        on_success(real(), || self.base.pool_refresh(pool as usize))
     }
 }

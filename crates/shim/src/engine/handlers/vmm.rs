@@ -13,6 +13,7 @@ use std::ffi::{c_int, c_void};
 
 use vramcap_core::page::DeviceSlot;
 
+use super::on_success;
 use crate::engine::Engine;
 use crate::engine::accounting::records::Object;
 use crate::engine::driver::Driver;
@@ -208,11 +209,7 @@ impl<D: Driver> Engine<D> {
         {
             return rc;
         }
-        let rc = real();
-        if rc == CUDA_SUCCESS {
-            self.drop_ref(handle);
-        }
-        rc
+        on_success(real(), || self.drop_ref(handle))
     }
 
     /// `cuMemRetainAllocationHandle`.

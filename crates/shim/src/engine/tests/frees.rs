@@ -27,7 +27,7 @@ fn a_second_free_of_a_cached_block_is_refused_and_changes_nothing() {
 
 #[test]
 fn a_second_free_without_the_cache_is_the_drivers_answer() {
-    let e = engine(&[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("1GiB", &[]);
     let a = alloc(e, 8 * MIB).unwrap();
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, a), CUDA_ERROR_INVALID_VALUE);

@@ -45,7 +45,7 @@ fn info(e: &'static Engine<Fake>) -> (u64, u64) {
 /// refused until the program trims the pool, then fits.
 #[test]
 fn a_pool_that_keeps_freed_memory_is_charged_until_trimmed() {
-    let e = engine(&[("VRAMCAP_LIMIT", "4GiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("4GiB", &[]);
     e.base.driver().pool.lock().unwrap().2 = u64::MAX;
     let size = 2867 * MIB + 5; // 70% of the cap, not a multiple of the granule
     let a = alloc_async(e, size).unwrap();
@@ -75,7 +75,7 @@ fn a_pool_that_keeps_freed_memory_is_charged_until_trimmed() {
 /// allocations reusing the reserve cost nothing more.
 #[test]
 fn a_pool_trimmed_at_a_synchronisation_is_seen_before_a_refusal() {
-    let e = engine(&[("VRAMCAP_LIMIT", "4GiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("4GiB", &[]);
     let a = alloc_async(e, 3 * GIB).unwrap();
     assert_eq!(free_async(e, a, 3 * GIB), CUDA_SUCCESS);
     let b = alloc_async(e, GIB).unwrap();
@@ -101,11 +101,7 @@ fn a_pool_trimmed_at_a_synchronisation_is_seen_before_a_refusal() {
 /// the total do not both fit.
 #[test]
 fn a_set_context_is_charged_and_two_halves_do_not_fit() {
-    let e = engine(&[
-        ("VRAMCAP_LIMIT", "4GiB"),
-        ("VRAMCAP_CACHE", "off"),
-        ("VRAMCAP_CONTEXT", "600MiB"),
-    ]);
+    let e = uncached("4GiB", &[("VRAMCAP_CONTEXT", "600MiB")]);
     assert_eq!(info(e), (4 * GIB - 600 * MIB, 4 * GIB));
     let s = e.slot(0).unwrap();
     assert_eq!(
@@ -128,7 +124,7 @@ fn the_context_is_what_nvml_shows_beyond_the_allocations() {
         },
         &[
             ("VRAMCAP_LIMIT", "4GiB"),
-            ("VRAMCAP_CACHE", "off"),
+            NO_CACHE,
             ("VRAMCAP_CONTEXT", "auto"),
         ],
     );
@@ -168,13 +164,20 @@ fn counting_allocations_only_charges_by_size() {
     assert_eq!(info(e), (4 * GIB, 4 * GIB));
 }
 
-/// The settings and fake for the context tests below: a 4 GiB cap, the
-/// cache off, the context measured.
-const MEASURED: [(&str, &str); 3] = [
-    ("VRAMCAP_LIMIT", "4GiB"),
-    ("VRAMCAP_CACHE", "off"),
-    ("VRAMCAP_CONTEXT", "auto"),
-];
+/// The engine of the context tests below: a 4 GiB cap, the cache off, the
+/// context measured, on `fake` with a context of 300 MiB.
+fn measured(fake: Fake) -> &'static Engine<Fake> {
+    let fake = Fake {
+        context: Some(300 * MIB),
+        ..fake
+    };
+    let vars = [
+        ("VRAMCAP_LIMIT", "4GiB"),
+        NO_CACHE,
+        ("VRAMCAP_CONTEXT", "auto"),
+    ];
+    engine_with(fake, &vars)
+}
 
 /// In a container NVML lists host PIDs. With another process on the GPU
 /// the fallback is charged until this one can be told apart (the only one
@@ -182,15 +185,11 @@ const MEASURED: [(&str, &str); 3] = [
 /// can fall again.
 #[test]
 fn in_a_container_the_context_is_a_provisional_guess() {
-    let e = engine_with(
-        Fake {
-            context: Some(300 * MIB),
-            container: true,
-            others: vec![(9, 100 * MIB)],
-            ..Fake::default()
-        },
-        &MEASURED,
-    );
+    let e = measured(Fake {
+        container: true,
+        others: vec![(9, 100 * MIB)],
+        ..Fake::default()
+    });
     assert_eq!(
         info(e).0,
         4 * GIB - 512 * MIB,
@@ -217,14 +216,10 @@ fn in_a_container_the_context_is_a_provisional_guess() {
 /// alone on the list is never taken for it.
 #[test]
 fn in_the_host_namespace_another_pid_is_never_taken_for_this_one() {
-    let e = engine_with(
-        Fake {
-            context: Some(300 * MIB),
-            not_available: true,
-            ..Fake::default()
-        },
-        &MEASURED,
-    );
+    let e = measured(Fake {
+        not_available: true,
+        ..Fake::default()
+    });
     // NVML lists this PID without a figure: the fallback, not 2^64 bytes.
     assert_eq!(info(e).0, 4 * GIB - 512 * MIB);
     let a = alloc(e, GIB).unwrap();
@@ -257,7 +252,7 @@ fn counting_allocations_never_reads_a_pool() {
 /// freed, and a new pool that gets the same handle is a pool of its own.
 #[test]
 fn a_destroyed_pool_is_charged_until_its_last_allocation_goes() {
-    let e = engine(&[("VRAMCAP_LIMIT", "4GiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("4GiB", &[]);
     let a = alloc_async(e, GIB).unwrap();
     let destroy = || {
         // The driver keeps its memory; a new pool starts empty.

@@ -22,10 +22,7 @@ fn a_key_that_names_no_gpu_stops_the_process_at_the_first_cap() {
     };
     // An index beyond the two devices: stopped (status 2) at the first
     // call that needs a cap, and every call after that is refused too.
-    let e = engine_on(
-        two(),
-        &[("VRAMCAP_LIMIT", "5=1GiB"), ("VRAMCAP_CACHE", "off")],
-    );
+    let e = engine_on(two(), &[("VRAMCAP_LIMIT", "5=1GiB"), NO_CACHE]);
     assert!(
         exits(e).is_empty(),
         "nothing is checked before CUDA is used"
@@ -44,10 +41,7 @@ fn a_key_that_names_no_gpu_stops_the_process_at_the_first_cap() {
     // Keys that name the devices are fine.
     let e = engine_on(
         two(),
-        &[
-            ("VRAMCAP_LIMIT", "1=2GiB,GPU-01010101=1GiB"),
-            ("VRAMCAP_CACHE", "off"),
-        ],
+        &[("VRAMCAP_LIMIT", "1=2GiB,GPU-01010101=1GiB"), NO_CACHE],
     );
     let p = alloc(e, GIB).unwrap();
     assert_eq!(alloc(e, 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
@@ -68,10 +62,7 @@ fn a_key_that_names_no_gpu_stops_the_process_at_the_first_cap() {
     // A GPU of the machine this process does not see: not an error (a
     // setting shared under CUDA_VISIBLE_DEVICES); the visible devices have
     // no cap from it.
-    let e = engine_on(
-        nvml(),
-        &[("VRAMCAP_LIMIT", "GPU-0303=1GiB"), ("VRAMCAP_CACHE", "off")],
-    );
+    let e = engine_on(nvml(), &[("VRAMCAP_LIMIT", "GPU-0303=1GiB"), NO_CACHE]);
     let p = alloc(e, 2 * GIB).unwrap();
     assert!(exits(e).is_empty());
     assert_eq!(free(e, p), CUDA_SUCCESS);
@@ -98,7 +89,7 @@ fn member(dir: &str, group: &str, limit: Option<&str>) -> &'static Engine<Fake> 
     let mut vars = vec![
         ("VRAMCAP_GROUP", group),
         ("VRAMCAP_STATS_DIR", dir),
-        ("VRAMCAP_CACHE", "off"),
+        NO_CACHE,
     ];
     if let Some(l) = limit {
         vars.push(("VRAMCAP_LIMIT", l));

@@ -22,10 +22,25 @@ mod tiered;
 
 use self::fake::*;
 
+/// The freed-block cache off: every free reaches the fake.
+const NO_CACHE: (&str, &str) = ("VRAMCAP_CACHE", "off");
+
+/// [`engine`] capped at `cap` with [`NO_CACHE`], and `more` settings.
+fn uncached(cap: &str, more: &[(&str, &str)]) -> &'static Engine<Fake> {
+    let mut vars = vec![("VRAMCAP_LIMIT", cap), NO_CACHE];
+    vars.extend_from_slice(more);
+    engine(&vars)
+}
+
 /// `cuMemAlloc_v2` through the engine, the fake playing the driver.
 fn alloc(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
     let real = || Ok(Made::at(e.base.driver().alloc(bytes)));
     e.mem_alloc(real, bytes).map(|m| m.ptr)
+}
+
+/// [`alloc`] of each size in turn, each of which must succeed.
+fn allocs<const N: usize>(e: &'static Engine<Fake>, sizes: [u64; N]) -> [u64; N] {
+    sizes.map(|bytes| alloc(e, bytes).unwrap())
 }
 
 fn free(e: &'static Engine<Fake>, ptr: u64) -> CUresult {
@@ -38,7 +53,7 @@ fn used(e: &'static Engine<Fake>) -> u64 {
 
 #[test]
 fn the_cap_refuses_exactly_past_it_and_frees_give_back() {
-    let e = engine(&[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("1GiB", &[]);
     let a = alloc(e, 768 * MIB).unwrap();
     assert_eq!(alloc(e, 257 * MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
     let b = alloc(e, 256 * MIB).unwrap();
@@ -56,7 +71,7 @@ fn the_cap_refuses_exactly_past_it_and_frees_give_back() {
 
 #[test]
 fn racing_threads_never_hold_more_than_the_cap() {
-    let e = engine(&[("VRAMCAP_LIMIT", "100MiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("100MiB", &[]);
     let granted = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for t in 0..8u64 {
@@ -144,8 +159,7 @@ fn a_new_context_at_the_same_address_gets_its_own_event() {
 #[test]
 fn a_late_non_blocking_stream_waits_for_the_orderings_made() {
     let e = engine(&[("VRAMCAP_LIMIT", "1GiB")]);
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, b), CUDA_SUCCESS);
     let _c = alloc(e, 8 * MIB).unwrap();
@@ -170,8 +184,7 @@ fn a_late_non_blocking_stream_waits_for_the_orderings_made() {
 }
 
 fn reuse_once_per_burst(e: &'static Engine<Fake>, syncs: &AtomicUsize) {
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, b), CUDA_SUCCESS);
     // Both kept: no driver free, still counted.
@@ -300,7 +313,7 @@ fn vmm_bytes_come_back_with_the_last_reference_or_mapping() {
 
 #[test]
 fn a_pitch_wider_than_the_estimate_is_settled_or_refused() {
-    let e = engine(&[("VRAMCAP_LIMIT", "1GiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("1GiB", &[]);
     let pitched = |width: usize, height: usize, driver_pitch: usize| {
         let real = || {
             Ok(Made {
@@ -329,13 +342,8 @@ fn a_pitch_wider_than_the_estimate_is_settled_or_refused() {
 
 #[test]
 fn past_the_cap_host_spill_places_and_frees_outside_the_budget() {
-    let e = engine(&[
-        ("VRAMCAP_LIMIT", "1GiB"),
-        ("VRAMCAP_CACHE", "off"),
-        ("VRAMCAP_SPILL", "host"),
-    ]);
-    let a = alloc(e, GIB).unwrap();
-    let b = alloc(e, 256 * MIB).unwrap();
+    let e = uncached("1GiB", &[("VRAMCAP_SPILL", "host")]);
+    let [a, b] = allocs(e, [GIB, 256 * MIB]);
     assert_eq!(
         b & 0x1_0000_0000_0000,
         0x1_0000_0000_0000,

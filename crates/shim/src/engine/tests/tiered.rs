@@ -13,7 +13,7 @@ mod handles;
 const TIERED: (&str, &str) = ("VRAMCAP_SPILL", "tiered");
 
 fn tiered(cap: &str) -> &'static Engine<Fake> {
-    engine(&[("VRAMCAP_LIMIT", cap), TIERED, ("VRAMCAP_CACHE", "off")])
+    uncached(cap, &[TIERED])
 }
 
 fn spilled(e: &'static Engine<Fake>) -> u64 {
@@ -107,19 +107,29 @@ fn launches_count_uses_of_the_blocks_their_words_point_into() {
         launch(e, &[a, a + 8 * MIB - 1, a + 8 * MIB, 7]),
         CUDA_SUCCESS
     );
-    assert_eq!(e.tiers.hits(), 2);
-    assert_eq!(e.tiers.launches(), 1);
+    assert_eq!((e.tiers.launches(), e.tiers.hits()), (1, 2));
 }
 
 #[test]
 fn a_use_by_a_matrix_product_weighs_more() {
     let e = tiered("64MiB");
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     launch(e, &[a, b]); // an element-wise kernel
     launch(e, &[a, 0, 0, 0, 0, 0, 0]); // function 7: a matrix product
     assert_eq!(e.tiers.heat_of(a), Some(1 + 32));
     assert_eq!(e.tiers.heat_of(b), Some(1));
+}
+
+/// Gives the fake driver's `graph` these kernel nodes (function, parameter
+/// words), then instantiates it as [`instantiate`] does.
+fn graph_of(
+    e: &'static Engine<Fake>,
+    graph: usize,
+    handle: usize,
+    nodes: Vec<KernelNode>,
+) -> CUgraphExec {
+    e.base.driver().graphs.lock().unwrap().insert(graph, nodes);
+    instantiate(e, graph, handle)
 }
 
 /// `cuGraphInstantiateWithFlags` of `graph` through the engine: the
@@ -146,20 +156,20 @@ fn graph_launch(e: &'static Engine<Fake>, exec: CUgraphExec) -> CUresult {
 #[test]
 fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     let e = tiered("64MiB");
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     // Function N has N 8-byte parameters; 7 is a matrix product. Two
     // nodes name `a` at its start (one entry, weight 2), a product names
     // it 1 MiB in; words outside every block (0, 7) are left out.
-    e.base.driver().graphs.lock().unwrap().insert(
+    let exec = graph_of(
+        e,
         0x50,
+        0x5000,
         vec![
             (2, vec![a, b]),
             (1, vec![a]),
             (7, vec![a + MIB, 0, 0, 0, 0, 0, 7]),
         ],
     );
-    let exec = instantiate(e, 0x50, 0x5000);
     // Instantiating is no use.
     assert_eq!(e.tiers.heat_of(a), Some(0));
     for _ in 0..3 {
@@ -168,8 +178,7 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
     assert_eq!(e.tiers.heat_of(a), Some(3 * (2 + 32)));
     assert_eq!(e.tiers.heat_of(b), Some(3));
     // Each launch: three kernels for the scores' clock, three entries hit.
-    assert_eq!(e.tiers.launches(), 9);
-    assert_eq!(e.tiers.hits(), 9);
+    assert_eq!((e.tiers.launches(), e.tiers.hits()), (9, 9));
     // An upload runs no kernel.
     assert_eq!(
         e.graph_upload(Flavour::Legacy, || CUDA_SUCCESS, exec, std::ptr::null_mut()),
@@ -187,24 +196,12 @@ fn a_graph_launch_counts_the_uses_its_kernel_nodes_make() {
 fn a_failed_destroy_keeps_the_graphs_uses_and_no_block_means_no_walk() {
     let e = tiered("64MiB");
     // Before any tiered block the graph is not walked.
-    e.base
-        .driver()
-        .graphs
-        .lock()
-        .unwrap()
-        .insert(0x80, vec![(1, vec![0])]);
-    let early = instantiate(e, 0x80, 0x8000);
+    let early = graph_of(e, 0x80, 0x8000, vec![(1, vec![0])]);
     assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
     assert_eq!(graph_launch(e, early), CUDA_SUCCESS);
     assert_eq!(e.tiers.launches(), 0);
     let a = alloc(e, 8 * MIB).unwrap();
-    e.base
-        .driver()
-        .graphs
-        .lock()
-        .unwrap()
-        .insert(0x81, vec![(1, vec![a])]);
-    let exec = instantiate(e, 0x81, 0x8100);
+    let exec = graph_of(e, 0x81, 0x8100, vec![(1, vec![a])]);
     assert_eq!(
         e.graph_exec_destroy(|| CUDA_ERROR_INVALID_VALUE, exec),
         CUDA_ERROR_INVALID_VALUE
@@ -219,8 +216,7 @@ const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
 #[test]
 fn an_updated_graph_counts_its_new_uses_and_a_changed_node_none() {
     let e = tiered("64MiB");
-    let a = alloc(e, 8 * MIB).unwrap();
-    let b = alloc(e, 8 * MIB).unwrap();
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     {
         let mut g = e.base.driver().graphs.lock().unwrap();
         g.insert(0x90, vec![(1, vec![a])]);
@@ -274,17 +270,9 @@ fn an_updated_graph_counts_its_new_uses_and_a_changed_node_none() {
 #[test]
 fn a_block_used_only_by_a_graph_is_promoted() {
     let e = tiered("64MiB");
-    let a = alloc(e, 32 * MIB).unwrap();
-    let _b = alloc(e, 16 * MIB).unwrap();
-    let c = alloc(e, 32 * MIB).unwrap(); // past the cap: on the host
+    let [a, _b, c] = allocs(e, [32 * MIB, 16 * MIB, 32 * MIB]); // c is past the cap: on the host
     assert_eq!((used(e), spilled(e)), (48 * MIB, 32 * MIB));
-    e.base
-        .driver()
-        .graphs
-        .lock()
-        .unwrap()
-        .insert(0x60, vec![(2, vec![c, c + 64])]);
-    let exec = instantiate(e, 0x60, 0x6000);
+    let exec = graph_of(e, 0x60, 0x6000, vec![(2, vec![c, c + 64])]);
     launch(e, &[a]);
     for _ in 0..50 {
         assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
@@ -296,27 +284,18 @@ fn a_block_used_only_by_a_graph_is_promoted() {
 
 #[test]
 fn without_tiered_spill_graphs_are_not_walked() {
-    let e = engine(&[("VRAMCAP_LIMIT", "64MiB"), ("VRAMCAP_CACHE", "off")]);
+    let e = uncached("64MiB", &[]);
     let a = alloc(e, 8 * MIB).unwrap();
-    e.base
-        .driver()
-        .graphs
-        .lock()
-        .unwrap()
-        .insert(0x70, vec![(1, vec![a])]);
-    let exec = instantiate(e, 0x70, 0x7000);
+    let exec = graph_of(e, 0x70, 0x7000, vec![(1, vec![a])]);
     assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
     assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
-    assert_eq!(e.tiers.launches(), 0);
-    assert_eq!(e.tiers.hits(), 0);
+    assert_eq!((e.tiers.launches(), e.tiers.hits()), (0, 0));
 }
 
 #[test]
 fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     let e = tiered("64MiB");
-    let a = alloc(e, 32 * MIB).unwrap();
-    let b = alloc(e, 16 * MIB).unwrap();
-    let c = alloc(e, 32 * MIB).unwrap(); // past the cap: on the host
+    let [a, b, c] = allocs(e, [32 * MIB, 16 * MIB, 32 * MIB]); // c is past the cap: on the host
     assert_eq!((used(e), spilled(e)), (48 * MIB, 32 * MIB));
     launch(e, &[a]);
     for _ in 0..50 {
@@ -356,9 +335,7 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
 fn promotions_fill_the_cap_to_within_the_margin() {
     use crate::engine::tiered::PROMOTE_MARGIN;
     let e = tiered("1GiB");
-    let a = alloc(e, 1000 * MIB).unwrap();
-    let b = alloc(e, 20 * MIB).unwrap();
-    let h = alloc(e, 12 * MIB).unwrap(); // 1032 MiB: past the cap
+    let [a, b, h] = allocs(e, [1000 * MIB, 20 * MIB, 12 * MIB]); // with h 1032 MiB: past the cap
     assert_eq!((used(e), spilled(e)), (1020 * MIB, 12 * MIB));
     assert_eq!(free(e, b), CUDA_SUCCESS);
     assert!(1024 * MIB - used(e) - PROMOTE_MARGIN >= 12 * MIB);
@@ -380,8 +357,7 @@ fn promotions_fill_the_cap_to_within_the_margin() {
 #[test]
 fn nothing_moves_while_a_capture_runs() {
     let e = tiered("64MiB");
-    let _a = alloc(e, 48 * MIB).unwrap();
-    let c = alloc(e, 32 * MIB).unwrap();
+    let [_a, c] = allocs(e, [48 * MIB, 32 * MIB]);
     for _ in 0..50 {
         launch(e, &[c]);
     }
@@ -403,8 +379,7 @@ fn the_spill_limit_bounds_host_blocks() {
         TIERED,
         ("VRAMCAP_SPILL_LIMIT", "16MiB"),
     ]);
-    let _a = alloc(e, 32 * MIB).unwrap();
-    let _b = alloc(e, 16 * MIB).unwrap();
+    let [_a, _b] = allocs(e, [32 * MIB, 16 * MIB]);
     assert_eq!(alloc(e, 2 * MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
     assert_eq!(e.slot(0).unwrap().refusals.load(Ordering::Relaxed), 1);
 }
@@ -470,8 +445,7 @@ fn a_free_during_a_capture_is_left_to_the_next_round() {
 #[test]
 fn a_context_that_goes_away_takes_its_blocks_memory_with_it() {
     let e = tiered("64MiB");
-    let _a = alloc(e, 32 * MIB).unwrap();
-    let _b = alloc(e, 48 * MIB).unwrap(); // on the host
+    let [_a, _b] = allocs(e, [32 * MIB, 48 * MIB]); // _b: on the host
     assert_eq!(
         e.ctx_destroy(|| CUDA_SUCCESS, CTX as CUcontext),
         CUDA_SUCCESS
@@ -484,14 +458,8 @@ fn a_context_that_goes_away_takes_its_blocks_memory_with_it() {
 
 #[test]
 fn above_the_soft_limit_new_blocks_start_on_the_host() {
-    let e = engine(&[
-        ("VRAMCAP_LIMIT", "64MiB"),
-        ("VRAMCAP_SOFT_LIMIT", "32MiB"),
-        TIERED,
-        ("VRAMCAP_CACHE", "off"),
-    ]);
-    let _a = alloc(e, 24 * MIB).unwrap();
-    let _b = alloc(e, 16 * MIB).unwrap();
+    let e = uncached("64MiB", &[("VRAMCAP_SOFT_LIMIT", "32MiB"), TIERED]);
+    let [_a, _b] = allocs(e, [24 * MIB, 16 * MIB]);
     assert_eq!((used(e), spilled(e)), (24 * MIB, 16 * MIB));
     // A round finds nothing to correct.
     rounds(e, MIN_ROUNDS as usize + 1);
@@ -527,8 +495,7 @@ fn a_long_first_drain_is_learnt_without_a_pause() {
     use std::time::Duration;
     let e = tiered("64MiB");
     e.tiers.set_base_wait(Duration::from_millis(20));
-    let _a = alloc(e, 48 * MIB).unwrap();
-    let c = alloc(e, 32 * MIB).unwrap();
+    let [_a, c] = allocs(e, [48 * MIB, 32 * MIB]);
     for _ in 0..50 {
         launch(e, &[c]);
     }

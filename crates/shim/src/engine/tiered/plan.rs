@@ -358,29 +358,37 @@ mod tests {
     }
 
     const M: u64 = 1 << 20;
+    const DEVICE: Place = Place::Device;
+    const HOST: Place = Place::Host;
+
+    /// Round 100's plan for blocks 1, 2, … of 100 MiB, (place, score, round
+    /// last moved) each: the (demoted, promoted) blocks.
+    fn round_100(
+        blocks: &[(Place, f64, u64)],
+        over: i128,
+        room: i128,
+        spill_limit: u64,
+    ) -> (Vec<u64>, Vec<u64>) {
+        let b: Vec<_> = (1..)
+            .zip(blocks)
+            .map(|(ptr, &(place, score, moved))| block(ptr, 100 * M, place, score, moved))
+            .collect();
+        let p = plan(&b, over, room, spill_limit, 100);
+        (ptrs(&p.demote), ptrs(&p.promote))
+    }
 
     #[test]
     fn hot_host_blocks_fill_the_room_first() {
-        let b = [
-            block(1, 100 * M, Place::Host, 10.0, 0),
-            block(2, 100 * M, Place::Host, 50.0, 0),
-            block(3, 100 * M, Place::Host, 0.0, 0),
-        ];
-        let p = plan(&b, 0, i128::from(150 * M), u64::MAX, 100);
-        assert_eq!(ptrs(&p.promote), vec![2]);
-        assert!(p.demote.is_empty());
+        let host = [(HOST, 10.0, 0), (HOST, 50.0, 0), (HOST, 0.0, 0)];
+        let room = i128::from(150 * M);
+        assert_eq!(round_100(&host, 0, room, u64::MAX), (vec![], vec![2]));
     }
 
-    /// Round 100's plan for device block 1 and host block 2 of 100 MiB
-    /// each, (score, round last moved) each, with no room and `spill_limit`:
-    /// the (demoted, promoted) blocks.
+    /// Round 100's plan for device block 1 and host block 2, with no room
+    /// and `spill_limit`: the (demoted, promoted) blocks.
     fn swap(device: (f64, u64), host: (f64, u64), spill_limit: u64) -> (Vec<u64>, Vec<u64>) {
-        let b = [
-            block(1, 100 * M, Place::Device, device.0, device.1),
-            block(2, 100 * M, Place::Host, host.0, host.1),
-        ];
-        let p = plan(&b, 0, 0, spill_limit, 100);
-        (ptrs(&p.demote), ptrs(&p.promote))
+        let b = [(DEVICE, device.0, device.1), (HOST, host.0, host.1)];
+        round_100(&b, 0, 0, spill_limit)
     }
 
     #[test]
@@ -400,14 +408,9 @@ mod tests {
 
     #[test]
     fn above_the_target_the_coldest_go_first() {
-        let b = [
-            block(1, 100 * M, Place::Device, 9.0, 99),
-            block(2, 100 * M, Place::Device, 1.0, 99),
-            block(3, 100 * M, Place::Device, 5.0, 99),
-        ];
-        let p = plan(&b, i128::from(150 * M), 0, u64::MAX, 100);
-        assert_eq!(ptrs(&p.demote), vec![2, 3]);
-        assert!(p.promote.is_empty());
+        let device = [(DEVICE, 9.0, 99), (DEVICE, 1.0, 99), (DEVICE, 5.0, 99)];
+        let over = i128::from(150 * M);
+        assert_eq!(round_100(&device, over, 0, u64::MAX), (vec![2, 3], vec![]));
     }
 
     #[test]
