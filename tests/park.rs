@@ -442,3 +442,136 @@ fn a_parked_process_exits_normally() {
     assert!(out.status.success(), "{lines:?}");
     assert!(!dir.join(format!("{pid}.page")).exists());
 }
+
+/// Issue 34's done-when 2 with the stand-in: two members of one group
+/// whose budget (2 GiB) is smaller than both (1.5 GiB and 1 GiB), both
+/// `idle:300ms`, take turns at their idle points. B's allocation waits
+/// until A is idle, parks it and succeeds; A's next call waits until B is
+/// idle, parks it (the resume's policy) and resumes; B's next call parks A
+/// back. Nobody is refused, the ledgers are exact at each turn, and each
+/// side's checkpoint counters show its own turns.
+#[test]
+fn two_idle_members_take_turns_a_resume_parks_the_idle_other() {
+    let dir = scratch_dir();
+    // The group is the machine's: one name per run of the test binary.
+    let group = format!("turns{}", std::process::id());
+    let env = [
+        NO_CACHE,
+        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_GROUP", group.as_str()),
+        ("VRAMCAP_PARK", "idle:300ms"),
+        ("VRAMCAP_PARK_WAIT", "10s"),
+        ("VRAMCAP_LOG", "info"),
+    ];
+    let turn = ["info", "ckstate", "wait"];
+    let mut a = held_in(
+        &dir,
+        &env,
+        &[&["init", "alloc", "1536M", "wait"][..], &turn, &["ckstate"]].concat(),
+    );
+    let mut b = held_in(
+        &dir,
+        &env,
+        &[&["init", "alloc", "1G", "wait"][..], &turn].concat(),
+    );
+    let (pa, pb) = (a.pid(), b.pid());
+    // B's allocation parked A (idle 300 ms) and got its gigabyte.
+    assert_eq!(b.lines[1], format!("alloc {GIB} -> 0 #0"));
+    assert_eq!(
+        stderr_until(&mut b, "parking idle member"),
+        format!(
+            "vramcap[{pb}]: group {group}: {} more bytes needed on device 0; parking idle member {pa}: done",
+            512 * MIB
+        )
+    );
+    // The group's bytes on GPU 0 and each member's, by PID.
+    let ledger = || {
+        let j = stat(&dir);
+        let g = j["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == group.as_str());
+        let g = g.expect("the group is listed");
+        let mut members: Vec<(u32, u64)> = g["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["pid"].as_u64().unwrap() as u32,
+                    m["held_bytes"][0].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        members.sort_unstable();
+        (g["devices"][0]["used_bytes"].as_u64().unwrap(), members)
+    };
+    let by_pid = |m: [(u32, u64); 2]| {
+        let mut m = m.to_vec();
+        m.sort_unstable();
+        m
+    };
+    let parked = |pid: u32, bytes: u64| {
+        let d = stat_device0(&dir, pid);
+        (
+            d["used_bytes"].as_u64().unwrap(),
+            d["parked_bytes"].as_u64().unwrap(),
+        ) == (0, bytes)
+    };
+    assert!(parked(pa, 1536 * MIB));
+    assert_eq!(stat_device0(&dir, pb)["used_bytes"], GIB);
+    assert_eq!(ledger(), (GIB, by_pid([(pa, 0), (pb, GIB)])));
+
+    // A calls CUDA: its resume finds no room, waits until B is idle, parks it.
+    a.resume();
+    a.until("wait");
+    let n = a.lines.len();
+    assert_eq!(
+        a.lines[n - 4..],
+        [
+            "resumed".to_string(),
+            format!("info -> 0 free={} total={}", 512 * MIB, 2 * GIB),
+            "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0".to_string(),
+            "wait".to_string(),
+        ][..]
+    );
+    assert_eq!(
+        stderr_until(&mut a, "to resume; parking idle member"),
+        format!(
+            "vramcap[{pa}]: group {group}: {} more bytes needed on device 0 to resume; parking idle member {pb}: done",
+            512 * MIB
+        )
+    );
+    assert!(parked(pb, GIB));
+    assert_eq!(stat_device0(&dir, pa)["used_bytes"], 1536 * MIB);
+    assert_eq!(ledger(), (1536 * MIB, by_pid([(pa, 1536 * MIB), (pb, 0)])));
+
+    // B calls CUDA: it parks A, idle again, the same way.
+    b.resume();
+    b.until("wait");
+    let n = b.lines.len();
+    assert_eq!(
+        b.lines[n - 4..],
+        [
+            "resumed".to_string(),
+            format!("info -> 0 free={GIB} total={}", 2 * GIB),
+            "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0".to_string(),
+            "wait".to_string(),
+        ][..]
+    );
+    assert!(parked(pa, 1536 * MIB));
+    assert_eq!(ledger(), (GIB, by_pid([(pa, 0), (pb, GIB)])));
+    let (lines, out) = b.finish();
+    assert!(out.status.success(), "{lines:?}");
+    // A, parked a second time, exits without calling CUDA again.
+    let (lines, out) = a.finish();
+    assert!(out.status.success(), "{lines:?}");
+    assert_eq!(
+        lines.last().unwrap(),
+        &format!(
+            "ckstate state=2 checkpoints=2 restores=1 failures=0 parked={}",
+            1536 * MIB
+        )
+    );
+}

@@ -13,8 +13,10 @@
 //!   inside a hooked export ([`gate::INSIDE`] is 0 with the gate closed),
 //!   so nothing else moves those ledgers.
 //! - A resume reserves the parked bytes through the allocations' path
-//!   (`reserve_on`) and checks NVML's real free memory first; Restore is
-//!   never called without both. A failed Restore leaves the process
+//!   (`reserve_on`; a transparent one refused by the group parks an idle
+//!   member first, as an allocation does: `policy.rs`) and checks NVML's
+//!   real free memory first; Restore is never called without both. A
+//!   just-resumed process counts as active (its `last_activity` is set). A failed Restore leaves the process
 //!   `Failed` (the driver holds it stuck): never retried.
 //! - Locks: the gate's mutex (`gate.rs`), taken alone, only to change the
 //!   state or wait for it. See engine/mod.rs for the order.
@@ -25,7 +27,7 @@ mod steps;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use vramcap_core::park::{Ask, Outcome, PARK_DEVICES};
+use vramcap_core::park::{Ask, Outcome, PARK_DEVICES, ParkMode};
 
 use crate::engine::Engine;
 use crate::engine::accounting::page::now_unix_ns;
@@ -72,6 +74,8 @@ impl<D: Driver> Engine<D> {
             } else {
                 match Ask::from_word(h.park_ask.load(Ordering::Acquire)) {
                     Some(Ask::Park) => self.park_now(),
+                    Some(Ask::ParkIfIdle) if !self.idle_now() => Outcome::NotIdle,
+                    Some(Ask::ParkIfIdle) => self.park_now(),
                     Some(Ask::Resume) => self.resume_now(false),
                     None => Outcome::Ok,
                 }
@@ -83,6 +87,21 @@ impl<D: Driver> Engine<D> {
             self.resume_now(true);
         }
         gate::state() != gate::RUNNING
+    }
+
+    /// Idle past its own `idle:T` now, by its own count (the policy's ask
+    /// is checked here, where it cannot be stale): no program call inside
+    /// the shim (an allocation waiting for room counts), none waiting at the
+    /// gate, and no driver call for T (this round's stamp is written).
+    fn idle_now(&self) -> bool {
+        let Some(ParkMode::Idle(t)) = self.base.settings().park else {
+            return false;
+        };
+        if gate::INSIDE.load(Ordering::SeqCst) > 0 || gate::WAITERS.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        let h = &self.base.page().get(self.base.settings()).header;
+        h.idle_ns(now_unix_ns()) >= t.as_nanos() as u64
     }
 
     /// Parks the process now (see the module docs), or says why not.

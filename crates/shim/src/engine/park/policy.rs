@@ -1,17 +1,21 @@
-//! The idle policy (`VRAMCAP_PARK=idle:T`, design item 8): when an
-//! allocation would be refused by the group's budget (after the cache was
-//! emptied), the allocating process finds the member of its group idle
-//! longest past its own threshold, among those started with
-//! `VRAMCAP_PARK=idle:…` and running, posts it a park request on its page
-//! (as `vramcap park` does), waits for the answer (2 s and 1 s per GiB it
-//! holds) and lets the allocation try again. With no such member it waits
-//! up to `VRAMCAP_PARK_WAIT` for one or for room (0, the default: refused
-//! as without parking). Per-GPU sharing without a group is not covered.
+//! The idle policy (`VRAMCAP_PARK=idle:T`, design items 8 and 10): when
+//! an allocation would be refused by the group's budget (after the cache
+//! was emptied), or a transparent resume's reservation would be, the
+//! process finds the member of its group idle longest past its own
+//! threshold, among those started with `VRAMCAP_PARK=idle:…` and running,
+//! posts it a park-if-idle request on its page, waits for the answer (2 s
+//! and 1 s per GiB it holds) and tries again. With no such member an
+//! allocation waits up to `VRAMCAP_PARK_WAIT` for one or for room (0, the
+//! default: refused as without parking); a resume tries again each tick.
+//! Per-GPU sharing without a group is not covered.
 //!
 //! Idle: the member's `last_activity` (written each tick when its gate saw
-//! a call, or a call was in flight) is at least its threshold ago.
-//! Members are found by their pages in the statistics directory: the same
-//! user's, the same group's. Nothing is held while waiting.
+//! a call, or a call was in flight; set at its resume) is at least its
+//! threshold ago, and the member itself confirms it (no call inside the
+//! shim, none waiting at its gate) before it parks: a process waiting for
+//! room or to resume is never parked. Members are found by their pages in
+//! the statistics directory: the same user's, the same group's. Nothing is
+//! held while waiting (a resume has given back its partial reservation).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -96,23 +100,13 @@ impl<D: Driver> Engine<D> {
     /// tried again.
     pub(in crate::engine) fn park_for_room(&'static self, device: CUdevice, need: u64) -> bool {
         let settings = self.base.settings();
-        let Some(group) = settings.group.as_deref() else {
+        if settings.group.is_none() {
             return false;
-        };
+        }
         let start = Instant::now();
         loop {
-            if let Some((pid, path)) = self.idle_member(group, device)
-                && let Some(m) = Mapped::open(&path)
-            {
-                let outcome = ask_park(m.page());
-                log_at!(
-                    Info,
-                    "group {group}: {need} more bytes needed on device {device}; parking idle member {pid}: {}",
-                    outcome.map_or("no answer".to_string(), |o| o.to_string())
-                );
-                if outcome == Some(Outcome::Ok) {
-                    return true;
-                }
+            if self.park_idle_member(device, need, "") {
+                return true;
             }
             if start.elapsed() >= settings.park_wait {
                 return false;
@@ -129,6 +123,29 @@ impl<D: Driver> Engine<D> {
                 return true;
             }
         }
+    }
+
+    /// One try of the policy, for an allocation or (`to`: " to resume") a
+    /// transparent resume: asks the group's member idle longest past its
+    /// threshold on `device` to park if it still is idle, and waits for
+    /// its answer (bounded: [`ask_park`]). True when it parked.
+    pub(super) fn park_idle_member(&'static self, device: CUdevice, need: u64, to: &str) -> bool {
+        let Some(group) = self.base.settings().group.as_deref() else {
+            return false;
+        };
+        let Some((pid, path)) = self.idle_member(group, device) else {
+            return false;
+        };
+        let Some(m) = Mapped::open(&path) else {
+            return false;
+        };
+        let outcome = ask_park(m.page());
+        log_at!(
+            Info,
+            "group {group}: {need} more bytes needed on device {device}{to}; parking idle member {pid}: {}",
+            outcome.map_or("no answer".to_string(), |o| o.to_string())
+        );
+        outcome == Some(Outcome::Ok)
     }
 
     /// The member of `group` idle longest past its own threshold that holds
@@ -172,11 +189,7 @@ impl<D: Driver> Engine<D> {
             {
                 continue;
             }
-            let last = match h.last_activity.load(Ordering::Acquire) {
-                0 => h.created_unix_ns,
-                l => l,
-            };
-            let idle = now.saturating_sub(last);
+            let idle = h.idle_ns(now);
             if idle < t.as_nanos() as u64 {
                 continue;
             }
@@ -189,13 +202,14 @@ impl<D: Driver> Engine<D> {
     }
 }
 
-/// Posts a park request on `page` and waits for its answer (2 s and 1 s
+/// Posts a park-if-idle request on `page` (the member re-checks that it
+/// is idle: [`Ask::ParkIfIdle`]) and waits for its answer (2 s and 1 s
 /// per GiB the process holds); `None` when none came in time.
 fn ask_park(page: &Page) -> Option<Outcome> {
     let h = &page.header;
     let held: u64 = page.slots.iter().map(|s| s.budget.used()).sum();
     let bound = Duration::from_secs(2 + held.div_ceil(1 << 30));
-    h.park_ask.store(Ask::Park as u64, Ordering::Release);
+    h.park_ask.store(Ask::ParkIfIdle as u64, Ordering::Release);
     let ticket = h
         .park_requests
         .fetch_add(1, Ordering::AcqRel)
