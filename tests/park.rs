@@ -443,6 +443,14 @@ fn a_parked_process_exits_normally() {
     assert!(!dir.join(format!("{pid}.page")).exists());
 }
 
+/// `line` less its closing " in 0.123s" (the time must be there).
+fn timed(line: &str) -> &str {
+    let (head, secs) = line.rsplit_once(" in ").expect("a timed line");
+    let secs = secs.strip_suffix('s').and_then(|n| n.parse::<f64>().ok());
+    assert!(secs.is_some_and(|n| n >= 0.0), "{line}");
+    head
+}
+
 /// Issue 34's done-when 2 with the stand-in: two members of one group
 /// whose budget (2 GiB) is smaller than both (1.5 GiB and 1 GiB), both
 /// `idle:300ms`, take turns at their idle points. B's allocation waits
@@ -478,7 +486,7 @@ fn two_idle_members_take_turns_a_resume_parks_the_idle_other() {
     // B's allocation parked A (idle 300 ms) and got its gigabyte.
     assert_eq!(b.lines[1], format!("alloc {GIB} -> 0 #0"));
     assert_eq!(
-        stderr_until(&mut b, "parking idle member"),
+        timed(&stderr_until(&mut b, "parking idle member")),
         format!(
             "vramcap[{pb}]: group {group}: {} more bytes needed on device 0; parking idle member {pa}: done",
             512 * MIB
@@ -537,7 +545,7 @@ fn two_idle_members_take_turns_a_resume_parks_the_idle_other() {
         ][..]
     );
     assert_eq!(
-        stderr_until(&mut a, "to resume; parking idle member"),
+        timed(&stderr_until(&mut a, "to resume; parking idle member")),
         format!(
             "vramcap[{pa}]: group {group}: {} more bytes needed on device 0 to resume; parking idle member {pb}: done",
             512 * MIB

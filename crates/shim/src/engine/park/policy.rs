@@ -139,11 +139,13 @@ impl<D: Driver> Engine<D> {
         let Some(m) = Mapped::open(&path) else {
             return false;
         };
+        let start = Instant::now();
         let outcome = ask_park(m.page());
         log_at!(
             Info,
-            "group {group}: {need} more bytes needed on device {device}{to}; parking idle member {pid}: {}",
-            outcome.map_or("no answer".to_string(), |o| o.to_string())
+            "group {group}: {need} more bytes needed on device {device}{to}; parking idle member {pid}: {} in {:.3}s",
+            outcome.map_or("no answer".to_string(), |o| o.to_string()),
+            start.elapsed().as_secs_f64()
         );
         outcome == Some(Outcome::Ok)
     }

@@ -74,6 +74,7 @@ impl<D: Driver> Engine<D> {
             std::thread::yield_now();
         }
         let freed = self.cache.trim_all(&self.base);
+        let driver_start = Instant::now();
         match driver.checkpoint(Checkpoint::Lock(LOCK_TIMEOUT.as_millis() as u32)) {
             Some(CUDA_SUCCESS) => {}
             None => {
@@ -94,6 +95,7 @@ impl<D: Driver> Engine<D> {
                 return Outcome::DriverError(other.unwrap_or(0) as u32);
             }
         }
+        let driver_s = driver_start.elapsed().as_secs_f64();
         let page = self.base.page().get(self.base.settings());
         let mut total = 0;
         for d in 0..PARK_DEVICES {
@@ -116,7 +118,8 @@ impl<D: Driver> Engine<D> {
         self.park_set(ParkState::Parked);
         log_at!(
             Info,
-            "parked: {total} bytes moved to host memory ({freed} cached bytes released first); the budget is released"
+            "parked: {total} bytes moved to host memory in {:.3}s (the driver's lock and checkpoint {driver_s:.3}s; {freed} cached bytes released first); the budget is released",
+            start.elapsed().as_secs_f64()
         );
         Outcome::Ok
     }
@@ -129,7 +132,9 @@ impl<D: Driver> Engine<D> {
     /// round, nothing reserved meanwhile).
     pub(super) fn reserve_and_restore(&'static self, keep: bool) -> Result<(), Outcome> {
         let mut tries = 0;
+        let mut start = Instant::now();
         while !self.park.reserved.load(Ordering::Relaxed) {
+            start = Instant::now();
             match self.reserve_parked() {
                 Ok(()) => self.park.reserved.store(true, Ordering::Relaxed),
                 Err((d, r)) => {
@@ -155,6 +160,7 @@ impl<D: Driver> Engine<D> {
         }
         self.park_set(ParkState::Resuming);
         let driver = self.base.driver();
+        let driver_start = Instant::now();
         for step in [Checkpoint::Restore, Checkpoint::Unlock] {
             match driver.checkpoint(step) {
                 Some(CUDA_SUCCESS) => {}
@@ -170,6 +176,7 @@ impl<D: Driver> Engine<D> {
                 }
             }
         }
+        let driver_s = driver_start.elapsed().as_secs_f64();
         let page = self.base.page().get(self.base.settings());
         for d in 0..PARK_DEVICES {
             self.park.parked[d].store(0, Ordering::Relaxed);
@@ -183,7 +190,13 @@ impl<D: Driver> Engine<D> {
             .store(now_unix_ns(), Ordering::Release);
         self.park.reserved.store(false, Ordering::Relaxed);
         self.park_set(ParkState::Running);
-        log_at!(Info, "resumed: the parked memory is back on the GPU");
+        // From the reservation that held: what the shim adds is the
+        // reservation and the NVML check.
+        log_at!(
+            Info,
+            "resumed: the parked memory is back on the GPU in {:.3}s (the driver's restore and unlock {driver_s:.3}s)",
+            start.elapsed().as_secs_f64()
+        );
         Ok(())
     }
 
