@@ -583,3 +583,59 @@ fn two_idle_members_take_turns_a_resume_parks_the_idle_other() {
         )
     );
 }
+
+/// The guard of the policy: a member waiting inside an allocation for room
+/// is not idle, however short its threshold (`idle:1ms`, below the tick at
+/// which its activity is stamped, so the page alone would call it idle).
+/// Asked to park, it checks for itself and answers "not idle"; it is never
+/// parked, and its allocation goes on once room comes.
+#[test]
+fn a_member_waiting_inside_an_allocation_is_never_parked() {
+    let dir = scratch_dir();
+    let group = format!("guard{}", std::process::id());
+    let base = [
+        NO_CACHE,
+        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_GROUP", group.as_str()),
+        ("VRAMCAP_LOG", "info"),
+    ];
+    let holder = held_in(&dir, &base, &["init", "alloc", "1G", "wait"]);
+    let waiting = [("VRAMCAP_PARK", "idle:1ms"), ("VRAMCAP_PARK_WAIT", "30s")];
+    let mut w = held_in(
+        &dir,
+        &[&base[..], &waiting].concat(),
+        &["init", "alloc", "1G", "wait", "alloc", "512M", "ckstate"],
+    );
+    let pw = w.pid();
+    w.resume();
+    // W is inside its allocation, waiting for room.
+    stderr_until(&mut w, "waiting up to 30s (VRAMCAP_PARK_WAIT)");
+    // Q's allocation is refused by the group; it asks W, which says no.
+    let asker = [&base[..], &[("VRAMCAP_PARK_WAIT", "1s")]].concat();
+    let mut q = held_in(&dir, &asker, &["init", "alloc", "1M", "wait"]);
+    assert_eq!(q.lines[1], format!("alloc {MIB} -> 2"));
+    assert_eq!(
+        timed(&stderr_until(&mut q, "parking idle member")),
+        format!(
+            "vramcap[{}]: group {group}: {MIB} more bytes needed on device 0; parking idle member {pw}: it is not idle (it called CUDA within its VRAMCAP_PARK=idle threshold, or a call of it is waiting)",
+            q.pid()
+        )
+    );
+    let d = stat_device0(&dir, pw);
+    assert_eq!(
+        (d["used_bytes"].as_u64(), d["parked_bytes"].as_u64()),
+        (Some(GIB), Some(0))
+    );
+    drop(q.finish());
+    // The holder leaves: W's allocation gets its room, W was never parked.
+    drop(holder.finish());
+    let (lines, out) = w.finish();
+    assert!(out.status.success(), "{lines:?}");
+    assert_eq!(
+        lines[lines.len() - 2..],
+        [
+            format!("alloc {} -> 0 #1", 512 * MIB),
+            "ckstate state=0 checkpoints=0 restores=0 failures=0 parked=0".to_string(),
+        ][..]
+    );
+}

@@ -104,12 +104,20 @@ impl<D: Driver> Engine<D> {
             return false;
         }
         let start = Instant::now();
+        let mut said = false;
         loop {
             if self.park_idle_member(device, need, "") {
                 return true;
             }
             if start.elapsed() >= settings.park_wait {
                 return false;
+            }
+            if !std::mem::replace(&mut said, true) {
+                log_at!(
+                    Info,
+                    "{need} more bytes needed on device {device}: waiting up to {:?} (VRAMCAP_PARK_WAIT) for an idle member of the group or for room",
+                    settings.park_wait
+                );
             }
             std::thread::sleep(TICK);
             let room = match (
