@@ -443,6 +443,34 @@ fn a_parked_process_exits_normally() {
     assert!(!dir.join(format!("{pid}.page")).exists());
 }
 
+/// No cache, a group of 2 GiB named `group` (the group is the machine's:
+/// callers make the name unique per run), the shim's Info lines.
+fn logged_group(group: &str) -> [(&str, &str); 4] {
+    [
+        NO_CACHE,
+        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_GROUP", group),
+        ("VRAMCAP_LOG", "info"),
+    ]
+}
+
+/// A parked member's turn: its next calls (`info`, `ckstate`) resume it
+/// (once restored) and it sees `free` bytes left of the group's 2 GiB.
+fn turn(h: &mut Held, free: u64) {
+    h.resume();
+    h.until("wait");
+    let n = h.lines.len();
+    assert_eq!(
+        h.lines[n - 4..],
+        [
+            "resumed".to_string(),
+            format!("info -> 0 free={free} total={}", 2 * GIB),
+            "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0".to_string(),
+            "wait".to_string(),
+        ][..]
+    );
+}
+
 /// `line` less its closing " in 0.123s" (the time must be there).
 fn timed(line: &str) -> &str {
     let (head, secs) = line.rsplit_once(" in ").expect("a timed line");
@@ -461,26 +489,24 @@ fn timed(line: &str) -> &str {
 #[test]
 fn two_idle_members_take_turns_a_resume_parks_the_idle_other() {
     let dir = scratch_dir();
-    // The group is the machine's: one name per run of the test binary.
     let group = format!("turns{}", std::process::id());
-    let env = [
-        NO_CACHE,
-        ("VRAMCAP_LIMIT", "2GiB"),
-        ("VRAMCAP_GROUP", group.as_str()),
-        ("VRAMCAP_PARK", "idle:300ms"),
-        ("VRAMCAP_PARK_WAIT", "10s"),
-        ("VRAMCAP_LOG", "info"),
-    ];
-    let turn = ["info", "ckstate", "wait"];
+    let idle = [("VRAMCAP_PARK", "idle:300ms"), ("VRAMCAP_PARK_WAIT", "10s")];
+    let env = [&logged_group(&group)[..], &idle].concat();
+    let calls = ["info", "ckstate", "wait"];
     let mut a = held_in(
         &dir,
         &env,
-        &[&["init", "alloc", "1536M", "wait"][..], &turn, &["ckstate"]].concat(),
+        &[
+            &["init", "alloc", "1536M", "wait"][..],
+            &calls,
+            &["ckstate"],
+        ]
+        .concat(),
     );
     let mut b = held_in(
         &dir,
         &env,
-        &[&["init", "alloc", "1G", "wait"][..], &turn].concat(),
+        &[&["init", "alloc", "1G", "wait"][..], &calls].concat(),
     );
     let (pa, pb) = (a.pid(), b.pid());
     // B's allocation parked A (idle 300 ms) and got its gigabyte.
@@ -532,18 +558,7 @@ fn two_idle_members_take_turns_a_resume_parks_the_idle_other() {
     assert_eq!(ledger(), (GIB, by_pid([(pa, 0), (pb, GIB)])));
 
     // A calls CUDA: its resume finds no room, waits until B is idle, parks it.
-    a.resume();
-    a.until("wait");
-    let n = a.lines.len();
-    assert_eq!(
-        a.lines[n - 4..],
-        [
-            "resumed".to_string(),
-            format!("info -> 0 free={} total={}", 512 * MIB, 2 * GIB),
-            "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0".to_string(),
-            "wait".to_string(),
-        ][..]
-    );
+    turn(&mut a, 512 * MIB);
     assert_eq!(
         timed(&stderr_until(&mut a, "to resume; parking idle member")),
         format!(
@@ -556,18 +571,7 @@ fn two_idle_members_take_turns_a_resume_parks_the_idle_other() {
     assert_eq!(ledger(), (1536 * MIB, by_pid([(pa, 1536 * MIB), (pb, 0)])));
 
     // B calls CUDA: it parks A, idle again, the same way.
-    b.resume();
-    b.until("wait");
-    let n = b.lines.len();
-    assert_eq!(
-        b.lines[n - 4..],
-        [
-            "resumed".to_string(),
-            format!("info -> 0 free={GIB} total={}", 2 * GIB),
-            "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0".to_string(),
-            "wait".to_string(),
-        ][..]
-    );
+    turn(&mut b, GIB);
     assert!(parked(pa, 1536 * MIB));
     assert_eq!(ledger(), (GIB, by_pid([(pa, 0), (pb, GIB)])));
     let (lines, out) = b.finish();
@@ -593,12 +597,7 @@ fn two_idle_members_take_turns_a_resume_parks_the_idle_other() {
 fn a_member_waiting_inside_an_allocation_is_never_parked() {
     let dir = scratch_dir();
     let group = format!("guard{}", std::process::id());
-    let base = [
-        NO_CACHE,
-        ("VRAMCAP_LIMIT", "2GiB"),
-        ("VRAMCAP_GROUP", group.as_str()),
-        ("VRAMCAP_LOG", "info"),
-    ];
+    let base = logged_group(&group);
     let holder = held_in(&dir, &base, &["init", "alloc", "1G", "wait"]);
     let waiting = [("VRAMCAP_PARK", "idle:1ms"), ("VRAMCAP_PARK_WAIT", "30s")];
     let mut w = held_in(
