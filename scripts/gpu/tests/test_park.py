@@ -331,8 +331,8 @@ def test_two_trainers_in_one_group_take_turns(turns, check):
     check.at_most("NVML's highest MiB of the two together", sampler.nvml_max, budget // (1 << 20) + 256)
     check.at_least("parkings", sw["parkings"], 2)
     check.eq("parkings asked by the policy (an allocation or a resume)", sw["asked"], sw["parkings"])
-    check.note("wall: %.1f s for the pair against %.1f s for the solo runs one after the other (%.1f + %.1f)" % (
-        pair_wall, solo[0][1] + solo[1][1], solo[0][1], solo[1][1]))
+    check.note("wall: %.1f s for the pair taking turns against %.1f s, the sum of the solo runs' (%.1f + %.1f; "
+               "they ran side by side without the shim)" % (pair_wall, solo[0][1] + solo[1][1], solo[0][1], solo[1][1]))
     check.note("group highest %s, NVML highest %d MiB, %d parkings, %d resumes" % (
         mib(sampler.group_max), sampler.nvml_max, sw["parkings"], sw["resumes"]))
 
