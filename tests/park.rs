@@ -638,3 +638,48 @@ fn a_member_waiting_inside_an_allocation_is_never_parked() {
         ][..]
     );
 }
+
+/// The policy asks again each tick: a member that cannot be parked (here:
+/// it holds managed memory) says why once, and the asker says its answer
+/// once, however many times it asked in its second of waiting.
+#[test]
+fn a_refusal_to_the_policy_is_said_once_in_a_row() {
+    let dir = scratch_dir();
+    let group = format!("once{}", std::process::id());
+    let base = logged_group(&group);
+    let x_env = [&base[..], &[("VRAMCAP_PARK", "idle:1ms")]].concat();
+    let x = held_in(
+        &dir,
+        &x_env,
+        &["init", "alloc", "1G", "managed", "64M", "wait"],
+    );
+    let q_env = [&base[..], &[("VRAMCAP_PARK_WAIT", "1s")]].concat();
+    let q = held_in(&dir, &q_env, &["init", "alloc", "1G", "wait"]);
+    assert_eq!(q.lines[1], format!("alloc {GIB} -> 2"));
+    let (px, pq) = (x.pid(), q.pid());
+    let (_, q_out) = q.finish();
+    let (_, x_out) = x.finish();
+    let why = "it holds managed (unified) memory, which the driver's checkpoint refuses";
+    let said = |out: &std::process::Output, what: &str| {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.contains(what))
+            .map(|l| timed(l).to_string())
+            .collect::<Vec<_>>()
+    };
+    // (Its first ask may find X active still: "not idle", said once too.)
+    assert_eq!(
+        said(&q_out, why),
+        [format!(
+            "vramcap[{pq}]: group {group}: {} more bytes needed on device 0; parking idle member {px}: {why}",
+            64 * MIB
+        )]
+    );
+    assert!(said(&q_out, "parking idle member").len() <= 2);
+    let x_said: Vec<String> = String::from_utf8_lossy(&x_out.stderr)
+        .lines()
+        .filter(|l| l.contains("cannot park"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(x_said, [format!("vramcap[{px}]: cannot park: {why}")]);
+}

@@ -42,6 +42,12 @@ pub struct Park {
     reserved: AtomicBool,
     /// The "waiting for room" line was said for this parking.
     said_waiting: AtomicBool,
+    /// The policy's asks repeat each tick: the last refusal said to one
+    /// (`Outcome::word` + 1; 0 none), and as the asker the last member
+    /// and answer said (`pid << 32 | code`; 0 none), so each is said once
+    /// in a row.
+    said_refusal: AtomicU64,
+    said_asked: AtomicU64,
 }
 
 impl Park {
@@ -50,6 +56,8 @@ impl Park {
             parked: Default::default(),
             reserved: AtomicBool::new(false),
             said_waiting: AtomicBool::new(false),
+            said_refusal: AtomicU64::new(0),
+            said_asked: AtomicU64::new(0),
         }
     }
 }
@@ -73,9 +81,9 @@ impl<D: Driver> Engine<D> {
                 Outcome::NotEnabled
             } else {
                 match Ask::from_word(h.park_ask.load(Ordering::Acquire)) {
-                    Some(Ask::Park) => self.park_now(),
+                    Some(Ask::Park) => self.park_now(false),
                     Some(Ask::ParkIfIdle) if !self.idle_now() => Outcome::NotIdle,
-                    Some(Ask::ParkIfIdle) => self.park_now(),
+                    Some(Ask::ParkIfIdle) => self.park_now(true),
                     Some(Ask::Resume) => self.resume_now(false),
                     None => Outcome::Ok,
                 }
@@ -104,19 +112,26 @@ impl<D: Driver> Engine<D> {
         h.idle_ns(now_unix_ns()) >= t.as_nanos() as u64
     }
 
-    /// Parks the process now (see the module docs), or says why not.
-    fn park_now(&'static self) -> Outcome {
+    /// Parks the process now (see the module docs), or says why not
+    /// (`policy`: asked by a member's policy, which asks again each tick:
+    /// the same refusal is said once in a row).
+    fn park_now(&'static self, policy: bool) -> Outcome {
         match gate::state() {
             gate::RUNNING => {}
             gate::FAILED => return Outcome::Stuck(0),
             _ => return Outcome::Ok,
         }
-        if let Some(why) = self.park_refusal() {
-            log_at!(Warn, "cannot park: {why}");
-            return why;
-        }
-        let outcome = self.checkpoint_and_release();
-        if outcome != Outcome::Ok {
+        let outcome = match self.park_refusal() {
+            Some(why) => why,
+            None => self.checkpoint_and_release(),
+        };
+        let key = if outcome == Outcome::Ok {
+            0
+        } else {
+            outcome.word().wrapping_add(1)
+        };
+        let last = self.park.said_refusal.swap(key, Ordering::Relaxed);
+        if key != 0 && (last != key || !policy) {
             log_at!(Warn, "cannot park: {outcome}");
         }
         outcome

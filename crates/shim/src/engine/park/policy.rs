@@ -94,11 +94,16 @@ impl Drop for Mapped {
 }
 
 impl<D: Driver> Engine<D> {
-    /// The policy's hook, where an allocation of `need` more bytes on
-    /// `device` would be refused by the group: true when a member was
-    /// parked (or room came while waiting) and the reservation should be
-    /// tried again.
-    pub(in crate::engine) fn park_for_room(&'static self, device: CUdevice, need: u64) -> bool {
+    /// The policy's hook, where an allocation of `bytes` on `device` would
+    /// be refused by the group, `need` bytes short: true when a member was
+    /// parked (or room for `bytes` came while waiting) and the reservation
+    /// should be tried again.
+    pub(in crate::engine) fn park_for_room(
+        &'static self,
+        device: CUdevice,
+        need: u64,
+        bytes: u64,
+    ) -> bool {
         let settings = self.base.settings();
         if settings.group.is_none() {
             return false;
@@ -124,7 +129,7 @@ impl<D: Driver> Engine<D> {
                 self.base.group().used(device),
                 self.base.group().limit_now(device),
             ) {
-                (Some(u), Some(l)) => u.saturating_add(need) <= l,
+                (Some(u), Some(l)) => u.saturating_add(bytes) <= l,
                 _ => false,
             };
             if room {
@@ -149,12 +154,19 @@ impl<D: Driver> Engine<D> {
         };
         let start = Instant::now();
         let outcome = ask_park(m.page());
-        log_at!(
-            Info,
-            "group {group}: {need} more bytes needed on device {device}{to}; parking idle member {pid}: {} in {:.3}s",
-            outcome.map_or("no answer".to_string(), |o| o.to_string()),
-            start.elapsed().as_secs_f64()
-        );
+        // Asked again each tick: a refusal is said once in a row.
+        let key = match outcome {
+            Some(Outcome::Ok) => 0,
+            o => u64::from(pid) << 32 | o.map_or(u64::from(u32::MAX), |o| o.word() & 0xffff_ffff),
+        };
+        if self.park.said_asked.swap(key, Ordering::Relaxed) != key || key == 0 {
+            log_at!(
+                Info,
+                "group {group}: {need} more bytes needed on device {device}{to}; parking idle member {pid}: {} in {:.3}s",
+                outcome.map_or("no answer".to_string(), |o| o.to_string()),
+                start.elapsed().as_secs_f64()
+            );
+        }
         outcome == Some(Outcome::Ok)
     }
 
