@@ -22,6 +22,17 @@
   check_park.py capture        begin a CUDA graph capture on a side stream,
                                print "IDLE pid=P", wait for a line, end it,
                                replay it: "RESULTKV replayed=0|1"
+  check_park.py train SEED LAYERS ROUNDS STEPS CPU_S DELAY_S
+                               a deterministic training loop (fixed seed, an
+                               MLP of LAYERS 8192x8192 layers, SGD with
+                               momentum: 0.75 GiB a layer): wait DELAY_S
+                               (a negative one: a line on stdin) before the
+                               first CUDA call, then ROUNDS rounds
+                               of STEPS steps, each round but the last
+                               followed by CPU_S seconds without a CUDA call
+                               ("ROUND i" after its GPU steps); "RESULTKV
+                               oom=0|1 losses=SHA256 last=L rounds=R
+                               wall_s=S" (the losses as repr, hashed)
 Each step of "notebook" is deterministic: the two sums of a run that was
 parked between them are equal to each other and to a run never parked.
 """
@@ -98,6 +109,51 @@ def fill(leave_gib):
     return 0
 
 
+def train(seed, layers, rounds, steps, cpu_s, delay_s):
+    import hashlib
+
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    print(f"READY pid={os.getpid()}", flush=True)
+    if delay_s < 0:
+        sys.stdin.readline()
+    else:
+        time.sleep(delay_s)
+    t0 = time.monotonic()
+    losses, done, oom = [], 0, 0
+    try:
+        torch.manual_seed(seed)
+        width = 8192
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width, bias=False), torch.nn.Tanh())
+                                      for _ in range(layers)]).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        for r in range(rounds):
+            for _ in range(steps):
+                x = torch.randn(512, width, device="cuda", generator=g)
+                loss = (model(x) - x).pow(2).mean()
+                opt.zero_grad(set_to_none=False)
+                loss.backward()
+                opt.step()
+                losses.append(repr(float(loss.item())))
+            done += 1
+            print(f"ROUND {r} loss={losses[-1]} t={time.monotonic() - t0:.3f}", flush=True)
+            if r + 1 < rounds:
+                end = time.monotonic() + cpu_s  # the CPU phase: no CUDA call
+                n = 0
+                while time.monotonic() < end:
+                    n += sum(i * i for i in range(10000)) & 1
+    except torch.OutOfMemoryError:
+        oom = 1
+    digest = hashlib.sha256(",".join(losses).encode()).hexdigest()[:16]
+    last = losses[-1] if losses else "none"
+    print(f"RESULTKV oom={oom} losses={digest} last={last} rounds={done} steps={len(losses)} "
+          f"wall_s={time.monotonic() - t0:.3f}", flush=True)
+    return 3 if oom else 0
+
+
 def cuda():
     lib = ctypes.CDLL("libcuda.so.1")
     for name in ("cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAllocManaged",
@@ -150,6 +206,9 @@ def capture():
 
 def main():
     mode = sys.argv[1]
+    if mode == "train":
+        a = sys.argv[2:]
+        return train(int(a[0]), int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]))
     arg = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     return {"notebook": notebook, "exit": hold_then_exit, "grab": grab, "fill": fill, "managed": managed,
             "capture": lambda _: capture()}[mode](arg)

@@ -105,6 +105,10 @@ impl ParkSnapshot {
 pub enum Ask {
     Park = 1,
     Resume = 2,
+    /// Park only if idle now by the process's own `idle:T` (the policy's
+    /// ask: the member re-checks, so a process that became active or
+    /// waits inside a call is never parked).
+    ParkIfIdle = 3,
 }
 
 impl Ask {
@@ -112,6 +116,7 @@ impl Ask {
         match w {
             1 => Some(Ask::Park),
             2 => Some(Ask::Resume),
+            3 => Some(Ask::ParkIfIdle),
             _ => None,
         }
     }
@@ -138,6 +143,9 @@ pub enum Outcome {
     Stuck(u32),
     /// A CUDA call of the program did not end within the lock's timeout.
     Busy,
+    /// Asked [`Ask::ParkIfIdle`]: the process was active within its
+    /// threshold, or a call of it is waiting inside the shim.
+    NotIdle,
 }
 
 impl Outcome {
@@ -157,6 +165,7 @@ impl Outcome {
             Outcome::TooManyDevices(d) => (10, d),
             Outcome::Stuck(n) => (11, n),
             Outcome::Busy => (12, 0),
+            Outcome::NotIdle => (13, 0),
         };
         code | u64::from(detail) << 32
     }
@@ -176,6 +185,7 @@ impl Outcome {
             10 => Outcome::TooManyDevices(d),
             11 => Outcome::Stuck(d),
             12 => Outcome::Busy,
+            13 => Outcome::NotIdle,
             _ => Outcome::DriverError(d),
         }
     }
@@ -216,6 +226,9 @@ impl fmt::Display for Outcome {
             ),
             Outcome::Busy => f.write_str(
                 "a CUDA call of the program did not end within 10 s (try again when it is idle)",
+            ),
+            Outcome::NotIdle => f.write_str(
+                "it is not idle (it called CUDA within its VRAMCAP_PARK=idle threshold, or a call of it is waiting)",
             ),
         }
     }
@@ -279,6 +292,7 @@ mod tests {
             Outcome::TooManyDevices(9),
             Outcome::Stuck(304),
             Outcome::Busy,
+            Outcome::NotIdle,
         ] {
             assert_eq!(Outcome::from_word(o.word()), o);
         }

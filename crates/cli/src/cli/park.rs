@@ -98,7 +98,7 @@ pub fn run(dirs: &StatsDirs, users: Users, ask: Ask, a: &ParkArgs) -> u8 {
 
 fn verb(ask: Ask) -> &'static str {
     match ask {
-        Ask::Park => "park",
+        Ask::Park | Ask::ParkIfIdle => "park",
         Ask::Resume => "resume",
     }
 }

@@ -299,6 +299,16 @@ pub fn get_text(field: &[u8]) -> String {
 }
 
 impl Header {
+    /// Nanoseconds since the program last called the driver at `now_ns`
+    /// (since the page was made, if never): what the idle policy measures.
+    pub fn idle_ns(&self, now_ns: u64) -> u64 {
+        let last = match self.last_activity.load(Ordering::Acquire) {
+            0 => self.created_unix_ns,
+            l => l,
+        };
+        now_ns.saturating_sub(last)
+    }
+
     /// Fills every field but `state`, which the writer sets to
     /// [`STATE_READY`] last.
     pub fn fill(

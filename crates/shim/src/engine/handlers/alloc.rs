@@ -202,7 +202,7 @@ impl<D: Driver> Engine<D> {
                     if reclaimed || self.base.reclaim(device) == 0 {
                         // Parking's policy: an idle group member parked
                         // makes room (`park/policy.rs`).
-                        if r.group && self.park_for_room(device, need) {
+                        if r.group && self.park_for_room(device, need, estimate) {
                             continue;
                         }
                         return Err(Some(r));

@@ -13,8 +13,10 @@
 //!   inside a hooked export ([`gate::INSIDE`] is 0 with the gate closed),
 //!   so nothing else moves those ledgers.
 //! - A resume reserves the parked bytes through the allocations' path
-//!   (`reserve_on`) and checks NVML's real free memory first; Restore is
-//!   never called without both. A failed Restore leaves the process
+//!   (`reserve_on`; a transparent one refused by the group parks an idle
+//!   member first, as an allocation does: `policy.rs`) and checks NVML's
+//!   real free memory first; Restore is never called without both. A
+//!   just-resumed process counts as active (its `last_activity` is set). A failed Restore leaves the process
 //!   `Failed` (the driver holds it stuck): never retried.
 //! - Locks: the gate's mutex (`gate.rs`), taken alone, only to change the
 //!   state or wait for it. See engine/mod.rs for the order.
@@ -25,7 +27,7 @@ mod steps;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use vramcap_core::park::{Ask, Outcome, PARK_DEVICES};
+use vramcap_core::park::{Ask, Outcome, PARK_DEVICES, ParkMode};
 
 use crate::engine::Engine;
 use crate::engine::accounting::page::now_unix_ns;
@@ -43,6 +45,12 @@ pub struct Park {
     /// A VMM allocation was exported as a shareable handle (another
     /// process may map it): such a process is not parked.
     vmm_exported: AtomicBool,
+    /// The policy's asks repeat each tick: the last refusal said to one
+    /// (`Outcome::word` + 1; 0 none), and as the asker the last member
+    /// and answer said (`pid << 32 | code`; 0 none), so each is said once
+    /// in a row.
+    said_refusal: AtomicU64,
+    said_asked: AtomicU64,
 }
 
 impl Park {
@@ -52,6 +60,8 @@ impl Park {
             reserved: AtomicBool::new(false),
             said_waiting: AtomicBool::new(false),
             vmm_exported: AtomicBool::new(false),
+            said_refusal: AtomicU64::new(0),
+            said_asked: AtomicU64::new(0),
         }
     }
 
@@ -80,7 +90,9 @@ impl<D: Driver> Engine<D> {
                 Outcome::NotEnabled
             } else {
                 match Ask::from_word(h.park_ask.load(Ordering::Acquire)) {
-                    Some(Ask::Park) => self.park_now(),
+                    Some(Ask::Park) => self.park_now(false),
+                    Some(Ask::ParkIfIdle) if !self.idle_now() => Outcome::NotIdle,
+                    Some(Ask::ParkIfIdle) => self.park_now(true),
                     Some(Ask::Resume) => self.resume_now(false),
                     None => Outcome::Ok,
                 }
@@ -94,19 +106,41 @@ impl<D: Driver> Engine<D> {
         gate::state() != gate::RUNNING
     }
 
-    /// Parks the process now (see the module docs), or says why not.
-    fn park_now(&'static self) -> Outcome {
+    /// Idle past its own `idle:T` now, by its own count (the policy's ask
+    /// is checked here, where it cannot be stale): no program call inside
+    /// the shim (an allocation waiting for room counts), none waiting at the
+    /// gate, and no driver call for T (this round's stamp is written).
+    fn idle_now(&self) -> bool {
+        let Some(ParkMode::Idle(t)) = self.base.settings().park else {
+            return false;
+        };
+        if gate::INSIDE.load(Ordering::SeqCst) > 0 || gate::WAITERS.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        let h = &self.base.page().get(self.base.settings()).header;
+        h.idle_ns(now_unix_ns()) >= t.as_nanos() as u64
+    }
+
+    /// Parks the process now (see the module docs), or says why not
+    /// (`policy`: asked by a member's policy, which asks again each tick:
+    /// the same refusal is said once in a row).
+    fn park_now(&'static self, policy: bool) -> Outcome {
         match gate::state() {
             gate::RUNNING => {}
             gate::FAILED => return Outcome::Stuck(0),
             _ => return Outcome::Ok,
         }
-        if let Some(why) = self.park_refusal() {
-            log_at!(Warn, "cannot park: {why}");
-            return why;
-        }
-        let outcome = self.checkpoint_and_release();
-        if outcome != Outcome::Ok {
+        let outcome = match self.park_refusal() {
+            Some(why) => why,
+            None => self.checkpoint_and_release(),
+        };
+        let key = if outcome == Outcome::Ok {
+            0
+        } else {
+            outcome.word().wrapping_add(1)
+        };
+        let last = self.park.said_refusal.swap(key, Ordering::Relaxed);
+        if key != 0 && (last != key || !policy) {
             log_at!(Warn, "cannot park: {outcome}");
         }
         outcome

@@ -1,17 +1,21 @@
-//! The idle policy (`VRAMCAP_PARK=idle:T`, design item 8): when an
-//! allocation would be refused by the group's budget (after the cache was
-//! emptied), the allocating process finds the member of its group idle
-//! longest past its own threshold, among those started with
-//! `VRAMCAP_PARK=idle:…` and running, posts it a park request on its page
-//! (as `vramcap park` does), waits for the answer (2 s and 1 s per GiB it
-//! holds) and lets the allocation try again. With no such member it waits
-//! up to `VRAMCAP_PARK_WAIT` for one or for room (0, the default: refused
-//! as without parking). Per-GPU sharing without a group is not covered.
+//! The idle policy (`VRAMCAP_PARK=idle:T`, design items 8 and 10): when
+//! an allocation would be refused by the group's budget (after the cache
+//! was emptied), or a transparent resume's reservation would be, the
+//! process finds the member of its group idle longest past its own
+//! threshold, among those started with `VRAMCAP_PARK=idle:…` and running,
+//! posts it a park-if-idle request on its page, waits for the answer (2 s
+//! and 1 s per GiB it holds) and tries again. With no such member an
+//! allocation waits up to `VRAMCAP_PARK_WAIT` for one or for room (0, the
+//! default: refused as without parking); a resume tries again each tick.
+//! Per-GPU sharing without a group is not covered.
 //!
 //! Idle: the member's `last_activity` (written each tick when its gate saw
-//! a call, or a call was in flight) is at least its threshold ago.
-//! Members are found by their pages in the statistics directory: the same
-//! user's, the same group's. Nothing is held while waiting.
+//! a call, or a call was in flight; set at its resume) is at least its
+//! threshold ago, and the member itself confirms it (no call inside the
+//! shim, none waiting at its gate) before it parks: a process waiting for
+//! room or to resume is never parked. Members are found by their pages in
+//! the statistics directory: the same user's, the same group's. Nothing is
+//! held while waiting (a resume has given back its partial reservation).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -90,45 +94,80 @@ impl Drop for Mapped {
 }
 
 impl<D: Driver> Engine<D> {
-    /// The policy's hook, where an allocation of `need` more bytes on
-    /// `device` would be refused by the group: true when a member was
-    /// parked (or room came while waiting) and the reservation should be
-    /// tried again.
-    pub(in crate::engine) fn park_for_room(&'static self, device: CUdevice, need: u64) -> bool {
+    /// The policy's hook, where an allocation of `bytes` on `device` would
+    /// be refused by the group, `need` bytes short: true when a member was
+    /// parked (or room for `bytes` came while waiting) and the reservation
+    /// should be tried again.
+    pub(in crate::engine) fn park_for_room(
+        &'static self,
+        device: CUdevice,
+        need: u64,
+        bytes: u64,
+    ) -> bool {
         let settings = self.base.settings();
-        let Some(group) = settings.group.as_deref() else {
+        if settings.group.is_none() {
             return false;
-        };
+        }
         let start = Instant::now();
+        let mut said = false;
         loop {
-            if let Some((pid, path)) = self.idle_member(group, device)
-                && let Some(m) = Mapped::open(&path)
-            {
-                let outcome = ask_park(m.page());
-                log_at!(
-                    Info,
-                    "group {group}: {need} more bytes needed on device {device}; parking idle member {pid}: {}",
-                    outcome.map_or("no answer".to_string(), |o| o.to_string())
-                );
-                if outcome == Some(Outcome::Ok) {
-                    return true;
-                }
+            if self.park_idle_member(device, need, "") {
+                return true;
             }
             if start.elapsed() >= settings.park_wait {
                 return false;
+            }
+            if !std::mem::replace(&mut said, true) {
+                log_at!(
+                    Info,
+                    "{need} more bytes needed on device {device}: waiting up to {:?} (VRAMCAP_PARK_WAIT) for an idle member of the group or for room",
+                    settings.park_wait
+                );
             }
             std::thread::sleep(TICK);
             let room = match (
                 self.base.group().used(device),
                 self.base.group().limit_now(device),
             ) {
-                (Some(u), Some(l)) => u.saturating_add(need) <= l,
+                (Some(u), Some(l)) => u.saturating_add(bytes) <= l,
                 _ => false,
             };
             if room {
                 return true;
             }
         }
+    }
+
+    /// One try of the policy, for an allocation or (`to`: " to resume") a
+    /// transparent resume: asks the group's member idle longest past its
+    /// threshold on `device` to park if it still is idle, and waits for
+    /// its answer (bounded: [`ask_park`]). True when it parked.
+    pub(super) fn park_idle_member(&'static self, device: CUdevice, need: u64, to: &str) -> bool {
+        let Some(group) = self.base.settings().group.as_deref() else {
+            return false;
+        };
+        let Some((pid, path)) = self.idle_member(group, device) else {
+            return false;
+        };
+        let Some(m) = Mapped::open(&path) else {
+            return false;
+        };
+        let start = Instant::now();
+        let outcome = ask_park(m.page());
+        // Asked again each tick: a refusal is said once in a row.
+        let key = match outcome {
+            Some(Outcome::Ok) => 0,
+            o => u64::from(pid) << 32 | o.map_or(u64::from(u32::MAX), |o| o.word() & 0xffff_ffff),
+        };
+        if self.park.said_asked.swap(key, Ordering::Relaxed) != key || key == 0 {
+            log_at!(
+                Info,
+                "group {group}: {need} more bytes needed on device {device}{to}; parking idle member {pid}: {} in {:.3}s",
+                outcome.map_or("no answer".to_string(), |o| o.to_string()),
+                start.elapsed().as_secs_f64()
+            );
+        }
+        outcome == Some(Outcome::Ok)
     }
 
     /// The member of `group` idle longest past its own threshold that holds
@@ -172,11 +211,7 @@ impl<D: Driver> Engine<D> {
             {
                 continue;
             }
-            let last = match h.last_activity.load(Ordering::Acquire) {
-                0 => h.created_unix_ns,
-                l => l,
-            };
-            let idle = now.saturating_sub(last);
+            let idle = h.idle_ns(now);
             if idle < t.as_nanos() as u64 {
                 continue;
             }
@@ -189,13 +224,14 @@ impl<D: Driver> Engine<D> {
     }
 }
 
-/// Posts a park request on `page` and waits for its answer (2 s and 1 s
+/// Posts a park-if-idle request on `page` (the member re-checks that it
+/// is idle: [`Ask::ParkIfIdle`]) and waits for its answer (2 s and 1 s
 /// per GiB the process holds); `None` when none came in time.
 fn ask_park(page: &Page) -> Option<Outcome> {
     let h = &page.header;
     let held: u64 = page.slots.iter().map(|s| s.budget.used()).sum();
     let bound = Duration::from_secs(2 + held.div_ceil(1 << 30));
-    h.park_ask.store(Ask::Park as u64, Ordering::Release);
+    h.park_ask.store(Ask::ParkIfIdle as u64, Ordering::Release);
     let ticket = h
         .park_requests
         .fetch_add(1, Ordering::AcqRel)

@@ -10,6 +10,7 @@ use vramcap_core::park::{Outcome, PARK_DEVICES, ParkState, RESUME_MARGIN};
 
 use super::gate;
 use crate::engine::Engine;
+use crate::engine::accounting::Refusal;
 use crate::engine::accounting::page::now_unix_ns;
 use crate::engine::accounting::records::Kind;
 use crate::engine::driver::{Checkpoint, Driver};
@@ -19,6 +20,10 @@ use crate::log::{log_at, log_once};
 /// How long parking waits for the program's calls in flight (and the
 /// driver's lock for its own).
 const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle members a transparent resume parks at most per round before it
+/// waits for the next (each one it parked may have been outrun to the
+/// room by an allocation).
+const POLICY_TRIES: u32 = 4;
 
 impl<D: Driver> Engine<D> {
     /// Sets the state, on the gate and on the page.
@@ -82,6 +87,7 @@ impl<D: Driver> Engine<D> {
             std::thread::yield_now();
         }
         let freed = self.cache.trim_all(&self.base);
+        let driver_start = Instant::now();
         match driver.checkpoint(Checkpoint::Lock(LOCK_TIMEOUT.as_millis() as u32)) {
             Some(CUDA_SUCCESS) => {}
             None => {
@@ -102,6 +108,7 @@ impl<D: Driver> Engine<D> {
                 return Outcome::DriverError(other.unwrap_or(0) as u32);
             }
         }
+        let driver_s = driver_start.elapsed().as_secs_f64();
         let page = self.base.page().get(self.base.settings());
         let mut total = 0;
         for d in 0..PARK_DEVICES {
@@ -124,32 +131,38 @@ impl<D: Driver> Engine<D> {
         self.park_set(ParkState::Parked);
         log_at!(
             Info,
-            "parked: {total} bytes moved to host memory ({freed} cached bytes released first); the budget is released"
+            "parked: {total} bytes moved to host memory in {:.3}s (the driver's lock and checkpoint {driver_s:.3}s; {freed} cached bytes released first); the budget is released",
+            start.elapsed().as_secs_f64()
         );
         Outcome::Ok
     }
 
     /// Reserves the parked bytes (own budget and group), checks the real
-    /// free memory, restores and unlocks. `keep`: a reservation made and
-    /// not usable yet (no real room) is kept for the next try.
+    /// free memory, restores and unlocks. `keep`: a transparent resume; a
+    /// reservation made and not usable yet (no real room) is kept for the
+    /// next try, and one the group refuses parks an idle member first
+    /// (the policy, as an allocation does; at most [`POLICY_TRIES`] per
+    /// round, nothing reserved meanwhile).
     pub(super) fn reserve_and_restore(&'static self, keep: bool) -> Result<(), Outcome> {
-        if !self.park.reserved.load(Ordering::Relaxed) {
-            for d in 0..PARK_DEVICES {
-                let bytes = self.park.parked[d].load(Ordering::Relaxed);
-                let Some(s) = self.base.slot(d as CUdevice).filter(|_| bytes > 0) else {
-                    continue;
-                };
-                let limit = s.budget.limit().unwrap_or(NO_CAP);
-                if self
-                    .base
-                    .reserve_on(s, d as CUdevice, bytes, limit)
-                    .is_err()
-                {
-                    self.unreserve(d);
-                    return Err(Outcome::NoRoom(d as u32));
+        let mut tries = 0;
+        let mut start = Instant::now();
+        while !self.park.reserved.load(Ordering::Relaxed) {
+            start = Instant::now();
+            match self.reserve_parked() {
+                Ok(()) => self.park.reserved.store(true, Ordering::Relaxed),
+                Err((d, r)) => {
+                    let bytes = self.park.parked[d].load(Ordering::Relaxed);
+                    let need = r.used.saturating_add(bytes).saturating_sub(r.limit);
+                    tries += 1;
+                    if !(keep
+                        && r.group
+                        && tries <= POLICY_TRIES
+                        && self.park_idle_member(d as CUdevice, need, " to resume"))
+                    {
+                        return Err(Outcome::NoRoom(d as u32));
+                    }
                 }
             }
-            self.park.reserved.store(true, Ordering::Relaxed);
         }
         if let Some(d) = self.short_of_room() {
             if !keep {
@@ -160,6 +173,7 @@ impl<D: Driver> Engine<D> {
         }
         self.park_set(ParkState::Resuming);
         let driver = self.base.driver();
+        let driver_start = Instant::now();
         for step in [Checkpoint::Restore, Checkpoint::Unlock] {
             match driver.checkpoint(step) {
                 Some(CUDA_SUCCESS) => {}
@@ -175,15 +189,45 @@ impl<D: Driver> Engine<D> {
                 }
             }
         }
+        let driver_s = driver_start.elapsed().as_secs_f64();
         let page = self.base.page().get(self.base.settings());
         for d in 0..PARK_DEVICES {
             self.park.parked[d].store(0, Ordering::Relaxed);
             page.header.parked[d].store(0, Ordering::Release);
         }
         page.header.parked_since.store(0, Ordering::Release);
+        // Just resumed is active: the policy of another member must not
+        // park it back before its program's call has run.
+        page.header
+            .last_activity
+            .store(now_unix_ns(), Ordering::Release);
         self.park.reserved.store(false, Ordering::Relaxed);
         self.park_set(ParkState::Running);
-        log_at!(Info, "resumed: the parked memory is back on the GPU");
+        // From the reservation that held: what the shim adds is the
+        // reservation and the NVML check.
+        log_at!(
+            Info,
+            "resumed: the parked memory is back on the GPU in {:.3}s (the driver's restore and unlock {driver_s:.3}s)",
+            start.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// Reserves the parked bytes of every device, or none: on a refusal
+    /// the devices before are given back (a partial reservation is never
+    /// held across a wait) and the device and refusal are the answer.
+    fn reserve_parked(&self) -> Result<(), (usize, Refusal)> {
+        for d in 0..PARK_DEVICES {
+            let bytes = self.park.parked[d].load(Ordering::Relaxed);
+            let Some(s) = self.base.slot(d as CUdevice).filter(|_| bytes > 0) else {
+                continue;
+            };
+            let limit = s.budget.limit().unwrap_or(NO_CAP);
+            if let Err(r) = self.base.reserve_on(s, d as CUdevice, bytes, limit) {
+                self.unreserve(d);
+                return Err((d, r));
+            }
+        }
         Ok(())
     }
 
