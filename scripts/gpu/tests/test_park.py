@@ -35,9 +35,14 @@ class Proc:
     """A workload under the shim with its stdout and stderr in files."""
 
     def __init__(self, gpu, runner, work, name, args, shim=True, **env):
-        self.out = os.path.join(work, "park-%s.out" % name)
-        self.err = os.path.join(work, "park-%s.err" % name)
+        # Beside the table (--out), so that they come back from the GPU
+        # machine: the first run's hang left nothing to read.
+        keep = os.path.dirname(gpu.log) or work
+        self.out = os.path.join(keep, "park-%s.out" % name)
+        self.err = os.path.join(keep, "park-%s.err" % name)
         self.t0 = time.monotonic()
+        self.gpu, self.diag = gpu, ""
+        env.setdefault("VRAMCAP_LOG", "info")
         e = runner.env(shim=gpu.shim if shim else None, **env)
         self.p = subprocess.Popen([gpu.python, gpu.script("check_park.py")] + args, env=e,
                                   stdin=subprocess.PIPE, stdout=open(self.out, "w"),
@@ -70,10 +75,34 @@ class Proc:
         try:
             self.p.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
+            self.diag = self.where()
+            with open(self.err, "a") as f:
+                f.write("\n[test_park: killed after %s s]\n%s\n" % (seconds, self.diag))
             os.killpg(self.p.pid, signal.SIGKILL)
             self.p.wait()
         self.wall = time.monotonic() - self.t0
         return open(self.out).read(), open(self.err).read()
+
+    def where(self):
+        """Where a process that did not end waits: its page's parking state
+        and each thread's name and kernel wait channel."""
+        lines = []
+        try:
+            r = subprocess.run([self.gpu.cli, "stat", "--json", "--pid", str(self.p.pid)],
+                               capture_output=True, text=True, timeout=20)
+            lines.append("stat: " + " ".join((r.stdout + r.stderr).split())[:1500])
+        except (OSError, subprocess.SubprocessError) as e:
+            lines.append("stat: %s" % e)
+        task = "/proc/%d/task" % self.p.pid
+        for t in sorted(os.listdir(task)) if os.path.isdir(task) else []:
+            def read(f):
+                try:
+                    with open(os.path.join(task, t, f)) as h:
+                        return h.read().strip()
+                except OSError:
+                    return "?"
+            lines.append("thread %s %s wchan=%s" % (t, read("comm"), read("wchan")))
+        return "\n".join(lines)
 
     def result(self):
         """The RESULTKV line of its stdout, as a dict."""
@@ -126,7 +155,9 @@ def test_notebook_parked_by_idle_resumes_with_identical_results(gpu, runner, wor
         check.kv(kv, "oom", 0)
         check.eq("bytes the second process got", as_int(kv.get("got")), 100 * GiB, show=mib)
         nb.go()
-        out, err = nb.finish(600)
+        out, err = nb.finish(180)
+        if nb.diag:
+            check.note("the notebook did not end: " + " | ".join(nb.diag.splitlines()[:12]))
         kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
         check.kv(kv, "same", 1)
         check.eq("step1 against a run never parked", kv.get("step1"), control_sum)
