@@ -27,6 +27,23 @@ fn park(dir: &Path, pid: u32) -> Ran {
     cli(dir, &["park", "--pid", &pid.to_string()])
 }
 
+/// `vramcap park --pid` of `h` is refused with `why`: exit 1, nothing on
+/// stdout, one line on stderr, and the same line on the process's stderr.
+fn assert_refused(dir: &Path, h: &mut Held, why: &str) {
+    let pid = h.pid();
+    let ran = park(dir, pid);
+    ran.expect_code(1);
+    assert_eq!(ran.stdout(), "");
+    assert_eq!(
+        ran.stderr(),
+        format!("vramcap: {pid}: cannot park: {why}\n")
+    );
+    assert_eq!(
+        stderr_until(h, "cannot park"),
+        format!("vramcap[{pid}]: cannot park: {why}")
+    );
+}
+
 fn cli(dir: &Path, args: &[&str]) -> Ran {
     let mut cmd = bare(&artefacts().cli);
     cmd.env("VRAMCAP_STATS_DIR", dir).args(args);
@@ -158,18 +175,7 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
     ];
     for (args, why) in cases {
         let mut h = held_in(&dir, &[MANUAL], args);
-        let pid = h.pid();
-        let ran = park(&dir, pid);
-        ran.expect_code(1);
-        assert_eq!(ran.stdout(), "");
-        assert_eq!(
-            ran.stderr(),
-            format!("vramcap: {pid}: cannot park: {why}\n")
-        );
-        assert_eq!(
-            stderr_until(&mut h, "cannot park"),
-            format!("vramcap[{pid}]: cannot park: {why}")
-        );
+        assert_refused(&dir, &mut h, why);
         h.resume();
         let (lines, out) = h.finish();
         assert!(out.status.success(), "{lines:?}");
@@ -198,18 +204,8 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
         &env,
         &["init", "alloc", "1M", "ctx", "1", "alloc", "1M", "wait"],
     );
-    let pid = h.pid();
     let why = "it has NCCL loaded and uses more than one GPU (NCCL's peer transfers cannot be checkpointed)";
-    let ran = park(&dir, pid);
-    ran.expect_code(1);
-    assert_eq!(
-        ran.stderr(),
-        format!("vramcap: {pid}: cannot park: {why}\n")
-    );
-    assert_eq!(
-        stderr_until(&mut h, "cannot park"),
-        format!("vramcap[{pid}]: cannot park: {why}")
-    );
+    assert_refused(&dir, &mut h, why);
     let (_, out) = h.finish();
     assert!(out.status.success());
     // Not started with parking.
