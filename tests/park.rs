@@ -27,17 +27,21 @@ fn park(dir: &Path, pid: u32) -> Ran {
     cli(dir, &["park", "--pid", &pid.to_string()])
 }
 
+/// `vramcap park --pid PID` exits 1 with `line` alone on stderr; the run,
+/// for more checks.
+fn park_refused(dir: &Path, pid: u32, line: &str) -> Ran {
+    let ran = park(dir, pid);
+    ran.expect_code(1);
+    assert_eq!(ran.stderr(), format!("{line}\n"));
+    ran
+}
+
 /// `vramcap park --pid` of `h` is refused with `why`: exit 1, nothing on
 /// stdout, one line on stderr, and the same line on the process's stderr.
 fn assert_refused(dir: &Path, h: &mut Held, why: &str) {
     let pid = h.pid();
-    let ran = park(dir, pid);
-    ran.expect_code(1);
+    let ran = park_refused(dir, pid, &format!("vramcap: {pid}: cannot park: {why}"));
     assert_eq!(ran.stdout(), "");
-    assert_eq!(
-        ran.stderr(),
-        format!("vramcap: {pid}: cannot park: {why}\n")
-    );
     assert_eq!(
         stderr_until(h, "cannot park"),
         format!("vramcap[{pid}]: cannot park: {why}")
@@ -211,13 +215,12 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
     // Not started with parking.
     let h = held_in(&dir, &[], &["init", "alloc", "1M", "wait"]);
     let pid = h.pid();
-    let ran = park(&dir, pid);
-    ran.expect_code(1);
-    assert_eq!(
-        ran.stderr(),
-        format!(
-            "vramcap: process {pid} was not started with parking (VRAMCAP_PARK); start it as vramcap run --park manual …\n"
-        )
+    park_refused(
+        &dir,
+        pid,
+        &format!(
+            "vramcap: process {pid} was not started with parking (VRAMCAP_PARK); start it as vramcap run --park manual …"
+        ),
     );
     let (_, out) = h.finish();
     assert!(out.status.success());
@@ -414,13 +417,12 @@ fn a_failing_checkpoint_call_releases_nothing_and_unlocks() {
             &["init", "alloc", "1G", "wait", "info", "ckstate"],
         );
         let pid = h.pid();
-        let ran = park(&dir, pid);
-        ran.expect_code(1);
-        assert_eq!(
-            ran.stderr(),
-            format!(
-                "vramcap: {pid}: cannot park: the driver's checkpoint call failed (error 999)\n"
-            )
+        park_refused(
+            &dir,
+            pid,
+            &format!(
+                "vramcap: {pid}: cannot park: the driver's checkpoint call failed (error 999)"
+            ),
         );
         assert_eq!(stat_device0(&dir, pid)["used_bytes"], GIB);
         assert_eq!(group_used(&dir), (GIB, vec![GIB]));
