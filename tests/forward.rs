@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::util::{bare, run, scratch_dir, shimmed, spawn_piped};
+use crate::util::{bare, run, scratch_dir, shimmed, spawn_piped, watchdog};
 
 fn forward_program() -> PathBuf {
     PathBuf::from(env!("STANDIN_DIR")).join("bin/forward")
@@ -21,13 +21,26 @@ fn forward_program() -> PathBuf {
 const PARK: (&str, &str) = ("VRAMCAP_PARK", "manual");
 
 /// The calls' lines: exactly what the stand-in answers without the shim.
-const CALLS: [&str; 5] = [
+const CALLS: [&str; 6] = [
     "init -> 0",
     "ctxdev -> 0 dev=0",
     "name -> 0 vramcap stand-in 0",
     "launch -> 0 dims=3,5,7,11,13,17 shared=19 stream=0x2",
     "clamp -> 0 0 min=0.5 max=-1.25",
+    "dark -> 0 0 out=7028,1007 calls=2",
 ];
+
+/// The export tables' lines: each table stays where the driver made it
+/// (`at=internal`); with `gated` the functions of all but the integrity
+/// check's are forwarders, and size words are never touched.
+fn tables(gated: bool) -> Vec<String> {
+    let f = if gated { "forwarder" } else { "internal" };
+    vec![
+        format!("table standin -> 0 at=internal slots=size,{f},{f}"),
+        format!("table cls -> 0 at=internal slots={f},{f}"),
+        "table integrity -> 0 at=internal slots=size,internal,internal".to_string(),
+    ]
+}
 
 /// The lookups' lines when unhooked functions are answered with `k`
 /// through dlsym and `pa` through cuGetProcAddress (`real`: the driver's
@@ -52,6 +65,7 @@ fn lookups(k: &str, pa: &str, alloc: &str, equal: &str) -> Vec<String> {
 
 fn expected(k: &str, pa: &str, alloc: &str, equal: &str) -> Vec<String> {
     let mut want = lookups(k, pa, alloc, equal);
+    want.extend(tables(k == "forwarder"));
     want.extend(CALLS.map(String::from));
     want
 }
@@ -114,12 +128,12 @@ fn stderr_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
     rx
 }
 
-/// Reads `rx` until the line `want`; fails at the end of stderr or after a
-/// minute without it.
+/// Reads `rx` until a line that starts with `want`; fails at the end of
+/// stderr or after a minute without it.
 fn wait_for(rx: &mpsc::Receiver<String>, want: &str, seen: &mut Vec<String>) {
     loop {
         match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(l) if l == want => return,
+            Ok(l) if l.starts_with(want) => return,
             Ok(l) => seen.push(l),
             Err(e) => panic!("no {want:?} on stderr ({e}); it had {seen:?}"),
         }
@@ -166,12 +180,13 @@ fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
     let out = child.stdout.take().expect("piped stdout");
     let fd = out.as_raw_fd();
     let mut out = BufReader::new(out);
-    let mut got: Vec<String> = (0..8).map(|_| next(&mut out)).collect();
+    let mut got: Vec<String> = (0..11).map(|_| next(&mut out)).collect();
     assert_eq!(got.pop().as_deref(), Some("ready"));
     assert_eq!(
         got,
         lookups("forwarder", "forwarder", "hook", "yes")
             .into_iter()
+            .chain(tables(true))
             .chain(["init -> 0".into()])
             .collect::<Vec<_>>()
     );
@@ -179,6 +194,7 @@ fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
     for (what, want) in [
         ("launch", CALLS[3]),
         ("clamp", CALLS[4]),
+        ("dark", "dark -> 0 0 out=7028,1007 calls=2"),
         ("name", CALLS[2]),
         ("ctxdev", CALLS[1]),
     ] {
@@ -201,6 +217,57 @@ fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
         wait_for(&err, "test gate: opened", &mut seen);
         assert_eq!(next(&mut out), want);
     }
+    drop(stdin);
+    let status = child.wait().expect("wait for the client");
+    let _ = done.send(());
+    assert!(status.success(), "{status}; stderr had {seen:?}");
+}
+
+/// Parked for real (the stand-in's checkpoint lock holds every driver
+/// call), the process's next call through an export table, which no
+/// `dlsym` or `cuGetProcAddress` answer covers, waits at the gate, has
+/// the process resumed, and then answers exactly: it never reaches the
+/// driver's lock, where it would wait for good.
+#[test]
+fn a_call_through_an_export_table_resumes_a_parked_process_first() {
+    let dir = scratch_dir();
+    let mut cmd = shimmed(&forward_program());
+    cmd.env(PARK.0, PARK.1)
+        .env("VRAMCAP_STATS_DIR", &dir)
+        .env("VRAMCAP_LOG", "info")
+        .arg("wait");
+    let mut child = spawn_piped(&mut cmd);
+    let pid = child.id();
+    let done = watchdog(pid);
+    let err = stderr_lines(&mut child);
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let lines: Vec<String> = (0..11).map(|_| next(&mut out)).collect();
+    assert_eq!(lines[10], "ready", "{lines:?}");
+    assert_eq!(lines[6..9], tables(true)[..]);
+    let mut park = bare(&crate::util::artefacts().cli);
+    park.env("VRAMCAP_STATS_DIR", &dir)
+        .args(["park", "--pid", &pid.to_string()]);
+    let parked = run(park).ok_lines();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert!(
+        parked[0].starts_with(&format!("{pid}: parked, ")),
+        "{parked:?}"
+    );
+    let mut seen = Vec::new();
+    wait_for(
+        &err,
+        "parked: 1048576 bytes moved to host memory",
+        &mut seen,
+    );
+    writeln!(stdin, "dark").expect("ask for the call");
+    assert_eq!(next(&mut out), "calling dark");
+    assert_eq!(next(&mut out), "dark -> 0 0 out=7028,1007 calls=2");
+    wait_for(
+        &err,
+        "resumed: the parked memory is back on the GPU",
+        &mut seen,
+    );
     drop(stdin);
     let status = child.wait().expect("wait for the client");
     let _ = done.send(());

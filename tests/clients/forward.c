@@ -19,7 +19,8 @@
  * are one address.
  *
  * Calls (through cuGetProcAddress's answer unless said), one line each:
- *   init    cuInit(0), device 0's primary context current -> "init -> RC"
+ *   init    cuInit(0), device 0's primary context current, the stand-in's
+ *           module loaded, 1 MiB allocated (cuMemAlloc) -> "init -> RC"
  *   ctxdev  cuCtxGetDevice -> "ctxdev -> RC dev=D"
  *   name    cuDeviceGetName (dlsym's answer) -> "name -> RC NAME"
  *   launch  cuLaunchKernel of touch1, grid 3x5x7, block 11x13x17, 19 shared
@@ -27,11 +28,21 @@
  *           dims=G,G,G,B,B,B shared=S stream=0xS" (what the stand-in got)
  *   clamp   cuTexRefSetMipmapLevelClamp(0x10, 0.5, -1.25) and the Get
  *           (dlsym's answers) -> "clamp -> RC RC min=M max=M"
+ *   dark    through the export tables (below): the stand-in's mix(7, 2.5,
+ *           3) and context-local storage's mix(1, 0.5, 2), then calls()
+ *           -> "dark -> RC RC out=O,O calls=N"
+ *
+ * Export tables (cuGetExportTable through cuGetProcAddress's answer), after
+ * the lookups, one line each for the stand-in's three (STANDIN, CLS,
+ * INTEGRITY; tests/standin/cuda_standin.c):
+ *   "table NAME -> RC at=K slots=K,K,.." (at: the table's own address;
+ *   a slot is "size" for a size word, else K as above)
  */
 #define _GNU_SOURCE /* dladdr */
 #include "cuda_subset.h"
 
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +94,47 @@ static const char *const g_names[][2] = {
     { "cuMemAlloc_v2", "cuMemAlloc" },
     { "cuTexRefSetMipmapLevelClamp", "cuTexRefSetMipmapLevelClamp" },
 };
+
+typedef CUresult (*export_table_fn)(const void **, const CUuuid *);
+typedef CUresult (*dark_mix_fn)(int, double, long long, long long *);
+typedef void (*dark_calls_fn)(unsigned long *);
+
+static const struct {
+    const char *name;
+    CUuuid id;
+} g_tables[] = {
+    { "standin", { "vramcap standin" } },
+    { "cls",
+      { { (char)0xc6, (char)0x93, 0x33, 0x6e, 0x11, 0x21, (char)0xdf, 0x11,
+          (char)0xa8, (char)0xc3, 0x68, (char)0xf3, 0x55, (char)0xd8,
+          (char)0x95, (char)0x93 } } },
+    { "integrity",
+      { { (char)0xd4, 0x08, 0x20, 0x55, (char)0xbd, (char)0xe6, 0x70, 0x4b,
+          (char)0x8d, 0x34, (char)0xba, 0x12, 0x3c, 0x66, (char)0xe1,
+          (char)0xf2 } } },
+};
+static const void *const *g_table[3];
+
+static void tables(void)
+{
+    export_table_fn get = (export_table_fn)by_procaddr("cuGetExportTable");
+    for (size_t i = 0; i < 3; i++) {
+        const void *t = NULL;
+        CUresult rc = get != NULL ? get(&t, &g_tables[i].id) : CUDA_ERROR_NOT_FOUND;
+        g_table[i] = t;
+        printf("table %s -> %d at=%s slots=", g_tables[i].name, rc, kind("", (void *)t));
+        if (t != NULL) {
+            const void *const *w = t;
+            uintptr_t first = (uintptr_t)w[0];
+            size_t n = first < 0x10000 ? first / sizeof(void *) : 0;
+            for (size_t k = 0; n != 0 ? k < n : w[k] != NULL; k++)
+                printf("%s%s", k == 0 ? "" : ",",
+                       k == 0 && n != 0 ? "size" : kind("", (void *)w[k]));
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+}
 
 static void resolve_all(void)
 {
@@ -140,6 +192,13 @@ static void init(void)
         rc = load(&mod, "image");
     if (rc == CUDA_SUCCESS)
         rc = get_function(&g_touch1, mod, "touch1");
+    /* One allocation, kept: the shim's background thread (which parks)
+     * starts with a process's first. */
+    CUresult (*alloc)(CUdeviceptr *, size_t) =
+        (CUresult(*)(CUdeviceptr *, size_t))by_procaddr("cuMemAlloc");
+    CUdeviceptr kept = 0;
+    if (rc == CUDA_SUCCESS)
+        rc = alloc(&kept, 1 << 20);
     g_ctx_get_device = (ctx_get_device_fn)by_procaddr("cuCtxGetDevice");
     g_device_get_name = (device_get_name_fn)by_dlsym("cuDeviceGetName");
     g_launch = (launch_fn)by_procaddr("cuLaunchKernel");
@@ -175,6 +234,15 @@ static void call(const char *what)
         CUresult set = g_set_clamp(tex, 0.5f, -1.25f);
         CUresult get = g_get_clamp(&lo, &hi, tex);
         printf("clamp -> %d %d min=%g max=%g\n", set, get, lo, hi);
+    } else if (strcmp(what, "dark") == 0 && (g_table[0] == NULL || g_table[1] == NULL)) {
+        printf("dark -> unavailable\n");
+    } else if (strcmp(what, "dark") == 0) {
+        long long a = 0, b = 0;
+        unsigned long n = 0;
+        CUresult r1 = ((dark_mix_fn)g_table[0][1])(7, 2.5, 3, &a);
+        CUresult r2 = ((dark_mix_fn)g_table[1][0])(1, 0.5, 2, &b);
+        ((dark_calls_fn)g_table[0][2])(&n);
+        printf("dark -> %d %d out=%lld,%lld calls=%lu\n", r1, r2, a, b, n);
     } else {
         printf("unknown call %s\n", what);
     }
@@ -199,9 +267,10 @@ int main(int argc, char **argv)
         return 1;
     }
     resolve_all();
+    tables();
     init();
     if (!wait) {
-        const char *calls[] = { "ctxdev", "name", "launch", "clamp" };
+        const char *calls[] = { "ctxdev", "name", "launch", "clamp", "dark" };
         for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++)
             call(calls[i]);
         return 0;

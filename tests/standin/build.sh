@@ -12,6 +12,8 @@
 #                                 LD_LIBRARY_PATH=OUTDIR/lib)
 #   OUTDIR/bin/forward            looks unhooked driver functions up and
 #                                 calls them (tests/forward.rs)
+#   OUTDIR/bin/nvidia-smi         answers the shim's free-memory query from
+#                                 the NVML stand-in (on the tests' PATH)
 #   OUTDIR/bin/escape             loads OUTDIR/lib/libescape.so (linked
 #                                 against -lcuda) around the preload, or
 #                                 looks driver functions up at a version
@@ -81,6 +83,10 @@ $CC $CFLAGS -I "$here" -o "$tmp/bin/escape" "$clients/escape.c" -ldl
 # shellcheck disable=SC2086
 $CC $CFLAGS -I "$here" -o "$tmp/bin/forward" "$clients/forward.c" \
     -L "$tmp/lib" -lcuda -ldl
+# The tests' nvidia-smi, on the NVML stand-in.
+# shellcheck disable=SC2086
+$CC $CFLAGS -I "$here" -o "$tmp/bin/nvidia-smi" "$clients/nvidia_smi.c" \
+    -L "$tmp/lib" -lnvidia-ml
 
 # Rename into place; each rename replaces its target atomically. The
 # libraries go first so that a client never appears before its driver.
@@ -93,3 +99,4 @@ mv -f "$tmp/bin/client-linked" "$out/bin/client-linked"
 mv -f "$tmp/lib/libescape.so" "$out/lib/libescape.so"
 mv -f "$tmp/bin/escape" "$out/bin/escape"
 mv -f "$tmp/bin/forward" "$out/bin/forward"
+mv -f "$tmp/bin/nvidia-smi" "$out/bin/nvidia-smi"

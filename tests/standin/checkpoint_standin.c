@@ -21,6 +21,10 @@
  *   is stuck: every checkpoint call answers 304, GetState FAILED, and every
  *   other driver call CUDA_ERROR_NOT_INITIALIZED.
  * - Unlock (locked, not checkpointed) lets the waiting calls go on.
+ * - NVML: the NVML stand-in's calls in this process wait while it is
+ *   checkpointed (vramcap_standin_checkpoint_wait), any thread's, the
+ *   locking one's too: on the H200 (r580) the shim's own NVML query after
+ *   its checkpoint waited for good (docs/gpu-results.md, 2026-12-04).
  * - GetRestoreThreadId answers the PID (the stand-in has no restore thread).
  * - STANDIN_CHECKPOINT_FAIL=lock or =checkpoint (read at each call): that
  *   call answers 999 (CUDA_ERROR_UNKNOWN) and changes nothing, as a driver
@@ -146,6 +150,7 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
         }
         ck_state = CU_PROCESS_STATE_LOCKED;
         atomic_fetch_add(&ck_restores, 1);
+        pthread_cond_broadcast(&ck_cv); /* NVML's waiters */
     } else {
         /* As measured: 2 now, and the process stuck for good. */
         ck_state = CU_PROCESS_STATE_FAILED;
@@ -191,6 +196,14 @@ CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
     CHECK(tid != NULL, CUDA_ERROR_INVALID_VALUE);
     *tid = pid;
     return CUDA_SUCCESS;
+}
+
+void vramcap_standin_checkpoint_wait(void)
+{
+    pthread_mutex_lock(&ck_mu);
+    while (ck_state == CU_PROCESS_STATE_CHECKPOINTED && !atomic_load(&ck_stuck))
+        pthread_cond_wait(&ck_cv, &ck_mu);
+    pthread_mutex_unlock(&ck_mu);
 }
 
 unsigned long vramcap_standin_checkpoint(const char *what)

@@ -54,5 +54,7 @@ CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid);
  * on), "parked" (bytes moved off the devices now); 0 for other names.
  */
 unsigned long vramcap_standin_checkpoint(const char *what);
+/* NVML's calls wait here while the process is checkpointed (nvml_standin.c). */
+void vramcap_standin_checkpoint_wait(void);
 
 #endif

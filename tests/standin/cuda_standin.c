@@ -4862,6 +4862,84 @@ CUresult cuGetErrorName(CUresult error, const char **pStr)
 }
 LOCAL(cuGetErrorName)
 
+/* ---- Export tables (cuGetExportTable) ------------------------------------- */
+
+/*
+ * Three private tables laid out as the real driver's are (word 0 the
+ * table's size in bytes, then functions; or headerless, functions up to a
+ * null word; docs/design/parking-resume.md), kept in read-only memory
+ * after relocation, as the driver's are:
+ *   STANDIN    "vramcap standin\0": size 24, dark_mix, dark_calls
+ *   C693336E-1121-DF11-A8C3-68F355D89593 (context-local storage's GUID):
+ *              headerless: dark_mix, dark_calls, NULL
+ *   D4082055-BDE6-704B-8D34-BA123C66E1F2 (the integrity check's GUID):
+ *              size 24, dark_integrity twice
+ * Their functions are driver calls: they wait while the process is locked
+ * (the checkpoint model), as every entry point does. Any other GUID gives
+ * CUDA_ERROR_INVALID_VALUE, as do NULL arguments.
+ */
+static atomic_ulong g_dark_calls;
+
+/* *out = a * 1000 + b * 10 + c: every kind of argument register arrives. */
+static CUresult dark_mix(int a, double b, long long c, long long *out)
+{
+    if (!initialized())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    atomic_fetch_add_explicit(&g_dark_calls, 1, memory_order_relaxed);
+    *out = a * 1000LL + (long long)(b * 10) + c;
+    return CUDA_SUCCESS;
+}
+
+/* Returns nothing, as some real slots do: the calls of dark_mix so far. */
+static void dark_calls(unsigned long *out)
+{
+    (void)checkpoint_gate();
+    *out = atomic_load_explicit(&g_dark_calls, memory_order_relaxed);
+}
+
+static CUresult dark_integrity(void)
+{
+    return CUDA_SUCCESS;
+}
+
+static const void *const g_dark_standin[] = {
+    (const void *)(3 * sizeof(void *)), (const void *)dark_mix,
+    (const void *)dark_calls
+};
+static const void *const g_dark_cls[] = { (const void *)dark_mix,
+                                          (const void *)dark_calls, NULL };
+static const void *const g_dark_integrity[] = {
+    (const void *)(3 * sizeof(void *)), (const void *)dark_integrity,
+    (const void *)dark_integrity
+};
+
+static const struct {
+    unsigned char guid[16];
+    const void *const *table;
+} g_dark[] = {
+    { "vramcap standin", g_dark_standin },
+    { { 0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68,
+        0xf3, 0x55, 0xd8, 0x95, 0x93 },
+      g_dark_cls },
+    { { 0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba,
+        0x12, 0x3c, 0x66, 0xe1, 0xf2 },
+      g_dark_integrity },
+};
+
+CUresult cuGetExportTable(const void **ppExportTable,
+                          const CUuuid *pExportTableId)
+{
+    CHECK(ppExportTable != NULL && pExportTableId != NULL,
+          CUDA_ERROR_INVALID_VALUE);
+    for (size_t i = 0; i < sizeof g_dark / sizeof g_dark[0]; i++)
+        if (memcmp(g_dark[i].guid, pExportTableId->bytes, 16) == 0) {
+            *ppExportTable = (const void *)g_dark[i].table;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+LOCAL(cuGetExportTable)
+
 /* ---- Entry point lookup (cuGetProcAddress) -------------------------------- */
 
 /*
@@ -5106,6 +5184,7 @@ ALIAS(cuDeviceSetGraphMemAttribute,
 ALIAS(cuDeviceGraphMemTrim, (CUdevice d), (d))
 ALIAS(cuGetErrorString, (CUresult e, const char **s), (e, s))
 ALIAS(cuGetErrorName, (CUresult e, const char **s), (e, s))
+ALIAS(cuGetExportTable, (const void **t, const CUuuid *id), (t, id))
 /* The two resolvers are defined below; their aliases come after them. */
 static CUresult alias_cuGetProcAddress(const char *, void **, int, cuuint64_t);
 static CUresult alias_cuGetProcAddress_v2(const char *, void **, int,
@@ -5139,6 +5218,7 @@ struct proc_entry {
 
 static const struct proc_entry g_procs[] = {
     { "cuInit", { V(2000, cuInit) }, { { 0 } } },
+    { "cuGetExportTable", { V(3000, cuGetExportTable) }, { { 0 } } },
     { "cuDriverGetVersion", { V(2020, cuDriverGetVersion) }, { { 0 } } },
     { "cuDeviceGet", { V(2000, cuDeviceGet) }, { { 0 } } },
     { "cuDeviceGetCount", { V(2000, cuDeviceGetCount) }, { { 0 } } },

@@ -415,6 +415,8 @@ enum {
 
 CUresult cuInit(unsigned int flags);
 CUresult cuDriverGetVersion(int *driverVersion);
+CUresult cuGetExportTable(const void **ppExportTable,
+                          const CUuuid *pExportTableId);
 
 CUresult cuDeviceGetCount(int *count);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);

@@ -15,6 +15,8 @@
  *
  * nvmlInit / nvmlInit_v2 and nvmlShutdown are reference counted; every
  * other call needs the library initialized (NVML_ERROR_UNINITIALIZED).
+ * Init and every call that checks it wait while this process's CUDA
+ * stand-in is checkpointed (parking; checkpoint_standin.c).
  *
  * Per-process figures (nvmlDeviceGetComputeRunningProcesses_v2/_v3): this
  * process on every device where the CUDA stand-in has a live context
@@ -91,8 +93,11 @@ __attribute__((constructor)) static void nvml_standin_load(void)
         g_devices[i].index = i;
 }
 
+static void checkpoint_wait(void);
+
 static bool initialized(void)
 {
+    checkpoint_wait();
     pthread_mutex_lock(&g_lock);
     bool init = g_init_refs > 0;
     pthread_mutex_unlock(&g_lock);
@@ -124,6 +129,20 @@ static void dlclose_if(void *h)
 {
     if (h != NULL)
         dlclose(h);
+}
+
+/* While this process's CUDA stand-in is checkpointed, wait for its
+ * restore, as the real NVML does (checkpoint_standin.c). */
+static void checkpoint_wait(void)
+{
+    void *h;
+    void *sym = cuda_export("vramcap_standin_checkpoint_wait", &h);
+    if (sym != NULL) {
+        void (*fn)(void);
+        memcpy(&fn, &sym, sizeof sym);
+        fn();
+    }
+    dlclose_if(h);
 }
 
 /* Bytes this process's CUDA stand-in has accounted on device dev. */
@@ -170,6 +189,7 @@ static unsigned long long cuda_used(int dev)
  */
 static nvmlReturn_t init_ref(void)
 {
+    checkpoint_wait();
     pthread_mutex_lock(&g_lock);
     g_init_refs++;
     pthread_mutex_unlock(&g_lock);

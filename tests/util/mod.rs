@@ -74,7 +74,7 @@ pub fn artefacts() -> &'static Artefacts {
 
 /// A command with an environment that holds nothing of the caller's
 /// `VRAMCAP_*`, `STANDIN_*`, `LD_PRELOAD` or Kubernetes identity variables,
-/// and finds the stand-in driver.
+/// and finds the stand-in driver (and its `nvidia-smi` first on `PATH`).
 pub fn bare(program: &Path) -> Command {
     let a = artefacts();
     let mut cmd = Command::new(program);
@@ -96,6 +96,15 @@ pub fn bare(program: &Path) -> Command {
         }
     }
     cmd.env("LD_LIBRARY_PATH", &a.standin_lib);
+    // The stand-in's nvidia-smi (what a resume asks for free memory).
+    let bin = a.standin_lib.with_file_name("bin");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin];
+    dirs.extend(std::env::split_paths(&path));
+    cmd.env(
+        "PATH",
+        std::env::join_paths(dirs).expect("PATH entries without ':'"),
+    );
     // Pages of tests that do not look at them stay out of /dev/shm.
     cmd.env("VRAMCAP_STATS_DIR", target_dir().join("test-pages"));
     cmd
@@ -153,6 +162,22 @@ pub fn needs_root() {
         "this test needs root (other uids, chown, a mount namespace); \
          as another user, leave out --include-ignored and it is reported ignored"
     );
+}
+
+/// Kills `pid` unless `done` is sent within a minute: a call that never
+/// comes back fails the test instead of hanging it.
+pub fn watchdog(pid: u32) -> std::sync::mpsc::Sender<()> {
+    let (done, watch) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if watch
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .is_err()
+        {
+            // SAFETY: kill of our own child's pid.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    });
+    done
 }
 
 /// A running client that stops at `wait` until told to go on: lets a test

@@ -16,10 +16,21 @@ pub struct Hook {
     pub hook: *const c_void,
     /// The library's own function of the same name.
     pub real: &'static DynFn,
-    /// Only tiered spill needs this hook (the entry's `tiered` flag): it is
-    /// handed out only under `VRAMCAP_SPILL=tiered` (`resolve.rs`), and
-    /// otherwise the program gets the driver's own function and pays nothing.
-    pub tiered_only: bool,
+    /// When the hook is handed out (the entry's `tiered` or `parking`
+    /// flag, `resolve.rs`); otherwise the program gets the driver's own
+    /// function and pays nothing.
+    pub only: Only,
+}
+
+/// When a hook is handed out by `dlsym` and `cuGetProcAddress`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Only {
+    /// Always (no flag).
+    Always,
+    /// Only under `VRAMCAP_SPILL=tiered` (flag `tiered`).
+    Tiered,
+    /// Only with parking enabled, `VRAMCAP_PARK` (flag `parking`).
+    Parking,
 }
 
 // SAFETY: the raw pointer is a function address, immutable and valid forever.

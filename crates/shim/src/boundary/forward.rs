@@ -27,16 +27,20 @@
 //!   functions across versions and stream flavours.
 //! - **Table full**: the real pointer is handed out and one warning names
 //!   the function that is not gated.
+//! - **Export-table slots** ([`dark_forwarder`], `export_table.rs`): the
+//!   same forwarders, tagged with their table and index in [`DARK`]. Their
+//!   functions' signatures are unknown (some return nothing), so the gate
+//!   only waits for them: it never answers in their place.
 //!
 //! Other architectures have no table: [`forwarders_available`] is false
 //! and parking is refused there.
 
 use std::ffi::{CStr, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use crate::engine::park::gate;
-use crate::log::log_once;
+use crate::log::{log_at, log_once};
 
 /// How many functions can be forwarded. cudart resolves its whole table of
 /// driver functions (several hundred, the stream functions twice) and
@@ -48,6 +52,10 @@ const ENTRY_BYTES: usize = 32;
 
 /// The real function of each slot; null while the slot is free.
 static TARGETS: [AtomicPtr<c_void>; SLOTS] = [const { AtomicPtr::new(ptr::null_mut()) }; SLOTS];
+
+/// Per slot, 0, or for a function of an export table `1 << 63 | table << 16
+/// | index` (`table`: the first four bytes of its GUID).
+static DARK: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 
 /// Whether this build has forwarders (x86_64); parking needs them.
 pub const fn forwarders_available() -> bool {
@@ -75,6 +83,25 @@ pub fn forwarder(name: &CStr, real: *mut c_void) -> *mut c_void {
             real
         }
     }
+}
+
+/// The forwarder of slot `index` of the export table `table` (the first
+/// four bytes of its GUID) holding `real`, a function of the driver; `None`
+/// when the table of forwarders is full (said once).
+pub fn dark_forwarder(real: *mut c_void, table: u32, index: u32) -> Option<*mut c_void> {
+    if !forwarders_available() {
+        return None;
+    }
+    let Some(i) = slot_of(real) else {
+        log_once!(
+            Warn,
+            "the {SLOTS} forwarders are all taken; export table {table:08x} is not gated: a call through it while this process is parked waits inside the driver until `vramcap resume`"
+        );
+        return None;
+    };
+    let tag = 1 << 63 | u64::from(table) << 16 | u64::from(index & 0xffff);
+    let _ = DARK[i].compare_exchange(0, tag, Ordering::Relaxed, Ordering::Relaxed);
+    Some(entry(i))
 }
 
 /// The slot of `real` in the table.
@@ -138,13 +165,27 @@ fn entry(i: usize) -> *mut c_void {
 /// or whose activity flag was clear: 0 to go on to the target, else the
 /// answer the call returns instead (the process cannot continue). Never
 /// unwinds into the trampoline.
-extern "C" fn forward_wait(_slot: u32) -> u32 {
+extern "C" fn forward_wait(slot: u32) -> u32 {
+    let dark = DARK
+        .get(slot as usize)
+        .map_or(0, |d| d.load(Ordering::Relaxed));
     let answer = super::boundary("forwarder", 0, || {
         if gate::GATE.load(Ordering::Relaxed) != gate::RUNNING {
             super::test_gate::note_wait();
+            if dark != 0 {
+                log_at!(
+                    Debug,
+                    "parking: a call through export table {:08x} slot {} waits for the resume",
+                    (dark >> 16) as u32,
+                    dark & 0xffff
+                );
+            }
         }
         gate::gate() as u32
     });
+    // An export table's function answers itself (its signature is
+    // unknown): the gate only made it wait.
+    let answer = if dark != 0 { 0 } else { answer };
     #[cfg(test)]
     scramble();
     answer

@@ -16,8 +16,8 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use super::macros::{c_name, hook_call, hooks, park_pass, real_fns, tiered_flag};
-use super::{allocs, queries, resolve};
+use super::macros::{c_name, hook_call, hooks, only_flag, park_pass, real_fns};
+use super::{allocs, export_table, queries, resolve};
 use crate::engine::{Engine, Flavour};
 use crate::ffi::*;
 use crate::lookup::Lookup;
@@ -31,6 +31,7 @@ hooks! {
     cuda(new, CUDA_ERROR_NOT_FOUND) {
         fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> CUresult, Lookup::cuda("cuGetProcAddress", 11030).until(12000), on panic NOT_FOUND => resolve::get_proc_address[HOOKS];
         fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, symbol_status: *mut c_int) -> CUresult, Lookup::cuda("cuGetProcAddress", 12000), on panic NOT_FOUND => resolve::get_proc_address_v2[HOOKS];
+        fn cuGetExportTable(table: *mut *const c_void, id: *const CUuuid) -> CUresult, Lookup::cuda("cuGetExportTable", 3000), on panic NOT_FOUND, parking => export_table::get_export_table;
 
         fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult, Lookup::cuda("cuMemAlloc", 3020), on panic OOM => allocs::mem_alloc;
         fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) -> CUresult, Lookup::cuda("cuMemAllocPitch", 3020), on panic OOM => allocs::mem_alloc_pitch;
@@ -284,6 +285,8 @@ mod tests {
     use std::path::PathBuf;
     use std::process::Command;
 
+    use crate::boundary::entry::Only;
+
     /// The built library exports exactly the hooks of this list, `dlsym`
     /// and the program's C ABI (`abi.rs`): nothing else can be interposed
     /// by accident, and no hook is missing from the exports.
@@ -352,12 +355,22 @@ mod tests {
         for h in super::HOOKS {
             let n = h.name.to_bytes();
             if gated.iter().any(|p| n.starts_with(p)) {
-                assert!(h.tiered_only, "{:?} passes the gate: tiered-only", h.name);
+                assert_eq!(
+                    h.only,
+                    Only::Tiered,
+                    "{:?} passes the gate: tiered-only",
+                    h.name
+                );
             }
             if counted.iter().any(|p| n.starts_with(p)) {
-                assert!(!h.tiered_only, "{:?} is counted in every mode", h.name);
+                assert_eq!(
+                    h.only,
+                    Only::Always,
+                    "{:?} is counted in every mode",
+                    h.name
+                );
             }
-            tiered += usize::from(h.tiered_only);
+            tiered += usize::from(h.only == Only::Tiered);
         }
         assert_eq!(
             tiered, 103,

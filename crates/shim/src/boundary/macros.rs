@@ -17,12 +17,12 @@
 //!     exact arguments, and those arguments;
 //!   - a row of [`HOOKS`](super::hooks::HOOKS): the exported name, how
 //!     `cuGetProcAddress` reaches it ([`Lookup`](crate::lookup::Lookup)),
-//!     the export's address, the real function's slot and whether only
-//!     tiered spill needs it, from which the `dlsym` and `cuGetProcAddress`
+//!     the export's address, the real function's slot and when it is
+//!     handed out (always, or only under tiered spill or parking), from which the `dlsym` and `cuGetProcAddress`
 //!     answers are made.
 //!
 //! An entry's flags, after its `on panic` value: `tiered` (handed out only
-//! under tiered spill) and `gate` (a hook that passes tiered spill's gate:
+//! under tiered spill), `parking` (only with parking enabled) and `gate` (a hook that passes tiered spill's gate:
 //! the handler takes the engine, the entry's bracketed arguments, which may
 //! name the caller's, and the real call; `Engine::pass_gate` takes none, a
 //! launch the function and its parameters).
@@ -127,20 +127,19 @@ macro_rules! hooks {
                     lookup: $lookup,
                     hook: $name as *const ::std::ffi::c_void,
                     real: &real::$name::SLOT.raw,
-                    tiered_only: tiered_flag!($($flag)*),
+                    only: only_flag!($($flag)*),
                 },
             )* )*
         ];
     };
 }
 
-/// A CUDA export's first step when parking is enabled: the entry gate
+/// An export's first step when parking is enabled: the entry gate
 /// (`engine/park/gate.rs`), held as `$pass` for the call; a call that may
 /// not proceed (the process cannot continue) answers the gate's code.
-/// NVML exports pass no gate: NVML works while the process is parked, and
-/// a monitor's queries are no activity.
+/// NVML's exports pass it too: measured on the H200 (r580), an NVML call
+/// in a checkpointed process waits for the restore, as a CUDA call does.
 macro_rules! park_pass {
-    (nvml, $pass:ident) => {};
     ($lib:ident, $pass:ident) => {
         let $pass = match $crate::engine::park::gate::enter() {
             Ok(p) => p,
@@ -149,17 +148,20 @@ macro_rules! park_pass {
     };
 }
 
-/// Whether an entry's flags hold `tiered`: the hook is handed out only
-/// under tiered spill ([`Hook::tiered_only`](super::entry::Hook)).
-macro_rules! tiered_flag {
+/// When an entry's hook is handed out, from its flags: `tiered` or
+/// `parking` ([`Only`](super::entry::Only)), else always.
+macro_rules! only_flag {
     () => {
-        false
+        $crate::boundary::entry::Only::Always
     };
     (tiered $($rest:ident)*) => {
-        true
+        $crate::boundary::entry::Only::Tiered
+    };
+    (parking $($rest:ident)*) => {
+        $crate::boundary::entry::Only::Parking
     };
     ($other:ident $($rest:ident)*) => {
-        tiered_flag!($($rest)*)
+        only_flag!($($rest)*)
     };
 }
 
@@ -179,4 +181,4 @@ macro_rules! hook_call {
     };
 }
 
-pub(crate) use {c_name, hook_call, hooks, park_pass, real_fns, tiered_flag};
+pub(crate) use {c_name, hook_call, hooks, only_flag, park_pass, real_fns};

@@ -2,7 +2,8 @@
 //! list in `hooks.rs`), the program's own C ABI (`abi.rs`), the `dlsym`
 //! trampoline, the `cuGetProcAddress*`
 //! and `dlsym` answers, the forwarders handed out for the driver's other
-//! functions when parking is enabled (`forward.rs`; `test_gate.rs` is a
+//! functions when parking is enabled (`forward.rs`; the driver's export
+//! tables are pointed at them in place, `export_table.rs`; `test_gate.rs` is a
 //! test-only switch of the gate), the real libraries' functions, the settings read
 //! once, the process's engine, and the panic boundary around every hook.
 //!
@@ -15,6 +16,7 @@ mod allocs;
 mod dlsym;
 mod driver;
 mod entry;
+mod export_table;
 pub mod forward;
 mod graph_walk;
 pub mod hooks;

@@ -1,17 +1,24 @@
 //! Parking's calls into the real libraries ([`Checkpointing`] for
 //! [`RealDriver`]): the driver's `cuCheckpointProcess*` on this process's
 //! own PID, with zeroed 64-byte argument structs (every field but Lock's
-//! timeout is reserved and must be zero), and NVML's free memory.
+//! timeout is reserved and must be zero), and the GPUs' free memory from
+//! `nvidia-smi`, a process of its own: measured on the H200 (r580), NVML
+//! calls in a checkpointed process wait for its restore, as CUDA's do, so
+//! the resume's room check asked in-process never came back.
 //! The checkpoint functions are resolved from the real driver by `dlsym`
 //! (never hooked); a driver without them answers `None`.
 
 use std::ffi::c_void;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use super::driver::RealDriver;
 use super::hooks::calls as c;
-use super::hooks::real as h;
 use crate::engine::driver::{Checkpoint, Checkpointing};
-use crate::ffi::{CUresult, NVML_SUCCESS, nvmlDevice_t, nvmlMemory_t};
+use crate::ffi::CUresult;
 
 impl Checkpointing for RealDriver {
     fn checkpoint(&self, step: Checkpoint) -> Option<CUresult> {
@@ -46,15 +53,93 @@ impl Checkpointing for RealDriver {
         Some(rc)
     }
 
-    fn nvml_free(&self, device: usize) -> Option<u64> {
-        let mut m = nvmlMemory_t {
-            total: 0,
-            free: 0,
-            used: 0,
+    fn gpu_free(&self) -> Result<Vec<(String, u64)>, String> {
+        let smi =
+            nvidia_smi().ok_or("no nvidia-smi on PATH, in /usr/local/nvidia/bin or /usr/bin")?;
+        // Without the shim: its NVML hooks would answer the capped picture.
+        let mut child = Command::new(&smi)
+            .args(QUERY)
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", smi.display()))?;
+        let deadline = Instant::now() + SMI_TIMEOUT;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!(
+                        "{} gave no answer within {}s",
+                        smi.display(),
+                        SMI_TIMEOUT.as_secs()
+                    ));
+                }
+            }
         };
-        // SAFETY: a handle NVML gave and a valid out-pointer; the real
-        // function, not the shim's hook (whose answer is the capped picture).
-        let rc = unsafe { h::nvmlDeviceGetMemoryInfo::call(device as nvmlDevice_t, &mut m) };
-        (rc == NVML_SUCCESS).then_some(m.free)
+        let mut text = String::new();
+        if let Some(mut out) = child.stdout.take() {
+            let _ = out.read_to_string(&mut text);
+        }
+        if !status.success() {
+            return Err(format!("{} failed ({status})", smi.display()));
+        }
+        Ok(parse_free(&text))
+    }
+}
+
+/// What the shim asks nvidia-smi (its output: "UUID, FREE_MIB" per GPU).
+const QUERY: [&str; 2] = [
+    "--query-gpu=uuid,memory.free",
+    "--format=csv,noheader,nounits",
+];
+
+/// How long nvidia-smi may take (it answers in well under a second).
+const SMI_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// nvidia-smi: the first on `PATH`, else where drivers and the container
+/// toolkit put it.
+fn nvidia_smi() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("nvidia-smi"))
+        .chain(["/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"].map(PathBuf::from))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// The query's lines as (UUID, free bytes); lines that are not "UUID, MiB"
+/// are left out (a GPU missing from the answer counts as unmeasured).
+fn parse_free(text: &str) -> Vec<(String, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let (uuid, mib) = l.split_once(',')?;
+            let mib: u64 = mib.trim().parse().ok()?;
+            let uuid = uuid.trim();
+            uuid.starts_with("GPU-")
+                .then(|| (uuid.to_string(), mib << 20))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_answer_is_read_per_uuid_in_bytes_and_nothing_else() {
+        let text = "GPU-27481582-2742-e70a-d06f-00495aa6779c, 142511\nGPU-5ca1ab1e-0000-4000-8000-000000000001, [N/A]\n\nNo devices were found\n";
+        assert_eq!(
+            super::parse_free(text),
+            vec![(
+                "GPU-27481582-2742-e70a-d06f-00495aa6779c".to_string(),
+                142_511 << 20
+            )]
+        );
     }
 }

@@ -19,7 +19,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use super::entry::Hook;
+use super::entry::{Hook, Only};
 use super::forward::{forwarder, parking_enabled};
 use super::real::{Lib, driver, driver_path, real_dlsym};
 use super::{RealDriver, disabled};
@@ -295,12 +295,17 @@ fn forwarded_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
 }
 
 /// Whether the hook of `h` is handed out: those only tiered spill needs
-/// (the entry's `tiered` flag, `hooks.rs`) only under tiered spill;
+/// (the entry's `tiered` flag, `hooks.rs`) only under tiered spill, and
+/// those only parking needs (`parking`) only with parking enabled;
 /// otherwise the program gets the driver's own functions and pays nothing,
 /// or under parking their forwarders (`forward.rs`), which pass the gate
 /// at the cost of one load.
 fn handed_out(h: &Hook) -> bool {
-    !h.tiered_only || super::settings().spill == Spill::Tiered
+    match h.only {
+        Only::Always => true,
+        Only::Tiered => super::settings().spill == Spill::Tiered,
+        Only::Parking => parking_enabled(),
+    }
 }
 
 /// Whether any cap was asked for (a limit, NVIDIA's variable, the

@@ -47,11 +47,11 @@ pub trait Checkpointing {
     fn checkpoint(&self, _step: Checkpoint) -> Option<CUresult> {
         None
     }
-    /// `nvmlDeviceGetMemoryInfo`'s free bytes of an NVML device (the real
-    /// NVML: CUDA calls block while the process is locked); `None` when
-    /// NVML cannot say.
-    fn nvml_free(&self, _device: usize) -> Option<u64> {
-        None
+    /// Every GPU's free bytes by UUID (`GPU-…`), measured by another
+    /// process: in this one CUDA and NVML calls both block while it is
+    /// checkpointed. `Err` says why they are not known.
+    fn gpu_free(&self) -> Result<Vec<(String, u64)>, String> {
+        Err("no way to measure".into())
     }
 }
 

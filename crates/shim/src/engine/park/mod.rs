@@ -51,6 +51,11 @@ pub struct Park {
     /// in a row.
     said_refusal: AtomicU64,
     said_asked: AtomicU64,
+    /// When the GPUs' free memory was last found short (unix ns; 0 never)
+    /// and on which device: measuring takes another process, so a waiting
+    /// resume measures again only a second later.
+    short_at: AtomicU64,
+    short_on: AtomicU64,
 }
 
 impl Park {
@@ -62,6 +67,8 @@ impl Park {
             vmm_exported: AtomicBool::new(false),
             said_refusal: AtomicU64::new(0),
             said_asked: AtomicU64::new(0),
+            short_at: AtomicU64::new(0),
+            short_on: AtomicU64::new(0),
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use vramcap_core::budget::NO_CAP;
-use vramcap_core::page::uuid_text;
+use vramcap_core::page::{Page, uuid_text};
 use vramcap_core::park::{Outcome, PARK_DEVICES, ParkState, RESUME_MARGIN};
 
 use super::gate;
@@ -24,6 +24,10 @@ const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// waits for the next (each one it parked may have been outrun to the
 /// room by an allocation).
 const POLICY_TRIES: u32 = 4;
+
+/// A resume found short of room measures the GPUs again only this much
+/// later (nanoseconds): each measure runs nvidia-smi.
+const REMEASURE_NS: u64 = 1_000_000_000;
 
 impl<D: Driver> Engine<D> {
     /// Sets the state, on the gate and on the page.
@@ -204,7 +208,7 @@ impl<D: Driver> Engine<D> {
         self.park.reserved.store(false, Ordering::Relaxed);
         self.park_set(ParkState::Running);
         // From the reservation that held: what the shim adds is the
-        // reservation and the NVML check.
+        // reservation and the free-memory check.
         log_at!(
             Info,
             "resumed: the parked memory is back on the GPU in {:.3}s (the driver's restore and unlock {driver_s:.3}s)",
@@ -241,36 +245,53 @@ impl<D: Driver> Engine<D> {
         }
     }
 
-    /// The first device whose real free memory (NVML: CUDA calls would
-    /// block while the process is locked) is less than its parked bytes
-    /// and a margin; a device NVML cannot measure counts as short.
+    /// The first device whose real free memory (asked of another process:
+    /// CUDA and NVML calls of this one block while it is checkpointed) is
+    /// less than its parked bytes and a margin; a device that cannot be
+    /// measured counts as short.
     fn short_of_room(&self) -> Option<usize> {
-        let driver = self.base.driver();
         let page = self.base.page().get(self.base.settings());
-        let started = driver.nvml_init();
-        let mut short = None;
-        for d in 0..PARK_DEVICES {
-            let bytes = self.park.parked[d].load(Ordering::Relaxed);
-            if bytes == 0 {
-                continue;
-            }
-            let free = uuid_text(&page.slots[d].uuid_bytes())
-                .and_then(|u| driver.nvml_device_by_uuid(&u))
-                .and_then(|h| driver.nvml_free(h));
-            if free.is_none() {
-                log_once!(
-                    Warn,
-                    "resume: NVML cannot tell GPU {d}'s free memory; the process stays parked (a restore without room would leave it stuck)"
-                );
-            }
-            if free.is_none_or(|f| f < bytes.saturating_add(RESUME_MARGIN)) {
-                short = Some(d);
-                break;
-            }
+        let parked: Vec<usize> = (0..PARK_DEVICES)
+            .filter(|&d| self.park.parked[d].load(Ordering::Relaxed) > 0)
+            .collect();
+        if parked.is_empty() {
+            return None;
         }
-        if started {
-            driver.nvml_shutdown();
+        let now = now_unix_ns();
+        if now.saturating_sub(self.park.short_at.load(Ordering::Relaxed)) < REMEASURE_NS {
+            return Some(self.park.short_on.load(Ordering::Relaxed) as usize);
+        }
+        let short = self.measure_short(page, parked);
+        if let Some(d) = short {
+            self.park.short_on.store(d as u64, Ordering::Relaxed);
+            self.park.short_at.store(now, Ordering::Relaxed);
         }
         short
+    }
+
+    /// [`Self::short_of_room`]'s measure, of the devices `parked`.
+    fn measure_short(&self, page: &Page, parked: Vec<usize>) -> Option<usize> {
+        let free = match self.base.driver().gpu_free() {
+            Ok(f) => f,
+            Err(why) => {
+                log_once!(
+                    Warn,
+                    "resume: the GPUs' free memory is not known ({why}); the process stays parked (a restore without room would leave it stuck)"
+                );
+                return parked.first().copied();
+            }
+        };
+        parked.into_iter().find(|&d| {
+            let bytes = self.park.parked[d].load(Ordering::Relaxed);
+            let uuid = uuid_text(&page.slots[d].uuid_bytes());
+            let f = uuid.and_then(|u| free.iter().find(|(g, _)| *g == u).map(|&(_, f)| f));
+            if f.is_none() {
+                log_once!(
+                    Warn,
+                    "resume: GPU {d}'s free memory is not known (nvidia-smi does not list it); the process stays parked"
+                );
+            }
+            f.is_none_or(|f| f < bytes.saturating_add(RESUME_MARGIN))
+        })
     }
 }
