@@ -454,6 +454,41 @@ fn a_parked_process_exits_normally() {
     assert!(!dir.join(format!("{pid}.page")).exists());
 }
 
+/// A parked process whose exit handler calls the driver (as the runtime's
+/// does) ends at once and without a restore: at exit nothing resumes a
+/// process, so the call answers `CUDA_ERROR_DEINITIALIZED` (4) instead of
+/// waiting for good, and the parked memory goes with the process.
+#[test]
+fn a_parked_process_whose_exit_handler_calls_the_driver_ends_without_a_restore() {
+    let dir = scratch_dir();
+    let h = held_in(
+        &dir,
+        &[MANUAL, ("VRAMCAP_LOG", "info")],
+        &["init", "atexit-sync", "alloc", "1G", "wait"],
+    );
+    let pid = h.pid();
+    let done = watchdog(pid);
+    park(&dir, pid).ok_lines();
+    let (lines, out) = h.finish();
+    let _ = done.send(());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        lines[lines.len() - 2..],
+        ["resumed".to_string(), "atexit sync -> 4".to_string()][..],
+        "{stderr}"
+    );
+    assert!(out.status.success(), "{:?} {stderr}", out.status);
+    assert_eq!(
+        stderr
+            .matches("exiting while parked: the parked GPU memory is discarded with the process, not restored")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("resumed: "), "{stderr}");
+    assert!(!dir.join(format!("{pid}.page")).exists());
+}
+
 /// No cache, a group of 2 GiB named `group` (the group is the machine's:
 /// callers make the name unique per run), the shim's Info lines.
 fn logged_group(group: &str) -> [(&str, &str); 4] {

@@ -110,6 +110,9 @@
  *   ipc SLOT              cuIpcGetMemHandle of the slot's pointer
  *                         -> "ipc #SLOT -> RC"
  *   sync                  cuCtxSynchronize            -> "sync -> RC"
+ *   atexit-sync           registers an atexit handler that calls
+ *                         cuCtxSynchronize, as the runtime's exit handler
+ *                         calls the driver -> at exit "atexit sync -> RC"
  *   stream                cuStreamCreate(flags 0), remembered as the
  *                         client's stream (NULL until then) -> "stream -> RC"
  *   stream-nb             the same with CU_STREAM_NON_BLOCKING
@@ -2058,6 +2061,11 @@ static void usage(void)
  * many arguments it consumed. main() first calls this with run == false for
  * the whole command line, so bad usage is reported before anything runs.
  */
+static void sync_at_exit(void)
+{
+    out("atexit sync -> %d", api.ctx_synchronize());
+}
+
 static int command(int argc, char **argv, bool run)
 {
     const char *cmd = argv[0];
@@ -2458,6 +2466,11 @@ static int command(int argc, char **argv, bool run)
     if (strcmp(cmd, "sync") == 0) {
         if (run)
             out("sync -> %d", api.ctx_synchronize());
+        return 1;
+    }
+    if (strcmp(cmd, "atexit-sync") == 0) {
+        if (run)
+            atexit(sync_at_exit);
         return 1;
     }
     if (strcmp(cmd, "stream") == 0) {

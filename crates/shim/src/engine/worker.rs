@@ -26,10 +26,19 @@ static BUSY: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn stop_at_exit() {
     EXITING.store(true, Ordering::SeqCst);
+    // A program thread waiting at parking's gate answers now instead of
+    // waiting for a resume that no thread will run.
+    crate::engine::park::gate::wake_all();
     // Wait for a round in flight: the driver's exit handlers run after this.
     while BUSY.load(Ordering::SeqCst) > 0 {
         std::thread::yield_now();
     }
+}
+
+/// Whether the process is in its exit handlers (the background thread has
+/// stopped, or is about to: nothing resumes a parked process any more).
+pub fn exiting() -> bool {
+    EXITING.load(Ordering::SeqCst)
 }
 
 /// Whether an engine's thread has been started.

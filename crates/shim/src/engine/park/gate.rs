@@ -10,6 +10,12 @@
 //!   `Running` again, asking for a resume when it finds `Parked`; it
 //!   answers 0 to go on, or `CUDA_ERROR_ILLEGAL_STATE` (401) when a restore
 //!   failed and the process cannot continue (`Failed`).
+//! - At exit (the background thread stopped by its `atexit` handler) a
+//!   closed gate answers `CUDA_ERROR_DEINITIALIZED` (4) at once: nothing
+//!   resumes the process any more, and restoring its memory only to free
+//!   it would cost seconds per GiB and room the GPU may not have. The
+//!   runtime's exit handlers take 4 as the driver shutting down; the parked
+//!   memory goes with the process, as at a kill.
 //! - [`ACTIVE`] is the activity flag: set by every call that passes, swapped
 //!   to false each tick by the background thread, which then writes the
 //!   page's `last_activity` (design item 7).
@@ -23,6 +29,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
+
+use crate::log::log_once;
 
 /// The parking state as a word; 0 (`Running`) = open.
 pub static GATE: AtomicU32 = AtomicU32::new(0);
@@ -50,6 +58,8 @@ pub const PARKED: u32 = 2;
 pub const FAILED: u32 = 4;
 /// What a call gets when the process cannot continue (a restore failed).
 pub const CUDA_ERROR_ILLEGAL_STATE: i32 = 401;
+/// What a call gets at exit while the process is parked.
+pub const CUDA_ERROR_DEINITIALIZED: i32 = 4;
 
 /// Passes the gate: 0 to go on into the driver, or the error the call
 /// must answer instead. The fast path is one `Relaxed` load.
@@ -128,6 +138,13 @@ pub extern "C" fn gate_slow() -> u32 {
         match s {
             RUNNING => break 0,
             FAILED => break CUDA_ERROR_ILLEGAL_STATE as u32,
+            _ if crate::engine::worker::exiting() => {
+                log_once!(
+                    Info,
+                    "exiting while parked: the parked GPU memory is discarded with the process, not restored"
+                );
+                break CUDA_ERROR_DEINITIALIZED as u32;
+            }
             PARKED => RESUME_WANTED.store(true, Ordering::SeqCst),
             _ => {}
         }
@@ -150,6 +167,12 @@ pub fn set_state(state: u32) {
     if state == RUNNING {
         RESUME_WANTED.store(false, Ordering::SeqCst);
     }
+    CHANGED.notify_all();
+}
+
+/// Wakes the waiters to read the state again (at exit).
+pub fn wake_all() {
+    let _held = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     CHANGED.notify_all();
 }
 
