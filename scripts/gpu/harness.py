@@ -524,6 +524,74 @@ def sum_apps(text, pid, uuid=None):
     return "n/a" if bad else total
 
 
+def thread_stacks(pid, words=4096, keep=12):
+    """Where each thread of a process that did not end waits: its name, kernel
+    wait channel and system call, and the libraries of the code addresses
+    found on its stack from SP upwards (`words` words; a run of one library
+    shown once, `keep` in all), innermost first, as "lib+0xoffset". Read through
+    /proc (a child of this process, or root); no debugger on the machine.
+    A stack's words are not a backtrace: stale values can show too, but a
+    thread blocked inside a library has that library's return addresses
+    next to libc's."""
+    base = "/proc/%d" % pid
+    code = []
+    try:
+        with open(base + "/maps") as f:
+            for l in f:
+                cols = l.split()
+                if len(cols) >= 6 and "x" in cols[1]:
+                    lo, hi = (int(x, 16) for x in cols[0].split("-"))
+                    code.append((lo, hi, int(cols[2], 16), os.path.basename(cols[5])))
+    except OSError as e:
+        return ["maps: %s" % e]
+
+    def name(a):
+        for lo, hi, off, lib in code:
+            if lo <= a < hi:
+                return "%s+0x%x" % (lib, a - lo + off)
+        return None
+
+    def read(path):
+        try:
+            with open(path) as h:
+                return h.read().strip()
+        except OSError:
+            return "?"
+
+    lines = []
+    task = base + "/task"
+    for t in sorted(os.listdir(task), key=int) if os.path.isdir(task) else []:
+        sc = read("%s/%s/syscall" % (task, t))
+        line = "thread %s %s wchan=%s syscall=%s" % (t, read("%s/%s/comm" % (task, t)),
+                                                   read("%s/%s/wchan" % (task, t)), sc.split(" ")[0])
+        cols = sc.split()
+        frames = []
+        if len(cols) >= 9:
+            sp, pc = int(cols[7], 16), int(cols[8], 16)
+            frames.append(name(pc) or "0x%x" % pc)
+            raw = b""
+            try:  # page by page: the stack's top ends the read
+                with open(base + "/mem", "rb", buffering=0) as m:
+                    a = sp
+                    while len(raw) < 8 * words:
+                        m.seek(a)
+                        chunk = m.read(4096 - a % 4096)
+                        if not chunk:
+                            break
+                        raw, a = raw + chunk, a + len(chunk)
+            except (OSError, ValueError, OverflowError) as e:
+                if not raw:
+                    frames.append("(stack: %s)" % e)
+            for i in range(0, len(raw) - 7, 8):
+                n = name(int.from_bytes(raw[i:i + 8], "little"))
+                if n and (not frames or n.split("+")[0] != frames[-1].split("+")[0]):
+                    frames.append(n)
+                    if len(frames) >= keep:
+                        break
+        lines.append(line + " stack: " + " < ".join(frames))
+    return lines
+
+
 # ---------------------------------------------------------------- checks and rows
 
 class Check:

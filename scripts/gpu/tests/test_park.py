@@ -85,7 +85,8 @@ class Proc:
 
     def where(self):
         """Where a process that did not end waits: its page's parking state
-        and each thread's name and kernel wait channel."""
+        and each thread's name, kernel wait channel and the libraries on
+        its stack."""
         lines = []
         try:
             r = subprocess.run([self.gpu.cli, "stat", "--json", "--pid", str(self.p.pid)],
@@ -93,15 +94,7 @@ class Proc:
             lines.append("stat: " + " ".join((r.stdout + r.stderr).split())[:1500])
         except (OSError, subprocess.SubprocessError) as e:
             lines.append("stat: %s" % e)
-        task = "/proc/%d/task" % self.p.pid
-        for t in sorted(os.listdir(task)) if os.path.isdir(task) else []:
-            def read(f):
-                try:
-                    with open(os.path.join(task, t, f)) as h:
-                        return h.read().strip()
-                except OSError:
-                    return "?"
-            lines.append("thread %s %s wchan=%s" % (t, read("comm"), read("wchan")))
+        lines += harness.thread_stacks(self.p.pid)
         return "\n".join(lines)
 
     def result(self):
@@ -221,7 +214,8 @@ def test_resume_without_room_waits_and_never_sticks(gpu, runner, work, check):
 
 
 def test_parked_process_exits_normally(gpu, runner, work, check):
-    check.title = "a parked process that exits without resuming ends (no hang at the driver's exit)"
+    check.title = ("a parked process that exits without resuming ends at once: its exit handlers' driver calls "
+                   "answer 4 (nothing restored), and the driver frees its memory")
     p = Proc(gpu, runner, work, "exit", ["exit", "1"], VRAMCAP_PARK="manual")
     try:
         check.that(bool(p.wait_line("IDLE", 300)), "a 1 GiB process idles", "")
@@ -232,6 +226,11 @@ def test_parked_process_exits_normally(gpu, runner, work, check):
         out, err = p.finish(60)
         check.eq("its exit status", p.p.returncode, 0)
         check.at_most("seconds to exit", time.monotonic() - t0, 30)
+        check.eq("it says once that it exits parked", err.count("exiting while parked"), 1)
+        check.eq("restored before exiting", "resumed:" in err, False)
+        apps = subprocess.run([gpu.smi, "--query-compute-apps=pid", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=60).stdout.split()
+        check.eq("nvidia-smi still lists it", str(p.p.pid) in apps, False)
     finally:
         p.kill()
 
