@@ -524,6 +524,22 @@ def sum_apps(text, pid, uuid=None):
     return "n/a" if bad else total
 
 
+def wait_line(path, prefix, seconds, proc, anywhere=False):
+    """The first line of the file at `path` that starts with `prefix` (or,
+    with `anywhere`, holds it), stripped, polling every 0.1 s for up to
+    `seconds`; "" once `proc` has ended without one or the time is up."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if line.startswith(prefix) or (anywhere and prefix in line):
+                    return line.strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    return ""
+
+
 def thread_stacks(pid, words=4096, keep=12):
     """Where each thread of a process that did not end waits: its name, kernel
     wait channel and system call, and the libraries of the code addresses

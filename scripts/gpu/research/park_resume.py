@@ -40,19 +40,6 @@ def worker(case):
     return 0
 
 
-def wait_line(path, prefix, p, seconds):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < seconds:
-        with open(path, errors="replace") as f:
-            for line in f:
-                if line.startswith(prefix):
-                    return line.strip()
-        if p.poll() is not None:
-            return ""
-        time.sleep(0.1)
-    return ""
-
-
 def one(n, art, case, out_dir, report):
     stats = tempfile.mkdtemp(prefix="park-resume-")
     env = {k: v for k, v in os.environ.items() if k not in harness.UNSET}
@@ -64,7 +51,7 @@ def one(n, art, case, out_dir, report):
     say = lambda s: (report.write(s + "\n"), report.flush(), print(s, flush=True))  # noqa: E731
     say("== %d: %s, case %s" % (n, art, case))
     try:
-        idle = wait_line(out, "IDLE", p, 180)
+        idle = harness.wait_line(out, "IDLE", 180, p)
         say("idle: " + (idle or "none"))
         if not idle:
             return "no-idle"
@@ -76,7 +63,7 @@ def one(n, art, case, out_dir, report):
         p.stdin.write(b"go\n")
         p.stdin.flush()
         t0 = time.monotonic()
-        got = wait_line(out, "RESUMED", p, WAIT_S)
+        got = harness.wait_line(out, "RESUMED", WAIT_S, p)
         say("call: %s after %.1f s" % (got or "NOT BACK", time.monotonic() - t0))
         if not got:
             say("hung stacks:\n  " + "\n  ".join(harness.thread_stacks(p.pid)))

@@ -7,7 +7,6 @@ holder the second gets 7 GiB within 3 s.
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -15,19 +14,6 @@ import harness
 from harness import GiB, as_int, mib
 
 pytestmark = pytest.mark.group
-
-
-def wait_for(path, prefix, seconds, proc):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < seconds:
-        with open(path, errors="replace") as f:
-            for l in f:
-                if l.startswith(prefix):
-                    return l.strip()
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    return ""
 
 
 @pytest.fixture(scope="session")
@@ -41,11 +27,11 @@ def group_run(gpu, runner, work):
                          stdin=subprocess.PIPE, stdout=open(a_out, "w"), stderr=errf, start_new_session=True)
     b = None
     try:
-        held = wait_for(a_out, "HELD", 60, a)
+        held = harness.wait_line(a_out, "HELD", 60, a)
         b = subprocess.Popen(run + [gpu.python, gpu.script("check_group.py"), "probe", "7", str(a.pid)], env=env,
                              stdin=subprocess.PIPE, stdout=open(b_out, "w"), stderr=errf, start_new_session=True)
-        wait_for(b_out, "READY", 60, b)
-        shared = wait_for(b_out, "RESULTKV phase=shared", 1, b)
+        harness.wait_line(b_out, "READY", 60, b)
+        shared = harness.wait_line(b_out, "RESULTKV phase=shared", 1, b)
         stat = subprocess.run([gpu.cli, "stat"], env=env, capture_output=True, text=True, timeout=30).stdout
         os.killpg(a.pid, signal.SIGKILL)
         a.wait(timeout=30)
@@ -58,7 +44,7 @@ def group_run(gpu, runner, work):
             b.wait(timeout=60)
         except subprocess.TimeoutExpired:
             pass
-        after = wait_for(b_out, "RESULTKV phase=after_kill", 1, b)
+        after = harness.wait_line(b_out, "RESULTKV phase=after_kill", 1, b)
     finally:
         for p in (a, b):
             if p is not None and p.poll() is None:

@@ -49,16 +49,7 @@ class Proc:
                                   stderr=open(self.err, "w"), start_new_session=True)
 
     def wait_line(self, prefix, seconds, path=None):
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < seconds:
-            with open(path or self.out, errors="replace") as f:
-                for l in f:
-                    if l.startswith(prefix) or (path and prefix in l):
-                        return l.strip()
-            if self.p.poll() is not None:
-                break
-            time.sleep(0.1)
-        return ""
+        return harness.wait_line(path or self.out, prefix, seconds, self.p, anywhere=bool(path))
 
     def go(self):
         try:
