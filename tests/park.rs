@@ -385,6 +385,89 @@ fn an_allocation_the_group_would_refuse_parks_the_idle_member() {
     drop((a.finish(), b.finish()));
 }
 
+/// Sharing a GPU without a group: with the GPU full (the stand-in's
+/// `STANDIN_FOREIGN_FILE` stands for the other process's memory, one file
+/// each), an allocation the driver refuses parks the same user's process
+/// idle longest on that GPU and gets its memory once the room is there;
+/// the parked one, calling CUDA again with the GPU full, parks the first,
+/// idle by then, and resumes once the room is there.
+#[test]
+fn on_a_full_gpu_an_allocation_or_a_resume_parks_the_idle_process_on_it() {
+    let dir = scratch_dir();
+    let (fa, fb) = (dir.join("foreign-a"), dir.join("foreign-b"));
+    std::fs::write(&fa, "0").unwrap();
+    std::fs::write(&fb, "0").unwrap();
+    let (sa, sb) = (fa.to_str().unwrap(), fb.to_str().unwrap());
+    let env = |f| {
+        [
+            NO_CACHE,
+            ("VRAMCAP_PARK", "idle:200ms"),
+            ("VRAMCAP_PARK_WAIT", "30s"),
+            ("VRAMCAP_LOG", "info"),
+            ("STANDIN_FOREIGN_FILE", f),
+        ]
+    };
+    let mut a = held_in(
+        &dir,
+        &env(sa),
+        &["init", "alloc", "12G", "wait", "info", "ckstate", "wait"],
+    );
+    // B sees A's 12 GiB as another process's: 4 GiB free of 16.
+    std::fs::write(&fb, "12288").unwrap();
+    let mut b = held_in(
+        &dir,
+        &env(sb),
+        &["init", "wait", "alloc", "8G", "wait", "ckstate", "wait"],
+    );
+    let (pa, pb) = (a.pid(), b.pid());
+    let done = [watchdog(pa), watchdog(pb)];
+    b.resume();
+    let line = stderr_until(&mut b, "parking idle process");
+    assert!(
+        line.contains(&format!(
+            "GPU 0 is full; parking idle process {pa}: done in "
+        )),
+        "{line}"
+    );
+    assert_eq!(stat_device0(&dir, pa)["parked_bytes"], 12 * GIB);
+    std::fs::write(&fb, "0").unwrap(); // A's memory is on the host now
+    b.until("wait");
+    assert_eq!(
+        b.lines[b.lines.len() - 2],
+        format!("alloc {} -> 0 #0", 8 * GIB)
+    );
+
+    // A calls CUDA: 8 of 16 GiB free is too little for its 12; B, idle,
+    // is parked for it.
+    std::fs::write(&fa, "8192").unwrap();
+    a.resume();
+    a.until("resumed");
+    let line = stderr_until(&mut a, "parking idle process");
+    assert!(
+        line.contains(&format!(
+            "GPU 0 is full to resume; parking idle process {pb}: done in "
+        )),
+        "{line}"
+    );
+    std::fs::write(&fa, "0").unwrap(); // B's memory is on the host now
+    a.until("wait");
+    let n = a.lines.len();
+    assert_eq!(
+        a.lines[n - 3..n - 1],
+        [
+            format!("info -> 0 free={} total={}", 4 * GIB, 16 * GIB),
+            "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0".to_string(),
+        ][..]
+    );
+    assert_eq!(stat_device0(&dir, pb)["parked_bytes"], 8 * GIB);
+    b.resume();
+    b.until("ckstate state=2 checkpoints=1 restores=0 failures=0 parked=8589934592");
+    drop((a.finish(), b.finish()));
+    for d in done {
+        let _ = d.send(());
+    }
+}
+
 /// With parking on, `cuGetProcAddress` hands out the shim's forwarder for
 /// a launch (a hook only under tiered spill), so that a parked process's
 /// launch reaches the gate before the driver's lock (tests/forward.rs

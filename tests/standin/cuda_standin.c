@@ -770,10 +770,20 @@ static void release_ctx_locked(CUcontext ctx)
             g_events[i] = (struct CUevent_st){ 0 };
 }
 
+/* Device dev's free bytes: its total less this process's use and what
+ * other processes hold (STANDIN_FOREIGN_FILE, read at each call, as the
+ * checkpoint model's restore and the NVML stand-in read it). Caller holds
+ * g_lock. */
+static size_t free_locked(int dev)
+{
+    size_t held = g_dev[dev].used + (size_t)standin_foreign_bytes();
+    return held >= g_cfg.total_bytes ? 0 : g_cfg.total_bytes - held;
+}
+
 /* Whether bytes more fit on device dev. Caller holds g_lock. */
 static bool fits_locked(int dev, size_t bytes)
 {
-    return bytes <= g_cfg.total_bytes - g_dev[dev].used;
+    return bytes <= free_locked(dev);
 }
 
 /* Count bytes (known to fit) against device dev. Caller holds g_lock. */
@@ -1730,7 +1740,7 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&g_lock);
-    *free = g_cfg.total_bytes - g_dev[ctx->dev].used;
+    *free = free_locked(ctx->dev);
     pthread_mutex_unlock(&g_lock);
     *total = g_cfg.total_bytes;
     return CUDA_SUCCESS;

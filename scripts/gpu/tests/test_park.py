@@ -151,6 +151,37 @@ def test_notebook_parked_by_idle_resumes_with_identical_results(gpu, runner, wor
         nb.kill()
 
 
+def test_notebook_parked_for_a_full_gpu_resumes_with_identical_results(gpu, runner, work, check, control_sum):
+    check.title = ("40 GiB notebook (idle:5s, no group) parked by the policy when a 100 GiB allocation finds the GPU "
+                   "full, resumed identical")
+    nb = Proc(gpu, runner, work, "notebook-full", ["notebook", "40"], VRAMCAP_PARK="idle:5s", VRAMCAP_CACHE="off")
+    try:
+        idle = nb.wait_line("IDLE", 600)
+        check.that(bool(idle), "the notebook holds 40 GiB and idles", idle or "no IDLE line")
+        pid = nb.p.pid
+        # No vramcap park: the second process's allocation finds the GPU full
+        # and waits (VRAMCAP_PARK_WAIT) until the notebook has idled 5 s.
+        grab = runner.run("park: 100 GiB on a full GPU", [gpu.python, gpu.script("check_park.py"), "grab", "100"],
+                          env=runner.env(shim=gpu.shim, VRAMCAP_PARK_WAIT="120s", VRAMCAP_LOG="info"), timeout=600)
+        kv = grab.kv()
+        check.kv(kv, "oom", 0)
+        check.eq("bytes the second process got", as_int(kv.get("got")), 100 * GiB, show=mib)
+        said = next((l for l in grab.stderr.splitlines() if "parking idle process %d" % pid in l), "")
+        check.that("GPU 0 is full; parking idle process %d: done in " % pid in said,
+                   "the second process says it parked the notebook", said or "no line")
+        nb.go()
+        out, err = nb.finish(180)
+        if nb.diag:
+            check.note("the notebook did not end: " + " | ".join(nb.diag.splitlines()[:12]))
+        kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
+        check.kv(kv, "same", 1)
+        check.eq("step1 against a run never parked", kv.get("step1"), control_sum)
+        check.note("resume time (first CUDA call after idling): %s s" % kv.get("resume_s"))
+        check.at_most("resume seconds", as_float(kv.get("resume_s")) or 1e9, 60)
+    finally:
+        nb.kill()
+
+
 @pytest.mark.parametrize("mode,why", [
     ("managed", "it holds managed (unified) memory, which the driver's checkpoint refuses"),
     ("capture", "a stream capture is in progress"),

@@ -267,17 +267,23 @@ impl<D: Driver> Engine<D> {
     }
 
     /// Runs a driver allocation, once more after releasing the device's
-    /// cache when the driver itself is out of memory with blocks parked there.
+    /// cache when the driver itself is out of memory with blocks parked
+    /// there; then, with the GPU still full, parking's policy may park an
+    /// idle process on it and try again (`park/policy.rs`).
     pub(in crate::engine) fn call_with_retry<T>(
-        &self,
+        &'static self,
         device: CUdevice,
         mut alloc: impl FnMut() -> Result<T, CUresult>,
     ) -> Result<T, CUresult> {
         match alloc() {
-            Err(CUDA_ERROR_OUT_OF_MEMORY)
-                if self.cache.evict(&self.base, device as u16, u64::MAX) > 0 =>
-            {
-                alloc()
+            Err(CUDA_ERROR_OUT_OF_MEMORY) => {
+                if self.cache.evict(&self.base, device as u16, u64::MAX) > 0 {
+                    match alloc() {
+                        Err(CUDA_ERROR_OUT_OF_MEMORY) => {}
+                        r => return r,
+                    }
+                }
+                self.park_for_gpu_room(device, alloc)
             }
             r => r,
         }

@@ -1,13 +1,21 @@
-//! The idle policy (`VRAMCAP_PARK=idle:T`, design items 8 and 10): when
-//! an allocation would be refused by the group's budget (after the cache
-//! was emptied), or a transparent resume's reservation would be, the
-//! process finds the member of its group idle longest past its own
-//! threshold, among those started with `VRAMCAP_PARK=idle:…` and running,
-//! posts it a park-if-idle request on its page, waits for the answer (2 s
-//! and 1 s per GiB it holds) and tries again. With no such member an
+//! The idle policy (`VRAMCAP_PARK=idle:T`, design items 8 and 10), in two
+//! places:
+//!
+//! - **A group's budget**: when an allocation would be refused by it
+//!   (after the cache was emptied), or a transparent resume's reservation
+//!   would be, the process finds the member of its group idle longest past
+//!   its own threshold that holds memory on the device.
+//! - **A full GPU**: when the driver itself is out of memory (after the
+//!   cache was emptied), or a transparent resume finds too little free on
+//!   the GPU, the process finds the process idle longest past its own
+//!   threshold that holds memory on that GPU (by UUID), in a group or not.
+//!
+//! Either way only the same user's processes started with
+//! `VRAMCAP_PARK=idle:…` and running are candidates; the process posts the
+//! chosen one a park-if-idle request on its page, waits for the answer (2 s
+//! and 1 s per GiB it holds) and tries again. With no such process an
 //! allocation waits up to `VRAMCAP_PARK_WAIT` for one or for room (0, the
 //! default: refused as without parking); a resume tries again each tick.
-//! Per-GPU sharing without a group is not covered.
 //!
 //! Idle: the member's `last_activity` (written each tick when its gate saw
 //! a call, or a call was in flight; set at its resume) is at least its
@@ -31,8 +39,16 @@ use crate::engine::Engine;
 use crate::engine::accounting::page::now_unix_ns;
 use crate::engine::driver::Driver;
 use crate::engine::worker::TICK;
-use crate::ffi::CUdevice;
+use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult};
 use crate::log::log_at;
+
+/// Whose memory would make the room: a group's members (by name), or the
+/// processes on one GPU (by UUID).
+#[derive(Clone, Copy)]
+pub(super) enum Among<'a> {
+    Group(&'a str),
+    Gpu([u8; 16]),
+}
 
 /// Another process's page, mapped for as long as it is asked something.
 struct Mapped(*mut libc::c_void);
@@ -105,13 +121,13 @@ impl<D: Driver> Engine<D> {
         bytes: u64,
     ) -> bool {
         let settings = self.base.settings();
-        if settings.group.is_none() {
+        let Some(group) = settings.group.as_deref() else {
             return false;
-        }
+        };
         let start = Instant::now();
         let mut said = false;
         loop {
-            if self.park_idle_member(device, need, "") {
+            if self.park_idle_member(device, Among::Group(group), need, "") {
                 return true;
             }
             if start.elapsed() >= settings.park_wait {
@@ -138,15 +154,66 @@ impl<D: Driver> Engine<D> {
         }
     }
 
-    /// One try of the policy, for an allocation or (`to`: " to resume") a
-    /// transparent resume: asks the group's member idle longest past its
-    /// threshold on `device` to park if it still is idle, and waits for
-    /// its answer (bounded: [`ask_park`]). True when it parked.
-    pub(super) fn park_idle_member(&'static self, device: CUdevice, need: u64, to: &str) -> bool {
-        let Some(group) = self.base.settings().group.as_deref() else {
-            return false;
+    /// Where the driver is out of memory on `device` even with the cache
+    /// emptied: parks the process idle longest on that GPU and runs
+    /// `alloc` again, waiting up to `VRAMCAP_PARK_WAIT` for one or for
+    /// room (trying `alloc` each tick). Out of memory as before when
+    /// neither comes.
+    pub(in crate::engine) fn park_for_gpu_room<T>(
+        &'static self,
+        device: CUdevice,
+        mut alloc: impl FnMut() -> Result<T, CUresult>,
+    ) -> Result<T, CUresult> {
+        let Some(uuid) = self.gpu_of(device) else {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
-        let Some((pid, path)) = self.idle_member(group, device) else {
+        let wait = self.base.settings().park_wait;
+        let start = Instant::now();
+        let mut said = false;
+        loop {
+            if self.park_idle_member(device, Among::Gpu(uuid), 0, "") {
+                match alloc() {
+                    Err(CUDA_ERROR_OUT_OF_MEMORY) => {}
+                    r => return r,
+                }
+            }
+            if start.elapsed() >= wait {
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            if !std::mem::replace(&mut said, true) {
+                log_at!(
+                    Info,
+                    "GPU {device} is full: waiting up to {wait:?} (VRAMCAP_PARK_WAIT) for an idle process on it or for room"
+                );
+            }
+            std::thread::sleep(TICK);
+            match alloc() {
+                Err(CUDA_ERROR_OUT_OF_MEMORY) => {}
+                r => return r,
+            }
+        }
+    }
+
+    /// The UUID of `device` as this process's page records it (set at its
+    /// first use), if known.
+    pub(super) fn gpu_of(&self, device: CUdevice) -> Option<[u8; 16]> {
+        let uuid = self.base.slot(device)?.uuid_bytes();
+        (uuid != [0; 16]).then_some(uuid)
+    }
+
+    /// One try of the policy, for an allocation or (`to`: " to resume") a
+    /// transparent resume: asks the process idle longest past its threshold
+    /// among `among` on `device` to park if it still is idle, and waits
+    /// for its answer (bounded: [`ask_park`]). True when it parked. `need`:
+    /// the bytes short, for the log (0: the GPU is full).
+    pub(super) fn park_idle_member(
+        &'static self,
+        device: CUdevice,
+        among: Among<'_>,
+        need: u64,
+        to: &str,
+    ) -> bool {
+        let Some((pid, path)) = self.idle_member(among, device) else {
             return false;
         };
         let Some(m) = Mapped::open(&path) else {
@@ -160,9 +227,17 @@ impl<D: Driver> Engine<D> {
             o => u64::from(pid) << 32 | o.map_or(u64::from(u32::MAX), |o| o.word() & 0xffff_ffff),
         };
         if self.park.said_asked.swap(key, Ordering::Relaxed) != key || key == 0 {
+            let why = match among {
+                Among::Group(g) => {
+                    format!(
+                        "group {g}: {need} more bytes needed on device {device}{to}; parking idle member"
+                    )
+                }
+                Among::Gpu(_) => format!("GPU {device} is full{to}; parking idle process"),
+            };
             log_at!(
                 Info,
-                "group {group}: {need} more bytes needed on device {device}{to}; parking idle member {pid}: {} in {:.3}s",
+                "{why} {pid}: {} in {:.3}s",
                 outcome.map_or("no answer".to_string(), |o| o.to_string()),
                 start.elapsed().as_secs_f64()
             );
@@ -170,9 +245,10 @@ impl<D: Driver> Engine<D> {
         outcome == Some(Outcome::Ok)
     }
 
-    /// The member of `group` idle longest past its own threshold that holds
-    /// memory on `device` (its PID and page), if any.
-    fn idle_member(&self, group: &str, device: CUdevice) -> Option<(u32, PathBuf)> {
+    /// The process among `among` idle longest past its own threshold that
+    /// holds memory on `device` (for a group, this process's device index;
+    /// for a GPU, the slot with its UUID), its PID and page, if any.
+    fn idle_member(&self, among: Among<'_>, device: CUdevice) -> Option<(u32, PathBuf)> {
         let settings = self.base.settings();
         // SAFETY: getuid and getpid cannot fail.
         let (uid, me) = unsafe { (libc::getuid(), libc::getpid() as u32) };
@@ -200,11 +276,22 @@ impl<D: Driver> Engine<D> {
             let Some(ParkMode::Idle(t)) = ParkMode::from_word(h.park_mode) else {
                 continue;
             };
-            let holds = usize::try_from(device)
-                .ok()
-                .and_then(|d| p.slots.get(d))
-                .is_some_and(|s| s.budget.used() > 0);
-            if get_text(&h.group) != group
+            let (mine, holds) = match among {
+                Among::Group(g) => (
+                    get_text(&h.group) == g,
+                    usize::try_from(device)
+                        .ok()
+                        .and_then(|d| p.slots.get(d))
+                        .is_some_and(|s| s.budget.used() > 0),
+                ),
+                Among::Gpu(u) => (
+                    true,
+                    p.slots
+                        .iter()
+                        .any(|s| s.uuid_bytes() == u && s.budget.used() > 0),
+                ),
+            };
+            if !mine
                 || ParkState::from_word(h.park_state.load(Ordering::Acquire)) != ParkState::Running
                 || !holds
                 || vramcap_core::liveness::start_time(pid) != Some(h.start_time)

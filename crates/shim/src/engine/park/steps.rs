@@ -9,6 +9,7 @@ use vramcap_core::page::{Page, uuid_text};
 use vramcap_core::park::{Outcome, PARK_DEVICES, ParkState, RESUME_MARGIN};
 
 use super::gate;
+use super::policy::Among;
 use crate::engine::Engine;
 use crate::engine::accounting::Refusal;
 use crate::engine::accounting::page::now_unix_ns;
@@ -158,17 +159,39 @@ impl<D: Driver> Engine<D> {
                     let bytes = self.park.parked[d].load(Ordering::Relaxed);
                     let need = r.used.saturating_add(bytes).saturating_sub(r.limit);
                     tries += 1;
+                    let group = self.base.settings().group.as_deref();
                     if !(keep
                         && r.group
                         && tries <= POLICY_TRIES
-                        && self.park_idle_member(d as CUdevice, need, " to resume"))
+                        && group.is_some_and(|g| {
+                            self.park_idle_member(
+                                d as CUdevice,
+                                Among::Group(g),
+                                need,
+                                " to resume",
+                            )
+                        }))
                     {
                         return Err(Outcome::NoRoom(d as u32));
                     }
                 }
             }
         }
-        if let Some(d) = self.short_of_room() {
+        let mut short = self.short_of_room();
+        // The policy on a full GPU: an idle process on it parked makes the
+        // room (a transparent resume only, as for a group).
+        while let Some(d) = short.filter(|_| keep && tries < POLICY_TRIES) {
+            tries += 1;
+            let parked = self.gpu_of(d as CUdevice).is_some_and(|u| {
+                self.park_idle_member(d as CUdevice, Among::Gpu(u), 0, " to resume")
+            });
+            if !parked {
+                break;
+            }
+            self.park.short_at.store(0, Ordering::Relaxed);
+            short = self.short_of_room();
+        }
+        if let Some(d) = short {
             if !keep {
                 self.unreserve(PARK_DEVICES);
                 self.park.reserved.store(false, Ordering::Relaxed);
