@@ -468,6 +468,76 @@ fn on_a_full_gpu_an_allocation_or_a_resume_parks_the_idle_process_on_it() {
     }
 }
 
+/// The resume's free-memory check runs nvidia-smi marked
+/// `VRAMCAP_FREE_PROBE=1`: a shim loaded into it all the same (through
+/// /etc/ld.so.preload, as the device plugin's hosts do) answers NVML's
+/// memory queries as the driver does, not capped, which would keep a
+/// process parked near its cap for good.
+#[test]
+fn the_resume_s_nvidia_smi_sees_the_real_free_memory_even_under_the_shim() {
+    let smi = artefacts()
+        .standin_lib
+        .with_file_name("bin")
+        .join("nvidia-smi");
+    let query = |probe: bool| {
+        let mut cmd = shimmed(&smi);
+        cmd.env("VRAMCAP_LIMIT", "1GiB")
+            .env("VRAMCAP_STATS", "off")
+            .args([
+                "--query-gpu=uuid,memory.free",
+                "--format=csv,noheader,nounits",
+            ]);
+        if probe {
+            cmd.env("VRAMCAP_FREE_PROBE", "1");
+        }
+        run(cmd).ok_lines()[0].clone()
+    };
+    assert!(query(false).ends_with(", 1024"), "{}", query(false));
+    assert!(query(true).ends_with(", 16384"), "{}", query(true));
+}
+
+/// Where the GPUs' free memory cannot be measured (nvidia-smi failing),
+/// parking is refused with its line: parked, the process could never be
+/// let resume. It keeps running.
+#[test]
+fn a_process_whose_gpu_cannot_be_measured_is_not_parked() {
+    let dir = scratch_dir();
+    let mut h = held_in(
+        &dir,
+        &[MANUAL, NO_CACHE, ("STANDIN_SMI_FAIL", "1")],
+        &["init", "alloc", "1G", "wait", "info", "ckstate"],
+    );
+    assert_refused(
+        &dir,
+        &mut h,
+        "the free memory of GPU 0 cannot be measured, so it could never resume (a resume runs nvidia-smi: put it on the process's PATH, or in /usr/bin)",
+    );
+    h.resume();
+    h.until("ckstate state=0 checkpoints=0 restores=0 failures=0 parked=0");
+    let (_, out) = h.finish();
+    assert!(out.status.success());
+}
+
+/// A program that ignores SIGCHLD (its children reaped by the kernel)
+/// resumes all the same: the free-memory check reads nvidia-smi's answer
+/// to its end, and a status no longer there to read is no failure.
+#[test]
+fn a_process_that_ignores_sigchld_resumes() {
+    let dir = scratch_dir();
+    let mut h = held_in(
+        &dir,
+        &[MANUAL, NO_CACHE],
+        &["init", "nochld", "alloc", "1G", "wait", "info", "ckstate"],
+    );
+    let done = watchdog(h.pid());
+    park(&dir, h.pid()).ok_lines();
+    h.resume();
+    h.until("ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0");
+    let (_, out) = h.finish();
+    let _ = done.send(());
+    assert!(out.status.success());
+}
+
 /// With parking on, `cuGetProcAddress` hands out the shim's forwarder for
 /// a launch (a hook only under tiered spill), so that a parked process's
 /// launch reaches the gate before the driver's lock (tests/forward.rs

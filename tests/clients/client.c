@@ -110,6 +110,8 @@
  *   ipc SLOT              cuIpcGetMemHandle of the slot's pointer
  *                         -> "ipc #SLOT -> RC"
  *   sync                  cuCtxSynchronize            -> "sync -> RC"
+ *   nochld                SIGCHLD ignored (children reaped by the kernel,
+ *                         as some servers set it) -> "nochld"
  *   atexit-sync           registers an atexit handler that calls
  *                         cuCtxSynchronize, as the runtime's exit handler
  *                         calls the driver -> at exit "atexit sync -> RC"
@@ -2466,6 +2468,13 @@ static int command(int argc, char **argv, bool run)
     if (strcmp(cmd, "sync") == 0) {
         if (run)
             out("sync -> %d", api.ctx_synchronize());
+        return 1;
+    }
+    if (strcmp(cmd, "nochld") == 0) {
+        if (run) {
+            signal(SIGCHLD, SIG_IGN);
+            out("nochld");
+        }
         return 1;
     }
     if (strcmp(cmd, "atexit-sync") == 0) {

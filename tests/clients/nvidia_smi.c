@@ -8,10 +8,13 @@
  * with one line per device, "UUID, FREE_MIB", from the NVML stand-in as a
  * process of its own sees it (other processes and STANDIN_FOREIGN_FILE
  * count; this one holds nothing). Any other arguments: exit 2 with a line.
+ * STANDIN_SMI_FAIL=1: exit 1 at once, as an nvidia-smi that cannot reach
+ * the driver does.
  */
 #include "nvml_subset.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int main(int argc, char **argv)
@@ -21,6 +24,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "stand-in nvidia-smi: only --query-gpu=uuid,memory.free "
                         "--format=csv,noheader,nounits\n");
         return 2;
+    }
+    const char *fail = getenv("STANDIN_SMI_FAIL");
+    if (fail != NULL && strcmp(fail, "1") == 0) {
+        fprintf(stderr, "stand-in nvidia-smi: failing as asked (STANDIN_SMI_FAIL=1)\n");
+        return 1;
     }
     unsigned n = 0;
     if (nvmlInit_v2() != NVML_SUCCESS || nvmlDeviceGetCount_v2(&n) != NVML_SUCCESS) {

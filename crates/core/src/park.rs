@@ -146,6 +146,9 @@ pub enum Outcome {
     /// Asked [`Ask::ParkIfIdle`]: the process was active within its
     /// threshold, or a call of it is waiting inside the shim.
     NotIdle,
+    /// The free memory of a GPU it holds memory on cannot be measured (the
+    /// detail: its index), so a resume could never be allowed.
+    Unmeasured(u32),
 }
 
 impl Outcome {
@@ -166,6 +169,7 @@ impl Outcome {
             Outcome::Stuck(n) => (11, n),
             Outcome::Busy => (12, 0),
             Outcome::NotIdle => (13, 0),
+            Outcome::Unmeasured(d) => (14, d),
         };
         code | u64::from(detail) << 32
     }
@@ -186,6 +190,7 @@ impl Outcome {
             11 => Outcome::Stuck(d),
             12 => Outcome::Busy,
             13 => Outcome::NotIdle,
+            14 => Outcome::Unmeasured(d),
             _ => Outcome::DriverError(d),
         }
     }
@@ -229,6 +234,10 @@ impl fmt::Display for Outcome {
             ),
             Outcome::NotIdle => f.write_str(
                 "it is not idle (it called CUDA within its VRAMCAP_PARK=idle threshold, or a call of it is waiting)",
+            ),
+            Outcome::Unmeasured(d) => write!(
+                f,
+                "the free memory of GPU {d} cannot be measured, so it could never resume (a resume runs nvidia-smi: put it on the process's PATH, or in /usr/bin)"
             ),
         }
     }
@@ -293,6 +302,7 @@ mod tests {
             Outcome::Stuck(304),
             Outcome::Busy,
             Outcome::NotIdle,
+            Outcome::Unmeasured(2),
         ] {
             assert_eq!(Outcome::from_word(o.word()), o);
         }

@@ -195,6 +195,17 @@ extern "C" fn after_fork_in_child() {
     crate::engine::park::gate::reset_after_fork();
 }
 
+/// Set in the environment of the nvidia-smi the resume runs: a shim loaded
+/// into it all the same answers NVML's memory queries as the driver does
+/// (`queries.rs`). It changes no cap: allocations are capped as before.
+pub const FREE_PROBE_VAR: &str = "VRAMCAP_FREE_PROBE";
+
+/// Whether this process is that nvidia-smi (read once).
+pub fn is_free_probe() -> bool {
+    static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PROBE.get_or_init(|| std::env::var_os(FREE_PROBE_VAR).is_some_and(|v| v == "1"))
+}
+
 /// Called by the constructor: reads and checks the settings (exiting with
 /// status 2 on a bad value) and registers the fork handler.
 pub fn init() -> &'static Settings {

@@ -10,6 +10,7 @@
 
 use std::ffi::c_void;
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -21,6 +22,13 @@ use crate::engine::driver::{Checkpoint, Checkpointing};
 use crate::ffi::CUresult;
 
 impl Checkpointing for RealDriver {
+    fn has_checkpoint_api(&self) -> bool {
+        c::cuCheckpointProcessLock::SLOT.get().is_some()
+            && c::cuCheckpointProcessCheckpoint::SLOT.get().is_some()
+            && c::cuCheckpointProcessRestore::SLOT.get().is_some()
+            && c::cuCheckpointProcessUnlock::SLOT.get().is_some()
+    }
+
     fn checkpoint(&self, step: Checkpoint) -> Option<CUresult> {
         // The args structs (`CUcheckpointLockArgs` and friends) are 64
         // bytes; Lock's first 32-bit word is its timeout in milliseconds.
@@ -56,41 +64,82 @@ impl Checkpointing for RealDriver {
     fn gpu_free(&self) -> Result<Vec<(String, u64)>, String> {
         let smi =
             nvidia_smi().ok_or("no nvidia-smi on PATH, in /usr/local/nvidia/bin or /usr/bin")?;
-        // Without the shim: its NVML hooks would answer the capped picture.
+        let shown = smi.display();
+        // Without the shim, or, where it is preloaded all the same
+        // (/etc/ld.so.preload), with its NVML hooks answering the driver's
+        // figures: the capped picture could keep the process parked.
         let mut child = Command::new(&smi)
             .args(QUERY)
             .env_remove("LD_PRELOAD")
+            .env(super::FREE_PROBE_VAR, "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("{}: {e}", smi.display()))?;
+            .map_err(|e| format!("{shown}: {e}"))?;
         let deadline = Instant::now() + SMI_TIMEOUT;
+        let read = child
+            .stdout
+            .take()
+            .ok_or_else(|| format!("{shown}: no output pipe"))
+            .and_then(|out| read_until(out, deadline).map_err(|e| format!("{shown}: {e}")));
+        // Its status: waited for up to the deadline; a program that ignores
+        // SIGCHLD or reaps every child itself leaves none to read (ECHILD),
+        // and the output then speaks for it.
         let status = loop {
             match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if read.is_ok() && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
                 }
-                _ => {
+                Ok(None) => {
                     let _ = child.kill();
                     let _ = child.wait();
                     return Err(format!(
-                        "{} gave no answer within {}s",
-                        smi.display(),
+                        "{shown} gave no answer within {}s",
                         SMI_TIMEOUT.as_secs()
                     ));
                 }
+                Err(_) => break None,
             }
         };
-        let mut text = String::new();
-        if let Some(mut out) = child.stdout.take() {
-            let _ = out.read_to_string(&mut text);
+        let text = read?;
+        match status {
+            Some(st) if !st.success() => Err(format!("{shown} failed ({st})")),
+            _ => Ok(parse_free(&text)),
         }
-        if !status.success() {
-            return Err(format!("{} failed ({status})", smi.display()));
+    }
+}
+
+/// Reads `out` to its end, or fails at `deadline`.
+fn read_until(mut out: std::process::ChildStdout, deadline: Instant) -> Result<String, String> {
+    let fd = out.as_raw_fd();
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("no answer within {}s", SMI_TIMEOUT.as_secs()));
         }
-        Ok(parse_free(&text))
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the pipe we own.
+        let r = unsafe { libc::poll(&mut p, 1, left.as_millis().min(1000) as i32) };
+        if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return Err(format!("poll: {}", std::io::Error::last_os_error()));
+        }
+        if r <= 0 {
+            continue;
+        }
+        match out.read(&mut buf) {
+            Ok(0) => return Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
     }
 }
 

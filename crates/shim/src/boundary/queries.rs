@@ -69,6 +69,7 @@ pub unsafe fn nvml_memory_info(
     let rc = real();
     // SAFETY: null, or written by NVML when it succeeded.
     if let (NVML_SUCCESS, Some(m)) = (rc, unsafe { memory.as_mut() })
+        && !super::is_free_probe()
         && let Some((t, f)) = engine.nvml_capped(device, m.total, m.free)
     {
         (m.total, m.free, m.used) = (t, f, t - f);
@@ -89,6 +90,7 @@ pub unsafe fn nvml_memory_info_v2(
     let rc = real();
     // SAFETY: null, or written by NVML when it succeeded.
     if let (NVML_SUCCESS, Some(m)) = (rc, unsafe { memory.as_mut() })
+        && !super::is_free_probe()
         && let Some((t, f)) = engine.nvml_capped(device, m.total, m.free)
     {
         (m.total, m.free, m.reserved, m.used) = (t, f, 0, t - f);

@@ -47,6 +47,10 @@ pub trait Checkpointing {
     fn checkpoint(&self, _step: Checkpoint) -> Option<CUresult> {
         None
     }
+    /// Whether the driver has every checkpoint step.
+    fn has_checkpoint_api(&self) -> bool {
+        false
+    }
     /// Every GPU's free bytes by UUID (`GPU-…`), measured by another
     /// process: in this one CUDA and NVML calls both block while it is
     /// checkpointed. `Err` says why they are not known.

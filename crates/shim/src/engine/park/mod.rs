@@ -139,7 +139,13 @@ impl<D: Driver> Engine<D> {
         }
         let outcome = match self.park_refusal() {
             Some(why) => why,
-            None => self.checkpoint_and_release(),
+            // Measured before the lock, in this running process: a driver
+            // without the checkpoint API is told as such first.
+            None if !self.base.driver().has_checkpoint_api() => Outcome::NoCheckpointApi,
+            None => match self.unmeasured() {
+                Some(d) => Outcome::Unmeasured(d as u32),
+                None => self.checkpoint_and_release(),
+            },
         };
         let key = if outcome == Outcome::Ok {
             0

@@ -72,6 +72,26 @@ impl<D: Driver> Engine<D> {
         None
     }
 
+    /// The first GPU the process holds memory on whose free memory cannot
+    /// be measured now (nvidia-smi missing, or not listing it): parked, the
+    /// process could never be let resume (design item 5b).
+    pub(super) fn unmeasured(&self) -> Option<usize> {
+        let page = self.base.page().get(self.base.settings());
+        let held: Vec<usize> = (0..PARK_DEVICES)
+            .filter(|&d| page.slots[d].budget.used() > 0)
+            .collect();
+        if held.is_empty() {
+            return None;
+        }
+        let Ok(free) = self.base.driver().gpu_free() else {
+            return held.first().copied();
+        };
+        held.into_iter().find(|&d| {
+            uuid_text(&page.slots[d].uuid_bytes())
+                .is_none_or(|u| !free.iter().any(|(g, _)| *g == u))
+        })
+    }
+
     /// How many GPUs the process holds memory on now.
     fn devices_in_use(&self) -> usize {
         let page = self.base.page().get(self.base.settings());
