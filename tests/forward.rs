@@ -273,3 +273,47 @@ fn a_call_through_an_export_table_resumes_a_parked_process_first() {
     let _ = done.send(());
     assert!(status.success(), "{status}; stderr had {seen:?}");
 }
+
+/// Parked, a process whose exit handler calls through an export table
+/// (whose function cannot be answered for: its signature is unknown, and
+/// the driver's lock would hold it for good) ends there, with the status
+/// it was exiting with, after saying so.
+#[test]
+fn an_export_table_call_at_exit_while_parked_ends_the_process() {
+    let dir = scratch_dir();
+    let mut cmd = shimmed(&forward_program());
+    cmd.env(PARK.0, PARK.1)
+        .env("VRAMCAP_STATS_DIR", &dir)
+        .env("VRAMCAP_LOG", "info")
+        .arg("wait");
+    let mut child = spawn_piped(&mut cmd);
+    let pid = child.id();
+    let done = watchdog(pid);
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let lines: Vec<String> = (0..11).map(|_| next(&mut out)).collect();
+    assert_eq!(lines[10], "ready", "{lines:?}");
+    writeln!(stdin, "atexit-dark").expect("ask for the handler");
+    assert_eq!(next(&mut out), "calling atexit-dark");
+    assert_eq!(next(&mut out), "atexit-dark -> registered");
+    let mut park = bare(&crate::util::artefacts().cli);
+    park.env("VRAMCAP_STATS_DIR", &dir)
+        .args(["park", "--pid", &pid.to_string()]);
+    let parked = run(park).ok_lines();
+    assert!(
+        parked[0].starts_with(&format!("{pid}: parked, ")),
+        "{parked:?}"
+    );
+    drop(stdin);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("read stdout");
+    let output = child.wait_with_output().expect("wait for the client");
+    let _ = done.send(());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(rest, "dark at exit\n", "{stderr}");
+    assert!(output.status.success(), "{:?} {stderr}", output.status);
+    assert!(
+        stderr.contains("exiting while parked: a call through export table 7672616d slot 1 cannot be answered; the process ends now"),
+        "{stderr}"
+    );
+}

@@ -468,6 +468,35 @@ fn on_a_full_gpu_an_allocation_or_a_resume_parks_the_idle_process_on_it() {
     }
 }
 
+/// On a full GPU only a process that holds what is missing is parked:
+/// one idle with 1 GiB is left running when 4 GiB are missing, and the
+/// allocation is refused once `VRAMCAP_PARK_WAIT` is over.
+#[test]
+fn on_a_full_gpu_a_process_holding_too_little_to_make_the_room_is_not_parked() {
+    let dir = scratch_dir();
+    let fb = dir.join("foreign-b");
+    std::fs::write(&fb, "12288").unwrap(); // 4 of 16 GiB free for B
+    let idle = [NO_CACHE, ("VRAMCAP_PARK", "idle:200ms")];
+    let mut a = held_in(&dir, &idle, &["init", "alloc", "1G", "wait", "ckstate"]);
+    let b = held_in(
+        &dir,
+        &[
+            NO_CACHE,
+            ("VRAMCAP_PARK_WAIT", "1s"),
+            ("STANDIN_FOREIGN_FILE", fb.to_str().unwrap()),
+        ],
+        &["init", "alloc", "8G", "wait"],
+    );
+    assert_eq!(
+        b.lines[b.lines.len() - 2],
+        format!("alloc {} -> 2", 8 * GIB)
+    );
+    assert_eq!(stat_device0(&dir, a.pid())["parked_bytes"], 0);
+    a.resume();
+    a.until("ckstate state=0 checkpoints=0 restores=0 failures=0 parked=0");
+    drop((a.finish(), b.finish()));
+}
+
 /// The resume's free-memory check runs nvidia-smi marked
 /// `VRAMCAP_FREE_PROBE=1`: a shim loaded into it all the same (through
 /// /etc/ld.so.preload, as the device plugin's hosts do) answers NVML's
@@ -610,36 +639,50 @@ fn a_parked_process_exits_normally() {
 /// A parked process whose exit handler calls the driver (as the runtime's
 /// does) ends at once and without a restore: at exit nothing resumes a
 /// process, so the call answers `CUDA_ERROR_DEINITIALIZED` (4) instead of
-/// waiting for good, and the parked memory goes with the process.
+/// waiting for good, and the parked memory goes with the process. Both
+/// orders: the handler registered before the shim's background thread
+/// started (as cudart's is), and after it (a library loaded later), with
+/// the GPU full, where a resume would wait for good.
 #[test]
 fn a_parked_process_whose_exit_handler_calls_the_driver_ends_without_a_restore() {
     let dir = scratch_dir();
-    let h = held_in(
-        &dir,
-        &[MANUAL, ("VRAMCAP_LOG", "info")],
-        &["init", "atexit-sync", "alloc", "1G", "wait"],
-    );
-    let pid = h.pid();
-    let done = watchdog(pid);
-    park(&dir, pid).ok_lines();
-    let (lines, out) = h.finish();
-    let _ = done.send(());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        lines[lines.len() - 2..],
-        ["resumed".to_string(), "atexit sync -> 4".to_string()][..],
-        "{stderr}"
-    );
-    assert!(out.status.success(), "{:?} {stderr}", out.status);
-    assert_eq!(
-        stderr
-            .matches("exiting while parked: the parked GPU memory is discarded with the process, not restored")
-            .count(),
-        1,
-        "{stderr}"
-    );
-    assert!(!stderr.contains("resumed: "), "{stderr}");
-    assert!(!dir.join(format!("{pid}.page")).exists());
+    let foreign = dir.join("foreign-mib");
+    std::fs::write(&foreign, "0").unwrap();
+    let env = [
+        MANUAL,
+        ("VRAMCAP_LOG", "info"),
+        ("STANDIN_FOREIGN_FILE", foreign.to_str().unwrap()),
+    ];
+    for args in [
+        ["init", "atexit-sync", "alloc", "1G", "wait"],
+        ["init", "alloc", "1G", "atexit-sync", "wait"],
+    ] {
+        let h = held_in(&dir, &env, &args);
+        let pid = h.pid();
+        let done = watchdog(pid);
+        park(&dir, pid).ok_lines();
+        // 16 GiB devices: 15.5 GiB held by others leaves no room for 1 GiB.
+        std::fs::write(&foreign, "15872").unwrap();
+        let (lines, out) = h.finish();
+        let _ = done.send(());
+        std::fs::write(&foreign, "0").unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            lines[lines.len() - 2..],
+            ["resumed".to_string(), "atexit sync -> 4".to_string()][..],
+            "{args:?} {stderr}"
+        );
+        assert!(out.status.success(), "{:?} {stderr}", out.status);
+        assert_eq!(
+            stderr
+                .matches("exiting while parked: the parked GPU memory is discarded with the process, not restored")
+                .count(),
+            1,
+            "{stderr}"
+        );
+        assert!(!stderr.contains("resumed: "), "{stderr}");
+        assert!(!dir.join(format!("{pid}.page")).exists());
+    }
 }
 
 /// No cache, a group of 2 GiB named `group` (the group is the machine's:

@@ -31,6 +31,8 @@
  *   dark    through the export tables (below): the stand-in's mix(7, 2.5,
  *           3) and context-local storage's mix(1, 0.5, 2), then calls()
  *           -> "dark -> RC RC out=O,O calls=N"
+ *   atexit-dark  registers an exit handler that prints "dark at exit",
+ *           then makes the dark call -> "atexit-dark -> registered"
  *
  * Export tables (cuGetExportTable through cuGetProcAddress's answer), after
  * the lookups, one line each for the stand-in's three (STANDIN, CLS,
@@ -208,6 +210,15 @@ static void init(void)
     fflush(stdout);
 }
 
+static void call(const char *what);
+
+static void dark_at_exit(void)
+{
+    printf("dark at exit\n");
+    fflush(stdout);
+    call("dark");
+}
+
 static void call(const char *what)
 {
     if (strcmp(what, "ctxdev") == 0) {
@@ -243,6 +254,9 @@ static void call(const char *what)
         CUresult r2 = ((dark_mix_fn)g_table[1][0])(1, 0.5, 2, &b);
         ((dark_calls_fn)g_table[0][2])(&n);
         printf("dark -> %d %d out=%lld,%lld calls=%lu\n", r1, r2, a, b, n);
+    } else if (strcmp(what, "atexit-dark") == 0) {
+        atexit(dark_at_exit);
+        printf("atexit-dark -> registered\n");
     } else {
         printf("unknown call %s\n", what);
     }

@@ -69,7 +69,8 @@ pub unsafe fn get_export_table(
     }
     // SAFETY: the driver accepted both and wrote `*table`.
     let (t, guid) = unsafe { (*table, (*id).bytes) };
-    if !t.is_null() && guid != INTEGRITY {
+    // A table is an array of 8-byte words; anything else is left alone.
+    if !t.is_null() && (t as usize).is_multiple_of(8) && guid != INTEGRITY {
         gate_table(t.cast_mut().cast(), guid);
     }
     rc

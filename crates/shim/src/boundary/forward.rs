@@ -28,9 +28,12 @@
 //! - **Table full**: the real pointer is handed out and one warning names
 //!   the function that is not gated.
 //! - **Export-table slots** ([`dark_forwarder`], `export_table.rs`): the
-//!   same forwarders, tagged with their table and index in [`DARK`]. Their
-//!   functions' signatures are unknown (some return nothing), so the gate
-//!   only waits for them: it never answers in their place.
+//!   last [`DARK_SLOTS`] entries, a range of their own (a driver function
+//!   both in a table and handed out by name gets one forwarder in each, so
+//!   the public one keeps its answers), tagged with their table and index
+//!   in [`DARK`]. Their functions' signatures are unknown (some return
+//!   nothing), so the gate only waits for them: it never answers in their
+//!   place.
 //!
 //! Other architectures have no table: [`forwarders_available`] is false
 //! and parking is refused there.
@@ -45,7 +48,12 @@ use crate::log::{log_at, log_once};
 /// How many functions can be forwarded. cudart resolves its whole table of
 /// driver functions (several hundred, the stream functions twice) and
 /// frameworks add their own; a slot costs 40 bytes.
-pub const SLOTS: usize = 2048;
+pub const PUBLIC_SLOTS: usize = 2048;
+/// How many export-table functions can be forwarded (seven tables of 75
+/// functions in all in a PyTorch process on the H200).
+pub const DARK_SLOTS: usize = 256;
+/// Every entry of the table: the public ones, then the export tables'.
+pub const SLOTS: usize = PUBLIC_SLOTS + DARK_SLOTS;
 
 /// Each entry's size in the table (a power of two: the assembly aligns to it).
 const ENTRY_BYTES: usize = 32;
@@ -78,7 +86,7 @@ pub fn forwarder(name: &CStr, real: *mut c_void) -> *mut c_void {
         None => {
             log_once!(
                 Warn,
-                "the {SLOTS} forwarders are all taken; {name:?} is handed out ungated: a call to it while this process is parked waits inside the driver until `vramcap resume`"
+                "the {PUBLIC_SLOTS} forwarders are all taken; {name:?} is handed out ungated: a call to it while this process is parked waits inside the driver until `vramcap resume`"
             );
             real
         }
@@ -92,10 +100,10 @@ pub fn dark_forwarder(real: *mut c_void, table: u32, index: u32) -> Option<*mut 
     if !forwarders_available() {
         return None;
     }
-    let Some(i) = slot_of(real) else {
+    let Some(i) = slot_in(&TARGETS[PUBLIC_SLOTS..], real).map(|i| PUBLIC_SLOTS + i) else {
         log_once!(
             Warn,
-            "the {SLOTS} forwarders are all taken; export table {table:08x} is not gated: a call through it while this process is parked waits inside the driver until `vramcap resume`"
+            "the {DARK_SLOTS} forwarders of export tables are all taken; export table {table:08x} is not gated: a call through it while this process is parked waits inside the driver until `vramcap resume`"
         );
         return None;
     };
@@ -104,9 +112,9 @@ pub fn dark_forwarder(real: *mut c_void, table: u32, index: u32) -> Option<*mut 
     Some(entry(i))
 }
 
-/// The slot of `real` in the table.
+/// The public slot of `real` in the table.
 fn slot_of(real: *mut c_void) -> Option<usize> {
-    slot_in(&TARGETS, real)
+    slot_in(&TARGETS[..PUBLIC_SLOTS], real)
 }
 
 /// The slot of `real` in `targets` (a power of two long): the one that
@@ -184,11 +192,35 @@ extern "C" fn forward_wait(slot: u32) -> u32 {
         gate::gate() as u32
     });
     // An export table's function answers itself (its signature is
-    // unknown): the gate only made it wait.
+    // unknown): the gate only made it wait. At exit while parked it can
+    // neither wait (nothing resumes the process) nor enter the driver
+    // (whose lock holds it for good), so the process ends here, with the
+    // status it is exiting with.
+    if dark != 0 && answer == gate::CUDA_ERROR_DEINITIALIZED as u32 {
+        end_now(dark);
+    }
     let answer = if dark != 0 { 0 } else { answer };
     #[cfg(test)]
     scramble();
     answer
+}
+
+/// Ends a parked process in its exit handlers at a call through export
+/// table slot `dark` (its tag): stdio flushed, then `_exit` with the
+/// status `exit` was given; the exit handlers not run yet are skipped.
+#[cold]
+fn end_now(dark: u64) -> ! {
+    log_once!(
+        Info,
+        "exiting while parked: a call through export table {:08x} slot {} cannot be answered; the process ends now, skipping its remaining exit handlers",
+        (dark >> 16) as u32,
+        dark & 0xffff
+    );
+    // SAFETY: flushing every stdio stream, then ending the process.
+    unsafe {
+        libc::fflush(ptr::null_mut());
+        libc::_exit(crate::engine::exit_status())
+    }
 }
 
 /// Unit tests only: overwrites every register the slow path must restore,
@@ -324,6 +356,26 @@ mod tests {
         assert_eq!(slot_of(b), Some(sb));
         assert!(is_forwarder(entry(sa)));
         assert!(!is_forwarder(entry(sa).cast::<u8>().wrapping_add(1).cast()));
+    }
+
+    #[test]
+    fn a_function_in_an_export_table_and_handed_out_by_name_gets_two_forwarders() {
+        let f = 0x7f00_4321_0a00usize as *mut c_void;
+        let dark = dark_forwarder(f, 0x6bd5_fb6c, 2).expect("a free export-table slot");
+        let public = entry(slot_of(f).expect("a free slot"));
+        assert_ne!(dark, public);
+        let i = |e: *mut c_void| (e as usize - table_base() as usize) / ENTRY_BYTES;
+        assert!(i(dark) >= PUBLIC_SLOTS && i(public) < PUBLIC_SLOTS);
+        assert_eq!(
+            DARK[i(public)].load(Ordering::Relaxed),
+            0,
+            "the public one keeps its answers"
+        );
+        assert_eq!(
+            DARK[i(dark)].load(Ordering::Relaxed),
+            1 << 63 | 0x6bd5_fb6c << 16 | 2
+        );
+        assert_eq!(dark_forwarder(f, 0x6bd5_fb6c, 2), Some(dark));
     }
 
     fn table(n: usize) -> Vec<AtomicPtr<c_void>> {

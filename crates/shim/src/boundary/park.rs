@@ -61,6 +61,13 @@ impl Checkpointing for RealDriver {
         Some(rc)
     }
 
+    fn current_free(&self) -> Option<u64> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: two writable words, the real function's contract.
+        let rc = unsafe { super::hooks::real::cuMemGetInfo_v2::call(&mut free, &mut total) };
+        (rc == crate::ffi::CUDA_SUCCESS).then_some(free as u64)
+    }
+
     fn gpu_free(&self) -> Result<Vec<(String, u64)>, String> {
         let smi =
             nvidia_smi().ok_or("no nvidia-smi on PATH, in /usr/local/nvidia/bin or /usr/bin")?;

@@ -57,6 +57,11 @@ pub trait Checkpointing {
     fn gpu_free(&self) -> Result<Vec<(String, u64)>, String> {
         Err("no way to measure".into())
     }
+    /// The free bytes of the current context's GPU (`cuMemGetInfo`, real),
+    /// asked by a running process's policy; `None` when not known.
+    fn current_free(&self) -> Option<u64> {
+        None
+    }
 }
 
 pub trait Driver: Checkpointing + Send + Sync + 'static {

@@ -6,11 +6,15 @@
 //! At exit an `atexit` handler stops it before the driver's own exit
 //! handlers run (handlers run in reverse order of registration, and the
 //! driver registers its own at `cuInit`, earlier), waiting for a round in
-//! flight to end. These flags are process-wide; a child after `fork` has no
+//! flight to end. Each parking registers it again ([`stop_first_at_exit`]),
+//! so that it also runs before the handlers registered since (a library
+//! loaded later): once it has run, parking's gate answers instead of
+//! asking for a resume. These flags are process-wide; a child after `fork` has no
 //! thread and resets them ([`reset_after_fork`]).
 
+use std::ffi::{c_int, c_void};
 use std::sync::Once;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::log::log_once;
@@ -24,7 +28,28 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 /// tests).
 static BUSY: AtomicUsize = AtomicUsize::new(0);
 
-extern "C" fn stop_at_exit() {
+unsafe extern "C" {
+    /// glibc's `on_exit`: an exit handler that is told the exit status.
+    fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
+}
+
+/// The status `exit` was called with, recorded by [`stop_at_exit`].
+static EXIT_STATUS: AtomicI32 = AtomicI32::new(0);
+
+/// The status the process is exiting with (once [`exiting`]).
+pub fn exit_status() -> i32 {
+    EXIT_STATUS.load(Ordering::SeqCst)
+}
+
+/// Registers [`stop_at_exit`].
+fn register() {
+    // SAFETY: registering a plain function with no preconditions; a
+    // child after fork inherits the registration.
+    unsafe { on_exit(stop_at_exit, std::ptr::null_mut()) };
+}
+
+extern "C" fn stop_at_exit(status: c_int, _arg: *mut c_void) {
+    EXIT_STATUS.store(status, Ordering::SeqCst);
     EXITING.store(true, Ordering::SeqCst);
     // A program thread waiting at parking's gate answers now instead of
     // waiting for a resume that no thread will run.
@@ -32,6 +57,19 @@ extern "C" fn stop_at_exit() {
     // Wait for a round in flight: the driver's exit handlers run after this.
     while BUSY.load(Ordering::SeqCst) > 0 {
         std::thread::yield_now();
+    }
+}
+
+/// How many times [`stop_first_at_exit`] may register the handler again.
+const MAX_REREGISTRATIONS: usize = 16;
+static REREGISTERED: AtomicUsize = AtomicUsize::new(0);
+
+/// Registers the exit handler once more (at a parking; at most
+/// [`MAX_REREGISTRATIONS`] times a process), so that it runs before every
+/// exit handler registered until now. Running it twice is harmless.
+pub fn stop_first_at_exit() {
+    if REREGISTERED.fetch_add(1, Ordering::Relaxed) < MAX_REREGISTRATIONS {
+        register();
     }
 }
 
@@ -58,11 +96,7 @@ impl Worker {
         if self.started.load(Ordering::Relaxed) || self.started.swap(true, Ordering::AcqRel) {
             return;
         }
-        AT_EXIT.call_once(|| {
-            // SAFETY: registering a plain function with no preconditions. A
-            // child after fork inherits the registration.
-            unsafe { libc::atexit(stop_at_exit) };
-        });
+        AT_EXIT.call_once(register);
         let spawned = std::thread::Builder::new()
             .name("vramcap-cache".into())
             .spawn(move || {

@@ -269,10 +269,12 @@ impl<D: Driver> Engine<D> {
     /// Runs a driver allocation, once more after releasing the device's
     /// cache when the driver itself is out of memory with blocks parked
     /// there; then, with the GPU still full, parking's policy may park an
-    /// idle process on it and try again (`park/policy.rs`).
+    /// idle process on it and try again (`park/policy.rs`); `bytes`: what
+    /// the call asks for.
     pub(in crate::engine) fn call_with_retry<T>(
         &'static self,
         device: CUdevice,
+        bytes: u64,
         mut alloc: impl FnMut() -> Result<T, CUresult>,
     ) -> Result<T, CUresult> {
         match alloc() {
@@ -283,7 +285,7 @@ impl<D: Driver> Engine<D> {
                         r => return r,
                     }
                 }
-                self.park_for_gpu_room(device, alloc)
+                self.park_for_gpu_room(device, bytes, alloc)
             }
             r => r,
         }
@@ -379,7 +381,7 @@ impl<D: Driver> Engine<D> {
                 return self.spill_or_refuse(what, estimate, request, ctx, device, why);
             }
         };
-        let made = match self.call_with_retry(device, alloc) {
+        let made = match self.call_with_retry(device, estimate, alloc) {
             Ok(m) => m,
             Err(rc) => {
                 self.base.release_on(slot, device, estimate);

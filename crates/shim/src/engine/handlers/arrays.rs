@@ -93,7 +93,7 @@ impl<D: Driver> Engine<D> {
             Ok(x) => x,
             Err(rc) => return rc,
         };
-        let h = match self.call_with_retry(device, real) {
+        let h = match self.call_with_retry(device, estimate, real) {
             Ok(a) => a as usize,
             Err(rc) => {
                 self.base.release_on(slot, device, estimate);

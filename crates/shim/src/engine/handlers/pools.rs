@@ -148,7 +148,7 @@ impl<D: Driver> Engine<D> {
                 return Some(self.spill_or_refuse(what, bytes, Request::Async, ctx, dev, why));
             }
         }
-        let made = match self.call_with_retry(dev, real) {
+        let made = match self.call_with_retry(dev, bytes, real) {
             Ok(m) => m,
             Err(rc) => {
                 self.base.pool_settle(claim, false, true);

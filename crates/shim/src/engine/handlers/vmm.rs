@@ -69,7 +69,7 @@ impl<D: Driver> Engine<D> {
                 return rc;
             }
         };
-        if let Err(rc) = self.call_with_retry(device, || checked(real())) {
+        if let Err(rc) = self.call_with_retry(device, size as u64, || checked(real())) {
             self.base.release_on(slot, device, size as u64);
             return rc;
         }

@@ -56,6 +56,8 @@ pub struct Park {
     /// resume measures again only a second later.
     short_at: AtomicU64,
     short_on: AtomicU64,
+    /// The bytes that GPU was short of then.
+    short_need: AtomicU64,
 }
 
 impl Park {
@@ -69,6 +71,7 @@ impl Park {
             said_asked: AtomicU64::new(0),
             short_at: AtomicU64::new(0),
             short_on: AtomicU64::new(0),
+            short_need: AtomicU64::new(0),
         }
     }
 

@@ -43,11 +43,12 @@ use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult};
 use crate::log::log_at;
 
 /// Whose memory would make the room: a group's members (by name), or the
-/// processes on one GPU (by UUID).
+/// processes on one GPU (by UUID) that hold at least the bytes it is short
+/// of (parking one that holds less would not make the room).
 #[derive(Clone, Copy)]
 pub(super) enum Among<'a> {
     Group(&'a str),
-    Gpu([u8; 16]),
+    Gpu([u8; 16], u64),
 }
 
 /// Another process's page, mapped for as long as it is asked something.
@@ -154,14 +155,17 @@ impl<D: Driver> Engine<D> {
         }
     }
 
-    /// Where the driver is out of memory on `device` even with the cache
-    /// emptied: parks the process idle longest on that GPU and runs
-    /// `alloc` again, waiting up to `VRAMCAP_PARK_WAIT` for one or for
-    /// room (trying `alloc` each tick). Out of memory as before when
-    /// neither comes.
+    /// Where the driver is out of memory for `bytes` on `device` even with
+    /// the cache emptied: parks the process idle longest on that GPU that
+    /// holds what is missing, and runs `alloc` again, waiting up to
+    /// `VRAMCAP_PARK_WAIT` for one or for room (trying `alloc` each tick).
+    /// Out of memory as before when neither comes, and at once when the
+    /// GPU has the bytes free (a pool at its maximum, managed memory: no
+    /// parking makes that room).
     pub(in crate::engine) fn park_for_gpu_room<T>(
         &'static self,
         device: CUdevice,
+        bytes: u64,
         mut alloc: impl FnMut() -> Result<T, CUresult>,
     ) -> Result<T, CUresult> {
         let Some(uuid) = self.gpu_of(device) else {
@@ -171,7 +175,12 @@ impl<D: Driver> Engine<D> {
         let start = Instant::now();
         let mut said = false;
         loop {
-            if self.park_idle_member(device, Among::Gpu(uuid), 0, "") {
+            let free = self.base.driver().current_free();
+            if free.is_some_and(|f| f >= bytes) {
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            let need = bytes - free.unwrap_or(0);
+            if self.park_idle_member(device, Among::Gpu(uuid, need), need, "") {
                 match alloc() {
                     Err(CUDA_ERROR_OUT_OF_MEMORY) => {}
                     r => return r,
@@ -233,7 +242,7 @@ impl<D: Driver> Engine<D> {
                         "group {g}: {need} more bytes needed on device {device}{to}; parking idle member"
                     )
                 }
-                Among::Gpu(_) => format!("GPU {device} is full{to}; parking idle process"),
+                Among::Gpu(..) => format!("GPU {device} is full{to}; parking idle process"),
             };
             log_at!(
                 Info,
@@ -284,11 +293,11 @@ impl<D: Driver> Engine<D> {
                         .and_then(|d| p.slots.get(d))
                         .is_some_and(|s| s.budget.used() > 0),
                 ),
-                Among::Gpu(u) => (
+                Among::Gpu(u, need) => (
                     true,
                     p.slots
                         .iter()
-                        .any(|s| s.uuid_bytes() == u && s.budget.used() > 0),
+                        .any(|s| s.uuid_bytes() == u && s.budget.used() >= need.max(1)),
                 ),
             };
             if !mine

@@ -153,6 +153,9 @@ impl<D: Driver> Engine<D> {
             .parked_since
             .store(now_unix_ns(), Ordering::Release);
         self.park.said_waiting.store(false, Ordering::Relaxed);
+        // Exit handlers registered since the background thread started
+        // would otherwise run first and ask for a resume (worker.rs).
+        crate::engine::worker::stop_first_at_exit();
         self.park_set(ParkState::Parked);
         log_at!(
             Info,
@@ -202,8 +205,9 @@ impl<D: Driver> Engine<D> {
         // room (a transparent resume only, as for a group).
         while let Some(d) = short.filter(|_| keep && tries < POLICY_TRIES) {
             tries += 1;
+            let need = self.park.short_need.load(Ordering::Relaxed);
             let parked = self.gpu_of(d as CUdevice).is_some_and(|u| {
-                self.park_idle_member(d as CUdevice, Among::Gpu(u), 0, " to resume")
+                self.park_idle_member(d as CUdevice, Among::Gpu(u, need), need, " to resume")
             });
             if !parked {
                 break;
@@ -325,7 +329,9 @@ impl<D: Driver> Engine<D> {
             }
         };
         parked.into_iter().find(|&d| {
-            let bytes = self.park.parked[d].load(Ordering::Relaxed);
+            let want = self.park.parked[d]
+                .load(Ordering::Relaxed)
+                .saturating_add(RESUME_MARGIN);
             let uuid = uuid_text(&page.slots[d].uuid_bytes());
             let f = uuid.and_then(|u| free.iter().find(|(g, _)| *g == u).map(|&(_, f)| f));
             if f.is_none() {
@@ -334,7 +340,13 @@ impl<D: Driver> Engine<D> {
                     "resume: GPU {d}'s free memory is not known (nvidia-smi does not list it); the process stays parked"
                 );
             }
-            f.is_none_or(|f| f < bytes.saturating_add(RESUME_MARGIN))
+            let short = f.is_none_or(|f| f < want);
+            if short {
+                // What the policy must find on the GPU (items 5b, 10).
+                let need = want - f.unwrap_or(0);
+                self.park.short_need.store(need, Ordering::Relaxed);
+            }
+            short
         })
     }
 }

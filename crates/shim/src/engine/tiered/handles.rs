@@ -181,7 +181,7 @@ impl<D: Driver> Engine<D> {
             Err(rc) => return Some(rc),
         };
         let real_handle = if place == Place::Device {
-            if let Err(rc) = self.call_with_retry(device, || checked(real())) {
+            if let Err(rc) = self.call_with_retry(device, size, || checked(real())) {
                 self.tier_unreserve(device, size, Place::Device);
                 return Some(rc);
             }
