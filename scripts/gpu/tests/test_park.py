@@ -248,7 +248,8 @@ def test_parked_process_exits_normally(gpu, runner, work, check):
         out, err = p.finish(60)
         check.eq("its exit status", p.p.returncode, 0)
         check.at_most("seconds to exit", time.monotonic() - t0, 30)
-        check.eq("it says once that it exits parked", err.count("exiting while parked"), 1)
+        check.eq("it says once that it exits parked",
+                 err.count("exiting while parked: the parked GPU memory is discarded"), 1)
         check.eq("restored before exiting", "resumed:" in err, False)
         apps = subprocess.run([gpu.smi, "--query-compute-apps=pid", "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=60).stdout.split()

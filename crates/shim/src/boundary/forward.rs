@@ -32,8 +32,9 @@
 //!   both in a table and handed out by name gets one forwarder in each, so
 //!   the public one keeps its answers), tagged with their table and index
 //!   in [`DARK`]. Their functions' signatures are unknown (some return
-//!   nothing), so the gate only waits for them: it never answers in their
-//!   place.
+//!   nothing), so the gate only waits for them, except at exit while
+//!   parked, where they answer `CUDA_ERROR_DEINITIALIZED` as the shut-down
+//!   driver's do.
 //!
 //! Other architectures have no table: [`forwarders_available`] is false
 //! and parking is refused there.
@@ -193,34 +194,18 @@ extern "C" fn forward_wait(slot: u32) -> u32 {
     });
     // An export table's function answers itself (its signature is
     // unknown): the gate only made it wait. At exit while parked it can
-    // neither wait (nothing resumes the process) nor enter the driver
-    // (whose lock holds it for good), so the process ends here, with the
-    // status it is exiting with.
-    if dark != 0 && answer == gate::CUDA_ERROR_DEINITIALIZED as u32 {
-        end_now(dark);
-    }
-    let answer = if dark != 0 { 0 } else { answer };
+    // neither wait (nothing resumes the process) nor safely enter the
+    // driver (whose lock may hold it for good): it answers
+    // CUDA_ERROR_DEINITIALIZED, as the driver's own functions do once the
+    // driver has shut down at exit, which the runtime expects there.
+    let answer = if dark != 0 && answer != gate::CUDA_ERROR_DEINITIALIZED as u32 {
+        0
+    } else {
+        answer
+    };
     #[cfg(test)]
     scramble();
     answer
-}
-
-/// Ends a parked process in its exit handlers at a call through export
-/// table slot `dark` (its tag): stdio flushed, then `_exit` with the
-/// status `exit` was given; the exit handlers not run yet are skipped.
-#[cold]
-fn end_now(dark: u64) -> ! {
-    log_once!(
-        Info,
-        "exiting while parked: a call through export table {:08x} slot {} cannot be answered; the process ends now, skipping its remaining exit handlers",
-        (dark >> 16) as u32,
-        dark & 0xffff
-    );
-    // SAFETY: flushing every stdio stream, then ending the process.
-    unsafe {
-        libc::fflush(ptr::null_mut());
-        libc::_exit(crate::engine::exit_status())
-    }
 }
 
 /// Unit tests only: overwrites every register the slow path must restore,

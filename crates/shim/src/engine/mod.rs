@@ -141,7 +141,6 @@ pub use self::driver::{Driver, Flavour};
 pub use self::handlers::alloc::Made;
 pub use self::handlers::arrays::ArrayDesc;
 pub use self::handlers::live::{EINVAL, ENODEV};
-pub use self::worker::exit_status;
 pub use self::worker::reset_after_fork as reset_worker_after_fork;
 
 use self::accounting::base::Base;

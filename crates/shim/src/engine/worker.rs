@@ -12,9 +12,8 @@
 //! asking for a resume. These flags are process-wide; a child after `fork` has no
 //! thread and resets them ([`reset_after_fork`]).
 
-use std::ffi::{c_int, c_void};
 use std::sync::Once;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::log::log_once;
@@ -28,28 +27,14 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 /// tests).
 static BUSY: AtomicUsize = AtomicUsize::new(0);
 
-unsafe extern "C" {
-    /// glibc's `on_exit`: an exit handler that is told the exit status.
-    fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
-}
-
-/// The status `exit` was called with, recorded by [`stop_at_exit`].
-static EXIT_STATUS: AtomicI32 = AtomicI32::new(0);
-
-/// The status the process is exiting with (once [`exiting`]).
-pub fn exit_status() -> i32 {
-    EXIT_STATUS.load(Ordering::SeqCst)
-}
-
 /// Registers [`stop_at_exit`].
 fn register() {
     // SAFETY: registering a plain function with no preconditions; a
     // child after fork inherits the registration.
-    unsafe { on_exit(stop_at_exit, std::ptr::null_mut()) };
+    unsafe { libc::atexit(stop_at_exit) };
 }
 
-extern "C" fn stop_at_exit(status: c_int, _arg: *mut c_void) {
-    EXIT_STATUS.store(status, Ordering::SeqCst);
+extern "C" fn stop_at_exit() {
     EXITING.store(true, Ordering::SeqCst);
     // A program thread waiting at parking's gate answers now instead of
     // waiting for a resume that no thread will run.
