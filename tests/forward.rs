@@ -223,6 +223,50 @@ fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
     assert!(status.success(), "{status}; stderr had {seen:?}");
 }
 
+/// The forward client under the shim with parking on, at its "ready"
+/// (`lines`: its first eleven), killed by the watchdog unless `done` is sent.
+struct Ready {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+    lines: Vec<String>,
+    done: mpsc::Sender<()>,
+}
+
+fn ready_with_parking(dir: &std::path::Path) -> Ready {
+    let mut cmd = shimmed(&forward_program());
+    cmd.env(PARK.0, PARK.1)
+        .env("VRAMCAP_STATS_DIR", dir)
+        .env("VRAMCAP_LOG", "info")
+        .arg("wait");
+    let mut child = spawn_piped(&mut cmd);
+    let done = watchdog(child.id());
+    let stdin = child.stdin.take().expect("piped stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let lines: Vec<String> = (0..11).map(|_| next(&mut out)).collect();
+    assert_eq!(lines[10], "ready", "{lines:?}");
+    Ready {
+        child,
+        stdin,
+        out,
+        lines,
+        done,
+    }
+}
+
+/// `vramcap park --pid PID` answers that it parked it.
+fn park_forward(dir: &std::path::Path, pid: u32) {
+    let mut park = bare(&crate::util::artefacts().cli);
+    park.env("VRAMCAP_STATS_DIR", dir)
+        .args(["park", "--pid", &pid.to_string()]);
+    let parked = run(park).ok_lines();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert!(
+        parked[0].starts_with(&format!("{pid}: parked, ")),
+        "{parked:?}"
+    );
+}
+
 /// Parked for real (the stand-in's checkpoint lock holds every driver
 /// call), the process's next call through an export table, which no
 /// `dlsym` or `cuGetProcAddress` answer covers, waits at the gate, has
@@ -231,29 +275,16 @@ fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
 #[test]
 fn a_call_through_an_export_table_resumes_a_parked_process_first() {
     let dir = scratch_dir();
-    let mut cmd = shimmed(&forward_program());
-    cmd.env(PARK.0, PARK.1)
-        .env("VRAMCAP_STATS_DIR", &dir)
-        .env("VRAMCAP_LOG", "info")
-        .arg("wait");
-    let mut child = spawn_piped(&mut cmd);
-    let pid = child.id();
-    let done = watchdog(pid);
+    let Ready {
+        mut child,
+        mut stdin,
+        mut out,
+        lines,
+        done,
+    } = ready_with_parking(&dir);
     let err = stderr_lines(&mut child);
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let lines: Vec<String> = (0..11).map(|_| next(&mut out)).collect();
-    assert_eq!(lines[10], "ready", "{lines:?}");
     assert_eq!(lines[6..9], tables(true)[..]);
-    let mut park = bare(&crate::util::artefacts().cli);
-    park.env("VRAMCAP_STATS_DIR", &dir)
-        .args(["park", "--pid", &pid.to_string()]);
-    let parked = run(park).ok_lines();
-    assert_eq!(parked.len(), 1, "{parked:?}");
-    assert!(
-        parked[0].starts_with(&format!("{pid}: parked, ")),
-        "{parked:?}"
-    );
+    park_forward(&dir, child.id());
     let mut seen = Vec::new();
     wait_for(
         &err,
@@ -281,29 +312,17 @@ fn a_call_through_an_export_table_resumes_a_parked_process_first() {
 #[test]
 fn an_export_table_call_at_exit_while_parked_answers_4_and_the_process_ends() {
     let dir = scratch_dir();
-    let mut cmd = shimmed(&forward_program());
-    cmd.env(PARK.0, PARK.1)
-        .env("VRAMCAP_STATS_DIR", &dir)
-        .env("VRAMCAP_LOG", "info")
-        .arg("wait");
-    let mut child = spawn_piped(&mut cmd);
-    let pid = child.id();
-    let done = watchdog(pid);
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let lines: Vec<String> = (0..11).map(|_| next(&mut out)).collect();
-    assert_eq!(lines[10], "ready", "{lines:?}");
+    let Ready {
+        child,
+        mut stdin,
+        mut out,
+        done,
+        ..
+    } = ready_with_parking(&dir);
     writeln!(stdin, "atexit-dark").expect("ask for the handler");
     assert_eq!(next(&mut out), "calling atexit-dark");
     assert_eq!(next(&mut out), "atexit-dark -> registered");
-    let mut park = bare(&crate::util::artefacts().cli);
-    park.env("VRAMCAP_STATS_DIR", &dir)
-        .args(["park", "--pid", &pid.to_string()]);
-    let parked = run(park).ok_lines();
-    assert!(
-        parked[0].starts_with(&format!("{pid}: parked, ")),
-        "{parked:?}"
-    );
+    park_forward(&dir, child.id());
     drop(stdin);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).expect("read stdout");

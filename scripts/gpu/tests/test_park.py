@@ -111,6 +111,20 @@ def control_sum(gpu, runner):
     return r.kv().get("step1")
 
 
+def resumed_identical(nb, check, control_sum):
+    """Lets the parked notebook go on: its next CUDA call resumes it; its
+    results are checked against the run never parked, its resume timed."""
+    nb.go()
+    out, err = nb.finish(180)
+    if nb.diag:
+        check.note("the notebook did not end: " + " | ".join(nb.diag.splitlines()[:12]))
+    kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
+    check.kv(kv, "same", 1)
+    check.eq("step1 against a run never parked", kv.get("step1"), control_sum)
+    check.note("resume time (first CUDA call after idling): %s s" % kv.get("resume_s"))
+    check.at_most("resume seconds", as_float(kv.get("resume_s")) or 1e9, 60)
+
+
 def test_notebook_parked_by_idle_resumes_with_identical_results(gpu, runner, work, check, control_sum):
     check.title = "40 GiB notebook parked when idle, 100 GiB allocated meanwhile, resumed identical"
     nb = Proc(gpu, runner, work, "notebook", ["notebook", "40"], VRAMCAP_PARK="idle:5s", VRAMCAP_CACHE="off")
@@ -138,15 +152,7 @@ def test_notebook_parked_by_idle_resumes_with_identical_results(gpu, runner, wor
         kv = grab.kv()
         check.kv(kv, "oom", 0)
         check.eq("bytes the second process got", as_int(kv.get("got")), 100 * GiB, show=mib)
-        nb.go()
-        out, err = nb.finish(180)
-        if nb.diag:
-            check.note("the notebook did not end: " + " | ".join(nb.diag.splitlines()[:12]))
-        kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
-        check.kv(kv, "same", 1)
-        check.eq("step1 against a run never parked", kv.get("step1"), control_sum)
-        check.note("resume time (first CUDA call after idling): %s s" % kv.get("resume_s"))
-        check.at_most("resume seconds", as_float(kv.get("resume_s")) or 1e9, 60)
+        resumed_identical(nb, check, control_sum)
     finally:
         nb.kill()
 
@@ -169,15 +175,7 @@ def test_notebook_parked_for_a_full_gpu_resumes_with_identical_results(gpu, runn
         said = next((l for l in grab.stderr.splitlines() if "parking idle process %d" % pid in l), "")
         check.that("GPU 0 is full; parking idle process %d: done in " % pid in said,
                    "the second process says it parked the notebook", said or "no line")
-        nb.go()
-        out, err = nb.finish(180)
-        if nb.diag:
-            check.note("the notebook did not end: " + " | ".join(nb.diag.splitlines()[:12]))
-        kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
-        check.kv(kv, "same", 1)
-        check.eq("step1 against a run never parked", kv.get("step1"), control_sum)
-        check.note("resume time (first CUDA call after idling): %s s" % kv.get("resume_s"))
-        check.at_most("resume seconds", as_float(kv.get("resume_s")) or 1e9, 60)
+        resumed_identical(nb, check, control_sum)
     finally:
         nb.kill()
 
