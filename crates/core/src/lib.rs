@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod cache;
 pub mod counters;
+pub mod exe;
 pub mod group;
 pub mod limit;
 pub mod liveness;

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde_json::json;
+use vramcap_core::exe::{is_executable, on_path};
 
 /// The CLI's `kernel` actions.
 #[derive(clap::Subcommand)]
@@ -204,19 +205,6 @@ fn run_flags(opts: &crate::cli::run::ShimOptions) -> Vec<String> {
         }
     }
     out
-}
-
-/// An executable file called `name` in a folder of PATH.
-fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The kernel's Python: `--python`, else the one beside this vramcap (the

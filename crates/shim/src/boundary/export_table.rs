@@ -94,8 +94,9 @@ fn gate_table(t: *mut usize, guid: [u8; 16]) {
             return;
         }
     };
+    let rows: Vec<Row> = maps.lines().filter_map(Row::parse).collect();
     // The table lies in the driver's own image, as its functions do.
-    let Some(code) = code_of(&maps, t as usize) else {
+    let Some(code) = code_of(&rows, t as usize) else {
         log_once!(
             Warn,
             "parking: the driver's code is not in /proc/self/maps; its export tables are not gated"
@@ -103,7 +104,7 @@ fn gate_table(t: *mut usize, guid: [u8; 16]) {
         return;
     };
     let is_code = |v: usize| code.iter().any(|&(lo, hi)| v >= lo && v < hi);
-    let Some((prot, end)) = mapping_at(&maps, t as usize) else {
+    let Some((prot, end)) = mapping_at(&rows, t as usize) else {
         log_once!(
             Warn,
             "parking: an export table of the driver is in no mapping; it is not gated"
@@ -177,8 +178,7 @@ fn gate_table(t: *mut usize, guid: [u8; 16]) {
 }
 
 /// The executable ranges of the object whose mapping holds `addr`.
-fn code_of(maps: &str, addr: usize) -> Option<Vec<(usize, usize)>> {
-    let rows: Vec<Row> = maps.lines().filter_map(Row::parse).collect();
+fn code_of(rows: &[Row], addr: usize) -> Option<Vec<(usize, usize)>> {
     let path = rows
         .iter()
         .find(|r| r.lo <= addr && addr < r.hi && !r.path.is_empty())?
@@ -192,9 +192,8 @@ fn code_of(maps: &str, addr: usize) -> Option<Vec<(usize, usize)>> {
 }
 
 /// The protection and the end of the mapping that holds `addr`.
-fn mapping_at(maps: &str, addr: usize) -> Option<(i32, usize)> {
-    maps.lines()
-        .filter_map(Row::parse)
+fn mapping_at(rows: &[Row], addr: usize) -> Option<(i32, usize)> {
+    rows.iter()
         .find(|r| r.lo <= addr && addr < r.hi)
         .map(|r| (r.prot, r.hi))
 }
@@ -243,28 +242,32 @@ mod tests {
 7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0 [stack]
 ";
 
+    fn rows() -> Vec<Row<'static>> {
+        MAPS.lines().filter_map(Row::parse).collect()
+    }
+
     #[test]
     fn the_driver_s_code_is_its_executable_mappings_only() {
         assert_eq!(
-            code_of(MAPS, 0x7f00_0020_0000),
+            code_of(&rows(), 0x7f00_0020_0000),
             Some(vec![(0x7f00_0010_0000, 0x7f00_0040_0000)])
         );
         assert_eq!(
-            code_of(MAPS, 0x7f00_0000_1000),
+            code_of(&rows(), 0x7f00_0000_1000),
             Some(vec![(0x7f00_0010_0000, 0x7f00_0040_0000)])
         );
-        assert_eq!(code_of(MAPS, 0x1000), None);
+        assert_eq!(code_of(&rows(), 0x1000), None);
     }
 
     #[test]
     fn a_table_s_mapping_gives_its_protection_and_end() {
         let end = 0x7f00_0050_0000;
         assert_eq!(
-            mapping_at(MAPS, 0x7f00_0040_0100),
+            mapping_at(&rows(), 0x7f00_0040_0100),
             Some((libc::PROT_READ, end))
         );
         let rw = libc::PROT_READ | libc::PROT_WRITE;
-        assert_eq!(mapping_at(MAPS, end), Some((rw, 0x7f00_0051_0000)));
-        assert_eq!(mapping_at(MAPS, 0x7f00_0058_0000), None);
+        assert_eq!(mapping_at(&rows(), end), Some((rw, 0x7f00_0051_0000)));
+        assert_eq!(mapping_at(&rows(), 0x7f00_0058_0000), None);
     }
 }

@@ -11,10 +11,11 @@
 use std::ffi::c_void;
 use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use vramcap_core::exe::{is_executable, on_path};
 
 use super::driver::RealDriver;
 use super::hooks::calls as c;
@@ -162,13 +163,12 @@ const SMI_TIMEOUT: Duration = Duration::from_secs(10);
 /// nvidia-smi: the first on `PATH`, else where drivers and the container
 /// toolkit put it.
 fn nvidia_smi() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|d| d.join("nvidia-smi"))
-        .chain(["/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"].map(PathBuf::from))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    on_path("nvidia-smi").or_else(|| {
+        ["/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"]
+            .map(PathBuf::from)
+            .into_iter()
+            .find(|p| is_executable(p))
+    })
 }
 
 /// The query's lines as (UUID, free bytes); lines that are not "UUID, MiB"

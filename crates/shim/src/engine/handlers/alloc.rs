@@ -279,11 +279,10 @@ impl<D: Driver> Engine<D> {
     ) -> Result<T, CUresult> {
         match alloc() {
             Err(CUDA_ERROR_OUT_OF_MEMORY) => {
-                if self.cache.evict(&self.base, device as u16, u64::MAX) > 0 {
-                    match alloc() {
-                        Err(CUDA_ERROR_OUT_OF_MEMORY) => {}
-                        r => return r,
-                    }
+                if self.cache.evict(&self.base, device as u16, u64::MAX) > 0
+                    && let Some(r) = unless_oom(alloc())
+                {
+                    return r;
                 }
                 self.park_for_gpu_room(device, bytes, alloc)
             }
@@ -520,4 +519,10 @@ impl<D: Driver> Engine<D> {
         self.insert(ptr, record);
         Some(Ok(Made::at(ptr)))
     }
+}
+
+/// `Some(r)` unless `r` is the driver's out-of-memory answer (which a
+/// caller that can make room tries again after).
+pub(in crate::engine) fn unless_oom<T>(r: Result<T, CUresult>) -> Option<Result<T, CUresult>> {
+    (!matches!(r, Err(CUDA_ERROR_OUT_OF_MEMORY))).then_some(r)
 }

@@ -38,6 +38,7 @@ use vramcap_core::settings::default_stats_dir;
 use crate::engine::Engine;
 use crate::engine::accounting::page::now_unix_ns;
 use crate::engine::driver::Driver;
+use crate::engine::handlers::alloc::unless_oom;
 use crate::engine::worker::TICK;
 use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult};
 use crate::log::log_at;
@@ -180,11 +181,10 @@ impl<D: Driver> Engine<D> {
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
             let need = bytes - free.unwrap_or(0);
-            if self.park_idle_member(device, Among::Gpu(uuid, need), need, "") {
-                match alloc() {
-                    Err(CUDA_ERROR_OUT_OF_MEMORY) => {}
-                    r => return r,
-                }
+            if self.park_idle_member(device, Among::Gpu(uuid, need), need, "")
+                && let Some(r) = unless_oom(alloc())
+            {
+                return r;
             }
             if start.elapsed() >= wait {
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -196,9 +196,8 @@ impl<D: Driver> Engine<D> {
                 );
             }
             std::thread::sleep(TICK);
-            match alloc() {
-                Err(CUDA_ERROR_OUT_OF_MEMORY) => {}
-                r => return r,
+            if let Some(r) = unless_oom(alloc()) {
+                return r;
             }
         }
     }

@@ -86,10 +86,8 @@ impl<D: Driver> Engine<D> {
         let Ok(free) = self.base.driver().gpu_free() else {
             return held.first().copied();
         };
-        held.into_iter().find(|&d| {
-            uuid_text(&page.slots[d].uuid_bytes())
-                .is_none_or(|u| !free.iter().any(|(g, _)| *g == u))
-        })
+        held.into_iter()
+            .find(|&d| free_on(page, d, &free).is_none())
     }
 
     /// How many GPUs the process holds memory on now.
@@ -332,8 +330,7 @@ impl<D: Driver> Engine<D> {
             let want = self.park.parked[d]
                 .load(Ordering::Relaxed)
                 .saturating_add(RESUME_MARGIN);
-            let uuid = uuid_text(&page.slots[d].uuid_bytes());
-            let f = uuid.and_then(|u| free.iter().find(|(g, _)| *g == u).map(|&(_, f)| f));
+            let f = free_on(page, d, &free);
             if f.is_none() {
                 log_once!(
                     Warn,
@@ -349,4 +346,11 @@ impl<D: Driver> Engine<D> {
             short
         })
     }
+}
+
+/// The free bytes `free` (nvidia-smi's answer, by UUID) lists for the GPU
+/// of the page's slot `d`, if it lists it.
+fn free_on(page: &Page, d: usize, free: &[(String, u64)]) -> Option<u64> {
+    let uuid = uuid_text(&page.slots[d].uuid_bytes())?;
+    free.iter().find(|(g, _)| *g == uuid).map(|&(_, f)| f)
 }
