@@ -165,3 +165,94 @@ fn a_known_function_at_a_newer_version_is_capped() {
     );
     assert_eq!(err, [REFUSED.replace("cuMemAlloc:", "cuMemAllocPitch:")]);
 }
+
+/// A set-user-ID program (issue 42, item 1), as `/etc/ld.so.preload` or a
+/// program that loads the shim itself has it: the loader runs it in
+/// secure-execution mode, and the shim reads nothing from its
+/// environment, which is the invoking user's: no cap, no log level, no
+/// driver path, no switch, and no bad value stops it. The cap is the
+/// operator's file's. The same program without the bit is capped by the
+/// environment, as ever.
+#[test]
+#[ignore = "needs root"]
+fn a_secure_execution_process_takes_nothing_from_the_environment() {
+    use std::os::unix::fs::PermissionsExt;
+    crate::util::needs_root();
+    let a = crate::util::artefacts();
+    let dir = crate::util::scratch_dir();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = |name: &str, uid: u32, mode: u32| {
+        let p = dir.join(name);
+        std::fs::copy(escape_program(), &p).unwrap();
+        std::os::unix::fs::chown(&p, Some(uid), Some(uid)).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    };
+    let plain = copy("plain", 0, 0o755);
+    let setuid = copy("setuid", 65534, 0o4755);
+    let driver = a.standin_lib.join("libcuda.so.1");
+    let shim = std::fs::canonicalize(&a.shim).unwrap();
+    let args = |p: &std::path::Path| {
+        let mut cmd = crate::util::bare(p);
+        cmd.arg("shim").arg(&driver).arg(&shim).args(["4", "256"]);
+        cmd
+    };
+    let all = || {
+        let mut lines = vec!["open -> ok".to_string()];
+        lines.extend((0..4).map(|_| "alloc 256 MiB -> 0".to_string()));
+        lines
+    };
+    let debug = ("VRAMCAP_LOG", "debug");
+
+    let mut cmd = args(&plain);
+    cmd.env(CAP.0, CAP.1);
+    let ran = run(cmd);
+    assert_eq!(ran.ok_lines(), two_of_four());
+    assert!(
+        ran.stderr().ends_with(&format!("{REFUSED}\n")),
+        "{}",
+        ran.stderr()
+    );
+
+    for env in [
+        [CAP, debug],
+        [("VRAMCAP_LIMIT", "not a size"), debug],
+        [CAP, ("VRAMCAP_DISABLE", "perhaps")],
+        [CAP, ("VRAMCAP_CUDA_LIBRARY", "/nonexistent/libcuda.so.1")],
+    ] {
+        let mut cmd = args(&setuid);
+        cmd.envs(env);
+        let ran = run(cmd);
+        assert_eq!(ran.ok_lines(), all(), "{env:?}");
+        assert_eq!(ran.stderr(), "", "{env:?}");
+    }
+
+    // The operator's file, in a mount namespace of its own, caps it.
+    let mut cmd = crate::util::bare(std::path::Path::new("unshare"));
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "mount -t tmpfs none /run && mkdir /run/vramcap && echo 1GiB >/run/vramcap/operator-limit && exec \"$@\"",
+        )
+        .arg("sh")
+        .arg(&setuid)
+        .arg("shim")
+        .arg(&driver)
+        .arg(&shim)
+        .args(["4", "256"])
+        .env("VRAMCAP_LIMIT", "16GiB");
+    let ran = run(cmd);
+    assert_eq!(ran.ok_lines(), two_of_four());
+    // Its loader ignores LD_LIBRARY_PATH, so no NVML is found and the
+    // context is charged 512 MiB: two of the four fit under 1 GiB.
+    let err = ran.stderr();
+    let lines: Vec<&str> = err
+        .lines()
+        .map(|l| l.split_once("]: ").map_or(l, |p| p.1))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "cuMemAlloc: refused 268435456 bytes on device 0: 1073741824 of the 1073741824-byte cap in use (VRAMCAP_LIMIT); the program sees CUDA_ERROR_OUT_OF_MEMORY"
+        ]
+    );
+}

@@ -2,8 +2,9 @@
 //! are no hooks are handed out, through `dlsym` on the driver and through
 //! `cuGetProcAddress`, as trampolines that pass the parking gate; without
 //! it the program gets the driver's own functions, as before. The gate is
-//! closed and opened from outside through the shim's test-only switch
-//! (`VRAMCAP_TEST_GATE`, `crates/shim/src/boundary/test_gate.rs`).
+//! held closed by a real park that the stand-in's checkpoint lock holds
+//! in its first step (`STANDIN_CHECKPOINT_HOLD`): the shipped library has
+//! no switch of its own for it.
 
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Write};
@@ -147,34 +148,34 @@ fn next(out: &mut BufReader<std::process::ChildStdout>) -> String {
     l.trim_end().to_string()
 }
 
+/// A park held in its first step (the stand-in's checkpoint lock waits
+/// for a byte on a FIFO: `STANDIN_CHECKPOINT_HOLD`) keeps the gate closed:
+/// a forwarded call made then waits at it (the shim says so at debug
+/// level) and answers nothing; let go, the park completes, the waiting
+/// call has the process resumed and answers exactly what the driver does.
 #[test]
 fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
     let dir = scratch_dir();
-    let fifo = dir.join("gate");
+    let fifo = dir.join("hold");
     let c = std::ffi::CString::new(fifo.to_str().expect("a UTF-8 path")).expect("no NUL");
     // SAFETY: a NUL-terminated path and a mode.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
-    // Read and write: opening never blocks, and the shim's reader finds a
-    // writer at once.
-    let mut gate = OpenOptions::new()
+    // Read and write: opening never blocks, and the stand-in's reader
+    // finds a writer at once.
+    let mut hold = OpenOptions::new()
         .read(true)
         .write(true)
         .open(&fifo)
         .expect("open the FIFO");
     let mut cmd = shimmed(&forward_program());
     cmd.env(PARK.0, PARK.1)
-        .env("VRAMCAP_TEST_GATE", &fifo)
+        .env("VRAMCAP_STATS_DIR", &dir)
+        .env("VRAMCAP_LOG", "debug")
+        .env("STANDIN_CHECKPOINT_HOLD", &fifo)
         .arg("wait");
     let mut child = spawn_piped(&mut cmd);
     let pid = child.id();
-    // A minute at most: then the child is killed and the reads below end.
-    let (done, watch) = mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if watch.recv_timeout(Duration::from_secs(60)).is_err() {
-            // SAFETY: kill of our own child's pid.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-    });
+    let done = watchdog(pid);
     let err = stderr_lines(&mut child);
     let mut stdin = child.stdin.take().expect("piped stdin");
     let out = child.stdout.take().expect("piped stdout");
@@ -198,11 +199,18 @@ fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
         ("name", CALLS[2]),
         ("ctxdev", CALLS[1]),
     ] {
-        gate.write_all(b"c").expect("close the gate");
-        wait_for(&err, "test gate: closed", &mut seen);
+        let parker = {
+            let dir = dir.clone();
+            std::thread::spawn(move || park_forward(&dir, pid))
+        };
+        wait_for(&err, "standin: lock held", &mut seen);
         writeln!(stdin, "{what}").expect("ask for the call");
         assert_eq!(next(&mut out), format!("calling {what}"));
-        wait_for(&err, "test gate: a forwarded call waits", &mut seen);
+        wait_for(
+            &err,
+            "parking: a forwarded call waits at the gate",
+            &mut seen,
+        );
         // The call is at the gate: nothing of its answer is out.
         assert!(out.buffer().is_empty(), "{what} answered at a closed gate");
         let mut p = libc::pollfd {
@@ -213,9 +221,9 @@ fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
         // SAFETY: one valid pollfd, no wait.
         let ready = unsafe { libc::poll(&mut p, 1, 0) };
         assert_eq!(ready, 0, "{what} answered at a closed gate");
-        gate.write_all(b"o").expect("open the gate");
-        wait_for(&err, "test gate: opened", &mut seen);
+        hold.write_all(b"o").expect("let the park go on");
         assert_eq!(next(&mut out), want);
+        parker.join().expect("the park was answered");
     }
     drop(stdin);
     let status = child.wait().expect("wait for the client");

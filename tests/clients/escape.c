@@ -14,6 +14,13 @@
  *       at 12000 and NAME (cuMemAlloc or cuMemAllocPitch) at VERSION, and
  *       allocate N times MIB MiB through it
  *       -> "lookup NAME VERSION -> RC status=S", then the alloc lines
+ *   escape shim DRIVER SHIM N MIB
+ *       dlopen(DRIVER, RTLD_GLOBAL) (so that the shim's own dlopen of
+ *       "libcuda.so.1" finds it by its soname, with no search path: a
+ *       set-user-ID program's loader ignores LD_LIBRARY_PATH), then
+ *       dlopen(SHIM); set up a context through the driver and allocate N
+ *       times MIB MiB through the shim's cuMemAlloc_v2
+ *       -> "open -> ok", then the alloc lines
  *
  * Exit status 0 once the commands ran (whatever the driver answered),
  * 2 on a bad command line, 1 when a set-up step failed.
@@ -37,7 +44,8 @@ typedef CUresult (*resolver_fn)(const char *, void **, int, cuuint64_t,
 static int usage(void)
 {
     fprintf(stderr, "usage: escape deepbind|plain|dlmopen LIB N MIB\n"
-                    "       escape procaddr cuMemAlloc|cuMemAllocPitch VERSION N MIB\n");
+                    "       escape procaddr cuMemAlloc|cuMemAllocPitch VERSION N MIB\n"
+                    "       escape shim DRIVER SHIM N MIB\n");
     return 2;
 }
 
@@ -127,6 +135,40 @@ static int procaddr(const char *name, int version, int n, size_t mib)
     return 0;
 }
 
+static int through_shim(const char *driver, const char *shim, int n, size_t mib)
+{
+    void *d = dlopen(driver, RTLD_NOW | RTLD_GLOBAL);
+    void *h = d != NULL ? dlopen(shim, RTLD_NOW) : NULL;
+    if (h == NULL) {
+        const char *e = dlerror();
+        printf("open -> null\n");
+        fprintf(stderr, "dlerror: %s\n", e != NULL ? e : "(none)");
+        return 1;
+    }
+    printf("open -> ok\n");
+    CUresult (*init)(unsigned int) = (CUresult (*)(unsigned int))dlsym(d, "cuInit");
+    CUresult (*device_get)(CUdevice *, int) =
+        (CUresult (*)(CUdevice *, int))dlsym(d, "cuDeviceGet");
+    CUresult (*retain)(CUcontext *, CUdevice) =
+        (CUresult (*)(CUcontext *, CUdevice))dlsym(d, "cuDevicePrimaryCtxRetain");
+    CUresult (*set_current)(CUcontext) = (CUresult (*)(CUcontext))dlsym(d, "cuCtxSetCurrent");
+    CUresult (*alloc)(CUdeviceptr *, size_t) =
+        (CUresult (*)(CUdeviceptr *, size_t))dlsym(h, "cuMemAlloc_v2");
+    CUdevice dev;
+    CUcontext ctx;
+    if (init == NULL || device_get == NULL || retain == NULL || set_current == NULL ||
+        alloc == NULL || init(0) != CUDA_SUCCESS || device_get(&dev, 0) != CUDA_SUCCESS ||
+        retain(&ctx, dev) != CUDA_SUCCESS || set_current(ctx) != CUDA_SUCCESS) {
+        printf("context -> failed\n");
+        return 1;
+    }
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p;
+        printf("alloc %zu MiB -> %d\n", mib, alloc(&p, mib << 20));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long n, mib, version;
@@ -140,5 +182,8 @@ int main(int argc, char **argv)
         number(argv[3], 1000, 99999, &version) && number(argv[4], 1, 64, &n) &&
         number(argv[5], 1, 1 << 20, &mib))
         return procaddr(argv[2], (int)version, (int)n, (size_t)mib);
+    if (argc == 6 && strcmp(argv[1], "shim") == 0 && number(argv[4], 1, 64, &n) &&
+        number(argv[5], 1, 1 << 20, &mib))
+        return through_shim(argv[2], argv[3], (int)n, (size_t)mib);
     return usage();
 }

@@ -29,9 +29,14 @@
  * - STANDIN_CHECKPOINT_FAIL=lock or =checkpoint (read at each call): that
  *   call answers 999 (CUDA_ERROR_UNKNOWN) and changes nothing, as a driver
  *   error would (after a failed checkpoint the process stays locked).
+ * - STANDIN_CHECKPOINT_HOLD=PATH (read at each Lock): Lock first writes
+ *   "standin: lock held" to stderr, then reads one byte from PATH (a FIFO
+ *   the test holds open) before it locks: a test holds a park in its
+ *   first step, with the shim's gate closed, for as long as it likes.
  */
 #include "checkpoint_subset.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #define CUDA_ERROR_NOT_SUPPORTED_ 801
@@ -88,11 +93,31 @@ static CUresult ck_begin(int pid, CUprocessState want)
     return CUDA_SUCCESS;
 }
 
+/* STANDIN_CHECKPOINT_HOLD: waits for one byte from the named FIFO. */
+static void ck_hold(void)
+{
+    const char *path = getenv("STANDIN_CHECKPOINT_HOLD");
+    if (path == NULL || *path == '\0')
+        return;
+    static const char said[] = "standin: lock held\n";
+    if (write(2, said, sizeof said - 1) < 0) {
+        /* nothing to do: the test then misses the line and fails */
+    }
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return;
+    char byte;
+    while (read(fd, &byte, 1) < 0 && errno == EINTR) {
+    }
+    close(fd);
+}
+
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
     (void)args;
     if (ck_fails("lock"))
         return 999;
+    ck_hold();
     CUresult rc = ck_begin(pid, CU_PROCESS_STATE_RUNNING);
     if (rc != CUDA_SUCCESS)
         return rc;

@@ -245,6 +245,19 @@ impl Settings {
         self.spill_was_managed.then_some(MANAGED_AS_HOST)
     }
 
+    /// The settings of a process the loader runs in secure-execution mode
+    /// (set-user-ID, set-group-ID, file capabilities: `AT_SECURE`): its
+    /// environment is the invoking user's, so nothing is read from it.
+    /// Every setting is its default but the statistics page, which is off:
+    /// where it would go, and who could write requests into it, would be
+    /// the user's to choose. The operator's file still applies on top.
+    pub fn for_secure_execution() -> Settings {
+        let mut s = Settings::from_lookup(|_| None)
+            .unwrap_or_else(|_| unreachable!("every setting has a valid default"));
+        s.stats = false;
+        s
+    }
+
     /// Reads the settings from the process environment.
     pub fn from_env() -> Result<Settings, SettingsError> {
         Settings::from_lookup(|name| {

@@ -56,14 +56,13 @@ pub const SETTING_VARS: &[&str] = &[
 
 /// `VRAMCAP_*` names that are not settings but belong to vramcap's own
 /// tools, so they are not warned about: `vramcap doctor`'s child check,
-/// `scripts/demo.sh`'s cap, the release build's linker switch, the
-/// integration tests' switch of the parking gate, and the mark of the
-/// nvidia-smi a resume runs (its NVML memory queries are not capped).
+/// `scripts/demo.sh`'s cap, the release build's linker switch, and the
+/// mark of the nvidia-smi a resume runs (its NVML memory queries are not
+/// capped).
 pub const TOOL_VARS: &[&str] = &[
     "VRAMCAP_PROBE_GPU",
     "VRAMCAP_DEMO_LIMIT",
     "VRAMCAP_ZIG_LINKER",
-    "VRAMCAP_TEST_GATE",
     "VRAMCAP_FREE_PROBE",
 ];
 

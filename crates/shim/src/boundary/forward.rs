@@ -180,7 +180,7 @@ extern "C" fn forward_wait(slot: u32) -> u32 {
         .map_or(0, |d| d.load(Ordering::Relaxed));
     let answer = super::boundary("forwarder", 0, || {
         if gate::GATE.load(Ordering::Relaxed) != gate::RUNNING {
-            super::test_gate::note_wait();
+            log_at!(Debug, "parking: a forwarded call waits at the gate");
             if dark != 0 {
                 log_at!(
                     Debug,
@@ -505,10 +505,9 @@ mod tests {
         let _one = GATE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let f = forwarded_many();
         gate::set_state(1); // Parking: calls wait
-        let before = super::super::test_gate::WAITS.load(Ordering::Relaxed);
         let caller = std::thread::spawn(move || call(f));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while super::super::test_gate::WAITS.load(Ordering::Relaxed) == before {
+        while gate::WAITERS.load(Ordering::SeqCst) == 0 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the call never reached the gate"

@@ -3,9 +3,8 @@
 //! trampoline, the `cuGetProcAddress*`
 //! and `dlsym` answers, the forwarders handed out for the driver's other
 //! functions when parking is enabled (`forward.rs`; the driver's export
-//! tables are pointed at them in place, `export_table.rs`; `test_gate.rs` is a
-//! test-only switch of the gate), the real libraries' functions, the settings read
-//! once, the process's engine, and the panic boundary around every hook.
+//! tables are pointed at them in place, `export_table.rs`), the real
+//! libraries' functions, the settings read once, the process's engine, and the panic boundary around every hook.
 //!
 //! A call travels: export (`hooks!`) → [`disabled`]? → real function;
 //! else [`boundary`] → the engine's handler, with a closure for the real
@@ -26,7 +25,6 @@ mod park;
 mod queries;
 pub mod real;
 mod resolve;
-mod test_gate;
 
 use std::panic::AssertUnwindSafe;
 use std::ptr;
@@ -47,16 +45,33 @@ static DISABLED: AtomicBool = AtomicBool::new(false);
 /// Reads the settings once. A bad value stops the process with status 2 and
 /// one line naming the variable, so a program never runs uncapped by mistake;
 /// a `VRAMCAP_*` name that is no setting (`VRAMCAP_LIMT`, `vramcap_limit`)
-/// gets a warning naming the closest one.
+/// gets a warning naming the closest one. In a secure-execution process
+/// the environment is not read at all ([`secure_execution`]).
 pub fn settings() -> &'static Settings {
-    SETTINGS.get_or_init(|| match Settings::from_env().and_then(with_operator) {
+    let secure = secure_execution();
+    let read = || match secure {
+        true => Ok(Settings::for_secure_execution()),
+        false => Settings::from_env(),
+    };
+    SETTINGS.get_or_init(|| match read().and_then(with_operator) {
         Ok(s) => {
             crate::log::set_level(s.log);
             DISABLED.store(s.disabled, Ordering::Relaxed);
             crate::engine::park::gate::enable(s.park.is_some() && !s.disabled);
             real::set_driver_path(s.cuda_library.as_deref());
-            for unknown in vramcap_core::settings::unknown_vars_in_env() {
-                crate::log::log_at!(Warn, "{unknown}");
+            if secure {
+                crate::log::log_at!(
+                    Debug,
+                    "secure-execution process (set-user-ID, set-group-ID or file capabilities): the environment's settings are ignored; the cap is {} and no statistics page is kept",
+                    match s.operator {
+                        Some(_) => "the operator's file's (/run/vramcap/operator-limit)",
+                        None => "none (no operator's file at /run/vramcap/operator-limit)",
+                    }
+                );
+            } else {
+                for unknown in vramcap_core::settings::unknown_vars_in_env() {
+                    crate::log::log_at!(Warn, "{unknown}");
+                }
             }
             // Never uncapped silently: the switch over a cap is told at
             // the default level (the operator's cap has cleared it already).
@@ -200,10 +215,22 @@ extern "C" fn after_fork_in_child() {
 /// (`queries.rs`). It changes no cap: allocations are capped as before.
 pub const FREE_PROBE_VAR: &str = "VRAMCAP_FREE_PROBE";
 
-/// Whether this process is that nvidia-smi (read once).
+/// Whether this process is that nvidia-smi (read once; never in a
+/// secure-execution process, whose environment is not ours to trust).
 pub fn is_free_probe() -> bool {
     static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PROBE.get_or_init(|| std::env::var_os(FREE_PROBE_VAR).is_some_and(|v| v == "1"))
+    *PROBE.get_or_init(|| {
+        !secure_execution() && std::env::var_os(FREE_PROBE_VAR).is_some_and(|v| v == "1")
+    })
+}
+
+/// Whether the loader runs this process in secure-execution mode
+/// (`AT_SECURE`: set-user-ID, set-group-ID, file capabilities, as under
+/// `/etc/ld.so.preload`): its environment is the invoking user's, and
+/// nothing in it is trusted (no setting, no path, no switch).
+pub fn secure_execution() -> bool {
+    // SAFETY: getauxval has no preconditions.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
 }
 
 /// Called by the constructor: reads and checks the settings (exiting with
@@ -212,7 +239,6 @@ pub fn init() -> &'static Settings {
     let s = settings();
     // SAFETY: registering a handler with no prepare/parent parts is always valid.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    test_gate::start();
     s
 }
 
