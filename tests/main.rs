@@ -20,6 +20,7 @@ mod live;
 mod operator;
 mod park;
 mod paths;
+mod peers;
 mod python;
 mod readers;
 mod shim;

@@ -10,6 +10,7 @@ pub mod limit;
 pub mod liveness;
 pub mod page;
 pub mod park;
+pub mod peers;
 pub mod settings;
 pub mod size;
 pub mod stats_dir;

@@ -245,6 +245,14 @@ impl Settings {
         self.spill_was_managed.then_some(MANAGED_AS_HOST)
     }
 
+    /// Whether this process may ask the same user's idle processes to park
+    /// for room (parking's policy, which reads their pages): only when it
+    /// was started with `VRAMCAP_PARK` or a `VRAMCAP_PARK_WAIT` above zero.
+    /// A process with neither never reads another process's page.
+    pub fn asks_to_park(&self) -> bool {
+        self.park.is_some() || !self.park_wait.is_zero()
+    }
+
     /// The settings of a process the loader runs in secure-execution mode
     /// (set-user-ID, set-group-ID, file capabilities: `AT_SECURE`): its
     /// environment is the invoking user's, so nothing is read from it.

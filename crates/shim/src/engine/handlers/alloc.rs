@@ -25,6 +25,7 @@ use crate::engine::Engine;
 use crate::engine::accounting::Refusal;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::Driver;
+use crate::engine::park::policy::POLICY_ROUNDS;
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
@@ -186,6 +187,10 @@ impl<D: Driver> Engine<D> {
         };
         self.base.context_check(device, slot, estimate, limit);
         let mut reclaimed = false;
+        // Rounds of parking's policy this call may take: a member that
+        // says it parked but made no room (a forged page, a race) costs
+        // a bounded number of tries, never a loop.
+        let mut rounds = POLICY_ROUNDS;
         loop {
             match self.base.reserve_on(slot, device, estimate, limit) {
                 Ok(()) => {
@@ -202,7 +207,8 @@ impl<D: Driver> Engine<D> {
                     if reclaimed || self.base.reclaim(device) == 0 {
                         // Parking's policy: an idle group member parked
                         // makes room (`park/policy.rs`).
-                        if r.group && self.park_for_room(device, need, estimate) {
+                        if r.group && rounds > 0 && self.park_for_room(device, need, estimate) {
+                            rounds -= 1;
                             continue;
                         }
                         return Err(Some(r));

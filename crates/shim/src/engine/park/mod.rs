@@ -22,7 +22,7 @@
 //!   state or wait for it. See engine/mod.rs for the order.
 
 pub mod gate;
-mod policy;
+pub(in crate::engine) mod policy;
 mod steps;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -17,6 +17,15 @@
 //! allocation waits up to `VRAMCAP_PARK_WAIT` for one or for room (0, the
 //! default: refused as without parking); a resume tries again each tick.
 //!
+//! The directory may be shared, so its pages are trusted for nothing
+//! (`vramcap_core::peers`): only a process started with `VRAMCAP_PARK` or
+//! a `VRAMCAP_PARK_WAIT` reads them at all; the scan looks at a bounded
+//! number of entries and copies pages (maps none); only a regular file
+//! the user owns that no one else can write, reached by no link, is read
+//! or asked; the wait for an answer counts the bytes a page says it holds
+//! as no more than the GPU's size; and one allocation takes at most
+//! [`POLICY_ROUNDS`] rounds of the policy.
+//!
 //! Idle: the member's `last_activity` (written each tick when its gate saw
 //! a call, or a call was in flight; set at its resume) is at least its
 //! threshold ago, and the member itself confirms it (no call inside the
@@ -25,14 +34,14 @@
 //! the statistics directory: the same user's, the same group's. Nothing is
 //! held while waiting (a resume has given back its partial reservation).
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use vramcap_core::page::{PAGE_SIZE, Page, acknowledged, check_header, get_text};
 use vramcap_core::park::{Ask, Outcome, ParkMode, ParkState};
+use vramcap_core::peers::{SCAN_ENTRIES, SCAN_PAGES, open_own_page, stable_copy};
 use vramcap_core::settings::default_stats_dir;
 
 use crate::engine::Engine;
@@ -41,7 +50,7 @@ use crate::engine::driver::Driver;
 use crate::engine::handlers::alloc::unless_oom;
 use crate::engine::worker::TICK;
 use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult};
-use crate::log::log_at;
+use crate::log::{log_at, log_once};
 
 /// Whose memory would make the room: a group's members (by name), or the
 /// processes on one GPU (by UUID) that hold at least the bytes it is short
@@ -56,44 +65,30 @@ pub(super) enum Among<'a> {
 struct Mapped(*mut libc::c_void);
 
 impl Mapped {
-    /// Maps `path` if it is a complete page of this user.
+    /// Maps `path` if it is a complete page of this user that no one else
+    /// can write (`vramcap_core::peers::open_own_page`: no link followed,
+    /// the owner by `fstat`, never by a word in the file; no other user
+    /// can truncate it under the mapping).
     fn open(path: &Path) -> Option<Mapped> {
-        let c = CString::new(path.as_os_str().as_bytes()).ok()?;
-        // SAFETY: a NUL-terminated path; the descriptor is closed below.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: zeroed bytes are a valid stat buffer.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid descriptor and a stat buffer.
-        let ok = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as usize >= PAGE_SIZE;
-        let map = if ok {
-            // SAFETY: mapping PAGE_SIZE bytes of a file at least that long.
-            unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    PAGE_SIZE,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            }
-        } else {
-            libc::MAP_FAILED
+        let (file, len) = open_own_page(path, me().1).ok()?;
+        // SAFETY: mapping PAGE_SIZE bytes of a file at least that long.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
         };
-        // SAFETY: closing our own descriptor; the mapping stays.
-        unsafe { libc::close(fd) };
         if map == libc::MAP_FAILED {
             return None;
         }
         let m = Mapped(map);
         // SAFETY: PAGE_SIZE mapped bytes.
         let head = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), PAGE_SIZE) };
-        // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
-        check_header(st.st_size as u64, head, Some(uid)).ok()?;
+        check_header(len, head, Some(me().0)).ok()?;
         Some(m)
     }
 
@@ -102,6 +97,22 @@ impl Mapped {
         // (its fields are atomics or written once before it was published).
         unsafe { &*self.0.cast::<Page>() }
     }
+}
+
+/// This process's (real uid, effective uid): pages carry the first and
+/// are owned by the second.
+fn me() -> (u32, u32) {
+    // SAFETY: getuid and geteuid cannot fail.
+    unsafe { (libc::getuid(), libc::geteuid()) }
+}
+
+/// A private copy of `path`'s page if it is one of this user's that no
+/// one else can write (read with `pread`, never mapped: the scan maps
+/// nothing).
+fn read_peer(path: &Path) -> Option<Box<Page>> {
+    let (file, len) = open_own_page(path, me().1).ok()?;
+    let check = |b: &[u8]| check_header(len, b, Some(me().0)).map(|_| ());
+    stable_copy::<Page, _>(&file, check).ok()
 }
 
 impl Drop for Mapped {
@@ -123,7 +134,11 @@ impl<D: Driver> Engine<D> {
         bytes: u64,
     ) -> bool {
         let settings = self.base.settings();
-        let Some(group) = settings.group.as_deref() else {
+        let Some(group) = settings
+            .group
+            .as_deref()
+            .filter(|_| settings.asks_to_park())
+        else {
             return false;
         };
         let start = Instant::now();
@@ -169,6 +184,9 @@ impl<D: Driver> Engine<D> {
         bytes: u64,
         mut alloc: impl FnMut() -> Result<T, CUresult>,
     ) -> Result<T, CUresult> {
+        if !self.base.settings().asks_to_park() {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
         let Some(uuid) = self.gpu_of(device) else {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
@@ -227,8 +245,13 @@ impl<D: Driver> Engine<D> {
         let Some(m) = Mapped::open(&path) else {
             return false;
         };
+        let most = self
+            .base
+            .driver()
+            .device_total_mem(device)
+            .unwrap_or(MOST_ON_A_GPU);
         let start = Instant::now();
-        let outcome = ask_park(m.page());
+        let outcome = ask_park(m.page(), most);
         // Asked again each tick: a refusal is said once in a row.
         let key = match outcome {
             Some(Outcome::Ok) => 0,
@@ -258,15 +281,24 @@ impl<D: Driver> Engine<D> {
     /// for a GPU, the slot with its UUID), its PID and page, if any.
     fn idle_member(&self, among: Among<'_>, device: CUdevice) -> Option<(u32, PathBuf)> {
         let settings = self.base.settings();
-        // SAFETY: getuid and getpid cannot fail.
-        let (uid, me) = unsafe { (libc::getuid(), libc::getpid() as u32) };
+        // SAFETY: getpid cannot fail.
+        let me = unsafe { libc::getpid() } as u32;
         let dir = settings
             .stats_dir
             .clone()
-            .unwrap_or_else(|| default_stats_dir(uid));
+            .unwrap_or_else(|| default_stats_dir(self::me().0));
         let now = now_unix_ns();
         let mut best: Option<(u64, u32, PathBuf)> = None;
-        for e in std::fs::read_dir(&dir).ok()?.flatten() {
+        let mut read = 0;
+        for (i, e) in std::fs::read_dir(&dir).ok()?.flatten().enumerate() {
+            if i >= SCAN_ENTRIES || read >= SCAN_PAGES {
+                log_once!(
+                    Warn,
+                    "parking: {} holds more files than one look for an idle process reads ({SCAN_ENTRIES} entries, {SCAN_PAGES} pages); the rest are not considered",
+                    vramcap_core::text::path(&dir)
+                );
+                break;
+            }
             let name = e.file_name();
             let Some(pid) = name
                 .to_str()
@@ -276,10 +308,11 @@ impl<D: Driver> Engine<D> {
             else {
                 continue;
             };
-            let Some(m) = Mapped::open(&e.path()) else {
+            read += 1;
+            let Some(copy) = read_peer(&e.path()) else {
                 continue;
             };
-            let p = m.page();
+            let p = &*copy;
             let h = &p.header;
             let Some(ParkMode::Idle(t)) = ParkMode::from_word(h.park_mode) else {
                 continue;
@@ -319,13 +352,31 @@ impl<D: Driver> Engine<D> {
     }
 }
 
+/// Rounds of the policy one allocation takes at most before it is
+/// refused ([`Engine::park_for_room`] answered true that often and the
+/// reservation still failed).
+pub(in crate::engine) const POLICY_ROUNDS: u32 = 4;
+
+/// What a GPU is taken to hold at most when the driver cannot say.
+const MOST_ON_A_GPU: u64 = 288 << 30;
+
+/// How long the policy waits for a member's answer: 2 s and 1 s per GiB
+/// it says it holds, which is never taken as more than `most` (the
+/// GPU's size, the shim's own figure: a page's word cannot stretch it).
+pub(super) fn ask_bound(held: u64, most: u64) -> Duration {
+    Duration::from_secs(2 + held.min(most).div_ceil(1 << 30))
+}
+
 /// Posts a park-if-idle request on `page` (the member re-checks that it
-/// is idle: [`Ask::ParkIfIdle`]) and waits for its answer (2 s and 1 s
-/// per GiB the process holds); `None` when none came in time.
-fn ask_park(page: &Page) -> Option<Outcome> {
+/// is idle: [`Ask::ParkIfIdle`]) and waits for its answer
+/// ([`ask_bound`]); `None` when none came in time.
+fn ask_park(page: &Page, most: u64) -> Option<Outcome> {
     let h = &page.header;
-    let held: u64 = page.slots.iter().map(|s| s.budget.used()).sum();
-    let bound = Duration::from_secs(2 + held.div_ceil(1 << 30));
+    let held = page
+        .slots
+        .iter()
+        .fold(0u64, |a, s| a.saturating_add(s.budget.used()));
+    let bound = ask_bound(held, most);
     h.park_ask.store(Ask::ParkIfIdle as u64, Ordering::Release);
     let ticket = h
         .park_requests

@@ -1,0 +1,231 @@
+//! Parking's policy against pages planted in the statistics directory
+//! (issue 42, item 2): a capped process reads other processes' pages only
+//! with parking on, only its own user's files that no one else can write,
+//! never through a link, waits for an answer no longer than its own bound
+//! and asks a member that says "parked" but makes no room a bounded number
+//! of times.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use vramcap_core::page::{PAGE_SIZE, Page, STATE_READY};
+use vramcap_core::park::{Outcome, ParkMode};
+
+use crate::util::*;
+
+/// A live process for a forged page to name (killed when dropped).
+struct Alive(std::process::Child);
+
+impl Alive {
+    fn new() -> Alive {
+        Alive(
+            std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .expect("start sleep"),
+        )
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A page as a forger writes it for the live process `pid` (so the
+/// liveness check passes), in `group`, started with `VRAMCAP_PARK=idle:1ms`
+/// and idle since ever, saying it holds `held` bytes on device 0; the
+/// word inside says uid `uid`.
+fn forged(pid: u32, group: &str, held: u64, uid: u32) -> Vec<u8> {
+    // SAFETY: all-zero bytes are a valid Page (integers and atomics only).
+    let mut page: Box<Page> = unsafe { Box::new_zeroed().assume_init() };
+    let start = vramcap_core::liveness::start_time(pid).expect("a live process");
+    page.header.fill(pid, uid, start, 1, "forged", group);
+    page.header.park_mode = ParkMode::Idle(std::time::Duration::from_millis(1)).word();
+    let _ = page.slots[0].budget.try_reserve(held, u64::MAX);
+    page.header.state.store(STATE_READY, Ordering::Relaxed);
+    // SAFETY: a Page is PAGE_SIZE bytes of plain data.
+    unsafe { std::slice::from_raw_parts((&*page as *const Page).cast::<u8>(), PAGE_SIZE) }.to_vec()
+}
+
+/// Writes `bytes` as `dir/NAME.page` with `mode` (and `owner`, as root).
+fn plant(dir: &Path, name: u32, bytes: &[u8], mode: u32, owner: Option<u32>) -> PathBuf {
+    let p = dir.join(format!("{name}.page"));
+    std::fs::write(&p, bytes).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    if let Some(uid) = owner {
+        std::os::unix::fs::chown(&p, Some(uid), Some(uid)).unwrap();
+    }
+    p
+}
+
+/// In group `pp` under a 2 GiB budget of which another member (no
+/// parking) holds 1.5 GiB, a member that asks for 1 GiB, with `env` added,
+/// pages in `dir`: its output, once it was refused.
+fn refused_in(dir: &Path, env: &[(&str, &str)]) -> Ran {
+    let group = [
+        ("VRAMCAP_CACHE", "off"),
+        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_GROUP", "pp"),
+        ("STANDIN_TOTAL_MIB", "2048"),
+    ];
+    let b = held_in(dir, &group, &["init", "alloc", "1536M", "wait"]);
+    let stats = [("VRAMCAP_STATS_DIR", dir.to_str().unwrap())];
+    let ran = client(
+        "procaddr",
+        &[&group[..], &stats, env].concat(),
+        &["init", "alloc", "1G"],
+    );
+    drop(b.finish());
+    assert_eq!(
+        ran.ok_lines(),
+        ["init -> 0".to_string(), format!("alloc {GIB} -> 2")]
+    );
+    ran
+}
+
+/// Without `VRAMCAP_PARK` nothing of the policy runs: a same-user page
+/// that would be a parkable member is not read, let alone asked.
+#[test]
+fn without_parking_no_page_is_read_or_asked() {
+    let dir = scratch_dir();
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let a = Alive::new();
+    let bytes = forged(a.pid(), "pp", GIB, uid);
+    let p = plant(&dir, a.pid(), &bytes, 0o600, None);
+    refused_in(&dir, &[]);
+    assert!(std::fs::read(&p).unwrap() == bytes, "the page was written");
+}
+
+/// A page's word cannot stretch the wait for its answer: one that says it
+/// holds 2^62 bytes and never answers is waited for 2 s and 1 s per GiB
+/// of the GPU's own size (2 GiB here), then the allocation is refused.
+#[test]
+fn a_member_that_never_answers_is_waited_for_the_gpu_s_size_at_most() {
+    let dir = scratch_dir();
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let a = Alive::new();
+    plant(
+        &dir,
+        a.pid(),
+        &forged(a.pid(), "pp", 1 << 62, uid),
+        0o600,
+        None,
+    );
+    let ran = refused_in(
+        &dir,
+        &[("VRAMCAP_PARK", "idle:1h"), ("VRAMCAP_LOG", "info")],
+    );
+    let err = ran.stderr();
+    let line = err
+        .lines()
+        .find(|l| l.contains("parking idle member"))
+        .unwrap_or_else(|| panic!("no ask in {err}"));
+    let (_, secs) = line
+        .split_once(&format!("parking idle member {}: no answer in ", a.pid()))
+        .unwrap_or_else(|| panic!("{line}"));
+    let secs: f64 = secs.trim_end_matches('s').parse().expect("seconds");
+    assert!((4.0..30.0).contains(&secs), "{line}");
+}
+
+/// A member that answers every request "parked" but makes no room is
+/// asked exactly four times (the policy's rounds for one allocation),
+/// then the allocation is refused, not retried for ever.
+#[test]
+fn a_member_that_says_parked_but_frees_nothing_is_asked_four_times() {
+    let dir = scratch_dir();
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let a = Alive::new();
+    let p = plant(&dir, a.pid(), &forged(a.pid(), "pp", GIB, uid), 0o600, None);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    // SAFETY: a shared mapping of PAGE_SIZE bytes of a file that long.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let addr = map as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let answerer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // SAFETY: the mapping lives until this thread is joined.
+            let page = unsafe { &*(addr as *const Page) };
+            let h = &page.header;
+            while !stop.load(Ordering::Relaxed) {
+                let asked = h.park_requests.load(Ordering::Acquire);
+                if h.park_acks.load(Ordering::Acquire) != asked {
+                    h.park_outcome.store(Outcome::Ok.word(), Ordering::Release);
+                    h.park_acks.store(asked, Ordering::Release);
+                }
+                std::thread::yield_now();
+            }
+        })
+    };
+    refused_in(&dir, &[("VRAMCAP_PARK", "idle:1h")]);
+    stop.store(true, Ordering::Relaxed);
+    answerer.join().unwrap();
+    // SAFETY: the mapping made above.
+    let page = unsafe { &*(addr as *const Page) };
+    assert_eq!(page.header.park_requests.load(Ordering::Acquire), 4);
+    // SAFETY: unmapping what was mapped.
+    unsafe { libc::munmap(map, PAGE_SIZE) };
+}
+
+/// As root, with parking on: a page another user owns (whatever uid it
+/// says inside), one that anyone may write, and a link (to a page root
+/// owns) are neither asked nor written; the allocation is refused at once.
+#[test]
+#[ignore = "needs root"]
+fn pages_another_user_could_write_are_never_asked() {
+    needs_root();
+    let dir = scratch_dir();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let alive = [Alive::new(), Alive::new(), Alive::new()];
+    let bytes: Vec<Vec<u8>> = alive
+        .iter()
+        .map(|a| forged(a.pid(), "pp", GIB, 0))
+        .collect();
+    let foreign = plant(&dir, alive[0].pid(), &bytes[0], 0o644, Some(65534));
+    let open = plant(&dir, alive[1].pid(), &bytes[1], 0o666, None);
+    let elsewhere = scratch_dir_named("target");
+    let target = plant(&elsewhere, alive[2].pid(), &bytes[2], 0o600, None);
+    std::os::unix::fs::symlink(&target, dir.join(format!("{}.page", alive[2].pid()))).unwrap();
+    let ran = refused_in(
+        &dir,
+        &[("VRAMCAP_PARK", "idle:1h"), ("VRAMCAP_LOG", "info")],
+    );
+    assert!(
+        !ran.stderr().contains("parking idle member"),
+        "{}",
+        ran.stderr()
+    );
+    for (p, b) in [&foreign, &open, &target].into_iter().zip(&bytes) {
+        assert!(
+            &std::fs::read(p).unwrap() == b,
+            "{} was written",
+            p.display()
+        );
+    }
+}
