@@ -515,3 +515,91 @@ fn kernel_install_list_and_remove() {
         )
     );
 }
+
+/// `VRAMCAP_LIMIT=""` (or only white space) is refused before the program
+/// runs, with the line the shim gives (without its `[PID]`) and its exit
+/// status 2: not run uncapped without a word.
+#[test]
+fn an_empty_limit_is_refused_as_the_shim_refuses_it() {
+    for value in ["", " \t"] {
+        let shim = client("procaddr", &[("VRAMCAP_LIMIT", value)], &["init"]);
+        shim.expect_code(2);
+        let shim_line = shim.stderr();
+        let (_, shim_text) = shim_line.split_once("]: ").expect("vramcap[PID]: …");
+
+        let mut cmd = python();
+        cmd.env("VRAMCAP_LIMIT", value)
+            .args(["-c", "print('the program ran')"]);
+        let (_, ran) = run_fed(cmd, "");
+        ran.expect_code(2);
+        assert_eq!(ran.stdout(), "", "the program must not run");
+        let shown = value.escape_debug();
+        assert_eq!(
+            ran.stderr(),
+            format!(
+                "vramcap: VRAMCAP_LIMIT=\"{shown}\" is not a valid limit: the value is empty (unset the variable to run without a cap); expected a size or percentage per GPU, e.g. 8GiB, 50%, 0=8GiB,1=4GiB or 4GiB,GPU-5ca1ab1e=2GiB\n"
+            )
+        );
+        assert_eq!(ran.stderr(), format!("vramcap: {shim_text}"), "{value:?}");
+    }
+}
+
+/// `LD_PRELOAD` naming a `libvramcap.so` that is not there does not count
+/// as the shim: one line says so, and the program runs under the
+/// package's, capped, with the missing one left out of `LD_PRELOAD`.
+#[test]
+fn a_missing_shim_in_ld_preload_is_replaced_by_the_packages() {
+    let v = venv();
+    let pkg_shim = v.site.join("vramcap/libvramcap.so");
+    let missing = fresh_dir("python-missing-preload").join("libvramcap.so");
+    let mut cmd = python();
+    cmd.env("VRAMCAP_LIMIT", "1GiB")
+        .env("LD_PRELOAD", &missing)
+        .args([
+            "-c",
+            &format!(
+                "import os, vramcap; print(os.environ['LD_PRELOAD'], vramcap.is_active()){ALLOC}"
+            ),
+        ]);
+    let (_, ran) = run_fed(cmd, "");
+    ran.expect_lines(&[&format!("{} True", pkg_shim.display()), "allocs 4 rc 2"]);
+    // The loader's own line about the missing file comes first.
+    let err = ran.stderr();
+    let last = err.lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        format!(
+            "vramcap: VRAMCAP_LIMIT is set and LD_PRELOAD names {}, which is not there: restarting this interpreter under {}",
+            missing.display(),
+            pkg_shim.display()
+        ),
+        "{err}"
+    );
+    assert_eq!(err.matches("vramcap:").count(), 1, "{err}");
+
+    // Nor is a name that only contains libvramcap.so.
+    let mut cmd = python();
+    cmd.env("VRAMCAP_LIMIT", "1GiB")
+        .env("LD_PRELOAD", "/nonexistent/libvramcap.so.bak")
+        .args([
+            "-c",
+            &format!("import vramcap; print(vramcap.is_active()){ALLOC}"),
+        ]);
+    let (_, ran) = run_fed(cmd, "");
+    ran.expect_lines(&["True", "allocs 4 rc 2"]);
+}
+
+/// `NVIDIA_GPU_MEMORY_LIMIT` (MiB, as NVIDIA's container toolkit sets it)
+/// alone starts the shim, which caps by it.
+#[test]
+fn nvidia_gpu_memory_limit_alone_caps_python() {
+    let v = venv();
+    let mut cmd = python();
+    cmd.env("NVIDIA_GPU_MEMORY_LIMIT", "1024")
+        .args(["-c", &format!("{WHO}{ALLOC}")]);
+    let (pid, ran) = run_fed(cmd, "");
+    let mut want = who_under_the_shim(pid, "['-c']", &v.python, "");
+    want.push("allocs 4 rc 2".into());
+    ran.expect_owned_lines(&want);
+    assert_eq!(ran.stderr(), "");
+}
