@@ -603,3 +603,62 @@ fn nvidia_gpu_memory_limit_alone_caps_python() {
     ran.expect_owned_lines(&want);
     assert_eq!(ran.stderr(), "");
 }
+
+/// `set_limit(0, '12.5%')` at the top of a script restarts it capped at
+/// 12.5% of the device (2 GiB of the stand-in's 16), and the restarted
+/// script goes on; under the shim already, it sets the cap in place.
+#[test]
+fn set_limit_of_a_percentage_at_the_top_of_a_script() {
+    let dir = fresh_dir("python-set-limit-percent");
+    let script = dir.join("train.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import vramcap; vramcap.set_limit(0, '12.5%')\nimport os\nprint('pid', os.getpid()){ALLOC}print('limit', vramcap.get_limit(0))\n"
+        ),
+    )
+    .expect("write script");
+    let mut cmd = python();
+    cmd.arg(&script);
+    let (pid, ran) = run_fed(cmd, "");
+    ran.expect_lines(&[&format!("pid {pid}"), "allocs 8 rc 2", "limit 2147483648"]);
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: set_limit(0, '12.5%'): restarting this program under libvramcap.so with VRAMCAP_LIMIT=0=12.5%\n"
+    );
+
+    let mut cmd = python();
+    cmd.env("VRAMCAP_LIMIT", "4GiB").arg(&script);
+    let (pid, ran) = run_fed(cmd, "");
+    ran.expect_lines(&[&format!("pid {pid}"), "allocs 8 rc 2", "limit 2147483648"]);
+    assert_eq!(ran.stderr(), "");
+}
+
+/// With `VRAMCAP_DISABLE=1` inherited, `set_limit` says that is why it
+/// cannot cap, before any restart (not "LD_PRELOAD dropped?").
+#[test]
+fn set_limit_under_vramcap_disable_names_the_switch() {
+    let dir = fresh_dir("python-set-limit-disabled");
+    let script = dir.join("train.py");
+    std::fs::write(
+        &script,
+        "import vramcap\ntry:\n    vramcap.set_limit(0, '2GiB')\nexcept vramcap.NotActive as e:\n    print('NotActive:', e)\n",
+    )
+    .expect("write script");
+    let py = venv().python.display().to_string();
+    let want = format!(
+        "NotActive: set_limit(0, '2GiB'): VRAMCAP_DISABLE=1 in the environment turns vramcap off in this process, so it cannot be capped; unset VRAMCAP_DISABLE to cap it, e.g. env -u VRAMCAP_DISABLE {py} {}",
+        script.display()
+    );
+    // Without the shim, and under it (switched off).
+    for shim in [false, true] {
+        let mut cmd = python();
+        cmd.env("VRAMCAP_DISABLE", "1").arg(&script);
+        if shim {
+            cmd.env("LD_PRELOAD", &artefacts().shim);
+        }
+        let (_, ran) = run_fed(cmd, "");
+        ran.expect_lines(&[&want]);
+        assert_eq!(ran.stderr(), "", "shim {shim}");
+    }
+}

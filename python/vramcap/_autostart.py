@@ -279,6 +279,21 @@ def restarted_for(device, limit):
             and os.environ.get("VRAMCAP_LIMIT") == spec)
 
 
+# The operator's cap (OPERATOR_LIMIT_PATH in crates/core/src/settings),
+# under which the shim ignores VRAMCAP_DISABLE.
+OPERATOR_LIMIT_PATH = "/run/vramcap/operator-limit"
+
+
+def switched_off():
+    """Whether the shim would pass every call through here:
+    ``VRAMCAP_DISABLE=1`` (as the shim reads it) and no operator's cap."""
+    from . import _WHITE
+
+    value = os.environ.get("VRAMCAP_DISABLE")
+    return (value is not None and value.strip(_WHITE) == "1"
+            and not os.path.exists(OPERATOR_LIMIT_PATH))
+
+
 def restart_for_limit(call, spec):
     """``vramcap.set_limit`` without the shim: restarts the program with
     ``VRAMCAP_LIMIT=spec`` (one line on stderr), or raises NotActive with
@@ -287,6 +302,12 @@ def restart_for_limit(call, spec):
 
     lost = _lost()
     argv = orig_argv() or [os.path.basename(sys.executable or "python3")]
+    if switched_off():
+        # Under the shim or not, it would pass every call through: not
+        # restarted for nothing, and told why rather than "not loaded".
+        raise NotActive(f"{call}: VRAMCAP_DISABLE=1 in the environment turns vramcap off in "
+                        "this process, so it cannot be capped; unset VRAMCAP_DISABLE to cap it, "
+                        f"e.g. env -u VRAMCAP_DISABLE {shlex.join(argv)}")
     command = f"{_cli()} run --limit {shlex.quote(spec)} -- {shlex.join(argv)}"
     if lost is not None:
         kind, why = lost
