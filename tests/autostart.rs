@@ -662,3 +662,112 @@ fn set_limit_under_vramcap_disable_names_the_switch() {
         assert_eq!(ran.stderr(), "", "shim {shim}");
     }
 }
+
+/// `kernel install` writes only into a folder of its own in `kernels/`,
+/// replaces only a kernel.json it can read as its own, never writes
+/// through a link; `kernel list` and `install` print names, display names
+/// and folders with their control characters escaped.
+#[test]
+fn kernel_install_refuses_what_it_cannot_own() {
+    let dir = fresh_dir("python-kernel-refusals");
+    let data = dir.join("data");
+    let kernels = data.join("kernels");
+    let py = fake_python(&dir, &dir.join("env"));
+    std::fs::create_dir_all(&kernels).expect("mkdir");
+    let install = |name: &str| {
+        let mut cmd = kernel_cmd(&data);
+        cmd.args(["install", "--limit", "1GiB", "--name", name, "--python"])
+            .arg(&py);
+        run(cmd)
+    };
+
+    // `.` and `..` are not folders of their own: kernels/ itself, data/.
+    for name in [".", ".."] {
+        let ran = install(name);
+        ran.expect_code(2);
+        assert_eq!(
+            ran.stderr(),
+            format!(
+                "vramcap: kernel name \"{name}\": a kernelspec name is a folder of its own in kernels/, not \".\" or \"..\", e.g. --name vramcap-1gib\n"
+            )
+        );
+    }
+    assert!(!kernels.join("kernel.json").exists());
+    assert!(!data.join("kernel.json").exists());
+
+    // A kernel.json that is not JSON is not known to be vramcap's.
+    let broken = kernels.join("broken");
+    std::fs::create_dir_all(&broken).expect("mkdir");
+    std::fs::write(broken.join("kernel.json"), "{not json").expect("write");
+    let ran = install("broken");
+    ran.expect_code(2);
+    let why = serde_json::from_str::<serde_json::Value>("{not json")
+        .expect_err("not JSON")
+        .to_string();
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: a kernel named broken is at {} and its kernel.json is not valid JSON ({why}), so it is not known to be vramcap's; pick another name, e.g. --name vramcap-1gib\n",
+            broken.display()
+        )
+    );
+    assert_eq!(
+        std::fs::read_to_string(broken.join("kernel.json")).expect("read"),
+        "{not json"
+    );
+
+    // A kernel.json that is a link (even to a spec of vramcap's) is not
+    // written through.
+    let target = dir.join("elsewhere.json");
+    let ours = r#"{"argv": [], "display_name": "x", "metadata": {"vramcap": {}}}"#;
+    std::fs::write(&target, ours).expect("write");
+    let linked = kernels.join("linked");
+    std::fs::create_dir_all(&linked).expect("mkdir");
+    std::os::unix::fs::symlink(&target, linked.join("kernel.json")).expect("symlink");
+    let ran = install("linked");
+    ran.expect_code(2);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: a kernel named linked is at {} and its kernel.json is a symbolic link, which vramcap does not write through; pick another name, e.g. --name vramcap-1gib\n",
+            linked.display()
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&target).expect("read"), ours);
+
+    // Control characters in a display name and a folder name.
+    let mut cmd = kernel_cmd(&data);
+    cmd.args([
+        "install",
+        "--limit",
+        "1GiB",
+        "--name",
+        "evil",
+        "--display-name",
+        "Evil\x1b[2J\x07",
+        "--python",
+    ])
+    .arg(&py);
+    let evil = kernels.join("evil");
+    run(cmd).expect_lines(&[&format!(
+        "installed kernel evil (Evil\\x1b[2J\\x07) in {}",
+        evil.display()
+    )]);
+    let ctl = kernels.join("ctl\x1bname");
+    std::fs::create_dir_all(&ctl).expect("mkdir");
+    std::fs::write(
+        ctl.join("kernel.json"),
+        r#"{"argv": [], "display_name": "Ctl", "metadata": {"vramcap": {}}}"#,
+    )
+    .expect("write");
+    std::fs::remove_dir_all(&linked).expect("rm");
+    let mut cmd = kernel_cmd(&data);
+    cmd.arg("list");
+    let k = kernels.display();
+    // Columns as wide as the escaped text: `ctl\x1bname` is 11 characters,
+    // `Evil\x1b[2J\x07` 15.
+    run(cmd).expect_lines(&[
+        &format!("{:11}  {:15}  {k}/ctl\\x1bname", "ctl\\x1bname", "Ctl"),
+        &format!("{:11}  {:15}  {k}/evil", "evil", "Evil\\x1b[2J\\x07"),
+    ]);
+}
