@@ -515,3 +515,259 @@ fn kernel_install_list_and_remove() {
         )
     );
 }
+
+/// `VRAMCAP_LIMIT=""` (or only white space) is refused before the program
+/// runs, with the line the shim gives (without its `[PID]`) and its exit
+/// status 2: not run uncapped without a word.
+#[test]
+fn an_empty_limit_is_refused_as_the_shim_refuses_it() {
+    for value in ["", " \t"] {
+        let shim = client("procaddr", &[("VRAMCAP_LIMIT", value)], &["init"]);
+        shim.expect_code(2);
+        let shim_line = shim.stderr();
+        let (_, shim_text) = shim_line.split_once("]: ").expect("vramcap[PID]: …");
+
+        let mut cmd = python();
+        cmd.env("VRAMCAP_LIMIT", value)
+            .args(["-c", "print('the program ran')"]);
+        let (_, ran) = run_fed(cmd, "");
+        ran.expect_code(2);
+        assert_eq!(ran.stdout(), "", "the program must not run");
+        let shown = value.escape_debug();
+        assert_eq!(
+            ran.stderr(),
+            format!(
+                "vramcap: VRAMCAP_LIMIT=\"{shown}\" is not a valid limit: the value is empty (unset the variable to run without a cap); expected a size or percentage per GPU, e.g. 8GiB, 50%, 0=8GiB,1=4GiB or 4GiB,GPU-5ca1ab1e=2GiB\n"
+            )
+        );
+        assert_eq!(ran.stderr(), format!("vramcap: {shim_text}"), "{value:?}");
+    }
+}
+
+/// `LD_PRELOAD` naming a `libvramcap.so` that is not there does not count
+/// as the shim: one line says so, and the program runs under the
+/// package's, capped, with the missing one left out of `LD_PRELOAD`.
+#[test]
+fn a_missing_shim_in_ld_preload_is_replaced_by_the_packages() {
+    let v = venv();
+    let pkg_shim = v.site.join("vramcap/libvramcap.so");
+    let missing = fresh_dir("python-missing-preload").join("libvramcap.so");
+    let mut cmd = python();
+    cmd.env("VRAMCAP_LIMIT", "1GiB")
+        .env("LD_PRELOAD", &missing)
+        .args([
+            "-c",
+            &format!(
+                "import os, vramcap; print(os.environ['LD_PRELOAD'], vramcap.is_active()){ALLOC}"
+            ),
+        ]);
+    let (_, ran) = run_fed(cmd, "");
+    ran.expect_lines(&[&format!("{} True", pkg_shim.display()), "allocs 4 rc 2"]);
+    // The loader's own line about the missing file comes first.
+    let err = ran.stderr();
+    let last = err.lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        format!(
+            "vramcap: VRAMCAP_LIMIT is set and LD_PRELOAD names {}, which is not there: restarting this interpreter under {}",
+            missing.display(),
+            pkg_shim.display()
+        ),
+        "{err}"
+    );
+    assert_eq!(err.matches("vramcap:").count(), 1, "{err}");
+
+    // Nor is a name that only contains libvramcap.so.
+    let mut cmd = python();
+    cmd.env("VRAMCAP_LIMIT", "1GiB")
+        .env("LD_PRELOAD", "/nonexistent/libvramcap.so.bak")
+        .args([
+            "-c",
+            &format!("import vramcap; print(vramcap.is_active()){ALLOC}"),
+        ]);
+    let (_, ran) = run_fed(cmd, "");
+    ran.expect_lines(&["True", "allocs 4 rc 2"]);
+}
+
+/// `NVIDIA_GPU_MEMORY_LIMIT` (MiB, as NVIDIA's container toolkit sets it)
+/// alone starts the shim, which caps by it.
+#[test]
+fn nvidia_gpu_memory_limit_alone_caps_python() {
+    let v = venv();
+    let mut cmd = python();
+    cmd.env("NVIDIA_GPU_MEMORY_LIMIT", "1024")
+        .args(["-c", &format!("{WHO}{ALLOC}")]);
+    let (pid, ran) = run_fed(cmd, "");
+    let mut want = who_under_the_shim(pid, "['-c']", &v.python, "");
+    want.push("allocs 4 rc 2".into());
+    ran.expect_owned_lines(&want);
+    assert_eq!(ran.stderr(), "");
+}
+
+/// `set_limit(0, '12.5%')` at the top of a script restarts it capped at
+/// 12.5% of the device (2 GiB of the stand-in's 16), and the restarted
+/// script goes on; under the shim already, it sets the cap in place.
+#[test]
+fn set_limit_of_a_percentage_at_the_top_of_a_script() {
+    let dir = fresh_dir("python-set-limit-percent");
+    let script = dir.join("train.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import vramcap; vramcap.set_limit(0, '12.5%')\nimport os\nprint('pid', os.getpid()){ALLOC}print('limit', vramcap.get_limit(0))\n"
+        ),
+    )
+    .expect("write script");
+    let mut cmd = python();
+    cmd.arg(&script);
+    let (pid, ran) = run_fed(cmd, "");
+    ran.expect_lines(&[&format!("pid {pid}"), "allocs 8 rc 2", "limit 2147483648"]);
+    assert_eq!(
+        ran.stderr(),
+        "vramcap: set_limit(0, '12.5%'): restarting this program under libvramcap.so with VRAMCAP_LIMIT=0=12.5%\n"
+    );
+
+    let mut cmd = python();
+    cmd.env("VRAMCAP_LIMIT", "4GiB").arg(&script);
+    let (pid, ran) = run_fed(cmd, "");
+    ran.expect_lines(&[&format!("pid {pid}"), "allocs 8 rc 2", "limit 2147483648"]);
+    assert_eq!(ran.stderr(), "");
+}
+
+/// With `VRAMCAP_DISABLE=1` inherited, `set_limit` says that is why it
+/// cannot cap, before any restart (not "LD_PRELOAD dropped?").
+#[test]
+fn set_limit_under_vramcap_disable_names_the_switch() {
+    let dir = fresh_dir("python-set-limit-disabled");
+    let script = dir.join("train.py");
+    std::fs::write(
+        &script,
+        "import vramcap\ntry:\n    vramcap.set_limit(0, '2GiB')\nexcept vramcap.NotActive as e:\n    print('NotActive:', e)\n",
+    )
+    .expect("write script");
+    let py = venv().python.display().to_string();
+    let want = format!(
+        "NotActive: set_limit(0, '2GiB'): VRAMCAP_DISABLE=1 in the environment turns vramcap off in this process, so it cannot be capped; unset VRAMCAP_DISABLE to cap it, e.g. env -u VRAMCAP_DISABLE {py} {}",
+        script.display()
+    );
+    // Without the shim, and under it (switched off).
+    for shim in [false, true] {
+        let mut cmd = python();
+        cmd.env("VRAMCAP_DISABLE", "1").arg(&script);
+        if shim {
+            cmd.env("LD_PRELOAD", &artefacts().shim);
+        }
+        let (_, ran) = run_fed(cmd, "");
+        ran.expect_lines(&[&want]);
+        assert_eq!(ran.stderr(), "", "shim {shim}");
+    }
+}
+
+/// `kernel install` writes only into a folder of its own in `kernels/`,
+/// replaces only a kernel.json it can read as its own, never writes
+/// through a link; `kernel list` and `install` print names, display names
+/// and folders with their control characters escaped.
+#[test]
+fn kernel_install_refuses_what_it_cannot_own() {
+    let dir = fresh_dir("python-kernel-refusals");
+    let data = dir.join("data");
+    let kernels = data.join("kernels");
+    let py = fake_python(&dir, &dir.join("env"));
+    std::fs::create_dir_all(&kernels).expect("mkdir");
+    let install = |name: &str| {
+        let mut cmd = kernel_cmd(&data);
+        cmd.args(["install", "--limit", "1GiB", "--name", name, "--python"])
+            .arg(&py);
+        run(cmd)
+    };
+
+    // `.` and `..` are not folders of their own: kernels/ itself, data/.
+    for name in [".", ".."] {
+        let ran = install(name);
+        ran.expect_code(2);
+        assert_eq!(
+            ran.stderr(),
+            format!(
+                "vramcap: kernel name \"{name}\": a kernelspec name is a folder of its own in kernels/, not \".\" or \"..\", e.g. --name vramcap-1gib\n"
+            )
+        );
+    }
+    assert!(!kernels.join("kernel.json").exists());
+    assert!(!data.join("kernel.json").exists());
+
+    // A kernel.json that is not JSON is not known to be vramcap's.
+    let broken = kernels.join("broken");
+    std::fs::create_dir_all(&broken).expect("mkdir");
+    std::fs::write(broken.join("kernel.json"), "{not json").expect("write");
+    let ran = install("broken");
+    ran.expect_code(2);
+    let why = serde_json::from_str::<serde_json::Value>("{not json")
+        .expect_err("not JSON")
+        .to_string();
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: a kernel named broken is at {} and its kernel.json is not valid JSON ({why}), so it is not known to be vramcap's; pick another name, e.g. --name vramcap-1gib\n",
+            broken.display()
+        )
+    );
+    assert_eq!(
+        std::fs::read_to_string(broken.join("kernel.json")).expect("read"),
+        "{not json"
+    );
+
+    // A kernel.json that is a link (even to a spec of vramcap's) is not
+    // written through.
+    let target = dir.join("elsewhere.json");
+    let ours = r#"{"argv": [], "display_name": "x", "metadata": {"vramcap": {}}}"#;
+    std::fs::write(&target, ours).expect("write");
+    let linked = kernels.join("linked");
+    std::fs::create_dir_all(&linked).expect("mkdir");
+    std::os::unix::fs::symlink(&target, linked.join("kernel.json")).expect("symlink");
+    let ran = install("linked");
+    ran.expect_code(2);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: a kernel named linked is at {} and its kernel.json is a symbolic link, which vramcap does not write through; pick another name, e.g. --name vramcap-1gib\n",
+            linked.display()
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&target).expect("read"), ours);
+
+    // Control characters in a display name and a folder name.
+    let mut cmd = kernel_cmd(&data);
+    cmd.args([
+        "install",
+        "--limit",
+        "1GiB",
+        "--name",
+        "evil",
+        "--display-name",
+        "Evil\x1b[2J\x07",
+        "--python",
+    ])
+    .arg(&py);
+    let evil = kernels.join("evil");
+    run(cmd).expect_lines(&[&format!(
+        "installed kernel evil (Evil\\x1b[2J\\x07) in {}",
+        evil.display()
+    )]);
+    let ctl = kernels.join("ctl\x1bname");
+    std::fs::create_dir_all(&ctl).expect("mkdir");
+    std::fs::write(
+        ctl.join("kernel.json"),
+        r#"{"argv": [], "display_name": "Ctl", "metadata": {"vramcap": {}}}"#,
+    )
+    .expect("write");
+    std::fs::remove_dir_all(&linked).expect("rm");
+    let mut cmd = kernel_cmd(&data);
+    cmd.arg("list");
+    let k = kernels.display();
+    // Columns as wide as the escaped text: `ctl\x1bname` is 11 characters,
+    // `Evil\x1b[2J\x07` 15.
+    run(cmd).expect_lines(&[
+        &format!("{:11}  {:15}  {k}/ctl\\x1bname", "ctl\\x1bname", "Ctl"),
+        &format!("{:11}  {:15}  {k}/evil", "evil", "Evil\\x1b[2J\\x07"),
+    ]);
+}

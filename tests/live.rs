@@ -532,23 +532,35 @@ fn a_disabled_shim_answers_enosys() {
 #[test]
 fn all_users_is_refused_to_anyone_but_root() {
     let dir = scratch_dir();
-    let mut cmd = if is_root() {
-        let mut cmd = Command::new("setpriv");
-        cmd.args(["--reuid=4242", "--regid=4242", "--clear-groups"])
-            .arg(&artefacts().cli);
-        cmd
-    } else {
-        bare(&artefacts().cli)
-    };
-    cmd.args(["limit", "--all-users", "--pid", "1", "2GiB"])
-        .env("VRAMCAP_STATS_DIR", &dir);
-    let ran = run(cmd);
-    ran.expect_code(2);
-    assert_eq!(ran.stdout(), "");
-    assert_eq!(
-        ran.stderr(),
-        "vramcap: --all-users is for root (it changes other users' processes); without it, vramcap limit acts on your own, e.g. vramcap limit --pid 4242 2GiB\n"
-    );
+    // Each example is the command's own syntax (park takes --pid).
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["limit", "--all-users", "--pid", "1", "2GiB"],
+            "limit --pid 4242 2GiB",
+        ),
+        (&["park", "--all-users", "--pid", "1"], "park --pid 4242"),
+    ];
+    for (args, example) in cases {
+        let mut cmd = if is_root() {
+            let mut cmd = Command::new("setpriv");
+            cmd.args(["--reuid=4242", "--regid=4242", "--clear-groups"])
+                .arg(&artefacts().cli);
+            cmd
+        } else {
+            bare(&artefacts().cli)
+        };
+        cmd.args(args).env("VRAMCAP_STATS_DIR", &dir);
+        let ran = run(cmd);
+        ran.expect_code(2);
+        assert_eq!(ran.stdout(), "");
+        let command = args[0];
+        assert_eq!(
+            ran.stderr(),
+            format!(
+                "vramcap: --all-users is for root (it changes other users' processes); without it, vramcap {command} acts on your own, e.g. vramcap {example}\n"
+            )
+        );
+    }
 }
 
 /// Another user's process takes a change only from root with

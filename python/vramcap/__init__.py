@@ -292,7 +292,19 @@ def set_limit(device, limit):
                     f"set_limit(-1, {limit!r}): a percentage is of one device's memory; "
                     "set each device, e.g. set_limit(0, '50%')"
                 )
-            total = memory_stats(device)["total"]
+            rc, s = _read_stats(lib, device)
+            if rc == -errno.ENODEV:
+                # As below: the device is not known before the first CUDA
+                # call. After a restart for this very cap it is the start
+                # cap already; else the driver is initialised and asked again.
+                from . import _autostart
+
+                if _autostart.restarted_for(device, limit):
+                    return
+                if _autostart.init_driver():
+                    rc, s = _read_stats(lib, device)
+            _check(rc, f"set_limit({device}, {limit!r})")
+            total = _as_dict(s)["total"]
         bytes_ = parse_amount(limit, total)
     elif isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
         bytes_ = min(limit, NO_CAP)
@@ -329,15 +341,20 @@ def memory_stats(device):
     peak, cached, spilled, refusals (a count) and total (the device's
     memory without the cap). A figure the library does not give is None."""
     lib = _need()
+    rc, s = _read_stats(lib, _devices(device, f"memory_stats({device!r})", every=False))
+    _check(rc, f"memory_stats({device})")
+    return _as_dict(s)
+
+
+def _read_stats(lib, device):
+    """``vramcap_memory_stats`` of ``device``: its return code and the
+    struct it filled."""
     s = _Stats()
-    _check(
-        lib.vramcap_memory_stats(
-            _devices(device, f"memory_stats({device!r})", every=False),
-            ctypes.byref(s),
-            ctypes.sizeof(s),
-        ),
-        f"memory_stats({device})",
-    )
+    return lib.vramcap_memory_stats(device, ctypes.byref(s), ctypes.sizeof(s)), s
+
+
+def _as_dict(s):
+    """The filled struct as :func:`memory_stats` returns it."""
     # Fields past what this library fills are unknown (an older library).
     filled = s.size // 8
     out = {}

@@ -6,10 +6,12 @@ command line (``sys.orig_argv``) and ``LD_PRELOAD`` naming this package's
 the rest of the environment stay.
 
 - At interpreter start: the wheel's ``vramcap_autostart.pth`` calls
-  :func:`autostart` when ``VRAMCAP_LIMIT`` or ``VRAMCAP_GROUP`` is set and
-  ``LD_PRELOAD`` does not name the shim. That runs before any user code,
-  so nothing is lost. With no vramcap variable set the ``.pth`` line only
-  looks up two environment variables.
+  :func:`autostart` when ``VRAMCAP_LIMIT``, ``VRAMCAP_GROUP`` or
+  ``NVIDIA_GPU_MEMORY_LIMIT`` (the variables the shim caps by) is set and
+  ``LD_PRELOAD`` names no existing file called ``libvramcap.so``. That
+  runs before any user code, so nothing is lost. With no such variable set
+  the ``.pth`` line only looks up three environment variables. An empty
+  ``VRAMCAP_LIMIT`` is refused as the shim refuses it (one line, exit 2).
 - From :func:`vramcap.set_limit` in a process not under the shim:
   :func:`restart_for_limit` restarts the program with that cap, where a
   restart loses nothing (no CUDA yet, a script or ``-c``/``-m`` to run
@@ -100,14 +102,66 @@ def _same_interpreter():
         return False
 
 
+# The variables the shim caps by: any one set starts the shim.
+CAP_VARS = ("VRAMCAP_LIMIT", "VRAMCAP_GROUP", "NVIDIA_GPU_MEMORY_LIMIT")
+# What the shim shows after a bad VRAMCAP_LIMIT (LIMIT_EXAMPLE in
+# crates/core/src/limit).
+LIMIT_EXAMPLE = "8GiB, 50%, 0=8GiB,1=4GiB or 4GiB,GPU-5ca1ab1e=2GiB"
+
+
+def _preloads(value):
+    """The entries of an ``LD_PRELOAD`` value, split as the loader splits
+    it (on ':' and ' ')."""
+    return [p for p in value.replace(" ", ":").split(":") if p]
+
+
+def _named_shims():
+    """The ``LD_PRELOAD`` entries whose file name is exactly ``libvramcap.so``."""
+    return [p for p in _preloads(os.environ.get("LD_PRELOAD", "")) if os.path.basename(p) == SHIM]
+
+
+def _escaped(value):
+    """``value`` as the shim shows it between quotes (Rust's
+    ``escape_debug``, for the characters an empty-looking value holds)."""
+    import unicodedata
+
+    out = []
+    for c in value:
+        if c in "\\\"'":
+            out.append("\\" + c)
+        elif c in "\t\r\n":
+            out.append({"\t": "\\t", "\r": "\\r", "\n": "\\n"}[c])
+        elif unicodedata.category(c) in ("Cc", "Zl", "Zp"):
+            out.append("\\u{%x}" % ord(c))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def empty_limit():
+    """The shim's line for a ``VRAMCAP_LIMIT`` that is set but empty (or
+    only white space), which the shim and ``vramcap run`` refuse; None for
+    any other value (the shim checks those itself)."""
+    from . import _WHITE
+
+    value = os.environ.get("VRAMCAP_LIMIT")
+    if value is None or value.strip(_WHITE):
+        return None
+    return (f'VRAMCAP_LIMIT="{_escaped(value)}" is not a valid limit: the value is empty '
+            f"(unset the variable to run without a cap); expected a size or percentage per GPU, "
+            f"e.g. {LIMIT_EXAMPLE}")
+
+
 def _exec(lib, env_extra):
     argv = orig_argv()
     if not argv:
         raise OSError("the interpreter's command line is not known")
     env = dict(os.environ)
     env.update(env_extra)
-    others = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":")
-              if p and p != lib]
+    # Another libvramcap.so named there is not in this process (a missing
+    # file, or one that did not load): the restart names only this one.
+    others = [p for p in _preloads(env.get("LD_PRELOAD", ""))
+              if p != lib and os.path.basename(p) != SHIM]
     env["LD_PRELOAD"] = ":".join([lib] + others)
     env[GUARD] = str(os.getpid())
     for stream in (sys.stdout, sys.stderr):
@@ -121,16 +175,22 @@ def _exec(lib, env_extra):
 def autostart():
     """At interpreter start with a vramcap variable set: the same program
     again under the shim, or a line saying why not (never an exception:
-    the interpreter starts either way)."""
+    the interpreter starts either way). An empty ``VRAMCAP_LIMIT`` ends the
+    process as the shim ends it: one line, exit status 2."""
     try:
+        bad = empty_limit()
+        if bad is not None:
+            _say(bad)
+            os._exit(2)
         if shim_loaded():
             return
-        which = "VRAMCAP_LIMIT" if os.environ.get("VRAMCAP_LIMIT") else "VRAMCAP_GROUP"
+        which = next((v for v in CAP_VARS if os.environ.get(v)), CAP_VARS[0])
         if os.environ.get(GUARD) == str(os.getpid()):
             _say(f"{which} is set and this interpreter was restarted under {SHIM}, "
                  "but it is not loaded (LD_PRELOAD dropped?): running without the cap")
             return
         lib = shim_path()
+        named = _named_shims()
         if lib is None:
             _say(f"{which} is set but this package's {SHIM} is missing: running without "
                  "the cap; reinstall it, e.g. pip install --force-reinstall vramcap")
@@ -139,6 +199,10 @@ def autostart():
             _say(f"{which} is set but this Python is embedded in another program, which "
                  "cannot be restarted: start that program under vramcap run")
             return
+        if named:
+            why = "is not there" if not os.path.exists(named[0]) else "did not load"
+            _say(f"{which} is set and LD_PRELOAD names {named[0]}, which {why}: "
+                 f"restarting this interpreter under {lib}")
         _exec(lib, {})
     except Exception as e:  # noqa: BLE001 - a .pth must never stop the interpreter
         _say(f"cannot restart this interpreter under {SHIM}: {e}; running without the cap")
@@ -215,6 +279,21 @@ def restarted_for(device, limit):
             and os.environ.get("VRAMCAP_LIMIT") == spec)
 
 
+# The operator's cap (OPERATOR_LIMIT_PATH in crates/core/src/settings),
+# under which the shim ignores VRAMCAP_DISABLE.
+OPERATOR_LIMIT_PATH = "/run/vramcap/operator-limit"
+
+
+def switched_off():
+    """Whether the shim would pass every call through here:
+    ``VRAMCAP_DISABLE=1`` (as the shim reads it) and no operator's cap."""
+    from . import _WHITE
+
+    value = os.environ.get("VRAMCAP_DISABLE")
+    return (value is not None and value.strip(_WHITE) == "1"
+            and not os.path.exists(OPERATOR_LIMIT_PATH))
+
+
 def restart_for_limit(call, spec):
     """``vramcap.set_limit`` without the shim: restarts the program with
     ``VRAMCAP_LIMIT=spec`` (one line on stderr), or raises NotActive with
@@ -223,6 +302,12 @@ def restart_for_limit(call, spec):
 
     lost = _lost()
     argv = orig_argv() or [os.path.basename(sys.executable or "python3")]
+    if switched_off():
+        # Under the shim or not, it would pass every call through: not
+        # restarted for nothing, and told why rather than "not loaded".
+        raise NotActive(f"{call}: VRAMCAP_DISABLE=1 in the environment turns vramcap off in "
+                        "this process, so it cannot be capped; unset VRAMCAP_DISABLE to cap it, "
+                        f"e.g. env -u VRAMCAP_DISABLE {shlex.join(argv)}")
     command = f"{_cli()} run --limit {shlex.quote(spec)} -- {shlex.join(argv)}"
     if lost is not None:
         kind, why = lost

@@ -455,3 +455,35 @@ fn parse_park_duration(text: &str) -> Result<std::time::Duration, String> {
     vramcap_core::settings::parse_duration(text)
         .ok_or_else(|| format!("{text:?} is not a duration; e.g. 10m, 30s or 500ms"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example in the `--all-users` refusal of each command that
+    /// writes to pages is a command line the CLI takes.
+    #[test]
+    fn the_all_users_refusal_suggests_a_valid_command() {
+        let write = cli::trim::WriteOptions {
+            dirs: Vec::new(),
+            all_users: true,
+        };
+        for command in ["trim", "limit", "park", "resume"] {
+            let Err(line) = write.resolve(1000, command) else {
+                panic!("{command}: --all-users accepted from uid 1000");
+            };
+            let (_, example) = line.rsplit_once("e.g. ").expect("an example");
+            let argv: Vec<&str> = example.split_whitespace().collect();
+            assert_eq!(argv[..2], ["vramcap", command], "{line}");
+            if let Err(e) = Cli::try_parse_from(&argv) {
+                panic!("{command}: {example:?} does not parse: {e}");
+            }
+        }
+        assert_eq!(
+            write.resolve(1000, "park").err().as_deref(),
+            Some(
+                "--all-users is for root (it changes other users' processes); without it, vramcap park acts on your own, e.g. vramcap park --pid 4242"
+            )
+        );
+    }
+}

@@ -14,11 +14,12 @@
 //! the interpreter's `sys.prefix`), then `/usr/local/share/jupyter` and
 //! `/usr/share/jupyter`; each with a `kernels` folder.
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
 
 use serde_json::json;
 use vramcap_core::exe::{is_executable, on_path};
+use vramcap_core::text;
 
 /// The CLI's `kernel` actions.
 #[derive(clap::Subcommand)]
@@ -130,6 +131,15 @@ fn valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// Whether `name` is one plain folder name in `kernels/` (not `.` or
+/// `..`, which jupyter_client's rule lets through).
+fn one_folder(name: &str) -> bool {
+    matches!(
+        Path::new(name).components().collect::<Vec<_>>()[..],
+        [Component::Normal(_)]
+    )
 }
 
 /// `vramcap-8gib` for `--limit 8GiB`, `vramcap-group-train` for `--group train`.
@@ -271,11 +281,15 @@ struct Found {
 
 impl Found {
     fn ours(&self) -> bool {
-        self.spec
-            .get("metadata")
-            .and_then(|m| m.get("vramcap"))
-            .is_some()
+        is_ours(&self.spec)
     }
+}
+
+/// Whether a kernelspec is one vramcap wrote: its `metadata.vramcap`.
+fn is_ours(spec: &serde_json::Value) -> bool {
+    spec.get("metadata")
+        .and_then(|m| m.get("vramcap"))
+        .is_some()
 }
 
 fn read_spec(dir: &Path) -> Option<serde_json::Value> {
@@ -333,6 +347,12 @@ fn install(
             default_name(opts)
         ));
     }
+    if !one_folder(&name) {
+        return Err(format!(
+            "kernel name {name:?}: a kernelspec name is a folder of its own in kernels/, not \".\" or \"..\", e.g. --name {}",
+            default_name(opts)
+        ));
+    }
     let name = name.to_ascii_lowercase();
     let python = find_python(python)?;
     let env_prefix = python_prefix(&python)?;
@@ -346,19 +366,13 @@ fn install(
         )?
     };
     let dir = data.join("kernels").join(&name);
-    if let Some(spec) = read_spec(&dir) {
-        let found = Found {
-            name: name.clone(),
-            dir: dir.clone(),
-            spec,
-        };
-        if !found.ours() {
-            return Err(format!(
-                "a kernel named {name} is at {} and was not written by vramcap; pick another name, e.g. --name {}",
-                dir.display(),
-                default_name(opts)
-            ));
-        }
+    let file = dir.join("kernel.json");
+    if let Some(why) = not_ours_to_replace(&dir) {
+        return Err(format!(
+            "a kernel named {name} is at {} and {why}; pick another name, e.g. --name {}",
+            text::path(&dir),
+            default_name(opts)
+        ));
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this vramcap: {e}"))?;
     let mut argv = vec![exe.to_string_lossy().into_owned(), "run".into()];
@@ -383,49 +397,97 @@ fn install(
         "interrupt_mode": "signal",
         "metadata": { "debugger": true, "vramcap": marker },
     });
-    let text = serde_json::to_string_pretty(&spec).expect("a JSON value always serialises") + "\n";
-    if let Err(e) =
-        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join("kernel.json"), text))
-    {
-        eprintln!(
-            "vramcap: cannot write {}: {e}",
-            dir.join("kernel.json").display()
-        );
+    let json = serde_json::to_string_pretty(&spec).expect("a JSON value always serialises") + "\n";
+    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| write_spec(&file, &json)) {
+        eprintln!("vramcap: cannot write {}: {e}", text::path(&file));
         return Ok(ExitCode::from(1));
     }
-    println!("installed kernel {name} ({display}) in {}", dir.display());
+    println!(
+        "installed kernel {name} ({}) in {}",
+        text::printable(&display),
+        text::path(&dir)
+    );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why the kernelspec in `dir` may not be replaced by `install`, or None
+/// when it may: there is none, or its `kernel.json` is vramcap's. One that
+/// cannot be read as JSON is not known to be vramcap's; a link or anything
+/// but a regular file is not written through.
+fn not_ours_to_replace(dir: &Path) -> Option<String> {
+    let file = dir.join("kernel.json");
+    match std::fs::symlink_metadata(&file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(format!("its kernel.json cannot be read ({e})")),
+        Ok(m) if m.file_type().is_symlink() => {
+            return Some(
+                "its kernel.json is a symbolic link, which vramcap does not write through".into(),
+            );
+        }
+        Ok(m) if !m.is_file() => return Some("its kernel.json is not a regular file".into()),
+        Ok(_) => {}
+    }
+    let spec = match std::fs::read_to_string(&file) {
+        Ok(t) => serde_json::from_str::<serde_json::Value>(&t).map_err(|e| {
+            format!("its kernel.json is not valid JSON ({e}), so it is not known to be vramcap's")
+        }),
+        Err(e) => Err(format!("its kernel.json cannot be read ({e})")),
+    };
+    match spec {
+        Err(why) => Some(why),
+        Ok(spec) => (!is_ours(&spec)).then(|| "was not written by vramcap".to_string()),
+    }
+}
+
+/// Writes `json` to `file`, which must be a regular file or absent: never
+/// through a link (`O_NOFOLLOW`), nor into a FIFO or device (checked on the
+/// open file, `O_NONBLOCK` so a FIFO cannot hold the open).
+fn write_spec(file: &Path, json: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(file)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    f.set_len(0)?;
+    f.write_all(json.as_bytes())
 }
 
 fn list(extra: Option<&Path>) -> ExitCode {
     let ours: Vec<Found> = all_specs(extra).into_iter().filter(Found::ours).collect();
     if ours.is_empty() {
-        let looked: Vec<String> = search_path(extra)
-            .iter()
-            .map(|d| d.display().to_string())
-            .collect();
+        let looked: Vec<String> = search_path(extra).iter().map(|d| text::path(d)).collect();
         println!(
             "no vramcap kernels (looked in {}); add one with: vramcap kernel install --limit 8GiB",
             looked.join(", ")
         );
         return ExitCode::SUCCESS;
     }
-    let display = |f: &Found| {
-        f.spec
-            .get("display_name")
-            .and_then(|d| d.as_str())
-            .unwrap_or("")
-            .to_string()
-    };
-    let w_name = ours.iter().map(|f| f.name.len()).max().unwrap_or(0);
-    let w_disp = ours.iter().map(|f| display(f).len()).max().unwrap_or(0);
-    for f in &ours {
-        println!(
-            "{:w_name$}  {:w_disp$}  {}",
-            f.name,
-            display(f),
-            f.dir.display()
-        );
+    // Names, display names and folders as printable text: a kernel.json
+    // or a folder name may hold anything.
+    let rows: Vec<[String; 3]> = ours
+        .iter()
+        .map(|f| {
+            let display = f
+                .spec
+                .get("display_name")
+                .and_then(|d| d.as_str())
+                .unwrap_or("");
+            [
+                text::printable(&f.name).into_owned(),
+                text::printable(display).into_owned(),
+                text::path(&f.dir),
+            ]
+        })
+        .collect();
+    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
+    let (w_name, w_disp) = (width(0), width(1));
+    for [name, display, dir] in &rows {
+        println!("{name:w_name$}  {display:w_disp$}  {dir}");
     }
     ExitCode::SUCCESS
 }
@@ -438,16 +500,21 @@ fn remove(name: &str, extra: Option<&Path>) -> Result<ExitCode, String> {
         ));
     };
     if !found.ours() {
+        let name = text::printable(name);
         return Err(format!(
             "the kernel {name} at {} was not written by vramcap; remove it with jupyter: jupyter kernelspec remove {name}",
-            found.dir.display()
+            text::path(&found.dir)
         ));
     }
     if let Err(e) = std::fs::remove_dir_all(&found.dir) {
-        eprintln!("vramcap: cannot remove {}: {e}", found.dir.display());
+        eprintln!("vramcap: cannot remove {}: {e}", text::path(&found.dir));
         return Ok(ExitCode::from(1));
     }
-    println!("removed kernel {lower} from {}", found.dir.display());
+    println!(
+        "removed kernel {} from {}",
+        text::printable(&lower),
+        text::path(&found.dir)
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -515,5 +582,11 @@ mod tests {
         assert!(!valid_name("my kernel"));
         assert!(!valid_name(""));
         assert!(valid_name("Vramcap_8.x-y"));
+        // jupyter_client's rule lets these through; neither is a folder of
+        // its own in kernels/.
+        for name in [".", ".."] {
+            assert!(valid_name(name) && !one_folder(name), "{name}");
+        }
+        assert!(one_folder("...") && one_folder("vramcap-8gib"));
     }
 }

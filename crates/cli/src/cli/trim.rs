@@ -34,12 +34,14 @@ impl WriteOptions {
         } else if uid == 0 {
             Users::All
         } else {
+            // Each command's own way to name a process: trim takes PIDs,
+            // limit, park and resume take --pid (main.rs).
             return Err(format!(
                 "--all-users is for root (it changes other users' processes); without it, vramcap {command} acts on your own, e.g. vramcap {command} {}",
-                if command == "limit" {
-                    "--pid 4242 2GiB"
-                } else {
-                    "4242"
+                match command {
+                    "limit" => "--pid 4242 2GiB",
+                    "park" | "resume" => "--pid 4242",
+                    _ => "4242",
                 }
             ));
         };
