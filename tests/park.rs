@@ -925,3 +925,66 @@ fn a_refusal_to_the_policy_is_said_once_in_a_row() {
         .collect();
     assert_eq!(x_said, [format!("vramcap[{px}]: cannot park: {why}")]);
 }
+
+// `vramcap park`/`resume` against pages that do not answer (issue 42,
+// items 8 and 9): forged pages (`readers::forge`, kept live by this test
+// holding their lock, with parking switched on in their header) and
+// processes that cannot answer (stopped, or parked for a `limit`).
+
+const LIMIT_REQUESTS_AT: u64 = 80;
+const LIMIT_ACKS_AT: u64 = 88;
+
+fn word(file: &std::fs::File, at: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 8];
+    file.read_exact_at(&mut b, at).unwrap();
+    u64::from_ne_bytes(b)
+}
+
+fn page_file(dir: &Path, pid: u32) -> std::fs::File {
+    std::fs::File::open(dir.join(format!("{pid}.page"))).unwrap()
+}
+
+/// Polls `done` until it holds, failing after 20 s.
+fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// A parked process does not apply a `limit` (its background thread does
+/// no work while parked): the change is withdrawn when `limit` gives up,
+/// so the resumed process keeps its cap. It used to take the new cap at
+/// resume, and be over it, after `limit` had said it failed.
+#[test]
+fn a_limit_that_timed_out_on_a_parked_process_is_not_applied_at_resume() {
+    let dir = scratch_dir();
+    let h = held_in(
+        &dir,
+        &[MANUAL, NO_CACHE, ("VRAMCAP_LIMIT", "4GiB")],
+        &["init", "alloc", "1M", "wait"],
+    );
+    let pid = h.pid();
+    let p = pid.to_string();
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 1.00 MiB moved to host memory and released"
+    )]);
+    let ran = cli(&dir, &["limit", "--pid", &p, "--timeout", "0.5", "512KiB"]);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!(
+            "vramcap: {pid} did not take the change within 0.5s (it is stopped or parked, or its background thread is not running); the change is withdrawn: its cap stays as it was\n"
+        )
+    );
+    cli(&dir, &["resume", "--pid", &p]).expect_lines(&[&format!("{pid}: running, holds 1.00 MiB")]);
+    let f = page_file(&dir, pid);
+    poll_until("the withdrawn change is acknowledged", || {
+        word(&f, LIMIT_ACKS_AT) == word(&f, LIMIT_REQUESTS_AT)
+    });
+    assert_eq!(stat_device0(&dir, pid)["limit_bytes"], 4 * GIB);
+    let (_, out) = h.finish();
+    assert!(out.status.success(), "{out:?}");
+}
