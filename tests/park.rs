@@ -936,7 +936,9 @@ const PARK_STATE_AT: u64 = 96;
 const PARK_REQUESTS_AT: u64 = 104;
 const PARK_ACKS_AT: u64 = 112;
 const PARK_ASK_AT: u64 = 120;
+const PARK_OUTCOME_AT: u64 = 128;
 const PARK_MODE_AT: u64 = 936;
+const PARKED_AT: u64 = 960;
 const LIMIT_REQUESTS_AT: u64 = 80;
 const LIMIT_ACKS_AT: u64 = 88;
 
@@ -1123,4 +1125,30 @@ fn a_limit_that_timed_out_on_a_parked_process_is_not_applied_at_resume() {
     assert_eq!(stat_device0(&dir, pid)["limit_bytes"], 4 * GIB);
     let (_, out) = h.finish();
     assert!(out.status.success(), "{out:?}");
+}
+
+/// A park answered Ok after the process was already running again (a
+/// CUDA call of its own resumed it before `park` read the answer): the
+/// line says so and what it holds, not "0 B moved". A thread of this test
+/// answers for the forged page as the shim would.
+#[test]
+fn a_park_undone_at_once_by_the_process_says_so() {
+    let dir = scratch_dir();
+    let forged = forge_parkable(&dir, 980_020);
+    let file = forged.file.try_clone().unwrap();
+    let answerer = std::thread::spawn(move || {
+        poll_until("a park request", || {
+            word(&file, PARK_REQUESTS_AT) != word(&file, PARK_ACKS_AT)
+        });
+        // Parked and resumed already: running, nothing parked.
+        put_word(&file, PARK_STATE_AT, 0);
+        put_word(&file, PARKED_AT, 0);
+        put_word(&file, PARK_OUTCOME_AT, 0);
+        put_word(&file, PARK_ACKS_AT, word(&file, PARK_REQUESTS_AT));
+    });
+    park(&dir, 980_020).expect_lines(&[
+        "980020: parked, then resumed at once by a CUDA call of its own; holds 1.00 MiB",
+    ]);
+    answerer.join().unwrap();
+    drop(forged);
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use vramcap_core::human_bytes;
 use vramcap_core::page::{FLAG_ACTIVE, Page, acknowledged, get_text};
-use vramcap_core::park::{Ask, Outcome, ParkMode};
+use vramcap_core::park::{Ask, Outcome, ParkMode, ParkState};
 
 use super::stat::StatsDirs;
 use super::trim::{find, next_ticket, targets, usable};
@@ -286,10 +286,7 @@ fn poll(p: &mut Pending, ask: Ask, a: &ParkArgs) -> Option<Result<String, String
     if acknowledged(h.park_acks.load(Ordering::Acquire), p.ticket) {
         let outcome = Outcome::from_word(h.park_outcome.load(Ordering::Acquire));
         return match (ask, outcome) {
-            (Ask::Park, Outcome::Ok) => Some(Ok(format!(
-                "{pid}: parked, {} moved to host memory and released",
-                human_bytes(parked_bytes(page))
-            ))),
+            (Ask::Park, Outcome::Ok) => Some(Ok(parked_line(pid, page))),
             (Ask::Resume, Outcome::Ok) => Some(Ok(format!(
                 "{pid}: running, holds {}",
                 human_bytes(held_bytes(page))
@@ -313,6 +310,28 @@ fn poll(p: &mut Pending, ask: Ask, a: &ParkArgs) -> Option<Result<String, String
         return Some(Err(timed_out(p, ask)));
     }
     None
+}
+
+/// What a park that was answered Ok did, as the page shows it now.
+fn parked_line(pid: u32, page: &Page) -> String {
+    let h = &page.header;
+    match ParkState::from_word(h.park_state.load(Ordering::Acquire)) {
+        // A call of its own resumed it before the answer was read: what
+        // was moved is back, and no longer counted as parked.
+        state @ (ParkState::Running | ParkState::Resuming) => format!(
+            "{pid}: parked, then {} at once by a CUDA call of its own; holds {}",
+            if state == ParkState::Running {
+                "resumed"
+            } else {
+                "resuming"
+            },
+            human_bytes(held_bytes(page))
+        ),
+        _ => format!(
+            "{pid}: parked, {} moved to host memory and released",
+            human_bytes(parked_bytes(page))
+        ),
+    }
 }
 
 /// The error of a request not answered in time, after trying to withdraw
