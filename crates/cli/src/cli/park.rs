@@ -368,3 +368,30 @@ fn now_ns() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default wait is the CLI's, whatever the page claims: 10 s and
+    /// 1 s per GiB held or parked, at most 300 s, the sums saturating; a
+    /// `--timeout` is used as given.
+    #[test]
+    fn the_default_bound_does_not_follow_the_page_past_its_limit() {
+        // SAFETY: a page is plain words; all zeroes is a valid one.
+        let page: Box<Page> = unsafe { Box::new_zeroed().assume_init() };
+        assert_eq!(bound(&page, None), Duration::from_secs(10));
+        page.header.parked[0].store(3 << 30, Ordering::Relaxed);
+        assert_eq!(bound(&page, None), Duration::from_secs(13));
+        for w in &page.header.parked {
+            w.store(u64::MAX, Ordering::Relaxed);
+        }
+        assert_eq!(parked_bytes(&page), u64::MAX);
+        assert_eq!(bound(&page, None), MAX_DEFAULT_TIMEOUT);
+        assert_eq!(MAX_DEFAULT_TIMEOUT, Duration::from_secs(300));
+        assert_eq!(
+            bound(&page, Some(Duration::from_millis(500))),
+            Duration::from_millis(500)
+        );
+    }
+}
