@@ -117,3 +117,63 @@ fn hostile_text_in_pages_and_directory_names_is_escaped_in_labels() {
     ex.stop();
     drop(page);
 }
+
+/// 64 clients (every slot) that ask for a large `/metrics` (1536
+/// process-GPU rows, 6 MB: more than the socket buffers hold) and
+/// never read it: a scrape after them still answers 200 at once, and so
+/// do the ones after it while they keep the connections open. The oldest
+/// connection whose answer is not being taken is closed to make room. It
+/// used to answer 503 to every scrape while their writes waited (10 s
+/// each, and for good if they were reopened).
+#[test]
+fn clients_that_never_read_a_large_scrape_never_keep_scrapes_out() {
+    use std::time::Duration;
+    const STALLED: usize = 64;
+    let dir = fresh_dir("exporter-stalled");
+    let forged = forge_full_pages(&dir, 970_000, 24);
+    let ex = Exporter::start(&dir);
+    let t0 = Instant::now();
+    let size = ex.get("/metrics").body.len();
+    eprintln!("one scrape: {size} bytes in {:?}", t0.elapsed());
+    assert!(size > 5 << 20, "a large scrape: {size} bytes");
+    let stalled: Vec<TcpStream> = (0..STALLED)
+        .map(|_| {
+            let s = TcpStream::connect(ex.addr).expect("connect");
+            (&s).write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    // Every one's answer has started (the exporter is writing to all 64):
+    // its first bytes are there to peek at, none of it is taken.
+    for s in &stalled {
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(s.peek(&mut b).expect("the answer starts"), 16);
+        assert_eq!(&b[..12], b"HTTP/1.1 200");
+    }
+    eprintln!("all {STALLED} answers started after {:?}", t0.elapsed());
+    for round in 0..5 {
+        let start = Instant::now();
+        let r = ex.get("/metrics");
+        let took = start.elapsed();
+        assert_eq!(r.status, 200, "scrape {round}: {:?}", r.headers);
+        assert_eq!(r.body.len(), size, "scrape {round}");
+        assert!(
+            took < Duration::from_secs(5),
+            "scrape {round} took {took:?}"
+        );
+    }
+    // The oldest stalled ones were closed: the end of their answer never
+    // comes (read until the connection ends, within the deadline).
+    let mut first = &stalled[0];
+    let mut bytes = Vec::new();
+    first
+        .read_to_end(&mut bytes)
+        .expect("closed, not timed out");
+    assert!(bytes.len() < size, "{} bytes of {size}", bytes.len());
+    drop(stalled);
+    ex.scrape();
+    ex.stop();
+    drop(forged);
+}

@@ -70,8 +70,12 @@ pub struct ParkSnapshot {
 
 impl ParkSnapshot {
     /// Every GPU's parked bytes.
+    /// Every GPU's parked bytes, saturating: the words are a page's,
+    /// which anyone who may write it can set, so their sum may not fit.
     pub fn bytes(&self) -> u64 {
-        self.parked.iter().sum()
+        self.parked
+            .iter()
+            .fold(0u64, |sum, &b| sum.saturating_add(b))
     }
 
     /// The bytes parked of GPU `index` (0 past [`PARK_DEVICES`]).
@@ -277,6 +281,20 @@ impl ParkMode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parked_bytes_saturate() {
+        let s = ParkSnapshot {
+            parked: vec![u64::MAX, 1, u64::MAX - 5],
+            ..Default::default()
+        };
+        assert_eq!(s.bytes(), u64::MAX);
+        let s = ParkSnapshot {
+            parked: vec![1 << 30, 2 << 30],
+            ..Default::default()
+        };
+        assert_eq!(s.bytes(), 3 << 30);
+    }
 
     #[test]
     fn words_round_trip() {

@@ -182,10 +182,7 @@ fn change(
             ));
         }
         if start.elapsed() >= a.timeout {
-            return Err(format!(
-                "{pid} did not take the change within {:.1}s (it is not running, or its background thread is not); its cap is unchanged until it does",
-                a.timeout.as_secs_f64()
-            ));
+            return Err(timed_out(pid, page, &asked, a.timeout));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -204,6 +201,33 @@ fn change(
         }
     }
     Ok(report(pid, page, &asked))
+}
+
+/// The error of a change not taken in time, after trying to withdraw it:
+/// the shim takes each slot's `requested` word by swapping it to 0 (0
+/// changes nothing), so putting 0 back in place of each new cap (a
+/// compare-and-swap) before the shim takes it means it will never apply
+/// it. When a swap fails the shim has taken that cap (it is being
+/// applied) or another `limit` replaced it: it may still take effect, for
+/// instance when a parked or stopped process runs again.
+fn timed_out(pid: u32, page: &Page, asked: &[(usize, u64, u64)], timeout: Duration) -> String {
+    let mut withdrawn = true;
+    for &(i, _, new) in asked {
+        withdrawn &= page.slots[i]
+            .requested
+            .compare_exchange(new, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+    }
+    let secs = timeout.as_secs_f64();
+    if withdrawn {
+        format!(
+            "{pid} did not take the change within {secs:.1}s (it is stopped or parked, or its background thread is not running); the change is withdrawn: its cap stays as it was"
+        )
+    } else {
+        format!(
+            "{pid} did not take the change within {secs:.1}s; the change is still pending and may take effect when it next runs"
+        )
+    }
 }
 
 /// Whether every changed GPU holds at most its cap in force.

@@ -105,6 +105,8 @@ pub(super) fn read_one(dir: &Dir, name: &OsStr, users: Users) -> Outcome {
 /// says so and the page reads as zeroes, never a crash.
 pub struct PageMap {
     map: Guarded,
+    /// The page's file, kept open to ask whether its process lives.
+    file: std::fs::File,
 }
 
 impl PageMap {
@@ -119,6 +121,13 @@ impl PageMap {
     pub fn shrank(&self) -> bool {
         self.map.faulted()
     }
+
+    /// Whether the page's process is alive: it holds the lock on the
+    /// page's first byte while it lives (the kernel drops it when it
+    /// ends), as a scan tells live pages from dead ones.
+    pub fn alive(&self) -> bool {
+        ofd_locked(self.file.as_raw_fd(), 0, 1)
+    }
 }
 
 /// Maps the page of `pid` in `dir` read-write, after the same checks as a scan.
@@ -131,5 +140,5 @@ pub fn map_for_write(dir: &Path, pid: u32, users: Users) -> Result<PageMap, Stri
     page::check_header(len, &head, users.expected()).map_err(|p| format!("{shown}: {p}"))?;
     let map =
         Guarded::map(file.as_raw_fd(), PAGE_SIZE, true).map_err(|e| format!("{shown}: {e}"))?;
-    Ok(PageMap { map })
+    Ok(PageMap { map, file })
 }

@@ -195,6 +195,14 @@ impl CacheBound {
 
 /// Parses a duration: `500ms`, `5s`, `2m`, `1h`, or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    parse_duration_or_zero(text).filter(|d| !d.is_zero())
+}
+
+/// A duration as [`parse_duration`] takes it, zero included (`0`, `0s`,
+/// `0ms` and `0.0m` alike): for the settings where zero means "none" or
+/// "at once". Whatever unit, a zero is a zero and a positive value is
+/// positive, so `0s` and `0` are never told apart.
+pub fn parse_duration_or_zero(text: &str) -> Option<std::time::Duration> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -212,7 +220,9 @@ pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
         "h" => v * 3600.0,
         _ => return None,
     };
-    (secs > 0.0 && secs <= 86_400.0 * 365.0).then(|| std::time::Duration::from_secs_f64(secs))
+    (0.0..=86_400.0 * 365.0)
+        .contains(&secs)
+        .then(|| std::time::Duration::from_secs_f64(secs))
 }
 
 /// Where pages go when `VRAMCAP_STATS_DIR` is unset: `$XDG_RUNTIME_DIR/vramcap`
@@ -337,7 +347,10 @@ pub fn parse_park(value: &str) -> Result<crate::park::ParkMode, SettingsError> {
         .filter(|p| p.eq_ignore_ascii_case("idle:"))
         .map(|_| &t[5..])
         .ok_or_else(err)?;
-    parse_duration(rest)
+    // `idle:0` is "idle as soon as no call is in flight", as `idle:1ms`
+    // is (idleness is judged once a tick): zero is no threshold, not an
+    // error, whatever its unit.
+    parse_duration_or_zero(rest)
         .map(crate::park::ParkMode::Idle)
         .ok_or_else(err)
 }
@@ -345,12 +358,10 @@ pub fn parse_park(value: &str) -> Result<crate::park::ParkMode, SettingsError> {
 /// Parses `VRAMCAP_PARK_WAIT` (how long an allocation waits for room when
 /// no group member can be parked; `0` is the default, refuse at once).
 pub fn parse_park_wait(value: &str) -> Result<std::time::Duration, SettingsError> {
-    if value.trim() == "0" {
-        return Ok(std::time::Duration::ZERO);
-    }
-    parse_duration(value).ok_or_else(|| SettingsError::Other {
+    // `0`, `0s`, `0ms`: all "none".
+    parse_duration_or_zero(value).ok_or_else(|| SettingsError::Other {
         var: PARK_WAIT_VAR,
         value: value.to_string(),
-        expected: "a duration, 0 for none (the default), e.g. VRAMCAP_PARK_WAIT=30s",
+        expected: "a duration, 0 or 0s for none (the default), e.g. VRAMCAP_PARK_WAIT=30s",
     })
 }

@@ -352,7 +352,7 @@ fn modes_parse_and_bad_values_say_so_in_one_line() {
         ))
     );
     for bad in [
-        "", "idle", "idle:", "idle:0", "idle:-1s", "auto", "idle:10x", "manual:1",
+        "", "idle", "idle:", "idle:-1s", "auto", "idle:10x", "manual:1", "idle:0x",
     ] {
         let e = parse_park(bad).unwrap_err().to_string();
         assert_eq!(
@@ -363,7 +363,34 @@ fn modes_parse_and_bad_values_say_so_in_one_line() {
         );
         assert!(!e.contains('\n'));
     }
-    assert_eq!(parse_park_wait("0"), Ok(std::time::Duration::ZERO));
+    // Zero is zero whatever its unit: `idle:0` as `idle:0.0000001` (both
+    // "idle as soon as no call is in flight"), `0s` as `0`.
+    for zero in ["idle:0", "idle:0s", "idle:0ms", "idle:0.0"] {
+        assert_eq!(
+            parse_park(zero),
+            Ok(crate::park::ParkMode::Idle(std::time::Duration::ZERO)),
+            "{zero}"
+        );
+    }
+    assert_eq!(
+        crate::park::ParkMode::from_word(parse_park("idle:0").unwrap().word()),
+        crate::park::ParkMode::from_word(parse_park("idle:0.0000001").unwrap().word()),
+    );
+    for zero in ["0", "0s", "0ms", "0.0m", " 0s "] {
+        assert_eq!(
+            parse_park_wait(zero),
+            Ok(std::time::Duration::ZERO),
+            "{zero}"
+        );
+    }
+    for bad in ["soon", "-1s", "0x", ".0s"] {
+        assert_eq!(
+            parse_park_wait(bad).unwrap_err().to_string(),
+            format!(
+                "VRAMCAP_PARK_WAIT=\"{bad}\" is not valid: expected a duration, 0 or 0s for none (the default), e.g. VRAMCAP_PARK_WAIT=30s"
+            )
+        );
+    }
     assert_eq!(
         parse_park_wait("30s"),
         Ok(std::time::Duration::from_secs(30))

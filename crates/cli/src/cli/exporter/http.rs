@@ -8,15 +8,20 @@
 //!
 //! - the head (request line and headers) may take [`MAX_HEAD`] bytes
 //!   (431 past that) and must arrive within [`READ_TIMEOUT`] of the first
-//!   read (408 after); the answer is written within [`WRITE_TIMEOUT`];
+//!   read (408 after); the whole answer must be taken by the client within
+//!   [`WRITE_TIMEOUT`] (a total, not per write), else the connection is
+//!   closed;
 //! - at most [`MAX_CONNECTIONS`] are served at once, one thread each. When
 //!   all are taken, the oldest that is idle (its head has not come, or its
 //!   answer is sent and it is only being drained) gives way to the new one:
-//!   it is answered 408 (or just closed) at once. Only when every one is
-//!   busy answering is the new one answered 503. So idle or slow clients,
+//!   it is answered 408 (or just closed) at once. When none is idle, the
+//!   oldest whose answer is still being written (a client that does not
+//!   read it: an answer larger than the socket buffers waits on it) is
+//!   closed instead. Only when every one is busy working out its answer is
+//!   the new one answered 503. So idle, slow or non-reading clients,
 //!   however many and however often they reconnect, never keep a scrape
-//!   out: a scrape sends its head at once and is then never the oldest
-//!   idle connection for long;
+//!   out: a scrape sends its head at once, reads its answer at once, and
+//!   is then never the oldest idle or stalled connection for long;
 //! - every answer is `HTTP/1.1`, with `Content-Length`, `Cache-Control:
 //!   no-store` and `Connection: close`; a request body is never read, only
 //!   drained (at most [`MAX_DRAIN`] bytes for [`DRAIN_TIMEOUT`]) after the
@@ -38,6 +43,7 @@ use std::time::{Duration, Instant};
 const MAX_HEAD: usize = 8192;
 /// How long a client has to send its request head.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client has to take its whole answer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once; more are answered 503.
 const MAX_CONNECTIONS: usize = 64;
@@ -69,12 +75,13 @@ pub fn error_text(e: &io::Error) -> String {
     }
 }
 
-/// Where a connection is: waiting for its head, answering, draining
-/// after its answer, or closed to make room for another.
+/// Where a connection is: waiting for its head, working out its answer,
+/// writing it, draining after it, or closed to make room for another.
 const HEAD: u8 = 0;
 const BUSY: u8 = 1;
 const DRAIN: u8 = 2;
 const EVICTED: u8 = 3;
+const WRITE: u8 = 4;
 
 /// A connection being served: a handle on its socket (to close it from the
 /// accepting thread) and where it is. Moves are compare-and-swaps, so a
@@ -103,9 +110,28 @@ impl Drop for Slot {
 }
 
 /// With every slot taken: closes the oldest idle connection (its head not
-/// come yet: answered 408; or draining after its answer) and says whether
-/// one was.
+/// come yet: answered 408; or draining after its answer), or when none is
+/// idle the oldest still writing its answer (its client is not reading:
+/// a client that reads takes an answer at once), and says whether one was.
 fn evict_oldest_idle(open: &mut Vec<Conn>) -> bool {
+    if evict_idle(open) {
+        return true;
+    }
+    for i in 0..open.len() {
+        if open[i]
+            .state
+            .compare_exchange(WRITE, EVICTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            // Wakes its thread (its write then fails); it leaves at once.
+            let _ = open.remove(i).stream.shutdown(Shutdown::Both);
+            return true;
+        }
+    }
+    false
+}
+
+fn evict_idle(open: &mut Vec<Conn>) -> bool {
     for i in 0..open.len() {
         let state = &open[i].state;
         let was_head = state
@@ -222,18 +248,28 @@ fn handle(mut stream: TcpStream, handler: &Handler, state: &AtomicU8) {
         Err(HeadError::Timeout) => error_response(408, "request timeout\n"),
         Err(HeadError::Gone) => return,
     };
-    if stream
-        .write_all(&answer)
-        .and_then(|_| stream.flush())
+    // Being written: a client that does not read it may be closed to make
+    // room from here on.
+    if state
+        .compare_exchange(BUSY, WRITE, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
+        return;
+    }
+    if write_within(&mut stream, &answer, WRITE_TIMEOUT).is_err() {
         return;
     }
     // Close gently: unread input (a body, a second request) would otherwise
     // make the kernel reset the connection and the client lose the answer.
     let _ = stream.shutdown(Shutdown::Write);
-    // Idle again: a new connection may take this one's place.
-    state.store(DRAIN, Ordering::Release);
+    // Idle again: a new connection may take this one's place (unless it
+    // was closed to make room just as the answer was taken).
+    if state
+        .compare_exchange(WRITE, DRAIN, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
     let _ = stream.set_read_timeout(Some(DRAIN_TIMEOUT));
     let mut sink = [0u8; 4096];
     let mut drained = 0;
@@ -243,6 +279,27 @@ fn handle(mut stream: TcpStream, handler: &Handler, state: &AtomicU8) {
             Ok(n) => drained += n,
         }
     }
+}
+
+/// Writes all of `buf` within `limit` in total (each write waits only for
+/// what is left of it), so a client that reads a byte now and then cannot
+/// hold its connection for longer.
+fn write_within(stream: &mut TcpStream, mut buf: &[u8], limit: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + limit;
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 enum HeadError {

@@ -13,10 +13,12 @@
 //! - `GET /`: a short page linking `/metrics`;
 //! - any other path: 404; another method on these paths: 405; a malformed
 //!   request: 400 (431 when its head passes 8 KiB, 408 when it takes more
-//!   than 10 s to arrive, 505 for another HTTP version). At most 64
+//!   than 10 s to arrive, 505 for another HTTP version). An answer not
+//!   taken by its client within 10 s closes the connection. At most 64
 //!   connections at once: past that the oldest idle one (no request yet,
-//!   or its answer sent) is closed to make room, and a new one is answered
-//!   503 only when all 64 are answering. One request per connection (`Connection: close`);
+//!   or its answer sent) is closed to make room, else the oldest whose
+//!   client is not taking its answer, and a new one is answered 503 only
+//!   when all 64 are working out their answers. One request per connection (`Connection: close`);
 //!   [`http`] says how it is served.
 //!
 //! Every scrape reads the pages afresh, exactly as `vramcap stat` does (same

@@ -99,7 +99,10 @@ impl<D: Driver> Engine<D> {
             let outcome = if settings.park.is_none() {
                 Outcome::NotEnabled
             } else {
-                match Ask::from_word(h.park_ask.load(Ordering::Acquire)) {
+                // Taken: swapped to 0, so a reader that gave up waiting can
+                // tell (its compare-and-swap back to 0 fails) whether it
+                // withdrew its request in time (0 asks nothing).
+                match Ask::from_word(h.park_ask.swap(0, Ordering::AcqRel)) {
                     Some(Ask::Park) => self.park_now(false),
                     Some(Ask::ParkIfIdle) if !self.idle_now() => Outcome::NotIdle,
                     Some(Ask::ParkIfIdle) => self.park_now(true),
