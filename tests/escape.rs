@@ -256,3 +256,71 @@ fn a_secure_execution_process_takes_nothing_from_the_environment() {
         ]
     );
 }
+
+/// A cap set while the program runs (here by the program itself through
+/// the C ABI, in a process started without one) engages the loader's
+/// guards as a cap set at start does (issue 42, item 3): `RTLD_DEEPBIND`
+/// dropped, `dlmopen` refused, a second copy of the driver not reached.
+#[test]
+fn a_cap_set_while_running_guards_the_loader() {
+    let lib = escape_lib();
+    let set = "setlimit 512 -> 0".to_string();
+    let (out, err) = escape(&[], &["setlimit", "512", "deepbind", &lib, "4", "256"]);
+    assert_eq!(out, [vec![set.clone()], two_of_four()].concat());
+    assert_eq!(
+        err,
+        [
+            format!(
+                "\"{lib}\" is loaded without RTLD_DEEPBIND: with it, the library could call the CUDA driver around the cap. If it needs RTLD_DEEPBIND for other symbols, run it without a limit"
+            ),
+            REFUSED.to_string(),
+        ]
+    );
+    let (out, _) = escape(&[], &["setlimit", "512", "dlmopen", &lib, "4", "256"]);
+    assert_eq!(out, [set.clone(), "open -> null".to_string()]);
+    let copy = crate::util::scratch_dir().join("libcuda-copy.so.1");
+    std::fs::copy(
+        crate::util::artefacts().standin_lib.join("libcuda.so.1"),
+        &copy,
+    )
+    .unwrap();
+    let copy = copy.to_str().unwrap();
+    let (out, _) = escape(&[], &["setlimit", "512", "copy", copy, "cuMemAlloc_v2"]);
+    assert_eq!(
+        out,
+        [set, "dlsym cuMemAlloc_v2 -> null dlerror=set".to_string()]
+    );
+    // Without a cap the copy is reached (uncounted, with a warning).
+    let (out, _) = escape(&[], &["copy", copy, "cuMemAlloc_v2"]);
+    assert_eq!(out, ["dlsym cuMemAlloc_v2 -> found dlerror=unset"]);
+}
+
+/// A lookup refused in a copy of the driver under a cap leaves `dlerror()`
+/// set, as glibc does for a symbol it cannot find (issue 42, item 6):
+/// CPython's ctypes read the unset one and crashed. (The driver is loaded
+/// first, by `setlimit`'s cuInit: a copy loaded before it, with the same
+/// soname, would be the driver the shim uses.)
+#[test]
+fn a_refused_lookup_sets_dlerror() {
+    let copy = crate::util::scratch_dir().join("libcuda-copy.so.1");
+    std::fs::copy(
+        crate::util::artefacts().standin_lib.join("libcuda.so.1"),
+        &copy,
+    )
+    .unwrap();
+    let copy = copy.to_str().unwrap();
+    let (out, err) = escape(&[CAP], &["setlimit", "256", "copy", copy, "cuMemAlloc_v2"]);
+    assert_eq!(
+        out,
+        [
+            "setlimit 256 -> 0",
+            "dlsym cuMemAlloc_v2 -> null dlerror=set"
+        ]
+    );
+    assert_eq!(
+        err,
+        [
+            "the program looked up \"cuMemAlloc_v2\" in a library that is not the driver vramcap uses (\"libcuda.so.1\"); calls through it would not be capped, so the lookup fails. Set VRAMCAP_CUDA_LIBRARY to the libcuda.so.1 the program loads, or unset it"
+        ]
+    );
+}

@@ -21,6 +21,12 @@
  *       dlopen(SHIM); set up a context through the driver and allocate N
  *       times MIB MiB through the shim's cuMemAlloc_v2
  *       -> "open -> ok", then the alloc lines
+ *   escape copy LIB NAME
+ *       dlopen(LIB) (a copy of the driver at another path) and dlsym NAME
+ *       in it -> "dlsym NAME -> found|null dlerror=set|unset"
+ *   escape setlimit MIB CASE...
+ *       first cuInit and vramcap_set_limit(0, MIB MiB) (the shim's C ABI,
+ *       found with dlsym(RTLD_DEFAULT)) -> "setlimit MIB -> RC", then CASE
  *
  * Exit status 0 once the commands ran (whatever the driver answered),
  * 2 on a bad command line, 1 when a set-up step failed.
@@ -45,7 +51,9 @@ static int usage(void)
 {
     fprintf(stderr, "usage: escape deepbind|plain|dlmopen LIB N MIB\n"
                     "       escape procaddr cuMemAlloc|cuMemAllocPitch VERSION N MIB\n"
-                    "       escape shim DRIVER SHIM N MIB\n");
+                    "       escape shim DRIVER SHIM N MIB\n"
+                    "       escape copy LIB NAME\n"
+                    "       escape setlimit MIB CASE...\n");
     return 2;
 }
 
@@ -169,10 +177,49 @@ static int through_shim(const char *driver, const char *shim, int n, size_t mib)
     return 0;
 }
 
+static int copy_lookup(const char *lib, const char *name)
+{
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        printf("open -> null\n");
+        return 1;
+    }
+    dlerror(); /* clear */
+    void *f = dlsym(h, name);
+    const char *e = dlerror();
+    printf("dlsym %s -> %s dlerror=%s\n", name, f != NULL ? "found" : "null",
+           e != NULL ? "set" : "unset");
+    return 0;
+}
+
+/* cuInit, then the shim's vramcap_set_limit(0, mib MiB); 0 when both ran. */
+static int set_limit(long mib)
+{
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    CUresult (*init)(unsigned int) =
+        cuda != NULL ? (CUresult (*)(unsigned int))dlsym(cuda, "cuInit") : NULL;
+    int (*set)(int, unsigned long long) =
+        (int (*)(int, unsigned long long))dlsym(RTLD_DEFAULT, "vramcap_set_limit");
+    if (init == NULL || set == NULL || init(0) != CUDA_SUCCESS) {
+        printf("setlimit -> no shim\n");
+        return 1;
+    }
+    printf("setlimit %ld -> %d\n", mib, set(0, (unsigned long long)mib << 20));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long n, mib, version;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 3 && strcmp(argv[1], "setlimit") == 0 && number(argv[2], 1, 1 << 20, &mib)) {
+        if (set_limit(mib) != 0)
+            return 1;
+        argc -= 2;
+        argv += 2;
+    }
+    if (argc == 4 && strcmp(argv[1], "copy") == 0)
+        return copy_lookup(argv[2], argv[3]);
     if (argc == 5 && (strcmp(argv[1], "deepbind") == 0 || strcmp(argv[1], "plain") == 0 ||
                       strcmp(argv[1], "dlmopen") == 0) &&
         number(argv[3], 1, 64, &n) && number(argv[4], 1, 1 << 20, &mib))

@@ -98,23 +98,25 @@ extern "C" fn dlmopen_mode(lmid: c_long, file: *const c_char, mode: c_int) -> c_
         Error,
         "dlmopen of {name:?} into another link namespace is refused: the CUDA driver loaded there would not be capped. Load it with dlopen, or run without a limit"
     );
-    // Leaves dlerror() naming the refusal for the caller: glibc's message
-    // for a library that cannot be found, whose name says why.
+    set_dlerror(
+        c"vramcap refused dlmopen into a new link namespace (its driver would not be capped)",
+    );
+    REFUSE
+}
+
+/// Leaves `dlerror()` naming a refusal for the caller: glibc's message for
+/// a library that cannot be found, whose name (`why`, without a slash)
+/// says why. Nothing is loaded.
+pub fn set_dlerror(why: &CStr) {
+    resolve(&REAL_DLOPEN, c"dlopen");
     let f = REAL_DLOPEN.load(Ordering::Acquire);
     type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
     // SAFETY: `f` is glibc's dlopen (resolved above), whose signature this is.
     let dlopen: DlopenFn = unsafe { std::mem::transmute::<*mut c_void, DlopenFn>(f) };
     // SAFETY: a NUL-terminated name without a slash and valid flags; the
     // name is no library, so nothing is loaded.
-    let h = unsafe {
-        dlopen(
-            c"vramcap refused dlmopen into a new link namespace (its driver would not be capped)"
-                .as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_LOCAL,
-        )
-    };
+    let h = unsafe { dlopen(why.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
     debug_assert!(h.is_null());
-    REFUSE
 }
 
 // The exported `dlopen`: asks `dlopen_mode` for the mode (the arguments

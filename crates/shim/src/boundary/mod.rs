@@ -19,7 +19,7 @@ mod export_table;
 pub mod forward;
 mod graph_walk;
 pub mod hooks;
-mod loader;
+pub(crate) mod loader;
 mod macros;
 mod park;
 mod queries;

@@ -264,6 +264,11 @@ pub fn answer_dlsym(hooks: &[Hook], name: &CStr, found: *mut c_void) -> *mut c_v
                 name,
                 driver_path()
             );
+            // A null answer with dlerror() unset crashes callers that read
+            // it (CPython's ctypes): it names vramcap's refusal.
+            super::loader::set_dlerror(
+                c"vramcap refused this lookup: the library is not the CUDA driver it caps",
+            );
             std::ptr::null_mut()
         }
         _ => {
@@ -312,5 +317,9 @@ fn handed_out(h: &Hook) -> bool {
 /// operator's file or a group): then nothing may bypass the hooks.
 pub(super) fn capping_asked() -> bool {
     let s = super::settings();
-    !s.limit.is_unlimited() || s.nvidia_limit.is_some() || s.operator.is_some() || s.group.is_some()
+    !s.limit.is_unlimited()
+        || s.nvidia_limit.is_some()
+        || s.operator.is_some()
+        || s.group.is_some()
+        || crate::engine::CAPPED_WHILE_RUNNING.load(std::sync::atomic::Ordering::Relaxed)
 }

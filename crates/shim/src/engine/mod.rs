@@ -129,6 +129,13 @@ pub mod driver;
 mod accounting;
 mod cache;
 mod handlers;
+
+/// Set (for good) once a cap came into force after start, from inside or
+/// outside (`handlers/live.rs`): the loader's guards read it beside the
+/// start settings, so any cap in force engages them
+/// (`boundary/resolve.rs`).
+pub static CAPPED_WHILE_RUNNING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 pub mod park;
 mod spill;
 mod tiered;

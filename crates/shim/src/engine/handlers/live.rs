@@ -83,6 +83,12 @@ impl<D: Driver> Engine<D> {
             );
         }
         let new = own.min(self.base.group_cap(device)).max(1);
+        if new != NO_CAP {
+            // Before the cap takes effect: from here on the loader's
+            // guards (RTLD_DEEPBIND, dlmopen, another copy of the driver)
+            // hold as for a cap set at start.
+            crate::engine::CAPPED_WHILE_RUNNING.store(true, Ordering::SeqCst);
+        }
         s.own.store(own, Ordering::Release);
         s.budget.set_limit(new);
         self.inflight.drain();
