@@ -19,6 +19,7 @@ mod limit;
 mod live;
 mod operator;
 mod park;
+mod park_calls;
 mod paths;
 mod peers;
 mod python;

@@ -264,6 +264,28 @@ impl GroupPage {
         }
     }
 
+    /// Takes `bytes` back on entry `entry` for the member at `seat` whatever
+    /// the limit: what a parked member held, reserved again at its resume
+    /// when the limit was lowered below it meanwhile (as a running member
+    /// keeps what it holds when the limit is lowered under it). The group
+    /// is over its limit until members free; every reservation is refused
+    /// meanwhile. False when the seat is not its own any more.
+    pub fn take_back(&self, entry: usize, seat: Seat, bytes: u64) -> bool {
+        let (Some(dev), Some(mine)) = (
+            self.devices.get(entry),
+            self.ledgers.get(entry).and_then(|l| l.get(seat.slot)),
+        ) else {
+            return false;
+        };
+        if !self.seated(seat) {
+            return false;
+        }
+        let before = mine.held.fetch_add(bytes, SeqCst);
+        dev.peak
+            .fetch_max(self.used(entry).max(before.saturating_add(bytes)), SeqCst);
+        true
+    }
+
     /// Gives `bytes` on entry `entry` back from the member at `seat`
     /// (clamped at what it holds). False when the seat is not its own any
     /// more or it held less (a bookkeeping bug; nothing else changes).

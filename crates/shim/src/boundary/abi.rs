@@ -7,6 +7,11 @@
 //! `-EIO`). With `VRAMCAP_DISABLE=1` they answer `-ENOSYS` (no cap is
 //! kept, so none can be changed), `vramcap_get_limit` 0. None is
 //! async-signal-safe: `vramcap_set_limit` waits for allocations in flight.
+//! With parking on, each passes parking's gate first, as a hooked driver
+//! call does: called while the process is parked, it has it resumed
+//! (they call the driver, which would hold them for good in a
+//! checkpointed process); one that cannot continue answers `-EIO` (0 for
+//! `vramcap_get_limit`).
 
 use std::ffi::c_int;
 
@@ -14,6 +19,7 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::counters::SlotSnapshot;
 
 use super::{boundary, disabled, engine};
+use crate::engine::park::gate;
 use crate::engine::{EINVAL, ENODEV};
 
 /// The ABI's version: raised when a function is added or changes.
@@ -62,6 +68,9 @@ pub extern "C" fn vramcap_set_limit(device: c_int, bytes: u64) -> c_int {
     if disabled() {
         return ENOSYS;
     }
+    let Ok(_pass) = gate::enter() else {
+        return EIO;
+    };
     boundary("vramcap_set_limit", EIO, || {
         engine().set_limit_from_program(device, bytes)
     })
@@ -75,6 +84,9 @@ pub extern "C" fn vramcap_get_limit(device: c_int) -> u64 {
     if disabled() {
         return 0;
     }
+    let Ok(_pass) = gate::enter() else {
+        return 0;
+    };
     boundary("vramcap_get_limit", 0, || {
         let e = engine();
         if !e.device_exists(device) || e.limit_of(device).is_none() {
@@ -100,6 +112,9 @@ pub unsafe extern "C" fn vramcap_memory_stats(
     if out.is_null() || size < std::mem::size_of::<u64>() {
         return EINVAL;
     }
+    let Ok(_pass) = gate::enter() else {
+        return EIO;
+    };
     boundary("vramcap_memory_stats", EIO, || {
         let e = engine();
         if !e.device_exists(device) || e.limit_of(device).is_none() {
@@ -144,6 +159,9 @@ pub extern "C" fn vramcap_empty_cache() -> i64 {
     if disabled() {
         return i64::from(ENOSYS);
     }
+    let Ok(_pass) = gate::enter() else {
+        return i64::from(EIO);
+    };
     boundary("vramcap_empty_cache", i64::from(EIO), || {
         i64::try_from(engine().empty_cache()).unwrap_or(i64::MAX)
     })

@@ -53,7 +53,7 @@ fn resolve(slot: &AtomicPtr<c_void>, name: &CStr) {
 /// variable, the operator's file or a group) and the shim is not switched
 /// off: then nothing may be loaded around it.
 fn guarding() -> bool {
-    !super::disabled() && super::resolve::capping_asked()
+    !super::disabled() && super::capping_asked()
 }
 
 /// The mode `dlopen(file, mode)` runs with: `mode` without

@@ -248,3 +248,15 @@ pub fn fini() {
         e.at_exit();
     }
 }
+
+/// Whether any cap is in force or was asked for (a limit, NVIDIA's
+/// variable, the operator's file, a group, or a cap set while running):
+/// then nothing may bypass the hooks (`resolve.rs`, `loader.rs`).
+fn capping_asked() -> bool {
+    let s = settings();
+    !s.limit.is_unlimited()
+        || s.nvidia_limit.is_some()
+        || s.operator.is_some()
+        || s.group.is_some()
+        || crate::engine::CAPPED_WHILE_RUNNING.load(std::sync::atomic::Ordering::Relaxed)
+}

@@ -144,6 +144,9 @@ fn read_until(mut out: std::process::ChildStdout, deadline: Instant) -> Result<S
         }
         match out.read(&mut buf) {
             Ok(0) => return Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            Ok(n) if bytes.len() + n > SMI_MOST => {
+                return Err(format!("answered more than {} KiB", SMI_MOST >> 10));
+            }
             Ok(n) => bytes.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.to_string()),
@@ -156,6 +159,10 @@ const QUERY: [&str; 2] = [
     "--query-gpu=uuid,memory.free",
     "--format=csv,noheader,nounits",
 ];
+
+/// The most of nvidia-smi's answer read (a line per GPU is under 64
+/// bytes): a program that streams more is no answer.
+const SMI_MOST: usize = 64 << 10;
 
 /// How long nvidia-smi may take (it answers in well under a second).
 const SMI_TIMEOUT: Duration = Duration::from_secs(10);
@@ -178,9 +185,9 @@ fn parse_free(text: &str) -> Vec<(String, u64)> {
         .filter_map(|l| {
             let (uuid, mib) = l.split_once(',')?;
             let mib: u64 = mib.trim().parse().ok()?;
+            let bytes = mib.checked_mul(1 << 20)?;
             let uuid = uuid.trim();
-            uuid.starts_with("GPU-")
-                .then(|| (uuid.to_string(), mib << 20))
+            uuid.starts_with("GPU-").then(|| (uuid.to_string(), bytes))
         })
         .collect()
 }
@@ -189,7 +196,7 @@ fn parse_free(text: &str) -> Vec<(String, u64)> {
 mod tests {
     #[test]
     fn the_answer_is_read_per_uuid_in_bytes_and_nothing_else() {
-        let text = "GPU-27481582-2742-e70a-d06f-00495aa6779c, 142511\nGPU-5ca1ab1e-0000-4000-8000-000000000001, [N/A]\n\nNo devices were found\n";
+        let text = "GPU-27481582-2742-e70a-d06f-00495aa6779c, 142511\nGPU-5ca1ab1e-0000-4000-8000-000000000001, [N/A]\n\nNo devices were found\nGPU-5ca1ab1e-0000-4000-8000-000000000002, 17592186044416\n";
         assert_eq!(
             super::parse_free(text),
             vec![(

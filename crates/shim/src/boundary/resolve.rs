@@ -221,7 +221,7 @@ unsafe fn beyond_known_versions(
         }
         return CUDA_SUCCESS;
     }
-    if capping_asked() {
+    if super::capping_asked() {
         log_once!(
             Error,
             "cuGetProcAddress({name:?}, {cuda_version}) answered a function that vramcap was not written for (it knows CUDA versions up to {known}); calls through it would not be capped, so the lookup fails. Use a vramcap release that knows this CUDA version, or run without a limit"
@@ -255,7 +255,7 @@ pub fn answer_dlsym(hooks: &[Hook], name: &CStr, found: *mut c_void) -> *mut c_v
     match h.real.get() {
         Some(p) if p == found => h.hook.cast_mut(),
         _ if found == h.hook.cast_mut() => found,
-        _ if capping_asked() => {
+        _ if super::capping_asked() => {
             // Calls through it would bypass the cap the user asked for:
             // the program is told there is no such function instead.
             log_once!(
@@ -290,10 +290,20 @@ pub fn answer_dlsym(hooks: &[Hook], name: &CStr, found: *mut c_void) -> *mut c_v
 /// `cudnn…`, the runtime's `cuda…`, `cuFile…`) are never forwarded.
 fn forwarded_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
     let n = name.to_bytes();
-    if !parking_enabled() || !n.get(2).is_some_and(u8::is_ascii_uppercase) {
+    if !parking_enabled() {
         return found;
     }
-    match driver() {
+    // NVML's functions too (`nvml` and a capital): on r580 they block in
+    // a checkpointed process, so a parked process's call to one must
+    // wait at the gate and have it resumed first.
+    let (lib, at) = match n.starts_with(b"nvml") {
+        true => (super::real::nvml(), 4),
+        false => (driver(), 2),
+    };
+    if !n.get(at).is_some_and(u8::is_ascii_uppercase) {
+        return found;
+    }
+    match lib {
         Some(h) if real_dlsym(h, name) == found => forwarder(name, found),
         _ => found,
     }
@@ -313,13 +323,3 @@ fn handed_out(h: &Hook) -> bool {
     }
 }
 
-/// Whether any cap was asked for (a limit, NVIDIA's variable, the
-/// operator's file or a group): then nothing may bypass the hooks.
-pub(super) fn capping_asked() -> bool {
-    let s = super::settings();
-    !s.limit.is_unlimited()
-        || s.nvidia_limit.is_some()
-        || s.operator.is_some()
-        || s.group.is_some()
-        || crate::engine::CAPPED_WHILE_RUNNING.load(std::sync::atomic::Ordering::Relaxed)
-}

@@ -473,6 +473,17 @@ impl Membership {
         }
     }
 
+    /// Takes `bytes` on `device` back whatever the group's limit (a parked
+    /// member's bytes at its resume: `GroupPage::take_back`); false when
+    /// the member's seat is lost (said once by `reserve`'s path).
+    pub fn take_back(&self, device: CUdevice, bytes: u64) -> bool {
+        if !self.configured() {
+            return true;
+        }
+        self.busy(device, |page, seat, i| page.take_back(i, seat, bytes))
+            .unwrap_or(false)
+    }
+
     /// Gives `bytes` on `device` back to the group (one atomic step on this
     /// member's ledger; see `vramcap_core::group`).
     pub fn release(&self, device: CUdevice, bytes: u64) {

@@ -172,6 +172,23 @@ impl<D: Driver> Base<D> {
         Ok(())
     }
 
+    /// Reserves `bytes` on `device` past any cap, own or group's: what a
+    /// parked process held, taken back at its resume when a cap lowered
+    /// meanwhile is below those bytes alone (no wait could make the room).
+    /// It is then over the cap, as a running process whose cap is lowered
+    /// under it, and new allocations are refused until it frees. False
+    /// when the group's ledger could not take them (its seat is lost).
+    pub fn reserve_over(&self, slot: &DeviceSlot, device: CUdevice, bytes: u64) -> bool {
+        if slot.budget.try_reserve(bytes, u64::MAX).is_err() {
+            return false;
+        }
+        if !self.group.take_back(device, bytes) {
+            slot.budget.release(bytes);
+            return false;
+        }
+        true
+    }
+
     /// Gives `bytes` on `device` back (group first, then the process's own
     /// budget). False when the process's budget held less (a bookkeeping bug).
     pub fn release_on(&self, slot: &DeviceSlot, device: CUdevice, bytes: u64) -> bool {

@@ -272,12 +272,39 @@ impl<D: Driver> Engine<D> {
                 continue;
             };
             let limit = s.budget.limit().unwrap_or(NO_CAP);
-            if let Err(r) = self.base.reserve_on(s, d as CUdevice, bytes, limit) {
-                self.unreserve(d);
-                return Err((d, r));
+            match self.base.reserve_on(s, d as CUdevice, bytes, limit) {
+                Ok(()) => {}
+                // The parked bytes alone are over a cap lowered meanwhile:
+                // no wait makes that room. The process takes back what it
+                // held, over the cap, as a running one keeps what it holds
+                // when its cap is lowered; new allocations are refused.
+                Err(r)
+                    if bytes > self.limit_now(d as CUdevice, r)
+                        && self.base.reserve_over(s, d as CUdevice, bytes) =>
+                {
+                    log_at!(
+                        Warn,
+                        "device {d}: resuming over the {} cap of {} bytes: the process held {bytes} bytes when it was parked; new allocations are refused until it is under the cap again",
+                        if r.group { "group's" } else { "process's" },
+                        self.limit_now(d as CUdevice, r)
+                    );
+                }
+                Err(r) => {
+                    self.unreserve(d);
+                    return Err((d, r));
+                }
             }
         }
         Ok(())
+    }
+
+    /// The cap that refused `r` as it is now: the group's read from its
+    /// file (a member follows a changed group limit only while running).
+    fn limit_now(&self, device: CUdevice, r: Refusal) -> u64 {
+        match r.group {
+            true => self.base.group().limit_now(device).unwrap_or(r.limit),
+            false => r.limit,
+        }
     }
 
     /// Gives back the reservations of the parked bytes of devices before `upto`.
@@ -351,6 +378,19 @@ impl<D: Driver> Engine<D> {
 /// The free bytes `free` (nvidia-smi's answer, by UUID) lists for the GPU
 /// of the page's slot `d`, if it lists it.
 fn free_on(page: &Page, d: usize, free: &[(String, u64)]) -> Option<u64> {
-    let uuid = uuid_text(&page.slots[d].uuid_bytes())?;
-    free.iter().find(|(g, _)| *g == uuid).map(|&(_, f)| f)
+    let slot = &page.slots[d];
+    let uuid = uuid_text(&slot.uuid_bytes())?;
+    let f = free.iter().find(|(g, _)| *g == uuid).map(|&(_, f)| f)?;
+    // More free than the GPU has (the driver's total, read before the
+    // park) is no measure: a restore trusted to it could leave the process
+    // stuck for good.
+    let total = slot.total.load(Ordering::Relaxed);
+    if total > 0 && f > total {
+        log_once!(
+            Warn,
+            "resume: nvidia-smi says GPU {d} has {f} bytes free, more than its {total} bytes; not trusted, the process stays parked"
+        );
+        return None;
+    }
+    Some(f)
 }
