@@ -22,6 +22,15 @@
   check_park.py capture        begin a CUDA graph capture on a side stream,
                                print "IDLE pid=P", wait for a line, end it,
                                replay it: "RESULTKV replayed=0|1"
+  check_park.py calls GIB      hold GIB GiB (1 GiB tensors of ones), print
+                               "IDLE pid=P", wait for a line on stdin, then
+                               make three calls that are no driver call of
+                               the program's own (the shim's C ABI through
+                               dlsym(RTLD_DEFAULT), and NVML's init and
+                               device count through ctypes on
+                               libnvidia-ml.so.1), each timed, then check
+                               the tensors: "RESULTKV limit=L nvml=RC
+                               count=N abi_s=T nvml_s=T intact=0|1"
   check_park.py train SEED LAYERS ROUNDS STEPS CPU_S DELAY_S
                                a deterministic training loop (fixed seed, an
                                MLP of LAYERS 8192x8192 layers, SGD with
@@ -154,6 +163,33 @@ def train(seed, layers, rounds, steps, cpu_s, delay_s):
     return 3 if oom else 0
 
 
+def calls(gib):
+    """A parked process's calls that skip the driver's hooks (issue 42,
+    item 4): each must have the process resumed, not wait for good."""
+    import torch
+
+    keep = [torch.ones((1 << 30) // 4, device="cuda") for _ in range(gib)]
+    torch.cuda.synchronize()
+    print(f"IDLE pid={os.getpid()} bytes={gib << 30}", flush=True)
+    sys.stdin.readline()
+    t0 = time.monotonic()
+    abi = ctypes.CDLL(None)
+    abi.vramcap_get_limit.restype = ctypes.c_uint64
+    limit = abi.vramcap_get_limit(0)
+    abi_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    nv = ctypes.CDLL("libnvidia-ml.so.1")
+    count = ctypes.c_uint(0)
+    rc = nv.nvmlInit_v2()
+    if rc == 0:
+        rc = nv.nvmlDeviceGetCount_v2(ctypes.byref(count))
+    nvml_s = time.monotonic() - t0
+    intact = int(all(float(t.sum().item()) == float((1 << 30) // 4) for t in keep))
+    print(f"RESULTKV limit={limit} nvml={rc} count={count.value} abi_s={abi_s:.3f} nvml_s={nvml_s:.3f} "
+          f"intact={intact}", flush=True)
+    return 0
+
+
 def cuda():
     lib = ctypes.CDLL("libcuda.so.1")
     for name in ("cuInit", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAllocManaged",
@@ -211,7 +247,7 @@ def main():
         return train(int(a[0]), int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]))
     arg = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     return {"notebook": notebook, "exit": hold_then_exit, "grab": grab, "fill": fill, "managed": managed,
-            "capture": lambda _: capture()}[mode](arg)
+            "capture": lambda _: capture(), "calls": calls}[mode](arg)
 
 
 if __name__ == "__main__":

@@ -256,6 +256,57 @@ def test_parked_process_exits_normally(gpu, runner, work, check):
         p.kill()
 
 
+def test_parked_process_calls_off_the_hooks_resume_it(gpu, runner, work, check):
+    check.title = ("a parked process's calls to the shim's C ABI and to NVML (through dlsym) resume it "
+                   "instead of waiting in the checkpointed driver (issue 42, item 4)")
+    p = Proc(gpu, runner, work, "calls", ["calls", "2"], VRAMCAP_PARK="manual", VRAMCAP_LIMIT="8GiB")
+    try:
+        check.that(bool(p.wait_line("IDLE", 300)), "a 2 GiB process idles", "")
+        r = cli(gpu, runner, "park (calls row)", "park", "--pid", str(p.p.pid))
+        check.eq("park exit status", r.rc, 0)
+        p.go()
+        out, err = p.finish(120)
+        kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
+        check.kv(kv, "limit", 8 << 30)
+        check.kv(kv, "nvml", 0)
+        check.kv(kv, "intact", 1)
+        check.that(as_int(kv.get("count")) >= 1, "NVML counts the GPU", kv.get("count"))
+        check.that("resumed:" in err, "the first of them resumed it", err.strip()[-200:])
+    finally:
+        p.kill()
+
+
+def test_a_lying_nvidia_smi_keeps_a_parked_process_parked(gpu, runner, work, check):
+    check.title = ("a resume trusts no nvidia-smi that says a GPU has more free than its size: it stays "
+                   "parked, says why, and resumes with the same results once the answer is true (item 11)")
+    fake = os.path.join(work, "fake-smi")
+    os.makedirs(fake, exist_ok=True)
+    flag = os.path.join(fake, "lie")
+    script = os.path.join(fake, "nvidia-smi")
+    with open(script, "w") as f:
+        f.write("#!/bin/sh\nif [ -e %s ]; then\n  %s --query-gpu=uuid --format=csv,noheader | "
+                "sed 's/$/, 99999999/'\n  exit 0\nfi\nexec %s \"$@\"\n" % (flag, gpu.smi, gpu.smi))
+    os.chmod(script, 0o755)
+    path = fake + ":" + os.environ.get("PATH", "/usr/bin:/bin")
+    nb = Proc(gpu, runner, work, "lying-smi", ["notebook", "4"], VRAMCAP_PARK="manual", VRAMCAP_CACHE="off",
+              PATH=path)
+    try:
+        check.that(bool(nb.wait_line("IDLE", 300)), "a 4 GiB notebook idles", "")
+        r = cli(gpu, runner, "park (lying nvidia-smi)", "park", "--pid", str(nb.p.pid))
+        check.eq("park exit status", r.rc, 0)
+        open(flag, "w").close()
+        nb.go()
+        line = nb.wait_line("resume: nvidia-smi says GPU 0 has", 60, path=nb.err)
+        check.that(bool(line) and "not trusted" in line, "it says the answer is not trusted", line or "no line")
+        os.unlink(flag)
+        out, err = nb.finish(300)
+        kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
+        check.kv(kv, "same", 1)
+        check.that("cannot continue" not in err and "stuck" not in err, "never stuck", err.strip()[-200:])
+    finally:
+        nb.kill()
+
+
 # ---------------------------------------------------------------- two trainers take turns (done-when 2)
 
 TURN_BUDGET = "12GiB"          # the group's limit (VRAMCAP_LIMIT of its members)
