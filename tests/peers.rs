@@ -115,7 +115,7 @@ fn a_member_that_never_answers_is_waited_for_the_gpu_s_size_at_most() {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     let a = Alive::new();
-    plant(
+    let p = plant(
         &dir,
         a.pid(),
         &forged(a.pid(), "pp", 1 << 62, uid),
@@ -136,6 +136,22 @@ fn a_member_that_never_answers_is_waited_for_the_gpu_s_size_at_most() {
         .unwrap_or_else(|| panic!("{line}"));
     let secs: f64 = secs.trim_end_matches('s').parse().expect("seconds");
     assert!((4.0..30.0).contains(&secs), "{line}");
+    // Asked once, and the ask withdrawn when the wait ended: a member that
+    // answers late parks for no one.
+    let bytes = std::fs::read(&p).unwrap();
+    assert_eq!(bytes.len(), PAGE_SIZE);
+    // SAFETY: all-zero bytes are a valid Page (integers and atomics only).
+    let mut page: Box<Page> = unsafe { Box::new_zeroed().assume_init() };
+    // SAFETY: PAGE_SIZE bytes into a Page of that size; any bytes are valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            (&mut *page as *mut Page).cast::<u8>(),
+            PAGE_SIZE,
+        )
+    };
+    assert_eq!(page.header.park_requests.load(Ordering::Relaxed), 1);
+    assert_eq!(page.header.park_ask.load(Ordering::Relaxed), 0);
 }
 
 /// A member that answers every request "parked" but makes no room is

@@ -322,4 +322,3 @@ fn handed_out(h: &Hook) -> bool {
         Only::Parking => parking_enabled(),
     }
 }
-

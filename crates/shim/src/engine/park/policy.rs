@@ -385,6 +385,16 @@ fn ask_park(page: &Page, most: u64) -> Option<Outcome> {
     let start = Instant::now();
     while !acknowledged(h.park_acks.load(Ordering::Acquire), ticket) {
         if start.elapsed() >= bound {
+            // Withdrawn if not taken yet (the member swaps the word to 0
+            // when it takes a request): an ask given up on never parks the
+            // member later (a stopped process after SIGCONT). Taken, its
+            // park may still finish; the next round sees it parked.
+            let _ = h.park_ask.compare_exchange(
+                Ask::ParkIfIdle as u64,
+                0,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
             return None;
         }
         std::thread::sleep(Duration::from_millis(5));
