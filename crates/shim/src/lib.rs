@@ -39,6 +39,7 @@ mod engine;
 mod ffi;
 mod log;
 mod lookup;
+mod process;
 
 use crate::log::log_at;
 

@@ -19,8 +19,8 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::counters::SlotSnapshot;
 
 use super::{boundary, disabled, engine};
-use crate::engine::park::gate;
 use crate::engine::{EINVAL, ENODEV};
+use crate::process::gate;
 
 /// The ABI's version: raised when a function is added or changes.
 pub const ABI_VERSION: c_int = 1;

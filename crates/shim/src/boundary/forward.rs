@@ -43,8 +43,8 @@ use std::ffi::{CStr, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use crate::engine::park::gate;
 use crate::log::{log_at, log_once};
+use crate::process::gate;
 
 /// How many functions can be forwarded. cudart resolves its whole table of
 /// driver functions (several hundred, the stream functions twice) and

@@ -135,7 +135,7 @@ macro_rules! hooks {
 }
 
 /// An export's first step when parking is enabled: the entry gate
-/// (`engine/park/gate.rs`), held as `$pass` for the call; a call that may
+/// (`process/gate.rs`), held as `$pass` for the call; a call that may
 /// not proceed (the process cannot continue) answers the gate's code, for
 /// an NVML export in NVML's terms.
 /// NVML's exports pass it too: measured on the H200 (r580), an NVML call
@@ -144,14 +144,14 @@ macro_rules! park_pass {
     (nvml, $pass:ident) => {
         // NVML's own codes: 1 (uninitialized) at exit, 999 (unknown) when
         // the process cannot continue.
-        let $pass = match $crate::engine::park::gate::enter() {
+        let $pass = match $crate::process::gate::enter() {
             Ok(p) => p,
-            Err($crate::engine::park::gate::CUDA_ERROR_DEINITIALIZED) => return 1,
+            Err($crate::process::gate::CUDA_ERROR_DEINITIALIZED) => return 1,
             Err(_) => return 999,
         };
     };
     ($lib:ident, $pass:ident) => {
-        let $pass = match $crate::engine::park::gate::enter() {
+        let $pass = match $crate::process::gate::enter() {
             Ok(p) => p,
             Err(code) => return code,
         };

@@ -57,7 +57,7 @@ pub fn settings() -> &'static Settings {
         Ok(s) => {
             crate::log::set_level(s.log);
             DISABLED.store(s.disabled, Ordering::Relaxed);
-            crate::engine::park::gate::enable(s.park.is_some() && !s.disabled);
+            crate::process::gate::enable(s.park.is_some() && !s.disabled);
             real::set_driver_path(s.cuda_library.as_deref());
             if secure {
                 crate::log::log_at!(
@@ -206,8 +206,7 @@ extern "C" fn after_fork_in_child() {
         e.forget_after_fork();
     }
     ENGINE.store(ptr::null_mut(), Ordering::Release);
-    crate::engine::reset_worker_after_fork();
-    crate::engine::park::gate::reset_after_fork();
+    crate::process::reset_after_fork();
 }
 
 /// Set in the environment of the nvidia-smi the resume runs: a shim loaded

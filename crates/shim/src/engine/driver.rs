@@ -246,3 +246,9 @@ pub trait Driver: Checkpointing + Send + Sync + 'static {
     /// work out.
     fn exit_process(&self, status: c_int);
 }
+
+/// `Some(r)` unless `r` is the driver's out-of-memory answer (which a
+/// caller that can make room tries again after).
+pub(in crate::engine) fn unless_oom<T>(r: Result<T, CUresult>) -> Option<Result<T, CUresult>> {
+    (!matches!(r, Err(crate::ffi::CUDA_ERROR_OUT_OF_MEMORY))).then_some(r)
+}

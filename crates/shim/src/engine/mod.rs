@@ -65,7 +65,7 @@
 //!     takes it with `try_write` for at most `STOP_WAIT`, 50 ms, and gives
 //!     up the round otherwise, so a program thread blocked in a gated call
 //!     cannot deadlock with it).
-//!   - `park/gate.rs`: parking's gate mutex, taken alone, to change the
+//!   - `process/gate.rs`: parking's gate mutex, taken alone, to change the
 //!     state or to wait on its condvar for it (program threads at a closed
 //!     gate wait there, outside every other lock).
 //!   - `OnceLock`s and `Once`s of values made once (settings, the driver's
@@ -148,7 +148,6 @@ pub use self::driver::{Driver, Flavour};
 pub use self::handlers::alloc::Made;
 pub use self::handlers::arrays::ArrayDesc;
 pub use self::handlers::live::{EINVAL, ENODEV};
-pub use self::worker::reset_after_fork as reset_worker_after_fork;
 
 use self::accounting::base::Base;
 use self::accounting::inflight::InFlight;
@@ -190,6 +189,8 @@ pub struct Engine<D: Driver> {
     inflight: InFlight,
     /// Parking's state (`park/`).
     park: park::Park,
+    /// Whether the background thread was started (`worker.rs`).
+    worker: worker::Worker,
 }
 
 impl<D: Driver> Engine<D> {
@@ -209,6 +210,7 @@ impl<D: Driver> Engine<D> {
             graph_size: registry(),
             inflight: InFlight::new(),
             park: park::Park::new(),
+            worker: worker::Worker::new(),
         }
     }
 
@@ -220,7 +222,7 @@ impl<D: Driver> Engine<D> {
 
     /// Starts the background thread if it is not running.
     pub(in crate::engine) fn start_worker(&'static self) {
-        self.base.worker().ensure(move || self.background_round());
+        self.worker.ensure(move || self.background_round());
     }
 
     /// One round of the background thread.

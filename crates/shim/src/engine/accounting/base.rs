@@ -15,7 +15,6 @@ use crate::engine::accounting::group::Membership;
 use crate::engine::accounting::ledger::HeldBook;
 use crate::engine::accounting::page::PageHandle;
 use crate::engine::driver::{Driver, Flavour};
-use crate::engine::worker::Worker;
 use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdeviceptr, CUresult};
 
 /// Its fields are the accounting part's own (`accounting/`); the rest of
@@ -27,7 +26,6 @@ pub struct Base<D: Driver> {
     pub(super) group: Membership,
     /// Stream captures in progress that the capture hooks saw.
     pub(super) captures: AtomicI64,
-    pub(super) worker: Worker,
     /// Whether `VRAMCAP_LIMIT`'s device keys all name a GPU, once checked
     /// (`accounting.rs`).
     pub(super) keys: AtomicU8,
@@ -58,7 +56,6 @@ impl<D: Driver> Base<D> {
             page: PageHandle::new(),
             group: Membership::new(settings),
             captures: AtomicI64::new(0),
-            worker: Worker::new(),
             keys: AtomicU8::new(0),
             group_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
             held: HeldBook::new(),
@@ -85,11 +82,6 @@ impl<D: Driver> Base<D> {
     /// The group membership.
     pub fn group(&self) -> &Membership {
         &self.group
-    }
-
-    /// The background thread.
-    pub fn worker(&self) -> &Worker {
-        &self.worker
     }
 
     /// The book of pools, graph memory and the context (`held.rs`).

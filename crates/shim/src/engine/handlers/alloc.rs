@@ -24,7 +24,7 @@ use vramcap_core::settings::Counting;
 use crate::engine::Engine;
 use crate::engine::accounting::Refusal;
 use crate::engine::accounting::records::{Kind, Record};
-use crate::engine::driver::Driver;
+use crate::engine::driver::{Driver, unless_oom};
 use crate::engine::park::policy::POLICY_ROUNDS;
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -525,10 +525,4 @@ impl<D: Driver> Engine<D> {
         self.insert(ptr, record);
         Some(Ok(Made::at(ptr)))
     }
-}
-
-/// `Some(r)` unless `r` is the driver's out-of-memory answer (which a
-/// caller that can make room tries again after).
-pub(in crate::engine) fn unless_oom<T>(r: Result<T, CUresult>) -> Option<Result<T, CUresult>> {
-    (!matches!(r, Err(CUDA_ERROR_OUT_OF_MEMORY))).then_some(r)
 }

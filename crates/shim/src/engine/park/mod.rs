@@ -1,7 +1,7 @@
 //! Parking (issue 34; docs/design/parking.md): the process moves its own
 //! device memory to host memory through the driver's checkpoint calls and
 //! releases its budget (own and group), then comes back when asked or when
-//! the program calls CUDA again ([`gate`]).
+//! the program calls CUDA again ([`gate`](crate::process::gate)).
 //!
 //! - Everything happens on the background thread ([`Engine::park_round`],
 //!   each tick): the page's requests (`vramcap park`/`resume`, a group
@@ -18,10 +18,9 @@
 //!   real free memory first; Restore is never called without both. A
 //!   just-resumed process counts as active (its `last_activity` is set). A failed Restore leaves the process
 //!   `Failed` (the driver holds it stuck): never retried.
-//! - Locks: the gate's mutex (`gate.rs`), taken alone, only to change the
+//! - Locks: the gate's mutex (`process/gate.rs`), taken alone, only to change the
 //!   state or wait for it. See engine/mod.rs for the order.
 
-pub mod gate;
 pub(in crate::engine) mod policy;
 mod steps;
 
@@ -33,6 +32,7 @@ use crate::engine::Engine;
 use crate::engine::accounting::page::now_unix_ns;
 use crate::engine::driver::Driver;
 use crate::log::log_at;
+use crate::process::gate;
 
 /// Parking's own state (one per engine).
 pub struct Park {

@@ -46,11 +46,10 @@ use vramcap_core::settings::default_stats_dir;
 
 use crate::engine::Engine;
 use crate::engine::accounting::page::now_unix_ns;
-use crate::engine::driver::Driver;
-use crate::engine::handlers::alloc::unless_oom;
-use crate::engine::worker::TICK;
+use crate::engine::driver::{Driver, unless_oom};
 use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult};
 use crate::log::{log_at, log_once};
+use crate::process::TICK;
 
 /// Whose memory would make the room: a group's members (by name), or the
 /// processes on one GPU (by UUID) that hold at least the bytes it is short

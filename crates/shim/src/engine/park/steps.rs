@@ -8,7 +8,6 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::{Page, uuid_text};
 use vramcap_core::park::{Outcome, PARK_DEVICES, ParkState, RESUME_MARGIN};
 
-use super::gate;
 use super::policy::Among;
 use crate::engine::Engine;
 use crate::engine::accounting::Refusal;
@@ -17,6 +16,7 @@ use crate::engine::accounting::records::Kind;
 use crate::engine::driver::{Checkpoint, Driver};
 use crate::ffi::{CUDA_SUCCESS, CUdevice};
 use crate::log::{log_at, log_once};
+use crate::process::gate;
 
 /// How long parking waits for the program's calls in flight (and the
 /// driver's lock for its own).
@@ -153,7 +153,7 @@ impl<D: Driver> Engine<D> {
         self.park.said_waiting.store(false, Ordering::Relaxed);
         // Exit handlers registered since the background thread started
         // would otherwise run first and ask for a resume (worker.rs).
-        crate::engine::worker::stop_first_at_exit();
+        crate::process::stop_first_at_exit();
         self.park_set(ParkState::Parked);
         log_at!(
             Info,

@@ -138,7 +138,7 @@ pub extern "C" fn gate_slow() -> u32 {
         match s {
             RUNNING => break 0,
             FAILED => break CUDA_ERROR_ILLEGAL_STATE as u32,
-            _ if crate::engine::worker::exiting() => {
+            _ if super::exiting() => {
                 log_once!(
                     Info,
                     "exiting while parked: the parked GPU memory is discarded with the process, not restored"
