@@ -1,9 +1,11 @@
 //! The user guide's links: every relative link in README.md, ARCHITECTURE.md
 //! and docs/**/*.md names a file or folder that exists, and an anchor
 //! (`page.md#section`, `#section`) names a heading of that page, as GitHub
-//! makes its anchors. Links to other sites are not followed. Every page of
-//! the guide is reachable from README.md. Every variable the core reads
-//! has its row in docs/configuration.md. (The `vramcap stat --json` schema
+//! makes its anchors. Links to other sites are not followed. A backticked
+//! path (`crates/shim/src/engine/cache.rs`, `design/parking.md`) names a
+//! file or folder of the repository. Every page of the guide is reachable
+//! from README.md. Every variable the core reads has its row in
+//! docs/configuration.md. (The `vramcap stat --json` schema
 //! and the metric table of docs/statistics.md are held to the code by
 //! `cli::readme` in crates/cli, and the dashboard's and rules' metric names
 //! by scripts/check-monitoring.sh.)
@@ -274,6 +276,242 @@ fn anchors_are_made_as_github_makes_them() {
             (1, "h i.md".to_string())
         ]
     );
+}
+
+/// The inline code spans outside fenced code blocks, with the line each
+/// starts on. A span may run on over a line break (it then holds a space,
+/// so it is no path); a blank line ends it, as it ends a paragraph.
+fn code_spans(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    let mut open: Option<(usize, String)> = None;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            open = None;
+            continue;
+        }
+        if fenced || line.trim().is_empty() {
+            open = None;
+            continue;
+        }
+        if let Some((_, span)) = open.as_mut() {
+            span.push(' ');
+        }
+        for c in line.chars() {
+            match (c, open.as_mut()) {
+                ('`', None) => open = Some((n + 1, String::new())),
+                ('`', Some(_)) => out.push(open.take().unwrap()),
+                (c, Some((_, span))) => span.push(c),
+                (_, None) => {}
+            }
+        }
+    }
+    out
+}
+
+/// The endings that make a backticked word a file's name.
+const FILE_ENDINGS: &[&str] = &[
+    ".md", ".rs", ".py", ".sh", ".c", ".h", ".cu", ".cuh", ".toml", ".yaml", ".yml", ".json",
+    ".proto", ".png",
+];
+
+/// Whether an inline code span reads as a path in the repository: it has
+/// a `/` or a file's ending, and none of what makes it something else: a
+/// space (a command), `*` (a pattern), `<…>` (a placeholder), `=`, `:`,
+/// `(` (a setting, an image's tag, a call), a leading `/` (a path on the
+/// machine, such as `/run/vramcap/stats`), `-` (an option), `$` or `~`, a
+/// URL; nor is `PREFIX/lib` (a folder in capitals is a placeholder) or
+/// `vramcap.io/gpu-memory` (a name under a domain: a label, a resource).
+fn path_like(span: &str) -> bool {
+    if !(span.contains('/') || FILE_ENDINGS.iter().any(|e| span.ends_with(e))) {
+        return false;
+    }
+    if span.contains("://") || span.starts_with(['/', '-', '$', '~']) {
+        return false;
+    }
+    if !span
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._-+/".contains(c))
+    {
+        return false;
+    }
+    let first = span.split('/').next().unwrap_or("");
+    if span.contains('/') {
+        if !first.is_empty() && first.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+            return false;
+        }
+        if first != ".." && first.get(1..).is_some_and(|r| r.contains('.')) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Every file and folder of the repository, relative to its root, leaving
+/// out build outputs (`target/`), `.git` and other hidden folders.
+fn repository_files(root: &Path) -> BTreeSet<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy();
+            if name.starts_with('.') || name == "target" || name == "__pycache__" {
+                continue;
+            }
+            out.insert(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            if p.is_dir() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// Whether a backticked path names something in the repository: from the
+/// root (`crates/shim/src/engine/cache.rs`) or from the page's folder
+/// (`design/parking.md` in docs/). A source file may also be named from
+/// its crate's source folder or by its file name alone, as ARCHITECTURE.md
+/// names modules (`engine/park/gate.rs`, `vars.rs`): then some file of
+/// the repository must end in it. A page of the guide (`.md`), or a path
+/// that starts with a folder of the root, must resolve exactly.
+fn names_a_repository_file(root: &Path, page: &Path, path: &str, files: &BTreeSet<String>) -> bool {
+    let path = path.trim_end_matches('/');
+    if root.join(path).exists() {
+        return true;
+    }
+    if let Some(rel) = resolve(page, path)
+        && root.join(rel).exists()
+    {
+        return true;
+    }
+    let first = path.split('/').next().unwrap_or("");
+    if path.ends_with(".md") || first == ".." || root.join(first).exists() {
+        return false;
+    }
+    let tail = format!("/{path}");
+    files.iter().any(|f| f == path || f.ends_with(&tail))
+}
+
+/// Backticked paths that are not the repository's, page by page.
+const NOT_REPOSITORY_PATHS: &[(&str, &[&str])] = &[
+    // Files of other projects' repositories, each cited with its project
+    // (ZLUDA, Wine's nvcuda, cuda_deduplicator, HAMi-core, cuda-samples,
+    // CRIU).
+    (
+        "docs/design/parking-resume.md",
+        &[
+            "dark_api/src/lib.rs",
+            "zluda/src/impl/driver.rs",
+            "dlls/nvcuda/internal.c",
+            "src/tests/GetExportTableTest.cpp",
+            "zluda_trace/src/dark_api.rs",
+            "zluda_trace/src/lib.rs",
+            "zluda_trace/src/os_unix.rs",
+            "src/cuda/hook.c",
+            "hook.c",
+            "context.c",
+            "python/2_CoreConcepts/processCheckpoint/processCheckpoint.py",
+            "plugins/cuda/cuda_plugin.c",
+        ],
+    ),
+    // Files of the kubelet's, NVIDIA's, Aliyun's and HAMi's repositories,
+    // the sources of the page's facts.
+    (
+        "docs/device-plugin.md",
+        &[
+            "pkg/apis/deviceplugin/v1beta1/api.proto",
+            "cmd/nvidia-device-plugin/main.go",
+            "internal/plugin/server.go",
+            "internal/rm/health.go",
+            "internal/rm/devices.go",
+            "pkg/gpu/nvidia/",
+            "charts/hami",
+            "pkg/device-plugin",
+        ],
+    ),
+    // The user's own Prometheus configuration.
+    ("docs/kubernetes.md", &["prometheus.yml"]),
+    // A Jupyter kernelspec's file, which `vramcap kernel install` writes.
+    ("docs/python.md", &["kernel.json"]),
+];
+
+/// Made by the build (cargo, scripts/package.sh, scripts/test.sh's
+/// tools), never kept in the repository.
+const BUILD_OUTPUTS: &str = "target/";
+
+/// The GPU runs' record: it names files as they were at each run's
+/// commit, and some have since moved or gone.
+const RECORDS: &[&str] = &["docs/design/gpu-history.md"];
+
+/// The backticked paths of one page that name nothing in the repository.
+fn dead_paths(root: &Path, page: &Path, text: &str, files: &BTreeSet<String>) -> Vec<String> {
+    let allowed: &[&str] = NOT_REPOSITORY_PATHS
+        .iter()
+        .find(|(p, _)| Path::new(p) == page)
+        .map_or(&[], |(_, list)| list);
+    code_spans(text)
+        .into_iter()
+        .filter(|(_, span)| path_like(span))
+        .filter(|(_, span)| !span.starts_with(BUILD_OUTPUTS) && !allowed.contains(&span.as_str()))
+        .filter(|(_, span)| !names_a_repository_file(root, page, span, files))
+        .map(|(line, span)| format!("{}:{line}: `{span}`", page.display()))
+        .collect()
+}
+
+/// Every backticked path in README.md, ARCHITECTURE.md and docs/**/*.md
+/// names a file or folder of the repository (see `path_like` for what
+/// counts as a path and `names_a_repository_file` for where it may be).
+#[test]
+fn every_backticked_path_in_the_guide_exists() {
+    let root = root();
+    let files = repository_files(&root);
+    let mut dead = Vec::new();
+    for page in pages() {
+        if RECORDS.iter().any(|r| Path::new(r) == page) {
+            continue;
+        }
+        let text = std::fs::read_to_string(root.join(&page)).unwrap();
+        dead.extend(dead_paths(&root, &page, &text, &files));
+    }
+    assert!(
+        dead.is_empty(),
+        "backticked paths that name no file of the repository:\n{}",
+        dead.join("\n")
+    );
+}
+
+/// The check itself: a planted dead path is found wherever it is written,
+/// and what is no path is left alone.
+#[test]
+fn a_dead_backticked_path_is_found() {
+    let root = root();
+    let files = repository_files(&root);
+    let text = "A `docs/parking.md`, `parking.md`, `engine/park/gate.rs`, `vars.rs`,\n\
+                `target/release/vramcap` and `tests/standin/`.\n\
+                Dead: `docs/no-such-page.md`, `groups.md`, `engine/handles.rs`, `no_such.rs`,\n\
+                `scripts/gpu-held.sh` and `crates/core/src/group.rs`.\n\
+                No paths: `/run/vramcap/stats`, `vramcap.io/gpu-memory`, `PREFIX/lib/vramcap/`,\n\
+                `--limit 8GiB`, `python/*.py`, `<dir>/x.md`, `VRAMCAP_LIBRARY=/opt/x.so`,\n\
+                `https://example.com/a.md`, `cudaMalloc(T/2)`, `nvidia.com/gpu`, `read/write`x\n\
+                ```sh\n`fenced/no-such.rs`\n```\n";
+    let dead = dead_paths(&root, Path::new("docs/design/parking.md"), text, &files);
+    let spans: Vec<&str> = dead.iter().map(|d| d.split('`').nth(1).unwrap()).collect();
+    assert_eq!(
+        spans,
+        [
+            "docs/no-such-page.md",
+            "groups.md",
+            "engine/handles.rs",
+            "no_such.rs",
+            "scripts/gpu-held.sh",
+            "crates/core/src/group.rs",
+            "read/write",
+        ],
+        "{dead:?}"
+    );
+    assert_eq!(dead[0], "docs/design/parking.md:3: `docs/no-such-page.md`");
 }
 
 /// Every `.rs` file under `dir`, recursively.

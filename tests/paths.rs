@@ -450,7 +450,7 @@ fn arrays_go_back_to_the_budget_with_their_context() {
 /// Stream-ordered allocations live in the device's memory pool, which
 /// outlives a context: the driver keeps them when their context is
 /// destroyed (the stand-in does too; so does the H200's driver, see
-/// docs/gpu-results.md), so they stay counted until they are freed.
+/// docs/design/gpu-history.md), so they stay counted until they are freed.
 #[test]
 fn stream_ordered_memory_stays_counted_past_its_context() {
     capped(

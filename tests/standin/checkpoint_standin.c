@@ -24,7 +24,7 @@
  * - NVML: the NVML stand-in's calls in this process wait while it is
  *   checkpointed (vramcap_standin_checkpoint_wait), any thread's, the
  *   locking one's too: on the H200 (r580) the shim's own NVML query after
- *   its checkpoint waited for good (docs/gpu-results.md, 2026-12-04).
+ *   its checkpoint waited for good (docs/design/gpu-history.md, 2026-12-04).
  * - GetRestoreThreadId answers the PID (the stand-in has no restore thread).
  * - STANDIN_CHECKPOINT_FAIL=lock or =checkpoint (read at each call): that
  *   call answers 999 (CUDA_ERROR_UNKNOWN) and changes nothing, as a driver

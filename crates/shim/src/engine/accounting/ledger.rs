@@ -11,7 +11,7 @@ use vramcap_core::MAX_DEVICES;
 
 /// What a pool is assumed to grow by at least, per allocation that needs
 /// more than its free reserve: the real driver grew a default pool by 32
-/// MiB for a 1-byte allocation (H200, driver 580; docs/gpu-results.md).
+/// MiB for a 1-byte allocation (H200, driver 580; docs/design/gpu-history.md).
 pub const POOL_GRANULE: u64 = 32 << 20;
 /// How often the background thread measures the context again.
 pub const CONTEXT_EVERY: Duration = Duration::from_secs(1);

@@ -73,7 +73,7 @@ use crate::log::log_once;
 /// A host block displaces device blocks only when its score per byte is
 /// this many times theirs. At 2 a weight-holding block (read by matrix
 /// products) could stay on the host beside optimizer state it was not
-/// twice as hot as. Training side by side with 2 (docs/gpu-results.md),
+/// twice as hot as. Training side by side with 2 (docs/design/gpu-history.md),
 /// 1.25 ran 1.39x and 1.40x at 1.1x its cap (2: 1.51x, 1.52x) and 2.62x
 /// at 1.25x (3.78x), but 8.62x at 1.5x (7.80x), where more blocks swapped.
 pub const HYSTERESIS: f64 = 1.25;
@@ -81,7 +81,7 @@ pub const HYSTERESIS: f64 = 1.25;
 /// not race the program's next allocation for the last bytes. The first
 /// cut left 1/64 of the cap, which grows with the cap (1.25 GiB of an
 /// 80 GiB one) while the race does not; every byte left free keeps a
-/// byte on the host. Side by side in training (docs/gpu-results.md,
+/// byte on the host. Side by side in training (docs/design/gpu-history.md,
 /// session 10), 8 MiB ran 1.38x at 1.1x its cap and 7.74x at 1.5x, 1/64
 /// 1.40x and 8.19x.
 pub const PROMOTE_MARGIN: u64 = 8 << 20;
