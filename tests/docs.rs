@@ -373,7 +373,7 @@ fn repository_files(root: &Path) -> BTreeSet<String> {
 /// root (`crates/shim/src/engine/cache.rs`) or from the page's folder
 /// (`design/parking.md` in docs/). A source file may also be named from
 /// its crate's source folder or by its file name alone, as ARCHITECTURE.md
-/// names modules (`engine/park/gate.rs`, `vars.rs`): then some file of
+/// names modules (`process/gate.rs`, `vars.rs`): then some file of
 /// the repository must end in it. A page of the guide (`.md`), or a path
 /// that starts with a folder of the root, must resolve exactly.
 fn names_a_repository_file(root: &Path, page: &Path, path: &str, files: &BTreeSet<String>) -> bool {
@@ -488,7 +488,7 @@ fn every_backticked_path_in_the_guide_exists() {
 fn a_dead_backticked_path_is_found() {
     let root = root();
     let files = repository_files(&root);
-    let text = "A `docs/parking.md`, `parking.md`, `engine/park/gate.rs`, `vars.rs`,\n\
+    let text = "A `docs/parking.md`, `parking.md`, `process/gate.rs`, `vars.rs`,\n\
                 `target/release/vramcap` and `tests/standin/`.\n\
                 Dead: `docs/no-such-page.md`, `groups.md`, `engine/handles.rs`, `no_such.rs`,\n\
                 `scripts/gpu-held.sh` and `crates/core/src/group.rs`.\n\
