@@ -366,3 +366,41 @@ fn mem_alloc_path_crosses_at_most_eight_shim_files() {
         }
     }
 }
+
+/// The page's mailboxes (request counters, acknowledgements, parking's ask
+/// word) are written in one place, `crates/core/src/mailbox.rs` (issue 41,
+/// done-when 4): every asker and answerer goes through it; the page's own
+/// definition is the only other file that names the words (test modules
+/// and comments aside).
+#[test]
+fn the_page_mailboxes_are_written_in_core_only() {
+    let words = [
+        ".trim_requests",
+        ".trim_acks",
+        ".limit_requests",
+        ".limit_acks",
+        ".park_requests",
+        ".park_acks",
+        ".park_ask",
+    ];
+    let mut files = Vec::new();
+    rust_files(&root().join("crates"), &mut files);
+    let allowed = [
+        root().join("crates/core/src/mailbox.rs"),
+        root().join("crates/core/src/page/mod.rs"),
+    ];
+    let mut found = Vec::new();
+    for f in files.iter().filter(|f| !allowed.contains(f)) {
+        if f.components().any(|c| c.as_os_str() == "tests") {
+            continue;
+        }
+        let text = code(&std::fs::read_to_string(f).expect("a source file"));
+        for w in words {
+            if text.contains(w) {
+                found.push(format!("{}: {w}", f.display()));
+            }
+        }
+    }
+    assert!(files.len() > 50, "the crates' files were not found");
+    assert_eq!(found, Vec::<String>::new());
+}

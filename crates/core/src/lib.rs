@@ -8,6 +8,7 @@ pub mod exe;
 pub mod group;
 pub mod limit;
 pub mod liveness;
+pub mod mailbox;
 pub mod page;
 pub mod park;
 pub mod peers;

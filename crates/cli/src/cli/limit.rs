@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::human_bytes;
 use vramcap_core::limit::{Amount, LIMIT_VAR, LimitSpec, parse_limit};
-use vramcap_core::page::{FLAG_ACTIVE, Page, acknowledged, uuid_text};
+use vramcap_core::mailbox::Mailbox;
+use vramcap_core::page::{FLAG_ACTIVE, Page, uuid_text};
 
 use super::stat::StatsDirs;
-use super::trim::{find, next_ticket, targets, usable};
+use super::trim::{find, targets, usable};
 use crate::read::Users;
 
 /// What the SPEC asks for.
@@ -173,9 +174,10 @@ fn change(
             )
         });
     }
-    let ticket = next_ticket(&page.header.limit_requests);
+    let mailbox = Mailbox::limit(&page.header);
+    let ticket = mailbox.ask();
     let start = Instant::now();
-    while !acknowledged(page.header.limit_acks.load(Ordering::Acquire), ticket) {
+    while !mailbox.answered(ticket) {
         if map.shrank() {
             return Err(format!(
                 "{pid}: its page was truncated while limit waited for an answer; nothing more can be asked of it"

@@ -9,11 +9,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use vramcap_core::human_bytes;
-use vramcap_core::page::{FLAG_ACTIVE, Page, acknowledged, get_text};
+use vramcap_core::mailbox::{Mailbox, post_park, withdraw_park};
+use vramcap_core::page::{FLAG_ACTIVE, Page, get_text};
 use vramcap_core::park::{Ask, Outcome, ParkMode, ParkState};
 
 use super::stat::StatsDirs;
-use super::trim::{find, next_ticket, targets, usable};
+use super::trim::{find, targets, usable};
 use crate::read::{PageMap, Users};
 
 /// Which processes: the options both commands take (clap).
@@ -259,8 +260,7 @@ fn prepare(
 
 fn post(p: &mut Pending, ask: Ask) {
     let h = &p.map.page().header;
-    h.park_ask.store(ask as u64, Ordering::Release);
-    p.ticket = next_ticket(&h.park_requests);
+    p.ticket = post_park(h, ask);
     p.asked = Instant::now();
 }
 
@@ -283,7 +283,7 @@ fn poll(p: &mut Pending, ask: Ask, a: &ParkArgs) -> Option<Result<String, String
             verb(ask)
         )));
     }
-    if acknowledged(h.park_acks.load(Ordering::Acquire), p.ticket) {
+    if Mailbox::park(h).answered(p.ticket) {
         let outcome = Outcome::from_word(h.park_outcome.load(Ordering::Acquire));
         return match (ask, outcome) {
             (Ask::Park, Outcome::Ok) => Some(Ok(parked_line(pid, page))),
@@ -335,17 +335,12 @@ fn parked_line(pid: u32, page: &Page) -> String {
 }
 
 /// The error of a request not answered in time, after trying to withdraw
-/// it: the shim takes a request by swapping `park_ask` to 0 and does
-/// nothing for an ask of 0, so putting 0 back in place of this ask (a
-/// compare-and-swap) before the shim takes it means it will never act on
-/// it. When the swap fails the shim has taken it (it is being carried out)
-/// or another request replaced it: either way it may still take effect.
+/// it (`vramcap_core::mailbox::withdraw_park`): withdrawn, the shim never
+/// acts on it. When that fails the shim has taken it (it is being carried
+/// out) or another request replaced it: either way it may still take
+/// effect.
 fn timed_out(p: &Pending, ask: Ask) -> String {
-    let h = &p.map.page().header;
-    let withdrawn = h
-        .park_ask
-        .compare_exchange(ask as u64, 0, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok();
+    let withdrawn = withdraw_park(&p.map.page().header, ask);
     let secs = p.bound.as_secs_f64();
     let pid = p.pid;
     if withdrawn {

@@ -4,12 +4,13 @@
 //! within a tick (100 ms) by releasing everything and acknowledging.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::stat::StatsDirs;
 use crate::read::{Bounds, PageMap, Scope, Users, map_for_write, read_sources};
 use vramcap_core::human_bytes;
+use vramcap_core::mailbox::Mailbox;
 use vramcap_core::text;
 
 /// `--dir` and `--all-users` of `trim` and `limit`, the commands that
@@ -152,7 +153,8 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
             println!("{pid}: nothing cached");
             continue;
         }
-        let ticket = next_ticket(&page.header.trim_requests);
+        let mailbox = Mailbox::trim(&page.header);
+        let ticket = mailbox.ask();
         let start = Instant::now();
         loop {
             if map.shrank() {
@@ -162,10 +164,7 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
                 failed = true;
                 break;
             }
-            if vramcap_core::page::acknowledged(
-                page.header.trim_acks.load(Ordering::Acquire),
-                ticket,
-            ) {
+            if mailbox.answered(ticket) {
                 println!(
                     "{pid}: released {} ({} still cached)",
                     human_bytes(before.saturating_sub(cached(page))),
@@ -186,10 +185,4 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
         }
     }
     u8::from(failed)
-}
-
-/// A new request's ticket: the request counter moved on by one, as the shim
-/// acknowledges it (wrapping).
-pub(super) fn next_ticket(requests: &AtomicU64) -> u64 {
-    requests.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
 }

@@ -237,15 +237,15 @@ impl<D: Driver> Engine<D> {
             return;
         }
         let page = self.base.page().get(self.base.settings());
-        let asked = page.header.trim_requests.load(Ordering::Acquire);
-        if asked != page.header.trim_acks.load(Ordering::Acquire) {
+        let mailbox = vramcap_core::mailbox::Mailbox::trim(&page.header);
+        if let Some(asked) = mailbox.pending() {
             let bytes = self.cache.trim_all(&self.base);
             for s in page.slots.iter() {
                 if s.flags.load(Ordering::Relaxed) != 0 {
                     DeviceSlot::add(&s.trims, 1);
                 }
             }
-            page.header.trim_acks.store(asked, Ordering::Release);
+            mailbox.answer(asked);
             log_at!(Info, "trim: released {bytes} cached bytes");
         }
         self.apply_limit_requests();

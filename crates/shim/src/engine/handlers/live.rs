@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 
 use vramcap_core::MAX_DEVICES;
 use vramcap_core::budget::NO_CAP;
+use vramcap_core::mailbox::Mailbox;
 use vramcap_core::page::DeviceSlot;
 
 use crate::engine::Engine;
@@ -142,10 +143,10 @@ impl<D: Driver> Engine<D> {
     /// for, then acknowledges (it asks only for devices in use).
     pub(in crate::engine) fn apply_limit_requests(&self) {
         let page = self.base.page().get(self.base.settings());
-        let asked = page.header.limit_requests.load(Ordering::Acquire);
-        if asked == page.header.limit_acks.load(Ordering::Acquire) {
+        let mailbox = Mailbox::limit(&page.header);
+        let Some(asked) = mailbox.pending() else {
             return;
-        }
+        };
         for (i, s) in page.slots.iter().enumerate() {
             if s.budget.limit().is_none() {
                 continue;
@@ -155,7 +156,7 @@ impl<D: Driver> Engine<D> {
                 self.set_own_limit(i as CUdevice, want);
             }
         }
-        page.header.limit_acks.store(asked, Ordering::Release);
+        mailbox.answer(asked);
     }
 
     /// The background thread's part for a group: a group limit changed

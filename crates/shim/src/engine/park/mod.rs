@@ -26,6 +26,7 @@ mod steps;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use vramcap_core::mailbox::{Mailbox, take_park};
 use vramcap_core::park::{Ask, Outcome, PARK_DEVICES, ParkMode};
 
 use crate::engine::Engine;
@@ -94,15 +95,15 @@ impl<D: Driver> Engine<D> {
         if gate::ACTIVE.swap(false, Ordering::Relaxed) || gate::INSIDE.load(Ordering::Relaxed) > 0 {
             h.last_activity.store(now_unix_ns(), Ordering::Release);
         }
-        let asked = h.park_requests.load(Ordering::Acquire);
-        if asked != h.park_acks.load(Ordering::Acquire) {
+        let mailbox = Mailbox::park(h);
+        if let Some(asked) = mailbox.pending() {
             let outcome = if settings.park.is_none() {
                 Outcome::NotEnabled
             } else {
                 // Taken: swapped to 0, so a reader that gave up waiting can
                 // tell (its compare-and-swap back to 0 fails) whether it
                 // withdrew its request in time (0 asks nothing).
-                match Ask::from_word(h.park_ask.swap(0, Ordering::AcqRel)) {
+                match take_park(h) {
                     Some(Ask::Park) => self.park_now(false),
                     Some(Ask::ParkIfIdle) if !self.idle_now() => Outcome::NotIdle,
                     Some(Ask::ParkIfIdle) => self.park_now(true),
@@ -111,7 +112,7 @@ impl<D: Driver> Engine<D> {
                 }
             };
             h.park_outcome.store(outcome.word(), Ordering::Release);
-            h.park_acks.store(asked, Ordering::Release);
+            mailbox.answer(asked);
         }
         if gate::state() == gate::PARKED && gate::RESUME_WANTED.load(Ordering::SeqCst) {
             self.resume_now(true);

@@ -39,7 +39,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use vramcap_core::page::{PAGE_SIZE, Page, acknowledged, check_header, get_text};
+use vramcap_core::mailbox::{Mailbox, post_park, withdraw_park};
+use vramcap_core::page::{PAGE_SIZE, Page, check_header, get_text};
 use vramcap_core::park::{Ask, Outcome, ParkMode, ParkState};
 use vramcap_core::peers::{SCAN_ENTRIES, SCAN_PAGES, open_own_page, stable_copy};
 use vramcap_core::settings::default_stats_dir;
@@ -376,24 +377,14 @@ fn ask_park(page: &Page, most: u64) -> Option<Outcome> {
         .iter()
         .fold(0u64, |a, s| a.saturating_add(s.budget.used()));
     let bound = ask_bound(held, most);
-    h.park_ask.store(Ask::ParkIfIdle as u64, Ordering::Release);
-    let ticket = h
-        .park_requests
-        .fetch_add(1, Ordering::AcqRel)
-        .wrapping_add(1);
+    let ticket = post_park(h, Ask::ParkIfIdle);
     let start = Instant::now();
-    while !acknowledged(h.park_acks.load(Ordering::Acquire), ticket) {
+    while !Mailbox::park(h).answered(ticket) {
         if start.elapsed() >= bound {
-            // Withdrawn if not taken yet (the member swaps the word to 0
-            // when it takes a request): an ask given up on never parks the
-            // member later (a stopped process after SIGCONT). Taken, its
-            // park may still finish; the next round sees it parked.
-            let _ = h.park_ask.compare_exchange(
-                Ask::ParkIfIdle as u64,
-                0,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
+            // Withdrawn if not taken yet: an ask given up on never parks
+            // the member later (a stopped process after SIGCONT). Taken,
+            // its park may still finish; the next round sees it parked.
+            withdraw_park(h, Ask::ParkIfIdle);
             return None;
         }
         std::thread::sleep(Duration::from_millis(5));
