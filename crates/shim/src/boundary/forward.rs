@@ -494,7 +494,7 @@ mod tests {
 
     #[test]
     fn an_open_gate_passes_every_argument_and_the_result() {
-        let _one = GATE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = gate::TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let f = forwarded_many();
         assert_ne!(f as *const () as usize, many as *const () as usize);
         assert_eq!(call(f).to_bits(), call(many).to_bits());
@@ -502,7 +502,7 @@ mod tests {
 
     #[test]
     fn a_closed_gate_holds_the_call_until_it_opens_and_keeps_every_argument() {
-        let _one = GATE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = gate::TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let f = forwarded_many();
         gate::set_state(1); // Parking: calls wait
         let caller = std::thread::spawn(move || call(f));
@@ -523,7 +523,7 @@ mod tests {
 
     #[test]
     fn a_clear_activity_flag_is_set_by_the_next_call_which_goes_through() {
-        let _one = GATE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = gate::TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let f = forwarded_many();
         gate::ACTIVE.store(false, Ordering::Relaxed);
         assert_eq!(call(f).to_bits(), call(many).to_bits());
@@ -539,7 +539,7 @@ mod tests {
 
     #[test]
     fn a_process_that_cannot_continue_answers_the_gate_s_error_without_the_call() {
-        let _one = GATE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = gate::TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let i = slot_of(counted as *mut c_void).expect("a free slot");
         // SAFETY: the entry jumps to `counted`, whose type this is.
         let f = unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(i32) -> i32>(entry(i)) };
@@ -555,9 +555,6 @@ mod tests {
             "the target was not called"
         );
     }
-
-    /// The tests that use the one gate run one at a time.
-    static GATE_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     #[test]
     fn entries_are_the_table_s_size_and_in_the_library() {

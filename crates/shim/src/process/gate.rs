@@ -160,6 +160,11 @@ pub extern "C" fn gate_slow() -> u32 {
     answer
 }
 
+/// Unit tests that change the process-wide gate (the forwarders', the
+/// engine's parking tests) take this first: one at a time.
+#[cfg(test)]
+pub static TESTS: Mutex<()> = Mutex::new(());
+
 /// Sets the state word and wakes the waiters (the background thread only).
 pub fn set_state(state: u32) {
     let _held = LOCK.lock().unwrap_or_else(|p| p.into_inner());

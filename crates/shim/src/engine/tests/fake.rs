@@ -69,6 +69,20 @@ pub(super) struct Fake {
     /// The kernel nodes of graphs, by graph handle, and the walks of them.
     pub(super) graphs: Mutex<HashMap<usize, Vec<KernelNode>>>,
     pub(super) graph_walks: AtomicUsize,
+    /// The driver's checkpoint calls (parking's tests).
+    pub(super) ck: Ck,
+}
+
+/// The fake's checkpoint calls: off by default (a driver without them);
+/// on, each step answers 0 unless it is `fail`, and is recorded; the
+/// GPUs' free memory, as another process would measure it, is `free`
+/// bytes on each device (`None`: not measurable).
+#[derive(Default)]
+pub(super) struct Ck {
+    pub(super) on: bool,
+    pub(super) steps: Mutex<Vec<&'static str>>,
+    pub(super) fail: Mutex<Option<&'static str>>,
+    pub(super) free: Mutex<Option<u64>>,
 }
 
 /// A fake graph's kernel node: its function and one 8-byte word per parameter.
@@ -113,7 +127,36 @@ impl Fake {
     }
 }
 
-impl crate::engine::driver::Checkpointing for Fake {}
+impl crate::engine::driver::Checkpointing for Fake {
+    fn checkpoint(&self, step: crate::engine::driver::Checkpoint) -> Option<CUresult> {
+        use crate::engine::driver::Checkpoint;
+        if !self.ck.on {
+            return None;
+        }
+        let name = match step {
+            Checkpoint::Lock(_) => "lock",
+            Checkpoint::Save => "save",
+            Checkpoint::Restore => "restore",
+            Checkpoint::Unlock => "unlock",
+        };
+        self.ck.steps.lock().unwrap().push(name);
+        Some(match *self.ck.fail.lock().unwrap() {
+            Some(f) if f == name => 999,
+            _ => CUDA_SUCCESS,
+        })
+    }
+    fn has_checkpoint_api(&self) -> bool {
+        self.ck.on
+    }
+    fn gpu_free(&self) -> Result<Vec<(String, u64)>, String> {
+        match *self.ck.free.lock().unwrap() {
+            Some(f) if self.ck.on => Ok((0..self.machine.visible)
+                .map(|d| (fake_uuid(d as u8), f))
+                .collect()),
+            _ => Err("not measurable".into()),
+        }
+    }
+}
 
 impl Driver for Fake {
     fn ctx_get_current(&self) -> Result<usize, CUresult> {

@@ -18,6 +18,7 @@ mod fake;
 mod frees;
 mod held;
 mod limits;
+mod park;
 mod tiered;
 
 use self::fake::*;
