@@ -278,13 +278,8 @@ fn a_cap_set_while_running_guards_the_loader() {
     );
     let (out, _) = escape(&[], &["setlimit", "512", "dlmopen", &lib, "4", "256"]);
     assert_eq!(out, [set.clone(), "open -> null".to_string()]);
-    let copy = crate::util::scratch_dir().join("libcuda-copy.so.1");
-    std::fs::copy(
-        crate::util::artefacts().standin_lib.join("libcuda.so.1"),
-        &copy,
-    )
-    .unwrap();
-    let copy = copy.to_str().unwrap();
+    let copy = driver_copy();
+    let copy = copy.as_str();
     let (out, _) = escape(&[], &["setlimit", "512", "copy", copy, "cuMemAlloc_v2"]);
     assert_eq!(
         out,
@@ -302,13 +297,8 @@ fn a_cap_set_while_running_guards_the_loader() {
 /// soname, would be the driver the shim uses.)
 #[test]
 fn a_refused_lookup_sets_dlerror() {
-    let copy = crate::util::scratch_dir().join("libcuda-copy.so.1");
-    std::fs::copy(
-        crate::util::artefacts().standin_lib.join("libcuda.so.1"),
-        &copy,
-    )
-    .unwrap();
-    let copy = copy.to_str().unwrap();
+    let copy = driver_copy();
+    let copy = copy.as_str();
     let (out, err) = escape(&[CAP], &["setlimit", "256", "copy", copy, "cuMemAlloc_v2"]);
     assert_eq!(
         out,
@@ -323,4 +313,16 @@ fn a_refused_lookup_sets_dlerror() {
             "the program looked up \"cuMemAlloc_v2\" in a library that is not the driver vramcap uses (\"libcuda.so.1\"); calls through it would not be capped, so the lookup fails. Set VRAMCAP_CUDA_LIBRARY to the libcuda.so.1 the program loads, or unset it"
         ]
     );
+}
+
+/// A copy of the stand-in driver at another path (its soname the same),
+/// in the test's scratch directory.
+fn driver_copy() -> String {
+    let copy = crate::util::scratch_dir().join("libcuda-copy.so.1");
+    std::fs::copy(
+        crate::util::artefacts().standin_lib.join("libcuda.so.1"),
+        &copy,
+    )
+    .unwrap();
+    copy.to_str().unwrap().to_string()
 }

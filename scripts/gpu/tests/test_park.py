@@ -203,6 +203,14 @@ def test_refused_and_nothing_lost(gpu, runner, work, check, mode, why):
         p.kill()
 
 
+def same_and_never_stuck(nb, check):
+    """The notebook ends with its two steps' sums equal, never stuck."""
+    out, err = nb.finish(300)
+    kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
+    check.kv(kv, "same", 1)
+    check.that("cannot continue" not in err and "stuck" not in err, "never stuck", err.strip()[-200:])
+
+
 def test_resume_without_room_waits_and_never_sticks(gpu, runner, work, check):
     check.title = "resume into a full GPU refuses or waits; never stuck"
     nb = Proc(gpu, runner, work, "noroom", ["notebook", "8"], VRAMCAP_PARK="manual", VRAMCAP_CACHE="off")
@@ -223,10 +231,7 @@ def test_resume_without_room_waits_and_never_sticks(gpu, runner, work, check):
         check.that(bool(line), "the notebook says once that it waits", line or "no line")
         filler.go()
         filler.finish()
-        out, err = nb.finish(300)
-        kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
-        check.kv(kv, "same", 1)
-        check.that("cannot continue" not in err and "stuck" not in err, "never stuck", err.strip()[-200:])
+        same_and_never_stuck(nb, check)
     finally:
         nb.kill()
         if filler:
@@ -299,10 +304,7 @@ def test_a_lying_nvidia_smi_keeps_a_parked_process_parked(gpu, runner, work, che
         line = nb.wait_line("resume: nvidia-smi says GPU 0 has", 60, path=nb.err)
         check.that(bool(line) and "not trusted" in line, "it says the answer is not trusted", line or "no line")
         os.unlink(flag)
-        out, err = nb.finish(300)
-        kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
-        check.kv(kv, "same", 1)
-        check.that("cannot continue" not in err and "stuck" not in err, "never stuck", err.strip()[-200:])
+        same_and_never_stuck(nb, check)
     finally:
         nb.kill()
 
