@@ -245,3 +245,28 @@ fn pages_another_user_could_write_are_never_asked() {
         );
     }
 }
+
+/// The scan is bounded whatever is planted: 300 files named as pages
+/// (more than the 256 one look reads) cost one look 256 reads, and the
+/// shim says once that it left the rest out.
+#[test]
+fn one_look_reads_at_most_256_pages() {
+    let dir = scratch_dir();
+    for i in 0..300 {
+        std::fs::write(dir.join(format!("{}.page", 3_000_000 + i)), b"not a page").unwrap();
+    }
+    let err = refused_in(&dir, &[("VRAMCAP_PARK", "idle:1h")]).stderr();
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("holds more files than one look"))
+        .collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(
+        said[0].ends_with(&format!(
+            "parking: {} holds more files than one look for an idle process reads (4096 entries, 256 pages); the rest are not considered",
+            dir.display()
+        )),
+        "{}",
+        said[0]
+    );
+}
