@@ -9,10 +9,7 @@ use std::path::Path;
 use crate::util::*;
 
 fn park(dir: &Path, pid: u32) {
-    let mut cmd = bare(&artefacts().cli);
-    cmd.env("VRAMCAP_STATS_DIR", dir)
-        .args(["park", "--pid", &pid.to_string()]);
-    run(cmd).expect_lines(&[&format!(
+    crate::park_util::park(dir, pid).expect_lines(&[&format!(
         "{pid}: parked, 64.0 MiB moved to host memory and released"
     )]);
 }
