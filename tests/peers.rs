@@ -106,9 +106,89 @@ fn without_parking_no_page_is_read_or_asked() {
     assert!(std::fs::read(&p).unwrap() == bytes, "the page was written");
 }
 
-/// A page's word cannot stretch the wait for its answer: one that says it
-/// holds 2^62 bytes and never answers is waited for 2 s and 1 s per GiB
-/// of the GPU's own size (2 GiB here), then the allocation is refused.
+/// A forged member playing the shim's answering side on its page, on a
+/// thread: `answer(header)` runs in a loop until the member is dropped.
+struct Member {
+    map: *mut libc::c_void,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Member {
+    fn play(page: &Path, answer: fn(&vramcap_core::page::Header)) -> Member {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(page)
+            .unwrap();
+        // SAFETY: a shared mapping of PAGE_SIZE bytes of a file that long.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let addr = map as usize;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // SAFETY: the mapping lives until this thread is joined.
+                let page = unsafe { &*(addr as *const Page) };
+                while !stop.load(Ordering::Relaxed) {
+                    answer(&page.header);
+                    std::thread::yield_now();
+                }
+            })
+        };
+        Member {
+            map,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The page's header now.
+    fn header(&self) -> &vramcap_core::page::Header {
+        // SAFETY: mapped until drop.
+        unsafe { &(*(self.map as *const Page)).header }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // SAFETY: unmapping what `play` mapped, its thread joined.
+        unsafe { libc::munmap(self.map, PAGE_SIZE) };
+    }
+}
+
+/// The seconds the policy's log line says it waited for member `pid`.
+fn waited_for(err: &str, pid: u32) -> f64 {
+    let line = err
+        .lines()
+        .find(|l| l.contains("parking idle member"))
+        .unwrap_or_else(|| panic!("no ask in {err}"));
+    let (_, secs) = line
+        .split_once(&format!("parking idle member {pid}: no answer in "))
+        .unwrap_or_else(|| panic!("{line}"));
+    secs.trim_end_matches('s').parse().expect("seconds")
+}
+
+/// A page's word cannot stretch the wait for its answer. A member that
+/// never takes its request (stopped, or a page with no process behind
+/// it) is waited for 2 s, then the ask is withdrawn; one that takes it and
+/// never answers, saying it holds 2^62 bytes, is waited for 2 s and 1 s
+/// per GiB of the GPU's own size (2 GiB here). Either way the allocation
+/// is then refused, and the request was posted once.
 #[test]
 fn a_member_that_never_answers_is_waited_for_the_gpu_s_size_at_most() {
     let dir = scratch_dir();
@@ -122,36 +202,19 @@ fn a_member_that_never_answers_is_waited_for_the_gpu_s_size_at_most() {
         0o600,
         None,
     );
-    let ran = refused_in(
-        &dir,
-        &[("VRAMCAP_PARK", "idle:1h"), ("VRAMCAP_LOG", "info")],
-    );
-    let err = ran.stderr();
-    let line = err
-        .lines()
-        .find(|l| l.contains("parking idle member"))
-        .unwrap_or_else(|| panic!("no ask in {err}"));
-    let (_, secs) = line
-        .split_once(&format!("parking idle member {}: no answer in ", a.pid()))
-        .unwrap_or_else(|| panic!("{line}"));
-    let secs: f64 = secs.trim_end_matches('s').parse().expect("seconds");
-    assert!((4.0..30.0).contains(&secs), "{line}");
-    // Asked once, and the ask withdrawn when the wait ended: a member that
-    // answers late parks for no one.
-    let bytes = std::fs::read(&p).unwrap();
-    assert_eq!(bytes.len(), PAGE_SIZE);
-    // SAFETY: all-zero bytes are a valid Page (integers and atomics only).
-    let mut page: Box<Page> = unsafe { Box::new_zeroed().assume_init() };
-    // SAFETY: PAGE_SIZE bytes into a Page of that size; any bytes are valid.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            bytes.as_ptr(),
-            (&mut *page as *mut Page).cast::<u8>(),
-            PAGE_SIZE,
-        )
-    };
-    assert_eq!(page.header.park_requests.load(Ordering::Relaxed), 1);
-    assert_eq!(page.header.park_ask.load(Ordering::Relaxed), 0);
+    let logged = [("VRAMCAP_PARK", "idle:1h"), ("VRAMCAP_LOG", "info")];
+    let untaken = Member::play(&p, |_| {});
+    let secs = waited_for(&refused_in(&dir, &logged).stderr(), a.pid());
+    assert!((2.0..4.0).contains(&secs), "{secs}");
+    assert_eq!(untaken.header().park_requests.load(Ordering::Acquire), 1);
+    assert_eq!(untaken.header().park_ask.load(Ordering::Acquire), 0);
+    drop(untaken);
+    let taker = Member::play(&p, |h| {
+        h.park_ask.swap(0, Ordering::AcqRel);
+    });
+    let secs = waited_for(&refused_in(&dir, &logged).stderr(), a.pid());
+    assert!((4.0..30.0).contains(&secs), "{secs}");
+    assert_eq!(taker.header().park_requests.load(Ordering::Acquire), 2);
 }
 
 /// A member that answers every request "parked" but makes no room is
@@ -164,49 +227,16 @@ fn a_member_that_says_parked_but_frees_nothing_is_asked_four_times() {
     let uid = unsafe { libc::getuid() };
     let a = Alive::new();
     let p = plant(&dir, a.pid(), &forged(a.pid(), "pp", GIB, uid), 0o600, None);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&p)
-        .unwrap();
-    // SAFETY: a shared mapping of PAGE_SIZE bytes of a file that long.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            PAGE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            0,
-        )
-    };
-    assert_ne!(map, libc::MAP_FAILED);
-    let addr = map as usize;
-    let stop = Arc::new(AtomicBool::new(false));
-    let answerer = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            // SAFETY: the mapping lives until this thread is joined.
-            let page = unsafe { &*(addr as *const Page) };
-            let h = &page.header;
-            while !stop.load(Ordering::Relaxed) {
-                let asked = h.park_requests.load(Ordering::Acquire);
-                if h.park_acks.load(Ordering::Acquire) != asked {
-                    h.park_outcome.store(Outcome::Ok.word(), Ordering::Release);
-                    h.park_acks.store(asked, Ordering::Release);
-                }
-                std::thread::yield_now();
-            }
-        })
-    };
+    let member = Member::play(&p, |h| {
+        let asked = h.park_requests.load(Ordering::Acquire);
+        if h.park_acks.load(Ordering::Acquire) != asked {
+            h.park_ask.swap(0, Ordering::AcqRel);
+            h.park_outcome.store(Outcome::Ok.word(), Ordering::Release);
+            h.park_acks.store(asked, Ordering::Release);
+        }
+    });
     refused_in(&dir, &[("VRAMCAP_PARK", "idle:1h")]);
-    stop.store(true, Ordering::Relaxed);
-    answerer.join().unwrap();
-    // SAFETY: the mapping made above.
-    let page = unsafe { &*(addr as *const Page) };
-    assert_eq!(page.header.park_requests.load(Ordering::Acquire), 4);
-    // SAFETY: unmapping what was mapped.
-    unsafe { libc::munmap(map, PAGE_SIZE) };
+    assert_eq!(member.header().park_requests.load(Ordering::Acquire), 4);
 }
 
 /// As root, with parking on: a page another user owns (whatever uid it

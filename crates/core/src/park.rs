@@ -153,6 +153,10 @@ pub enum Outcome {
     /// The free memory of a GPU it holds memory on cannot be measured (the
     /// detail: its index), so a resume could never be allowed.
     Unmeasured(u32),
+    /// Nothing was asked when the request was answered: it was withdrawn
+    /// (by an asker that gave up), or an earlier answer took its ask.
+    /// Nothing was done for it.
+    Withdrawn,
 }
 
 impl Outcome {
@@ -174,6 +178,7 @@ impl Outcome {
             Outcome::Busy => (12, 0),
             Outcome::NotIdle => (13, 0),
             Outcome::Unmeasured(d) => (14, d),
+            Outcome::Withdrawn => (15, 0),
         };
         code | u64::from(detail) << 32
     }
@@ -195,6 +200,7 @@ impl Outcome {
             12 => Outcome::Busy,
             13 => Outcome::NotIdle,
             14 => Outcome::Unmeasured(d),
+            15 => Outcome::Withdrawn,
             _ => Outcome::DriverError(d),
         }
     }
@@ -242,6 +248,9 @@ impl fmt::Display for Outcome {
             Outcome::Unmeasured(d) => write!(
                 f,
                 "the free memory of GPU {d} cannot be measured, so it could never resume (a resume runs nvidia-smi: put it on the process's PATH, or in /usr/bin)"
+            ),
+            Outcome::Withdrawn => f.write_str(
+                "the request was withdrawn or answered with another before it was read; nothing was done (ask again)",
             ),
         }
     }

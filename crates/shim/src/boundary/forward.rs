@@ -63,8 +63,17 @@ const ENTRY_BYTES: usize = 32;
 static TARGETS: [AtomicPtr<c_void>; SLOTS] = [const { AtomicPtr::new(ptr::null_mut()) }; SLOTS];
 
 /// Per slot, 0, or for a function of an export table `1 << 63 | table << 16
-/// | index` (`table`: the first four bytes of its GUID).
+/// | index` (`table`: the first four bytes of its GUID), or [`NVML_TAG`]
+/// for an NVML function.
 static DARK: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+
+/// [`DARK`]'s tag of a public slot holding an NVML function: a gate that
+/// cannot let it through answers NVML's codes, not CUDA's.
+const NVML_TAG: u64 = 1 << 62;
+/// What an NVML function answers at exit while parked, and when the
+/// process cannot continue: `NVML_ERROR_UNINITIALIZED`, `NVML_ERROR_UNKNOWN`.
+const NVML_ERROR_UNINITIALIZED: u32 = 1;
+const NVML_ERROR_UNKNOWN: u32 = 999;
 
 /// Whether this build has forwarders (x86_64); parking needs them.
 pub const fn forwarders_available() -> bool {
@@ -83,7 +92,12 @@ pub fn forwarder(name: &CStr, real: *mut c_void) -> *mut c_void {
         return real;
     }
     match slot_of(real) {
-        Some(i) => entry(i),
+        Some(i) => {
+            if name.to_bytes().starts_with(b"nvml") {
+                let _ = DARK[i].compare_exchange(0, NVML_TAG, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            entry(i)
+        }
         None => {
             log_once!(
                 Warn,
@@ -175,9 +189,11 @@ fn entry(i: usize) -> *mut c_void {
 /// answer the call returns instead (the process cannot continue). Never
 /// unwinds into the trampoline.
 extern "C" fn forward_wait(slot: u32) -> u32 {
-    let dark = DARK
+    let tag = DARK
         .get(slot as usize)
         .map_or(0, |d| d.load(Ordering::Relaxed));
+    let nvml = tag == NVML_TAG;
+    let dark = if nvml { 0 } else { tag };
     let answer = super::boundary("forwarder", 0, || {
         if gate::GATE.load(Ordering::Relaxed) != gate::RUNNING {
             log_at!(Debug, "parking: a forwarded call waits at the gate");
@@ -200,6 +216,13 @@ extern "C" fn forward_wait(slot: u32) -> u32 {
     // driver has shut down at exit, which the runtime expects there.
     let answer = if dark != 0 && answer != gate::CUDA_ERROR_DEINITIALIZED as u32 {
         0
+    } else if nvml && answer != 0 {
+        // NVML's callers read NVML's codes (pynvml turns one into a
+        // message through nvmlErrorString).
+        match answer {
+            a if a == gate::CUDA_ERROR_DEINITIALIZED as u32 => NVML_ERROR_UNINITIALIZED,
+            _ => NVML_ERROR_UNKNOWN,
+        }
     } else {
         answer
     };
@@ -554,6 +577,29 @@ mod tests {
             1,
             "the target was not called"
         );
+    }
+
+    extern "C" fn nvml_like(x: i32) -> i32 {
+        x
+    }
+
+    /// An NVML function's forwarder answers NVML's codes when the gate
+    /// cannot let it through: NVML_ERROR_UNKNOWN (999) when the process
+    /// cannot continue, never CUDA's 401, which no NVML caller knows.
+    #[test]
+    fn an_nvml_function_answers_nvml_s_codes_at_a_gate_that_cannot_open() {
+        let _one = gate::TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        gate::enable(true);
+        let p = forwarder(c"nvmlDeviceGetLikeness", nvml_like as *mut c_void);
+        gate::enable(false);
+        assert!(is_forwarder(p));
+        // SAFETY: the entry jumps to `nvml_like`, whose type this is.
+        let f = unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(i32) -> i32>(p) };
+        assert_eq!(f(5), 5);
+        gate::set_state(gate::FAILED);
+        let answer = f(5);
+        gate::set_state(gate::RUNNING);
+        assert_eq!(answer, NVML_ERROR_UNKNOWN as i32);
     }
 
     #[test]

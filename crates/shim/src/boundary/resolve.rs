@@ -296,7 +296,10 @@ fn forwarded_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
     // NVML's functions too (`nvml` and a capital): on r580 they block in
     // a checkpointed process, so a parked process's call to one must
     // wait at the gate and have it resumed first.
+    // nvmlErrorString answers a pointer, not a code, and never blocks:
+    // it is not gated.
     let (lib, at) = match n.starts_with(b"nvml") {
+        true if n == b"nvmlErrorString" => return found,
         true => (super::real::nvml(), 4),
         false => (driver(), 2),
     };

@@ -248,6 +248,16 @@ fn create(
     if unsafe { libc::ftruncate(fd, GROUP_PAGE_SIZE as libc::off_t) } != 0 {
         return cleanup(format!("cannot size the group page: {}", errno_text()));
     }
+    // Every byte backed now (a sparse file in a full tmpfs faults at its
+    // first write; a full one fails here, cleanly).
+    // SAFETY: fd is an open regular file of that size.
+    let rc = unsafe { libc::posix_fallocate(fd, 0, GROUP_PAGE_SIZE as libc::off_t) };
+    if rc != 0 {
+        return cleanup(format!(
+            "cannot allocate the group page: {}",
+            std::io::Error::from_raw_os_error(rc)
+        ));
+    }
     let page = match map(fd) {
         Ok(p) => p,
         Err(e) => return cleanup(e),

@@ -404,6 +404,15 @@ impl<D: Driver> Base<D> {
         );
     }
 
+    /// At a park, which releases everything the process holds on `device`
+    /// from both ledgers: nothing is owed to the group any more (the
+    /// resume charges all of it to the group again), so a later release
+    /// of held bytes gives them back to the group too.
+    pub fn forget_owed(&self, device: CUdevice) {
+        self.held.owed[usize::try_from(device).unwrap_or(0) % MAX_DEVICES]
+            .store(0, Ordering::Release);
+    }
+
     fn release_held(&self, slot: &DeviceSlot, device: CUdevice, bytes: u64) {
         let owed = &self.held.owed[usize::try_from(device).unwrap_or(0) % MAX_DEVICES];
         let mut from_owed = 0;

@@ -227,6 +227,17 @@ impl PageHandle {
         if unsafe { libc::ftruncate(fd, PAGE_SIZE as libc::off_t) } != 0 {
             return fail("size");
         }
+        // Every byte backed now: a sparse page in a full tmpfs (another
+        // user can fill /dev/shm) would fault (SIGBUS) at its first write
+        // inside a CUDA call; a full one fails here, cleanly.
+        // SAFETY: fd is an open regular file of that size.
+        let rc = unsafe { libc::posix_fallocate(fd, 0, PAGE_SIZE as libc::off_t) };
+        if rc != 0 {
+            // posix_fallocate answers the error instead of setting errno.
+            // SAFETY: errno is this thread's.
+            unsafe { *libc::__errno_location() = rc };
+            return fail("allocate");
+        }
         // SAFETY: the file is PAGE_SIZE long.
         let Some(map) = (unsafe { map_shared(fd, PAGE_SIZE) }) else {
             return fail("map");

@@ -108,7 +108,10 @@ impl<D: Driver> Engine<D> {
                     Some(Ask::ParkIfIdle) if !self.idle_now() => Outcome::NotIdle,
                     Some(Ask::ParkIfIdle) => self.park_now(true),
                     Some(Ask::Resume) => self.resume_now(false),
-                    None => Outcome::Ok,
+                    // Withdrawn, or taken by the last answer (another
+                    // asker's post raced it): nothing is done, and no
+                    // asker may read "done".
+                    None => Outcome::Withdrawn,
                 }
             };
             h.park_outcome.store(outcome.word(), Ordering::Release);

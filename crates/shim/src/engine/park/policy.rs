@@ -22,8 +22,9 @@
 //! a `VRAMCAP_PARK_WAIT` reads them at all; the scan looks at a bounded
 //! number of entries and copies pages (maps none); only a regular file
 //! the user owns that no one else can write, reached by no link, is read
-//! or asked; the wait for an answer counts the bytes a page says it holds
-//! as no more than the GPU's size; and one allocation takes at most
+//! or asked; a request not taken within [`TAKE_WAIT`] is withdrawn; the
+//! wait for an answer counts the bytes a page says it holds as no more
+//! than the GPU's size; and one allocation takes at most
 //! [`POLICY_ROUNDS`] rounds of the policy.
 //!
 //! Idle: the member's `last_activity` (written each tick when its gate saw
@@ -357,6 +358,11 @@ impl<D: Driver> Engine<D> {
 /// reservation still failed).
 pub(in crate::engine) const POLICY_ROUNDS: u32 = 4;
 
+/// How long the policy waits for a member to take its request (a live
+/// member's background thread takes it within a tick or two) before it
+/// withdraws it; once taken, it waits for the answer up to [`ask_bound`].
+const TAKE_WAIT: Duration = Duration::from_secs(2);
+
 /// What a GPU is taken to hold at most when the driver cannot say.
 const MOST_ON_A_GPU: u64 = 288 << 30;
 
@@ -380,6 +386,12 @@ fn ask_park(page: &Page, most: u64) -> Option<Outcome> {
     let ticket = post_park(h, Ask::ParkIfIdle);
     let start = Instant::now();
     while !Mailbox::park(h).answered(ticket) {
+        // A live member takes a request within a tick or two; one that has
+        // not taken it by TAKE_WAIT (stopped, its thread not running) is
+        // not waited for the whole bound: withdrawn, unless taken meanwhile.
+        if start.elapsed() >= TAKE_WAIT && withdraw_park(h, Ask::ParkIfIdle) {
+            return None;
+        }
         if start.elapsed() >= bound {
             // Withdrawn if not taken yet: an ask given up on never parks
             // the member later (a stopped process after SIGCONT). Taken,

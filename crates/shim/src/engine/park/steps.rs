@@ -144,6 +144,7 @@ impl<D: Driver> Engine<D> {
             }
             self.park.parked[d].store(used, Ordering::Relaxed);
             self.base.release_on(s, d as CUdevice, used);
+            self.base.forget_owed(d as CUdevice);
             page.header.parked[d].store(used, Ordering::Release);
             total += used;
         }

@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use vramcap_core::mailbox::{Mailbox, post_park};
+use vramcap_core::mailbox::{Mailbox, post_park, withdraw_park};
 use vramcap_core::park::{Ask, Outcome};
 
 use super::*;
@@ -148,4 +148,25 @@ fn a_cap_lowered_below_the_parked_bytes_is_resumed_over() {
     assert_eq!(alloc(e, MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
     assert_eq!(free(e, p), CUDA_SUCCESS);
     assert!(alloc(e, MIB).is_ok());
+}
+
+/// A request withdrawn before it was taken is answered "withdrawn", not
+/// "done" (a racing or withdrawn ask must never read as parked), and
+/// nothing is done for it.
+#[test]
+fn a_withdrawn_request_is_answered_withdrawn_and_nothing_is_done() {
+    let _g = Gate::take();
+    let e = parking(checkpointing(Some(16 * GIB)), "4GiB");
+    alloc(e, GIB).unwrap();
+    let h = &e.base.page().get(e.base.settings()).header;
+    let ticket = post_park(h, Ask::Park);
+    assert!(withdraw_park(h, Ask::Park));
+    e.park_round();
+    assert!(Mailbox::park(h).answered(ticket));
+    assert_eq!(
+        Outcome::from_word(h.park_outcome.load(Ordering::Acquire)),
+        Outcome::Withdrawn
+    );
+    assert_eq!(steps(e), Vec::<&str>::new());
+    assert_eq!((gate::state(), used(e)), (gate::RUNNING, GIB));
 }
