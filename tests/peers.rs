@@ -241,7 +241,8 @@ fn a_member_that_says_parked_but_frees_nothing_is_asked_four_times() {
 
 /// As root, with parking on: a page another user owns (whatever uid it
 /// says inside), one that anyone may write, and a link (to a page root
-/// owns) are neither asked nor written; the allocation is refused at once.
+/// owns) are neither asked nor written; 300 files another user planted do
+/// not use up the scan's bound; the allocation is refused at once.
 #[test]
 #[ignore = "needs root"]
 fn pages_another_user_could_write_are_never_asked() {
@@ -258,12 +259,19 @@ fn pages_another_user_could_write_are_never_asked() {
     let elsewhere = scratch_dir_named("target");
     let target = plant(&elsewhere, alive[2].pid(), &bytes[2], 0o600, None);
     std::os::unix::fs::symlink(&target, dir.join(format!("{}.page", alive[2].pid()))).unwrap();
+    // Files another user plants do not use up the scan's bound.
+    for i in 0..300 {
+        let junk = dir.join(format!("{}.page", 3_000_000 + i));
+        std::fs::write(&junk, b"not a page").unwrap();
+        std::os::unix::fs::chown(&junk, Some(65534), Some(65534)).unwrap();
+    }
     let ran = refused_in(
         &dir,
         &[("VRAMCAP_PARK", "idle:1h"), ("VRAMCAP_LOG", "info")],
     );
     assert!(
-        !ran.stderr().contains("parking idle member"),
+        !ran.stderr().contains("parking idle member")
+            && !ran.stderr().contains("holds more files than one look"),
         "{}",
         ran.stderr()
     );

@@ -36,7 +36,7 @@
 //! held while waiting (a resume has given back its partial reservation).
 
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -66,12 +66,14 @@ pub(super) enum Among<'a> {
 struct Mapped(*mut libc::c_void);
 
 impl Mapped {
-    /// Maps `path` if it is a complete page of this user that no one else
-    /// can write (`vramcap_core::peers::open_own_page`: no link followed,
-    /// the owner by `fstat`, never by a word in the file; no other user
-    /// can truncate it under the mapping).
-    fn open(path: &Path) -> Option<Mapped> {
-        let (file, len) = open_own_page(path, me().1).ok()?;
+    /// Maps the page the scan opened and read (the same descriptor: a
+    /// name renamed since cannot swap another file in), a complete page of
+    /// this user that no one else can write
+    /// (`vramcap_core::peers::open_own_page`: no link followed, the owner
+    /// by `fstat`, never by a word in the file; no other user can truncate
+    /// it under the mapping).
+    fn open((file, len): &(std::fs::File, u64)) -> Option<Mapped> {
+        let len = *len;
         // SAFETY: mapping PAGE_SIZE bytes of a file at least that long.
         let map = unsafe {
             libc::mmap(
@@ -110,10 +112,11 @@ fn me() -> (u32, u32) {
 /// A private copy of `path`'s page if it is one of this user's that no
 /// one else can write (read with `pread`, never mapped: the scan maps
 /// nothing).
-fn read_peer(path: &Path) -> Option<Box<Page>> {
+fn read_peer(path: &Path) -> Option<((std::fs::File, u64), Box<Page>)> {
     let (file, len) = open_own_page(path, me().1).ok()?;
     let check = |b: &[u8]| check_header(len, b, Some(me().0)).map(|_| ());
-    stable_copy::<Page, _>(&file, check).ok()
+    let copy = stable_copy::<Page, _>(&file, check).ok()?;
+    Some(((file, len), copy))
 }
 
 impl Drop for Mapped {
@@ -240,10 +243,10 @@ impl<D: Driver> Engine<D> {
         need: u64,
         to: &str,
     ) -> bool {
-        let Some((pid, path)) = self.idle_member(among, device) else {
+        let Some((pid, file)) = self.idle_member(among, device) else {
             return false;
         };
-        let Some(m) = Mapped::open(&path) else {
+        let Some(m) = Mapped::open(&file) else {
             return false;
         };
         let most = self
@@ -280,7 +283,11 @@ impl<D: Driver> Engine<D> {
     /// The process among `among` idle longest past its own threshold that
     /// holds memory on `device` (for a group, this process's device index;
     /// for a GPU, the slot with its UUID), its PID and page, if any.
-    fn idle_member(&self, among: Among<'_>, device: CUdevice) -> Option<(u32, PathBuf)> {
+    fn idle_member(
+        &self,
+        among: Among<'_>,
+        device: CUdevice,
+    ) -> Option<(u32, (std::fs::File, u64))> {
         let settings = self.base.settings();
         // SAFETY: getpid cannot fail.
         let me = unsafe { libc::getpid() } as u32;
@@ -289,7 +296,7 @@ impl<D: Driver> Engine<D> {
             .clone()
             .unwrap_or_else(|| default_stats_dir(self::me().0));
         let now = now_unix_ns();
-        let mut best: Option<(u64, u32, PathBuf)> = None;
+        let mut best: Option<(u64, u32, (std::fs::File, u64))> = None;
         let mut read = 0;
         for (i, e) in std::fs::read_dir(&dir).ok()?.flatten().enumerate() {
             if i >= SCAN_ENTRIES || read >= SCAN_PAGES {
@@ -309,8 +316,18 @@ impl<D: Driver> Engine<D> {
             else {
                 continue;
             };
+            // Only this user's files count against the bound (what another
+            // user plants in a shared directory cannot use it up); the
+            // entry's own type and owner, no link followed.
+            let owned = e.metadata().is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.is_file() && m.uid() == self::me().1
+            });
+            if !owned {
+                continue;
+            }
             read += 1;
-            let Some(copy) = read_peer(&e.path()) else {
+            let Some((file, copy)) = read_peer(&e.path()) else {
                 continue;
             };
             let p = &*copy;
@@ -346,10 +363,10 @@ impl<D: Driver> Engine<D> {
             }
             let past = idle - t.as_nanos() as u64;
             if best.as_ref().is_none_or(|b| past > b.0) {
-                best = Some((past, pid, e.path()));
+                best = Some((past, pid, file));
             }
         }
-        best.map(|(_, pid, path)| (pid, path))
+        best.map(|(_, pid, file)| (pid, file))
     }
 }
 
