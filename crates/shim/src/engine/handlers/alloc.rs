@@ -135,12 +135,22 @@ impl<D: Driver> Engine<D> {
     /// names a GPU, before the page or the group is touched, and stops the
     /// process when one does not (`accounting.rs`).
     pub fn limit_of(&'static self, device: CUdevice) -> Option<u64> {
+        self.cap_of_call(device).map(|(_, l)| l)
+    }
+
+    /// [`Engine::limit_of`] with the device's page slot: what one call
+    /// works out once and hands down (the cache, the reservation, the
+    /// settling all use them).
+    pub(in crate::engine) fn cap_of_call(
+        &'static self,
+        device: CUdevice,
+    ) -> Option<(&'static DeviceSlot, u64)> {
         if !self.base.limit_keys_match() {
             return None;
         }
         let s = self.base.slot(device)?;
         if let Some(l) = self.base.cap_in_force(s, device) {
-            return Some(l);
+            return Some((s, l));
         }
         let l = self.base.compute_limit(device, s);
         if self.base.group().configured() {
@@ -163,7 +173,7 @@ impl<D: Driver> Engine<D> {
         // It also answers `vramcap limit` (which asks only for devices in
         // use, so nothing can be pending for this one yet).
         self.start_worker();
-        Some(l)
+        Some((s, l))
     }
 
     /// Reserves `estimate` bytes on `device`, releasing cached blocks of the
@@ -174,17 +184,29 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         estimate: u64,
     ) -> Result<(&'static DeviceSlot, u64), Option<Refusal>> {
-        let Some(slot) = self.base.slot(device) else {
+        if self.base.slot(device).is_none() {
             log_once!(
                 Error,
                 "device {device} is beyond the {} devices vramcap tracks; refusing its allocations",
                 vramcap_core::MAX_DEVICES
             );
             return Err(None);
-        };
-        let Some(limit) = self.limit_of(device) else {
+        }
+        let Some((slot, limit)) = self.cap_of_call(device) else {
             return Err(None);
         };
+        self.reserve_evicting_at(slot, limit, device, estimate)
+    }
+
+    /// [`Engine::try_reserve_evicting`] with the slot and cap the call
+    /// worked out already ([`Engine::cap_of_call`]).
+    pub(in crate::engine) fn reserve_evicting_at(
+        &'static self,
+        slot: &'static DeviceSlot,
+        limit: u64,
+        device: CUdevice,
+        estimate: u64,
+    ) -> Result<(&'static DeviceSlot, u64), Option<Refusal>> {
         self.base.context_check(device, slot, estimate, limit);
         let mut reclaimed = false;
         // Rounds of parking's policy this call may take: a member that
@@ -318,10 +340,11 @@ impl<D: Driver> Engine<D> {
             return alloc();
         };
         let dev16 = device as u16;
-        // Working out the cap also sets the device's cache bound.
-        if self.limit_of(device).is_none() {
+        // Worked out once for the call (the first time, it also sets the
+        // device's cache bound).
+        let Some((slot, limit)) = self.cap_of_call(device) else {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
-        }
+        };
         if matches!(request, Request::Plain)
             && self.tiers.on()
             && let Some(made) = self.tiered_alloc(what, estimate, ctx, device)
@@ -342,9 +365,7 @@ impl<D: Driver> Engine<D> {
             }),
             Request::Managed | Request::Async => None,
         };
-        if let Some(want) = want.filter(|_| self.cache.caching(dev16))
-            && let Some(slot) = self.base.slot(device)
-        {
+        if let Some(want) = want.filter(|_| self.cache.caching(dev16)) {
             if let Some(b) = self.cache.reuse(&self.base, dev16, ctx, want) {
                 let pitch = match (request, b.shape) {
                     (Request::Pitch { .. }, Shape::Pitch { pitch, .. }) => pitch,
@@ -380,7 +401,7 @@ impl<D: Driver> Engine<D> {
         }
         // Counted in flight until the driver call is settled (`live.rs`).
         let _inflight = self.inflight.enter();
-        let (slot, limit) = match self.try_reserve_evicting(device, estimate) {
+        let (slot, limit) = match self.reserve_evicting_at(slot, limit, device, estimate) {
             Ok(x) => x,
             Err(why) => {
                 return self.spill_or_refuse(what, estimate, request, ctx, device, why);
