@@ -323,23 +323,27 @@ fn mem_alloc_path_crosses_at_most_eight_shim_files() {
     distinct.sort_unstable();
     distinct.dedup();
     assert_eq!(distinct.len(), files.len(), "a file named twice: {files:?}");
+    // Issue 41's bound, for the document's list (the gate included).
     assert!(
-        files.len() <= 8,
+        files.len() <= 10,
         "the path crosses {} files: {files:?}",
         files.len()
     );
     assert_eq!(files.first(), Some(&"boundary/hooks.rs"));
     // The steps the list places in its files.
     for (file, steps) in [
+        ("engine/handlers/alloc.rs", &["fn mem_alloc("][..]),
         (
-            "engine/handlers/alloc.rs",
+            "engine/pipeline.rs",
             &[
-                "fn mem_alloc(",
                 "fn capped_alloc(",
-                "fn limit_of(",
+                "fn cap_of_call(",
+                "fn reserve_evicting_at(",
+                "fn call_with_retry<",
                 "fn insert(",
             ][..],
         ),
+        ("process/gate.rs", &["fn enter("][..]),
         (
             "engine/accounting/mod.rs",
             &[

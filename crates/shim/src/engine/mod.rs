@@ -137,6 +137,7 @@ mod handlers;
 pub static CAPPED_WHILE_RUNNING: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 pub mod park;
+mod pipeline;
 mod spill;
 mod tiered;
 mod worker;
@@ -145,9 +146,9 @@ mod worker;
 mod tests;
 
 pub use self::driver::{Driver, Flavour};
-pub use self::handlers::alloc::Made;
 pub use self::handlers::arrays::ArrayDesc;
 pub use self::handlers::live::{EINVAL, ENODEV};
+pub use self::pipeline::Made;
 
 use self::accounting::base::Base;
 use self::accounting::inflight::InFlight;

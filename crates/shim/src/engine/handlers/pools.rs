@@ -25,7 +25,7 @@ use super::on_success;
 use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Place, Record};
 use crate::engine::driver::{Driver, Flavour};
-use crate::engine::handlers::alloc::{Made, Request};
+use crate::engine::pipeline::{Made, Request};
 use crate::ffi::*;
 use crate::log::log_at;
 

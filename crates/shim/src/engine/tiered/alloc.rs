@@ -9,7 +9,7 @@ use vramcap_core::page::DeviceSlot;
 use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::Driver;
-use crate::engine::handlers::alloc::Made;
+use crate::engine::pipeline::Made;
 use crate::engine::tiered::{Place, TierBlock, location};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
