@@ -155,11 +155,7 @@ fn targets_that_never_answer_are_waited_for_together_and_withdrawn() {
 #[test]
 fn a_park_that_timed_out_does_not_happen_after_sigcont() {
     let dir = scratch_dir();
-    let h = held_in(
-        &dir,
-        &[MANUAL, NO_CACHE, ("VRAMCAP_LIMIT", "4GiB")],
-        &["init", "alloc", "1M", "wait"],
-    );
+    let h = holding_a_mib(&dir);
     let pid = h.pid();
     signal(pid, libc::SIGSTOP);
     let ran = cli(
@@ -192,11 +188,7 @@ fn a_park_that_timed_out_does_not_happen_after_sigcont() {
 #[test]
 fn a_limit_that_timed_out_on_a_parked_process_is_not_applied_at_resume() {
     let dir = scratch_dir();
-    let h = held_in(
-        &dir,
-        &[MANUAL, NO_CACHE, ("VRAMCAP_LIMIT", "4GiB")],
-        &["init", "alloc", "1M", "wait"],
-    );
+    let h = holding_a_mib(&dir);
     let pid = h.pid();
     let p = pid.to_string();
     park(&dir, pid).expect_lines(&[&format!(
@@ -244,4 +236,14 @@ fn a_park_undone_at_once_by_the_process_says_so() {
     ]);
     answerer.join().unwrap();
     drop(forged);
+}
+
+/// A process with parking on, no cache and a 4 GiB cap, holding 1 MiB at
+/// its first `wait`, its page in `dir`.
+fn holding_a_mib(dir: &Path) -> Held {
+    held_in(
+        dir,
+        &[MANUAL, NO_CACHE, ("VRAMCAP_LIMIT", "4GiB")],
+        &["init", "alloc", "1M", "wait"],
+    )
 }
