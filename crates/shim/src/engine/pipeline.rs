@@ -150,6 +150,10 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         estimate: u64,
     ) -> Result<(&'static DeviceSlot, u64), Option<Refusal>> {
+        // The cap word as it is now (one load): a change made since the
+        // call began (`vramcap limit`, the program, the group) counts here
+        // as it did when the cap was worked out again at this step.
+        let limit = self.base.cap_in_force(slot, device).unwrap_or(limit);
         self.base.context_check(device, slot, estimate, limit);
         let mut reclaimed = false;
         // Rounds of parking's policy this call may take: a member that
