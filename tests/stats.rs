@@ -653,3 +653,43 @@ fn liveness_follows_the_lock_not_the_pid() {
     assert_eq!(stat_json(&dir, &[])["processes"], serde_json::json!([]));
     assert!(!moved.exists(), "pruned once its process is gone");
 }
+
+/// A statistics directory on a full tmpfs (any user can fill `/dev/shm`,
+/// the default's home when there is no runtime directory): the page
+/// cannot be made, the shim says so in one line, and the cap holds. The
+/// page used to be a sparse file whose first write faulted (SIGBUS)
+/// inside the program's first CUDA call; the group page too. Root only (a
+/// mount namespace of its own).
+#[test]
+#[ignore = "needs root"]
+fn a_full_tmpfs_costs_the_page_not_the_process() {
+    needs_root();
+    let dir = scratch_dir();
+    let mut cmd = bare(Path::new("unshare"));
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "mount -t tmpfs -o size=64k none \"$1\" && chmod 700 \"$1\" \
+             && { dd if=/dev/zero of=\"$1/fill\" bs=4k 2>/dev/null; true; } && shift && exec \"$@\"",
+        )
+        .arg("sh")
+        .arg(&dir)
+        .arg("env")
+        .arg(format!("LD_PRELOAD={}", artefacts().shim.display()))
+        .arg(format!("VRAMCAP_STATS_DIR={}", dir.display()))
+        .arg("VRAMCAP_LIMIT=1GiB")
+        .arg(&artefacts().client)
+        .args(["procaddr", "init", "alloc", "512M", "alloc", "512M", "alloc", "512M"]);
+    let ran = run(cmd);
+    ran.expect_lines(&[
+        "init -> 0",
+        &format!("alloc {} -> 0 #0", 512 * MIB),
+        &format!("alloc {} -> 0 #1", 512 * MIB),
+        &format!("alloc {} -> 2", 512 * MIB),
+    ]);
+    let err = ran.stderr();
+    assert!(
+        err.contains("No space left on device")
+            && err.contains("counters are not published (the cap still holds)"),
+        "{err}"
+    );
+}
