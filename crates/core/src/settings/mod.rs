@@ -24,10 +24,10 @@ pub use parse::{
     parse_log_level, parse_park, parse_park_wait, parse_spill, parse_spill_limit,
 };
 pub use vars::{
-    CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, CUDA_LIBRARY_VAR, DISABLE_VAR, GROUP_VAR,
-    KNOWN_VARS, LIBRARY_VAR, LOG_VAR, NVIDIA_LIMIT_VAR, OPERATOR_LIMIT_PATH, PARK_VAR,
-    PARK_WAIT_VAR, SETTING_VARS, SOFT_LIMIT_VAR, SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR,
-    STATS_VAR, TOOL_VARS, UnknownVar, unknown_vars, unknown_vars_in_env,
+    CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, CUDA_LIBRARY_VAR, DISABLE_VAR,
+    FREE_PROBE_VAR, GROUP_VAR, KNOWN_VARS, LIBRARY_VAR, LOG_VAR, NVIDIA_LIMIT_VAR,
+    OPERATOR_LIMIT_PATH, PARK_VAR, PARK_WAIT_VAR, SETTING_VARS, SOFT_LIMIT_VAR, SPILL_LIMIT_VAR,
+    SPILL_VAR, STATS_DIR_VAR, STATS_VAR, TOOL_VARS, UnknownVar, unknown_vars, unknown_vars_in_env,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +75,10 @@ pub struct Settings {
     /// `VRAMCAP_PARK_WAIT`: how long an allocation waits for room when no
     /// group member can be parked (zero: refuse at once).
     pub park_wait: std::time::Duration,
+    /// `VRAMCAP_FREE_PROBE=1`: this process is the nvidia-smi a resume
+    /// runs ([`FREE_PROBE_VAR`]); NVML's memory queries answer the
+    /// driver's figures. It lifts no cap.
+    pub free_probe: bool,
 }
 
 impl Settings {
@@ -186,9 +190,21 @@ impl Settings {
         let park = parsed(get(PARK_VAR), parse_park)?;
         let park_wait =
             parsed(get(PARK_WAIT_VAR), parse_park_wait)?.unwrap_or(std::time::Duration::ZERO);
+        let free_probe = match get(FREE_PROBE_VAR).as_deref().map(str::trim) {
+            None | Some("") | Some("0") => false,
+            Some("1") => true,
+            Some(v) => {
+                return Err(bad(
+                    FREE_PROBE_VAR,
+                    v,
+                    "1, set by the shim for the nvidia-smi a resume runs, or unset",
+                ));
+            }
+        };
         Ok(Settings {
             park,
             park_wait,
+            free_probe,
             limit,
             nvidia_limit,
             operator: None,

@@ -397,3 +397,21 @@ fn modes_parse_and_bad_values_say_so_in_one_line() {
     );
     assert!(parse_park_wait("soon").is_err());
 }
+
+/// `VRAMCAP_FREE_PROBE` is a setting read with the others (issue 41: no
+/// switch read outside `Settings`): `1` marks the nvidia-smi a resume
+/// runs, `0` or unset nothing, anything else is refused with one line; a
+/// secure-execution process never has it.
+#[test]
+fn the_free_probe_mark_is_a_setting() {
+    assert!(!read(&[]).unwrap().free_probe);
+    assert!(!read(&[("VRAMCAP_FREE_PROBE", "0")]).unwrap().free_probe);
+    assert!(read(&[("VRAMCAP_FREE_PROBE", "1")]).unwrap().free_probe);
+    assert_eq!(
+        read(&[("VRAMCAP_FREE_PROBE", "yes")])
+            .unwrap_err()
+            .to_string(),
+        "VRAMCAP_FREE_PROBE=\"yes\" is not valid: expected 1, set by the shim for the nvidia-smi a resume runs, or unset"
+    );
+    assert!(!Settings::for_secure_execution().free_probe);
+}

@@ -27,6 +27,10 @@ pub const OPERATOR_LIMIT_PATH: &str = "/run/vramcap/operator-limit";
 /// allocation waits for room when no group member can be parked.
 pub const PARK_VAR: &str = "VRAMCAP_PARK";
 pub const PARK_WAIT_VAR: &str = "VRAMCAP_PARK_WAIT";
+/// Set by the shim in the environment of the nvidia-smi a resume runs
+/// (`1`): a shim loaded into it all the same answers NVML's memory
+/// queries with the driver's figures. It lifts no cap.
+pub const FREE_PROBE_VAR: &str = "VRAMCAP_FREE_PROBE";
 pub const CACHE_IDLE_VAR: &str = "VRAMCAP_CACHE_IDLE";
 pub const STATS_DIR_VAR: &str = "VRAMCAP_STATS_DIR";
 /// Read by the CLI only: where `vramcap run`/`env` find the shim.

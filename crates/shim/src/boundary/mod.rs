@@ -209,18 +209,11 @@ extern "C" fn after_fork_in_child() {
     crate::process::reset_after_fork();
 }
 
-/// Set in the environment of the nvidia-smi the resume runs: a shim loaded
-/// into it all the same answers NVML's memory queries as the driver does
-/// (`queries.rs`). It changes no cap: allocations are capped as before.
-pub const FREE_PROBE_VAR: &str = "VRAMCAP_FREE_PROBE";
-
-/// Whether this process is that nvidia-smi (read once; never in a
-/// secure-execution process, whose environment is not ours to trust).
+/// Whether this process is the nvidia-smi a resume runs (the setting
+/// `VRAMCAP_FREE_PROBE`; never in a secure-execution process, whose
+/// environment is not read).
 pub fn is_free_probe() -> bool {
-    static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PROBE.get_or_init(|| {
-        !secure_execution() && std::env::var_os(FREE_PROBE_VAR).is_some_and(|v| v == "1")
-    })
+    settings().free_probe
 }
 
 /// Whether the loader runs this process in secure-execution mode

@@ -79,7 +79,7 @@ impl Checkpointing for RealDriver {
         let mut child = Command::new(&smi)
             .args(QUERY)
             .env_remove("LD_PRELOAD")
-            .env(super::FREE_PROBE_VAR, "1")
+            .env(vramcap_core::settings::FREE_PROBE_VAR, "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
