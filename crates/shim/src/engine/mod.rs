@@ -77,10 +77,13 @@
 //!   settings' initialiser setting the driver's path, once, before any hook
 //!   runs. Hooks take only the gate. Parking's gate mutex is never held
 //!   with another lock. Nothing else is held with another lock.
-//! - **Waits:** nothing waits on another process, but parking's policy (an
-//!   allocation the group refuses waits, holding no lock, for an idle
-//!   member's answer: 2 s and 1 s per GiB it holds, then up to
-//!   `VRAMCAP_PARK_WAIT`). With parking on, a program thread at a closed
+//! - **Waits:** nothing waits on another process, but parking's policy,
+//!   only in a process started with `VRAMCAP_PARK` or a `VRAMCAP_PARK_WAIT`
+//!   (an allocation the group or the GPU refuses waits, holding no lock,
+//!   for an idle member's answer: its request withdrawn if not taken
+//!   within 2 s, else at most 2 s and 1 s per GiB of the GPU's own size,
+//!   whatever its page says; at most four rounds per allocation; then up
+//!   to `VRAMCAP_PARK_WAIT`). With parking on, a program thread at a closed
 //!   gate waits on its condvar until the background thread resumes the
 //!   process; the background thread waits (at most 10 s) for the threads
 //!   inside hooked exports to leave before it parks. The page and the group
@@ -110,7 +113,9 @@
 //!   stream, a program handle's cell and entry. A plain allocation or free
 //!   that the cache does not touch allocates only its record. Logging
 //!   formats into a stack buffer and makes one `write(2)`.
-//! - **`fork`:** the boundary's child handler closes the inherited page and
+//! - **`fork`:** the process statics (`crate::process`: the gate, the exit
+//!   flag, the background thread's count) are reset in the child; the
+//!   boundary's child handler closes the inherited page and
 //!   group descriptors and the descriptors kept of the parent's exports
 //!   ([`Engine::forget_after_fork`]), unmaps the parent's page, and drops
 //!   the engine from use without touching its maps or locks (a parent
