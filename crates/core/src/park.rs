@@ -330,9 +330,11 @@ mod tests {
             Outcome::Busy,
             Outcome::NotIdle,
             Outcome::Unmeasured(2),
+            Outcome::Withdrawn,
         ] {
             assert_eq!(Outcome::from_word(o.word()), o);
         }
+        assert_eq!(Outcome::Withdrawn.word(), 15);
         assert_eq!(Outcome::DriverError(801).word(), 9 | 801 << 32);
     }
 
