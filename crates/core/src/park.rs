@@ -69,7 +69,6 @@ pub struct ParkSnapshot {
 }
 
 impl ParkSnapshot {
-    /// Every GPU's parked bytes.
     /// Every GPU's parked bytes, saturating: the words are a page's,
     /// which anyone who may write it can set, so their sum may not fit.
     pub fn bytes(&self) -> u64 {

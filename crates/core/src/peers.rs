@@ -40,28 +40,27 @@ pub enum OpenError {
     Os(i32),
 }
 
+/// Opens `path` read-write without following a link, blocking (a FIFO)
+/// or taking a terminal: what every reader that may change another
+/// process's file opens it with, before it checks what it got.
+pub fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
 /// Opens `path`, one of `uid`'s pages, read-write for its mailbox (module
 /// docs): the file and its length.
 pub fn open_own_page(path: &Path, uid: u32) -> Result<(std::fs::File, u64), OpenError> {
-    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| OpenError::Missing)?;
-    // SAFETY: a NUL-terminated path; no link is followed, nothing blocks.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(match std::io::Error::last_os_error().raw_os_error() {
-            Some(libc::ENOENT) => OpenError::Missing,
-            Some(libc::ELOOP) => OpenError::NotRegular,
-            e => OpenError::Os(e.unwrap_or(0)),
-        });
-    }
-    // SAFETY: fd is open and owned from here on.
-    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let file = open_no_follow(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => OpenError::Missing,
+        Some(libc::ELOOP) => OpenError::NotRegular,
+        e => OpenError::Os(e.unwrap_or(0)),
+    })?;
     let meta = file
         .metadata()
         .map_err(|e| OpenError::Os(e.raw_os_error().unwrap_or(0)))?;

@@ -35,28 +35,15 @@ pub(super) fn open_own_for_write(
     what: &str,
     missing: impl FnOnce() -> String,
 ) -> Result<(std::fs::File, u64, Vec<u8>), String> {
-    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
     let shown = vramcap_core::text::path(path);
-    let c =
-        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| "bad path".to_string())?;
-    // SAFETY: a valid path; no symbolic link is followed.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(if e.raw_os_error() == Some(libc::ENOENT) {
+    let file = vramcap_core::peers::open_no_follow(path).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ENOENT) {
             missing()
         } else {
             format!("cannot open {shown}: {e}")
-        });
-    }
-    // SAFETY: fd is open and owned from here on.
-    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        }
+    })?;
     let meta = file
         .metadata()
         .map_err(|e| format!("cannot inspect {shown}: {e}"))?;

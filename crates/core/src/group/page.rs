@@ -280,9 +280,8 @@ impl GroupPage {
         if !self.seated(seat) {
             return false;
         }
-        let before = mine.held.fetch_add(bytes, SeqCst);
-        dev.peak
-            .fetch_max(self.used(entry).max(before.saturating_add(bytes)), SeqCst);
+        mine.held.fetch_add(bytes, SeqCst);
+        dev.peak.fetch_max(self.used(entry), SeqCst);
         true
     }
 

@@ -97,8 +97,8 @@ pub struct Header {
     /// `park_ask`; the shim acts, writes `park_outcome` (an
     /// `Outcome::word`) and sets `park_acks` to the value it saw. These
     /// five words were reserved (zero) before. The shim takes the ask by
-    /// swapping `park_ask` to 0 (which asks nothing: answered `Ok`, no
-    /// action); a reader that gives up waiting withdraws its request by a
+    /// swapping `park_ask` to 0 (which asks nothing: answered `Withdrawn`,
+    /// no action); a reader that gives up waiting withdraws its request by a
     /// compare-and-swap of its ask back to 0, which succeeds only while
     /// the shim has not taken it.
     pub park_state: AtomicU64,

@@ -68,12 +68,9 @@ static TARGETS: [AtomicPtr<c_void>; SLOTS] = [const { AtomicPtr::new(ptr::null_m
 static DARK: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 
 /// [`DARK`]'s tag of a public slot holding an NVML function: a gate that
-/// cannot let it through answers NVML's codes, not CUDA's.
+/// cannot let it through answers NVML's codes, not CUDA's
+/// ([`gate::nvml_code`]).
 const NVML_TAG: u64 = 1 << 62;
-/// What an NVML function answers at exit while parked, and when the
-/// process cannot continue: `NVML_ERROR_UNINITIALIZED`, `NVML_ERROR_UNKNOWN`.
-const NVML_ERROR_UNINITIALIZED: u32 = 1;
-const NVML_ERROR_UNKNOWN: u32 = 999;
 
 /// Whether this build has forwarders (x86_64); parking needs them.
 pub const fn forwarders_available() -> bool {
@@ -219,10 +216,7 @@ extern "C" fn forward_wait(slot: u32) -> u32 {
     } else if nvml && answer != 0 {
         // NVML's callers read NVML's codes (pynvml turns one into a
         // message through nvmlErrorString).
-        match answer {
-            a if a == gate::CUDA_ERROR_DEINITIALIZED as u32 => NVML_ERROR_UNINITIALIZED,
-            _ => NVML_ERROR_UNKNOWN,
-        }
+        gate::nvml_code(answer as i32) as u32
     } else {
         answer
     };
@@ -599,7 +593,7 @@ mod tests {
         gate::set_state(gate::FAILED);
         let answer = f(5);
         gate::set_state(gate::RUNNING);
-        assert_eq!(answer, NVML_ERROR_UNKNOWN as i32);
+        assert_eq!(answer, 999);
     }
 
     #[test]

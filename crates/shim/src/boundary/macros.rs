@@ -142,12 +142,10 @@ macro_rules! hooks {
 /// in a checkpointed process waits for the restore, as a CUDA call does.
 macro_rules! park_pass {
     (nvml, $pass:ident) => {
-        // NVML's own codes: 1 (uninitialized) at exit, 999 (unknown) when
-        // the process cannot continue.
+        // NVML's own codes (`gate::nvml_code`).
         let $pass = match $crate::process::gate::enter() {
             Ok(p) => p,
-            Err($crate::process::gate::CUDA_ERROR_DEINITIALIZED) => return 1,
-            Err(_) => return 999,
+            Err(code) => return $crate::process::gate::nvml_code(code),
         };
     };
     ($lib:ident, $pass:ident) => {

@@ -4,7 +4,8 @@
 //! and `dlsym` answers, the forwarders handed out for the driver's other
 //! functions when parking is enabled (`forward.rs`; the driver's export
 //! tables are pointed at them in place, `export_table.rs`), the real
-//! libraries' functions, the settings read once, the process's engine, and the panic boundary around every hook.
+//! libraries' functions, the settings read once, the process's engine,
+//! and the panic boundary around every hook.
 //!
 //! A call travels: export (`hooks!`) → [`disabled`]? → real function;
 //! else [`boundary`] → the engine's handler, with a closure for the real
@@ -19,7 +20,7 @@ mod export_table;
 pub mod forward;
 mod graph_walk;
 pub mod hooks;
-pub(crate) mod loader;
+mod loader;
 mod macros;
 mod park;
 mod queries;
@@ -48,12 +49,19 @@ static DISABLED: AtomicBool = AtomicBool::new(false);
 /// gets a warning naming the closest one. In a secure-execution process
 /// the environment is not read at all ([`secure_execution`]).
 pub fn settings() -> &'static Settings {
+    SETTINGS.get_or_init(init_settings)
+}
+
+/// [`settings`]' first call: reads them (from the environment unless the
+/// process is in secure-execution mode) and sets what follows from them.
+#[cold]
+fn init_settings() -> Settings {
     let secure = secure_execution();
-    let read = || match secure {
+    let read = match secure {
         true => Ok(Settings::for_secure_execution()),
         false => Settings::from_env(),
     };
-    SETTINGS.get_or_init(|| match read().and_then(with_operator) {
+    match read.and_then(with_operator) {
         Ok(s) => {
             crate::log::set_level(s.log);
             DISABLED.store(s.disabled, Ordering::Relaxed);
@@ -90,7 +98,7 @@ pub fn settings() -> &'static Settings {
             // half-initialised process.
             unsafe { libc::_exit(2) }
         }
-    })
+    }
 }
 
 /// Adds the operator's cap (`OPERATOR_LIMIT_PATH`) to the settings: a root

@@ -134,13 +134,6 @@ pub mod driver;
 mod accounting;
 mod cache;
 mod handlers;
-
-/// Set (for good) once a cap came into force after start, from inside or
-/// outside (`handlers/live.rs`): the loader's guards read it beside the
-/// start settings, so any cap in force engages them
-/// (`boundary/resolve.rs`).
-pub static CAPPED_WHILE_RUNNING: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
 pub mod park;
 mod pipeline;
 mod spill;
@@ -166,6 +159,13 @@ use crate::log::log_at;
 use std::sync::atomic::Ordering;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Settings;
+
+/// Set (for good) once a cap came into force after start, from inside or
+/// outside (`handlers/live.rs`): the loader's guards read it beside the
+/// start settings, so any cap in force engages them
+/// (`boundary/resolve.rs`).
+pub static CAPPED_WHILE_RUNNING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// All the state of one process's shim (one per process; a test makes its own).
 pub struct Engine<D: Driver> {

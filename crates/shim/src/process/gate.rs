@@ -61,6 +61,18 @@ pub const CUDA_ERROR_ILLEGAL_STATE: i32 = 401;
 /// What a call gets at exit while the process is parked.
 pub const CUDA_ERROR_DEINITIALIZED: i32 = 4;
 
+/// The gate's error `code` as an NVML function answers it:
+/// `NVML_ERROR_UNINITIALIZED` (1) at exit while parked,
+/// `NVML_ERROR_UNKNOWN` (999) when the process cannot continue (NVML's
+/// callers know nothing of CUDA's codes).
+pub const fn nvml_code(code: i32) -> i32 {
+    if code == CUDA_ERROR_DEINITIALIZED {
+        1
+    } else {
+        999
+    }
+}
+
 /// Passes the gate: 0 to go on into the driver, or the error the call
 /// must answer instead. The fast path is one `Relaxed` load.
 #[inline(always)]
