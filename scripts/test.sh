@@ -2,8 +2,9 @@
 # The test command: every test (those that need root too, when run as
 # root), no GPU needed, then the release packages
 # built and inspected. Installs what the tests need (a C compiler for the
-# stand-in driver, binutils, tmux for the terminal UI test, dpkg, python3's
-# venv for the manifest validator) when missing.
+# stand-in driver, binutils, tmux for the terminal UI test, dpkg, valgrind
+# to trace the allocation path, python3's venv for the manifest validator)
+# when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,7 @@ command -v tmux >/dev/null || missing+=(tmux)
 command -v dpkg-deb >/dev/null || missing+=(dpkg)
 command -v objdump >/dev/null || missing+=(binutils)
 command -v setpriv >/dev/null || missing+=(util-linux)
+command -v valgrind >/dev/null || missing+=(valgrind)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
     if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then

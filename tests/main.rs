@@ -4,6 +4,7 @@
 
 mod util;
 
+mod alloc_path;
 mod autostart;
 mod cache;
 mod cli;

@@ -83,6 +83,9 @@ $CC $CFLAGS -I "$here" -o "$tmp/bin/escape" "$clients/escape.c" -ldl
 # shellcheck disable=SC2086
 $CC $CFLAGS -I "$here" -o "$tmp/bin/forward" "$clients/forward.c" \
     -L "$tmp/lib" -lcuda -ldl
+# One traced allocation (tests/alloc_path.rs).
+# shellcheck disable=SC2086
+$CC $CFLAGS -I "$here" -o "$tmp/bin/one-alloc" "$clients/one_alloc.c" -ldl
 # The tests' nvidia-smi, on the NVML stand-in.
 # shellcheck disable=SC2086
 $CC $CFLAGS -I "$here" -o "$tmp/bin/nvidia-smi" "$clients/nvidia_smi.c" \
@@ -100,3 +103,4 @@ mv -f "$tmp/lib/libescape.so" "$out/lib/libescape.so"
 mv -f "$tmp/bin/escape" "$out/bin/escape"
 mv -f "$tmp/bin/forward" "$out/bin/forward"
 mv -f "$tmp/bin/nvidia-smi" "$out/bin/nvidia-smi"
+mv -f "$tmp/bin/one-alloc" "$out/bin/one-alloc"

@@ -14,6 +14,7 @@ pub fn set_level(level: LogLevel) {
     LEVEL.store(level as u8, Ordering::Relaxed);
 }
 
+#[inline(always)]
 pub fn enabled(level: LogLevel) -> bool {
     level as u8 <= LEVEL.load(Ordering::Relaxed)
 }
@@ -56,15 +57,11 @@ pub fn write_line(args: fmt::Arguments<'_>) {
     let _ = unsafe { libc::write(2, b.buf.as_ptr().cast(), b.len) };
 }
 
-pub fn emit(level: LogLevel, args: fmt::Arguments<'_>) {
-    if enabled(level) {
-        write_line(args);
-    }
-}
-
 macro_rules! log_at {
     ($level:ident, $($arg:tt)*) => {
-        $crate::log::emit(vramcap_core::settings::LogLevel::$level, format_args!($($arg)*))
+        if $crate::log::enabled(vramcap_core::settings::LogLevel::$level) {
+            $crate::log::write_line(format_args!($($arg)*))
+        }
     };
 }
 

@@ -198,14 +198,24 @@ impl DynFn {
         }
     }
 
-    /// The library's own pointer for this exact name, or `None`.
+    /// The library's own pointer for this exact name, or `None`: one load
+    /// once resolved (every forwarded call passes here).
+    #[inline(always)]
     pub fn get(&self) -> Option<*mut c_void> {
         let p = self.ptr.load(Ordering::Acquire);
+        if p.is_null() || p == MISSING {
+            self.resolve(p)
+        } else {
+            Some(p)
+        }
+    }
+
+    /// [`DynFn::get`] before the pointer is resolved, or once it is known
+    /// to be missing.
+    #[cold]
+    fn resolve(&self, p: *mut c_void) -> Option<*mut c_void> {
         if p == MISSING {
             return None;
-        }
-        if !p.is_null() {
-            return Some(p);
         }
         let handle = match self.lib {
             Lib::Cuda => driver(),
@@ -250,6 +260,7 @@ impl<F: Copy> Slot<F> {
     }
 
     /// The function, or `None` when the library lacks it.
+    #[inline(always)]
     pub fn get(&self) -> Option<F> {
         let p = self.raw.get()?;
         // SAFETY: `p` is the library's symbol of exactly this name, whose C

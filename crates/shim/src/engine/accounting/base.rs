@@ -65,11 +65,13 @@ impl<D: Driver> Base<D> {
     }
 
     /// The driver.
+    #[inline(always)]
     pub fn driver(&self) -> &D {
         &self.driver
     }
 
     /// The settings, read once.
+    #[inline(always)]
     pub fn settings(&self) -> &'static Settings {
         self.settings
     }

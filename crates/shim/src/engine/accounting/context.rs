@@ -5,7 +5,6 @@
 use std::sync::atomic::Ordering;
 
 use vramcap_core::MAX_DEVICES;
-use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::{DeviceSlot, uuid_text};
 use vramcap_core::settings::{ContextCharge, Counting};
 
@@ -115,39 +114,6 @@ impl<D: Driver> Base<D> {
             self.held.tries[i].fetch_add(1, Ordering::Relaxed);
         }
         self.held.tried_ns[i].store(now, Ordering::Relaxed);
-    }
-
-    /// Before an allocation of `estimate` on `device`: measures the context
-    /// when it never was (the device's first allocation with a context),
-    /// and again when the allocation would bring the process within
-    /// [`NEAR_CAP`] of its cap (at most every [`NEAR_AGAIN`]), so that a
-    /// footprint grown since (modules loaded at a kernel's first launch)
-    /// is charged before the last bytes are granted.
-    pub fn context_check(&self, device: CUdevice, slot: &DeviceSlot, estimate: u64, limit: u64) {
-        if self.settings.counting != Counting::Held {
-            return;
-        }
-        let i = usize::try_from(device).unwrap_or(0) % MAX_DEVICES;
-        let last = self.held.measured_ns[i].load(Ordering::Relaxed);
-        let due = if last == 0 {
-            // No real figure yet: each of the first allocations tries.
-            self.held.tries[i].load(Ordering::Relaxed) < EAGER_TRIES
-                || mono_ns().saturating_sub(self.held.tried_ns[i].load(Ordering::Relaxed))
-                    >= CONTEXT_AGAIN.as_nanos() as u64
-        } else {
-            self.settings.context == ContextCharge::Auto
-                && limit != NO_CAP
-                && slot
-                    .budget
-                    .used()
-                    .saturating_add(estimate)
-                    .saturating_add(NEAR_CAP)
-                    > limit
-                && mono_ns().saturating_sub(last) >= NEAR_AGAIN.as_nanos() as u64
-        };
-        if due {
-            self.context_measure(device);
-        }
     }
 
     /// NVML's figure for this process on `device` minus what the engine

@@ -105,6 +105,7 @@ impl Membership {
     }
 
     /// Whether a group is configured at all.
+    #[inline(always)]
     pub fn configured(&self) -> bool {
         self.settings.group.is_some()
     }
@@ -430,10 +431,17 @@ impl Membership {
     /// Reserves `bytes` in the group's budget for `device` (no-op without a
     /// group). `Err(used)` when the group has no room even after reclaiming
     /// dead members (or cannot be used: said once).
+    #[inline(always)]
     pub fn reserve(&self, device: CUdevice, bytes: u64) -> Result<(), u64> {
-        if !self.configured() {
-            return Ok(());
+        if self.configured() {
+            self.reserve_as_member(device, bytes)
+        } else {
+            Ok(())
         }
+    }
+
+    /// [`Membership::reserve`] in a configured group.
+    fn reserve_as_member(&self, device: CUdevice, bytes: u64) -> Result<(), u64> {
         // Configured but not usable: refuse (said once already).
         self.busy(device, |page, seat, i| {
             self.reserve_in(page, seat, i, bytes)
@@ -496,7 +504,15 @@ impl Membership {
 
     /// Gives `bytes` on `device` back to the group (one atomic step on this
     /// member's ledger; see `vramcap_core::group`).
+    #[inline(always)]
     pub fn release(&self, device: CUdevice, bytes: u64) {
+        if self.configured() {
+            self.release_as_member(device, bytes);
+        }
+    }
+
+    /// [`Membership::release`] in a configured group.
+    fn release_as_member(&self, device: CUdevice, bytes: u64) {
         self.busy(device, |page, seat, i| page.release(i, seat, bytes));
     }
 

@@ -25,6 +25,7 @@ pub struct InFlight {
 pub struct Pending<'a>(&'a AtomicU64);
 
 impl Drop for Pending<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -42,7 +43,24 @@ impl InFlight {
     /// Counts an allocation in, before it reads the cap. Counted in the
     /// epoch it saw, and again in the next if a change moved the epoch in
     /// between (else a second change right after the first could miss it).
+    #[inline(always)]
     pub fn enter(&self) -> Pending<'_> {
+        let e = self.epoch.load(Ordering::SeqCst);
+        let c = &self.pending[(e & 1) as usize];
+        c.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.epoch.load(Ordering::SeqCst) == e {
+            Pending(c)
+        } else {
+            self.enter_again(c)
+        }
+    }
+
+    /// [`InFlight::enter`] after a change moved the epoch: counted out of
+    /// `c`, and in again in the epoch now.
+    #[cold]
+    fn enter_again(&self, c: &AtomicU64) -> Pending<'_> {
+        c.fetch_sub(1, Ordering::SeqCst);
         loop {
             let e = self.epoch.load(Ordering::SeqCst);
             let c = &self.pending[(e & 1) as usize];

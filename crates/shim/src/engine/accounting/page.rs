@@ -60,14 +60,17 @@ impl PageHandle {
     }
 
     /// The page, created on first use.
+    #[inline(always)]
     pub fn get(&self, settings: &Settings) -> &'static Page {
         let p = self.page.load(Ordering::Acquire);
-        if !p.is_null() {
-            // SAFETY: a published page is mapped (or leaked) for the life of
-            // the process (a child after fork never uses this handle again).
-            return unsafe { &*p };
+        if p.is_null() {
+            self.create(settings)
+        } else {
+            // SAFETY: a published page is mapped (or leaked) for the life
+            // of the process (a child after fork never uses this handle
+            // again).
+            unsafe { &*p }
         }
-        self.create(settings)
     }
 
     #[cold]

@@ -44,6 +44,7 @@ impl Tiers {
     }
 
     /// Whether tiered spill is on.
+    #[inline(always)]
     pub fn on(&self) -> bool {
         self.on
     }
