@@ -17,8 +17,12 @@
 //!   (`inflight`), the statistics page (`page`), the group membership
 //!   (`group`) and the exports this process made (`exports`).
 //! - `cache`, `spill`: the freed-block cache and spill to host memory.
-//! - `park/`: parking (its gate, its state, the checkpoint steps on the
-//!   background thread, the idle policy).
+//! - `park/`: parking (its state, the checkpoint steps on the background
+//!   thread, the idle policy), a part: `Parking` sees its own state and
+//!   the accounting's `Base`, and [`Engine::with_parking`] hands in what
+//!   it needs of the records and the cache. The rule for every part
+//!   (`tests/layout.rs` checks it for parking; tiered spill is not one
+//!   yet): `impl Engine` only here, in the pipeline and in the families.
 //! - `tiered/`: tiered spill: its blocks, heat, a pure planner, the gate,
 //!   the rounds, its allocation path and hooks, and the program's own
 //!   `cuMemCreate` memory under it (`tiered/mod.rs` lists the files).
@@ -229,6 +233,35 @@ impl<D: Driver> Engine<D> {
     /// Starts the background thread if it is not running.
     pub(in crate::engine) fn start_worker(&'static self) {
         self.worker.ensure(move || self.background_round());
+    }
+
+    /// Parking at work over its state (`park/`), with what it needs of the
+    /// other parts handed in: what the records hold, and the cache's
+    /// emptying.
+    pub(in crate::engine) fn with_parking<T>(
+        &self,
+        f: impl FnOnce(&park::Parking<'_, D>) -> T,
+    ) -> T {
+        let records = || park::Live {
+            managed: self
+                .table
+                .iter()
+                .any(|r| matches!(r.kind, accounting::records::Kind::Managed)),
+            exported: self.table.iter().any(|r| r.exported),
+        };
+        let empty_cache = || self.cache.trim_all(&self.base);
+        f(&park::Parking {
+            park: &self.park,
+            base: &self.base,
+            records: &records,
+            empty_cache: &empty_cache,
+        })
+    }
+
+    /// Parking's part of the background round, first in each: true when
+    /// the process is not running (parked, or stuck).
+    pub(in crate::engine) fn park_round(&self) -> bool {
+        self.with_parking(|p| p.park_round())
     }
 
     /// One round of the background thread.

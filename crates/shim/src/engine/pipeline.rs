@@ -176,7 +176,10 @@ impl<D: Driver> Engine<D> {
                     if reclaimed || self.base.reclaim(device) == 0 {
                         // Parking's policy: an idle group member parked
                         // makes room (`park/policy.rs`).
-                        if r.group && rounds > 0 && self.park_for_room(device, need, estimate) {
+                        if r.group
+                            && rounds > 0
+                            && self.with_parking(|p| p.park_for_room(device, need, estimate))
+                        {
                             rounds -= 1;
                             continue;
                         }
@@ -259,7 +262,7 @@ impl<D: Driver> Engine<D> {
                 {
                     return r;
                 }
-                self.park_for_gpu_room(device, bytes, alloc)
+                self.with_parking(|p| p.park_for_gpu_room(device, bytes, alloc))
             }
             r => r,
         }

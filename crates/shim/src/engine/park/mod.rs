@@ -3,7 +3,13 @@
 //! releases its budget (own and group), then comes back when asked or when
 //! the program calls CUDA again ([`gate`](crate::process::gate)).
 //!
-//! - Everything happens on the background thread ([`Engine::park_round`],
+//! - A part: [`Park`] is its state, [`Parking`] its methods, which see
+//!   that state and the accounting's foundation (`Base`: the driver, the
+//!   settings, the page, the budgets) and nothing else of the engine; the
+//!   engine hands in what it needs of the other parts (what the records
+//!   hold, the cache's emptying) as [`Parking`]'s two closures
+//!   (`engine/mod.rs`, [`Engine::parking`](crate::engine::Engine)).
+//! - Everything happens on the background thread ([`Parking::park_round`],
 //!   each tick): the page's requests (`vramcap park`/`resume`, a group
 //!   member's policy), transparent resumes asked by the gate, the activity
 //!   stamp. The checkpoint calls are made by that one thread.
@@ -29,7 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use vramcap_core::mailbox::{Mailbox, take_park};
 use vramcap_core::park::{Ask, Outcome, PARK_DEVICES, ParkMode};
 
-use crate::engine::Engine;
+use crate::engine::accounting::base::Base;
 use crate::engine::accounting::page::now_unix_ns;
 use crate::engine::driver::Driver;
 use crate::log::log_at;
@@ -61,6 +67,27 @@ pub struct Park {
     short_need: AtomicU64,
 }
 
+/// What the engine's records hold that parking refuses (design item 4a).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    /// Managed memory is live.
+    pub managed: bool,
+    /// An allocation was exported over IPC.
+    pub exported: bool,
+}
+
+/// Parking at work: its own state, the foundation it stands on, and what
+/// the engine hands in of the other parts.
+pub struct Parking<'a, D: Driver> {
+    pub park: &'a Park,
+    pub base: &'a Base<D>,
+    /// What the records hold now (asked at each park request).
+    pub records: &'a dyn Fn() -> Live,
+    /// Empties the freed-block cache (at a park, once the gate is closed
+    /// and the calls in flight are out): the bytes released.
+    pub empty_cache: &'a dyn Fn() -> u64,
+}
+
 impl Park {
     pub fn new() -> Park {
         Park {
@@ -82,11 +109,11 @@ impl Park {
     }
 }
 
-impl<D: Driver> Engine<D> {
+impl<D: Driver> Parking<'_, D> {
     /// The background thread's part, first in each round. True when the
     /// process is not running (parked, or stuck): the round then does no
     /// CUDA work.
-    pub(in crate::engine) fn park_round(&'static self) -> bool {
+    pub fn park_round(&self) -> bool {
         let settings = self.base.settings();
         let page = self.base.page().get(settings);
         let h = &page.header;
@@ -141,7 +168,7 @@ impl<D: Driver> Engine<D> {
     /// Parks the process now (see the module docs), or says why not
     /// (`policy`: asked by a member's policy, which asks again each tick:
     /// the same refusal is said once in a row).
-    fn park_now(&'static self, policy: bool) -> Outcome {
+    fn park_now(&self, policy: bool) -> Outcome {
         match gate::state() {
             gate::RUNNING => {}
             gate::FAILED => return Outcome::Stuck(0),
@@ -173,7 +200,7 @@ impl<D: Driver> Engine<D> {
     /// program thread at the gate (the reservation is kept while it waits
     /// for room, and it says so once); else asked by `vramcap resume`
     /// (one try: no room is the answer).
-    fn resume_now(&'static self, transparent: bool) -> Outcome {
+    fn resume_now(&self, transparent: bool) -> Outcome {
         match gate::state() {
             gate::PARKED => {}
             gate::FAILED => return Outcome::Stuck(0),

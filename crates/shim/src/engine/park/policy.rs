@@ -46,7 +46,7 @@ use vramcap_core::park::{Ask, Outcome, ParkMode, ParkState};
 use vramcap_core::peers::{SCAN_ENTRIES, SCAN_PAGES, open_own_page, stable_copy};
 use vramcap_core::settings::default_stats_dir;
 
-use crate::engine::Engine;
+use super::Parking;
 use crate::engine::accounting::page::now_unix_ns;
 use crate::engine::driver::{Driver, unless_oom};
 use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult};
@@ -126,17 +126,12 @@ impl Drop for Mapped {
     }
 }
 
-impl<D: Driver> Engine<D> {
+impl<D: Driver> Parking<'_, D> {
     /// The policy's hook, where an allocation of `bytes` on `device` would
     /// be refused by the group, `need` bytes short: true when a member was
     /// parked (or room for `bytes` came while waiting) and the reservation
     /// should be tried again.
-    pub(in crate::engine) fn park_for_room(
-        &'static self,
-        device: CUdevice,
-        need: u64,
-        bytes: u64,
-    ) -> bool {
+    pub(in crate::engine) fn park_for_room(&self, device: CUdevice, need: u64, bytes: u64) -> bool {
         let settings = self.base.settings();
         let Some(group) = settings
             .group
@@ -183,7 +178,7 @@ impl<D: Driver> Engine<D> {
     /// GPU has the bytes free (a pool at its maximum, managed memory: no
     /// parking makes that room).
     pub(in crate::engine) fn park_for_gpu_room<T>(
-        &'static self,
+        &self,
         device: CUdevice,
         bytes: u64,
         mut alloc: impl FnMut() -> Result<T, CUresult>,
@@ -237,7 +232,7 @@ impl<D: Driver> Engine<D> {
     /// for its answer (bounded: [`ask_park`]). True when it parked. `need`:
     /// the bytes short, for the log (0: the GPU is full).
     pub(super) fn park_idle_member(
-        &'static self,
+        &self,
         device: CUdevice,
         among: Among<'_>,
         need: u64,
@@ -371,7 +366,7 @@ impl<D: Driver> Engine<D> {
 }
 
 /// Rounds of the policy one allocation takes at most before it is
-/// refused ([`Engine::park_for_room`] answered true that often and the
+/// refused ([`Parking::park_for_room`] answered true that often and the
 /// reservation still failed).
 pub(in crate::engine) const POLICY_ROUNDS: u32 = 4;
 

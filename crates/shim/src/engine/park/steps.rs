@@ -8,11 +8,10 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::{Page, uuid_text};
 use vramcap_core::park::{Outcome, PARK_DEVICES, ParkState, RESUME_MARGIN};
 
+use super::Parking;
 use super::policy::Among;
-use crate::engine::Engine;
 use crate::engine::accounting::Refusal;
 use crate::engine::accounting::page::now_unix_ns;
-use crate::engine::accounting::records::Kind;
 use crate::engine::driver::{Checkpoint, Driver};
 use crate::ffi::{CUDA_SUCCESS, CUdevice};
 use crate::log::{log_at, log_once};
@@ -30,7 +29,7 @@ const POLICY_TRIES: u32 = 4;
 /// later (nanoseconds): each measure runs nvidia-smi.
 const REMEASURE_NS: u64 = 1_000_000_000;
 
-impl<D: Driver> Engine<D> {
+impl<D: Driver> Parking<'_, D> {
     /// Sets the state, on the gate and on the page.
     fn park_set(&self, state: ParkState) {
         let page = self.base.page().get(self.base.settings());
@@ -42,10 +41,11 @@ impl<D: Driver> Engine<D> {
 
     /// Why the process cannot be parked now, if it cannot (design item 4a).
     pub(super) fn park_refusal(&self) -> Option<Outcome> {
-        if self.table.iter().any(|r| matches!(r.kind, Kind::Managed)) {
+        let live = (self.records)();
+        if live.managed {
             return Some(Outcome::ManagedMemory);
         }
-        if self.table.iter().any(|r| r.exported) || self.park.vmm_exported.load(Ordering::Relaxed) {
+        if live.exported || self.park.vmm_exported.load(Ordering::Relaxed) {
             return Some(Outcome::IpcExport);
         }
         // NCCL merely loaded is no refusal: every PyTorch process maps
@@ -98,7 +98,7 @@ impl<D: Driver> Engine<D> {
 
     /// Closes the gate, waits for the calls in flight, empties the cache,
     /// locks and checkpoints, then releases the ledgers (module docs).
-    pub(super) fn checkpoint_and_release(&'static self) -> Outcome {
+    pub(super) fn checkpoint_and_release(&self) -> Outcome {
         let driver = self.base.driver();
         self.park_set(ParkState::Parking);
         let start = Instant::now();
@@ -109,7 +109,7 @@ impl<D: Driver> Engine<D> {
             }
             std::thread::yield_now();
         }
-        let freed = self.cache.trim_all(&self.base);
+        let freed = (self.empty_cache)();
         let driver_start = Instant::now();
         match driver.checkpoint(Checkpoint::Lock(LOCK_TIMEOUT.as_millis() as u32)) {
             Some(CUDA_SUCCESS) => {}
@@ -170,7 +170,7 @@ impl<D: Driver> Engine<D> {
     /// next try, and one the group refuses parks an idle member first
     /// (the policy, as an allocation does; at most [`POLICY_TRIES`] per
     /// round, nothing reserved meanwhile).
-    pub(super) fn reserve_and_restore(&'static self, keep: bool) -> Result<(), Outcome> {
+    pub(super) fn reserve_and_restore(&self, keep: bool) -> Result<(), Outcome> {
         let mut tries = 0;
         let mut start = Instant::now();
         while !self.park.reserved.load(Ordering::Relaxed) {
