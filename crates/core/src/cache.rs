@@ -18,6 +18,41 @@
 //!   (least recently freed first).
 
 use std::collections::{BTreeMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
+
+/// The hash of the shim's maps keyed by a driver handle or a device
+/// address (the cache's blocks and contexts, the engine's records): such
+/// words are aligned and spread over a wide range, come from the driver
+/// (never from another user), and a multiplicative hash of the whole word
+/// is enough and much cheaper than SipHash.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct PtrHash;
+
+pub struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+}
+
+impl BuildHasher for PtrHash {
+    type Hasher = PtrHasher;
+    fn build_hasher(&self) -> PtrHasher {
+        PtrHasher(0)
+    }
+}
 
 /// How a block was made, which decides what it can be reused for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +93,7 @@ pub struct Pool {
     /// seq -> bytes: least recently freed first.
     by_age: BTreeMap<u64, u64>,
     /// The addresses of the blocks held.
-    ptrs: HashSet<u64>,
+    ptrs: HashSet<u64, PtrHash>,
     next_seq: u64,
     total: u64,
 }

@@ -82,7 +82,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWrit
 use std::time::{Duration, Instant};
 
 use vramcap_core::MAX_DEVICES;
-use vramcap_core::cache::{Block, Pool, Want};
+use vramcap_core::cache::{Block, Pool, PtrHash, Want};
 use vramcap_core::page::DeviceSlot;
 
 use crate::engine::accounting::base::{Base, CU_STREAM_LEGACY};
@@ -99,13 +99,13 @@ struct Tickets {
 #[derive(Default)]
 struct Inner {
     pool: Pool,
-    tickets: HashMap<usize, Tickets>,
+    tickets: HashMap<usize, Tickets, PtrHash>,
     /// Each context's event for ordering on the legacy stream, with the
     /// context's `cuCtxGetId` when the driver gives one: a context
     /// destroyed through a call the hooks do not see leaves its entry, and
     /// a new context at the same address has another ID, so the stale
     /// handle is never recorded.
-    events: HashMap<usize, (usize, Option<u64>)>,
+    events: HashMap<usize, (usize, Option<u64>), PtrHash>,
 }
 
 struct DeviceCache {

@@ -10,7 +10,7 @@
 //! new registries and never touches the parent's, whose shard locks another
 //! parent thread may have held at the fork.
 
-use std::hash::{BuildHasher, Hasher};
+pub use vramcap_core::cache::PtrHash;
 
 use dashmap::DashMap;
 
@@ -67,34 +67,6 @@ impl Place {
             Place::Device => "device",
             Place::Host => "host",
         }
-    }
-}
-
-/// Device pointers are 512-byte aligned and spread over a wide range; a
-/// multiplicative hash of the whole word is enough and much cheaper than SipHash.
-#[derive(Clone, Copy, Default)]
-pub struct PtrHash;
-
-pub struct PtrHasher(u64);
-
-impl Hasher for PtrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-impl BuildHasher for PtrHash {
-    type Hasher = PtrHasher;
-    fn build_hasher(&self) -> PtrHasher {
-        PtrHasher(0)
     }
 }
 
