@@ -20,18 +20,26 @@
 //! - `park/`: parking (its state, the checkpoint steps on the background
 //!   thread, the idle policy), a part: `Parking` sees its own state and
 //!   the accounting's `Base`, and [`Engine::with_parking`] hands in what
-//!   it needs of the records and the cache. The rule for every part
-//!   (`tests/layout.rs` checks it for parking; tiered spill is not one
-//!   yet): `impl Engine` only here, in the pipeline and in the families.
-//! - `tiered/`: tiered spill: its blocks, heat, a pure planner, the gate,
-//!   the rounds, its allocation path and hooks, and the program's own
-//!   `cuMemCreate` memory under it (`tiered/mod.rs` lists the files).
-//! - this file: the [`Engine`], which owns all of the above.
+//!   it needs of the records and the cache.
+//! - `tiered/`: tiered spill (its blocks, heat, a pure planner, the gate,
+//!   the rounds, where a block's bytes are counted, the program's own
+//!   `cuMemCreate` handles under it), a part: `Tiering` sees its own state,
+//!   `Base` and the host memory's budget, which this file answers
+//!   (`HostRoom`).
+//! - this file: the [`Engine`], which owns all of the above, the
+//!   background round and the glue that hands the parts what they need.
+//! - `pipeline/`: the allocation path every allocating family shares, its
+//!   steps in their order (`mod.rs`), and tiered spill's placement step
+//!   with the frees of blocks (`tiered.rs`).
 //! - `handlers/`, by API family: `alloc` (plain, pitched and managed
-//!   memory, the allocation path they share and the cap of a device,
-//!   worked out once), `free`, `queries` (memory queries), `pools` (stream-ordered), `vmm`,
-//!   `arrays`, `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps
-//!   changed while the program runs).
+//!   memory), `free`, `queries` (memory queries), `pools` (stream-ordered),
+//!   `vmm` and `vmm_tiered`, `arrays`, `lifecycle` (contexts, captures,
+//!   IPC), `nvml`, `live` (caps changed while the program runs), `launch`
+//!   (launches, copies and memsets under tiered spill).
+//!
+//! The rule the parts keep (`tests/layout.rs` checks it): `impl Engine`
+//! only here, in the pipeline and in the families; a part's files name no
+//! other part.
 //!
 //! # Concurrency (written here once; ARCHITECTURE.md and the modules point here)
 //! - **Atomics:** budgets, counters, the capture count, every lazily made
@@ -203,6 +211,19 @@ pub struct Engine<D: Driver> {
     worker: worker::Worker,
 }
 
+/// Tiered blocks' host memory is the spill limit's budget (`spill.rs`).
+impl<D: Driver> tiered::HostRoom for Engine<D> {
+    fn room(&self) -> u64 {
+        self.spill.room(&self.base)
+    }
+    fn take(&self, bytes: u64) -> bool {
+        self.spill.take(&self.base, bytes)
+    }
+    fn give_back(&self, bytes: u64) {
+        self.spill.give_back(bytes)
+    }
+}
+
 impl<D: Driver> Engine<D> {
     pub fn new(driver: D, settings: &'static Settings) -> Engine<D> {
         Engine {
@@ -256,6 +277,28 @@ impl<D: Driver> Engine<D> {
             records: &records,
             empty_cache: &empty_cache,
         })
+    }
+
+    /// Tiered spill at work over its state (`tiered/`): the engine answers
+    /// its host memory's budget (the spill limit's).
+    pub(in crate::engine) fn tiering(&self) -> tiered::Tiering<'_, D> {
+        tiered::Tiering {
+            tiers: &self.tiers,
+            base: &self.base,
+            host: self,
+        }
+    }
+
+    /// Tiered spill's part of the background round: with `Tiers::running`
+    /// held shared, then the cache's ordering lock (no capture begins
+    /// meanwhile), in the lock order.
+    pub(in crate::engine) fn tier_round(&'static self) {
+        if !self.tiers.on() {
+            return;
+        }
+        let _no_teardown = self.tiers.round_running();
+        let _no_capture_begins = self.cache.ordering_shared();
+        self.tiering().round();
     }
 
     /// Parking's part of the background round, first in each: true when

@@ -1,6 +1,6 @@
 //! The allocation family's handlers (plain, pitched and managed memory),
 //! over the allocation pipeline every allocating family shares
-//! (`engine/pipeline.rs`). Frees are `free.rs`; the memory queries
+//! (`engine/pipeline/`). Frees are `free.rs`; the memory queries
 //! `queries.rs`.
 
 use std::ffi::c_uint;

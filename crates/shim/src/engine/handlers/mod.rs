@@ -4,19 +4,22 @@
 //! queries), `pools` (stream-ordered allocation and pools), `graphs`
 //! (instantiation, upload, launch, update of graphs), `vmm`,
 //! `arrays`, `lifecycle` (contexts, captures, IPC), `nvml`, `live` (caps
-//! changed while the program runs). Tiered spill's handlers are in
-//! `tiered`.
+//! changed while the program runs), `launch` (launches, copies and memsets,
+//! handed out only under tiered spill), `vmm_tiered` (the VMM family under
+//! tiered spill: the program's own `cuMemCreate` handles).
 
 pub(super) mod alloc;
 pub(super) mod arrays;
 pub(super) mod free;
 pub(super) mod graphs;
+pub(super) mod launch;
 pub(super) mod lifecycle;
 pub(super) mod live;
 pub(super) mod nvml;
 pub(super) mod pools;
 pub(super) mod queries;
 pub(super) mod vmm;
+pub(super) mod vmm_tiered;
 
 use crate::ffi::{CUDA_SUCCESS, CUresult};
 

@@ -175,7 +175,7 @@ pub(super) struct Spot {
 }
 
 impl TierBlock {
-    pub(super) fn new(
+    pub(in crate::engine) fn new(
         ptr: u64,
         bytes: u64,
         device: u16,
@@ -286,5 +286,35 @@ pub(in crate::engine) fn location(place: Place, device: CUdevice) -> CUmemLocati
             kind: CU_MEM_LOCATION_TYPE_DEVICE,
             id: device,
         },
+    }
+}
+
+/// Makes physical memory of `bytes` on the host or `device` and maps it at
+/// `ptr` for the device: the handle, with nothing left behind on failure.
+pub(in crate::engine) fn make_mapped<D: Driver>(
+    driver: &D,
+    ptr: u64,
+    bytes: u64,
+    place: Place,
+    device: CUdevice,
+) -> Result<u64, CUresult> {
+    let h = driver.vmm_create(bytes, location(place, device))?;
+    let rc = driver.vmm_map(ptr, bytes, h, device);
+    if rc != CUDA_SUCCESS {
+        let _ = driver.vmm_release(h);
+        return Err(rc);
+    }
+    Ok(h)
+}
+
+impl TierBlock {
+    /// Unmaps a detached block and releases its memory and address.
+    pub(in crate::engine) fn release_vmm<D: Driver>(&self, driver: &D) -> CUresult {
+        let rc = driver.vmm_unmap(self.ptr, self.bytes);
+        if rc == CUDA_SUCCESS {
+            let _ = driver.vmm_release(self.handle());
+            let _ = driver.vmm_free_address(self.ptr, self.bytes);
+        }
+        rc
     }
 }

@@ -32,6 +32,13 @@ impl Tiers {
         }
     }
 
+    /// `Tiers::running` held shared, as a round holds it throughout (the
+    /// lock order's first: the engine takes it before the cache's ordering
+    /// lock, `Engine::tier_round`).
+    pub(in crate::engine) fn round_running(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.running.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Under tiered spill, `Tiers::running` held exclusively: no placement
     /// round runs while it is held (a round holds it shared throughout),
     /// so none is pushing, synchronising or copying on a context the

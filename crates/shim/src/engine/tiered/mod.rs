@@ -12,9 +12,18 @@
 //! - `heat` (launch decoding) and `graph_heat` (executable graphs' uses).
 //! - `plan`: pure Rust, tested without a driver: a round's heat and score
 //!   (`take_round`) and the moves it chooses (`plan`).
-//! - `alloc` (the allocation path and frees), `rounds` (the background
-//!   thread's moves), `hooks` (launch, copy and memset hooks), `handles`
-//!   (the program's own `cuMemCreate` memory under tiered spill).
+//! - `rounds` (the background thread's moves), `budget` (where a block's
+//!   bytes are counted: the device's budget or the host's), `handles` (the
+//!   program's own `cuMemCreate` handles under tiered spill).
+//!
+//! # A part
+//! [`Tiers`] is its state and [`Tiering`] its methods, which see that
+//! state, the accounting's `Base` and the host memory's budget
+//! ([`HostRoom`], the spill limit's, which the engine answers) and nothing
+//! else of the engine. The allocation path and frees of a block are
+//! pipeline steps (`engine/pipeline/tiered.rs`); the launch, copy and
+//! memset hooks are a family (`handlers/launch.rs`); the program's own
+//! handles are the VMM family's (`handlers/vmm_tiered.rs`).
 //!
 //! # Invariants
 //! - A block's place and handle change only in a round, while it is
@@ -42,9 +51,8 @@ macro_rules! write {
     };
 }
 
-mod alloc;
+mod budget;
 pub(super) mod handles;
-mod hooks;
 mod rounds;
 
 mod block;
@@ -66,9 +74,30 @@ use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::engine::accounting::base::Base;
 use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::log_once;
+
+/// The host memory tiered blocks may take: the spill limit's budget,
+/// answered by the engine (`spill.rs` keeps it).
+pub trait HostRoom: Sync {
+    /// The bytes the budget has left.
+    fn room(&self) -> u64;
+    /// Takes `bytes` from the budget; false when they do not fit.
+    fn take(&self, bytes: u64) -> bool;
+    /// Gives `bytes` back.
+    fn give_back(&self, bytes: u64);
+}
+
+/// Tiered spill at work (the module docs' "A part").
+/// A round's moves need the `'static` view (a synchronisation runs on a
+/// thread of its own).
+pub struct Tiering<'a, D: Driver> {
+    pub tiers: &'a Tiers,
+    pub base: &'a Base<D>,
+    pub host: &'a dyn HostRoom,
+}
 
 /// A host block displaces device blocks only when its score per byte is
 /// this many times theirs. At 2 a weight-holding block (read by matrix

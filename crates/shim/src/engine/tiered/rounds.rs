@@ -8,11 +8,10 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::LogLevel;
 
-use super::alloc::make_mapped;
-use crate::engine::Engine;
 use crate::engine::driver::Driver;
 use crate::engine::tiered::{
-    BlockClaim, PROMOTE_MARGIN, Place, Plan, STOP_WAIT, TierBlock, plan, score_round,
+    BlockClaim, PROMOTE_MARGIN, Place, Plan, STOP_WAIT, TierBlock, Tiering, make_mapped, plan,
+    score_round,
 };
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -26,9 +25,9 @@ struct Staged {
     stream: usize,
 }
 
-impl<D: Driver> Engine<D> {
+impl<D: Driver> Tiering<'static, D> {
     /// `cuCtxSynchronize` of `ctx` (pushed for the call when it is not current).
-    pub(super) fn sync_ctx(&self, ctx: usize) -> CUresult {
+    pub fn sync_ctx(&self, ctx: usize) -> CUresult {
         if self.base.driver().ctx_get_current() == Ok(ctx) {
             return self.base.driver().ctx_synchronize();
         }
@@ -45,23 +44,20 @@ impl<D: Driver> Engine<D> {
     pub(super) fn deferred_frees(&self) {
         for (b, r) in self.tiers.take_deferred() {
             let _ = self.sync_ctx(b.ctx);
-            if self.release_vmm(&b) != CUDA_SUCCESS {
+            if b.release_vmm(self.base.driver()) != CUDA_SUCCESS {
                 log_once!(
                     Warn,
                     "tiered spill: a free left for after a capture failed; its bytes are given back anyway"
                 );
             }
-            self.tier_give_back(&r, b.place());
+            self.give_back(&r, b.place());
         }
     }
 
-    /// One placement round of the background thread (module docs).
-    pub(in crate::engine) fn tier_round(&'static self) {
-        if !self.tiers.on() {
-            return;
-        }
-        let _no_teardown = self.tiers.running.read().unwrap_or_else(|e| e.into_inner());
-        let _no_capture_begins = self.cache.ordering_shared();
+    /// One placement round of the background thread (module docs), with
+    /// `Tiers::running` held shared and no capture let begin (the engine
+    /// takes both: `Engine::tier_round`).
+    pub fn round(&self) {
         // Captures the hooks saw; one begun unseen shows on the legacy
         // stream of its context, which `move_staged` asks with it current.
         if self.base.capturing() {
@@ -127,7 +123,7 @@ impl<D: Driver> Engine<D> {
                     i128::from(target) - margin - used,
                 )
             };
-            let p = plan(&mine, over, room, self.spill.room(&self.base), round);
+            let p = plan(&mine, over, room, self.host.room(), round);
             if !p.demote.is_empty() || !p.promote.is_empty() {
                 // A synchronisation of an earlier round still runs: the
                 // GPU has not drained since, and a stop now would wait on it.
@@ -158,12 +154,12 @@ impl<D: Driver> Engine<D> {
         if to == Place::Device && self.base.reserve_on(slot, device, b.bytes, limit).is_err() {
             return Err(true);
         }
-        if to == Place::Host && !self.spill.take(&self.base, b.bytes) {
+        if to == Place::Host && !self.host.take(b.bytes) {
             return Err(false);
         }
         let undo = |b: &TierBlock| {
             if to == Place::Host {
-                self.spill.give_back(b.bytes);
+                self.host.give_back(b.bytes);
             } else {
                 self.base.release_on(slot, device, b.bytes);
             }
@@ -197,7 +193,7 @@ impl<D: Driver> Engine<D> {
             .driver()
             .vmm_free_address(m.scratch, m.block.bytes);
         if m.to == Place::Host {
-            self.spill.give_back(m.block.bytes);
+            self.host.give_back(m.block.bytes);
         } else {
             self.base.release_on(slot, device, m.block.bytes);
         }
@@ -206,7 +202,7 @@ impl<D: Driver> Engine<D> {
     /// Carries out one device's plan (module docs): the demotions, then
     /// the promotions, which often need the room the demotions make.
     pub(super) fn apply(
-        &'static self,
+        &self,
         slot: &DeviceSlot,
         device: CUdevice,
         limit: u64,
@@ -242,7 +238,7 @@ impl<D: Driver> Engine<D> {
     /// Stops the world, copies and remaps the staged moves, opens the gate
     /// and settles them: how many moved.
     fn move_staged(
-        &'static self,
+        &self,
         slot: &DeviceSlot,
         device: CUdevice,
         round: u64,
@@ -339,7 +335,7 @@ impl<D: Driver> Engine<D> {
                 DeviceSlot::add(&slot.spilled, b.bytes);
                 DeviceSlot::add(&slot.demotions, 1);
             } else {
-                self.spill.give_back(b.bytes);
+                self.host.give_back(b.bytes);
                 slot.spilled.fetch_sub(b.bytes, Ordering::Relaxed);
                 DeviceSlot::add(&slot.promotions, 1);
             }
@@ -370,7 +366,7 @@ impl<D: Driver> Engine<D> {
     /// own; past the wait the round gives up (that thread finishes when
     /// the GPU does, and what it took sets later waits), and moves pause,
     /// for good after three give-ups in a row ([`SYNC_WAIT`](super::SYNC_WAIT)).
-    pub(super) fn quiesce(&'static self, ctxs: &[usize]) -> bool {
+    pub(super) fn quiesce(&self, ctxs: &[usize]) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
         let known = self.tiers.drain_seen();
         if !self.sync_on_thread(ctxs.to_vec(), tx) {
@@ -412,9 +408,9 @@ impl<D: Driver> Engine<D> {
     /// ([`Tiers::drained`](crate::engine::tiered::Tiers::drained)), and
     /// whether every context synchronised goes to `tx`. Whether the thread
     /// started.
-    fn sync_on_thread(&'static self, ctxs: Vec<usize>, tx: std::sync::mpsc::Sender<bool>) -> bool {
+    fn sync_on_thread(&self, ctxs: Vec<usize>, tx: std::sync::mpsc::Sender<bool>) -> bool {
         let driver = self.base.driver();
-        let tiers = &self.tiers;
+        let tiers = self.tiers;
         let quiescing = &self.tiers.quiescing;
         quiescing.fetch_add(1, Ordering::SeqCst);
         /// Counts the thread out when it ends, however it ends.

@@ -25,6 +25,8 @@
 //! Frees go the other way in `handlers/free.rs`: forget the record, then
 //! keep the block in the cache or release it to the driver and the budget.
 
+mod tiered;
+
 use std::sync::atomic::Ordering;
 
 use vramcap_core::budget::NO_CAP;

@@ -1,6 +1,7 @@
-//! Tiered spill's allocation path: a plain allocation becomes a block
+//! The pipeline's tiered placement: a plain allocation becomes a block
 //! (reserved, created, mapped), placed on the device within the cap or on
-//! the host past it; and the frees.
+//! the host past it; and the frees of blocks. The part it places into is
+//! `engine/tiered/`.
 
 use std::sync::atomic::Ordering;
 
@@ -10,27 +11,9 @@ use crate::engine::Engine;
 use crate::engine::accounting::records::{Kind, Record};
 use crate::engine::driver::Driver;
 use crate::engine::pipeline::Made;
-use crate::engine::tiered::{Place, TierBlock, location};
+use crate::engine::tiered::{HostRoom, Place, TierBlock, make_mapped};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
-
-/// Makes physical memory of `bytes` on the host or `device` and maps it at
-/// `ptr` for the device: the handle, with nothing left behind on failure.
-pub(super) fn make_mapped<D: Driver>(
-    driver: &D,
-    ptr: u64,
-    bytes: u64,
-    place: Place,
-    device: CUdevice,
-) -> Result<u64, CUresult> {
-    let h = driver.vmm_create(bytes, location(place, device))?;
-    let rc = driver.vmm_map(ptr, bytes, h, device);
-    if rc != CUDA_SUCCESS {
-        let _ = driver.vmm_release(h);
-        return Err(rc);
-    }
-    Ok(h)
-}
 
 impl<D: Driver> Engine<D> {
     /// `cuMemAlloc_v2` under tiered spill (module docs): physical memory
@@ -58,7 +41,7 @@ impl<D: Driver> Engine<D> {
         let ptr = match self.base.driver().vmm_reserve(size) {
             Ok(p) => p,
             Err(rc) => {
-                self.tier_unreserve(device, size, place);
+                self.tiering().unreserve(device, size, place);
                 return Some(Err(rc));
             }
         };
@@ -66,7 +49,7 @@ impl<D: Driver> Engine<D> {
             Ok(h) => h,
             Err(rc) => {
                 let _ = self.base.driver().vmm_free_address(ptr, size);
-                self.tier_unreserve(device, size, place);
+                self.tiering().unreserve(device, size, place);
                 return Some(Err(
                     if rc == CUDA_ERROR_OUT_OF_MEMORY || place == Place::Host {
                         CUDA_ERROR_OUT_OF_MEMORY
@@ -76,7 +59,7 @@ impl<D: Driver> Engine<D> {
                 ));
             }
         };
-        self.tier_count_made(what, device, size, place);
+        self.tiering().count_made(what, device, size, place);
         // The record first: a stale one at this address (released behind
         // the engine's back) is settled before the new block is tracked.
         self.insert(
@@ -127,7 +110,7 @@ impl<D: Driver> Engine<D> {
                 0
             }
         });
-        let reserved = if soft > 0 && self.spill.room(&self.base) >= size {
+        let reserved = if soft > 0 && HostRoom::room(self) >= size {
             Err(Some(crate::engine::accounting::Refusal {
                 used: self.base.slot(device).map_or(0, |s| s.budget.used()),
                 limit: soft,
@@ -141,7 +124,7 @@ impl<D: Driver> Engine<D> {
             Err(None) => return Err(CUDA_ERROR_OUT_OF_MEMORY),
             Err(Some(why)) => why,
         };
-        if self.spill.take(&self.base, size) {
+        if HostRoom::take(self, size) {
             return Ok(Place::Host);
         }
         log_once!(
@@ -155,67 +138,12 @@ impl<D: Driver> Engine<D> {
         Err(CUDA_ERROR_OUT_OF_MEMORY)
     }
 
-    /// Counts a tiered allocation of `size` just made on the device or the
-    /// host.
-    pub(in crate::engine) fn tier_count_made(
-        &self,
-        what: &str,
-        device: CUdevice,
-        size: u64,
-        place: Place,
-    ) {
-        let Some(s) = self.base.slot(device) else {
-            return;
-        };
-        DeviceSlot::add(&s.allocs, 1);
-        if place == Place::Host {
-            DeviceSlot::add(&s.spilled, size);
-            DeviceSlot::add(&s.spill_allocs, 1);
-            s.mark_active();
-            log_once!(
-                Info,
-                "{what}: the cap of device {device} is reached; new blocks go to host memory and the most-used move onto the GPU (VRAMCAP_SPILL=tiered)"
-            );
-        }
-    }
-
-    /// Undoes [`Self::tier_reserve`] for an allocation that was not made.
-    pub(in crate::engine) fn tier_unreserve(&self, device: CUdevice, size: u64, place: Place) {
-        match place {
-            Place::Host => self.spill.give_back(size),
-            Place::Device => {
-                if let Some(s) = self.base.slot(device) {
-                    self.base.release_on(s, device, size);
-                }
-            }
-        }
-    }
-
-    /// Settles the bytes of a tiered block that is gone.
-    pub(in crate::engine) fn tier_give_back(&self, r: &Record, place: Place) {
-        self.tier_give_back_bytes(r.device, r.bytes, place);
-    }
-
-    /// Settles `bytes` of a tiered allocation of `device` that is gone,
-    /// from the device's budget or the spill.
-    pub(in crate::engine) fn tier_give_back_bytes(&self, device: u16, bytes: u64, place: Place) {
-        if place == Place::Device {
-            self.base.give_back(device, bytes);
-        } else {
-            self.spill.give_back(bytes);
-            if let Some(s) = self.base.slot(CUdevice::from(device)) {
-                s.spilled.fetch_sub(bytes, Ordering::Relaxed);
-                DeviceSlot::add(&s.frees, 1);
-            }
-        }
-    }
-
     /// A tiered record found stale (its address handed out again): only
     /// its bytes are settled; its driver objects are not touched, since
     /// the address is someone else's now.
     pub(in crate::engine) fn tier_drop_stale(&self, ptr: u64, r: &Record) {
         let place = self.tiers.detach(ptr).map_or(Place::Device, |b| b.place());
-        self.tier_give_back(r, place);
+        self.tiering().give_back(r, place);
     }
 
     /// A tiered block of a context that went away: VMM memory outlives its
@@ -224,21 +152,11 @@ impl<D: Driver> Engine<D> {
     pub(in crate::engine) fn tier_release_orphaned(&self, ptr: u64, r: &Record) {
         match self.tiers.detach(ptr) {
             Some(b) => {
-                self.release_vmm(&b);
-                self.tier_give_back(r, b.place());
+                b.release_vmm(self.base.driver());
+                self.tiering().give_back(r, b.place());
             }
-            None => self.tier_give_back(r, Place::Device),
+            None => self.tiering().give_back(r, Place::Device),
         }
-    }
-
-    /// Unmaps a detached block and releases its memory and address.
-    pub(super) fn release_vmm(&self, b: &TierBlock) -> CUresult {
-        let rc = self.base.driver().vmm_unmap(b.ptr, b.bytes);
-        if rc == CUDA_SUCCESS {
-            let _ = self.base.driver().vmm_release(b.handle());
-            let _ = self.base.driver().vmm_free_address(b.ptr, b.bytes);
-        }
-        rc
     }
 
     /// Frees a tiered block: as the driver's `cuMemFree` does, it first
@@ -251,7 +169,7 @@ impl<D: Driver> Engine<D> {
     /// round (which runs only outside captures).
     pub(in crate::engine) fn tier_free(&'static self, ptr: u64, r: &Record) -> CUresult {
         let Some(b) = self.tiers.detach(ptr) else {
-            self.tier_give_back(r, Place::Device);
+            self.tiering().give_back(r, Place::Device);
             return CUDA_SUCCESS;
         };
         if self.base.capture_in_progress() {
@@ -259,13 +177,13 @@ impl<D: Driver> Engine<D> {
             self.start_worker();
             return CUDA_SUCCESS;
         }
-        let _ = self.sync_ctx(b.ctx);
-        let rc = self.release_vmm(&b);
+        let _ = self.tiering().sync_ctx(b.ctx);
+        let rc = b.release_vmm(self.base.driver());
         if rc != CUDA_SUCCESS {
             self.tiers.reattach(b);
             return rc;
         }
-        self.tier_give_back(r, b.place());
+        self.tiering().give_back(r, b.place());
         CUDA_SUCCESS
     }
 }

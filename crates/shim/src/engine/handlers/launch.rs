@@ -1,6 +1,6 @@
-//! Tiered spill's hooks of the program's calls: the launches count uses
-//! and pass the gate; copies, memsets and the other `gate` entries of the
-//! hook list pass the gate only.
+//! The launch family, handed out only under tiered spill: the launches
+//! count uses for tiered spill's heat and pass its gate; copies, memsets
+//! and the other `gate` entries of the hook list pass the gate only.
 
 use std::ffi::c_void;
 
