@@ -85,7 +85,7 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::cache::{Block, Pool, PtrHash, Want};
 use vramcap_core::page::DeviceSlot;
 
-use crate::engine::accounting::base::{Base, CU_STREAM_LEGACY};
+use crate::engine::accounting::state::{Accounting, CU_STREAM_LEGACY};
 use crate::engine::driver::{Driver, Flavour};
 use crate::ffi::{CU_EVENT_DISABLE_TIMING, CUDA_SUCCESS, CUresult};
 use crate::log::{log_at, log_once};
@@ -166,11 +166,11 @@ impl Cache {
     /// the ordering lock exclusively: blocks made safe by an ordering (and
     /// those handed out since) may then be used on any stream. Called once,
     /// when the first non-blocking stream is asked for. Counted as waits.
-    pub fn wait_for_orderings<D: Driver>(&self, base: &Base<D>) {
+    pub fn wait_for_orderings<D: Driver>(&self, driver: &D, accounting: &Accounting<D>) {
         for (dev, c) in self.devices.iter().enumerate() {
             let events: Vec<usize> = c.lock().events.values().map(|&(e, _)| e).collect();
             for e in &events {
-                let rc = base.driver().event_synchronize(*e);
+                let rc = driver.event_synchronize(*e);
                 if rc != CUDA_SUCCESS {
                     log_once!(
                         Warn,
@@ -179,7 +179,7 @@ impl Cache {
                 }
             }
             if !events.is_empty()
-                && let Some(s) = base.slot(dev as i32)
+                && let Some(s) = accounting.slot(dev as i32)
             {
                 DeviceSlot::add(&s.cache_waits, events.len() as u64);
             }
@@ -222,7 +222,8 @@ impl Cache {
     /// cache has one.
     pub fn reuse<D: Driver>(
         &self,
-        base: &Base<D>,
+        driver: &D,
+        accounting: &Accounting<D>,
         dev: u16,
         ctx: usize,
         want: Want,
@@ -240,8 +241,8 @@ impl Cache {
         // Until `done` is recorded: no capture may begin, and the
         // non-blocking-stream flag does not change.
         let _order = self.ordering_shared();
-        if base.capture_in_progress() {
-            self.put_back(base, dev, block);
+        if accounting.capture_in_progress() {
+            self.put_back(accounting, dev, block);
             return None;
         }
         let ticket = {
@@ -250,17 +251,17 @@ impl Cache {
             t.started += 1;
             t.started
         };
-        let slot = base.slot(i32::from(dev));
-        let ordered = if base.nonblocking_streams() {
+        let slot = accounting.slot(i32::from(dev));
+        let ordered = if accounting.nonblocking_streams() {
             Err(CUDA_SUCCESS)
         } else {
-            self.order_on_legacy(base, c, ctx)
+            self.order_on_legacy(driver, c, ctx)
         };
         if let Err(rc) = ordered
             && is_capture_error(rc)
         {
             // A capture the hooks did not see: neither record nor wait.
-            self.put_back(base, dev, block);
+            self.put_back(accounting, dev, block);
             return None;
         }
         if ordered.is_ok() {
@@ -268,13 +269,13 @@ impl Cache {
                 DeviceSlot::add(&s.cache_ordered, 1);
             }
         } else {
-            let rc = base.driver().ctx_synchronize();
+            let rc = driver.ctx_synchronize();
             if rc != CUDA_SUCCESS {
                 log_once!(
                     Warn,
                     "cuCtxSynchronize returned {rc} before reusing a cached block; allocating afresh instead"
                 );
-                self.put_back(base, dev, block);
+                self.put_back(accounting, dev, block);
                 return None;
             }
             if let Some(s) = slot {
@@ -292,11 +293,11 @@ impl Cache {
     /// failed.
     fn order_on_legacy<D: Driver>(
         &self,
-        base: &Base<D>,
+        driver: &D,
         c: &DeviceCache,
         ctx: usize,
     ) -> Result<(), CUresult> {
-        let id = base.driver().ctx_get_id(ctx).ok();
+        let id = driver.ctx_get_id(ctx).ok();
         let current = |entry: Option<&(usize, Option<u64>)>| {
             // The entry is this context's unless both IDs are known and differ.
             entry.and_then(|&(e, known)| match (known, id) {
@@ -310,12 +311,12 @@ impl Cache {
             None => {
                 // A stale entry's handle belongs to a context that is gone
                 // (or by now to someone else's event): dropped, not destroyed.
-                let e = base.driver().event_create(CU_EVENT_DISABLE_TIMING)?;
+                let e = driver.event_create(CU_EVENT_DISABLE_TIMING)?;
                 let mut g = c.lock();
                 match current(g.events.get(&ctx)) {
                     Some(other) => {
                         drop(g);
-                        let _ = base.driver().event_destroy(e);
+                        let _ = driver.event_destroy(e);
                         other
                     }
                     None => {
@@ -325,9 +326,7 @@ impl Cache {
                 }
             }
         };
-        let rc = base
-            .driver()
-            .event_record(event, CU_STREAM_LEGACY, Flavour::Legacy);
+        let rc = driver.event_record(event, CU_STREAM_LEGACY, Flavour::Legacy);
         if rc != CUDA_SUCCESS {
             log_once!(
                 Warn,
@@ -338,28 +337,28 @@ impl Cache {
         Ok(())
     }
 
-    fn put_back<D: Driver>(&self, base: &Base<D>, dev: u16, block: Block) {
+    fn put_back<D: Driver>(&self, accounting: &Accounting<D>, dev: u16, block: Block) {
         let Some(c) = self.device(dev) else { return };
         // It was within the bound a moment ago; keeping it cannot evict
         // much, and whatever it evicts is released like any eviction.
         let bound = c.bound.load(Ordering::Relaxed).max(block.bytes);
         let out = c.lock().pool.put(block, bound);
-        self.release(base, dev, out, Why::Evicted);
+        self.release(accounting, dev, out, Why::Evicted);
     }
 
     /// Keeps a freed block. Returns false when the device is not caching.
-    pub fn keep<D: Driver>(&self, base: &Base<D>, dev: u16, mut block: Block) -> bool {
+    pub fn keep<D: Driver>(&self, accounting: &Accounting<D>, dev: u16, mut block: Block) -> bool {
         let Some(c) = self.device(dev) else {
             return false;
         };
-        if base.capturing() {
+        if accounting.capturing() {
             return false; // keeping could evict, and evicting frees: not now
         }
         let bound = c.bound.load(Ordering::Relaxed);
         if bound == 0 {
             return false;
         }
-        if let Some(s) = base.slot(i32::from(dev)) {
+        if let Some(s) = accounting.slot(i32::from(dev)) {
             DeviceSlot::add(&s.cached, block.bytes);
         }
         block.freed_ns = self.now_ns();
@@ -368,15 +367,15 @@ impl Cache {
             block.ticket = g.tickets.get(&block.ctx).map_or(0, |t| t.started);
             g.pool.put(block, bound)
         };
-        self.release(base, dev, out, Why::Evicted);
+        self.release(accounting, dev, out, Why::Evicted);
         true
     }
 
     /// Releases cached blocks of `dev` until `need` bytes are out. Returns
     /// the bytes released.
-    pub fn evict<D: Driver>(&self, base: &Base<D>, dev: u16, need: u64) -> u64 {
+    pub fn evict<D: Driver>(&self, accounting: &Accounting<D>, dev: u16, need: u64) -> u64 {
         let Some(c) = self.device(dev) else { return 0 };
-        if base.capturing() {
+        if accounting.capturing() {
             return 0; // no frees of our own while a capture runs
         }
         let out = {
@@ -384,11 +383,11 @@ impl Cache {
             let keep = g.pool.total().saturating_sub(need);
             g.pool.evict_until_room(keep)
         };
-        self.release(base, dev, out, Why::Evicted)
+        self.release(accounting, dev, out, Why::Evicted)
     }
 
     /// Releases every cached block of context `ctx` (before it is destroyed).
-    pub fn drain_ctx<D: Driver>(&self, base: &Base<D>, ctx: usize) {
+    pub fn drain_ctx<D: Driver>(&self, driver: &D, accounting: &Accounting<D>, ctx: usize) {
         for (dev, c) in self.devices.iter().enumerate() {
             let (out, event) = {
                 let mut g = c.lock();
@@ -397,17 +396,17 @@ impl Cache {
             // The context still lives: its event is destroyed now, not
             // left to a later context at the same handle.
             if let Some((e, _)) = event {
-                let _ = base.driver().event_destroy(e);
+                let _ = driver.event_destroy(e);
             }
             if !out.is_empty() {
-                self.release(base, dev as u16, out, Why::Evicted);
+                self.release(accounting, dev as u16, out, Why::Evicted);
             }
         }
     }
 
     /// Forgets every cached block of a context the driver already
     /// destroyed: the memory is gone, only the accounting is left to settle.
-    pub fn forget_ctx<D: Driver>(&self, base: &Base<D>, ctx: usize) {
+    pub fn forget_ctx<D: Driver>(&self, accounting: &Accounting<D>, ctx: usize) {
         for (dev, c) in self.devices.iter().enumerate() {
             let out = {
                 let mut g = c.lock();
@@ -415,9 +414,9 @@ impl Cache {
                 g.pool.drain_ctx(ctx)
             };
             for b in out {
-                if let Some(s) = base.slot(dev as i32) {
+                if let Some(s) = accounting.slot(dev as i32) {
                     s.cached.fetch_sub(b.bytes, Ordering::Relaxed);
-                    base.release_on(s, dev as i32, b.bytes);
+                    accounting.release_on(s, dev as i32, b.bytes);
                 }
             }
         }
@@ -426,10 +425,16 @@ impl Cache {
     /// Frees blocks of device `dev` for real (each in its own context) and
     /// settles the counters. A block the driver would not free (a capture
     /// began meanwhile, say) goes back to the pool, still counted.
-    fn release<D: Driver>(&self, base: &Base<D>, dev: u16, blocks: Vec<Block>, why: Why) -> u64 {
+    fn release<D: Driver>(
+        &self,
+        accounting: &Accounting<D>,
+        dev: u16,
+        blocks: Vec<Block>,
+        why: Why,
+    ) -> u64 {
         let mut total = 0;
         for b in blocks {
-            let rc = base.free_in_ctx(b.ptr, b.ctx);
+            let rc = accounting.free_in_ctx(b.ptr, b.ctx);
             if rc != CUDA_SUCCESS {
                 log_once!(
                     Warn,
@@ -440,9 +445,9 @@ impl Cache {
                 }
                 continue;
             }
-            if let Some(s) = base.slot(i32::from(dev)) {
+            if let Some(s) = accounting.slot(i32::from(dev)) {
                 s.cached.fetch_sub(b.bytes, Ordering::Relaxed);
-                base.release_on(s, i32::from(dev), b.bytes);
+                accounting.release_on(s, i32::from(dev), b.bytes);
                 match why {
                     Why::Evicted | Why::Idle => DeviceSlot::add(&s.evictions, 1),
                     Why::Trimmed => {}
@@ -454,24 +459,24 @@ impl Cache {
     }
 
     /// Empties every cache (a `vramcap trim`). Returns the bytes released.
-    pub fn trim_all<D: Driver>(&self, base: &Base<D>) -> u64 {
+    pub fn trim_all<D: Driver>(&self, accounting: &Accounting<D>) -> u64 {
         let mut total = 0;
         for (dev, c) in self.devices.iter().enumerate() {
             let out = c.lock().pool.drain();
-            total += self.release(base, dev as u16, out, Why::Trimmed);
+            total += self.release(accounting, dev as u16, out, Why::Trimmed);
         }
         total
     }
 
     /// Releases blocks unused for `idle`.
-    pub fn release_idle<D: Driver>(&self, base: &Base<D>, idle: Duration) {
+    pub fn release_idle<D: Driver>(&self, accounting: &Accounting<D>, idle: Duration) {
         let Some(cutoff) = self.now_ns().checked_sub(idle.as_nanos() as u64) else {
             return;
         };
         for (dev, c) in self.devices.iter().enumerate() {
             let out = c.lock().pool.evict_idle(cutoff);
             if !out.is_empty() {
-                self.release(base, dev as u16, out, Why::Idle);
+                self.release(accounting, dev as u16, out, Why::Idle);
             }
         }
     }

@@ -9,8 +9,10 @@
 //! checks that no two import each other)
 //! - `driver`, `worker`: the driver trait (over the C types of
 //!   `crate::ffi`) and the background thread.
-//! - `accounting/`: what every part stands on (`base`: the driver, the
-//!   settings, the page, the group membership), the budgets and caps
+//! - `accounting/`: what every part stands on (`state`: the
+//!   [`Accounting`] with the page and the group membership; it is handed
+//!   the driver and the settings, and the engine hands them, from its own
+//!   fields, to each part that needs them), the budgets and caps
 //!   (`mod.rs`), what a process holds beyond its allocations (`held`, with
 //!   its book of pools and the context's measurement in `ledger`), the
 //!   records of live allocations (`records`), the allocations in flight
@@ -19,12 +21,12 @@
 //! - `cache`, `spill`: the freed-block cache and spill to host memory.
 //! - `park/`: parking (its state, the checkpoint steps on the background
 //!   thread, the idle policy), a part: `Parking` sees its own state and
-//!   the accounting's `Base`, and [`Engine::with_parking`] hands in what
+//!   the accounting's `Accounting`, and [`Engine::with_parking`] hands in what
 //!   it needs of the records and the cache.
 //! - `tiered/`: tiered spill (its blocks, heat, a pure planner, the gate,
 //!   the rounds, where a block's bytes are counted, the program's own
 //!   `cuMemCreate` handles under it), a part: `Tiering` sees its own state,
-//!   `Base` and the host memory's budget, which this file answers
+//!   `Accounting` and the host memory's budget, which this file answers
 //!   (`HostRoom`).
 //! - this file: the [`Engine`], which owns all of the above, the
 //!   background round and the glue that hands the parts what they need.
@@ -160,9 +162,9 @@ pub use self::handlers::arrays::ArrayDesc;
 pub use self::handlers::live::{EINVAL, ENODEV};
 pub use self::pipeline::Made;
 
-use self::accounting::base::Base;
 use self::accounting::inflight::InFlight;
 use self::accounting::records::{Object, Record, Registry, registry};
+use self::accounting::state::Accounting;
 use self::cache::Cache;
 use self::spill::HostSpill;
 use self::tiered::{Handles, Tiers};
@@ -181,7 +183,10 @@ pub static CAPPED_WHILE_RUNNING: std::sync::atomic::AtomicBool =
 
 /// All the state of one process's shim (one per process; a test makes its own).
 pub struct Engine<D: Driver> {
-    base: Base<D>,
+    /// The driver and the settings, handed to each part that needs them.
+    driver: &'static D,
+    settings: &'static Settings,
+    accounting: Accounting<D>,
     cache: Cache,
     spill: HostSpill,
     tiers: Tiers,
@@ -214,10 +219,10 @@ pub struct Engine<D: Driver> {
 /// Tiered blocks' host memory is the spill limit's budget (`spill.rs`).
 impl<D: Driver> tiered::HostRoom for Engine<D> {
     fn room(&self) -> u64 {
-        self.spill.room(&self.base)
+        self.spill.room()
     }
     fn take(&self, bytes: u64) -> bool {
-        self.spill.take(&self.base, bytes)
+        self.spill.take(bytes)
     }
     fn give_back(&self, bytes: u64) {
         self.spill.give_back(bytes)
@@ -226,10 +231,14 @@ impl<D: Driver> tiered::HostRoom for Engine<D> {
 
 impl<D: Driver> Engine<D> {
     pub fn new(driver: D, settings: &'static Settings) -> Engine<D> {
+        // Made once per process (and per unit test), never dropped.
+        let driver: &'static D = Box::leak(Box::new(driver));
         Engine {
-            base: Base::new(driver, settings),
+            driver,
+            settings,
+            accounting: Accounting::new(driver, settings),
             cache: Cache::new(),
-            spill: HostSpill::new(),
+            spill: HostSpill::new(settings),
             tiers: Tiers::new(settings.spill == vramcap_core::settings::Spill::Tiered),
             handles: Handles::default(),
             table: registry(),
@@ -248,7 +257,7 @@ impl<D: Driver> Engine<D> {
     /// The statistics page's slot of `device`, made on first use (`None`
     /// when the page cannot be made): what the C ABI reads.
     pub fn slot(&self, device: CUdevice) -> Option<&'static DeviceSlot> {
-        self.base.slot(device)
+        self.accounting.slot(device)
     }
 
     /// Starts the background thread if it is not running.
@@ -270,10 +279,12 @@ impl<D: Driver> Engine<D> {
                 .any(|r| matches!(r.kind, accounting::records::Kind::Managed)),
             exported: self.table.iter().any(|r| r.exported),
         };
-        let empty_cache = || self.cache.trim_all(&self.base);
+        let empty_cache = || self.cache.trim_all(&self.accounting);
         f(&park::Parking {
+            driver: self.driver,
+            settings: self.settings,
             park: &self.park,
-            base: &self.base,
+            accounting: &self.accounting,
             records: &records,
             empty_cache: &empty_cache,
         })
@@ -283,8 +294,9 @@ impl<D: Driver> Engine<D> {
     /// its host memory's budget (the spill limit's).
     pub(in crate::engine) fn tiering(&self) -> tiered::Tiering<'_, D> {
         tiered::Tiering {
+            driver: self.driver,
             tiers: &self.tiers,
-            base: &self.base,
+            accounting: &self.accounting,
             host: self,
         }
     }
@@ -311,17 +323,17 @@ impl<D: Driver> Engine<D> {
     fn background_round(&'static self) {
         if self.park_round() {
             // Parked (or stuck): no CUDA work; the group stays alive.
-            self.base.group().tick();
+            self.accounting.group().tick();
             return;
         }
-        if self.base.capturing() {
+        if self.accounting.capturing() {
             // Frees from this thread could invalidate the capture: wait.
             return;
         }
-        let page = self.base.page().get(self.base.settings());
+        let page = self.accounting.page().get(self.settings);
         let mailbox = vramcap_core::mailbox::Mailbox::trim(&page.header);
         if let Some(asked) = mailbox.pending() {
-            let bytes = self.cache.trim_all(&self.base);
+            let bytes = self.cache.trim_all(&self.accounting);
             for s in page.slots.iter() {
                 if s.flags.load(Ordering::Relaxed) != 0 {
                     DeviceSlot::add(&s.trims, 1);
@@ -333,17 +345,17 @@ impl<D: Driver> Engine<D> {
         self.apply_limit_requests();
         self.follow_group_caps();
         self.cache
-            .release_idle(&self.base, self.base.settings().cache_idle);
-        self.spill.reap(&self.base);
+            .release_idle(&self.accounting, self.settings.cache_idle);
+        self.spill.reap(self.driver, &self.accounting);
         self.tier_round();
-        self.base.held_round();
-        self.base.group().tick();
+        self.accounting.held_round();
+        self.accounting.group().tick();
     }
 
     /// At normal exit: leave the group and remove the statistics page.
     pub fn at_exit(&self) {
-        self.base.group().leave();
-        self.base.page().remove_at_exit();
+        self.accounting.group().leave();
+        self.accounting.page().remove_at_exit();
     }
 
     /// In a child after fork, before anything else runs: close the
@@ -352,8 +364,8 @@ impl<D: Driver> Engine<D> {
     /// would hold the parent's memory allocated for the child's life). The
     /// engine is not used again.
     pub fn forget_after_fork(&self) {
-        self.base.page().forget_after_fork();
-        self.base.group().forget_after_fork();
+        self.accounting.page().forget_after_fork();
+        self.accounting.group().forget_after_fork();
         self.handles.close_kept_after_fork();
         self.exports.close_kept_after_fork();
     }

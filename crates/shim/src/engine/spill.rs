@@ -27,10 +27,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use vramcap_core::page::DeviceSlot;
+use vramcap_core::settings::Settings;
 use vramcap_core::settings::Spill as Mode;
 
-use crate::engine::accounting::base::Base;
 use crate::engine::accounting::records::{Kind, Place, Record};
+use crate::engine::accounting::state::Accounting;
 use crate::engine::driver::{Driver, Flavour};
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -47,6 +48,8 @@ struct Deferred {
 
 /// The process's spill state.
 pub struct HostSpill {
+    /// The settings, handed in once: the mode and the spill limit.
+    settings: &'static Settings,
     used: AtomicU64,
     limit: OnceLock<u64>,
     /// Deferred frees waiting (checked without the lock by every call that
@@ -56,8 +59,9 @@ pub struct HostSpill {
 }
 
 impl HostSpill {
-    pub fn new() -> HostSpill {
+    pub fn new(settings: &'static Settings) -> HostSpill {
         HostSpill {
+            settings,
             used: AtomicU64::new(0),
             limit: OnceLock::new(),
             pending: AtomicUsize::new(0),
@@ -70,7 +74,7 @@ impl HostSpill {
         self.deferred.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn limit<D: Driver>(&self, base: &Base<D>) -> u64 {
+    fn limit(&self) -> u64 {
         *self.limit.get_or_init(|| {
             // SAFETY: sysconf has no preconditions.
             let (pages, size) = unsafe {
@@ -80,19 +84,19 @@ impl HostSpill {
                 )
             };
             let host = (pages.max(0) as u64).saturating_mul(size.max(0) as u64);
-            let l = base.settings().spill_limit.resolve(host);
+            let l = self.settings.spill_limit.resolve(host);
             log_at!(
                 Info,
                 "spill: {} up to {l} bytes of host memory",
-                base.settings().spill.name()
+                self.settings.spill.name()
             );
             l
         })
     }
 
     /// Takes `bytes` of the spill limit; false when they do not fit.
-    pub(super) fn take<D: Driver>(&self, base: &Base<D>, bytes: u64) -> bool {
-        let limit = self.limit(base);
+    pub(super) fn take(&self, bytes: u64) -> bool {
+        let limit = self.limit();
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
                 u.checked_add(bytes).filter(|&n| n <= limit)
@@ -101,8 +105,8 @@ impl HostSpill {
     }
 
     /// What the spill limit still allows.
-    pub(super) fn room<D: Driver>(&self, base: &Base<D>) -> u64 {
-        self.limit(base)
+    pub(super) fn room(&self) -> u64 {
+        self.limit()
             .saturating_sub(self.used.load(Ordering::Acquire))
     }
 
@@ -114,25 +118,24 @@ impl HostSpill {
             });
     }
 
-    /// Places `bytes` past the cap of `device` in host memory, if spill is
-    /// on and the spill limit allows. Returns the device address and the
-    /// record to keep, or `None` to refuse as without spill. `soft`: placed
-    /// because the allocation would pass the soft limit (said in the log),
-    /// not the cap.
+    /// Places `bytes` past the cap of `device` in host memory (for context
+    /// `ctx`), if spill is on and the spill limit allows. Returns the
+    /// device address and the record to keep, or `None` to refuse as
+    /// without spill. `soft`: placed because the allocation would pass the
+    /// soft limit (said in the log), not the cap.
     pub fn place<D: Driver>(
         &self,
-        base: &Base<D>,
-        what: &str,
-        soft: bool,
-        device: CUdevice,
-        ctx: usize,
+        driver: &D,
+        accounting: &Accounting<D>,
+        (what, soft): (&str, bool),
+        (device, ctx): (CUdevice, usize),
         bytes: u64,
     ) -> Option<(CUdeviceptr, Record)> {
-        if base.settings().spill == Mode::Off || bytes == 0 {
+        if self.settings.spill == Mode::Off || bytes == 0 {
             return None;
         }
-        self.reap(base);
-        if !self.take(base, bytes) {
+        self.reap(driver, accounting);
+        if !self.take(bytes) {
             log_once!(
                 Warn,
                 "{what}: the spill limit (VRAMCAP_SPILL_LIMIT) is reached too; refusing"
@@ -141,15 +144,15 @@ impl HostSpill {
         }
         // Under tiered spill too: what tiered spill does not take (small,
         // pitched) is pinned host memory.
-        let placed = match base.driver().mem_host_alloc(
+        let placed = match driver.mem_host_alloc(
             bytes as usize,
             CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP,
         ) {
             Err(_) => None,
-            Ok(h) => match base.driver().mem_host_get_device_pointer(h) {
+            Ok(h) => match driver.mem_host_get_device_pointer(h) {
                 Ok(d) => Some((d, Kind::SpillHost(h as u64))),
                 Err(_) => {
-                    let _ = base.driver().mem_free_host(h);
+                    let _ = driver.mem_free_host(h);
                     None
                 }
             },
@@ -158,7 +161,7 @@ impl HostSpill {
             self.give_back(bytes);
             return None;
         };
-        if let Some(s) = base.slot(device) {
+        if let Some(s) = accounting.slot(device) {
             DeviceSlot::add(&s.spilled, bytes);
             DeviceSlot::add(&s.spill_allocs, 1);
             DeviceSlot::add(&s.allocs, 1);
@@ -168,13 +171,13 @@ impl HostSpill {
             log_once!(
                 Info,
                 "{what}: the soft limit of device {device} (VRAMCAP_SOFT_LIMIT) is reached; spilling to host memory ({})",
-                base.settings().spill.name()
+                self.settings.spill.name()
             );
         } else {
             log_once!(
                 Info,
                 "{what}: the cap of device {device} is reached; spilling to host memory ({})",
-                base.settings().spill.name()
+                self.settings.spill.name()
             );
         }
         log_at!(
@@ -194,39 +197,45 @@ impl HostSpill {
     }
 
     /// Releases a spilled allocation for real; returns the driver's result.
-    pub fn free<D: Driver>(&self, base: &Base<D>, ptr: CUdeviceptr, r: &Record) -> CUresult {
+    pub fn free<D: Driver>(
+        &self,
+        driver: &D,
+        accounting: &Accounting<D>,
+        ptr: CUdeviceptr,
+        r: &Record,
+    ) -> CUresult {
         let rc = match r.kind {
-            Kind::SpillHost(h) => base.driver().mem_free_host(h as usize),
+            Kind::SpillHost(h) => driver.mem_free_host(h as usize),
             Kind::TieredFreed { handle, .. } => {
-                let rc = base.driver().vmm_unmap(ptr, r.bytes);
+                let rc = driver.vmm_unmap(ptr, r.bytes);
                 if rc == CUDA_SUCCESS {
-                    let _ = base.driver().vmm_release(handle);
-                    let _ = base.driver().vmm_free_address(ptr, r.bytes);
+                    let _ = driver.vmm_release(handle);
+                    let _ = driver.vmm_free_address(ptr, r.bytes);
                 }
                 rc
             }
             // In its own context: the background thread, which frees
             // deferred stream-ordered frees, has none.
-            _ => base.free_in_ctx(ptr, r.ctx),
+            _ => accounting.free_in_ctx(ptr, r.ctx),
         };
         if rc == CUDA_SUCCESS {
-            self.forget(base, r);
+            self.forget(accounting, r);
         }
         rc
     }
 
     /// Settles the counters of a spilled allocation that is gone.
-    pub fn forget<D: Driver>(&self, base: &Base<D>, r: &Record) {
+    pub fn forget<D: Driver>(&self, accounting: &Accounting<D>, r: &Record) {
         if let Kind::TieredFreed {
             place: Place::Device,
             ..
         } = r.kind
         {
-            base.give_back(r.device, r.bytes);
+            accounting.give_back(r.device, r.bytes);
             return;
         }
         self.give_back(r.bytes);
-        if let Some(s) = base.slot(CUdevice::from(r.device)) {
+        if let Some(s) = accounting.slot(CUdevice::from(r.device)) {
             s.spilled.fetch_sub(r.bytes, Ordering::Relaxed);
             DeviceSlot::add(&s.frees, 1);
         }
@@ -236,19 +245,19 @@ impl HostSpill {
     /// starts the background thread, which reaps.
     pub fn free_when_reached<D: Driver>(
         &self,
-        base: &Base<D>,
+        driver: &D,
         ptr: CUdeviceptr,
         record: Record,
         stream: usize,
         flavour: Flavour,
     ) -> CUresult {
-        let event = match base.driver().event_create(CU_EVENT_DISABLE_TIMING) {
+        let event = match driver.event_create(CU_EVENT_DISABLE_TIMING) {
             Ok(e) => e,
             Err(rc) => return rc,
         };
-        let rc = base.driver().event_record(event, stream, flavour);
+        let rc = driver.event_record(event, stream, flavour);
         if rc != CUDA_SUCCESS {
-            let _ = base.driver().event_destroy(event);
+            let _ = driver.event_destroy(event);
             return rc;
         }
         self.list().push(Deferred { event, ptr, record });
@@ -257,7 +266,7 @@ impl HostSpill {
     }
 
     /// Frees the deferred spilled pointers whose streams have passed the free.
-    pub fn reap<D: Driver>(&self, base: &Base<D>) {
+    pub fn reap<D: Driver>(&self, driver: &D, accounting: &Accounting<D>) {
         if self.pending.load(Ordering::Acquire) == 0 {
             return;
         }
@@ -269,7 +278,7 @@ impl HostSpill {
         // recorded in a capture) keeps waiting. Nothing allocates while no
         // event has completed: the list goes back as it was.
         let ready: Vec<Deferred> = waiting
-            .extract_if(.., |d| base.driver().event_query(d.event) == CUDA_SUCCESS)
+            .extract_if(.., |d| driver.event_query(d.event) == CUDA_SUCCESS)
             .collect();
         if !waiting.is_empty() {
             let mut list = self.list();
@@ -281,11 +290,11 @@ impl HostSpill {
         }
         self.pending.fetch_sub(ready.len(), Ordering::AcqRel);
         for d in ready {
-            let _ = base.driver().event_destroy(d.event);
-            let rc = self.free(base, d.ptr, &d.record);
+            let _ = driver.event_destroy(d.event);
+            let rc = self.free(driver, accounting, d.ptr, &d.record);
             if rc != CUDA_SUCCESS {
                 log_once!(Warn, "a deferred free of spilled memory failed with {rc}");
-                self.forget(base, &d.record);
+                self.forget(accounting, &d.record);
             }
         }
     }

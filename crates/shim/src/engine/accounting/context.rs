@@ -8,8 +8,8 @@ use vramcap_core::MAX_DEVICES;
 use vramcap_core::page::{DeviceSlot, uuid_text};
 use vramcap_core::settings::{ContextCharge, Counting};
 
-use crate::engine::accounting::base::Base;
 use crate::engine::accounting::ledger::*;
+use crate::engine::accounting::state::Accounting;
 use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
@@ -33,7 +33,7 @@ impl Drop for Cleared<'_> {
     }
 }
 
-impl<D: Driver> Base<D> {
+impl<D: Driver> Accounting<D> {
     /// Whether the process has a context on `device`: the calling thread's
     /// current one, or the device's primary context. Before it has one,
     /// NVML does not list it and there is nothing to charge (the CUDA

@@ -20,7 +20,7 @@ use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::Counting;
 
-use crate::engine::accounting::base::Base;
+use crate::engine::accounting::state::Accounting;
 use std::ffi::c_int;
 
 use crate::engine::accounting::ledger::*;
@@ -28,7 +28,7 @@ use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::log_once;
 
-impl<D: Driver> Base<D> {
+impl<D: Driver> Accounting<D> {
     fn pool_attr(&self, pool: usize, attr: c_int) -> Option<u64> {
         self.driver.mem_pool_attribute(pool, attr).ok()
     }
@@ -320,7 +320,7 @@ impl<D: Driver> Base<D> {
         self.graphs_settle(device, 0)
     }
 
-    /// [`Base::graphs_refresh`], where `reserved` more bytes are in the
+    /// [`Accounting::graphs_refresh`], where `reserved` more bytes are in the
     /// budget for the device's graph memory (an upload's or launch's
     /// admission): they become part of the move, so the room they kept is
     /// never open to another allocation in between.

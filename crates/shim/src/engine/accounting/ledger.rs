@@ -1,7 +1,7 @@
 //! The engine's book of what a process holds beyond its allocations: the
 //! pools it allocates from with their charges, and the context
 //! measurement's state. The rules are in `held.rs`; this is the data, kept
-//! apart so that `base` can own it.
+//! apart so that `state` (the `Accounting`) can own it.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};

@@ -11,11 +11,10 @@
 //! - In a group the process's own budget is reserved first, then the
 //!   group's; a release goes the other way. A group only makes a cap
 //!   stricter.
-//! - The files of this folder hold the rest of the accounting: `base` (what
+//! - The files of this folder hold the rest of the accounting: `state` (what
 //!   every part stands on), `held` and `ledger`, `records`, `inflight`,
 //!   `page`, `group`, `exports`.
 
-pub(super) mod base;
 pub(super) mod context;
 pub(super) mod exports;
 pub(super) mod group;
@@ -24,6 +23,7 @@ pub(super) mod inflight;
 pub(super) mod ledger;
 pub(super) mod page;
 pub(super) mod records;
+pub(super) mod state;
 
 use std::sync::atomic::Ordering;
 
@@ -33,15 +33,15 @@ use vramcap_core::limit::{Amount, Gpu, LIMIT_VAR, LimitSpec};
 use vramcap_core::page::{DeviceSlot, uuid_text};
 use vramcap_core::settings::{ContextCharge, Counting};
 
-use crate::engine::accounting::base::Base;
 use crate::engine::accounting::ledger::{
     CONTEXT_AGAIN, EAGER_TRIES, NEAR_AGAIN, NEAR_CAP, mono_ns,
 };
+use crate::engine::accounting::state::Accounting;
 use crate::engine::driver::Driver;
 use crate::ffi::{CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUresult, CUuuid};
 use crate::log::{log_at, log_once};
 
-/// [`Base::keys`]: not checked yet, every key names a GPU, some do not.
+/// [`Accounting::keys`]: not checked yet, every key names a GPU, some do not.
 const KEYS_UNCHECKED: u8 = 0;
 const KEYS_MATCH: u8 = 1;
 const KEYS_UNMATCHED: u8 = 2;
@@ -58,7 +58,7 @@ pub struct Refusal {
 /// Free and total under one cap: total = min(cap, real total); free =
 /// min(real free + cached, cap − (held − cached), total): cached blocks
 /// are this process's to reuse. Without a cap only the cached bytes are
-/// added. [`Base::picture`] takes the stricter of the process's and the
+/// added. [`Accounting::picture`] takes the stricter of the process's and the
 /// group's.
 pub fn capped_info(total: u64, free: u64, limit: u64, held: u64, cached: u64) -> (u64, u64) {
     let mut f = free.saturating_add(cached).min(total);
@@ -79,7 +79,7 @@ fn cap_of(caps: &[std::sync::atomic::AtomicU64], device: CUdevice) -> u64 {
         .map_or(NO_CAP, |c| c.load(Ordering::Acquire))
 }
 
-impl<D: Driver> Base<D> {
+impl<D: Driver> Accounting<D> {
     /// The calling thread's current context and its device.
     pub fn current(&self) -> Option<(usize, CUdevice)> {
         let ctx = self.driver.ctx_get_current().ok().filter(|&c| c != 0)?;
@@ -201,7 +201,7 @@ impl<D: Driver> Base<D> {
         slot.budget.release(bytes)
     }
 
-    /// [`Base::release_on`] for a device by number, counting one free.
+    /// [`Accounting::release_on`] for a device by number, counting one free.
     pub fn give_back(&self, device: u16, bytes: u64) {
         if let Some(s) = self.slot(CUdevice::from(device)) {
             DeviceSlot::add(&s.frees, 1);
@@ -438,7 +438,7 @@ impl<D: Driver> Base<D> {
 
     /// Works out the cap of `device` in bytes ([`NO_CAP`] for none): the
     /// process's own `VRAMCAP_LIMIT`, made stricter by its group's (module
-    /// docs); records the group's in [`Base::group_caps`] and publishes the
+    /// docs); records the group's in [`Accounting::group_caps`] and publishes the
     /// UUID in the page. `None` when it cannot be worked out (the driver
     /// would not say how big the device is or what its UUID is, or the
     /// group cannot be used): callers then refuse, keeping the cap

@@ -37,7 +37,7 @@ impl<D: Driver> Engine<D> {
         real: impl FnMut() -> Result<Made, CUresult>,
         bytes: u64,
     ) -> Result<Made, CUresult> {
-        let target = self.base.current();
+        let target = self.accounting.current();
         self.capped_alloc("cuMemAlloc", bytes, Request::Plain, target, real, |_| bytes)
     }
 
@@ -55,7 +55,7 @@ impl<D: Driver> Engine<D> {
             height,
             elem: element_size,
         };
-        let target = self.base.current();
+        let target = self.accounting.current();
         self.capped_alloc(
             "cuMemAllocPitch",
             pitch_estimate(width, height),
@@ -74,7 +74,7 @@ impl<D: Driver> Engine<D> {
         real: impl FnMut() -> Result<Made, CUresult>,
         bytes: u64,
     ) -> Result<Made, CUresult> {
-        let target = self.base.current();
+        let target = self.accounting.current();
         let request = Request::Managed;
         self.capped_alloc("cuMemAllocManaged", bytes, request, target, real, |_| bytes)
     }

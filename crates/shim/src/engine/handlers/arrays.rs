@@ -85,7 +85,7 @@ impl<D: Driver> Engine<D> {
         if estimate == 0 {
             return passed(real());
         }
-        let Some((ctx, device)) = self.base.current() else {
+        let Some((ctx, device)) = self.accounting.current() else {
             return passed(real());
         };
         let _inflight = self.inflight.enter();
@@ -96,19 +96,21 @@ impl<D: Driver> Engine<D> {
         let h = match self.call_with_retry(device, estimate, real) {
             Ok(a) => a as usize,
             Err(rc) => {
-                self.base.release_on(slot, device, estimate);
+                self.accounting.release_on(slot, device, estimate);
                 return rc;
             }
         };
         let bytes = self
-            .base
-            .driver()
+            .driver
             .array_size(h, device, mipmapped)
             .ok()
             .filter(|&b| b > 0)
             .unwrap_or(estimate);
-        if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {
-            let _ = self.base.driver().array_destroy(h, mipmapped);
+        if let Err(rc) = self
+            .accounting
+            .settle(what, device, slot, limit, estimate, bytes)
+        {
+            let _ = self.driver.array_destroy(h, mipmapped);
             return rc;
         }
         DeviceSlot::add(&slot.allocs, 1);
@@ -138,7 +140,7 @@ impl<D: Driver> Engine<D> {
         let record = self.arrays.remove(&(h as u64)).map(|(_, o)| o);
         let rc = real();
         match record {
-            Some(o) if rc == CUDA_SUCCESS => self.base.give_back(o.device, o.bytes),
+            Some(o) if rc == CUDA_SUCCESS => self.accounting.give_back(o.device, o.bytes),
             Some(o) => {
                 self.arrays.insert(h as u64, o);
             }

@@ -23,7 +23,7 @@ impl<D: Driver> Engine<D> {
         if dptr == 0 {
             return real();
         }
-        self.spill.reap(&self.base);
+        self.spill.reap(self.driver, &self.accounting);
         let Some((_, r)) = self.table.remove(&dptr) else {
             return self.free_unknown(real, dptr);
         };
@@ -35,7 +35,7 @@ impl<D: Driver> Engine<D> {
             return rc;
         }
         if matches!(r.kind, Kind::SpillHost(_)) {
-            let rc = self.spill.free(&self.base, dptr, &r);
+            let rc = self.spill.free(self.driver, &self.accounting, dptr, &r);
             if rc != CUDA_SUCCESS {
                 self.table.insert(dptr, r);
             }
@@ -50,8 +50,8 @@ impl<D: Driver> Engine<D> {
                 ticket: 0,
                 freed_ns: 0,
             };
-            if self.cache.keep(&self.base, r.device, block) {
-                if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
+            if self.cache.keep(&self.accounting, r.device, block) {
+                if let Some(s) = self.accounting.slot(CUdevice::from(r.device)) {
                     DeviceSlot::add(&s.frees, 1);
                 }
                 self.start_worker(); // releases idle blocks
@@ -85,12 +85,12 @@ impl<D: Driver> Engine<D> {
     pub(in crate::engine) fn freed(&self, r: &Record) {
         match r.kind {
             Kind::Async(Some(serial)) => {
-                if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
+                if let Some(s) = self.accounting.slot(CUdevice::from(r.device)) {
                     DeviceSlot::add(&s.frees, 1);
                 }
-                self.base.pool_freed(serial);
+                self.accounting.pool_freed(serial);
             }
-            _ => self.base.give_back(r.device, r.bytes),
+            _ => self.accounting.give_back(r.device, r.bytes),
         }
     }
 

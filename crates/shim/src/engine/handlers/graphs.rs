@@ -29,11 +29,11 @@ impl<D: Driver> Engine<D> {
         let rc = real();
         if rc == CUDA_SUCCESS
             && self
-                .base
+                .accounting
                 .slot(dev)
                 .is_some_and(|s| s.budget.limit().is_some())
         {
-            self.base.graphs_refresh(dev);
+            self.accounting.graphs_refresh(dev);
         }
         rc
     }
@@ -53,8 +53,7 @@ impl<D: Driver> Engine<D> {
             return 0;
         }
         let spare = self
-            .base
-            .driver()
+            .driver
             .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
             .map_or(0, |used| reserved.saturating_sub(used));
         need.saturating_sub(spare)
@@ -78,18 +77,18 @@ impl<D: Driver> Engine<D> {
         }
         match self.try_reserve_evicting(device, expect) {
             Ok((slot, _)) => return Ok(Some(slot)),
-            Err(_) if !self.base.capture_in_progress() => {
-                let _ = self.base.driver().graph_mem_trim(device);
-                self.base.graphs_refresh(device);
+            Err(_) if !self.accounting.capture_in_progress() => {
+                let _ = self.driver.graph_mem_trim(device);
+                self.accounting.graphs_refresh(device);
             }
             Err(_) => {}
         }
         match self.try_reserve_evicting(device, expect) {
             Ok((slot, _)) => Ok(Some(slot)),
             Err(why) => {
-                if let (Some(s), Some(r)) = (self.base.slot(device), why) {
+                if let (Some(s), Some(r)) = (self.accounting.slot(device), why) {
                     DeviceSlot::add(&s.refusals, 1);
-                    self.base.refused(what, device, expect, r);
+                    self.accounting.refused(what, device, expect, r);
                 }
                 Err(CUDA_ERROR_OUT_OF_MEMORY)
             }
@@ -109,7 +108,7 @@ impl<D: Driver> Engine<D> {
         rc: CUresult,
     ) {
         let reserved = held.map_or(0, |(_, bytes)| bytes);
-        if let Some(after) = self.base.graphs_settle(device, reserved)
+        if let Some(after) = self.accounting.graphs_settle(device, reserved)
             && rc == CUDA_SUCCESS
             && after > before
         {
@@ -145,7 +144,7 @@ impl<D: Driver> Engine<D> {
     ) -> CUresult {
         // Tiered spill moves no block while a graph is being launched.
         let _open = self.tiers.enter();
-        if self.base.settings().counting != Counting::Held || exec.is_null() {
+        if self.settings.counting != Counting::Held || exec.is_null() {
             return real();
         }
         let Some((_, device)) = self.stream_target(stream as usize, flavour) else {
@@ -154,7 +153,7 @@ impl<D: Driver> Engine<D> {
         if self.limit_of(device).is_none() {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        let Some(before) = self.base.graphs_refresh(device) else {
+        let Some(before) = self.accounting.graphs_refresh(device) else {
             return real();
         };
         let key = exec as u64;
@@ -192,7 +191,7 @@ impl<D: Driver> Engine<D> {
 
     /// Notes the allocation nodes' bytes of the graph `exec` was made from.
     fn graph_sized(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
-        if rc != CUDA_SUCCESS || self.base.settings().counting != Counting::Held {
+        if rc != CUDA_SUCCESS || self.settings.counting != Counting::Held {
             return;
         }
         // SAFETY: on success the driver wrote the handle.
@@ -201,8 +200,7 @@ impl<D: Driver> Engine<D> {
         };
         self.graph_growth.remove(&exec);
         match self
-            .base
-            .driver()
+            .driver
             .graph_alloc_bytes(graph as usize, GRAPH_NODE_ROUND)
         {
             Some(b) if b > 0 => {
@@ -261,7 +259,7 @@ impl<D: Driver> Engine<D> {
             .filter(|p| p.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD != 0)
             .map(|p| p.upload_stream);
         let target = match upload {
-            Some(stream) if self.base.settings().counting == Counting::Held => {
+            Some(stream) if self.settings.counting == Counting::Held => {
                 self.stream_target(stream as usize, flavour)
             }
             _ => None,
@@ -274,19 +272,17 @@ impl<D: Driver> Engine<D> {
         if self.limit_of(device).is_none() {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        let Some(before) = self.base.graphs_refresh(device) else {
+        let Some(before) = self.accounting.graphs_refresh(device) else {
             let rc = real();
             self.graph_instantiated(rc, exec, graph);
             return rc;
         };
         let need = self
-            .base
-            .driver()
+            .driver
             .graph_alloc_bytes(graph as usize, GRAPH_NODE_ROUND)
             .unwrap_or(0);
         let spare = self
-            .base
-            .driver()
+            .driver
             .graph_mem_attribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
             .map_or(0, |used| before.saturating_sub(used));
         let expect = need
@@ -352,7 +348,7 @@ impl<D: Driver> Engine<D> {
     fn graph_updated(&self, rc: CUresult, exec: CUgraphExec, graph: CUgraph) {
         if rc == CUDA_SUCCESS && self.tiers.on() && !exec.is_null() {
             self.tiers
-                .graph_instantiated(self.base.driver(), exec as u64, graph as usize);
+                .graph_instantiated(self.driver, exec as u64, graph as usize);
         }
     }
 

@@ -30,7 +30,7 @@ impl<D: Driver> Engine<D> {
         // SAFETY: the launch function's contract.
         unsafe {
             self.tiers
-                .note_launch(self.base.driver(), func as usize, params, extra)
+                .note_launch(self.driver, func as usize, params, extra)
         };
         let _open = self.tiers.enter();
         real()

@@ -21,7 +21,7 @@ impl<D: Driver> Engine<D> {
     /// context (the real driver keeps them, checked on the H200; see
     /// `scripts/gpu/research/teardown.cu`), and their free gives the bytes back.
     fn forget_ctx(&self, ctx: usize) {
-        self.cache.forget_ctx(&self.base, ctx);
+        self.cache.forget_ctx(&self.accounting, ctx);
         self.tiers.forget_ctx(ctx);
         self.tiered_forget_ctx(ctx);
         let mut gone = Vec::new();
@@ -37,9 +37,10 @@ impl<D: Driver> Engine<D> {
             if r.kind == Kind::Tiered {
                 self.tier_release_orphaned(*p, r);
             } else if matches!(r.kind, Kind::SpillHost(_)) {
-                self.spill.forget(&self.base, r);
-            } else if let Some(s) = self.base.slot(CUdevice::from(r.device)) {
-                self.base.release_on(s, CUdevice::from(r.device), r.bytes);
+                self.spill.forget(&self.accounting, r);
+            } else if let Some(s) = self.accounting.slot(CUdevice::from(r.device)) {
+                self.accounting
+                    .release_on(s, CUdevice::from(r.device), r.bytes);
                 s.frees.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -53,7 +54,7 @@ impl<D: Driver> Engine<D> {
             }
         });
         for o in &arrays {
-            self.base.give_back(o.device, o.bytes);
+            self.accounting.give_back(o.device, o.bytes);
         }
         if !gone.is_empty() || !arrays.is_empty() {
             log_at!(
@@ -74,29 +75,30 @@ impl<D: Driver> Engine<D> {
         if ctx.is_null() {
             return real();
         }
-        self.cache.drain_ctx(&self.base, ctx as usize);
+        self.cache
+            .drain_ctx(self.driver, &self.accounting, ctx as usize);
         let no_round = self.tiers.no_round();
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.forget_ctx(ctx as usize);
             drop(no_round);
-            self.base.context_gone(None);
+            self.accounting.context_gone(None);
         }
         rc
     }
 
     /// The handle of `dev`'s primary context when it is active.
     fn active_primary(&self, dev: CUdevice) -> Option<usize> {
-        if !self.base.driver().primary_ctx_state(dev).ok()?.1 {
+        if !self.driver.primary_ctx_state(dev).ok()?.1 {
             return None;
         }
-        let ctx = self.base.driver().primary_ctx_retain(dev).ok()?;
-        let _ = self.base.driver().primary_ctx_release(dev);
+        let ctx = self.driver.primary_ctx_retain(dev).ok()?;
+        let _ = self.driver.primary_ctx_release(dev);
         Some(ctx)
     }
 
     fn still_active(&self, dev: CUdevice) -> bool {
-        !matches!(self.base.driver().primary_ctx_state(dev), Ok((_, false)))
+        !matches!(self.driver.primary_ctx_state(dev), Ok((_, false)))
     }
 
     /// `cuDevicePrimaryCtxRelease_v2` and `cuDevicePrimaryCtxReset_v2`,
@@ -110,7 +112,7 @@ impl<D: Driver> Engine<D> {
     ) -> CUresult {
         let primary = self.active_primary(dev);
         if let Some(ctx) = primary {
-            self.cache.drain_ctx(&self.base, ctx);
+            self.cache.drain_ctx(self.driver, &self.accounting, ctx);
         }
         let no_round = self.tiers.no_round();
         let rc = real();
@@ -119,7 +121,7 @@ impl<D: Driver> Engine<D> {
         {
             self.forget_ctx(ctx);
             drop(no_round);
-            self.base.context_gone(Some(dev));
+            self.accounting.context_gone(Some(dev));
         }
         rc
     }
@@ -224,12 +226,12 @@ impl<D: Driver> Engine<D> {
     /// waited for (blocks it made safe may now meet work on the new
     /// stream, which the legacy stream does not order).
     fn note_stream_flags(&self, flags: c_uint) {
-        if flags & CU_STREAM_NON_BLOCKING == 0 || self.base.nonblocking_streams() {
+        if flags & CU_STREAM_NON_BLOCKING == 0 || self.accounting.nonblocking_streams() {
             return;
         }
         let _only = self.cache.ordering_exclusive();
-        if !self.base.note_nonblocking_stream() {
-            self.cache.wait_for_orderings(&self.base);
+        if !self.accounting.note_nonblocking_stream() {
+            self.cache.wait_for_orderings(self.driver, &self.accounting);
             log_at!(
                 Info,
                 "the program asked for a non-blocking stream: from now on the freed-block cache waits for the GPU before reusing a block"
@@ -244,7 +246,7 @@ impl<D: Driver> Engine<D> {
     /// for captures and its record (`cache.rs`).
     fn began(&self, mut real: impl FnMut() -> CUresult) -> CUresult {
         let _no_ordering = self.cache.ordering_exclusive();
-        on_success(real(), || self.base.capture_began())
+        on_success(real(), || self.accounting.capture_began())
     }
 
     /// `cuStreamBeginCapture[_ptsz]` (CUDA 10.0).
@@ -293,16 +295,12 @@ impl<D: Driver> Engine<D> {
         _graph: *mut *mut c_void,
     ) -> CUresult {
         let rc = real();
-        let over = match self
-            .base
-            .driver()
-            .stream_is_capturing(stream as usize, flavour)
-        {
+        let over = match self.driver.stream_is_capturing(stream as usize, flavour) {
             Ok(status) => status == 0,
             Err(_) => rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
         };
         if over {
-            self.base.capture_ended();
+            self.accounting.capture_ended();
         }
         rc
     }

@@ -56,16 +56,16 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         own: impl FnOnce(u64) -> u64,
     ) -> Option<(u64, u64)> {
-        let s = self.base.slot(device)?;
+        let s = self.accounting.slot(device)?;
         let _one = self.inflight.changing();
         let old = s.budget.limit()?;
         // Never past the operator's cap, whoever asks; asked for more, the
         // file is read again (root may have raised it since).
-        let mut operator = self.base.operator_cap(device);
+        let mut operator = self.accounting.operator_cap(device);
         let asked = own(s.own.load(Ordering::Acquire));
         if asked > operator {
             operator = self.operator_cap_again(device).unwrap_or(operator);
-            self.base.set_operator_cap(s, device, operator);
+            self.accounting.set_operator_cap(s, device, operator);
         }
         let shown = |b: u64| {
             if b == NO_CAP {
@@ -83,7 +83,7 @@ impl<D: Driver> Engine<D> {
                 vramcap_core::settings::OPERATOR_LIMIT_PATH
             );
         }
-        let new = own.min(self.base.group_cap(device)).max(1);
+        let new = own.min(self.accounting.group_cap(device)).max(1);
         if new != NO_CAP {
             // Before the cap takes effect: from here on the loader's
             // guards (RTLD_DEEPBIND, dlmopen, another copy of the driver)
@@ -97,10 +97,11 @@ impl<D: Driver> Engine<D> {
         let total = s.total.load(Ordering::Relaxed);
         let base = if new == NO_CAP { total } else { new };
         self.cache
-            .set_bound(device as u16, self.base.settings().cache.resolve(base));
+            .set_bound(device as u16, self.settings.cache.resolve(base));
         let used = s.budget.used();
         if used > new {
-            self.cache.evict(&self.base, device as u16, used - new);
+            self.cache
+                .evict(&self.accounting, device as u16, used - new);
         }
         let used = s.budget.used();
         log_at!(
@@ -126,8 +127,8 @@ impl<D: Driver> Engine<D> {
         use vramcap_core::settings::{OPERATOR_LIMIT_PATH, read_operator_limit};
         match read_operator_limit(std::path::Path::new(OPERATOR_LIMIT_PATH)) {
             Ok(Some(spec)) => {
-                self.base
-                    .cap_from(&spec, device, self.base.driver().device_uuid(device))
+                self.accounting
+                    .cap_from(&spec, device, self.driver.device_uuid(device))
             }
             Ok(None) | Err(_) => {
                 log_once!(
@@ -142,7 +143,7 @@ impl<D: Driver> Engine<D> {
     /// The background thread's part: applies what `vramcap limit` asked
     /// for, then acknowledges (it asks only for devices in use).
     pub(in crate::engine) fn apply_limit_requests(&self) {
-        let page = self.base.page().get(self.base.settings());
+        let page = self.accounting.page().get(self.settings);
         let mailbox = Mailbox::limit(&page.header);
         let Some(asked) = mailbox.pending() else {
             return;
@@ -164,12 +165,12 @@ impl<D: Driver> Engine<D> {
     /// GPU (its own, made stricter by the group's new one). The group's
     /// budget itself follows at once: every reservation reads its limit.
     pub(in crate::engine) fn follow_group_caps(&self) {
-        if !self.base.group().configured() {
+        if !self.accounting.group().configured() {
             return;
         }
-        for (i, cap) in self.base.group_caps().iter().enumerate() {
+        for (i, cap) in self.accounting.group_caps().iter().enumerate() {
             let device = i as CUdevice;
-            let Some(now) = self.base.group().limit_now(device) else {
+            let Some(now) = self.accounting.group().limit_now(device) else {
                 continue;
             };
             if cap.swap(now, Ordering::AcqRel) != now {
@@ -190,7 +191,7 @@ impl<D: Driver> Engine<D> {
             return EINVAL;
         }
         let devices: Vec<CUdevice> = if device == -1 {
-            let page = self.base.page().get(self.base.settings());
+            let page = self.accounting.page().get(self.settings);
             (0..MAX_DEVICES)
                 .filter(|&i| page.slots[i].budget.limit().is_some())
                 .map(|i| i as CUdevice)
@@ -207,7 +208,7 @@ impl<D: Driver> Engine<D> {
         }
         // Checked for all before any changes.
         for &d in &devices {
-            let Some(s) = self.base.slot(d) else {
+            let Some(s) = self.accounting.slot(d) else {
                 return ENODEV;
             };
             let ceiling = s.ceiling.load(Ordering::Acquire);
@@ -229,12 +230,12 @@ impl<D: Driver> Engine<D> {
 impl<D: Driver> Engine<D> {
     /// Whether `device` is one the process sees.
     pub fn device_exists(&self, device: c_int) -> bool {
-        device >= 0 && self.base.driver().device_count().is_ok_and(|n| device < n)
+        device >= 0 && self.driver.device_count().is_ok_and(|n| device < n)
     }
 
     /// `vramcap_empty_cache`: every cached block back to the driver; the
     /// bytes released.
     pub fn empty_cache(&self) -> u64 {
-        self.cache.trim_all(&self.base)
+        self.cache.trim_all(&self.accounting)
     }
 }

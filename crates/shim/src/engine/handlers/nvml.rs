@@ -30,27 +30,28 @@ impl<D: Driver> Engine<D> {
     /// The boundary reads and writes the caller's structure
     /// (`boundary/queries.rs`).
     pub fn nvml_capped(&self, device: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64)> {
-        let uuid = self.base.driver().nvml_device_uuid(device as usize)?;
-        let page = self.base.page().get(self.base.settings());
+        let uuid = self.driver.nvml_device_uuid(device as usize)?;
+        let page = self.accounting.page().get(self.settings);
         for (i, s) in page.slots.iter().enumerate() {
             if s.flags.load(Ordering::Relaxed) == 0 {
                 continue;
             }
             if uuid_text(&s.uuid_bytes()).is_some_and(|u| u.eq_ignore_ascii_case(&uuid)) {
-                let limit = self.base.cap_in_force(s, i as i32)?;
-                return (limit != NO_CAP).then(|| self.base.picture(s, i as i32, total, free));
+                let limit = self.accounting.cap_in_force(s, i as i32)?;
+                return (limit != NO_CAP)
+                    .then(|| self.accounting.picture(s, i as i32, total, free));
             }
         }
         // CUDA not used on this device yet: work the cap out from the
         // process's own limit (a group is joined on first CUDA use only).
         // The stricter of VRAMCAP_LIMIT, NVIDIA_GPU_MEMORY_LIMIT and the
         // operator's cap, as `compute_limit` will make it.
-        let settings = self.base.settings();
+        let settings = self.settings;
         let specs = std::iter::once(&settings.limit).chain(settings.operator.as_ref());
         if settings.nvidia_limit.is_none() && specs.clone().all(|s| s.is_unlimited()) {
             return None;
         }
-        let index = self.base.driver().nvml_device_index(device as usize)?;
+        let index = self.driver.nvml_device_index(device as usize)?;
         let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         let ordinal = cuda_ordinal(index, &uuid, cvd.as_deref())?;
         let mut cap = settings.nvidia_limit.unwrap_or(NO_CAP);

@@ -38,19 +38,17 @@ impl<D: Driver> Engine<D> {
         stream: usize,
         flavour: Flavour,
     ) -> Option<(usize, CUdevice)> {
-        let (ctx, cur_dev) = self.base.current()?;
-        if self.base.capturing()
+        let (ctx, cur_dev) = self.accounting.current()?;
+        if self.accounting.capturing()
             && self
-                .base
-                .driver()
+                .driver
                 .stream_is_capturing(stream, flavour)
                 .is_ok_and(|status| status != 0)
         {
             return None;
         }
         let dev = self
-            .base
-            .driver()
+            .driver
             .stream_get_device(stream, flavour)
             .unwrap_or(cur_dev);
         Some((ctx, dev))
@@ -99,17 +97,21 @@ impl<D: Driver> Engine<D> {
         let target = self.stream_target(stream as usize, flavour);
         let bytes = size as u64;
         let through_pool = match target {
-            Some((_, dev)) if self.base.settings().counting == Counting::Held => {
-                pool.or_else(|| self.base.driver().device_mem_pool(dev).ok())
+            Some((_, dev)) if self.settings.counting == Counting::Held => {
+                pool.or_else(|| self.driver.device_mem_pool(dev).ok())
             }
             _ => None,
         };
         if let (Some(pool), Some((ctx, dev))) = (through_pool, target) {
-            if size == 0 || self.base.pool_exempt(pool) {
+            if size == 0 || self.accounting.pool_exempt(pool) {
                 // A pool of host memory holds nothing on any GPU.
                 return real();
             }
-            let device = self.base.held().pool_device(pool).unwrap_or(dev as u16);
+            let device = self
+                .accounting
+                .held()
+                .pool_device(pool)
+                .unwrap_or(dev as u16);
             if self.limit_of(CUdevice::from(device)).is_none() {
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
@@ -136,29 +138,29 @@ impl<D: Driver> Engine<D> {
     ) -> Option<Result<Made, CUresult>> {
         let dev = CUdevice::from(device);
         let _inflight = self.inflight.enter();
-        let mut claim = self.base.pool_claim(pool, device, bytes)?;
+        let mut claim = self.accounting.pool_claim(pool, device, bytes)?;
         let mut reserved = self.try_reserve_evicting(dev, claim.grow);
         if let Err(why) = reserved {
-            self.base.pool_settle(claim, false, false);
-            self.base.reclaim(dev);
-            claim = self.base.pool_claim(pool, device, bytes)?;
+            self.accounting.pool_settle(claim, false, false);
+            self.accounting.reclaim(dev);
+            claim = self.accounting.pool_claim(pool, device, bytes)?;
             reserved = self.try_reserve_evicting(dev, claim.grow);
             if reserved.is_err() {
-                self.base.pool_settle(claim, false, false);
+                self.accounting.pool_settle(claim, false, false);
                 return Some(self.spill_or_refuse(what, bytes, Request::Async, ctx, dev, why));
             }
         }
         let made = match self.call_with_retry(dev, bytes, real) {
             Ok(m) => m,
             Err(rc) => {
-                self.base.pool_settle(claim, false, true);
+                self.accounting.pool_settle(claim, false, true);
                 return Some(Err(rc));
             }
         };
-        self.base.pool_settle(claim, true, true);
+        self.accounting.pool_settle(claim, true, true);
         self.start_worker(); // sees the pool shrink at synchronisations
         let ptr = made.ptr;
-        if let Some(s) = self.base.slot(dev) {
+        if let Some(s) = self.accounting.slot(dev) {
             DeviceSlot::add(&s.allocs, 1);
         }
         self.insert(
@@ -208,7 +210,7 @@ impl<D: Driver> Engine<D> {
         if matches!(r.kind, Kind::SpillHost(_) | Kind::TieredFreed { .. }) {
             let rc = self
                 .spill
-                .free_when_reached(&self.base, dptr, r, stream as usize, flavour);
+                .free_when_reached(self.driver, dptr, r, stream as usize, flavour);
             if rc != CUDA_SUCCESS
                 && let Some(b) = tiered
             {
@@ -240,15 +242,15 @@ impl<D: Driver> Engine<D> {
             Ok(p) => p as usize,
             Err(rc) => return rc,
         };
-        if self.base.settings().counting != Counting::Held {
+        if self.settings.counting != Counting::Held {
             return CUDA_SUCCESS;
         }
         match u16::try_from(props.location.id) {
             Ok(dev) if props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE => {
-                self.base.held().created(p, dev, false)
+                self.accounting.held().created(p, dev, false)
             }
             // Host (and host NUMA) pools hold no GPU memory.
-            _ => self.base.held().created(p, 0, true),
+            _ => self.accounting.held().created(p, 0, true),
         }
         CUDA_SUCCESS
     }
@@ -260,15 +262,16 @@ impl<D: Driver> Engine<D> {
         mut real: impl FnMut() -> CUresult,
         pool: CUmemoryPool,
     ) -> CUresult {
-        if self.base.settings().counting != Counting::Held {
+        if self.settings.counting != Counting::Held {
             return real();
         }
         let reserved = self
-            .base
-            .driver()
+            .driver
             .mem_pool_attribute(pool as usize, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
             .ok();
-        on_success(real(), || self.base.pool_destroyed(pool as usize, reserved))
+        on_success(real(), || {
+            self.accounting.pool_destroyed(pool as usize, reserved)
+        })
     }
 
     /// `cuMemPoolTrimTo`: the pool's charge follows what it keeps.
@@ -278,7 +281,7 @@ impl<D: Driver> Engine<D> {
         pool: CUmemoryPool,
         _keep: usize,
     ) -> CUresult {
-        on_success(real(), || self.base.pool_refresh(pool as usize))
+        on_success(real(), || self.accounting.pool_refresh(pool as usize))
     }
 
     /// `cuMemPoolSetAttribute`: the pool's charge is read again.
@@ -289,6 +292,6 @@ impl<D: Driver> Engine<D> {
         _attr: c_int,
         _value: *mut c_void,
     ) -> CUresult {
-        on_success(real(), || self.base.pool_refresh(pool as usize))
+        on_success(real(), || self.accounting.pool_refresh(pool as usize))
     }
 }

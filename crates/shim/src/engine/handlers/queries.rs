@@ -15,17 +15,17 @@ impl<D: Driver> Engine<D> {
     /// out). The boundary reads and writes the caller's pointers
     /// (`boundary/queries.rs`).
     pub fn mem_info(&'static self, free: u64, total: u64) -> Option<(u64, u64)> {
-        let (_, device) = self.base.current()?;
-        let (Some(s), Some(_)) = (self.base.slot(device), self.limit_of(device)) else {
+        let (_, device) = self.accounting.current()?;
+        let (Some(s), Some(_)) = (self.accounting.slot(device), self.limit_of(device)) else {
             return None;
         };
         // What the pools and graphs hold may have shrunk at a synchronisation.
-        self.base.pools_refresh(Some(device as u16));
-        if let Some(limit) = self.base.cap_in_force(s, device) {
-            self.base.context_check(device, s, 0, limit);
+        self.accounting.pools_refresh(Some(device as u16));
+        if let Some(limit) = self.accounting.cap_in_force(s, device) {
+            self.accounting.context_check(device, s, 0, limit);
         }
-        self.base.graphs_refresh(device);
-        let (t, f) = self.base.picture(s, device, total, free);
+        self.accounting.graphs_refresh(device);
+        let (t, f) = self.accounting.picture(s, device, total, free);
         Some((f, t))
     }
 

@@ -57,20 +57,18 @@ impl<D: Driver> Engine<D> {
         let (slot, _) = match self.reserve("cuMemCreate", device, size as u64) {
             Ok(x) => x,
             Err(rc) => {
-                if self.base.settings().spill != vramcap_core::settings::Spill::Off
-                    && !self.tiers.on()
-                {
+                if self.settings.spill != vramcap_core::settings::Spill::Off && !self.tiers.on() {
                     log_once!(
                         Warn,
                         "cuMemCreate: VMM memory is not spilled by VRAMCAP_SPILL={} (it takes cudaMalloc memory only), so past the cap it is refused; VRAMCAP_SPILL=tiered spills it (PyTorch allocates this way with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
-                        self.base.settings().spill.name()
+                        self.settings.spill.name()
                     );
                 }
                 return rc;
             }
         };
         if let Err(rc) = self.call_with_retry(device, size as u64, || checked(real())) {
-            self.base.release_on(slot, device, size as u64);
+            self.accounting.release_on(slot, device, size as u64);
             return rc;
         }
         DeviceSlot::add(&slot.allocs, 1);
@@ -122,7 +120,7 @@ impl<D: Driver> Engine<D> {
             o.refs == 0
         });
         if let Some((_, o)) = gone {
-            self.base.give_back(o.device, o.bytes);
+            self.accounting.give_back(o.device, o.bytes);
         }
     }
 

@@ -29,7 +29,7 @@ impl<D: Driver> Engine<D> {
         size: u64,
         device: CUdevice,
     ) -> Option<CUresult> {
-        let g = self.tiers.granularity(self.base.driver(), device)?;
+        let g = self.tiers.granularity(self.driver, device)?;
         if !size.is_multiple_of(g) {
             return Some(CUDA_ERROR_INVALID_VALUE); // as the driver answers
         }
@@ -46,11 +46,7 @@ impl<D: Driver> Engine<D> {
             // SAFETY: the driver succeeded and wrote the handle.
             unsafe { *handle }
         } else {
-            match self
-                .base
-                .driver()
-                .vmm_create(size, location(Place::Host, device))
-            {
+            match self.driver.vmm_create(size, location(Place::Host, device)) {
                 Ok(h) => h,
                 Err(_) => {
                     self.tiering().unreserve(device, size, Place::Host);
@@ -139,7 +135,7 @@ impl<D: Driver> Engine<D> {
             Ok(x) => x,
             Err(rc) => return Some(rc),
         };
-        let ctx = match self.base.driver().ctx_get_current() {
+        let ctx = match self.driver.ctx_get_current() {
             Ok(c) if whole && c != 0 => Some(c),
             _ => None,
         };
@@ -147,9 +143,7 @@ impl<D: Driver> Engine<D> {
         let rc = self
             .with_physical(h, ctx.is_none(), |real, place| {
                 mapped = (real, place);
-                self.base
-                    .driver()
-                    .vmm_map_as(ptr, size, offset, real, flags)
+                self.driver.vmm_map_as(ptr, size, offset, real, flags)
             })
             .unwrap_or(CUDA_ERROR_INVALID_VALUE);
         if rc != CUDA_SUCCESS {
@@ -263,7 +257,7 @@ impl<D: Driver> Engine<D> {
 
     /// A handle released and unmapped everywhere: its memory and bytes go.
     fn handle_gone(&self, x: &Handle) {
-        let _ = self.base.driver().vmm_release(x.real);
+        let _ = self.driver.vmm_release(x.real);
         self.tiering().give_back_bytes(x.device, x.bytes, x.place);
     }
 
@@ -306,7 +300,7 @@ impl<D: Driver> Engine<D> {
     ) -> Option<CUresult> {
         let rc = self.with_physical(h, true, |real, _| {
             // SAFETY: the caller's contract.
-            unsafe { self.base.driver().vmm_export(shareable, real, kind, flags) }
+            unsafe { self.driver.vmm_export(shareable, real, kind, flags) }
         })?;
         if rc != CUDA_SUCCESS {
             log_once!(
@@ -353,7 +347,7 @@ impl<D: Driver> Engine<D> {
         };
         // SAFETY: the caller's contract; the driver wrote its handle there.
         let fresh = unsafe { std::mem::replace(&mut *handle, original) };
-        let _ = self.base.driver().vmm_release(fresh);
+        let _ = self.driver.vmm_release(fresh);
         log_at!(
             Debug,
             "cuMemImportFromShareableHandle: descriptor {fd} is this process's export of handle {original:#x}, which it answers"
@@ -380,7 +374,7 @@ impl<D: Driver> Engine<D> {
         let rc = self
             .with_physical(h, false, |physical, _| {
                 // SAFETY: the caller's contract.
-                unsafe { self.base.driver().vmm_properties(prop, physical) }
+                unsafe { self.driver.vmm_properties(prop, physical) }
             })
             .unwrap_or(CUDA_ERROR_INVALID_VALUE);
         if rc == CUDA_SUCCESS && !prop.is_null() {

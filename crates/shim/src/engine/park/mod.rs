@@ -4,7 +4,7 @@
 //! the program calls CUDA again ([`gate`](crate::process::gate)).
 //!
 //! - A part: [`Park`] is its state, [`Parking`] its methods, which see
-//!   that state and the accounting's foundation (`Base`: the driver, the
+//!   that state and the accounting's foundation (`Accounting`: the driver, the
 //!   settings, the page, the budgets) and nothing else of the engine; the
 //!   engine hands in what it needs of the other parts (what the records
 //!   hold, the cache's emptying) as [`Parking`]'s two closures
@@ -35,8 +35,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use vramcap_core::mailbox::{Mailbox, take_park};
 use vramcap_core::park::{Ask, Outcome, PARK_DEVICES, ParkMode};
 
-use crate::engine::accounting::base::Base;
+use vramcap_core::settings::Settings;
+
 use crate::engine::accounting::page::now_unix_ns;
+use crate::engine::accounting::state::Accounting;
 use crate::engine::driver::Driver;
 use crate::log::log_at;
 use crate::process::gate;
@@ -80,7 +82,9 @@ pub struct Live {
 /// the engine hands in of the other parts.
 pub struct Parking<'a, D: Driver> {
     pub park: &'a Park,
-    pub base: &'a Base<D>,
+    pub driver: &'a D,
+    pub settings: &'a Settings,
+    pub accounting: &'a Accounting<D>,
     /// What the records hold now (asked at each park request).
     pub records: &'a dyn Fn() -> Live,
     /// Empties the freed-block cache (at a park, once the gate is closed
@@ -114,8 +118,8 @@ impl<D: Driver> Parking<'_, D> {
     /// process is not running (parked, or stuck): the round then does no
     /// CUDA work.
     pub fn park_round(&self) -> bool {
-        let settings = self.base.settings();
-        let page = self.base.page().get(settings);
+        let settings = self.settings;
+        let page = self.accounting.page().get(settings);
         let h = &page.header;
         // A call in flight (a synchronisation, a waiting allocation) is
         // activity too: such a process is not idle.
@@ -155,13 +159,13 @@ impl<D: Driver> Parking<'_, D> {
     /// the shim (an allocation waiting for room counts), none waiting at the
     /// gate, and no driver call for T (this round's stamp is written).
     fn idle_now(&self) -> bool {
-        let Some(ParkMode::Idle(t)) = self.base.settings().park else {
+        let Some(ParkMode::Idle(t)) = self.settings.park else {
             return false;
         };
         if gate::INSIDE.load(Ordering::SeqCst) > 0 || gate::WAITERS.load(Ordering::SeqCst) > 0 {
             return false;
         }
-        let h = &self.base.page().get(self.base.settings()).header;
+        let h = &self.accounting.page().get(self.settings).header;
         h.idle_ns(now_unix_ns()) >= t.as_nanos() as u64
     }
 
@@ -178,7 +182,7 @@ impl<D: Driver> Parking<'_, D> {
             Some(why) => why,
             // Measured before the lock, in this running process: a driver
             // without the checkpoint API is told as such first.
-            None if !self.base.driver().has_checkpoint_api() => Outcome::NoCheckpointApi,
+            None if !self.driver.has_checkpoint_api() => Outcome::NoCheckpointApi,
             None => match self.unmeasured() {
                 Some(d) => Outcome::Unmeasured(d as u32),
                 None => self.checkpoint_and_release(),
@@ -211,9 +215,9 @@ impl<D: Driver> Parking<'_, D> {
             Err(o @ Outcome::NoRoom(d)) => {
                 if transparent && !self.park.said_waiting.swap(true, Ordering::Relaxed) {
                     let since = self
-                        .base
+                        .accounting
                         .page()
-                        .get(self.base.settings())
+                        .get(self.settings)
                         .header
                         .parked_since
                         .load(Ordering::Relaxed);

@@ -132,7 +132,7 @@ impl<D: Driver> Parking<'_, D> {
     /// parked (or room for `bytes` came while waiting) and the reservation
     /// should be tried again.
     pub(in crate::engine) fn park_for_room(&self, device: CUdevice, need: u64, bytes: u64) -> bool {
-        let settings = self.base.settings();
+        let settings = self.settings;
         let Some(group) = settings
             .group
             .as_deref()
@@ -158,8 +158,8 @@ impl<D: Driver> Parking<'_, D> {
             }
             std::thread::sleep(TICK);
             let room = match (
-                self.base.group().used(device),
-                self.base.group().limit_now(device),
+                self.accounting.group().used(device),
+                self.accounting.group().limit_now(device),
             ) {
                 (Some(u), Some(l)) => u.saturating_add(bytes) <= l,
                 _ => false,
@@ -183,17 +183,17 @@ impl<D: Driver> Parking<'_, D> {
         bytes: u64,
         mut alloc: impl FnMut() -> Result<T, CUresult>,
     ) -> Result<T, CUresult> {
-        if !self.base.settings().asks_to_park() {
+        if !self.settings.asks_to_park() {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         let Some(uuid) = self.gpu_of(device) else {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
-        let wait = self.base.settings().park_wait;
+        let wait = self.settings.park_wait;
         let start = Instant::now();
         let mut said = false;
         loop {
-            let free = self.base.driver().current_free();
+            let free = self.driver.current_free();
             if free.is_some_and(|f| f >= bytes) {
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
@@ -222,7 +222,7 @@ impl<D: Driver> Parking<'_, D> {
     /// The UUID of `device` as this process's page records it (set at its
     /// first use), if known.
     pub(super) fn gpu_of(&self, device: CUdevice) -> Option<[u8; 16]> {
-        let uuid = self.base.slot(device)?.uuid_bytes();
+        let uuid = self.accounting.slot(device)?.uuid_bytes();
         (uuid != [0; 16]).then_some(uuid)
     }
 
@@ -245,8 +245,7 @@ impl<D: Driver> Parking<'_, D> {
             return false;
         };
         let most = self
-            .base
-            .driver()
+            .driver
             .device_total_mem(device)
             .unwrap_or(MOST_ON_A_GPU);
         let start = Instant::now();
@@ -283,7 +282,7 @@ impl<D: Driver> Parking<'_, D> {
         among: Among<'_>,
         device: CUdevice,
     ) -> Option<(u32, (std::fs::File, u64))> {
-        let settings = self.base.settings();
+        let settings = self.settings;
         // SAFETY: getpid cannot fail.
         let me = unsafe { libc::getpid() } as u32;
         let dir = settings

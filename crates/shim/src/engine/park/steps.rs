@@ -32,7 +32,7 @@ const REMEASURE_NS: u64 = 1_000_000_000;
 impl<D: Driver> Parking<'_, D> {
     /// Sets the state, on the gate and on the page.
     fn park_set(&self, state: ParkState) {
-        let page = self.base.page().get(self.base.settings());
+        let page = self.accounting.page().get(self.settings);
         page.header
             .park_state
             .store(state as u64, Ordering::Release);
@@ -58,12 +58,12 @@ impl<D: Driver> Parking<'_, D> {
         {
             return Some(Outcome::Nccl);
         }
-        if self.base.capturing() {
+        if self.accounting.capturing() {
             return Some(Outcome::Capture);
         }
         // Tiered spill's moves run on this same thread, between rounds:
         // none is in flight here (Outcome::TieredMoving is never needed).
-        let page = self.base.page().get(self.base.settings());
+        let page = self.accounting.page().get(self.settings);
         for (d, s) in page.slots.iter().enumerate().skip(PARK_DEVICES) {
             if s.budget.used() > 0 {
                 return Some(Outcome::TooManyDevices(d as u32));
@@ -76,14 +76,14 @@ impl<D: Driver> Parking<'_, D> {
     /// be measured now (nvidia-smi missing, or not listing it): parked, the
     /// process could never be let resume (design item 5b).
     pub(super) fn unmeasured(&self) -> Option<usize> {
-        let page = self.base.page().get(self.base.settings());
+        let page = self.accounting.page().get(self.settings);
         let held: Vec<usize> = (0..PARK_DEVICES)
             .filter(|&d| page.slots[d].budget.used() > 0)
             .collect();
         if held.is_empty() {
             return None;
         }
-        let Ok(free) = self.base.driver().gpu_free() else {
+        let Ok(free) = self.driver.gpu_free() else {
             return held.first().copied();
         };
         held.into_iter()
@@ -92,14 +92,14 @@ impl<D: Driver> Parking<'_, D> {
 
     /// How many GPUs the process holds memory on now.
     fn devices_in_use(&self) -> usize {
-        let page = self.base.page().get(self.base.settings());
+        let page = self.accounting.page().get(self.settings);
         page.slots.iter().filter(|s| s.budget.used() > 0).count()
     }
 
     /// Closes the gate, waits for the calls in flight, empties the cache,
     /// locks and checkpoints, then releases the ledgers (module docs).
     pub(super) fn checkpoint_and_release(&self) -> Outcome {
-        let driver = self.base.driver();
+        let driver = self.driver;
         self.park_set(ParkState::Parking);
         let start = Instant::now();
         while gate::INSIDE.load(Ordering::SeqCst) != 0 {
@@ -132,10 +132,10 @@ impl<D: Driver> Parking<'_, D> {
             }
         }
         let driver_s = driver_start.elapsed().as_secs_f64();
-        let page = self.base.page().get(self.base.settings());
+        let page = self.accounting.page().get(self.settings);
         let mut total = 0;
         for d in 0..PARK_DEVICES {
-            let Some(s) = self.base.slot(d as CUdevice) else {
+            let Some(s) = self.accounting.slot(d as CUdevice) else {
                 continue;
             };
             let used = s.budget.used();
@@ -143,8 +143,8 @@ impl<D: Driver> Parking<'_, D> {
                 continue;
             }
             self.park.parked[d].store(used, Ordering::Relaxed);
-            self.base.release_on(s, d as CUdevice, used);
-            self.base.forget_owed(d as CUdevice);
+            self.accounting.release_on(s, d as CUdevice, used);
+            self.accounting.forget_owed(d as CUdevice);
             page.header.parked[d].store(used, Ordering::Release);
             total += used;
         }
@@ -181,7 +181,7 @@ impl<D: Driver> Parking<'_, D> {
                     let bytes = self.park.parked[d].load(Ordering::Relaxed);
                     let need = r.used.saturating_add(bytes).saturating_sub(r.limit);
                     tries += 1;
-                    let group = self.base.settings().group.as_deref();
+                    let group = self.settings.group.as_deref();
                     if !(keep
                         && r.group
                         && tries <= POLICY_TRIES
@@ -222,7 +222,7 @@ impl<D: Driver> Parking<'_, D> {
             return Err(Outcome::NoRoom(d as u32));
         }
         self.park_set(ParkState::Resuming);
-        let driver = self.base.driver();
+        let driver = self.driver;
         let driver_start = Instant::now();
         for step in [Checkpoint::Restore, Checkpoint::Unlock] {
             match driver.checkpoint(step) {
@@ -240,7 +240,7 @@ impl<D: Driver> Parking<'_, D> {
             }
         }
         let driver_s = driver_start.elapsed().as_secs_f64();
-        let page = self.base.page().get(self.base.settings());
+        let page = self.accounting.page().get(self.settings);
         for d in 0..PARK_DEVICES {
             self.park.parked[d].store(0, Ordering::Relaxed);
             page.header.parked[d].store(0, Ordering::Release);
@@ -269,11 +269,11 @@ impl<D: Driver> Parking<'_, D> {
     fn reserve_parked(&self) -> Result<(), (usize, Refusal)> {
         for d in 0..PARK_DEVICES {
             let bytes = self.park.parked[d].load(Ordering::Relaxed);
-            let Some(s) = self.base.slot(d as CUdevice).filter(|_| bytes > 0) else {
+            let Some(s) = self.accounting.slot(d as CUdevice).filter(|_| bytes > 0) else {
                 continue;
             };
             let limit = s.budget.limit().unwrap_or(NO_CAP);
-            match self.base.reserve_on(s, d as CUdevice, bytes, limit) {
+            match self.accounting.reserve_on(s, d as CUdevice, bytes, limit) {
                 Ok(()) => {}
                 // The parked bytes alone are over a cap lowered meanwhile:
                 // no wait makes that room. The process takes back what it
@@ -281,7 +281,7 @@ impl<D: Driver> Parking<'_, D> {
                 // when its cap is lowered; new allocations are refused.
                 Err(r)
                     if bytes > self.limit_now(d as CUdevice, r)
-                        && self.base.reserve_over(s, d as CUdevice, bytes) =>
+                        && self.accounting.reserve_over(s, d as CUdevice, bytes) =>
                 {
                     log_at!(
                         Warn,
@@ -303,7 +303,7 @@ impl<D: Driver> Parking<'_, D> {
     /// file (a member follows a changed group limit only while running).
     fn limit_now(&self, device: CUdevice, r: Refusal) -> u64 {
         match r.group {
-            true => self.base.group().limit_now(device).unwrap_or(r.limit),
+            true => self.accounting.group().limit_now(device).unwrap_or(r.limit),
             false => r.limit,
         }
     }
@@ -312,8 +312,8 @@ impl<D: Driver> Parking<'_, D> {
     fn unreserve(&self, upto: usize) {
         for d in 0..upto {
             let bytes = self.park.parked[d].load(Ordering::Relaxed);
-            if let Some(s) = self.base.slot(d as CUdevice).filter(|_| bytes > 0) {
-                self.base.release_on(s, d as CUdevice, bytes);
+            if let Some(s) = self.accounting.slot(d as CUdevice).filter(|_| bytes > 0) {
+                self.accounting.release_on(s, d as CUdevice, bytes);
             }
         }
     }
@@ -323,7 +323,7 @@ impl<D: Driver> Parking<'_, D> {
     /// less than its parked bytes and a margin; a device that cannot be
     /// measured counts as short.
     fn short_of_room(&self) -> Option<usize> {
-        let page = self.base.page().get(self.base.settings());
+        let page = self.accounting.page().get(self.settings);
         let parked: Vec<usize> = (0..PARK_DEVICES)
             .filter(|&d| self.park.parked[d].load(Ordering::Relaxed) > 0)
             .collect();
@@ -344,7 +344,7 @@ impl<D: Driver> Parking<'_, D> {
 
     /// [`Self::short_of_room`]'s measure, of the devices `parked`.
     fn measure_short(&self, page: &Page, parked: Vec<usize>) -> Option<usize> {
-        let free = match self.base.driver().gpu_free() {
+        let free = match self.driver.gpu_free() {
             Ok(f) => f,
             Err(why) => {
                 log_once!(

@@ -90,30 +90,30 @@ impl<D: Driver> Engine<D> {
         &'static self,
         device: CUdevice,
     ) -> Option<(&'static DeviceSlot, u64)> {
-        if !self.base.limit_keys_match() {
+        if !self.accounting.limit_keys_match() {
             return None;
         }
-        let s = self.base.slot(device)?;
-        if let Some(l) = self.base.cap_in_force(s, device) {
+        let s = self.accounting.slot(device)?;
+        if let Some(l) = self.accounting.cap_in_force(s, device) {
             return Some((s, l));
         }
-        let l = self.base.compute_limit(device, s);
-        if self.base.group().configured() {
+        let l = self.accounting.compute_limit(device, s);
+        if self.accounting.group().configured() {
             // Reclaims dead members, even when this device could not be
             // attached to the group (its allocations are refused then).
             self.start_worker();
         }
         let l = l?;
-        let total = self.base.driver().device_total_mem(device).unwrap_or(0);
+        let total = self.driver.device_total_mem(device).unwrap_or(0);
         s.total.store(total, Ordering::Relaxed);
         s.budget.set_limit(l);
         s.mark_active();
         let base = if l == NO_CAP { total } else { l };
         self.cache
-            .set_bound(device as u16, self.base.settings().cache.resolve(base));
-        if self.base.settings().counting == Counting::Held {
+            .set_bound(device as u16, self.settings.cache.resolve(base));
+        if self.settings.counting == Counting::Held {
             // The background thread keeps the context's figure current.
-            self.base.context_measure(device);
+            self.accounting.context_measure(device);
         }
         // It also answers `vramcap limit` (which asks only for devices in
         // use, so nothing can be pending for this one yet).
@@ -123,13 +123,13 @@ impl<D: Driver> Engine<D> {
 
     /// Reserves `estimate` bytes on `device`, releasing cached blocks of the
     /// device when the cap would refuse, then what pools retain
-    /// ([`Base::reclaim`](crate::engine::accounting::base::Base::reclaim)).
+    /// ([`Accounting::reclaim`](crate::engine::accounting::state::Accounting::reclaim)).
     pub(in crate::engine) fn try_reserve_evicting(
         &'static self,
         device: CUdevice,
         estimate: u64,
     ) -> Result<(&'static DeviceSlot, u64), Option<Refusal>> {
-        if self.base.slot(device).is_none() {
+        if self.accounting.slot(device).is_none() {
             log_once!(
                 Error,
                 "device {device} is beyond the {} devices vramcap tracks; refusing its allocations",
@@ -155,27 +155,27 @@ impl<D: Driver> Engine<D> {
         // The cap word as it is now (one load): a change made since the
         // call began (`vramcap limit`, the program, the group) counts here
         // as it did when the cap was worked out again at this step.
-        let limit = self.base.cap_in_force(slot, device).unwrap_or(limit);
-        self.base.context_check(device, slot, estimate, limit);
+        let limit = self.accounting.cap_in_force(slot, device).unwrap_or(limit);
+        self.accounting.context_check(device, slot, estimate, limit);
         let mut reclaimed = false;
         // Rounds of parking's policy this call may take: a member that
         // says it parked but made no room (a forged page, a race) costs
         // a bounded number of tries, never a loop.
         let mut rounds = POLICY_ROUNDS;
         loop {
-            match self.base.reserve_on(slot, device, estimate, limit) {
+            match self.accounting.reserve_on(slot, device, estimate, limit) {
                 Ok(()) => {
                     self.past_soft(slot, device, estimate);
                     return Ok((slot, limit));
                 }
                 Err(r) => {
                     let need = r.used.saturating_add(estimate).saturating_sub(r.limit);
-                    if self.cache.evict(&self.base, device as u16, need) > 0 {
+                    if self.cache.evict(&self.accounting, device as u16, need) > 0 {
                         continue;
                     }
                     // Once per call: pools trimmed as a synchronisation
                     // would, pools, graphs and the context read again.
-                    if reclaimed || self.base.reclaim(device) == 0 {
+                    if reclaimed || self.accounting.reclaim(device) == 0 {
                         // Parking's policy: an idle group member parked
                         // makes room (`park/policy.rs`).
                         if r.group
@@ -209,14 +209,15 @@ impl<D: Driver> Engine<D> {
             log_once!(
                 Info,
                 "device {device}: above the soft limit of {soft} bytes (VRAMCAP_SOFT_LIMIT): the cache gives back what passes it{}",
-                if self.base.settings().spill == vramcap_core::settings::Spill::Off {
+                if self.settings.spill == vramcap_core::settings::Spill::Off {
                     ""
                 } else {
                     ", and allocations past it spill"
                 }
             );
         }
-        self.cache.evict(&self.base, device as u16, used - soft);
+        self.cache
+            .evict(&self.accounting, device as u16, used - soft);
     }
 
     /// Counts and logs a refusal; the out-of-memory code to return.
@@ -227,9 +228,9 @@ impl<D: Driver> Engine<D> {
         bytes: u64,
         why: Option<Refusal>,
     ) -> CUresult {
-        if let (Some(s), Some(r)) = (self.base.slot(device), why) {
+        if let (Some(s), Some(r)) = (self.accounting.slot(device), why) {
             DeviceSlot::add(&s.refusals, 1);
-            self.base.refused(what, device, bytes, r);
+            self.accounting.refused(what, device, bytes, r);
         }
         CUDA_ERROR_OUT_OF_MEMORY
     }
@@ -259,7 +260,7 @@ impl<D: Driver> Engine<D> {
     ) -> Result<T, CUresult> {
         match alloc() {
             Err(CUDA_ERROR_OUT_OF_MEMORY) => {
-                if self.cache.evict(&self.base, device as u16, u64::MAX) > 0
+                if self.cache.evict(&self.accounting, device as u16, u64::MAX) > 0
                     && let Some(r) = unless_oom(alloc())
                 {
                     return r;
@@ -318,7 +319,10 @@ impl<D: Driver> Engine<D> {
             Request::Managed | Request::Async => None,
         };
         if let Some(want) = want.filter(|_| self.cache.caching(dev16)) {
-            if let Some(b) = self.cache.reuse(&self.base, dev16, ctx, want) {
+            if let Some(b) = self
+                .cache
+                .reuse(self.driver, &self.accounting, dev16, ctx, want)
+            {
                 let pitch = match (request, b.shape) {
                     (Request::Pitch { .. }, Shape::Pitch { pitch, .. }) => pitch,
                     _ => 0,
@@ -362,14 +366,17 @@ impl<D: Driver> Engine<D> {
         let made = match self.call_with_retry(device, estimate, alloc) {
             Ok(m) => m,
             Err(rc) => {
-                self.base.release_on(slot, device, estimate);
+                self.accounting.release_on(slot, device, estimate);
                 return Err(rc);
             }
         };
         let ptr = made.ptr;
         let bytes = actual(made);
-        if let Err(rc) = self.base.settle(what, device, slot, limit, estimate, bytes) {
-            let _ = self.base.driver().mem_free(ptr);
+        if let Err(rc) = self
+            .accounting
+            .settle(what, device, slot, limit, estimate, bytes)
+        {
+            let _ = self.driver.mem_free(ptr);
             return Err(rc);
         }
         DeviceSlot::add(&slot.allocs, 1);
@@ -422,10 +429,7 @@ impl<D: Driver> Engine<D> {
             _ => estimate,
         };
         let managed = matches!(request, Request::Managed);
-        if managed
-            && why.is_some()
-            && self.base.settings().spill != vramcap_core::settings::Spill::Off
-        {
+        if managed && why.is_some() && self.settings.spill != vramcap_core::settings::Spill::Off {
             // Managed memory in host memory is memory the program could
             // move onto the GPU past the cap (docs/design/spill-modes.md).
             log_once!(
@@ -435,9 +439,13 @@ impl<D: Driver> Engine<D> {
         }
         if why.is_some()
             && !managed
-            && let Some((ptr, record)) = self
-                .spill
-                .place(&self.base, what, false, device, ctx, bytes)
+            && let Some((ptr, record)) = self.spill.place(
+                self.driver,
+                &self.accounting,
+                (what, false),
+                (device, ctx),
+                bytes,
+            )
         {
             let pitch = match request {
                 Request::Pitch { width, .. } => width.next_multiple_of(512),
@@ -456,11 +464,11 @@ impl<D: Driver> Engine<D> {
             if stale.kind == Kind::Tiered {
                 self.tier_drop_stale(ptr, &stale);
             } else if matches!(stale.kind, Kind::SpillHost(_)) {
-                self.spill.forget(&self.base, &stale);
+                self.spill.forget(&self.accounting, &stale);
             } else if let Kind::Async(Some(serial)) = stale.kind {
-                self.base.pool_freed(serial);
-            } else if let Some(s) = self.base.slot(CUdevice::from(stale.device)) {
-                self.base
+                self.accounting.pool_freed(serial);
+            } else if let Some(s) = self.accounting.slot(CUdevice::from(stale.device)) {
+                self.accounting
                     .release_on(s, CUdevice::from(stale.device), stale.bytes);
             }
             log_once!(
@@ -482,19 +490,23 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
     ) -> Option<Result<Made, CUresult>> {
         // Managed memory is never spilled (docs/design/spill-modes.md).
-        if self.base.settings().spill == vramcap_core::settings::Spill::Off
+        if self.settings.spill == vramcap_core::settings::Spill::Off
             || matches!(request, Request::Pitch { .. } | Request::Managed)
         {
             return None;
         }
-        let slot = self.base.slot(device)?;
+        let slot = self.accounting.slot(device)?;
         let soft = slot.soft.load(std::sync::atomic::Ordering::Relaxed);
         if soft == 0 || slot.budget.used().saturating_add(estimate) <= soft {
             return None;
         }
-        let (ptr, record) = self
-            .spill
-            .place(&self.base, what, true, device, ctx, estimate)?;
+        let (ptr, record) = self.spill.place(
+            self.driver,
+            &self.accounting,
+            (what, true),
+            (device, ctx),
+            estimate,
+        )?;
         self.insert(ptr, record);
         Some(Ok(Made::at(ptr)))
     }

@@ -27,7 +27,7 @@ impl<D: Driver> Engine<D> {
         ctx: usize,
         device: CUdevice,
     ) -> Option<Result<Made, CUresult>> {
-        let g = self.tiers.granularity(self.base.driver(), device)?;
+        let g = self.tiers.granularity(self.driver, device)?;
         if bytes < g {
             return None;
         }
@@ -38,17 +38,17 @@ impl<D: Driver> Engine<D> {
             Ok(place) => place,
             Err(rc) => return Some(Err(rc)),
         };
-        let ptr = match self.base.driver().vmm_reserve(size) {
+        let ptr = match self.driver.vmm_reserve(size) {
             Ok(p) => p,
             Err(rc) => {
                 self.tiering().unreserve(device, size, place);
                 return Some(Err(rc));
             }
         };
-        let handle = match make_mapped(self.base.driver(), ptr, size, place, device) {
+        let handle = match make_mapped(self.driver, ptr, size, place, device) {
             Ok(h) => h,
             Err(rc) => {
-                let _ = self.base.driver().vmm_free_address(ptr, size);
+                let _ = self.driver.vmm_free_address(ptr, size);
                 self.tiering().unreserve(device, size, place);
                 return Some(Err(
                     if rc == CUDA_ERROR_OUT_OF_MEMORY || place == Place::Host {
@@ -102,7 +102,7 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         size: u64,
     ) -> Result<Place, CUresult> {
-        let soft = self.base.slot(device).map_or(0, |s| {
+        let soft = self.accounting.slot(device).map_or(0, |s| {
             let soft = s.soft.load(Ordering::Relaxed);
             if soft > 0 && s.budget.used().saturating_add(size) > soft {
                 soft
@@ -112,7 +112,7 @@ impl<D: Driver> Engine<D> {
         });
         let reserved = if soft > 0 && HostRoom::room(self) >= size {
             Err(Some(crate::engine::accounting::Refusal {
-                used: self.base.slot(device).map_or(0, |s| s.budget.used()),
+                used: self.accounting.slot(device).map_or(0, |s| s.budget.used()),
                 limit: soft,
                 group: false,
             }))
@@ -131,9 +131,9 @@ impl<D: Driver> Engine<D> {
             Warn,
             "{what}: the spill limit (VRAMCAP_SPILL_LIMIT) is reached too; refusing"
         );
-        if let Some(s) = self.base.slot(device) {
+        if let Some(s) = self.accounting.slot(device) {
             DeviceSlot::add(&s.refusals, 1);
-            self.base.refused(what, device, size, why);
+            self.accounting.refused(what, device, size, why);
         }
         Err(CUDA_ERROR_OUT_OF_MEMORY)
     }
@@ -152,7 +152,7 @@ impl<D: Driver> Engine<D> {
     pub(in crate::engine) fn tier_release_orphaned(&self, ptr: u64, r: &Record) {
         match self.tiers.detach(ptr) {
             Some(b) => {
-                b.release_vmm(self.base.driver());
+                b.release_vmm(self.driver);
                 self.tiering().give_back(r, b.place());
             }
             None => self.tiering().give_back(r, Place::Device),
@@ -172,13 +172,13 @@ impl<D: Driver> Engine<D> {
             self.tiering().give_back(r, Place::Device);
             return CUDA_SUCCESS;
         };
-        if self.base.capture_in_progress() {
+        if self.accounting.capture_in_progress() {
             self.tiers.defer_free(b, *r);
             self.start_worker();
             return CUDA_SUCCESS;
         }
         let _ = self.tiering().sync_ctx(b.ctx);
-        let rc = b.release_vmm(self.base.driver());
+        let rc = b.release_vmm(self.driver);
         if rc != CUDA_SUCCESS {
             self.tiers.reattach(b);
             return rc;

@@ -9,8 +9,8 @@ fn a_second_free_of_a_cached_block_is_refused_and_changes_nothing() {
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, a), CUDA_ERROR_INVALID_VALUE);
     // The block is still the driver's and still cached, counted once.
-    assert_eq!(e.base.driver().frees.load(Ordering::SeqCst), 0);
-    assert_eq!(e.base.driver().live.load(Ordering::SeqCst), 8 * MIB);
+    assert_eq!(e.driver.frees.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 8 * MIB);
     assert_eq!(used(e), 8 * MIB);
     let s = e.slot(0).unwrap();
     assert_eq!(s.cached.load(Ordering::Relaxed), 8 * MIB);

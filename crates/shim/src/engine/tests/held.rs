@@ -8,7 +8,7 @@ use super::*;
 /// reserve, else grows by the rest rounded to 2 MiB.
 fn alloc_async(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
     let real = || {
-        let mut pool = e.base.driver().pool.lock().unwrap();
+        let mut pool = e.driver.pool.lock().unwrap();
         let free = pool.0 - pool.1;
         if bytes > free {
             pool.0 += (bytes - free).next_multiple_of(2 * MIB);
@@ -23,7 +23,7 @@ fn alloc_async(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
 
 fn free_async(e: &'static Engine<Fake>, ptr: u64, bytes: u64) -> CUresult {
     let real = || {
-        e.base.driver().pool.lock().unwrap().1 -= bytes;
+        e.driver.pool.lock().unwrap().1 -= bytes;
         CUDA_SUCCESS
     };
     e.mem_free_async(Flavour::Legacy, real, ptr, std::ptr::null_mut())
@@ -31,7 +31,7 @@ fn free_async(e: &'static Engine<Fake>, ptr: u64, bytes: u64) -> CUresult {
 
 /// What a synchronisation does to the fake's pool: trim to the threshold.
 fn synchronise(e: &'static Engine<Fake>) {
-    let mut pool = e.base.driver().pool.lock().unwrap();
+    let mut pool = e.driver.pool.lock().unwrap();
     pool.0 = pool.0.min(pool.1.max(pool.2));
 }
 
@@ -46,7 +46,7 @@ fn info(e: &'static Engine<Fake>) -> (u64, u64) {
 #[test]
 fn a_pool_that_keeps_freed_memory_is_charged_until_trimmed() {
     let e = uncached("4GiB", &[]);
-    e.base.driver().pool.lock().unwrap().2 = u64::MAX;
+    e.driver.pool.lock().unwrap().2 = u64::MAX;
     let size = 2867 * MIB + 5; // 70% of the cap, not a multiple of the granule
     let a = alloc_async(e, size).unwrap();
     let s = e.slot(0).unwrap();
@@ -59,7 +59,7 @@ fn a_pool_that_keeps_freed_memory_is_charged_until_trimmed() {
     assert_eq!(alloc(e, 3686 * MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
     let pool = POOL as CUmemoryPool;
     let trim = || {
-        let mut p = e.base.driver().pool.lock().unwrap();
+        let mut p = e.driver.pool.lock().unwrap();
         p.0 = p.1;
         CUDA_SUCCESS
     };
@@ -88,7 +88,7 @@ fn a_pool_trimmed_at_a_synchronisation_is_seen_before_a_refusal() {
     assert_eq!(e.slot(0).unwrap().pools.load(Ordering::Relaxed), 0);
     assert_eq!(alloc_async(e, GIB + 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
     assert_eq!(
-        e.base.driver().pool.lock().unwrap().0,
+        e.driver.pool.lock().unwrap().0,
         0,
         "a refused claim grows nothing"
     );
@@ -134,7 +134,7 @@ fn the_context_is_what_nvml_shows_beyond_the_allocations() {
     let charged = 518 * MIB + 128 * MIB;
     assert_eq!(s.context.load(Ordering::Relaxed), charged);
     assert_eq!(used(e), GIB + charged);
-    e.base.context_measure(0);
+    e.accounting.context_measure(0);
     assert_eq!(used(e), GIB + charged, "measuring again changes nothing");
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(used(e), charged);
@@ -204,7 +204,7 @@ fn in_a_container_the_context_is_a_provisional_guess() {
         "told apart at the refusal"
     );
     assert_eq!(free(e, a), CUDA_SUCCESS);
-    e.base.context_measure(0);
+    e.accounting.context_measure(0);
     assert_eq!(
         s.context.load(Ordering::Relaxed),
         512 * MIB,
@@ -256,7 +256,7 @@ fn a_destroyed_pool_is_charged_until_its_last_allocation_goes() {
     let a = alloc_async(e, GIB).unwrap();
     let destroy = || {
         // The driver keeps its memory; a new pool starts empty.
-        *e.base.driver().pool.lock().unwrap() = (0, 0, 0);
+        *e.driver.pool.lock().unwrap() = (0, 0, 0);
         CUDA_SUCCESS
     };
     assert_eq!(

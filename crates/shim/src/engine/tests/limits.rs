@@ -11,7 +11,7 @@ fn mem_info(e: &'static Engine<Fake>, real_free: u64) -> (u64, u64) {
 }
 
 fn exits(e: &'static Engine<Fake>) -> Vec<c_int> {
-    e.base.driver().exits.lock().unwrap().clone()
+    e.driver.exits.lock().unwrap().clone()
 }
 
 #[test]
@@ -31,9 +31,9 @@ fn a_key_that_names_no_gpu_stops_the_process_at_the_first_cap() {
     assert_eq!(exits(e), [2]);
     assert_eq!(alloc(e, MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
     assert_eq!(exits(e), [2], "checked once");
-    assert_eq!(e.base.driver().live.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 0);
     assert_eq!(
-        e.base.driver().nvml_inits.load(Ordering::SeqCst),
+        e.driver.nvml_inits.load(Ordering::SeqCst),
         0,
         "an index needs no NVML"
     );
@@ -56,8 +56,8 @@ fn a_key_that_names_no_gpu_stops_the_process_at_the_first_cap() {
     let e = engine_on(nvml(), &[("VRAMCAP_LIMIT", "GPU-0404=1GiB")]);
     assert_eq!(alloc(e, MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
     assert_eq!(exits(e), [2]);
-    assert_eq!(e.base.driver().nvml_inits.load(Ordering::SeqCst), 1);
-    assert_eq!(e.base.driver().nvml_shutdowns.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.nvml_inits.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.nvml_shutdowns.load(Ordering::SeqCst), 1);
 
     // A GPU of the machine this process does not see: not an error (a
     // setting shared under CUDA_VISIBLE_DEVICES); the visible devices have
@@ -66,12 +66,12 @@ fn a_key_that_names_no_gpu_stops_the_process_at_the_first_cap() {
     let p = alloc(e, 2 * GIB).unwrap();
     assert!(exits(e).is_empty());
     assert_eq!(free(e, p), CUDA_SUCCESS);
-    assert_eq!(e.base.driver().nvml_shutdowns.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.nvml_shutdowns.load(Ordering::SeqCst), 1);
 
     // Without keys, nothing is asked of the driver for the check.
     let e = engine_on(two(), &[("VRAMCAP_LIMIT", "1GiB")]);
     assert_eq!(mem_info(e, 16 * GIB), (GIB, GIB));
-    assert_eq!(e.base.driver().device_counts.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.device_counts.load(Ordering::SeqCst), 0);
     // A memory query needs the cap too: it stops as an allocation does.
     let e = engine_on(two(), &[("VRAMCAP_LIMIT", "2=1GiB")]);
     assert_eq!(mem_info(e, 16 * GIB), (16 * GIB, 16 * GIB));
@@ -113,10 +113,10 @@ fn a_group_without_a_limit_never_lifts_a_members_own() {
     assert_eq!((s.budget.used(), s.budget.limit()), (GIB, Some(GIB)));
     assert_eq!(s.refusals.load(Ordering::Relaxed), 1);
     // The group still counts both (its budget is uncapped).
-    assert_eq!(b.base.group().used(0), Some(5 * GIB));
+    assert_eq!(b.accounting.group().used(0), Some(5 * GIB));
     assert_eq!(free(b, pb), CUDA_SUCCESS);
     assert_eq!(free(a, pa), CUDA_SUCCESS);
-    assert_eq!(b.base.group().used(0), Some(0));
+    assert_eq!(b.accounting.group().used(0), Some(0));
 }
 
 #[test]
@@ -138,7 +138,7 @@ fn a_stricter_group_applies_on_top_and_both_rooms_are_reported() {
     assert_eq!(mem_info(b, 15 * GIB), (256 * MIB, 512 * MIB));
     let pc = alloc(b, 256 * MIB).unwrap();
     assert_eq!(alloc(b, 1), Err(CUDA_ERROR_OUT_OF_MEMORY));
-    assert_eq!(b.base.group().used(0), Some(512 * MIB));
+    assert_eq!(b.accounting.group().used(0), Some(512 * MIB));
     assert_eq!(mem_info(b, 15 * GIB), (0, 512 * MIB));
     assert_eq!(mem_info(a, 15 * GIB), (512 * MIB, GIB));
     // cuDeviceTotalMem reports the stricter cap as well.
@@ -146,7 +146,7 @@ fn a_stricter_group_applies_on_top_and_both_rooms_are_reported() {
     assert_eq!(free(b, pb), CUDA_SUCCESS);
     assert_eq!(free(b, pc), CUDA_SUCCESS);
     assert_eq!(
-        (b.base.group().used(0), a.base.group().used(0)),
+        (b.accounting.group().used(0), a.accounting.group().used(0)),
         (Some(0), Some(0))
     );
 }
@@ -164,5 +164,5 @@ fn an_unreadable_group_limit_is_refused_not_taken_for_no_cap() {
     std::fs::write(&path, &bytes).unwrap();
     let b = member(&dir, "u", None);
     assert_eq!(alloc(b, MIB), Err(CUDA_ERROR_OUT_OF_MEMORY));
-    assert_eq!(b.base.driver().live.load(Ordering::SeqCst), 0);
+    assert_eq!(b.driver.live.load(Ordering::SeqCst), 0);
 }

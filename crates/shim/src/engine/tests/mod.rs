@@ -35,7 +35,7 @@ fn uncached(cap: &str, more: &[(&str, &str)]) -> &'static Engine<Fake> {
 
 /// `cuMemAlloc_v2` through the engine, the fake playing the driver.
 fn alloc(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
-    let real = || Ok(Made::at(e.base.driver().alloc(bytes)));
+    let real = || Ok(Made::at(e.driver.alloc(bytes)));
     e.mem_alloc(real, bytes).map(|m| m.ptr)
 }
 
@@ -45,7 +45,7 @@ fn allocs<const N: usize>(e: &'static Engine<Fake>, sizes: [u64; N]) -> [u64; N]
 }
 
 fn free(e: &'static Engine<Fake>, ptr: u64) -> CUresult {
-    e.mem_free(|| e.base.driver().mem_free(ptr), ptr)
+    e.mem_free(|| e.driver.mem_free(ptr), ptr)
 }
 
 fn used(e: &'static Engine<Fake>) -> u64 {
@@ -65,7 +65,7 @@ fn the_cap_refuses_exactly_past_it_and_frees_give_back() {
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, b), CUDA_SUCCESS);
     assert_eq!(used(e), 0);
-    assert_eq!(e.base.driver().live.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 0);
     assert_eq!(s.allocs.load(Ordering::Relaxed), 2);
     assert_eq!(s.frees.load(Ordering::Relaxed), 2);
 }
@@ -90,8 +90,8 @@ fn racing_threads_never_hold_more_than_the_cap() {
     });
     // The driver never held more than the cap at any moment; everything
     // came back; every attempt was either granted or counted as refused.
-    assert!(e.base.driver().peak.load(Ordering::SeqCst) <= 100 * MIB);
-    assert_eq!(e.base.driver().live.load(Ordering::SeqCst), 0);
+    assert!(e.driver.peak.load(Ordering::SeqCst) <= 100 * MIB);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 0);
     assert_eq!(used(e), 0);
     let s = e.slot(0).unwrap();
     let refused = s.refusals.load(Ordering::Relaxed) as usize;
@@ -111,7 +111,7 @@ fn one_ordering_makes_every_block_freed_before_it_safe() {
             e.stream_create(|| CUDA_SUCCESS, std::ptr::null_mut(), flags),
             CUDA_SUCCESS
         );
-        let (waits, ordered) = (&e.base.driver().syncs, &e.base.driver().legacy_records);
+        let (waits, ordered) = (&e.driver.syncs, &e.driver.legacy_records);
         let (way, other) = if nonblocking {
             (waits, ordered)
         } else {
@@ -143,16 +143,16 @@ fn a_new_context_at_the_same_address_gets_its_own_event() {
         assert_eq!(free(e, b), CUDA_SUCCESS);
     };
     reuse();
-    assert_eq!(e.base.driver().last_recorded.load(Ordering::SeqCst), 0x1000);
+    assert_eq!(e.driver.last_recorded.load(Ordering::SeqCst), 0x1000);
     reuse();
-    assert_eq!(e.base.driver().events_created.load(Ordering::SeqCst), 1);
-    e.base.driver().ctx_id.store(7, Ordering::SeqCst);
+    assert_eq!(e.driver.events_created.load(Ordering::SeqCst), 1);
+    e.driver.ctx_id.store(7, Ordering::SeqCst);
     reuse();
-    assert_eq!(e.base.driver().last_recorded.load(Ordering::SeqCst), 0x1001);
-    assert_eq!(e.base.driver().events_created.load(Ordering::SeqCst), 2);
+    assert_eq!(e.driver.last_recorded.load(Ordering::SeqCst), 0x1001);
+    assert_eq!(e.driver.events_created.load(Ordering::SeqCst), 2);
     reuse();
-    assert_eq!(e.base.driver().events_created.load(Ordering::SeqCst), 2);
-    assert_eq!(e.base.driver().last_recorded.load(Ordering::SeqCst), 0x1001);
+    assert_eq!(e.driver.events_created.load(Ordering::SeqCst), 2);
+    assert_eq!(e.driver.last_recorded.load(Ordering::SeqCst), 0x1001);
 }
 
 /// A non-blocking stream asked for after an ordering waits for it first:
@@ -164,21 +164,21 @@ fn a_late_non_blocking_stream_waits_for_the_orderings_made() {
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, b), CUDA_SUCCESS);
     let _c = alloc(e, 8 * MIB).unwrap();
-    assert_eq!(e.base.driver().legacy_records.load(Ordering::SeqCst), 1);
-    assert_eq!(e.base.driver().event_syncs.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.legacy_records.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.event_syncs.load(Ordering::SeqCst), 0);
     assert_eq!(
         e.stream_create(|| CUDA_SUCCESS, std::ptr::null_mut(), 1),
         CUDA_SUCCESS
     );
-    assert_eq!(e.base.driver().event_syncs.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.event_syncs.load(Ordering::SeqCst), 1);
     let _d = alloc(e, 8 * MIB).unwrap();
-    assert_eq!(e.base.driver().syncs.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 0);
     // A second non-blocking stream changes nothing more.
     assert_eq!(
         e.stream_create(|| CUDA_SUCCESS, std::ptr::null_mut(), 1),
         CUDA_SUCCESS
     );
-    assert_eq!(e.base.driver().event_syncs.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.event_syncs.load(Ordering::SeqCst), 1);
     let s = e.slot(0).unwrap();
     assert_eq!(s.cache_waits.load(Ordering::Relaxed), 1);
     assert_eq!(s.cache_ordered.load(Ordering::Relaxed), 1);
@@ -189,7 +189,7 @@ fn reuse_once_per_burst(e: &'static Engine<Fake>, syncs: &AtomicUsize) {
     assert_eq!(free(e, a), CUDA_SUCCESS);
     assert_eq!(free(e, b), CUDA_SUCCESS);
     // Both kept: no driver free, still counted.
-    assert_eq!(e.base.driver().frees.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.frees.load(Ordering::SeqCst), 0);
     assert_eq!(used(e), 16 * MIB);
     assert_eq!(e.slot(0).unwrap().cached.load(Ordering::Relaxed), 16 * MIB);
     // The first reuse must be made safe from work that may still use the
@@ -225,11 +225,11 @@ fn while_a_capture_runs_the_cache_neither_synchronises_nor_keeps() {
     );
     let b = alloc(e, 8 * MIB).unwrap();
     assert_ne!(b, a, "an unsafe block is not handed out during a capture");
-    assert_eq!(e.base.driver().syncs.load(Ordering::SeqCst), 0);
-    assert_eq!(e.base.driver().legacy_records.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.legacy_records.load(Ordering::SeqCst), 0);
     // A free during the capture goes to the driver: keeping could evict.
     assert_eq!(free(e, b), CUDA_SUCCESS);
-    assert_eq!(e.base.driver().frees.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.frees.load(Ordering::SeqCst), 1);
     let stream = 0x77;
     assert_eq!(
         e.end_capture(
@@ -240,9 +240,9 @@ fn while_a_capture_runs_the_cache_neither_synchronises_nor_keeps() {
         ),
         CUDA_SUCCESS
     );
-    assert!(!e.base.capturing());
+    assert!(!e.accounting.capturing());
     assert_eq!(alloc(e, 8 * MIB).unwrap(), a);
-    assert_eq!(e.base.driver().legacy_records.load(Ordering::SeqCst), 1);
+    assert_eq!(e.driver.legacy_records.load(Ordering::SeqCst), 1);
 }
 
 #[test]
@@ -257,7 +257,7 @@ fn a_full_cap_releases_cached_blocks_before_refusing() {
     assert_eq!(s.evictions.load(Ordering::Relaxed), 1);
     assert_eq!(s.cached.load(Ordering::Relaxed), 0);
     assert_eq!(used(e), 32 * MIB);
-    assert_eq!(e.base.driver().live.load(Ordering::SeqCst), 32 * MIB);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 32 * MIB);
 }
 
 #[test]
@@ -318,7 +318,7 @@ fn a_pitch_wider_than_the_estimate_is_settled_or_refused() {
     let pitched = |width: usize, height: usize, driver_pitch: usize| {
         let real = || {
             Ok(Made {
-                ptr: e.base.driver().alloc((driver_pitch * height) as u64),
+                ptr: e.driver.alloc((driver_pitch * height) as u64),
                 pitch: driver_pitch as u64,
             })
         };
@@ -336,7 +336,7 @@ fn a_pitch_wider_than_the_estimate_is_settled_or_refused() {
     let (rc, _, _) = pitched(500, 1 << 19, 1024);
     assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
     assert_eq!(used(e), 768 * MIB);
-    assert_eq!(e.base.driver().live.load(Ordering::SeqCst), 768 * MIB);
+    assert_eq!(e.driver.live.load(Ordering::SeqCst), 768 * MIB);
     assert_eq!(free(e, p), CUDA_SUCCESS);
     assert_eq!(used(e), 0);
 }

@@ -56,7 +56,7 @@ fn parking(fake: Fake, cap: &str) -> &'static Engine<Fake> {
 /// Asks `what` through the page's park mailbox and runs one background
 /// round; the answer, which the round must have given.
 fn ask(e: &'static Engine<Fake>, what: Ask) -> Outcome {
-    let h = &e.base.page().get(e.base.settings()).header;
+    let h = &e.accounting.page().get(e.settings).header;
     let ticket = post_park(h, what);
     e.park_round();
     assert!(Mailbox::park(h).answered(ticket), "no answer in the round");
@@ -64,11 +64,11 @@ fn ask(e: &'static Engine<Fake>, what: Ask) -> Outcome {
 }
 
 fn steps(e: &'static Engine<Fake>) -> Vec<&'static str> {
-    e.base.driver().ck.steps.lock().unwrap().clone()
+    e.driver.ck.steps.lock().unwrap().clone()
 }
 
 fn parked_bytes(e: &'static Engine<Fake>) -> u64 {
-    e.base.page().get(e.base.settings()).header.parked[0].load(Ordering::Acquire)
+    e.accounting.page().get(e.settings).header.parked[0].load(Ordering::Acquire)
 }
 
 #[test]
@@ -125,7 +125,7 @@ fn a_resume_without_room_on_the_gpu_keeps_it_parked_and_restores_nothing() {
     let e = parking(checkpointing(Some(16 * GIB)), "4GiB");
     alloc(e, GIB).unwrap();
     assert_eq!(ask(e, Ask::Park), Outcome::Ok);
-    *e.base.driver().ck.free.lock().unwrap() = Some(GIB);
+    *e.driver.ck.free.lock().unwrap() = Some(GIB);
     // 1 GiB free is short of 1 GiB and the margin.
     assert_eq!(ask(e, Ask::Resume), Outcome::NoRoom(0));
     assert_eq!(steps(e), ["lock", "save"]);
@@ -158,7 +158,7 @@ fn a_withdrawn_request_is_answered_withdrawn_and_nothing_is_done() {
     let _g = Gate::take();
     let e = parking(checkpointing(Some(16 * GIB)), "4GiB");
     alloc(e, GIB).unwrap();
-    let h = &e.base.page().get(e.base.settings()).header;
+    let h = &e.accounting.page().get(e.settings).header;
     let ticket = post_park(h, Ask::Park);
     assert!(withdraw_park(h, Ask::Park));
     e.park_round();

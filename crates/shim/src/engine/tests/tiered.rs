@@ -46,8 +46,7 @@ fn rounds(e: &'static Engine<Fake>, n: usize) {
 }
 
 fn device_resident(e: &'static Engine<Fake>) -> u64 {
-    e.base
-        .driver()
+    e.driver
         .vmm
         .lock()
         .unwrap()
@@ -85,7 +84,7 @@ fn within_the_cap_blocks_are_device_memory_past_it_host_memory() {
     // Smaller than the granularity: the ordinary path (the driver's cuMemAlloc).
     let d = alloc(e, MIB).unwrap();
     assert_eq!(
-        (used(e), e.base.driver().sizes.lock().unwrap().len()),
+        (used(e), e.driver.sizes.lock().unwrap().len()),
         (37 * MIB, 1)
     );
     for p in [a, b, c] {
@@ -93,8 +92,8 @@ fn within_the_cap_blocks_are_device_memory_past_it_host_memory() {
     }
     assert_eq!(free(e, d), CUDA_SUCCESS);
     assert_eq!(placed(e), (0, 0, 0));
-    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
-    assert!(e.base.driver().maps.lock().unwrap().is_empty());
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
+    assert!(e.driver.maps.lock().unwrap().is_empty());
     // A second free of a tiered address is the driver's answer for an unknown one.
     assert_ne!(free(e, a), CUDA_SUCCESS);
 }
@@ -128,7 +127,7 @@ fn graph_of(
     handle: usize,
     nodes: Vec<KernelNode>,
 ) -> CUgraphExec {
-    e.base.driver().graphs.lock().unwrap().insert(graph, nodes);
+    e.driver.graphs.lock().unwrap().insert(graph, nodes);
     instantiate(e, graph, handle)
 }
 
@@ -197,7 +196,7 @@ fn a_failed_destroy_keeps_the_graphs_uses_and_no_block_means_no_walk() {
     let e = tiered("64MiB");
     // Before any tiered block the graph is not walked.
     let early = graph_of(e, 0x80, 0x8000, vec![(1, vec![0])]);
-    assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.graph_walks.load(Ordering::SeqCst), 0);
     assert_eq!(graph_launch(e, early), CUDA_SUCCESS);
     assert_eq!(e.tiers.launches(), 0);
     let a = alloc(e, 8 * MIB).unwrap();
@@ -218,7 +217,7 @@ fn an_updated_graph_counts_its_new_uses_and_a_changed_node_none() {
     let e = tiered("64MiB");
     let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
     {
-        let mut g = e.base.driver().graphs.lock().unwrap();
+        let mut g = e.driver.graphs.lock().unwrap();
         g.insert(0x90, vec![(1, vec![a])]);
         g.insert(0x91, vec![(1, vec![b])]);
     }
@@ -288,7 +287,7 @@ fn without_tiered_spill_graphs_are_not_walked() {
     let a = alloc(e, 8 * MIB).unwrap();
     let exec = graph_of(e, 0x70, 0x7000, vec![(1, vec![a])]);
     assert_eq!(graph_launch(e, exec), CUDA_SUCCESS);
-    assert_eq!(e.base.driver().graph_walks.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.graph_walks.load(Ordering::SeqCst), 0);
     assert_eq!((e.tiers.launches(), e.tiers.hits()), (0, 0));
 }
 
@@ -303,21 +302,21 @@ fn a_hot_host_block_is_promoted_after_colder_ones_make_room() {
     }
     // Fresh blocks stay put for MIN_ROUNDS rounds.
     rounds(e, MIN_ROUNDS as usize - 1);
-    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
     rounds(e, 1);
     // b and a were demoted (coldest first, until c fits), then c promoted.
     let s = e.slot(0).unwrap();
     assert_eq!(moves(e), (2, 1));
     assert_eq!(s.moved_bytes.load(Ordering::Relaxed), 80 * MIB);
     assert_eq!(placed(e), (32 * MIB, 48 * MIB, 32 * MIB));
-    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 3);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 3);
     // The device never held more than the cap, even while moving.
-    assert!(e.base.driver().peak.load(Ordering::SeqCst) <= 64 * MIB);
+    assert!(e.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
     // Addresses never change: every block is still mapped where it was.
-    let maps = e.base.driver().maps.lock().unwrap().clone();
+    let maps = e.driver.maps.lock().unwrap().clone();
     for p in [a, b, c] {
         let h = maps[&p];
-        assert!(e.base.driver().vmm.lock().unwrap().contains_key(&h));
+        assert!(e.driver.vmm.lock().unwrap().contains_key(&h));
     }
     assert_eq!(maps.len(), 3, "no scratch mapping is left behind");
     // Frees settle by where the block is now.
@@ -361,10 +360,10 @@ fn nothing_moves_while_a_capture_runs() {
     for _ in 0..50 {
         launch(e, &[c]);
     }
-    e.base.capture_began();
+    e.accounting.capture_began();
     rounds(e, 10);
-    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
-    e.base.capture_ended();
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
+    e.accounting.capture_ended();
     // Rounds skipped during the capture did not count towards MIN_ROUNDS.
     rounds(e, MIN_ROUNDS as usize - 1);
     assert_eq!(e.slot(0).unwrap().promotions.load(Ordering::Relaxed), 0);
@@ -391,9 +390,9 @@ fn a_stream_ordered_free_of_a_tiered_block_waits_for_its_stream() {
     let rc = e.mem_free_async(Flavour::Legacy, || CUDA_SUCCESS, a, std::ptr::null_mut());
     assert_eq!(rc, CUDA_SUCCESS);
     // The fake's events complete at once: the next reap frees it.
-    e.spill.reap(&e.base);
+    e.spill.reap(e.driver, &e.accounting);
     assert_eq!((used(e), device_resident(e)), (0, 0));
-    assert!(e.base.driver().maps.lock().unwrap().is_empty());
+    assert!(e.driver.maps.lock().unwrap().is_empty());
 }
 
 #[test]
@@ -408,38 +407,32 @@ fn without_tiered_spill_launches_are_not_decoded() {
 fn a_free_waits_for_the_gpu_as_the_drivers_does() {
     let e = tiered("64MiB");
     let a = alloc(e, 8 * MIB).unwrap();
-    let before = e.base.driver().syncs.load(Ordering::SeqCst);
+    let before = e.driver.syncs.load(Ordering::SeqCst);
     assert_eq!(free(e, a), CUDA_SUCCESS);
-    assert_eq!(e.base.driver().syncs.load(Ordering::SeqCst), before + 1);
-    assert!(e.base.driver().maps.lock().unwrap().is_empty());
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), before + 1);
+    assert!(e.driver.maps.lock().unwrap().is_empty());
 }
 
 #[test]
 fn a_free_during_a_capture_is_left_to_the_next_round() {
     let e = tiered("64MiB");
     let a = alloc(e, 8 * MIB).unwrap();
-    e.base.capture_began();
-    let before = e.base.driver().syncs.load(Ordering::SeqCst);
+    e.accounting.capture_began();
+    let before = e.driver.syncs.load(Ordering::SeqCst);
     assert_eq!(free(e, a), CUDA_SUCCESS);
     // No synchronisation, nothing released yet; the bytes still count.
-    assert_eq!(e.base.driver().syncs.load(Ordering::SeqCst), before);
-    assert_eq!(
-        (e.base.driver().maps.lock().unwrap().len(), used(e)),
-        (1, 8 * MIB)
-    );
+    assert_eq!(e.driver.syncs.load(Ordering::SeqCst), before);
+    assert_eq!((e.driver.maps.lock().unwrap().len(), used(e)), (1, 8 * MIB));
     rounds(e, 1);
     assert_eq!(
-        e.base.driver().maps.lock().unwrap().len(),
+        e.driver.maps.lock().unwrap().len(),
         1,
         "not during the capture"
     );
-    e.base.capture_ended();
+    e.accounting.capture_ended();
     rounds(e, 1);
-    assert_eq!(
-        (e.base.driver().maps.lock().unwrap().len(), used(e)),
-        (0, 0)
-    );
-    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
+    assert_eq!((e.driver.maps.lock().unwrap().len(), used(e)), (0, 0));
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
 }
 
 #[test]
@@ -451,8 +444,8 @@ fn a_context_that_goes_away_takes_its_blocks_memory_with_it() {
         CUDA_SUCCESS
     );
     // VMM memory outlives its context: the shim released it.
-    assert!(e.base.driver().maps.lock().unwrap().is_empty());
-    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
+    assert!(e.driver.maps.lock().unwrap().is_empty());
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
     assert_eq!((used(e), spilled(e)), (0, 0));
 }
 
@@ -463,7 +456,7 @@ fn above_the_soft_limit_new_blocks_start_on_the_host() {
     assert_eq!((used(e), spilled(e)), (24 * MIB, 16 * MIB));
     // A round finds nothing to correct.
     rounds(e, MIN_ROUNDS as usize + 1);
-    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
 }
 
 #[test]
@@ -499,14 +492,14 @@ fn a_long_first_drain_is_learnt_without_a_pause() {
     for _ in 0..50 {
         launch(e, &[c]);
     }
-    let syncs = e.base.driver().syncs.load(Ordering::SeqCst);
-    e.base.driver().sync_us.store(200_000, Ordering::SeqCst);
+    let syncs = e.driver.syncs.load(Ordering::SeqCst);
+    e.driver.sync_us.store(200_000, Ordering::SeqCst);
     rounds(e, MIN_ROUNDS as usize);
     assert_eq!(moves(e), (0, 0), "the first wait gives up");
     drained(e);
     // Twice the 200 ms drain; each later (short) drain a round started
     // after it, which a loaded machine allows, takes 1/16 off the figure.
-    let later = e.base.driver().syncs.load(Ordering::SeqCst) - syncs - 1;
+    let later = e.driver.syncs.load(Ordering::SeqCst) - syncs - 1;
     let want = (0..later).fold(400_000u64, |w, _| w - w / 16);
     assert!(
         e.tiers.sync_wait() >= Duration::from_micros(want),

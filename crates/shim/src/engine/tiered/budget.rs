@@ -16,7 +16,7 @@ impl<D: Driver> Tiering<'_, D> {
     /// Counts a tiered allocation of `size` just made on the device or the
     /// host.
     pub fn count_made(&self, what: &str, device: CUdevice, size: u64, place: Place) {
-        let Some(s) = self.base.slot(device) else {
+        let Some(s) = self.accounting.slot(device) else {
             return;
         };
         DeviceSlot::add(&s.allocs, 1);
@@ -36,8 +36,8 @@ impl<D: Driver> Tiering<'_, D> {
         match place {
             Place::Host => self.host.give_back(size),
             Place::Device => {
-                if let Some(s) = self.base.slot(device) {
-                    self.base.release_on(s, device, size);
+                if let Some(s) = self.accounting.slot(device) {
+                    self.accounting.release_on(s, device, size);
                 }
             }
         }
@@ -52,10 +52,10 @@ impl<D: Driver> Tiering<'_, D> {
     /// from the device's budget or the spill.
     pub fn give_back_bytes(&self, device: u16, bytes: u64, place: Place) {
         if place == Place::Device {
-            self.base.give_back(device, bytes);
+            self.accounting.give_back(device, bytes);
         } else {
             self.host.give_back(bytes);
-            if let Some(s) = self.base.slot(CUdevice::from(device)) {
+            if let Some(s) = self.accounting.slot(CUdevice::from(device)) {
                 s.spilled.fetch_sub(bytes, Ordering::Relaxed);
                 DeviceSlot::add(&s.frees, 1);
             }

@@ -18,7 +18,7 @@
 //!
 //! # A part
 //! [`Tiers`] is its state and [`Tiering`] its methods, which see that
-//! state, the accounting's `Base` and the host memory's budget
+//! state, the accounting's `Accounting` and the host memory's budget
 //! ([`HostRoom`], the spill limit's, which the engine answers) and nothing
 //! else of the engine. The allocation path and frees of a block are
 //! pipeline steps (`engine/pipeline/tiered.rs`); the launch, copy and
@@ -74,7 +74,7 @@ use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::engine::accounting::base::Base;
+use crate::engine::accounting::state::Accounting;
 use crate::engine::driver::Driver;
 use crate::ffi::*;
 use crate::log::log_once;
@@ -95,7 +95,8 @@ pub trait HostRoom: Sync {
 /// thread of its own).
 pub struct Tiering<'a, D: Driver> {
     pub tiers: &'a Tiers,
-    pub base: &'a Base<D>,
+    pub driver: &'a D,
+    pub accounting: &'a Accounting<D>,
     pub host: &'a dyn HostRoom,
 }
 

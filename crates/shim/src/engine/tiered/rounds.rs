@@ -28,15 +28,15 @@ struct Staged {
 impl<D: Driver> Tiering<'static, D> {
     /// `cuCtxSynchronize` of `ctx` (pushed for the call when it is not current).
     pub fn sync_ctx(&self, ctx: usize) -> CUresult {
-        if self.base.driver().ctx_get_current() == Ok(ctx) {
-            return self.base.driver().ctx_synchronize();
+        if self.driver.ctx_get_current() == Ok(ctx) {
+            return self.driver.ctx_synchronize();
         }
-        let rc = self.base.driver().ctx_push_current(ctx);
+        let rc = self.driver.ctx_push_current(ctx);
         if rc != CUDA_SUCCESS {
             return rc;
         }
-        let out = self.base.driver().ctx_synchronize();
-        let _ = self.base.driver().ctx_pop_current();
+        let out = self.driver.ctx_synchronize();
+        let _ = self.driver.ctx_pop_current();
         out
     }
 
@@ -44,7 +44,7 @@ impl<D: Driver> Tiering<'static, D> {
     pub(super) fn deferred_frees(&self) {
         for (b, r) in self.tiers.take_deferred() {
             let _ = self.sync_ctx(b.ctx);
-            if b.release_vmm(self.base.driver()) != CUDA_SUCCESS {
+            if b.release_vmm(self.driver) != CUDA_SUCCESS {
                 log_once!(
                     Warn,
                     "tiered spill: a free left for after a capture failed; its bytes are given back anyway"
@@ -60,7 +60,7 @@ impl<D: Driver> Tiering<'static, D> {
     pub fn round(&self) {
         // Captures the hooks saw; one begun unseen shows on the legacy
         // stream of its context, which `move_staged` asks with it current.
-        if self.base.capturing() {
+        if self.accounting.capturing() {
             return;
         }
         self.deferred_frees();
@@ -103,10 +103,10 @@ impl<D: Driver> Tiering<'static, D> {
         devices.dedup();
         for dev in devices {
             let device = CUdevice::from(dev);
-            let Some(slot) = self.base.slot(device) else {
+            let Some(slot) = self.accounting.slot(device) else {
                 continue;
             };
-            let Some(limit) = self.base.cap_in_force(slot, device) else {
+            let Some(limit) = self.accounting.cap_in_force(slot, device) else {
                 continue;
             };
             let soft = slot.soft.load(Ordering::Relaxed);
@@ -148,10 +148,15 @@ impl<D: Driver> Tiering<'static, D> {
         let Some(b) = b.claim() else {
             return Err(false);
         };
-        let Some(stream) = self.tiers.mover(self.base.driver(), b.ctx) else {
+        let Some(stream) = self.tiers.mover(self.driver, b.ctx) else {
             return Err(true);
         };
-        if to == Place::Device && self.base.reserve_on(slot, device, b.bytes, limit).is_err() {
+        if to == Place::Device
+            && self
+                .accounting
+                .reserve_on(slot, device, b.bytes, limit)
+                .is_err()
+        {
             return Err(true);
         }
         if to == Place::Host && !self.host.take(b.bytes) {
@@ -161,14 +166,14 @@ impl<D: Driver> Tiering<'static, D> {
             if to == Place::Host {
                 self.host.give_back(b.bytes);
             } else {
-                self.base.release_on(slot, device, b.bytes);
+                self.accounting.release_on(slot, device, b.bytes);
             }
         };
-        let Ok(scratch) = self.base.driver().vmm_reserve(b.bytes) else {
+        let Ok(scratch) = self.driver.vmm_reserve(b.bytes) else {
             undo(&b);
             return Err(true);
         };
-        match make_mapped(self.base.driver(), scratch, b.bytes, to, device) {
+        match make_mapped(self.driver, scratch, b.bytes, to, device) {
             Ok(handle) => Ok(Staged {
                 block: b,
                 to,
@@ -177,7 +182,7 @@ impl<D: Driver> Tiering<'static, D> {
                 stream,
             }),
             Err(_) => {
-                let _ = self.base.driver().vmm_free_address(scratch, b.bytes);
+                let _ = self.driver.vmm_free_address(scratch, b.bytes);
                 undo(&b);
                 Err(true)
             }
@@ -186,16 +191,13 @@ impl<D: Driver> Tiering<'static, D> {
 
     /// Undoes a staged move that did not happen.
     fn unstage(&self, slot: &DeviceSlot, device: CUdevice, m: Staged) {
-        let _ = self.base.driver().vmm_unmap(m.scratch, m.block.bytes);
-        let _ = self.base.driver().vmm_release(m.handle);
-        let _ = self
-            .base
-            .driver()
-            .vmm_free_address(m.scratch, m.block.bytes);
+        let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
+        let _ = self.driver.vmm_release(m.handle);
+        let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
         if m.to == Place::Host {
             self.host.give_back(m.block.bytes);
         } else {
-            self.base.release_on(slot, device, m.block.bytes);
+            self.accounting.release_on(slot, device, m.block.bytes);
         }
     }
 
@@ -268,14 +270,14 @@ impl<D: Driver> Tiering<'static, D> {
         ctxs.dedup();
         let mut quiet = true;
         for &c in &ctxs {
-            if self.base.driver().ctx_push_current(c) != CUDA_SUCCESS {
+            if self.driver.ctx_push_current(c) != CUDA_SUCCESS {
                 quiet = false;
                 continue;
             }
-            if self.base.capture_in_progress() {
+            if self.accounting.capture_in_progress() {
                 quiet = false;
             }
-            let _ = self.base.driver().ctx_pop_current();
+            let _ = self.driver.ctx_pop_current();
         }
         if quiet && !self.quiesce(&ctxs) {
             quiet = false;
@@ -291,13 +293,9 @@ impl<D: Driver> Tiering<'static, D> {
         let mut failed = Vec::new();
         for m in staged {
             let b = &m.block;
-            let copied = self
-                .base
-                .driver()
-                .copy_dtod(m.scratch, b.ptr, b.bytes, m.stream)
-                == CUDA_SUCCESS
-                && self.base.driver().stream_synchronize(m.stream) == CUDA_SUCCESS;
-            if !copied || self.base.driver().vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS {
+            let copied = self.driver.copy_dtod(m.scratch, b.ptr, b.bytes, m.stream) == CUDA_SUCCESS
+                && self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS;
+            if !copied || self.driver.vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS {
                 failed.push(m);
                 continue;
             }
@@ -324,14 +322,14 @@ impl<D: Driver> Tiering<'static, D> {
         for m in done {
             let b = &m.block;
             let old = b.handle.swap(m.handle, Ordering::SeqCst);
-            let _ = self.base.driver().vmm_unmap(m.scratch, b.bytes);
-            let _ = self.base.driver().vmm_free_address(m.scratch, b.bytes);
-            let _ = self.base.driver().vmm_release(old);
+            let _ = self.driver.vmm_unmap(m.scratch, b.bytes);
+            let _ = self.driver.vmm_free_address(m.scratch, b.bytes);
+            let _ = self.driver.vmm_release(old);
             b.moved.store(round, Ordering::Relaxed);
             DeviceSlot::add(&slot.moved_bytes, b.bytes);
             b.set_place(m.to);
             if m.to == Place::Host {
-                self.base.release_on(slot, device, b.bytes);
+                self.accounting.release_on(slot, device, b.bytes);
                 DeviceSlot::add(&slot.spilled, b.bytes);
                 DeviceSlot::add(&slot.demotions, 1);
             } else {
@@ -346,14 +344,14 @@ impl<D: Driver> Tiering<'static, D> {
     /// Maps `handle` at a moving block's address for its device, with the
     /// access the program granted to it when it is the program's.
     pub(super) fn map_block(&self, b: &TierBlock, handle: u64, device: CUdevice) -> CUresult {
-        let rc = self.base.driver().vmm_map(b.ptr, b.bytes, handle, device);
+        let rc = self.driver.vmm_map(b.ptr, b.bytes, handle, device);
         if rc != CUDA_SUCCESS || b.program_handle == 0 {
             return rc;
         }
         let access = b.access.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let rc = self.base.driver().vmm_set_access(b.ptr, b.bytes, &access);
+        let rc = self.driver.vmm_set_access(b.ptr, b.bytes, &access);
         if rc != CUDA_SUCCESS {
-            let _ = self.base.driver().vmm_unmap(b.ptr, b.bytes);
+            let _ = self.driver.vmm_unmap(b.ptr, b.bytes);
         }
         rc
     }
@@ -409,7 +407,7 @@ impl<D: Driver> Tiering<'static, D> {
     /// whether every context synchronised goes to `tx`. Whether the thread
     /// started.
     fn sync_on_thread(&self, ctxs: Vec<usize>, tx: std::sync::mpsc::Sender<bool>) -> bool {
-        let driver = self.base.driver();
+        let driver = self.driver;
         let tiers = self.tiers;
         let quiescing = &self.tiers.quiescing;
         quiescing.fetch_add(1, Ordering::SeqCst);

@@ -22,7 +22,7 @@ fn create(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
     };
     let mut h = 0u64;
     let out: *mut u64 = &mut h;
-    let real = || match e.base.driver().vmm_create(bytes, prop.location) {
+    let real = || match e.driver.vmm_create(bytes, prop.location) {
         Ok(x) => {
             // SAFETY: `out` points at `h`, alive for the call.
             unsafe { *out = x };
@@ -39,7 +39,7 @@ fn create(e: &'static Engine<Fake>, bytes: u64) -> Result<u64, CUresult> {
 /// would refuse the program's handle: the engine must translate it), and
 /// grants `access` when there is any.
 fn map(e: &'static Engine<Fake>, h: u64, bytes: u64, access: &[CUmemAccessDesc]) -> u64 {
-    let ptr = e.base.driver().vmm_reserve(bytes).unwrap();
+    let ptr = e.driver.vmm_reserve(bytes).unwrap();
     let rc = e.mem_map(|| CUDA_ERROR_INVALID_VALUE, ptr, bytes as usize, 0, h, 0);
     assert_eq!(rc, CUDA_SUCCESS);
     if !access.is_empty() {
@@ -59,11 +59,7 @@ fn map(e: &'static Engine<Fake>, h: u64, bytes: u64, access: &[CUmemAccessDesc])
 }
 
 fn unmap(e: &'static Engine<Fake>, ptr: u64, bytes: u64) -> CUresult {
-    e.mem_unmap(
-        || e.base.driver().vmm_unmap(ptr, bytes),
-        ptr,
-        bytes as usize,
-    )
+    e.mem_unmap(|| e.driver.vmm_unmap(ptr, bytes), ptr, bytes as usize)
 }
 
 fn release(e: &'static Engine<Fake>, h: u64) -> CUresult {
@@ -86,7 +82,7 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
     assert_eq!(placed(e), (64 * MIB, 32 * MIB, 64 * MIB));
     assert!(
         hs.iter()
-            .all(|h| !e.base.driver().vmm.lock().unwrap().contains_key(h))
+            .all(|h| !e.driver.vmm.lock().unwrap().contains_key(h))
     );
     let p0 = map(e, hs[0], 32 * MIB, &[RW0]);
     let p1 = map(e, hs[1], 32 * MIB, &[RW0]);
@@ -96,7 +92,7 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
     }
     // No access granted to the hot page yet: it cannot be copied, so it stays.
     rounds(e, MIN_ROUNDS as usize + 1);
-    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
     // Granted twice (a later grant replaces the one for its location).
     for grant in [RO0, RW0] {
         // SAFETY: a live descriptor.
@@ -109,9 +105,9 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
     rounds(e, 1);
     assert_eq!(moves(e), (1, 1));
     assert_eq!(placed(e), (64 * MIB, 32 * MIB, 64 * MIB));
-    assert!(e.base.driver().peak.load(Ordering::SeqCst) <= 64 * MIB);
+    assert!(e.driver.peak.load(Ordering::SeqCst) <= 64 * MIB);
     // Each page moved is granted its access again, as it was last granted.
-    let mut granted = e.base.driver().access.lock().unwrap().clone();
+    let mut granted = e.driver.access.lock().unwrap().clone();
     granted.sort_by_key(|(p, _)| *p);
     assert_eq!(granted, [(p0, vec![RW0]), (p2, vec![RW0])]);
     // The program's handles still name the memory, wherever it went.
@@ -140,8 +136,8 @@ fn the_programs_pages_move_once_granted_access_and_keep_their_handles() {
         assert_eq!(release(e, *h), CUDA_SUCCESS);
     }
     assert_eq!(placed(e), (0, 0, 0));
-    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
-    assert!(e.base.driver().maps.lock().unwrap().is_empty());
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
+    assert!(e.driver.maps.lock().unwrap().is_empty());
     // Gone: a second release is the driver's answer for an unknown handle.
     assert_eq!(release(e, hs[2]), CUDA_ERROR_INVALID_VALUE);
 }
@@ -175,7 +171,7 @@ fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
     // mapping (here of its first half) pins it.
     let o = map(e, other, 32 * MIB, &[RW0]);
     assert!(e.tiers.contains(o));
-    let half = e.base.driver().vmm_reserve(16 * MIB).unwrap();
+    let half = e.driver.vmm_reserve(16 * MIB).unwrap();
     let rc = e.mem_map(
         || CUDA_ERROR_INVALID_VALUE,
         half,
@@ -189,7 +185,7 @@ fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
         launch(e, &[h, o]);
     }
     rounds(e, MIN_ROUNDS as usize + 1);
-    assert_eq!(e.base.driver().copies.load(Ordering::SeqCst), 0);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), 0);
     assert_eq!(export(on_device), CUDA_SUCCESS);
     // Importing that descriptor in this process answers the program's own
     // handle (one more reference); the driver's new handle is given back.
@@ -199,8 +195,7 @@ fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
         // SAFETY: `out` points at `imported`, alive for the call.
         unsafe {
             *out = e
-                .base
-                .driver()
+                .driver
                 .vmm_create(
                     2 * MIB,
                     crate::engine::tiered::location(crate::engine::tiered::Place::Device, 0),
@@ -226,7 +221,7 @@ fn an_exported_or_twice_mapped_handle_stays_where_it_is() {
         assert_eq!(release(e, handle), CUDA_SUCCESS);
     }
     assert_eq!(placed(e), (0, 0, 0));
-    assert!(e.base.driver().vmm.lock().unwrap().is_empty());
+    assert!(e.driver.vmm.lock().unwrap().is_empty());
 }
 
 /// Three pages of 32 MiB under a 64 MiB cap, mapped and granted device 0:

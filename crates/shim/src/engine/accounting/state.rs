@@ -1,9 +1,11 @@
-//! What every part of the engine stands on: the driver, the settings, the
-//! statistics page with the per-device budgets, the group membership, the
-//! count of stream captures in progress and the background thread. The
-//! cache and spill take a `&Base`; the engine owns it as its `base` part,
-//! and a handler names it (`self.base.reserve_on(..)`, `self.base.driver()`);
-//! its fields are the accounting part's own.
+//! The accounting part's state: the statistics page with the per-device
+//! budgets, the group membership, the caps, the book of what a process
+//! holds beyond its allocations, and the count of stream captures in
+//! progress. It is handed the driver and the settings, which it uses for
+//! its own work and hands to no one: the engine holds them too and hands
+//! them to each part that needs them (`Engine::driver`, the parts' views).
+//! The cache, spill, parking and tiered spill take a `&Accounting` for the
+//! budgets; a handler names it (`self.accounting.reserve_on(..)`).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 
@@ -19,8 +21,8 @@ use crate::ffi::{CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdeviceptr, CUresult};
 
 /// Its fields are the accounting part's own (`accounting/`); the rest of
 /// the engine reads them through the methods below.
-pub struct Base<D: Driver> {
-    pub(super) driver: D,
+pub struct Accounting<D: Driver> {
+    pub(super) driver: &'static D,
     pub(super) settings: &'static Settings,
     pub(super) page: PageHandle,
     pub(super) group: Membership,
@@ -48,9 +50,9 @@ pub struct Base<D: Driver> {
 /// `CU_STREAM_LEGACY`: a handle value, not a pointer to anything.
 pub const CU_STREAM_LEGACY: usize = 1;
 
-impl<D: Driver> Base<D> {
-    pub fn new(driver: D, settings: &'static Settings) -> Base<D> {
-        Base {
+impl<D: Driver> Accounting<D> {
+    pub fn new(driver: &'static D, settings: &'static Settings) -> Accounting<D> {
+        Accounting {
             driver,
             settings,
             page: PageHandle::new(),
@@ -62,18 +64,6 @@ impl<D: Driver> Base<D> {
             operator_caps: [const { AtomicU64::new(NO_CAP) }; MAX_DEVICES],
             nonblocking_streams: AtomicBool::new(false),
         }
-    }
-
-    /// The driver.
-    #[inline(always)]
-    pub fn driver(&self) -> &D {
-        &self.driver
-    }
-
-    /// The settings, read once.
-    #[inline(always)]
-    pub fn settings(&self) -> &'static Settings {
-        self.settings
     }
 
     /// The statistics page.
