@@ -216,3 +216,90 @@ fn a_resume_trusts_no_answer_of_nvidia_smi_it_cannot() {
         );
     }
 }
+
+/// Issue 43: a parked process's queries and synchronisations of its
+/// stream, its event and its context are answered `CUDA_SUCCESS` (the park
+/// waited for the work submitted before it) without resuming it; its next
+/// allocation resumes it, and the log names that call. Running, the same
+/// calls get the driver's answers.
+#[test]
+fn queries_and_synchronisations_leave_a_parked_process_parked() {
+    let dir = scratch_dir();
+    let env = [
+        ("VRAMCAP_PARK", "manual"),
+        ("VRAMCAP_CACHE", "off"),
+        ("VRAMCAP_LIMIT", "4GiB"),
+        ("VRAMCAP_LOG", "info"),
+    ];
+    let known = [
+        "streamquery",
+        "eventquery",
+        "eventsync",
+        "streamsync",
+        "sync",
+    ];
+    let args = [
+        &["init", "stream", "event", "alloc", "64M", "wait"][..],
+        &known,
+        &["ckstate", "wait", "alloc", "1M", "ckstate", "wait"],
+    ]
+    .concat();
+    let mut h = held_in(&dir, &env, &args);
+    let done = watchdog(h.pid());
+    park(&dir, h.pid());
+    h.resume();
+    h.until("wait");
+    let parked = h.lines.clone();
+    h.resume();
+    h.until("wait");
+    let lines = h.lines.clone();
+    let (_, out) = h.finish();
+    let _ = done.send(());
+    assert!(out.status.success(), "{lines:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let wakers: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("resumes this process"))
+        .collect();
+    assert_eq!(wakers.len(), 1, "{stderr}");
+    assert!(
+        wakers[0].ends_with("]: parking: cuMemAlloc_v2 resumes this process"),
+        "{stderr}"
+    );
+    let from = parked.iter().position(|l| l == "resumed").unwrap() + 1;
+    assert_eq!(
+        parked[from..],
+        [
+            "streamquery -> 0",
+            "eventquery -> 0",
+            "eventsync -> 0",
+            "streamsync -> 0",
+            "sync -> 0",
+            "ckstate state=2 checkpoints=1 restores=0 failures=0 parked=67108864",
+            "wait",
+        ],
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines[parked.len()..],
+        [
+            "resumed",
+            &format!("alloc {} -> 0 #1", MIB),
+            "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0",
+            "wait",
+        ],
+        "{lines:?}"
+    );
+    // Running: the driver answers (no event: an invalid handle).
+    let ran = client(
+        "procaddr",
+        &[("VRAMCAP_PARK", "manual"), ("VRAMCAP_LIMIT", "4GiB")],
+        &["init", "eventquery", "streamquery", "sync"],
+    );
+    ran.expect_lines(&[
+        "init -> 0",
+        "eventquery -> 400",
+        "streamquery -> 0",
+        "sync -> 0",
+    ]);
+}

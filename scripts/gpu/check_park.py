@@ -31,6 +31,11 @@
                                libnvidia-ml.so.1), each timed, then check
                                the tensors: "RESULTKV limit=L nvml=RC
                                count=N abi_s=T nvml_s=T intact=0|1"
+  check_park.py jax GIB        "notebook" with JAX (no preallocation: set
+                               XLA_PYTHON_CLIENT_PREALLOCATE=false): GIB
+                               arrays of 1 GiB from a fixed key, the same
+                               lines ("STEP1", "IDLE", "RESUMED", "STEP2",
+                               "RESULTKV same=0|1 ...")
   check_park.py train SEED LAYERS ROUNDS STEPS CPU_S DELAY_S
                                a deterministic training loop (fixed seed, an
                                MLP of LAYERS 8192x8192 layers, SGD with
@@ -69,6 +74,36 @@ def notebook(gib):
     sys.stdin.readline()
     t0 = time.monotonic()
     first = float(keep[0].double().sum().item())  # the first CUDA call: resumes
+    resumed = time.monotonic() - t0
+    print(f"RESUMED seconds={resumed:.3f}", flush=True)
+    s2 = step()
+    print(f"STEP2 sum={s2!r}", flush=True)
+    print(f"RESULTKV same={int(s1 == s2)} first={first!r} resume_s={resumed:.3f} step1={s1!r} step2={s2!r}",
+          flush=True)
+    return 0
+
+
+def jax_notebook(gib):
+    """"notebook" with JAX, whose runtime has threads of its own (issue 43:
+    a parked JAX process must stay parked while its program is idle)."""
+    import jax
+    import jax.numpy as jnp
+
+    key = jax.random.PRNGKey(1234)
+    n = (1 << 30) // 4
+    keep = [jax.random.uniform(jax.random.fold_in(key, i), (n,), dtype=jnp.float32) for i in range(gib)]
+    for t in keep:
+        t.block_until_ready()
+
+    def step():
+        return sum(float(jnp.sum(t)) for t in keep)
+
+    s1 = step()
+    print(f"STEP1 sum={s1!r}", flush=True)
+    print(f"IDLE pid={os.getpid()} bytes={gib << 30}", flush=True)
+    sys.stdin.readline()
+    t0 = time.monotonic()
+    first = float(jnp.sum(keep[0]))  # the first computation: resumes
     resumed = time.monotonic() - t0
     print(f"RESUMED seconds={resumed:.3f}", flush=True)
     s2 = step()
@@ -247,7 +282,7 @@ def main():
         return train(int(a[0]), int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]))
     arg = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     return {"notebook": notebook, "exit": hold_then_exit, "grab": grab, "fill": fill, "managed": managed,
-            "capture": lambda _: capture(), "calls": calls}[mode](arg)
+            "capture": lambda _: capture(), "calls": calls, "jax": jax_notebook}[mode](arg)
 
 
 if __name__ == "__main__":

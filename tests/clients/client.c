@@ -82,7 +82,9 @@
  *                         (vramcap_set_limit) and has the stand-in count
  *                         charges past LOW from then on
  *                         -> "churnlimit -> rc=RC past=N other=E oom=some|none"
- *   threads T ITERS MAX   T threads allocating and freeing 1M..MAX
+ *   threads T ITERS MAX   T threads allocating and freeing 1M..MAX, each
+ *                         holding up to four; the first four of every
+ *                         thread are made before any is freed (a barrier)
  *                         -> "threads -> ok=A oom=O other=E"
  *   forkbusy T N          T threads allocating and freeing 1M..4M without
  *                         end while the main thread forks N times; each
@@ -234,6 +236,14 @@
  *                         -> "grid-launches -> RC RC RC lib=L1,L2,L3"
  *   streamsync            cuStreamSynchronize(client's stream)
  *                         -> "streamsync -> RC"
+ *   streamquery           cuStreamQuery(client's stream)
+ *                         -> "streamquery -> RC"
+ *   event                 cuEventCreate(flags 0), remembered as the client's
+ *                         event, then cuEventRecord of it on the client's
+ *                         stream -> "event -> RC RC" (the create's code
+ *                         twice on failure)
+ *   eventquery, eventsync cuEventQuery / cuEventSynchronize of the client's
+ *                         event -> "eventquery -> RC", "eventsync -> RC"
  *   graphmem ATTR         cuDeviceGetGraphMemAttribute(current device); ATTR
  *                         used, usedhigh, reserved or reservedhigh
  *                         -> "graphmem ATTR -> RC VALUE"
@@ -430,6 +440,11 @@ struct api {
     CUresult (*device_get_mem_pool)(CUmemoryPool *, CUdevice);
     CUresult (*device_set_mem_pool)(CUdevice, CUmemoryPool);
     CUresult (*stream_synchronize)(CUstream);
+    CUresult (*stream_query)(CUstream);
+    CUresult (*event_create)(CUevent *, unsigned int);
+    CUresult (*event_record)(CUevent, CUstream);
+    CUresult (*event_query)(CUevent);
+    CUresult (*event_synchronize)(CUevent);
     CUresult (*graph_create)(CUgraph *, unsigned int);
     CUresult (*graph_destroy)(CUgraph);
     CUresult (*graph_add_mem_alloc_node)(CUgraphNode *, CUgraph,
@@ -549,6 +564,11 @@ static const struct function g_graph_functions[] = {
     FN(cuDeviceGetMemPool, cuDeviceGetMemPool, 11020, device_get_mem_pool),
     FN(cuDeviceSetMemPool, cuDeviceSetMemPool, 11020, device_set_mem_pool),
     FN(cuStreamSynchronize, cuStreamSynchronize, 2000, stream_synchronize),
+    FN(cuStreamQuery, cuStreamQuery, 2000, stream_query),
+    FN(cuEventCreate, cuEventCreate, 2000, event_create),
+    FN(cuEventRecord, cuEventRecord, 2000, event_record),
+    FN(cuEventQuery, cuEventQuery, 2000, event_query),
+    FN(cuEventSynchronize, cuEventSynchronize, 2000, event_synchronize),
     FN(cuGraphCreate, cuGraphCreate, 10000, graph_create),
     FN(cuGraphDestroy, cuGraphDestroy, 10000, graph_destroy),
     FN(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, 11040, graph_add_mem_alloc_node),
@@ -805,6 +825,20 @@ static CUresult l_stream_synchronize(CUstream s)
 {
     return cuStreamSynchronize(s);
 }
+static CUresult l_stream_query(CUstream s) { return cuStreamQuery(s); }
+static CUresult l_event_create(CUevent *e, unsigned int f)
+{
+    return cuEventCreate(e, f);
+}
+static CUresult l_event_record(CUevent e, CUstream s)
+{
+    return cuEventRecord(e, s);
+}
+static CUresult l_event_query(CUevent e) { return cuEventQuery(e); }
+static CUresult l_event_synchronize(CUevent e)
+{
+    return cuEventSynchronize(e);
+}
 static CUresult l_graph_create(CUgraph *g, unsigned int f)
 {
     return cuGraphCreate(g, f);
@@ -952,6 +986,11 @@ static void setup_linked(void)
         .device_get_mem_pool = l_device_get_mem_pool,
         .device_set_mem_pool = l_device_set_mem_pool,
         .stream_synchronize = l_stream_synchronize,
+        .stream_query = l_stream_query,
+        .event_create = l_event_create,
+        .event_record = l_event_record,
+        .event_query = l_event_query,
+        .event_synchronize = l_event_synchronize,
         .graph_create = l_graph_create,
         .graph_destroy = l_graph_destroy,
         .graph_add_mem_alloc_node = l_graph_add_mem_alloc_node,
@@ -1269,6 +1308,8 @@ static CUcontext g_ctx[MAX_CACHED_DEVICES];
 /* The context from the last "ctxcreate" and the stream from "stream". */
 static CUcontext g_created_ctx;
 static CUstream g_stream;
+/* The client's event ("event"), or NULL. */
+static CUevent g_event;
 
 /* The pool from "pool"; the fd and size from the last "vmmexport". */
 static CUmemoryPool g_pool;
@@ -1337,15 +1378,25 @@ static void count_rc(struct worker *w, CUresult rc)
 /* Iterations done by every worker, for churnlimit. */
 static atomic_long g_iterations;
 
+/*
+ * The workers' first allocations (at most four each) are all made before
+ * any is freed: a barrier of every worker, so that the cap is contended
+ * however the threads are scheduled (16 workers fill about 544 MiB).
+ */
+static pthread_barrier_t g_filled;
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     uint64_t rng = 0x9e3779b97f4a7c15ULL * (w->index + 1);
     CUdeviceptr live[4];
     unsigned nlive = 0;
+    long fill = w->iters < 4 ? w->iters : 4;
 
     api.ctx_set_current(w->ctx);
     for (long it = 0; it < w->iters; it++) {
+        if (it == fill)
+            pthread_barrier_wait(&g_filled);
         if (nlive == 4) {
             unsigned victim = (unsigned)(xorshift64(&rng) % 4);
             CUresult rc = api.mem_free(live[victim]);
@@ -1364,6 +1415,8 @@ static void *worker_main(void *arg)
             count_rc(w, rc);
         }
     }
+    if (fill == w->iters)
+        pthread_barrier_wait(&g_filled);
     while (nlive > 0) {
         if (api.mem_free(live[--nlive]) != CUDA_SUCCESS)
             w->other++;
@@ -1393,6 +1446,7 @@ static void cmd_churnlimit(long nthreads, long iters, size_t max_size, size_t lo
     CUcontext ctx = NULL;
     primary_ctx(0, &ctx);
     atomic_store(&g_iterations, 0);
+    pthread_barrier_init(&g_filled, NULL, (unsigned)nthreads);
     for (long i = 0; i < nthreads; i++) {
         w[i].index = (unsigned)i;
         w[i].iters = iters;
@@ -1414,6 +1468,7 @@ static void cmd_churnlimit(long nthreads, long iters, size_t max_size, size_t lo
         other += w[i].other;
     }
     unsigned long past = watch(0, 0);
+    pthread_barrier_destroy(&g_filled);
     free(w);
     out("churnlimit -> rc=%d past=%lu other=%lu oom=%s", rc, past, other, oom > 0 ? "some" : "none");
     (void)ok;
@@ -1427,6 +1482,7 @@ static void cmd_threads(long nthreads, long iters, size_t max_size)
     CUcontext ctx = NULL;
     primary_ctx(0, &ctx); /* on failure the workers report the errors */
 
+    pthread_barrier_init(&g_filled, NULL, (unsigned)nthreads);
     for (long i = 0; i < nthreads; i++) {
         w[i].index = (unsigned)i;
         w[i].iters = iters;
@@ -1443,6 +1499,7 @@ static void cmd_threads(long nthreads, long iters, size_t max_size)
         oom += w[i].oom;
         other += w[i].other;
     }
+    pthread_barrier_destroy(&g_filled);
     free(w);
     out("threads -> ok=%lu oom=%lu other=%lu", ok, oom, other);
 }
@@ -2869,6 +2926,34 @@ static int command(int argc, char **argv, bool run)
         g_need_graph = true;
         if (run)
             out("streamsync -> %d", api.stream_synchronize(g_stream));
+        return 1;
+    }
+    if (strcmp(cmd, "streamquery") == 0) {
+        g_need_graph = true;
+        if (run)
+            out("streamquery -> %d", api.stream_query(g_stream));
+        return 1;
+    }
+    if (strcmp(cmd, "event") == 0) {
+        g_need_graph = true;
+        if (run) {
+            CUresult created = api.event_create(&g_event, 0);
+            out("event -> %d %d", created,
+                created == CUDA_SUCCESS ? api.event_record(g_event, g_stream)
+                                        : created);
+        }
+        return 1;
+    }
+    if (strcmp(cmd, "eventquery") == 0) {
+        g_need_graph = true;
+        if (run)
+            out("eventquery -> %d", api.event_query(g_event));
+        return 1;
+    }
+    if (strcmp(cmd, "eventsync") == 0) {
+        g_need_graph = true;
+        if (run)
+            out("eventsync -> %d", api.event_synchronize(g_event));
         return 1;
     }
     if (strcmp(cmd, "graphtrim") == 0) {

@@ -2276,6 +2276,27 @@ static CUresult stream_synchronize(CUstream h, bool ptsz)
     return rc;
 }
 
+/*
+ * Nothing runs, so a stream is always idle: the stream is checked as by the
+ * stream-ordered calls and the answer is CUDA_SUCCESS (a capturing stream
+ * too: querying does not end a capture, unlike synchronizing).
+ */
+static CUresult stream_query(CUstream h, bool ptsz)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CUcontext ctx;
+    CUresult rc = stream_current(h, ptsz, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUstreamCaptureStatus capture;
+    pthread_mutex_lock(&g_lock);
+    rc = stream_target_locked(h, ptsz, &ctx, &capture);
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+WITH_PTSZ(cuStreamQuery, (CUstream hStream), stream_query, hStream)
+
 CUresult cuStreamSynchronize(CUstream hStream)
 {
     return stream_synchronize(hStream, false);
@@ -5139,6 +5160,8 @@ ALIAS(cuEventDestroy_v2, (CUevent e), (e))
 ALIAS(cuDeviceSetMemPool, (CUdevice d, CUmemoryPool m), (d, m))
 ALIAS(cuStreamSynchronize, (CUstream s), (s))
 ALIAS(cuStreamSynchronize_ptsz, (CUstream s), (s))
+ALIAS(cuStreamQuery, (CUstream s), (s))
+ALIAS(cuStreamQuery_ptsz, (CUstream s), (s))
 ALIAS(cuGraphCreate, (CUgraph *g, unsigned int f), (g, f))
 ALIAS(cuGraphDestroy, (CUgraph g), (g))
 ALIAS(cuGraphAddMemAllocNode,
@@ -5310,6 +5333,8 @@ static const struct proc_entry g_procs[] = {
     { "cuDeviceSetMemPool", { V(11020, cuDeviceSetMemPool) }, { { 0 } } },
     { "cuStreamSynchronize", { V(2000, cuStreamSynchronize) },
       { V(7000, cuStreamSynchronize_ptsz) } },
+    { "cuStreamQuery", { V(2000, cuStreamQuery) },
+      { V(7000, cuStreamQuery_ptsz) } },
     { "cuGraphCreate", { V(10000, cuGraphCreate) }, { { 0 } } },
     { "cuGraphDestroy", { V(10000, cuGraphDestroy) }, { { 0 } } },
     { "cuGraphAddMemAllocNode", { V(11040, cuGraphAddMemAllocNode) },

@@ -281,6 +281,35 @@ def test_parked_process_calls_off_the_hooks_resume_it(gpu, runner, work, check):
         p.kill()
 
 
+def test_an_idle_jax_process_stays_parked(gpu, runner, work, check):
+    check.title = ("a parked JAX process (no preallocation, 4 GiB), idle after its work, stays parked for "
+                   "20 s until its own next computation, then resumes with identical results; the log "
+                   "names any call that resumed it (issue 43, done-when 5)")
+    p = Proc(gpu, runner, work, "jax", ["jax", "4"], VRAMCAP_PARK="manual", VRAMCAP_CACHE="off",
+             XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    try:
+        check.that(bool(p.wait_line("IDLE", 300)), "a 4 GiB JAX process idles", "")
+        r = cli(gpu, runner, "park (jax row)", "park", "--pid", str(p.p.pid))
+        check.eq("park exit status", r.rc, 0)
+        time.sleep(20)  # the measure itself: 20 s idle, parked
+        st = subprocess.run([gpu.cli, "stat", "--json", "--pid", str(p.p.pid)], capture_output=True, text=True,
+                            timeout=60)
+        err = open(p.err, errors="replace").read()
+        wakers = [l for l in err.splitlines() if "resumes this process" in l]
+        check.eq("calls that resumed it while idle", wakers, [])
+        check.that('"parked"' in st.stdout, "still parked after 20 s (stat)", " ".join(st.stdout.split())[:300])
+        used = harness.nvml_used_mib(gpu.smi, p.p.pid, log=runner._log)
+        shown = 0 if used == "missing" else used if isinstance(used, int) else 1e9
+        check.note("nvidia-smi MiB of the parked JAX process: %s" % used)
+        check.at_most("nvidia-smi MiB of the parked JAX process", shown, 1024)
+        p.go()
+        out, err = p.finish(300)
+        kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
+        check.kv(kv, "same", 1)
+    finally:
+        p.kill()
+
+
 def test_a_lying_nvidia_smi_keeps_a_parked_process_parked(gpu, runner, work, check):
     check.title = ("a resume trusts no nvidia-smi that says a GPU has more free than its size: it stays "
                    "parked, says why, and resumes with the same results once the answer is true (item 11)")

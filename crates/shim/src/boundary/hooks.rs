@@ -16,7 +16,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use super::macros::{c_name, hook_call, hooks, only_flag, park_pass, real_fns};
+use super::macros::{c_name, gate_enter, hook_call, hooks, only_flag, park_pass, real_fns};
 use super::{allocs, export_table, queries, resolve};
 use crate::engine::{Engine, Flavour};
 use crate::ffi::*;
@@ -185,6 +185,16 @@ hooks! {
         fn cuStreamWaitValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamWaitValue64", 11070).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
         fn cuStreamBatchMemOp_v2(stream: CUstream, count: c_uint, params: *mut c_void, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamBatchMemOp", 11070).legacy_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
         fn cuStreamBatchMemOp_v2_ptsz(stream: CUstream, count: c_uint, params: *mut c_void, flags: c_uint) -> CUresult, Lookup::cuda("cuStreamBatchMemOp", 11070).per_thread_stream(), on panic NOT_FOUND, tiered, gate => Engine::pass_gate;
+        // Queries and synchronisations of work submitted before a park,
+        // which the park waited for: answered without resuming a parked
+        // process (issue 43; `process/gate.rs`, `enter_known`).
+        fn cuStreamQuery(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamQuery", 2000).legacy_stream(), on panic NOT_FOUND, known => Engine::known_while_parked;
+        fn cuStreamQuery_ptsz(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamQuery", 7000).per_thread_stream(), on panic NOT_FOUND, known => Engine::known_while_parked;
+        fn cuStreamSynchronize(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamSynchronize", 2000).legacy_stream(), on panic NOT_FOUND, known => Engine::known_while_parked;
+        fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult, Lookup::cuda("cuStreamSynchronize", 7000).per_thread_stream(), on panic NOT_FOUND, known => Engine::known_while_parked;
+        fn cuEventQuery(event: CUevent) -> CUresult, Lookup::cuda("cuEventQuery", 2000), on panic NOT_FOUND, known => Engine::known_while_parked;
+        fn cuEventSynchronize(event: CUevent) -> CUresult, Lookup::cuda("cuEventSynchronize", 2000), on panic NOT_FOUND, known => Engine::known_while_parked;
+        fn cuCtxSynchronize() -> CUresult, Lookup::cuda("cuCtxSynchronize", 2000), on panic NOT_FOUND, known => Engine::known_while_parked;
         fn cuModuleUnload(module: *mut c_void) -> CUresult, Lookup::cuda("cuModuleUnload", 2000), on panic NOT_FOUND, tiered => Engine::code_unloaded;
         fn cuLibraryUnload(library: *mut c_void) -> CUresult, Lookup::cuda("cuLibraryUnload", 12000), on panic NOT_FOUND, tiered => Engine::code_unloaded;
 

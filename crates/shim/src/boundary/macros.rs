@@ -22,10 +22,13 @@
 //!     answers are made.
 //!
 //! An entry's flags, after its `on panic` value: `tiered` (handed out only
-//! under tiered spill), `parking` (only with parking enabled) and `gate` (a hook that passes tiered spill's gate:
+//! under tiered spill), `parking` (only with parking enabled), `gate` (a hook that passes tiered spill's gate:
 //! the handler takes the engine, the entry's bracketed arguments, which may
 //! name the caller's, and the real call; `Engine::pass_gate` takes none, a
-//! launch the function and its parameters).
+//! launch the function and its parameters) and `known` (only with parking
+//! enabled: a query or synchronisation whose answer is known while parked,
+//! which parking's gate answers without resuming; the handler takes the
+//! engine and the real call).
 
 /// A `&'static CStr` of an identifier's text.
 macro_rules! c_name {
@@ -104,7 +107,7 @@ macro_rules! hooks {
                 if $crate::boundary::disabled() {
                     return real();
                 }
-                park_pass!($lib, _inside);
+                park_pass!($lib, _inside, $name, [$($flag)*]);
                 $crate::boundary::boundary(stringify!($name), $panic, move || {
                     let engine = $crate::boundary::engine();
                     #[allow(unused_unsafe)]
@@ -140,19 +143,36 @@ macro_rules! hooks {
 /// an NVML export in NVML's terms.
 /// NVML's exports pass it too: measured on the H200 (r580), an NVML call
 /// in a checkpointed process waits for the restore, as a CUDA call does.
+/// An entry flagged `known` (its answer is known while parked) passes
+/// `gate::enter_known` instead, which answers a parked process's call
+/// `CUDA_SUCCESS` without resuming it.
 macro_rules! park_pass {
-    (nvml, $pass:ident) => {
+    (nvml, $pass:ident, $name:ident, [$($flag:ident)*]) => {
         // NVML's own codes (`gate::nvml_code`).
-        let $pass = match $crate::process::gate::enter() {
+        let $pass = match $crate::process::gate::enter_as(stringify!($name)) {
             Ok(p) => p,
             Err(code) => return $crate::process::gate::nvml_code(code),
         };
     };
-    ($lib:ident, $pass:ident) => {
-        let $pass = match $crate::process::gate::enter() {
+    ($lib:ident, $pass:ident, $name:ident, [$($flag:ident)*]) => {
+        let $pass = match gate_enter!($name, [$($flag)*]) {
             Ok(p) => p,
             Err(code) => return code,
         };
+    };
+}
+
+/// The gate an entry's flags choose: `known` entries `enter_known`, the
+/// others `enter`.
+macro_rules! gate_enter {
+    ($name:ident, []) => {
+        $crate::process::gate::enter_as(stringify!($name))
+    };
+    ($name:ident, [known $($rest:ident)*]) => {
+        $crate::process::gate::enter_known()
+    };
+    ($name:ident, [$other:ident $($rest:ident)*]) => {
+        gate_enter!($name, [$($rest)*])
     };
 }
 
@@ -166,6 +186,9 @@ macro_rules! only_flag {
         $crate::boundary::entry::Only::Tiered
     };
     (parking $($rest:ident)*) => {
+        $crate::boundary::entry::Only::Parking
+    };
+    (known $($rest:ident)*) => {
         $crate::boundary::entry::Only::Parking
     };
     ($other:ident $($rest:ident)*) => {
@@ -184,9 +207,12 @@ macro_rules! hook_call {
     ([gate $($rest:ident)*] $h:path, $e:ident, [$($x:expr,)*], $r:ident, ($($a:ident),*)) => {
         $h($e, $($x,)* $r)
     };
+    ([known $($rest:ident)*] $h:path, $e:ident, [$($x:expr,)*], $r:ident, ($($a:ident),*)) => {
+        $h($e, $($x,)* $r)
+    };
     ([$other:ident $($rest:ident)*] $($tail:tt)*) => {
         hook_call!([$($rest)*] $($tail)*)
     };
 }
 
-pub(crate) use {c_name, hook_call, hooks, only_flag, park_pass, real_fns};
+pub(crate) use {c_name, gate_enter, hook_call, hooks, only_flag, park_pass, real_fns};

@@ -19,6 +19,11 @@
 //! - [`ACTIVE`] is the activity flag: set by every call that passes, swapped
 //!   to false each tick by the background thread, which then writes the
 //!   page's `last_activity` (design item 7).
+//! - [`enter_known`] is the gate of the calls whose answer is known while
+//!   parked (queries and synchronisations: the park waited for the work
+//!   submitted before it, and none can be submitted while parked): a parked
+//!   process answers them `CUDA_SUCCESS` and stays parked, and they never
+//!   count as activity (issue 43: an idle runtime that polls stays idle).
 //!
 //! Only the background thread changes the state ([`set_state`]), and it
 //! never passes the gate (it calls the real driver). The waiters' count
@@ -30,7 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use crate::log::log_once;
+use crate::log::{log_at, log_once};
 
 /// The parking state as a word; 0 (`Running`) = open.
 pub static GATE: AtomicU32 = AtomicU32::new(0);
@@ -114,18 +119,29 @@ impl Drop for Inside {
 /// dropped. `Err(code)` is the answer the call must give instead.
 #[inline(always)]
 pub fn enter() -> Result<Inside, i32> {
+    enter_as("a call of the shim's C ABI")
+}
+
+/// [`enter`] for the export `who` (named in the log if it asks for a
+/// resume).
+#[inline(always)]
+pub fn enter_as(who: &'static str) -> Result<Inside, i32> {
     if !ENABLED.load(Ordering::Relaxed) {
         return Ok(Inside(false));
     }
-    enter_counted()
+    enter_counted(who)
 }
 
 #[inline(never)]
-fn enter_counted() -> Result<Inside, i32> {
+fn enter_counted(who: &'static str) -> Result<Inside, i32> {
     loop {
-        let rc = gate();
-        if rc != 0 {
-            return Err(rc);
+        if GATE.load(Ordering::Relaxed) != RUNNING {
+            let rc = gate_slow_as(who);
+            if rc != 0 {
+                return Err(rc as i32);
+            }
+        } else if !ACTIVE.load(Ordering::Relaxed) {
+            ACTIVE.store(true, Ordering::Relaxed);
         }
         // Counted, then the gate read again (both SeqCst, as the parker's
         // close and read of INSIDE are): either the parker sees this
@@ -144,6 +160,27 @@ fn enter_counted() -> Result<Inside, i32> {
 #[cold]
 #[inline(never)]
 pub extern "C" fn gate_slow() -> u32 {
+    gate_slow_as("an unhooked driver function")
+}
+
+/// [`gate_slow`] for a call the log can name (`who` asks for a resume).
+#[cold]
+#[inline(never)]
+fn gate_slow_as(who: &'static str) -> u32 {
+    let answer = wait_at_gate(false, who);
+    ACTIVE.store(true, Ordering::Relaxed);
+    answer
+}
+
+/// What [`wait_at_gate`] answers a call whose answer is known while
+/// parked, once the process is parked: `CUDA_SUCCESS`, without the driver.
+const KNOWN: u32 = u32::MAX;
+
+/// Waits at a closed gate until the call may go on (0), or must answer an
+/// error instead. `known`: the call's answer is known while parked
+/// ([`enter_known`]), so a parked process answers it ([`KNOWN`]) and is
+/// not asked to resume.
+fn wait_at_gate(known: bool, who: &'static str) -> u32 {
     WAITERS.fetch_add(1, Ordering::SeqCst);
     let answer = loop {
         let s = GATE.load(Ordering::Acquire);
@@ -157,7 +194,13 @@ pub extern "C" fn gate_slow() -> u32 {
                 );
                 break CUDA_ERROR_DEINITIALIZED as u32;
             }
-            PARKED => RESUME_WANTED.store(true, Ordering::SeqCst),
+            // At exit, as every other call (above): the driver shutting down.
+            PARKED if known => break KNOWN,
+            // The first call to ask is named (what woke an idle process:
+            // issue 43); the others find the resume asked for.
+            PARKED if !RESUME_WANTED.swap(true, Ordering::SeqCst) => {
+                log_at!(Info, "parking: {who} resumes this process");
+            }
             _ => {}
         }
         let held = LOCK.lock().unwrap_or_else(|p| p.into_inner());
@@ -168,8 +211,40 @@ pub extern "C" fn gate_slow() -> u32 {
         }
     };
     WAITERS.fetch_sub(1, Ordering::SeqCst);
-    ACTIVE.store(true, Ordering::Relaxed);
     answer
+}
+
+/// What a hooked export whose answer is known while parked calls first
+/// (the hook list's `known` entries: queries and synchronisations of work
+/// submitted before the park, which the park waited for): as [`enter`],
+/// but a parked process answers `Err(0)`, `CUDA_SUCCESS`, at once, without
+/// the driver and without resuming; and the call does not count as
+/// activity (it needs no GPU: a program that only polls is idle).
+#[inline(always)]
+pub fn enter_known() -> Result<Inside, i32> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Ok(Inside(false));
+    }
+    enter_known_counted()
+}
+
+#[inline(never)]
+fn enter_known_counted() -> Result<Inside, i32> {
+    loop {
+        if GATE.load(Ordering::SeqCst) != RUNNING {
+            match wait_at_gate(true, "") {
+                0 => {}
+                KNOWN => return Err(0),
+                rc => return Err(rc as i32),
+            }
+        }
+        // As in `enter_counted`: counted, then the gate read again.
+        INSIDE.fetch_add(1, Ordering::SeqCst);
+        if GATE.load(Ordering::SeqCst) == RUNNING {
+            return Ok(Inside(true));
+        }
+        INSIDE.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Unit tests that change the process-wide gate (the forwarders', the
@@ -205,4 +280,38 @@ pub fn reset_after_fork() {
     WAITERS.store(0, Ordering::Release);
     INSIDE.store(0, Ordering::Release);
     ACTIVE.store(true, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 43: a call whose answer is known is answered `CUDA_SUCCESS`
+    /// by a parked gate without asking for a resume, never counts as
+    /// activity, goes into the driver (counted inside) once running, and
+    /// gets the failure of a stuck process; an ordinary call counts.
+    #[test]
+    fn known_calls_answer_a_parked_gate_and_are_no_activity() {
+        let _one = TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let was = enabled();
+        enable(true);
+        set_state(PARKED);
+        ACTIVE.store(false, Ordering::SeqCst);
+        assert_eq!(enter_known().err(), Some(0));
+        assert!(!RESUME_WANTED.load(Ordering::SeqCst));
+        assert!(!ACTIVE.load(Ordering::SeqCst));
+        assert_eq!(WAITERS.load(Ordering::SeqCst), 0);
+        set_state(RUNNING);
+        let inside = enter_known().expect("running: the driver answers");
+        assert_eq!(INSIDE.load(Ordering::SeqCst), 1);
+        drop(inside);
+        assert_eq!(INSIDE.load(Ordering::SeqCst), 0);
+        assert!(!ACTIVE.load(Ordering::SeqCst));
+        drop(enter().expect("running"));
+        assert!(ACTIVE.load(Ordering::SeqCst));
+        set_state(FAILED);
+        assert_eq!(enter_known().err(), Some(CUDA_ERROR_ILLEGAL_STATE));
+        set_state(RUNNING);
+        enable(was);
+    }
 }

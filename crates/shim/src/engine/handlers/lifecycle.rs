@@ -2,7 +2,8 @@
 //! memory: contexts going away (their memory goes with them), stream
 //! capture (no synchronising or freeing while it runs) and IPC export (such
 //! blocks are not cached), and streams that the legacy stream does not
-//! order (the cache must wait before reusing a block).
+//! order (the cache must wait before reusing a block); and the queries and
+//! synchronisations a parked process answers without resuming.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
@@ -15,6 +16,14 @@ use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 impl<D: Driver> Engine<D> {
+    /// A query or synchronisation of streams, events or the context (the
+    /// hook list's `known` entries, handed out only with parking): parked,
+    /// the gate answered it already (`process/gate.rs`, `enter_known`);
+    /// running, the driver answers.
+    pub fn known_while_parked(&'static self, mut real: impl FnMut() -> CUresult) -> CUresult {
+        real()
+    }
+
     /// Drops the records of every allocation of a context the driver
     /// destroyed and gives their bytes back. Stream-ordered allocations
     /// stay: they live in the device's memory pool, which outlives the
