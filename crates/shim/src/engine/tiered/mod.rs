@@ -12,6 +12,8 @@
 //! - `heat` (launch decoding) and `graph_heat` (executable graphs' uses).
 //! - `plan`: pure Rust, tested without a driver: a round's heat and score
 //!   (`take_round`) and the moves it chooses (`plan`).
+//! - `phases`: pure too, issue 44's first step: where a step's launch order
+//!   repeats, and its phases under a budget (not used yet).
 //! - `rounds` (the background thread's moves), `budget` (where a block's
 //!   bytes are counted: the device's budget or the host's), `handles` (the
 //!   program's own `cuMemCreate` handles under tiered spill).
@@ -59,6 +61,10 @@ mod block;
 mod gate;
 mod graph_heat;
 mod heat;
+// Issue 44's spike, step 1: pure and tested; the rounds use it once the
+// mover stages (docs/design/tiered.md, "Staging ahead").
+#[allow(dead_code)]
+mod phases;
 mod plan;
 mod registry;
 

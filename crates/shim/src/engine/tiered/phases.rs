@@ -1,0 +1,296 @@
+//! Staging ahead, step 1 (issue 44, a spike): from the order in which a
+//! program's launches use tiered blocks, find where its step repeats and
+//! split one step into phases whose blocks fit in a budget, with the bytes
+//! that must move at each phase boundary. Pure: no driver, no locks, no
+//! engine; the rounds will hand it a recorded trace once the mover stages
+//! (`docs/design/tiered.md`, "Staging ahead").
+//!
+//! - A launch is the set of blocks it used (block indices, sorted,
+//!   deduplicated); two launches are alike when their sets are equal.
+//! - [`period`]: the shortest `p` such that the trace ends with the same
+//!   `p` launches twice over (the Z-function of the reversed trace: linear
+//!   in its length). `None`: the end of the trace does not repeat yet (a
+//!   new shape, evaluation, a changed batch), and placement stays by heat.
+//! - [`split`]: one step cut greedily into consecutive phases, each as long
+//!   as its blocks' bytes fit in the budget. Adding a launch to a phase only
+//!   grows its set, so cutting as late as possible gives the fewest phases.
+//!   A launch whose own blocks do not fit is no phase at all: staging
+//!   cannot run that step ([`Split::Unfit`]).
+//! - [`boundary_bytes`]: what moves between consecutive phases, the step
+//!   taken as a cycle (its last phase is followed by its first): the bytes
+//!   of the next phase's blocks not in the current one, which come in, and
+//!   as many go out.
+
+/// A launch's blocks: indices into the block sizes, sorted, no repeats.
+pub type Launch = Vec<usize>;
+
+/// The shortest period with which `trace` ends twice over, if any.
+pub fn period(trace: &[Launch]) -> Option<usize> {
+    let n = trace.len();
+    if n < 2 {
+        return None;
+    }
+    // r is the trace read backwards; z[i]: the length of the longest run
+    // of r from i equal to r's start. The end repeats with period p when
+    // r[p..2p] == r[..p], that is z[p] >= p.
+    let r: Vec<&Launch> = trace.iter().rev().collect();
+    let mut z = vec![0usize; n];
+    let (mut l, mut h) = (0usize, 0usize);
+    for i in 1..n {
+        if i < h {
+            z[i] = (h - i).min(z[i - l]);
+        }
+        while i + z[i] < n && r[z[i]] == r[i + z[i]] {
+            z[i] += 1;
+        }
+        if i + z[i] > h {
+            l = i;
+            h = i + z[i];
+        }
+    }
+    (1..=n / 2).find(|&p| z[p] >= p)
+}
+
+/// One phase: the launches `start..end` of a step and the blocks they use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Phase {
+    pub start: usize,
+    pub end: usize,
+    /// The blocks the phase's launches use, sorted.
+    pub blocks: Vec<usize>,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// How one step splits under a budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Split {
+    Phases(Vec<Phase>),
+    /// The launch at this index uses more bytes than the budget by itself.
+    Unfit {
+        launch: usize,
+        bytes: u64,
+    },
+}
+
+/// The union of two sorted block lists.
+fn union(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        let next = match (a.get(i), b.get(j)) {
+            (Some(&x), Some(&y)) if x == y => {
+                i += 1;
+                j += 1;
+                x
+            }
+            (Some(&x), Some(&y)) if x < y => {
+                i += 1;
+                x
+            }
+            (Some(&x), None) => {
+                i += 1;
+                x
+            }
+            (_, Some(&y)) => {
+                j += 1;
+                y
+            }
+            (None, None) => unreachable!("the loop runs while one is left"),
+        };
+        out.push(next);
+    }
+    out
+}
+
+/// The bytes of `blocks` (indices into `sizes`; an index past it weighs 0).
+fn bytes_of(blocks: &[usize], sizes: &[u64]) -> u64 {
+    blocks
+        .iter()
+        .map(|&b| sizes.get(b).copied().unwrap_or(0))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Cuts `step` into the fewest consecutive phases whose blocks' bytes
+/// (`sizes`) fit in `budget` (module docs).
+pub fn split(step: &[Launch], sizes: &[u64], budget: u64) -> Split {
+    let mut phases: Vec<Phase> = Vec::new();
+    let mut cur: Option<Phase> = None;
+    for (i, launch) in step.iter().enumerate() {
+        let own = bytes_of(launch, sizes);
+        if own > budget {
+            return Split::Unfit {
+                launch: i,
+                bytes: own,
+            };
+        }
+        cur = Some(match cur.take() {
+            None => Phase {
+                start: i,
+                end: i + 1,
+                blocks: launch.clone(),
+                bytes: own,
+            },
+            Some(p) => {
+                let blocks = union(&p.blocks, launch);
+                let bytes = bytes_of(&blocks, sizes);
+                if bytes <= budget {
+                    Phase {
+                        start: p.start,
+                        end: i + 1,
+                        blocks,
+                        bytes,
+                    }
+                } else {
+                    phases.push(p);
+                    Phase {
+                        start: i,
+                        end: i + 1,
+                        blocks: launch.clone(),
+                        bytes: own,
+                    }
+                }
+            }
+        });
+    }
+    phases.extend(cur);
+    Split::Phases(phases)
+}
+
+/// The bytes that come in at each boundary of a step's phases taken as a
+/// cycle: entry `i` is what phase `i + 1` (the first after the last)
+/// needs that phase `i` did not hold. One phase moves nothing.
+pub fn boundary_bytes(phases: &[Phase], sizes: &[u64]) -> Vec<u64> {
+    if phases.len() < 2 {
+        return vec![0; phases.len()];
+    }
+    (0..phases.len())
+        .map(|i| {
+            let (now, next) = (&phases[i].blocks, &phases[(i + 1) % phases.len()].blocks);
+            let incoming: Vec<usize> = next
+                .iter()
+                .copied()
+                .filter(|b| now.binary_search(b).is_err())
+                .collect();
+            bytes_of(&incoming, sizes)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A training step of `layers` layers: forward uses each layer's
+    /// weights (block l) and its activation (block layers + l); backward
+    /// the same in reverse, with the gradient buffer (block 2 * layers);
+    /// then the optimizer touches every weight.
+    fn step(layers: usize) -> Vec<Launch> {
+        let mut s = Vec::new();
+        for l in 0..layers {
+            s.push(vec![l, layers + l]);
+        }
+        for l in (0..layers).rev() {
+            s.push(vec![l, layers + l, 2 * layers]);
+        }
+        s.push((0..layers).collect());
+        s
+    }
+
+    #[test]
+    fn a_repeating_step_is_found_and_a_changed_one_is_not() {
+        let one = step(3);
+        let mut trace = Vec::new();
+        // Warm-up launches of another shape first, then three steps.
+        trace.push(vec![9]);
+        trace.push(vec![8, 9]);
+        for _ in 0..3 {
+            trace.extend(one.iter().cloned());
+        }
+        assert_eq!(period(&trace), Some(one.len()));
+        // A step's end that does not repeat yet (evaluation began).
+        trace.push(vec![0, 7]);
+        assert_eq!(period(&trace), None);
+        // Too short to tell, and a trace of one launch repeated.
+        assert_eq!(period(&[vec![1]]), None);
+        assert_eq!(period(&[vec![1], vec![1], vec![1]]), Some(1));
+        // The shortest period wins: a step made of two equal halves.
+        let half = vec![vec![1], vec![2, 3]];
+        let doubled: Vec<Launch> = half
+            .iter()
+            .chain(&half)
+            .chain(&half)
+            .chain(&half)
+            .cloned()
+            .collect();
+        assert_eq!(period(&doubled), Some(2));
+    }
+
+    #[test]
+    fn a_step_splits_into_the_fewest_phases_that_fit() {
+        let s = step(3); // blocks 0..2 weights, 3..5 activations, 6 gradients
+        let sizes = [
+            100 * MIB,
+            100 * MIB,
+            100 * MIB,
+            50 * MIB,
+            50 * MIB,
+            50 * MIB,
+            100 * MIB,
+        ];
+        // Everything fits: one phase, nothing moves.
+        let all = 550 * MIB;
+        let Split::Phases(one) = split(&s, &sizes, all) else {
+            panic!("fits");
+        };
+        assert_eq!(one.len(), 1);
+        assert_eq!((one[0].start, one[0].end, one[0].bytes), (0, 7, all));
+        assert_eq!(boundary_bytes(&one, &sizes), [0]);
+        // 300 MiB: forward 0-1 (300), forward 2 + backward 2 (250), backward
+        // 1 (250), backward 0 (250), the optimizer (300).
+        let Split::Phases(p) = split(&s, &sizes, 300 * MIB) else {
+            panic!("fits");
+        };
+        let cuts: Vec<(usize, usize, u64)> =
+            p.iter().map(|p| (p.start, p.end, p.bytes / MIB)).collect();
+        assert_eq!(
+            cuts,
+            [
+                (0, 2, 300),
+                (2, 4, 250),
+                (4, 5, 250),
+                (5, 6, 250),
+                (6, 7, 300)
+            ]
+        );
+        assert_eq!(p[1].blocks, [2, 5, 6]);
+        // In at each boundary: {2,5,6} after {0,1,3,4}, {1,4} after
+        // {2,5,6}, {0,3} after {1,4,6}, {1,2} after {0,3,6}, and the next
+        // step's {0,1,3,4} after {0,1,2}.
+        assert_eq!(
+            boundary_bytes(&p, &sizes)
+                .iter()
+                .map(|b| b / MIB)
+                .collect::<Vec<_>>(),
+            [250, 150, 150, 200, 100]
+        );
+        // A launch bigger than the budget by itself: staging cannot run it.
+        assert_eq!(
+            split(&s, &sizes, 280 * MIB),
+            Split::Unfit {
+                launch: 6,
+                bytes: 300 * MIB
+            }
+        );
+    }
+
+    #[test]
+    fn unions_and_sizes_are_exact() {
+        assert_eq!(union(&[1, 3, 5], &[2, 3, 6]), [1, 2, 3, 5, 6]);
+        assert_eq!(union(&[], &[4]), [4]);
+        assert_eq!(bytes_of(&[0, 9], &[7]), 7);
+        assert_eq!(bytes_of(&[0, 0], &[u64::MAX]), u64::MAX);
+    }
+}
