@@ -23,6 +23,7 @@ mod park_basics;
 mod park_calls;
 mod park_cli;
 mod park_exit;
+mod park_move;
 mod park_policy;
 mod park_resume;
 mod park_util;

@@ -36,6 +36,13 @@
                                arrays of 1 GiB from a fixed key, the same
                                lines ("STEP1", "IDLE", "RESUMED", "STEP2",
                                "RESULTKV same=0|1 ...")
+  check_park.py cycles GIB N   hold GIB GiB (1 GiB tensors from a fixed
+                               seed, summed: "SUM0 sum=S"), then N times:
+                               print "IDLE i" and wait for a line on stdin,
+                               time the first CUDA call (it resumes a parked
+                               process: "RESUMED i seconds=T") and sum again
+                               ("SUM i sum=S"); last "RESULTKV same=0|1
+                               cycles=N" (every sum equal to the first)
   check_park.py train SEED LAYERS ROUNDS STEPS CPU_S DELAY_S
                                a deterministic training loop (fixed seed, an
                                MLP of LAYERS 8192x8192 layers, SGD with
@@ -110,6 +117,34 @@ def jax_notebook(gib):
     print(f"STEP2 sum={s2!r}", flush=True)
     print(f"RESULTKV same={int(s1 == s2)} first={first!r} resume_s={resumed:.3f} step1={s1!r} step2={s2!r}",
           flush=True)
+    return 0
+
+
+def cycles(gib, n):
+    """Parked and resumed n times (issue 43: the first park, the later
+    ones into host memory already resident, and nothing lost)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(4321)
+    keep = [torch.rand((1 << 30) // 4, device="cuda", generator=g) for _ in range(gib)]
+    torch.cuda.synchronize()
+
+    def total():
+        return sum(float(t.double().sum().item()) for t in keep)
+
+    first = total()
+    print(f"SUM0 sum={first!r}", flush=True)
+    same = True
+    for i in range(1, n + 1):
+        print(f"IDLE {i} pid={os.getpid()}", flush=True)
+        sys.stdin.readline()
+        t0 = time.monotonic()
+        float(keep[0][0].item())  # the first CUDA call: resumes
+        print(f"RESUMED {i} seconds={time.monotonic() - t0:.3f}", flush=True)
+        s = total()
+        same = same and s == first
+        print(f"SUM {i} sum={s!r}", flush=True)
+    print(f"RESULTKV same={int(same)} cycles={n}", flush=True)
     return 0
 
 
@@ -277,6 +312,8 @@ def capture():
 
 def main():
     mode = sys.argv[1]
+    if mode == "cycles":
+        return cycles(int(sys.argv[2]), int(sys.argv[3]))
     if mode == "train":
         a = sys.argv[2:]
         return train(int(a[0]), int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]))

@@ -255,6 +255,17 @@ impl fmt::Display for Outcome {
     }
 }
 
+/// `VRAMCAP_PARK_MOVE`: what moves a parked process's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ParkMove {
+    /// The driver's checkpoint of the whole process.
+    #[default]
+    Checkpoint,
+    /// The shim moves its blocks (VMM memory behind fixed addresses) to
+    /// host memory and back itself, and leaves the rest on the GPU.
+    Shim,
+}
+
 /// `VRAMCAP_PARK`: parked only when asked, or also by the idle policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParkMode {

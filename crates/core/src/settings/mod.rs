@@ -21,13 +21,14 @@ pub use operator::{OperatorError, read_operator_limit};
 pub use parse::{
     CacheBound, ContextCharge, Counting, LogLevel, MANAGED_AS_HOST, SettingsError, Spill,
     SpillLimit, default_stats_dir, parse_cache, parse_context, parse_counting, parse_duration,
-    parse_log_level, parse_park, parse_park_wait, parse_spill, parse_spill_limit,
+    parse_log_level, parse_park, parse_park_move, parse_park_wait, parse_spill, parse_spill_limit,
 };
 pub use vars::{
     CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, CUDA_LIBRARY_VAR, DISABLE_VAR,
     FREE_PROBE_VAR, GROUP_VAR, KNOWN_VARS, LIBRARY_VAR, LOG_VAR, NVIDIA_LIMIT_VAR,
-    OPERATOR_LIMIT_PATH, PARK_VAR, PARK_WAIT_VAR, SETTING_VARS, SOFT_LIMIT_VAR, SPILL_LIMIT_VAR,
-    SPILL_VAR, STATS_DIR_VAR, STATS_VAR, TOOL_VARS, UnknownVar, unknown_vars, unknown_vars_in_env,
+    OPERATOR_LIMIT_PATH, PARK_MOVE_VAR, PARK_VAR, PARK_WAIT_VAR, SETTING_VARS, SOFT_LIMIT_VAR,
+    SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR, STATS_VAR, TOOL_VARS, UnknownVar, unknown_vars,
+    unknown_vars_in_env,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +76,8 @@ pub struct Settings {
     /// `VRAMCAP_PARK_WAIT`: how long an allocation waits for room when no
     /// group member can be parked (zero: refuse at once).
     pub park_wait: std::time::Duration,
+    /// `VRAMCAP_PARK_MOVE`: what moves a parked process's memory.
+    pub park_move: crate::park::ParkMove,
     /// `VRAMCAP_FREE_PROBE=1`: this process is the nvidia-smi a resume
     /// runs ([`FREE_PROBE_VAR`]); NVML's memory queries answer the
     /// driver's figures. It lifts no cap.
@@ -190,6 +193,21 @@ impl Settings {
         let park = parsed(get(PARK_VAR), parse_park)?;
         let park_wait =
             parsed(get(PARK_WAIT_VAR), parse_park_wait)?.unwrap_or(std::time::Duration::ZERO);
+        let park_move = parsed(get(PARK_MOVE_VAR), parse_park_move)?.unwrap_or_default();
+        if park_move == crate::park::ParkMove::Shim && spill == Spill::Host {
+            return Err(bad(
+                PARK_MOVE_VAR,
+                "shim",
+                "checkpoint with VRAMCAP_SPILL=host (the shim's moves do not spill yet), e.g. VRAMCAP_PARK_MOVE=shim with VRAMCAP_SPILL=off or tiered",
+            ));
+        }
+        if park_move == crate::park::ParkMove::Shim && park.is_none() {
+            return Err(bad(
+                PARK_MOVE_VAR,
+                "shim",
+                "checkpoint without VRAMCAP_PARK (shim applies to parking only), e.g. VRAMCAP_PARK=manual VRAMCAP_PARK_MOVE=shim",
+            ));
+        }
         let free_probe = match get(FREE_PROBE_VAR).as_deref().map(str::trim) {
             None | Some("") | Some("0") => false,
             Some("1") => true,
@@ -204,6 +222,7 @@ impl Settings {
         Ok(Settings {
             park,
             park_wait,
+            park_move,
             free_probe,
             limit,
             nvidia_limit,

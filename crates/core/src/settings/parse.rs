@@ -5,7 +5,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::{
-    CACHE_VAR, CONTEXT_VAR, COUNT_VAR, LOG_VAR, PARK_VAR, PARK_WAIT_VAR, SPILL_LIMIT_VAR, SPILL_VAR,
+    CACHE_VAR, CONTEXT_VAR, COUNT_VAR, LOG_VAR, PARK_MOVE_VAR, PARK_VAR, PARK_WAIT_VAR,
+    SPILL_LIMIT_VAR, SPILL_VAR,
 };
 use crate::limit::LimitError;
 
@@ -353,6 +354,19 @@ pub fn parse_park(value: &str) -> Result<crate::park::ParkMode, SettingsError> {
     parse_duration_or_zero(rest)
         .map(crate::park::ParkMode::Idle)
         .ok_or_else(err)
+}
+
+/// Parses `VRAMCAP_PARK_MOVE`: `checkpoint` or `shim`.
+pub fn parse_park_move(value: &str) -> Result<crate::park::ParkMove, SettingsError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "checkpoint" => Ok(crate::park::ParkMove::Checkpoint),
+        "shim" => Ok(crate::park::ParkMove::Shim),
+        _ => Err(SettingsError::Other {
+            var: PARK_MOVE_VAR,
+            value: value.to_string(),
+            expected: "checkpoint (the default) or shim, e.g. VRAMCAP_PARK_MOVE=shim",
+        }),
+    }
 }
 
 /// Parses `VRAMCAP_PARK_WAIT` (how long an allocation waits for room when

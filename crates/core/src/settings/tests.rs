@@ -415,3 +415,40 @@ fn the_free_probe_mark_is_a_setting() {
     );
     assert!(!Settings::for_secure_execution().free_probe);
 }
+
+#[test]
+fn park_move_is_checkpoint_or_shim_and_shim_needs_parking() {
+    use crate::park::ParkMove;
+    let with = |vars: &[(&str, &str)]| {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_lookup(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    };
+    assert_eq!(with(&[]).unwrap().park_move, ParkMove::Checkpoint);
+    assert_eq!(
+        with(&[("VRAMCAP_PARK", "manual"), ("VRAMCAP_PARK_MOVE", " Shim ")])
+            .unwrap()
+            .park_move,
+        ParkMove::Shim
+    );
+    assert_eq!(
+        with(&[("VRAMCAP_PARK_MOVE", "checkpoint")])
+            .unwrap()
+            .park_move,
+        ParkMove::Checkpoint
+    );
+    assert_eq!(
+        with(&[("VRAMCAP_PARK", "manual"), ("VRAMCAP_PARK_MOVE", "fast")])
+            .unwrap_err()
+            .to_string(),
+        "VRAMCAP_PARK_MOVE=\"fast\" is not valid: expected checkpoint (the default) or shim, e.g. VRAMCAP_PARK_MOVE=shim"
+    );
+    assert_eq!(
+        with(&[("VRAMCAP_PARK_MOVE", "shim")])
+            .unwrap_err()
+            .to_string(),
+        "VRAMCAP_PARK_MOVE=\"shim\" is not valid: expected checkpoint without VRAMCAP_PARK (shim applies to parking only), e.g. VRAMCAP_PARK=manual VRAMCAP_PARK_MOVE=shim"
+    );
+}

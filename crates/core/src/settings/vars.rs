@@ -27,6 +27,10 @@ pub const OPERATOR_LIMIT_PATH: &str = "/run/vramcap/operator-limit";
 /// allocation waits for room when no group member can be parked.
 pub const PARK_VAR: &str = "VRAMCAP_PARK";
 pub const PARK_WAIT_VAR: &str = "VRAMCAP_PARK_WAIT";
+/// What moves a parked process's memory (issue 43): `checkpoint`, the
+/// driver's checkpoint of the whole process (the default), or `shim`: the
+/// shim moves its VMM blocks itself and leaves the rest (experimental).
+pub const PARK_MOVE_VAR: &str = "VRAMCAP_PARK_MOVE";
 /// Set by the shim in the environment of the nvidia-smi a resume runs
 /// (`1`): a shim loaded into it all the same answers NVML's memory
 /// queries with the driver's figures. It lifts no cap.
@@ -56,6 +60,7 @@ pub const SETTING_VARS: &[&str] = &[
     LIBRARY_VAR,
     PARK_VAR,
     PARK_WAIT_VAR,
+    PARK_MOVE_VAR,
 ];
 
 /// `VRAMCAP_*` names that are not settings but belong to vramcap's own

@@ -239,7 +239,10 @@ impl<D: Driver> Engine<D> {
             accounting: Accounting::new(driver, settings),
             cache: Cache::new(),
             spill: HostSpill::new(settings),
-            tiers: Tiers::new(settings.spill == vramcap_core::settings::Spill::Tiered),
+            tiers: Tiers::new(
+                settings.park.is_some() && settings.park_move == vramcap_core::park::ParkMove::Shim,
+                settings.spill == vramcap_core::settings::Spill::Tiered,
+            ),
             handles: Handles::default(),
             table: registry(),
             vmm: registry(),
@@ -269,7 +272,7 @@ impl<D: Driver> Engine<D> {
     /// other parts handed in: what the records hold, and the cache's
     /// emptying.
     pub(in crate::engine) fn with_parking<T>(
-        &self,
+        &'static self,
         f: impl FnOnce(&park::Parking<'_, D>) -> T,
     ) -> T {
         let records = || park::Live {
@@ -280,6 +283,16 @@ impl<D: Driver> Engine<D> {
             exported: self.table.iter().any(|r| r.exported),
         };
         let empty_cache = || self.cache.trim_all(&self.accounting);
+        // The moves of `VRAMCAP_PARK_MOVE=shim`, with `Tiers::running`
+        // held shared as a round holds it.
+        let move_out = || {
+            let _no_teardown = self.tiers.round_running();
+            self.tiering().park_out()
+        };
+        let move_in = || {
+            let _no_teardown = self.tiers.round_running();
+            self.tiering().park_in()
+        };
         f(&park::Parking {
             driver: self.driver,
             settings: self.settings,
@@ -287,6 +300,8 @@ impl<D: Driver> Engine<D> {
             accounting: &self.accounting,
             records: &records,
             empty_cache: &empty_cache,
+            move_out: &move_out,
+            move_in: &move_in,
         })
     }
 
@@ -315,7 +330,7 @@ impl<D: Driver> Engine<D> {
 
     /// Parking's part of the background round, first in each: true when
     /// the process is not running (parked, or stuck).
-    pub(in crate::engine) fn park_round(&self) -> bool {
+    pub(in crate::engine) fn park_round(&'static self) -> bool {
         self.with_parking(|p| p.park_round())
     }
 
@@ -334,6 +349,13 @@ impl<D: Driver> Engine<D> {
         let mailbox = vramcap_core::mailbox::Mailbox::trim(&page.header);
         if let Some(asked) = mailbox.pending() {
             let bytes = self.cache.trim_all(&self.accounting);
+            // Host memory kept for parks goes too (`VRAMCAP_PARK_MOVE=shim`).
+            let kept = if self.tiers.on() {
+                let _no_teardown = self.tiers.round_running();
+                self.tiering().release_kept()
+            } else {
+                0
+            };
             for s in page.slots.iter() {
                 if s.flags.load(Ordering::Relaxed) != 0 {
                     DeviceSlot::add(&s.trims, 1);
@@ -341,6 +363,12 @@ impl<D: Driver> Engine<D> {
             }
             mailbox.answer(asked);
             log_at!(Info, "trim: released {bytes} cached bytes");
+            if kept > 0 {
+                log_at!(
+                    Info,
+                    "trim: gave back {kept} bytes of host memory kept for parks"
+                );
+            }
         }
         self.apply_limit_requests();
         self.follow_group_caps();

@@ -85,11 +85,18 @@ impl HostSpill {
             };
             let host = (pages.max(0) as u64).saturating_mul(size.max(0) as u64);
             let l = self.settings.spill_limit.resolve(host);
-            log_at!(
-                Info,
-                "spill: {} up to {l} bytes of host memory",
-                self.settings.spill.name()
-            );
+            match self.settings.spill {
+                // Only parking's moves (`VRAMCAP_PARK_MOVE=shim`) use it.
+                vramcap_core::settings::Spill::Off => log_at!(
+                    Info,
+                    "parking: up to {l} bytes of host memory for parked blocks (VRAMCAP_SPILL_LIMIT)"
+                ),
+                mode => log_at!(
+                    Info,
+                    "spill: {} up to {l} bytes of host memory",
+                    mode.name()
+                ),
+            }
             l
         })
     }

@@ -125,7 +125,7 @@ impl<D: Driver> Engine<D> {
         exec: CUgraphExec,
         stream: CUstream,
     ) -> CUresult {
-        if self.tiers.on() && !exec.is_null() {
+        if self.tiers.placing() && !exec.is_null() {
             self.tiers.note_graph(exec as u64);
         }
         self.graph_upload(flavour, real, exec, stream)
@@ -180,7 +180,7 @@ impl<D: Driver> Engine<D> {
     /// Under tiered spill, what the kernel nodes of the graph `exec` was
     /// made from use (`engine/tiered/`).
     fn graph_walked(&self, rc: CUresult, exec: *mut CUgraphExec, graph: CUgraph) {
-        if rc != CUDA_SUCCESS || !self.tiers.on() {
+        if rc != CUDA_SUCCESS || !self.tiers.placing() {
             return;
         }
         // SAFETY: on success the driver wrote the handle.
@@ -346,7 +346,7 @@ impl<D: Driver> Engine<D> {
     /// Under tiered spill, what the kernel nodes of `graph`, which `exec`
     /// now follows, use (`engine/tiered/`).
     fn graph_updated(&self, rc: CUresult, exec: CUgraphExec, graph: CUgraph) {
-        if rc == CUDA_SUCCESS && self.tiers.on() && !exec.is_null() {
+        if rc == CUDA_SUCCESS && self.tiers.placing() && !exec.is_null() {
             self.tiers
                 .graph_instantiated(self.driver, exec as u64, graph as usize);
         }
@@ -364,7 +364,10 @@ impl<D: Driver> Engine<D> {
         _params: *const c_void,
     ) -> CUresult {
         let rc = real();
-        if rc == CUDA_SUCCESS && self.tiers.on() && self.tiers.take_graph(exec as u64).is_some() {
+        if rc == CUDA_SUCCESS
+            && self.tiers.placing()
+            && self.tiers.take_graph(exec as u64).is_some()
+        {
             log_once!(
                 Info,
                 "tiered spill: a kernel node of an executable graph was changed in place (cuGraphExecKernelNodeSetParams or cuGraphExecNodeSetParams); that graph's launches count no uses from then on"
@@ -406,7 +409,7 @@ impl<D: Driver> Engine<D> {
         // for another thread's new graph.
         let uses = self
             .tiers
-            .on()
+            .placing()
             .then(|| self.tiers.take_graph(exec as u64))
             .flatten();
         let rc = real();

@@ -9,6 +9,11 @@
 //!   engine hands in what it needs of the other parts (what the records
 //!   hold, the cache's emptying) as [`Parking`]'s two closures
 //!   (`engine/mod.rs`, [`Engine::parking`](crate::engine::Engine)).
+//! - With `VRAMCAP_PARK_MOVE=shim` a park moves the process's blocks to
+//!   host memory through tiered spill's moves (handed in) instead of the
+//!   driver's checkpoint; the moves release and reserve their own bytes,
+//!   so `Park::parked` stays 0 and the page's `parked` words say what
+//!   moved (`steps.rs`, `move_and_release`, `move_back`).
 //! - Everything happens on the background thread ([`Parking::park_round`],
 //!   each tick): the page's requests (`vramcap park`/`resume`, a group
 //!   member's policy), transparent resumes asked by the gate, the activity
@@ -33,7 +38,7 @@ mod steps;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vramcap_core::mailbox::{Mailbox, take_park};
-use vramcap_core::park::{Ask, Outcome, PARK_DEVICES, ParkMode};
+use vramcap_core::park::{Ask, Outcome, PARK_DEVICES, ParkMode, ParkMove};
 
 use vramcap_core::settings::Settings;
 
@@ -67,6 +72,9 @@ pub struct Park {
     short_on: AtomicU64,
     /// The bytes that GPU was short of then.
     short_need: AtomicU64,
+    /// The process is parked by the shim's own moves
+    /// (`VRAMCAP_PARK_MOVE=shim`), not by the driver's checkpoint.
+    moved: AtomicBool,
 }
 
 /// What the engine's records hold that parking refuses (design item 4a).
@@ -90,6 +98,11 @@ pub struct Parking<'a, D: Driver> {
     /// Empties the freed-block cache (at a park, once the gate is closed
     /// and the calls in flight are out): the bytes released.
     pub empty_cache: &'a dyn Fn() -> u64,
+    /// `VRAMCAP_PARK_MOVE=shim`: moves the process's blocks to host memory
+    /// (the bytes moved per device, released by the moves) and back
+    /// (`Err(device)`: no room there for all of its blocks).
+    pub move_out: &'a dyn Fn() -> [u64; PARK_DEVICES],
+    pub move_in: &'a dyn Fn() -> Result<(), u16>,
 }
 
 impl Park {
@@ -104,6 +117,7 @@ impl Park {
             short_at: AtomicU64::new(0),
             short_on: AtomicU64::new(0),
             short_need: AtomicU64::new(0),
+            moved: AtomicBool::new(false),
         }
     }
 
@@ -180,6 +194,7 @@ impl<D: Driver> Parking<'_, D> {
         }
         let outcome = match self.park_refusal() {
             Some(why) => why,
+            None if self.settings.park_move == ParkMove::Shim => self.move_and_release(),
             // Measured before the lock, in this running process: a driver
             // without the checkpoint API is told as such first.
             None if !self.driver.has_checkpoint_api() => Outcome::NoCheckpointApi,
@@ -221,7 +236,7 @@ impl<D: Driver> Parking<'_, D> {
                         .header
                         .parked_since
                         .load(Ordering::Relaxed);
-                    let bytes = self.park.parked[d as usize].load(Ordering::Relaxed);
+                    let bytes = page_parked(self.accounting, self.settings, d as usize);
                     log_at!(
                         Warn,
                         "this process was parked {}s ago; waiting for {:.1} GiB on GPU {d} to resume",
@@ -234,4 +249,14 @@ impl<D: Driver> Parking<'_, D> {
             Err(o) => o,
         }
     }
+}
+
+/// The bytes parked on device `d` as the page says (moved by the shim, or
+/// released at the driver's checkpoint).
+fn page_parked<D: Driver>(
+    accounting: &Accounting<D>,
+    settings: &vramcap_core::settings::Settings,
+    d: usize,
+) -> u64 {
+    accounting.page().get(settings).header.parked[d].load(Ordering::Relaxed)
 }

@@ -96,19 +96,89 @@ impl<D: Driver> Parking<'_, D> {
         page.slots.iter().filter(|s| s.budget.used() > 0).count()
     }
 
-    /// Closes the gate, waits for the calls in flight, empties the cache,
-    /// locks and checkpoints, then releases the ledgers (module docs).
-    pub(super) fn checkpoint_and_release(&self) -> Outcome {
-        let driver = self.driver;
+    /// Closes the gate and waits for the calls in flight (at most
+    /// [`LOCK_TIMEOUT`]; else reopens: `Busy`). When it began.
+    fn close_and_drain(&self) -> Result<Instant, Outcome> {
         self.park_set(ParkState::Parking);
         let start = Instant::now();
         while gate::INSIDE.load(Ordering::SeqCst) != 0 {
             if start.elapsed() > LOCK_TIMEOUT {
                 self.park_set(ParkState::Running);
-                return Outcome::Busy;
+                return Err(Outcome::Busy);
             }
             std::thread::yield_now();
         }
+        Ok(start)
+    }
+
+    /// `VRAMCAP_PARK_MOVE=shim`: closes the gate, waits for the calls in
+    /// flight, empties the cache and moves the blocks to host memory (the
+    /// moves release their bytes from the ledgers); the rest of the
+    /// process stays on the GPU, charged as before.
+    pub(super) fn move_and_release(&self) -> Outcome {
+        let start = match self.close_and_drain() {
+            Ok(s) => s,
+            Err(o) => return o,
+        };
+        let freed = (self.empty_cache)();
+        let moved = (self.move_out)();
+        let page = self.accounting.page().get(self.settings);
+        for (d, &bytes) in moved.iter().enumerate() {
+            self.park.parked[d].store(0, Ordering::Relaxed);
+            page.header.parked[d].store(bytes, Ordering::Release);
+        }
+        page.header
+            .parked_since
+            .store(now_unix_ns(), Ordering::Release);
+        self.park.said_waiting.store(false, Ordering::Relaxed);
+        self.park.moved.store(true, Ordering::Relaxed);
+        crate::process::stop_first_at_exit();
+        self.park_set(ParkState::Parked);
+        log_at!(
+            Info,
+            "parked: {} bytes moved to host memory by the shim in {:.3}s ({freed} cached bytes released first); the rest of the process stays on the GPU",
+            moved.iter().sum::<u64>(),
+            start.elapsed().as_secs_f64()
+        );
+        Outcome::Ok
+    }
+
+    /// Moves the parked blocks back (`VRAMCAP_PARK_MOVE=shim`): each is
+    /// reserved under the cap and given device memory first, so without
+    /// room nothing is lost and the process stays parked.
+    fn move_back(&self) -> Result<(), Outcome> {
+        let start = Instant::now();
+        self.park_set(ParkState::Resuming);
+        if let Err(d) = (self.move_in)() {
+            self.park_set(ParkState::Parked);
+            return Err(Outcome::NoRoom(u32::from(d)));
+        }
+        let page = self.accounting.page().get(self.settings);
+        for d in 0..PARK_DEVICES {
+            page.header.parked[d].store(0, Ordering::Release);
+        }
+        page.header.parked_since.store(0, Ordering::Release);
+        page.header
+            .last_activity
+            .store(now_unix_ns(), Ordering::Release);
+        self.park.moved.store(false, Ordering::Relaxed);
+        self.park_set(ParkState::Running);
+        log_at!(
+            Info,
+            "resumed: the parked memory is back on the GPU in {:.3}s (moved by the shim)",
+            start.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// Closes the gate, waits for the calls in flight, empties the cache,
+    /// locks and checkpoints, then releases the ledgers (module docs).
+    pub(super) fn checkpoint_and_release(&self) -> Outcome {
+        let driver = self.driver;
+        let start = match self.close_and_drain() {
+            Ok(s) => s,
+            Err(o) => return o,
+        };
         let freed = (self.empty_cache)();
         let driver_start = Instant::now();
         match driver.checkpoint(Checkpoint::Lock(LOCK_TIMEOUT.as_millis() as u32)) {
@@ -171,6 +241,9 @@ impl<D: Driver> Parking<'_, D> {
     /// (the policy, as an allocation does; at most [`POLICY_TRIES`] per
     /// round, nothing reserved meanwhile).
     pub(super) fn reserve_and_restore(&self, keep: bool) -> Result<(), Outcome> {
+        if self.park.moved.load(Ordering::Relaxed) {
+            return self.move_back();
+        }
         let mut tries = 0;
         let mut start = Instant::now();
         while !self.park.reserved.load(Ordering::Relaxed) {

@@ -102,6 +102,21 @@ impl<D: Driver> Engine<D> {
         device: CUdevice,
         size: u64,
     ) -> Result<Place, CUresult> {
+        if !self.tiers.placing() {
+            // Parking's blocks (`VRAMCAP_PARK_MOVE=shim`): on the device
+            // within the cap, or refused as the ordinary path refuses.
+            return match self.try_reserve_evicting(device, size) {
+                Ok(_) => Ok(Place::Device),
+                Err(None) => Err(CUDA_ERROR_OUT_OF_MEMORY),
+                Err(Some(why)) => {
+                    if let Some(s) = self.accounting.slot(device) {
+                        DeviceSlot::add(&s.refusals, 1);
+                        self.accounting.refused(what, device, size, why);
+                    }
+                    Err(CUDA_ERROR_OUT_OF_MEMORY)
+                }
+            };
+        }
         let soft = self.accounting.slot(device).map_or(0, |s| {
             let soft = s.soft.load(Ordering::Relaxed);
             if soft > 0 && s.budget.used().saturating_add(size) > soft {

@@ -46,6 +46,9 @@ pub struct TierBlock {
     pub(in crate::engine) moved: AtomicU64,
     /// The last round a launch named an offset in it (0: none yet).
     pub(super) named: AtomicU64,
+    /// Moved to the host by a park (`VRAMCAP_PARK_MOVE=shim`), to go back
+    /// at the resume.
+    pub(super) parked: AtomicBool,
 }
 
 impl TierBlock {
@@ -203,6 +206,7 @@ impl TierBlock {
             score: AtomicU64::new(0f64.to_bits()),
             moved: AtomicU64::new(round),
             named: AtomicU64::new(0),
+            parked: AtomicBool::new(false),
         }
     }
 

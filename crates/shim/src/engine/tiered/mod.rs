@@ -14,7 +14,8 @@
 //!   (`take_round`) and the moves it chooses (`plan`).
 //! - `phases`: pure too, issue 44's first step: where a step's launch order
 //!   repeats, and its phases under a budget (not used yet).
-//! - `rounds` (the background thread's moves), `budget` (where a block's
+//! - `rounds` (the background thread's moves), `bulk` (parking's moves
+//!   of every block, `VRAMCAP_PARK_MOVE=shim`), `budget` (where a block's
 //!   bytes are counted: the device's budget or the host's), `handles` (the
 //!   program's own `cuMemCreate` handles under tiered spill).
 //!
@@ -28,7 +29,7 @@
 //! handles are the VMM family's (`handlers/vmm_tiered.rs`).
 //!
 //! # Invariants
-//! - A block's place and handle change only in a round, while it is
+//! - A block's place and handle change only in a round or a park's moves, while it is
 //!   claimed; a free removes it from the map first and waits for a claim to
 //!   end, so a block is never freed during a move, and its bytes are
 //!   settled by the place it ends in.
@@ -54,6 +55,7 @@ macro_rules! write {
 }
 
 mod budget;
+mod bulk;
 pub(super) mod handles;
 mod rounds;
 
@@ -164,7 +166,16 @@ const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 
 /// The process's tiered blocks and what decides their place.
 pub struct Tiers {
+    /// Blocks are made: under tiered spill, and for parking's moves
+    /// (`VRAMCAP_PARK_MOVE=shim`).
     on: bool,
+    /// Blocks are placed by heat (tiered spill): rounds plan moves and
+    /// launches and graphs are decoded; without it, blocks stay where they
+    /// are made until parking moves them.
+    placing: bool,
+    /// Host memory of parked blocks that went back to the GPU, kept for
+    /// the next park: (bytes, handle); still charged to the host budget.
+    kept: Mutex<Vec<(u64, u64)>>,
     blocks: RwLock<BTreeMap<u64, Arc<TierBlock>>>,
     /// Lowest start and highest end of any block ever made: a cheap first
     /// test for the words a launch passes.

@@ -16,9 +16,11 @@ impl Tiers {
         self.hits.load(Ordering::Relaxed)
     }
 
-    pub fn new(on: bool) -> Tiers {
+    pub fn new(on: bool, placing: bool) -> Tiers {
         Tiers {
-            on,
+            on: on || placing,
+            placing,
+            kept: Mutex::new(Vec::new()),
             blocks: RwLock::new(BTreeMap::new()),
             lo: AtomicU64::new(u64::MAX),
             hi: AtomicU64::new(0),
@@ -43,10 +45,45 @@ impl Tiers {
         }
     }
 
-    /// Whether tiered spill is on.
+    /// Whether blocks are made (tiered spill, or parking's moves).
     #[inline(always)]
     pub fn on(&self) -> bool {
         self.on
+    }
+
+    /// Whether blocks are placed by heat (tiered spill).
+    pub fn placing(&self) -> bool {
+        self.placing
+    }
+
+    /// Kept host memory of exactly `bytes` (a park's), if any.
+    pub(super) fn take_kept(&self, bytes: u64) -> Option<u64> {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let i = kept.iter().position(|&(b, _)| b == bytes)?;
+        Some(kept.swap_remove(i).1)
+    }
+
+    /// Keeps the host memory `handle` of `bytes` for the next park.
+    pub(super) fn keep(&self, bytes: u64, handle: u64) {
+        self.kept
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((bytes, handle));
+    }
+
+    /// All the kept host memory, taken out: (bytes, handle) each.
+    pub(super) fn take_all_kept(&self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The bytes of host memory kept now.
+    pub fn kept_bytes(&self) -> u64 {
+        self.kept
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|&(b, _)| b)
+            .sum()
     }
 
     /// The round now: a new block is made in it ([`TierBlock::new`]).

@@ -17,12 +17,17 @@ use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
 /// One move being carried out: the new memory, mapped at a scratch address.
-struct Staged {
+pub(super) struct Staged {
     block: BlockClaim,
     to: Place,
     handle: u64,
     scratch: u64,
     stream: usize,
+    /// A park's move (`bulk.rs`): to the host, its memory may be kept host
+    /// memory; back to the GPU, the host memory it leaves is kept.
+    park: bool,
+    /// The new memory is kept host memory (its budget still taken).
+    reused: bool,
 }
 
 impl<D: Driver> Tiering<'static, D> {
@@ -64,7 +69,7 @@ impl<D: Driver> Tiering<'static, D> {
             return;
         }
         self.deferred_frees();
-        if self.tiers.paused() {
+        if !self.tiers.placing() || self.tiers.paused() {
             return;
         }
         let blocks = self.tiers.snapshot();
@@ -137,13 +142,14 @@ impl<D: Driver> Tiering<'static, D> {
 
     /// Stages one move: claims the block, reserves a promotion's bytes,
     /// makes the new memory and maps it at a scratch address.
-    fn stage(
+    pub(super) fn stage(
         &self,
         slot: &DeviceSlot,
         device: CUdevice,
         limit: u64,
         b: Arc<TierBlock>,
         to: Place,
+        park: bool,
     ) -> Result<Staged, bool> {
         let Some(b) = b.claim() else {
             return Err(false);
@@ -159,13 +165,17 @@ impl<D: Driver> Tiering<'static, D> {
         {
             return Err(true);
         }
-        if to == Place::Host && !self.host.take(b.bytes) {
+        let kept = match (park, to) {
+            (true, Place::Host) => self.tiers.take_kept(b.bytes),
+            _ => None,
+        };
+        if to == Place::Host && kept.is_none() && !self.host.take(b.bytes) {
             return Err(false);
         }
-        let undo = |b: &TierBlock| {
-            if to == Place::Host {
-                self.host.give_back(b.bytes);
-            } else {
+        let undo = |b: &TierBlock| match (to, kept) {
+            (Place::Host, Some(h)) => self.tiers.keep(b.bytes, h),
+            (Place::Host, None) => self.host.give_back(b.bytes),
+            _ => {
                 self.accounting.release_on(slot, device, b.bytes);
             }
         };
@@ -173,13 +183,22 @@ impl<D: Driver> Tiering<'static, D> {
             undo(&b);
             return Err(true);
         };
-        match make_mapped(self.driver, scratch, b.bytes, to, device) {
+        let made = match kept {
+            Some(h) => match self.driver.vmm_map(scratch, b.bytes, h, device) {
+                CUDA_SUCCESS => Ok(h),
+                rc => Err(rc),
+            },
+            None => make_mapped(self.driver, scratch, b.bytes, to, device),
+        };
+        match made {
             Ok(handle) => Ok(Staged {
                 block: b,
                 to,
                 handle,
                 scratch,
                 stream,
+                park,
+                reused: kept.is_some(),
             }),
             Err(_) => {
                 let _ = self.driver.vmm_free_address(scratch, b.bytes);
@@ -192,8 +211,12 @@ impl<D: Driver> Tiering<'static, D> {
     /// Undoes a staged move that did not happen.
     fn unstage(&self, slot: &DeviceSlot, device: CUdevice, m: Staged) {
         let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
-        let _ = self.driver.vmm_release(m.handle);
         let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
+        if m.reused {
+            self.tiers.keep(m.block.bytes, m.handle);
+            return;
+        }
+        let _ = self.driver.vmm_release(m.handle);
         if m.to == Place::Host {
             self.host.give_back(m.block.bytes);
         } else {
@@ -213,20 +236,20 @@ impl<D: Driver> Tiering<'static, D> {
     ) {
         let mut staged = Vec::new();
         for b in p.demote {
-            if let Ok(m) = self.stage(slot, device, limit, b, Place::Host) {
+            if let Ok(m) = self.stage(slot, device, limit, b, Place::Host, false) {
                 staged.push(m);
             }
         }
-        let down = self.move_staged(slot, device, round, staged);
+        let down = self.move_staged(slot, device, round, staged).0;
         let mut staged = Vec::new();
         for b in p.promote {
-            match self.stage(slot, device, limit, b, Place::Device) {
+            match self.stage(slot, device, limit, b, Place::Device, false) {
                 Ok(m) => staged.push(m),
                 Err(true) => break,
                 Err(false) => {}
             }
         }
-        let up = self.move_staged(slot, device, round, staged);
+        let up = self.move_staged(slot, device, round, staged).0;
         if up + down > 0 {
             log_at!(
                 Debug,
@@ -238,16 +261,16 @@ impl<D: Driver> Tiering<'static, D> {
     }
 
     /// Stops the world, copies and remaps the staged moves, opens the gate
-    /// and settles them: how many moved.
-    fn move_staged(
+    /// and settles them: how many moved, and their bytes.
+    pub(super) fn move_staged(
         &self,
         slot: &DeviceSlot,
         device: CUdevice,
         round: u64,
         staged: Vec<Staged>,
-    ) -> usize {
+    ) -> (usize, u64) {
         if staged.is_empty() {
-            return 0;
+            return (0, 0);
         }
         let Some(gate) = self.tiers.stop() else {
             log_at!(
@@ -257,7 +280,7 @@ impl<D: Driver> Tiering<'static, D> {
             for m in staged {
                 self.unstage(slot, device, m);
             }
-            return 0;
+            return (0, 0);
         };
         // Nothing the program issued may still touch a block; and no
         // capture the hooks did not see may be running (a synchronisation
@@ -287,7 +310,7 @@ impl<D: Driver> Tiering<'static, D> {
             for m in staged {
                 self.unstage(slot, device, m);
             }
-            return 0;
+            return (0, 0);
         }
         let mut done = Vec::new();
         let mut failed = Vec::new();
@@ -319,26 +342,37 @@ impl<D: Driver> Tiering<'static, D> {
             self.unstage(slot, device, m);
         }
         let moved = done.len();
+        let mut bytes = 0;
         for m in done {
             let b = &m.block;
             let old = b.handle.swap(m.handle, Ordering::SeqCst);
             let _ = self.driver.vmm_unmap(m.scratch, b.bytes);
             let _ = self.driver.vmm_free_address(m.scratch, b.bytes);
-            let _ = self.driver.vmm_release(old);
+            // A park's way back keeps the host memory for the next park.
+            if m.park && m.to == Place::Device {
+                self.tiers.keep(b.bytes, old);
+            } else {
+                let _ = self.driver.vmm_release(old);
+            }
             b.moved.store(round, Ordering::Relaxed);
+            b.parked
+                .store(m.park && m.to == Place::Host, Ordering::Relaxed);
             DeviceSlot::add(&slot.moved_bytes, b.bytes);
             b.set_place(m.to);
+            bytes += b.bytes;
             if m.to == Place::Host {
                 self.accounting.release_on(slot, device, b.bytes);
                 DeviceSlot::add(&slot.spilled, b.bytes);
                 DeviceSlot::add(&slot.demotions, 1);
             } else {
-                self.host.give_back(b.bytes);
+                if !m.park {
+                    self.host.give_back(b.bytes);
+                }
                 slot.spilled.fetch_sub(b.bytes, Ordering::Relaxed);
                 DeviceSlot::add(&slot.promotions, 1);
             }
         }
-        moved
+        (moved, bytes)
     }
 
     /// Maps `handle` at a moving block's address for its device, with the
