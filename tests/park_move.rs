@@ -118,3 +118,259 @@ fn park_move_shim_needs_parking_and_no_host_spill() {
 
 #[allow(dead_code)]
 fn unused(_: &Path) {}
+
+/// Issue 43, done-when 7 on the stand-in: parked and resumed 100 times,
+/// the block keeps its contents, the host memory is made once and kept,
+/// and the ledgers come back exact (the page's `used` as before, nothing
+/// spilled, nothing parked).
+#[test]
+fn a_hundred_cycles_lose_nothing_and_make_host_memory_once() {
+    let dir = scratch_dir();
+    let env = [
+        MANUAL,
+        MOVE,
+        ("VRAMCAP_LIMIT", "4GiB"),
+        ("VRAMCAP_CACHE", "off"),
+    ];
+    let mut args = vec!["init", "alloc", "64M", "memset32", "0", "64M", "77"];
+    for _ in 0..100 {
+        args.extend_from_slice(&["wait", "read32", "0"]);
+    }
+    args.extend_from_slice(&["counts", "abistats", "0", "wait"]);
+    let mut h = held_in(&dir, &env, &args);
+    let done = watchdog(h.pid());
+    let pid = h.pid();
+    for _ in 0..100 {
+        park(&dir, pid).expect_lines(&[&format!(
+            "{pid}: parked, 64.0 MiB moved to host memory and released"
+        )]);
+        h.resume();
+        h.until("wait");
+    }
+    let lines = h.lines.clone();
+    let (_, out) = h.finish();
+    let _ = done.send(());
+    assert!(
+        out.status.success(),
+        "{:?}",
+        &lines[lines.len().saturating_sub(8)..]
+    );
+    let reads: Vec<&String> = lines.iter().filter(|l| l.starts_with("read32")).collect();
+    assert_eq!(reads.len(), 100);
+    assert!(
+        reads.iter().all(|l| *l == "read32 #0 -> 0 value=77"),
+        "{reads:?}"
+    );
+    let n = lines.len();
+    let counts = &lines[n - 3];
+    assert!(counts.contains(" vmm_host=1 "), "{counts}");
+    let stats = &lines[n - 2];
+    assert!(stats.starts_with("abistats 0 -> 0 size="), "{stats}");
+    assert!(
+        stats.contains(&format!(" allocations={} ", 64 * MIB)),
+        "{stats}"
+    );
+}
+
+/// A resume is all or nothing (the review of 1f13993): with room on the GPU
+/// for one of two parked 1 GiB blocks, `vramcap resume` is refused and
+/// nothing comes back (the GPU shows none of them, the budget holds none);
+/// once the room is there, the next call brings both back intact.
+#[test]
+fn a_resume_without_room_for_every_block_moves_none() {
+    let dir = scratch_dir();
+    let foreign = dir.join("foreign-mib");
+    std::fs::write(&foreign, "0").unwrap();
+    let env = [
+        MANUAL,
+        MOVE,
+        ("VRAMCAP_LIMIT", "4GiB"),
+        ("VRAMCAP_CACHE", "off"),
+        ("STANDIN_FOREIGN_FILE", foreign.to_str().unwrap()),
+    ];
+    let args = [
+        "init", "alloc", "1G", "alloc", "1G", "memset32", "0", "1G", "5", "memset32", "1", "1G",
+        "6", "wait", "kinds", "wait", "read32", "0", "read32", "1", "kinds", "wait",
+    ];
+    let mut h = held_in(&dir, &env, &args);
+    let done = watchdog(h.pid());
+    let pid = h.pid();
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 2.00 GiB moved to host memory and released"
+    )]);
+    // 16 GiB devices: 14.5 GiB held by others leaves room for one block.
+    std::fs::write(&foreign, "14848").unwrap();
+    let ran = crate::park_util::cli(&dir, &["resume", "--pid", &pid.to_string()]);
+    ran.expect_code(1);
+    assert_eq!(
+        ran.stderr(),
+        format!("vramcap: {pid}: cannot resume: no room on GPU 0 for its parked memory\n")
+    );
+    // The process's page: nothing held on the GPU, all of it parked.
+    let j = crate::park_util::stat(&dir);
+    let d = &j["processes"][0]["devices"][0];
+    assert_eq!(
+        (d["used_bytes"].as_u64(), d["parked_bytes"].as_u64()),
+        (Some(0), Some(2 * GIB)),
+        "{d}"
+    );
+    h.resume();
+    h.until("wait");
+    std::fs::write(&foreign, "0").unwrap();
+    h.resume();
+    h.until("wait");
+    let lines = h.lines.clone();
+    let (_, out) = h.finish();
+    let _ = done.send(());
+    assert!(out.status.success(), "{lines:?}");
+    let first = lines.iter().position(|l| l == "resumed").unwrap() + 1;
+    assert_eq!(
+        lines[first], "kinds dev=0 device=0 managed_host=0",
+        "nothing came back: {lines:?}"
+    );
+    let second = first + 5;
+    assert_eq!(lines[second - 1], "resumed", "{lines:?}");
+    assert_eq!(
+        lines[second..second + 3],
+        [
+            "read32 #0 -> 0 value=5",
+            "read32 #1 -> 0 value=6",
+            "kinds dev=0 device=2147483648 managed_host=0",
+        ],
+        "{lines:?}"
+    );
+}
+
+/// A group's budget lowered below what a parked member moved out (as the
+/// driver's checkpoint path does): its next call brings the blocks back
+/// over the budget (said once), and new allocations are refused while it
+/// is over.
+#[test]
+fn a_resume_over_a_group_budget_lowered_meanwhile() {
+    let dir = scratch_dir();
+    let group = format!("moved{}", std::process::id());
+    let env = [
+        MANUAL,
+        MOVE,
+        ("VRAMCAP_CACHE", "off"),
+        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_GROUP", group.as_str()),
+        ("VRAMCAP_LOG", "warn"),
+    ];
+    let mut h = held_in(
+        &dir,
+        &env,
+        &[
+            "init", "alloc", "1G", "memset32", "0", "1G", "9", "wait", "read32", "0", "alloc",
+            "64M", "wait",
+        ],
+    );
+    let pid = h.pid();
+    let done = watchdog(pid);
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 1.00 GiB moved to host memory and released"
+    )]);
+    let ran = crate::park_util::cli(&dir, &["limit", "--group", &group, "512MiB"]);
+    assert!(ran.out.status.success(), "{}", ran.stderr());
+    h.resume();
+    h.until("wait");
+    let lines = h.lines.clone();
+    let (_, out) = h.finish();
+    let _ = done.send(());
+    let n = lines.len();
+    assert_eq!(
+        lines[n - 3..],
+        [
+            "read32 #0 -> 0 value=9".to_string(),
+            format!("alloc {} -> 2", 64 * MIB),
+            "wait".to_string(),
+        ],
+        "{lines:?}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches(&format!(
+            "device 0: resuming over the group's cap of 536870912 bytes: the process held {GIB} bytes when it was parked"
+        ))
+        .count(),
+        1,
+        "{err}"
+    );
+}
+
+/// Kept host memory of a size no block has any more is given back at the
+/// next park (the review of 1f13993): under a 192 MiB spill limit, a
+/// 64 MiB block's kept memory does not stop a later 128 MiB one from
+/// moving.
+#[test]
+fn kept_host_memory_of_sizes_gone_is_given_back() {
+    let dir = scratch_dir();
+    let env = [
+        MANUAL,
+        MOVE,
+        ("VRAMCAP_LIMIT", "4GiB"),
+        ("VRAMCAP_CACHE", "off"),
+        ("VRAMCAP_SPILL_LIMIT", "192MiB"),
+    ];
+    let args = [
+        "init", "alloc", "64M", "wait", "free", "0", "alloc", "128M", "wait", "free", "1", "alloc",
+        "96M", "wait", "counts", "wait",
+    ];
+    let mut h = held_in(&dir, &env, &args);
+    let done = watchdog(h.pid());
+    let pid = h.pid();
+    for mib in ["64.0", "128", "96.0"] {
+        park(&dir, pid).expect_lines(&[&format!(
+            "{pid}: parked, {mib} MiB moved to host memory and released"
+        )]);
+        h.resume();
+        h.until("wait");
+    }
+    let lines = h.lines.clone();
+    let (_, out) = h.finish();
+    let _ = done.send(());
+    assert!(out.status.success(), "{lines:?}");
+}
+
+/// A park with no block to move still waits for the process's work, so
+/// that the answers it gives its queries while parked are true: the
+/// stand-in counts the synchronisation.
+#[test]
+fn a_park_with_nothing_to_move_still_waits_for_the_work() {
+    let dir = scratch_dir();
+    let env = [
+        MANUAL,
+        MOVE,
+        ("VRAMCAP_LIMIT", "4GiB"),
+        ("VRAMCAP_CACHE", "off"),
+    ];
+    let mut h = held_in(
+        &dir,
+        &env,
+        &["init", "alloc", "1M", "counts", "wait", "counts", "wait"],
+    );
+    let done = watchdog(h.pid());
+    let pid = h.pid();
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 0 B moved to host memory and released"
+    )]);
+    h.resume();
+    h.until("wait");
+    let lines = h.lines.clone();
+    let (_, out) = h.finish();
+    let _ = done.send(());
+    assert!(out.status.success(), "{lines:?}");
+    let sync = |l: &str| -> u64 {
+        l.split(' ')
+            .find_map(|kv| kv.strip_prefix("sync="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{l}"))
+    };
+    let before = lines.iter().find(|l| l.starts_with("counts")).unwrap();
+    let after = lines
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("counts"))
+        .unwrap();
+    assert!(sync(after) > sync(before), "{before} / {after}");
+}

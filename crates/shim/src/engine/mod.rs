@@ -293,6 +293,13 @@ impl<D: Driver> Engine<D> {
             let _no_teardown = self.tiers.round_running();
             self.tiering().park_in()
         };
+        let sync_all = || {
+            let mut ctxs: Vec<usize> = self.table.iter().map(|r| r.ctx).collect();
+            ctxs.extend(self.tiers.contexts());
+            ctxs.sort_unstable();
+            ctxs.dedup();
+            self.tiering().sync_contexts(&ctxs)
+        };
         f(&park::Parking {
             driver: self.driver,
             settings: self.settings,
@@ -302,6 +309,7 @@ impl<D: Driver> Engine<D> {
             empty_cache: &empty_cache,
             move_out: &move_out,
             move_in: &move_in,
+            sync_all: &sync_all,
         })
     }
 

@@ -24,7 +24,7 @@ impl<D: Driver> Engine<D> {
         extra: *mut *mut c_void,
         mut real: impl FnMut() -> CUresult,
     ) -> CUresult {
-        if !self.tiers.on() {
+        if !self.tiers.placing() {
             return real();
         }
         // SAFETY: the launch function's contract.

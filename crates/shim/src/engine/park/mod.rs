@@ -103,6 +103,9 @@ pub struct Parking<'a, D: Driver> {
     /// (`Err(device)`: no room there for all of its blocks).
     pub move_out: &'a dyn Fn() -> [u64; PARK_DEVICES],
     pub move_in: &'a dyn Fn() -> Result<(), u16>,
+    /// Waits for every context the process has used to finish its work
+    /// (bounded); false when it did not in time.
+    pub sync_all: &'a dyn Fn() -> bool,
 }
 
 impl Park {

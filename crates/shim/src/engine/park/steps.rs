@@ -121,7 +121,26 @@ impl<D: Driver> Parking<'_, D> {
             Err(o) => return o,
         };
         let freed = (self.empty_cache)();
-        let moved = (self.move_out)();
+        // The answers a parked process gives its queries (`enter_known`)
+        // say its work is done: it must be.
+        if !(self.sync_all)() {
+            self.park_set(ParkState::Running);
+            return Outcome::Busy;
+        }
+        // A panic in the moves must not leave the gate closed for good.
+        let moved = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (self.move_out)()
+        })) {
+            Ok(m) => m,
+            Err(_) => {
+                self.park_set(ParkState::Running);
+                log_at!(
+                    Error,
+                    "parking: an internal error while moving the blocks; the process runs on (please report this)"
+                );
+                return Outcome::Busy;
+            }
+        };
         let page = self.accounting.page().get(self.settings);
         for (d, &bytes) in moved.iter().enumerate() {
             self.park.parked[d].store(0, Ordering::Relaxed);
@@ -149,9 +168,21 @@ impl<D: Driver> Parking<'_, D> {
     fn move_back(&self) -> Result<(), Outcome> {
         let start = Instant::now();
         self.park_set(ParkState::Resuming);
-        if let Err(d) = (self.move_in)() {
-            self.park_set(ParkState::Parked);
-            return Err(Outcome::NoRoom(u32::from(d)));
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.move_in)())) {
+            Ok(Ok(())) => {}
+            Ok(Err(d)) => {
+                self.park_set(ParkState::Parked);
+                return Err(Outcome::NoRoom(u32::from(d)));
+            }
+            Err(_) => {
+                // Never left resuming for good: parked, asked again.
+                self.park_set(ParkState::Parked);
+                log_at!(
+                    Error,
+                    "parking: an internal error while moving the blocks back; the process stays parked (please report this)"
+                );
+                return Err(Outcome::Busy);
+            }
         }
         let page = self.accounting.page().get(self.settings);
         for d in 0..PARK_DEVICES {

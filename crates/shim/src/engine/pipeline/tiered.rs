@@ -47,6 +47,13 @@ impl<D: Driver> Engine<D> {
         };
         let handle = match make_mapped(self.driver, ptr, size, place, device) {
             Ok(h) => h,
+            // Parking's blocks on a full GPU: the ordinary path, whose
+            // driver call has the cache's retry and the full GPU's policy.
+            Err(CUDA_ERROR_OUT_OF_MEMORY) if !self.tiers.placing() => {
+                let _ = self.driver.vmm_free_address(ptr, size);
+                self.tiering().unreserve(device, size, place);
+                return None;
+            }
             Err(rc) => {
                 let _ = self.driver.vmm_free_address(ptr, size);
                 self.tiering().unreserve(device, size, place);

@@ -37,11 +37,28 @@ impl<D: Driver> Tiering<'static, D> {
     /// Moves every block on a GPU to host memory (kept host memory first):
     /// the bytes moved per device, each released from the device's ledger
     /// by the move. A block that cannot move now (claimed, pinned, not
-    /// granted, no host budget) stays, with the rest of the process.
+    /// granted, no host budget) stays, with the rest of the process. Kept
+    /// host memory of sizes no block has any more is given back first.
     pub fn park_out(&self) -> [u64; PARK_DEVICES] {
         let mut moved = [0u64; PARK_DEVICES];
         let round = self.tiers.round_now();
-        for (dev, blocks) in self.by_device(Place::Device) {
+        let out = self.by_device(Place::Device);
+        // Kept host memory of sizes no block has now goes first, so that
+        // it takes no room in the host budget from the blocks that do.
+        let mut sizes: Vec<u64> = out.values().flatten().map(|b| b.bytes).collect();
+        for (bytes, h) in self.tiers.take_all_kept() {
+            match sizes.iter().position(|&s| s == bytes) {
+                Some(i) => {
+                    sizes.swap_remove(i);
+                    self.tiers.keep(bytes, h);
+                }
+                None => {
+                    let _ = self.driver.vmm_release(h);
+                    self.host.give_back(bytes);
+                }
+            }
+        }
+        for (dev, blocks) in out {
             let device = CUdevice::from(dev);
             let Some(slot) = self.accounting.slot(device) else {
                 continue;
@@ -58,33 +75,96 @@ impl<D: Driver> Tiering<'static, D> {
         moved
     }
 
-    /// Moves every block a park moved back onto its GPU, reserving it
-    /// under the cap first (own and group) and making its device memory
-    /// (the driver refuses without room, and nothing is lost: the block
-    /// stays on the host). `Err(device)`: the first device that had no room
-    /// for all of its blocks; the ones that moved stay moved.
+    /// Moves every block a park moved back onto its GPU, all or none:
+    /// first each device's bytes are reserved at once (own budget and
+    /// group; over a cap lowered below them since the park, as the
+    /// driver's resume does, said once), then every block is given device
+    /// memory, then the copies run. `Err(device)`: the first device with
+    /// no room under its cap or on the GPU; nothing moved and nothing is
+    /// held, so the process stays parked as it was.
     pub fn park_in(&self) -> Result<(), u16> {
         let round = self.tiers.round_now();
-        let mut short = None;
-        for (dev, blocks) in self.by_device(Place::Host) {
+        let parked = self.by_device(Place::Host);
+        let mut reserved: Vec<(u16, u64)> = Vec::new();
+        let give_back = |reserved: &[(u16, u64)]| {
+            for &(d, bytes) in reserved {
+                if let Some(s) = self.accounting.slot(CUdevice::from(d)) {
+                    self.accounting.release_on(s, CUdevice::from(d), bytes);
+                }
+            }
+        };
+        for (&dev, blocks) in &parked {
             let device = CUdevice::from(dev);
             let Some(slot) = self.accounting.slot(device) else {
                 continue;
             };
+            let bytes: u64 = blocks.iter().map(|b| b.bytes).sum();
             let limit = self
                 .accounting
                 .cap_in_force(slot, device)
                 .unwrap_or(u64::MAX);
-            let want = blocks.len();
-            let mut staged = Vec::new();
-            for b in blocks {
-                match self.stage(slot, device, limit, b, Place::Device, true) {
-                    Ok(m) => staged.push(m),
-                    Err(_) => break,
+            match self.accounting.reserve_on(slot, device, bytes, limit) {
+                Ok(()) => {}
+                // The parked bytes alone are over a cap lowered meanwhile:
+                // no wait makes that room; the process takes back what it
+                // held, and new allocations are refused while it is over.
+                Err(r)
+                    if bytes > limit_now(self.accounting, device, r)
+                        && self.accounting.reserve_over(slot, device, bytes) =>
+                {
+                    log_at!(
+                        Warn,
+                        "device {dev}: resuming over the {} cap of {} bytes: the process held {bytes} bytes when it was parked; new allocations are refused until it is under the cap again",
+                        if r.group { "group's" } else { "process's" },
+                        limit_now(self.accounting, device, r)
+                    );
+                }
+                Err(_) => {
+                    give_back(&reserved);
+                    return Err(dev);
                 }
             }
-            let (n, _) = self.move_staged(slot, device, round, staged);
-            if n < want {
+            reserved.push((dev, bytes));
+        }
+        let mut staged = Vec::new();
+        for (&dev, blocks) in &parked {
+            let device = CUdevice::from(dev);
+            let Some(slot) = self.accounting.slot(device) else {
+                continue;
+            };
+            let mut all = Vec::new();
+            for b in blocks {
+                match self.stage(slot, device, 0, b.clone(), Place::Device, true) {
+                    Ok(m) => all.push(m),
+                    Err(_) => {
+                        // No device memory for it (the GPU is full): none moves.
+                        for (d, ms) in staged.drain(..).chain([(dev, all)]) {
+                            let dv = CUdevice::from(d);
+                            if let Some(s) = self.accounting.slot(dv) {
+                                for m in ms {
+                                    self.unstage(s, dv, m);
+                                }
+                            }
+                        }
+                        give_back(&reserved);
+                        return Err(dev);
+                    }
+                }
+            }
+            staged.push((dev, all));
+        }
+        let mut short = None;
+        for (dev, ms) in staged {
+            let device = CUdevice::from(dev);
+            let Some(slot) = self.accounting.slot(device) else {
+                continue;
+            };
+            let want: u64 = ms.iter().map(|m| m.bytes()).sum();
+            let (_, bytes) = self.move_staged(slot, device, round, ms);
+            if bytes < want {
+                // A copy or a map the driver refused: those blocks stay
+                // on the host, and their reservation goes.
+                self.accounting.release_on(slot, device, want - bytes);
                 short.get_or_insert(dev);
             }
         }
@@ -101,6 +181,13 @@ impl<D: Driver> Tiering<'static, D> {
         }
     }
 
+    /// Waits for the work of every context in `ctxs` to finish (at most
+    /// tiered spill's wait for the GPU): a park's answers to the program's
+    /// queries say it has (`process/gate.rs`, `enter_known`).
+    pub fn sync_contexts(&self, ctxs: &[usize]) -> bool {
+        ctxs.is_empty() || self.quiesce(ctxs)
+    }
+
     /// Gives back the host memory kept for parks (`vramcap trim`): the
     /// bytes given back.
     pub fn release_kept(&self) -> u64 {
@@ -111,5 +198,18 @@ impl<D: Driver> Tiering<'static, D> {
             bytes += b;
         }
         bytes
+    }
+}
+
+/// The cap that refused `r` as it is now: the group's read from its file
+/// (a member follows a changed group limit only while running).
+fn limit_now<D: Driver>(
+    accounting: &crate::engine::accounting::state::Accounting<D>,
+    device: CUdevice,
+    r: crate::engine::accounting::Refusal,
+) -> u64 {
+    match r.group {
+        true => accounting.group().limit_now(device).unwrap_or(r.limit),
+        false => r.limit,
     }
 }

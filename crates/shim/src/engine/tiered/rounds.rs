@@ -30,6 +30,13 @@ pub(super) struct Staged {
     reused: bool,
 }
 
+impl Staged {
+    /// The bytes of the block it moves.
+    pub(super) fn bytes(&self) -> u64 {
+        self.block.bytes
+    }
+}
+
 impl<D: Driver> Tiering<'static, D> {
     /// `cuCtxSynchronize` of `ctx` (pushed for the call when it is not current).
     pub fn sync_ctx(&self, ctx: usize) -> CUresult {
@@ -157,7 +164,10 @@ impl<D: Driver> Tiering<'static, D> {
         let Some(stream) = self.tiers.mover(self.driver, b.ctx) else {
             return Err(true);
         };
+        // A park's way back is reserved by its caller, all blocks at once
+        // (`bulk.rs`).
         if to == Place::Device
+            && !park
             && self
                 .accounting
                 .reserve_on(slot, device, b.bytes, limit)
@@ -175,6 +185,7 @@ impl<D: Driver> Tiering<'static, D> {
         let undo = |b: &TierBlock| match (to, kept) {
             (Place::Host, Some(h)) => self.tiers.keep(b.bytes, h),
             (Place::Host, None) => self.host.give_back(b.bytes),
+            _ if park => {}
             _ => {
                 self.accounting.release_on(slot, device, b.bytes);
             }
@@ -209,7 +220,7 @@ impl<D: Driver> Tiering<'static, D> {
     }
 
     /// Undoes a staged move that did not happen.
-    fn unstage(&self, slot: &DeviceSlot, device: CUdevice, m: Staged) {
+    pub(super) fn unstage(&self, slot: &DeviceSlot, device: CUdevice, m: Staged) {
         let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
         let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
         if m.reused {
@@ -219,7 +230,7 @@ impl<D: Driver> Tiering<'static, D> {
         let _ = self.driver.vmm_release(m.handle);
         if m.to == Place::Host {
             self.host.give_back(m.block.bytes);
-        } else {
+        } else if !m.park {
             self.accounting.release_on(slot, device, m.block.bytes);
         }
     }
@@ -357,17 +368,21 @@ impl<D: Driver> Tiering<'static, D> {
             b.moved.store(round, Ordering::Relaxed);
             b.parked
                 .store(m.park && m.to == Place::Host, Ordering::Relaxed);
-            DeviceSlot::add(&slot.moved_bytes, b.bytes);
             b.set_place(m.to);
             bytes += b.bytes;
             if m.to == Place::Host {
                 self.accounting.release_on(slot, device, b.bytes);
+            }
+            // A park's bytes are the page's `parked`, not spill's.
+            if m.park {
+                continue;
+            }
+            DeviceSlot::add(&slot.moved_bytes, b.bytes);
+            if m.to == Place::Host {
                 DeviceSlot::add(&slot.spilled, b.bytes);
                 DeviceSlot::add(&slot.demotions, 1);
             } else {
-                if !m.park {
-                    self.host.give_back(b.bytes);
-                }
+                self.host.give_back(b.bytes);
                 slot.spilled.fetch_sub(b.bytes, Ordering::Relaxed);
                 DeviceSlot::add(&slot.promotions, 1);
             }
@@ -398,7 +413,7 @@ impl<D: Driver> Tiering<'static, D> {
     /// own; past the wait the round gives up (that thread finishes when
     /// the GPU does, and what it took sets later waits), and moves pause,
     /// for good after three give-ups in a row ([`SYNC_WAIT`](super::SYNC_WAIT)).
-    pub(super) fn quiesce(&self, ctxs: &[usize]) -> bool {
+    pub(in crate::engine) fn quiesce(&self, ctxs: &[usize]) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
         let known = self.tiers.drain_seen();
         if !self.sync_on_thread(ctxs.to_vec(), tx) {
