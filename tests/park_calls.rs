@@ -30,14 +30,11 @@ fn after_parking(call: &[&str]) -> Vec<String> {
         &["ckstate", "wait"],
     ]
     .concat();
-    let mut h = held_in(&dir, &env, &args);
-    let done = watchdog(h.pid());
-    park(&dir, h.pid());
+    let mut h = crate::park_util::Watched::start(&dir, &env, &args);
+    park(&dir, h.pid);
     h.resume();
     h.until("wait");
-    let lines = h.lines.clone();
-    let (_, out) = h.finish();
-    let _ = done.send(());
+    let (lines, out) = h.end();
     assert!(out.status.success(), "{lines:?}");
     let n = lines.len();
     assert_eq!(
@@ -244,17 +241,14 @@ fn queries_and_synchronisations_leave_a_parked_process_parked() {
         &["ckstate", "wait", "alloc", "1M", "ckstate", "wait"],
     ]
     .concat();
-    let mut h = held_in(&dir, &env, &args);
-    let done = watchdog(h.pid());
-    park(&dir, h.pid());
+    let mut h = crate::park_util::Watched::start(&dir, &env, &args);
+    park(&dir, h.pid);
     h.resume();
     h.until("wait");
     let parked = h.lines.clone();
     h.resume();
     h.until("wait");
-    let lines = h.lines.clone();
-    let (_, out) = h.finish();
-    let _ = done.send(());
+    let (lines, out) = h.end();
     assert!(out.status.success(), "{lines:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let wakers: Vec<&str> = stderr

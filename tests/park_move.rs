@@ -3,12 +3,23 @@
 //! memory) to host memory itself, and back; the rest of the process stays
 //! on the GPU, and the driver's checkpoint is never called.
 
-use std::path::Path;
-
-use crate::park_util::{MANUAL, park};
+use crate::park_util::{MANUAL, Watched, park};
 use crate::util::*;
 
 const MOVE: (&str, &str) = ("VRAMCAP_PARK_MOVE", "shim");
+
+/// Parking by the shim's moves under a 4 GiB cap, the cache off, and
+/// `extra`.
+fn moved_env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        MANUAL,
+        MOVE,
+        ("VRAMCAP_LIMIT", "4GiB"),
+        ("VRAMCAP_CACHE", "off"),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
 
 /// The stand-in's view of the GPUs and the host after `label`: the lines
 /// of `kinds`, as one.
@@ -19,21 +30,14 @@ fn kinds_line(lines: &[String], from: usize) -> String {
 #[test]
 fn a_park_moves_the_blocks_and_a_call_brings_them_back_intact() {
     let dir = scratch_dir();
-    let env = [
-        MANUAL,
-        MOVE,
-        ("VRAMCAP_LIMIT", "4GiB"),
-        ("VRAMCAP_CACHE", "off"),
-        ("VRAMCAP_LOG", "info"),
-    ];
+    let env = moved_env(&[("VRAMCAP_LOG", "info")]);
     let args = [
         "init", "alloc", "64M", "alloc", "1M", "memset32", "0", "64M", "77", "wait", "kinds",
         "ckstate", "read32", "0", "kinds", "counts", "wait", "kinds", "read32", "0", "counts",
         "wait",
     ];
-    let mut h = held_in(&dir, &env, &args);
-    let done = watchdog(h.pid());
-    let pid = h.pid();
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
     park(&dir, pid).expect_lines(&[&format!(
         "{pid}: parked, 64.0 MiB moved to host memory and released"
     )]);
@@ -46,9 +50,7 @@ fn a_park_moves_the_blocks_and_a_call_brings_them_back_intact() {
     )]);
     h.resume();
     h.until("wait");
-    let lines = h.lines.clone();
-    let (_, out) = h.finish();
-    let _ = done.send(());
+    let (lines, out) = h.end();
     assert!(out.status.success(), "{lines:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let at = |l: &str| {
@@ -116,9 +118,6 @@ fn park_move_shim_needs_parking_and_no_host_spill() {
     }
 }
 
-#[allow(dead_code)]
-fn unused(_: &Path) {}
-
 /// Issue 43, done-when 7 on the stand-in: parked and resumed 100 times,
 /// the block keeps its contents, the host memory is made once and kept,
 /// and the ledgers come back exact (the page's `used` as before, nothing
@@ -126,20 +125,14 @@ fn unused(_: &Path) {}
 #[test]
 fn a_hundred_cycles_lose_nothing_and_make_host_memory_once() {
     let dir = scratch_dir();
-    let env = [
-        MANUAL,
-        MOVE,
-        ("VRAMCAP_LIMIT", "4GiB"),
-        ("VRAMCAP_CACHE", "off"),
-    ];
+    let env = moved_env(&[]);
     let mut args = vec!["init", "alloc", "64M", "memset32", "0", "64M", "77"];
     for _ in 0..100 {
         args.extend_from_slice(&["wait", "read32", "0"]);
     }
     args.extend_from_slice(&["counts", "abistats", "0", "wait"]);
-    let mut h = held_in(&dir, &env, &args);
-    let done = watchdog(h.pid());
-    let pid = h.pid();
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
     for _ in 0..100 {
         park(&dir, pid).expect_lines(&[&format!(
             "{pid}: parked, 64.0 MiB moved to host memory and released"
@@ -147,9 +140,7 @@ fn a_hundred_cycles_lose_nothing_and_make_host_memory_once() {
         h.resume();
         h.until("wait");
     }
-    let lines = h.lines.clone();
-    let (_, out) = h.finish();
-    let _ = done.send(());
+    let (lines, out) = h.end();
     assert!(
         out.status.success(),
         "{:?}",
@@ -181,20 +172,13 @@ fn a_resume_without_room_for_every_block_moves_none() {
     let dir = scratch_dir();
     let foreign = dir.join("foreign-mib");
     std::fs::write(&foreign, "0").unwrap();
-    let env = [
-        MANUAL,
-        MOVE,
-        ("VRAMCAP_LIMIT", "4GiB"),
-        ("VRAMCAP_CACHE", "off"),
-        ("STANDIN_FOREIGN_FILE", foreign.to_str().unwrap()),
-    ];
+    let env = moved_env(&[("STANDIN_FOREIGN_FILE", foreign.to_str().unwrap())]);
     let args = [
         "init", "alloc", "1G", "alloc", "1G", "memset32", "0", "1G", "5", "memset32", "1", "1G",
         "6", "wait", "kinds", "wait", "read32", "0", "read32", "1", "kinds", "wait",
     ];
-    let mut h = held_in(&dir, &env, &args);
-    let done = watchdog(h.pid());
-    let pid = h.pid();
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
     park(&dir, pid).expect_lines(&[&format!(
         "{pid}: parked, 2.00 GiB moved to host memory and released"
     )]);
@@ -219,9 +203,7 @@ fn a_resume_without_room_for_every_block_moves_none() {
     std::fs::write(&foreign, "0").unwrap();
     h.resume();
     h.until("wait");
-    let lines = h.lines.clone();
-    let (_, out) = h.finish();
-    let _ = done.send(());
+    let (lines, out) = h.end();
     assert!(out.status.success(), "{lines:?}");
     let first = lines.iter().position(|l| l == "resumed").unwrap() + 1;
     assert_eq!(
@@ -257,7 +239,7 @@ fn a_resume_over_a_group_budget_lowered_meanwhile() {
         ("VRAMCAP_GROUP", group.as_str()),
         ("VRAMCAP_LOG", "warn"),
     ];
-    let mut h = held_in(
+    let mut h = Watched::start(
         &dir,
         &env,
         &[
@@ -265,8 +247,7 @@ fn a_resume_over_a_group_budget_lowered_meanwhile() {
             "64M", "wait",
         ],
     );
-    let pid = h.pid();
-    let done = watchdog(pid);
+    let pid = h.pid;
     park(&dir, pid).expect_lines(&[&format!(
         "{pid}: parked, 1.00 GiB moved to host memory and released"
     )]);
@@ -274,9 +255,7 @@ fn a_resume_over_a_group_budget_lowered_meanwhile() {
     assert!(ran.out.status.success(), "{}", ran.stderr());
     h.resume();
     h.until("wait");
-    let lines = h.lines.clone();
-    let (_, out) = h.finish();
-    let _ = done.send(());
+    let (lines, out) = h.end();
     let n = lines.len();
     assert_eq!(
         lines[n - 3..],
@@ -305,20 +284,13 @@ fn a_resume_over_a_group_budget_lowered_meanwhile() {
 #[test]
 fn kept_host_memory_of_sizes_gone_is_given_back() {
     let dir = scratch_dir();
-    let env = [
-        MANUAL,
-        MOVE,
-        ("VRAMCAP_LIMIT", "4GiB"),
-        ("VRAMCAP_CACHE", "off"),
-        ("VRAMCAP_SPILL_LIMIT", "192MiB"),
-    ];
+    let env = moved_env(&[("VRAMCAP_SPILL_LIMIT", "192MiB")]);
     let args = [
         "init", "alloc", "64M", "wait", "free", "0", "alloc", "128M", "wait", "free", "1", "alloc",
         "96M", "wait", "counts", "wait",
     ];
-    let mut h = held_in(&dir, &env, &args);
-    let done = watchdog(h.pid());
-    let pid = h.pid();
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
     for mib in ["64.0", "128", "96.0"] {
         park(&dir, pid).expect_lines(&[&format!(
             "{pid}: parked, {mib} MiB moved to host memory and released"
@@ -326,9 +298,7 @@ fn kept_host_memory_of_sizes_gone_is_given_back() {
         h.resume();
         h.until("wait");
     }
-    let lines = h.lines.clone();
-    let (_, out) = h.finish();
-    let _ = done.send(());
+    let (lines, out) = h.end();
     assert!(out.status.success(), "{lines:?}");
 }
 
@@ -338,27 +308,19 @@ fn kept_host_memory_of_sizes_gone_is_given_back() {
 #[test]
 fn a_park_with_nothing_to_move_still_waits_for_the_work() {
     let dir = scratch_dir();
-    let env = [
-        MANUAL,
-        MOVE,
-        ("VRAMCAP_LIMIT", "4GiB"),
-        ("VRAMCAP_CACHE", "off"),
-    ];
-    let mut h = held_in(
+    let env = moved_env(&[]);
+    let mut h = Watched::start(
         &dir,
         &env,
         &["init", "alloc", "1M", "counts", "wait", "counts", "wait"],
     );
-    let done = watchdog(h.pid());
-    let pid = h.pid();
+    let pid = h.pid;
     park(&dir, pid).expect_lines(&[&format!(
         "{pid}: parked, 0 B moved to host memory and released"
     )]);
     h.resume();
     h.until("wait");
-    let lines = h.lines.clone();
-    let (_, out) = h.finish();
-    let _ = done.send(());
+    let (lines, out) = h.end();
     assert!(out.status.success(), "{lines:?}");
     let sync = |l: &str| -> u64 {
         l.split(' ')

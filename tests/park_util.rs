@@ -79,3 +79,44 @@ pub fn stderr_until(h: &mut Held, want: &str) -> String {
         }
     }
 }
+
+/// A client held at its `wait`s under the shim, killed if it runs past
+/// the watchdog's minute.
+pub struct Watched {
+    pub h: Held,
+    done: std::sync::mpsc::Sender<()>,
+    pub pid: u32,
+}
+
+impl Watched {
+    pub fn start(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Watched {
+        let h = held_in(dir, env, args);
+        let pid = h.pid();
+        Watched {
+            done: watchdog(pid),
+            h,
+            pid,
+        }
+    }
+
+    /// The lines read so far, and the output once its input is closed.
+    pub fn end(self) -> (Vec<String>, std::process::Output) {
+        let lines = self.h.lines.clone();
+        let (_, out) = self.h.finish();
+        let _ = self.done.send(());
+        (lines, out)
+    }
+}
+
+impl std::ops::Deref for Watched {
+    type Target = Held;
+    fn deref(&self) -> &Held {
+        &self.h
+    }
+}
+
+impl std::ops::DerefMut for Watched {
+    fn deref_mut(&mut self) -> &mut Held {
+        &mut self.h
+    }
+}

@@ -75,12 +75,19 @@ def notebook(gib):
     def step():
         return sum(float(t.double().sum().item()) for t in keep)
 
+    # The first CUDA call after the idle time resumes a parked process.
+    return step_idle_step(gib, step, lambda: float(keep[0].double().sum().item()))
+
+
+def step_idle_step(gib, step, first_call):
+    """"notebook"'s lines: a step, idle until a line on stdin, the first
+    call timed, the step again, and whether both steps agree."""
     s1 = step()
     print(f"STEP1 sum={s1!r}", flush=True)
     print(f"IDLE pid={os.getpid()} bytes={gib << 30}", flush=True)
     sys.stdin.readline()
     t0 = time.monotonic()
-    first = float(keep[0].double().sum().item())  # the first CUDA call: resumes
+    first = first_call()
     resumed = time.monotonic() - t0
     print(f"RESUMED seconds={resumed:.3f}", flush=True)
     s2 = step()
@@ -105,19 +112,8 @@ def jax_notebook(gib):
     def step():
         return sum(float(jnp.sum(t)) for t in keep)
 
-    s1 = step()
-    print(f"STEP1 sum={s1!r}", flush=True)
-    print(f"IDLE pid={os.getpid()} bytes={gib << 30}", flush=True)
-    sys.stdin.readline()
-    t0 = time.monotonic()
-    first = float(jnp.sum(keep[0]))  # the first computation: resumes
-    resumed = time.monotonic() - t0
-    print(f"RESUMED seconds={resumed:.3f}", flush=True)
-    s2 = step()
-    print(f"STEP2 sum={s2!r}", flush=True)
-    print(f"RESULTKV same={int(s1 == s2)} first={first!r} resume_s={resumed:.3f} step1={s1!r} step2={s2!r}",
-          flush=True)
-    return 0
+    # The first computation after the idle time resumes a parked process.
+    return step_idle_step(gib, step, lambda: float(jnp.sum(keep[0])))
 
 
 def cycles(gib, n):
