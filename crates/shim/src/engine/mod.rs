@@ -124,7 +124,10 @@
 //!   tiered spill, a block's insert and access descriptors, a function's
 //!   layout, an executable graph's uses (at its instantiation, never at its
 //!   launch), a round's snapshot, lists and plan, a context's first mover
-//!   stream, a program handle's cell and entry. A plain allocation or free
+//!   stream, a program handle's cell and entry; at debug level only, each
+//!   launch's list of blocks (issue 44's record, bounded); under
+//!   `VRAMCAP_PARK_MOVE=shim`, a park's and a resume's lists of moves and
+//!   the kept host memory's entries. A plain allocation or free
 //!   that the cache does not touch allocates only its record. Logging
 //!   formats into a stack buffer and makes one `write(2)`.
 //! - **`fork`:** the process statics (`crate::process`: the gate, the exit

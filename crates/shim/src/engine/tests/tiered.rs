@@ -109,6 +109,26 @@ fn launches_count_uses_of_the_blocks_their_words_point_into() {
     assert_eq!((e.tiers.launches(), e.tiers.hits()), (1, 2));
 }
 
+/// Issue 44's record (kept only while the log is at debug level): each
+/// launch's blocks, by their starts, sorted, once each; nothing when off.
+#[test]
+fn launches_are_recorded_only_when_asked() {
+    let e = tiered("64MiB");
+    let [a, b] = allocs(e, [8 * MIB, 8 * MIB]);
+    launch(e, &[b, a]);
+    assert!(e.tiers.recorded().is_empty());
+    e.tiers.record(true);
+    launch(e, &[b + 5, a, b, 7]);
+    launch(e, &[a + 1]);
+    e.tiers.record(false);
+    launch(e, &[b]);
+    let (lo, hi) = (a.min(b), a.max(b));
+    assert_eq!(
+        e.tiers.recorded(),
+        [vec![lo, hi].into_boxed_slice(), vec![a].into_boxed_slice()]
+    );
+}
+
 #[test]
 fn a_use_by_a_matrix_product_weighs_more() {
     let e = tiered("64MiB");

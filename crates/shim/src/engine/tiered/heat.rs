@@ -99,23 +99,45 @@ impl Tiers {
         let mut words: [u64; 64] = [0; 64];
         let mut n = 0usize;
         let mut hits = 0u64;
+        // Issue 44's record, at debug level only (it allocates per launch).
+        let mut used = self.recording.load(Ordering::Relaxed).then(Vec::<u64>::new);
         // SAFETY: the caller's contract.
         unsafe {
             scan(&kernel, params, extra, lo, hi, |w| {
                 words[n] = w;
                 n += 1;
                 if n == words.len() {
-                    hits += self.note_words(&words, kernel.weight);
+                    hits += self.note_words(&words, kernel.weight, used.as_mut());
                     n = 0;
                 }
             })
         };
         if n > 0 {
-            hits += self.note_words(&words[..n], kernel.weight);
+            hits += self.note_words(&words[..n], kernel.weight, used.as_mut());
         }
         if hits > 0 {
             self.hits.fetch_add(hits, Ordering::Relaxed);
         }
+        if let Some(mut u) = used {
+            u.sort_unstable();
+            u.dedup();
+            let mut t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
+            if t.len() == TRACE_LAUNCHES {
+                t.pop_front();
+            }
+            t.push_back(u.into_boxed_slice());
+        }
+    }
+
+    /// Starts or stops issue 44's record (the log at debug level).
+    pub fn record(&self, on: bool) {
+        self.recording.store(on, Ordering::Relaxed);
+    }
+
+    /// The launches recorded, oldest first.
+    pub(in crate::engine) fn recorded(&self) -> Vec<Box<[u64]>> {
+        let t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
+        t.iter().cloned().collect()
     }
 
     /// The lowest start and highest end of any block ever made.
@@ -126,10 +148,28 @@ impl Tiers {
         )
     }
 
-    /// A use of `weight` of every block a word points into: how many did.
-    pub(super) fn note_words(&self, words: &[u64], weight: u32) -> u64 {
+    /// A use of `weight` of every block a word points into: how many did;
+    /// their starts go to `used` when it is given.
+    pub(super) fn note_words(
+        &self,
+        words: &[u64],
+        weight: u32,
+        mut used: Option<&mut Vec<u64>>,
+    ) -> u64 {
         let map = read!(self.blocks);
-        words.iter().filter(|&&w| note_in(&map, w, weight)).count() as u64
+        words
+            .iter()
+            .filter(|&&w| match block_at(&map, w) {
+                Some(b) => {
+                    b.note(w - b.ptr, weight);
+                    if let Some(u) = used.as_deref_mut() {
+                        u.push(b.ptr);
+                    }
+                    true
+                }
+                None => false,
+            })
+            .count() as u64
     }
 
     /// Modules or libraries were unloaded: their functions' handles may

@@ -63,9 +63,8 @@ mod block;
 mod gate;
 mod graph_heat;
 mod heat;
-// Issue 44's spike, step 1: pure and tested; the rounds use it once the
-// mover stages (docs/design/tiered.md, "Staging ahead").
-#[allow(dead_code)]
+// Issue 44's spike, step 1: pure and tested; the rounds report what it
+// finds at debug level (docs/design/tiered.md, "Staging ahead").
 mod phases;
 mod plan;
 mod registry;
@@ -115,6 +114,8 @@ pub struct Tiering<'a, D: Driver> {
 /// 1.25 ran 1.39x and 1.40x at 1.1x its cap (2: 1.51x, 1.52x) and 2.62x
 /// at 1.25x (3.78x), but 8.62x at 1.5x (7.80x), where more blocks swapped.
 pub const HYSTERESIS: f64 = 1.25;
+/// The launches issue 44's record keeps (at debug level only).
+pub const TRACE_LAUNCHES: usize = 16384;
 /// What promotions leave free below the target, so that a promotion does
 /// not race the program's next allocation for the last bytes. The first
 /// cut left 1/64 of the cap, which grows with the cap (1.25 GiB of an
@@ -176,6 +177,11 @@ pub struct Tiers {
     /// Host memory of parked blocks that went back to the GPU, kept for
     /// the next park: (bytes, handle); still charged to the host budget.
     kept: Mutex<Vec<(u64, u64)>>,
+    /// Issue 44's record (`phases.rs`), kept only while the log is at
+    /// debug level: the blocks (their addresses) each of the last
+    /// [`TRACE_LAUNCHES`] launches used.
+    recording: AtomicBool,
+    trace: Mutex<std::collections::VecDeque<Box<[u64]>>>,
     blocks: RwLock<BTreeMap<u64, Arc<TierBlock>>>,
     /// Lowest start and highest end of any block ever made: a cheap first
     /// test for the words a launch passes.

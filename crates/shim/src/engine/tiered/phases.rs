@@ -2,8 +2,8 @@
 //! program's launches use tiered blocks, find where its step repeats and
 //! split one step into phases whose blocks fit in a budget, with the bytes
 //! that must move at each phase boundary. Pure: no driver, no locks, no
-//! engine; the rounds will hand it a recorded trace once the mover stages
-//! (`docs/design/tiered.md`, "Staging ahead").
+//! engine; the rounds hand it the trace `heat.rs` records at debug level
+//! and log what it finds (`docs/design/tiered.md`, "Staging ahead").
 //!
 //! - A launch is the set of blocks it used (block indices, sorted,
 //!   deduplicated); two launches are alike when their sets are equal.
@@ -20,6 +20,8 @@
 //!   taken as a cycle (its last phase is followed by its first): the bytes
 //!   of the next phase's blocks not in the current one, which come in, and
 //!   as many go out.
+//! - [`report`]: the three over a recorded trace of block addresses, what
+//!   the rounds log at debug level (`rounds.rs`).
 
 /// A launch's blocks: indices into the block sizes, sorted, no repeats.
 pub type Launch = Vec<usize>;
@@ -177,6 +179,59 @@ pub fn boundary_bytes(phases: &[Phase], sizes: &[u64]) -> Vec<u64> {
         .collect()
 }
 
+/// What a recorded trace says of staging (issue 44's report, logged at
+/// debug level by the rounds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// The order does not repeat (yet) in the `launches` recorded.
+    NoRepeat { launches: usize },
+    /// A step of `period` launches has one launch whose blocks alone
+    /// (`bytes`) are over the budget.
+    Unfit { period: usize, bytes: u64 },
+    /// A step of `period` launches using `step_bytes` of blocks splits
+    /// into `phases` under the budget, with `moved` bytes coming in over
+    /// its boundaries each step.
+    Phases {
+        period: usize,
+        step_bytes: u64,
+        phases: usize,
+        moved: u64,
+    },
+}
+
+/// Issue 44's report of a trace of launches, each the starts of the
+/// blocks it used (`size_of` gives a start's bytes; `None`: a block freed
+/// since, which weighs nothing), under `budget`.
+pub fn report(trace: &[Box<[u64]>], size_of: impl Fn(u64) -> Option<u64>, budget: u64) -> Report {
+    let mut starts: Vec<u64> = trace.iter().flat_map(|l| l.iter().copied()).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let index = |p: &u64| starts.binary_search(p).unwrap_or(0);
+    let launches: Vec<Launch> = trace
+        .iter()
+        .map(|l| l.iter().map(index).collect())
+        .collect();
+    let Some(period) = period(&launches) else {
+        return Report::NoRepeat {
+            launches: launches.len(),
+        };
+    };
+    let sizes: Vec<u64> = starts.iter().map(|&p| size_of(p).unwrap_or(0)).collect();
+    let step = &launches[launches.len() - period..];
+    let mut used: Vec<usize> = step.iter().flatten().copied().collect();
+    used.sort_unstable();
+    used.dedup();
+    match split(step, &sizes, budget) {
+        Split::Unfit { bytes, .. } => Report::Unfit { period, bytes },
+        Split::Phases(p) => Report::Phases {
+            period,
+            step_bytes: bytes_of(&used, &sizes),
+            phases: p.len(),
+            moved: boundary_bytes(&p, &sizes).iter().sum(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +338,48 @@ mod tests {
                 launch: 6,
                 bytes: 300 * MIB
             }
+        );
+    }
+
+    #[test]
+    fn a_trace_is_reported_by_addresses() {
+        // Blocks at 0x1000 (100 MiB), 0x2000 (100 MiB), 0x3000 (50 MiB);
+        // a step uses {1000, 3000} then {2000, 3000}, three times over.
+        let size = |p: u64| match p {
+            0x1000 | 0x2000 => Some(100 * MIB),
+            0x3000 => Some(50 * MIB),
+            _ => None,
+        };
+        let one: [Box<[u64]>; 2] = [Box::new([0x1000, 0x3000]), Box::new([0x2000, 0x3000])];
+        let trace: Vec<Box<[u64]>> = one.iter().cycle().take(6).cloned().collect();
+        assert_eq!(
+            report(&trace, size, 150 * MIB),
+            Report::Phases {
+                period: 2,
+                step_bytes: 250 * MIB,
+                phases: 2,
+                moved: 200 * MIB
+            }
+        );
+        assert_eq!(
+            report(&trace, size, 250 * MIB),
+            Report::Phases {
+                period: 2,
+                step_bytes: 250 * MIB,
+                phases: 1,
+                moved: 0
+            }
+        );
+        assert_eq!(
+            report(&trace, size, 100 * MIB),
+            Report::Unfit {
+                period: 2,
+                bytes: 150 * MIB
+            }
+        );
+        assert_eq!(
+            report(&trace[..3], size, 150 * MIB),
+            Report::NoRepeat { launches: 3 }
         );
     }
 

@@ -21,6 +21,8 @@ impl Tiers {
             on: on || placing,
             placing,
             kept: Mutex::new(Vec::new()),
+            recording: AtomicBool::new(false),
+            trace: Mutex::new(std::collections::VecDeque::new()),
             blocks: RwLock::new(BTreeMap::new()),
             lo: AtomicU64::new(u64::MAX),
             hi: AtomicU64::new(0),

@@ -87,7 +87,10 @@ impl<D: Driver> Tiering<'static, D> {
         let launches = self.tiers.launches();
         let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
         score_round(&blocks, round, since);
-        if round.is_multiple_of(50) && crate::log::enabled(LogLevel::Debug) {
+        let debug = crate::log::enabled(LogLevel::Debug);
+        self.tiers.record(debug);
+        if round.is_multiple_of(50) && debug {
+            self.report_staging(&blocks, round);
             let on = blocks.iter().filter(|b| b.on_device()).count();
             log_at!(
                 Debug,
@@ -145,6 +148,42 @@ impl<D: Driver> Tiering<'static, D> {
                 self.apply(slot, device, limit, round, p);
             }
         }
+    }
+
+    /// Issue 44's report at debug level: where the recorded launch order
+    /// repeats, and what staging one step under each device's target
+    /// would move (`phases.rs`).
+    fn report_staging(&self, blocks: &[Arc<TierBlock>], round: u64) {
+        let trace = self.tiers.recorded();
+        let size_of = |p: u64| blocks.iter().find(|b| b.ptr == p).map(|b| b.bytes);
+        let budget = blocks
+            .first()
+            .and_then(|b| {
+                let device = CUdevice::from(b.device);
+                let slot = self.accounting.slot(device)?;
+                let limit = self.accounting.cap_in_force(slot, device)?;
+                let soft = slot.soft.load(Ordering::Relaxed);
+                let target = if soft > 0 { limit.min(soft) } else { limit };
+                Some(target.saturating_sub(PROMOTE_MARGIN.min(target)))
+            })
+            .unwrap_or(u64::MAX);
+        let what = match super::phases::report(&trace, size_of, budget) {
+            super::phases::Report::NoRepeat { launches } => {
+                format!("the order of the last {launches} launches does not repeat")
+            }
+            super::phases::Report::Unfit { period, bytes } => format!(
+                "a step of {period} launches repeats, but one launch uses {bytes} bytes, over the {budget}-byte budget"
+            ),
+            super::phases::Report::Phases {
+                period,
+                step_bytes,
+                phases,
+                moved,
+            } => format!(
+                "a step of {period} launches repeats, using {step_bytes} bytes of blocks: {phases} phases under the {budget}-byte budget, {moved} bytes coming in a step"
+            ),
+        };
+        log_at!(Debug, "tiered spill: round {round}: staging ahead: {what}");
     }
 
     /// Stages one move: claims the block, reserves a promotion's bytes,
