@@ -336,3 +336,145 @@ fn a_park_with_nothing_to_move_still_waits_for_the_work() {
         .unwrap();
     assert!(sync(after) > sync(before), "{before} / {after}");
 }
+
+/// Parked by the shim's moves, a process whose exit handler calls the
+/// driver ends at once and without moving anything back (the handler's
+/// call answers `CUDA_ERROR_DEINITIALIZED`, as with the driver's
+/// checkpoint), and its page goes with it.
+#[test]
+fn a_process_parked_by_the_shim_exits_without_moving_back() {
+    let dir = scratch_dir();
+    let env = moved_env(&[("VRAMCAP_LOG", "info")]);
+    let h = Watched::start(&dir, &env, &["init", "atexit-sync", "alloc", "64M", "wait"]);
+    let pid = h.pid;
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 64.0 MiB moved to host memory and released"
+    )]);
+    let (lines, out) = h.end_all();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{lines:?} {stderr}");
+    assert_eq!(
+        lines[lines.len() - 2..],
+        ["resumed", "atexit sync -> 4"],
+        "{stderr}"
+    );
+    assert!(!stderr.contains("resumed: "), "{stderr}");
+    assert!(!dir.join(format!("{pid}.page")).exists());
+}
+
+/// Tiered spill and the shim's moves in one process: a block tiered spill
+/// put on the host stays there through a park and a resume (only what a
+/// park moved comes back), the other comes back, both keep their contents,
+/// and the ledgers end where they began.
+#[test]
+fn tiered_spill_and_the_shims_park_share_the_blocks() {
+    let dir = scratch_dir();
+    let env = [
+        MANUAL,
+        MOVE,
+        ("VRAMCAP_SPILL", "tiered"),
+        ("VRAMCAP_LIMIT", "96MiB"),
+        ("VRAMCAP_CACHE", "off"),
+    ];
+    // The context is charged 0 on the stand-in: 64 MiB fits under the cap,
+    // the next 64 MiB goes to the host (tiered spill's placement).
+    let args = [
+        "init", "alloc", "64M", "alloc", "64M", "memset32", "0", "64M", "3", "memset32", "1",
+        "64M", "4", "kinds", "wait", "read32", "0", "read32", "1", "kinds", "wait",
+    ];
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 64.0 MiB moved to host memory and released"
+    )]);
+    h.resume();
+    h.until("wait");
+    let (lines, out) = h.end();
+    assert!(out.status.success(), "{lines:?}");
+    let at = lines.iter().position(|l| l == "resumed").unwrap();
+    assert_eq!(
+        lines[5], "kinds dev=0 device=67108864 managed_host=0",
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines[at + 1..at + 4],
+        [
+            "read32 #0 -> 0 value=3",
+            "read32 #1 -> 0 value=4",
+            "kinds dev=0 device=67108864 managed_host=0",
+        ],
+        "{lines:?}"
+    );
+}
+
+/// The resume's policy with the shim's moves (as
+/// `park_policy::two_idle_members_take_turns_a_resume_parks_the_idle_other`
+/// with the driver's checkpoint): two members of a 2 GiB group, idle after
+/// 300 ms, holding 1.5 GiB and 1 GiB. B's allocation parks A; A's next
+/// call, refused by the group, parks B (idle) and comes back; the ledgers
+/// are exact at each turn and A's contents intact.
+#[test]
+fn two_members_take_turns_a_resume_parks_the_idle_other() {
+    let dir = scratch_dir();
+    let group = format!("moveturns{}", std::process::id());
+    let env = [
+        ("VRAMCAP_PARK", "idle:300ms"),
+        ("VRAMCAP_PARK_WAIT", "10s"),
+        MOVE,
+        ("VRAMCAP_CACHE", "off"),
+        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_GROUP", group.as_str()),
+        ("VRAMCAP_LOG", "info"),
+    ];
+    let mut a = Watched::start(
+        &dir,
+        &env,
+        &[
+            "init", "alloc", "1536M", "memset32", "0", "1536M", "8", "wait", "read32", "0", "wait",
+        ],
+    );
+    let mut b = Watched::start(&dir, &env, &["init", "alloc", "1G", "wait", "info", "wait"]);
+    let (pa, pb) = (a.pid, b.pid);
+    assert_eq!(b.lines[1], format!("alloc {GIB} -> 0 #0"));
+    let device0 = |pid: u32| {
+        let j = crate::park_util::stat(&dir);
+        let p = j["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .cloned()
+            .expect("listed");
+        let d = &p["devices"][0];
+        (
+            d["used_bytes"].as_u64().unwrap(),
+            d["parked_bytes"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(device0(pa), (0, 1536 * MIB));
+    assert_eq!(device0(pb), (GIB, 0));
+    // A calls CUDA: its resume is refused by the group, parks B (idle).
+    a.resume();
+    a.until("wait");
+    let n = a.lines.len();
+    assert_eq!(
+        a.lines[n - 3..],
+        ["resumed", "read32 #0 -> 0 value=8", "wait"],
+        "{:?}",
+        a.lines
+    );
+    assert_eq!(device0(pa), (1536 * MIB, 0));
+    assert_eq!(device0(pb), (0, GIB));
+    let (lines, out) = a.end();
+    assert!(out.status.success(), "{lines:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "group {group}: {} more bytes needed on device 0 to resume; parking idle member {pb}: done",
+            512 * MIB
+        )),
+        "{err}"
+    );
+    let (lines, out) = b.end();
+    assert!(out.status.success(), "{lines:?}");
+}

@@ -99,6 +99,13 @@ impl Watched {
         }
     }
 
+    /// Every line, those after its input was closed too, and the output.
+    pub fn end_all(self) -> (Vec<String>, std::process::Output) {
+        let ended = self.h.finish();
+        let _ = self.done.send(());
+        ended
+    }
+
     /// The lines read so far, and the output once its input is closed.
     pub fn end(self) -> (Vec<String>, std::process::Output) {
         let lines = self.h.lines.clone();

@@ -42,6 +42,7 @@ use vramcap_core::park::{Ask, Outcome, PARK_DEVICES, ParkMode, ParkMove};
 
 use vramcap_core::settings::Settings;
 
+use crate::engine::accounting::Refusal;
 use crate::engine::accounting::page::now_unix_ns;
 use crate::engine::accounting::state::Accounting;
 use crate::engine::driver::Driver;
@@ -102,7 +103,7 @@ pub struct Parking<'a, D: Driver> {
     /// (the bytes moved per device, released by the moves) and back
     /// (`Err(device)`: no room there for all of its blocks).
     pub move_out: &'a dyn Fn() -> [u64; PARK_DEVICES],
-    pub move_in: &'a dyn Fn() -> Result<(), u16>,
+    pub move_in: &'a dyn Fn() -> Result<(), (u16, u64, Option<Refusal>)>,
     /// Waits for every context the process has used to finish its work
     /// (bounded); false when it did not in time.
     pub sync_all: &'a dyn Fn() -> bool,

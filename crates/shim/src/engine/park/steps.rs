@@ -164,24 +164,48 @@ impl<D: Driver> Parking<'_, D> {
 
     /// Moves the parked blocks back (`VRAMCAP_PARK_MOVE=shim`): each is
     /// reserved under the cap and given device memory first, so without
-    /// room nothing is lost and the process stays parked.
-    fn move_back(&self) -> Result<(), Outcome> {
+    /// room nothing is lost and the process stays parked. `keep`: a
+    /// transparent resume, which, refused by the group or by a full GPU,
+    /// parks an idle member or process there first (the policy, as the
+    /// driver's resume does; at most [`POLICY_TRIES`] a round).
+    fn move_back(&self, keep: bool) -> Result<(), Outcome> {
         let start = Instant::now();
-        self.park_set(ParkState::Resuming);
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.move_in)())) {
-            Ok(Ok(())) => {}
-            Ok(Err(d)) => {
-                self.park_set(ParkState::Parked);
+        let mut tries = 0;
+        loop {
+            self.park_set(ParkState::Resuming);
+            let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.move_in)()));
+            let (d, bytes, why) = match moved {
+                Ok(Ok(())) => break,
+                Ok(Err(short)) => short,
+                Err(_) => {
+                    // Never left resuming for good: parked, asked again.
+                    self.park_set(ParkState::Parked);
+                    log_at!(
+                        Error,
+                        "parking: an internal error while moving the blocks back; the process stays parked (please report this)"
+                    );
+                    return Err(Outcome::Busy);
+                }
+            };
+            self.park_set(ParkState::Parked);
+            tries += 1;
+            let device = CUdevice::from(d);
+            let parked_one = keep
+                && tries <= POLICY_TRIES
+                && match why {
+                    Some(r) if r.group => {
+                        let need = r.used.saturating_add(bytes).saturating_sub(r.limit);
+                        self.settings.group.as_deref().is_some_and(|g| {
+                            self.park_idle_member(device, Among::Group(g), need, " to resume")
+                        })
+                    }
+                    None => self.gpu_of(device).is_some_and(|u| {
+                        self.park_idle_member(device, Among::Gpu(u, bytes), bytes, " to resume")
+                    }),
+                    Some(_) => false,
+                };
+            if !parked_one {
                 return Err(Outcome::NoRoom(u32::from(d)));
-            }
-            Err(_) => {
-                // Never left resuming for good: parked, asked again.
-                self.park_set(ParkState::Parked);
-                log_at!(
-                    Error,
-                    "parking: an internal error while moving the blocks back; the process stays parked (please report this)"
-                );
-                return Err(Outcome::Busy);
             }
         }
         let page = self.accounting.page().get(self.settings);
@@ -273,7 +297,7 @@ impl<D: Driver> Parking<'_, D> {
     /// round, nothing reserved meanwhile).
     pub(super) fn reserve_and_restore(&self, keep: bool) -> Result<(), Outcome> {
         if self.park.moved.load(Ordering::Relaxed) {
-            return self.move_back();
+            return self.move_back(keep);
         }
         let mut tries = 0;
         let mut start = Instant::now();

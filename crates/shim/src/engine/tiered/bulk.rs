@@ -16,6 +16,7 @@ use std::sync::Arc;
 use vramcap_core::park::PARK_DEVICES;
 
 use super::{Place, TierBlock, Tiering};
+use crate::engine::accounting::Refusal;
 use crate::engine::driver::Driver;
 use crate::ffi::CUdevice;
 use crate::log::log_at;
@@ -79,10 +80,12 @@ impl<D: Driver> Tiering<'static, D> {
     /// first each device's bytes are reserved at once (own budget and
     /// group; over a cap lowered below them since the park, as the
     /// driver's resume does, said once), then every block is given device
-    /// memory, then the copies run. `Err(device)`: the first device with
-    /// no room under its cap or on the GPU; nothing moved and nothing is
-    /// held, so the process stays parked as it was.
-    pub fn park_in(&self) -> Result<(), u16> {
+    /// memory, then the copies run. `Err`: the first device with no room,
+    /// its parked bytes, and the refusal when its budget (own or group's)
+    /// refused them (`None`: the GPU had no device memory for them);
+    /// nothing moved and nothing is held, so the process stays parked as
+    /// it was.
+    pub fn park_in(&self) -> Result<(), (u16, u64, Option<Refusal>)> {
         let round = self.tiers.round_now();
         let parked = self.by_device(Place::Host);
         let mut reserved: Vec<(u16, u64)> = Vec::new();
@@ -119,9 +122,9 @@ impl<D: Driver> Tiering<'static, D> {
                         limit_now(self.accounting, device, r)
                     );
                 }
-                Err(_) => {
+                Err(r) => {
                     give_back(&reserved);
-                    return Err(dev);
+                    return Err((dev, bytes, Some(r)));
                 }
             }
             reserved.push((dev, bytes));
@@ -147,7 +150,8 @@ impl<D: Driver> Tiering<'static, D> {
                             }
                         }
                         give_back(&reserved);
-                        return Err(dev);
+                        let bytes = parked[&dev].iter().map(|b| b.bytes).sum();
+                        return Err((dev, bytes, None));
                     }
                 }
             }
@@ -177,7 +181,16 @@ impl<D: Driver> Tiering<'static, D> {
                 );
                 Ok(())
             }
-            Some(d) => Err(d),
+            // A copy or a map the driver refused: no policy makes that room.
+            Some(d) => Err((
+                d,
+                0,
+                Some(Refusal {
+                    used: 0,
+                    limit: 0,
+                    group: false,
+                }),
+            )),
         }
     }
 
@@ -206,7 +219,7 @@ impl<D: Driver> Tiering<'static, D> {
 fn limit_now<D: Driver>(
     accounting: &crate::engine::accounting::state::Accounting<D>,
     device: CUdevice,
-    r: crate::engine::accounting::Refusal,
+    r: Refusal,
 ) -> u64 {
     match r.group {
         true => accounting.group().limit_now(device).unwrap_or(r.limit),
