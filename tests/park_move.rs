@@ -433,7 +433,7 @@ fn two_members_take_turns_a_resume_parks_the_idle_other() {
             "init", "alloc", "1536M", "memset32", "0", "1536M", "8", "wait", "read32", "0", "wait",
         ],
     );
-    let mut b = Watched::start(&dir, &env, &["init", "alloc", "1G", "wait", "info", "wait"]);
+    let b = Watched::start(&dir, &env, &["init", "alloc", "1G", "wait", "info", "wait"]);
     let (pa, pb) = (a.pid, b.pid);
     assert_eq!(b.lines[1], format!("alloc {GIB} -> 0 #0"));
     let device0 = |pid: u32| {
