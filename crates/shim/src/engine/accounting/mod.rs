@@ -262,6 +262,15 @@ impl<D: Driver> Accounting<D> {
     }
 
     /// Says why an allocation was refused (once as a warning, then at info).
+    /// The cap that refused `r` as it is now: the group's read from its
+    /// file (a member follows a changed group limit only while running).
+    pub fn cap_now(&self, device: CUdevice, r: Refusal) -> u64 {
+        match r.group {
+            true => self.group.limit_now(device).unwrap_or(r.limit),
+            false => r.limit,
+        }
+    }
+
     pub fn refused(&self, what: &str, device: CUdevice, bytes: u64, r: Refusal) {
         let Refusal { used, limit, .. } = r;
         match (r.group, self.settings.group.as_deref()) {

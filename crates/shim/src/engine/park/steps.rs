@@ -111,6 +111,36 @@ impl<D: Driver> Parking<'_, D> {
         Ok(start)
     }
 
+    /// The end of either park, its bytes recorded: since when, said anew,
+    /// and parked.
+    fn mark_parked(&self) {
+        let page = self.accounting.page().get(self.settings);
+        page.header
+            .parked_since
+            .store(now_unix_ns(), Ordering::Release);
+        self.park.said_waiting.store(false, Ordering::Relaxed);
+        // Exit handlers registered since the background thread started
+        // would otherwise run first and ask for a resume (worker.rs).
+        crate::process::stop_first_at_exit();
+        self.park_set(ParkState::Parked);
+    }
+
+    /// The end of either resume: nothing parked, and just resumed is
+    /// active (the policy of another member must not park it back before
+    /// its program's call has run); running.
+    fn mark_resumed(&self) {
+        let page = self.accounting.page().get(self.settings);
+        for d in 0..PARK_DEVICES {
+            self.park.parked[d].store(0, Ordering::Relaxed);
+            page.header.parked[d].store(0, Ordering::Release);
+        }
+        page.header.parked_since.store(0, Ordering::Release);
+        page.header
+            .last_activity
+            .store(now_unix_ns(), Ordering::Release);
+        self.park_set(ParkState::Running);
+    }
+
     /// `VRAMCAP_PARK_MOVE=shim`: closes the gate, waits for the calls in
     /// flight, empties the cache and moves the blocks to host memory (the
     /// moves release their bytes from the ledgers); the rest of the
@@ -146,13 +176,8 @@ impl<D: Driver> Parking<'_, D> {
             self.park.parked[d].store(0, Ordering::Relaxed);
             page.header.parked[d].store(bytes, Ordering::Release);
         }
-        page.header
-            .parked_since
-            .store(now_unix_ns(), Ordering::Release);
-        self.park.said_waiting.store(false, Ordering::Relaxed);
         self.park.moved.store(true, Ordering::Relaxed);
-        crate::process::stop_first_at_exit();
-        self.park_set(ParkState::Parked);
+        self.mark_parked();
         log_at!(
             Info,
             "parked: {} bytes moved to host memory by the shim in {:.3}s ({freed} cached bytes released first); the rest of the process stays on the GPU",
@@ -208,16 +233,8 @@ impl<D: Driver> Parking<'_, D> {
                 return Err(Outcome::NoRoom(u32::from(d)));
             }
         }
-        let page = self.accounting.page().get(self.settings);
-        for d in 0..PARK_DEVICES {
-            page.header.parked[d].store(0, Ordering::Release);
-        }
-        page.header.parked_since.store(0, Ordering::Release);
-        page.header
-            .last_activity
-            .store(now_unix_ns(), Ordering::Release);
         self.park.moved.store(false, Ordering::Relaxed);
-        self.park_set(ParkState::Running);
+        self.mark_resumed();
         log_at!(
             Info,
             "resumed: the parked memory is back on the GPU in {:.3}s (moved by the shim)",
@@ -273,14 +290,7 @@ impl<D: Driver> Parking<'_, D> {
             page.header.parked[d].store(used, Ordering::Release);
             total += used;
         }
-        page.header
-            .parked_since
-            .store(now_unix_ns(), Ordering::Release);
-        self.park.said_waiting.store(false, Ordering::Relaxed);
-        // Exit handlers registered since the background thread started
-        // would otherwise run first and ask for a resume (worker.rs).
-        crate::process::stop_first_at_exit();
-        self.park_set(ParkState::Parked);
+        self.mark_parked();
         log_at!(
             Info,
             "parked: {total} bytes moved to host memory in {:.3}s (the driver's lock and checkpoint {driver_s:.3}s; {freed} cached bytes released first); the budget is released",
@@ -368,19 +378,8 @@ impl<D: Driver> Parking<'_, D> {
             }
         }
         let driver_s = driver_start.elapsed().as_secs_f64();
-        let page = self.accounting.page().get(self.settings);
-        for d in 0..PARK_DEVICES {
-            self.park.parked[d].store(0, Ordering::Relaxed);
-            page.header.parked[d].store(0, Ordering::Release);
-        }
-        page.header.parked_since.store(0, Ordering::Release);
-        // Just resumed is active: the policy of another member must not
-        // park it back before its program's call has run.
-        page.header
-            .last_activity
-            .store(now_unix_ns(), Ordering::Release);
         self.park.reserved.store(false, Ordering::Relaxed);
-        self.park_set(ParkState::Running);
+        self.mark_resumed();
         // From the reservation that held: what the shim adds is the
         // reservation and the free-memory check.
         log_at!(
@@ -408,14 +407,14 @@ impl<D: Driver> Parking<'_, D> {
                 // held, over the cap, as a running one keeps what it holds
                 // when its cap is lowered; new allocations are refused.
                 Err(r)
-                    if bytes > self.limit_now(d as CUdevice, r)
+                    if bytes > self.accounting.cap_now(d as CUdevice, r)
                         && self.accounting.reserve_over(s, d as CUdevice, bytes) =>
                 {
                     log_at!(
                         Warn,
                         "device {d}: resuming over the {} cap of {} bytes: the process held {bytes} bytes when it was parked; new allocations are refused until it is under the cap again",
                         if r.group { "group's" } else { "process's" },
-                        self.limit_now(d as CUdevice, r)
+                        self.accounting.cap_now(d as CUdevice, r)
                     );
                 }
                 Err(r) => {
@@ -425,15 +424,6 @@ impl<D: Driver> Parking<'_, D> {
             }
         }
         Ok(())
-    }
-
-    /// The cap that refused `r` as it is now: the group's read from its
-    /// file (a member follows a changed group limit only while running).
-    fn limit_now(&self, device: CUdevice, r: Refusal) -> u64 {
-        match r.group {
-            true => self.accounting.group().limit_now(device).unwrap_or(r.limit),
-            false => r.limit,
-        }
     }
 
     /// Gives back the reservations of the parked bytes of devices before `upto`.

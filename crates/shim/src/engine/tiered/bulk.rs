@@ -112,14 +112,14 @@ impl<D: Driver> Tiering<'static, D> {
                 // no wait makes that room; the process takes back what it
                 // held, and new allocations are refused while it is over.
                 Err(r)
-                    if bytes > limit_now(self.accounting, device, r)
+                    if bytes > self.accounting.cap_now(device, r)
                         && self.accounting.reserve_over(slot, device, bytes) =>
                 {
                     log_at!(
                         Warn,
                         "device {dev}: resuming over the {} cap of {} bytes: the process held {bytes} bytes when it was parked; new allocations are refused until it is under the cap again",
                         if r.group { "group's" } else { "process's" },
-                        limit_now(self.accounting, device, r)
+                        self.accounting.cap_now(device, r)
                     );
                 }
                 Err(r) => {
@@ -211,18 +211,5 @@ impl<D: Driver> Tiering<'static, D> {
             bytes += b;
         }
         bytes
-    }
-}
-
-/// The cap that refused `r` as it is now: the group's read from its file
-/// (a member follows a changed group limit only while running).
-fn limit_now<D: Driver>(
-    accounting: &crate::engine::accounting::state::Accounting<D>,
-    device: CUdevice,
-    r: Refusal,
-) -> u64 {
-    match r.group {
-        true => accounting.group().limit_now(device).unwrap_or(r.limit),
-        false => r.limit,
     }
 }
