@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use vramcap_core::budget::NO_CAP;
 use vramcap_core::page::{Page, uuid_text};
-use vramcap_core::park::{Outcome, PARK_DEVICES, ParkState, RESUME_MARGIN};
+use vramcap_core::park::{Outcome, PARK_DEVICES, ParkState, RESUME_MARGIN, believable_free};
 
 use super::Parking;
 use super::policy::Among;
@@ -500,14 +500,14 @@ fn free_on(page: &Page, d: usize, free: &[(String, u64)]) -> Option<u64> {
     let slot = &page.slots[d];
     let uuid = uuid_text(&slot.uuid_bytes())?;
     let f = free.iter().find(|(g, _)| *g == uuid).map(|&(_, f)| f)?;
-    // More free than the GPU has (the driver's total, read before the
+    // Much more free than the GPU has (the driver's total, read before the
     // park) is no measure: a restore trusted to it could leave the process
     // stuck for good.
     let total = slot.total.load(Ordering::Relaxed);
-    if total > 0 && f > total {
+    if !believable_free(f, total) {
         log_once!(
             Warn,
-            "resume: nvidia-smi says GPU {d} has {f} bytes free, more than its {total} bytes; not trusted, the process stays parked"
+            "resume: nvidia-smi says GPU {d} has {f} bytes free, more than its {total} bytes and a sixteenth; not trusted, the process stays parked"
         );
         return None;
     }
