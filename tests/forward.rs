@@ -307,6 +307,61 @@ fn a_call_through_an_export_table_resumes_a_parked_process_first() {
         "resumed: the parked memory is back on the GPU",
         &mut seen,
     );
+    let waker: Vec<&String> = seen
+        .iter()
+        .filter(|l| l.contains("resumes this process"))
+        .collect();
+    assert_eq!(waker.len(), 1, "{seen:?}");
+    assert!(
+        waker[0].starts_with("parking: function 1 of the driver's export table ")
+            && waker[0].ends_with(" resumes this process"),
+        "{seen:?}"
+    );
+    drop(stdin);
+    let status = child.wait().expect("wait for the client");
+    let _ = done.send(());
+    assert!(status.success(), "{status}; stderr had {seen:?}");
+}
+
+/// Parked for real, the process's next call of a function the shim only
+/// forwards (`cuCtxGetDevice`, from `cuGetProcAddress`) has it resumed, and
+/// the log names that function (issue 43: what wakes an idle process), as
+/// it was looked up; the call then answers exactly.
+#[test]
+fn an_unhooked_call_that_resumes_a_parked_process_is_named() {
+    let dir = scratch_dir();
+    let Ready {
+        mut child,
+        mut stdin,
+        mut out,
+        done,
+        ..
+    } = ready_with_parking(&dir);
+    let err = stderr_lines(&mut child);
+    park_forward(&dir, child.id());
+    let mut seen = Vec::new();
+    wait_for(
+        &err,
+        "parked: 1048576 bytes moved to host memory",
+        &mut seen,
+    );
+    writeln!(stdin, "ctxdev").expect("ask for the call");
+    assert_eq!(next(&mut out), "calling ctxdev");
+    assert_eq!(next(&mut out), CALLS[1]);
+    wait_for(
+        &err,
+        "resumed: the parked memory is back on the GPU",
+        &mut seen,
+    );
+    let waker: Vec<&String> = seen
+        .iter()
+        .filter(|l| l.contains("resumes this process"))
+        .collect();
+    assert_eq!(waker.len(), 1, "{seen:?}");
+    assert!(
+        waker[0] == "parking: cuCtxGetDevice, which the shim only forwards, resumes this process",
+        "{seen:?}"
+    );
     drop(stdin);
     let status = child.wait().expect("wait for the client");
     let _ = done.send(());

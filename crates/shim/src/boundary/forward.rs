@@ -35,12 +35,17 @@
 //!   nothing), so the gate only waits for them, except at exit while
 //!   parked, where they answer `CUDA_ERROR_DEINITIALIZED` as the shut-down
 //!   driver's do.
+//! - **Names** ([`NAMES`]): what a slot was first handed out as, set once
+//!   when it is taken (the lookup path, which may allocate), read only by
+//!   the slow path, so that the log names the call that resumed a parked
+//!   process (issue 43: what wakes an idle JAX process).
 //!
 //! Other architectures have no table: [`forwarders_available`] is false
 //! and parking is refused there.
 
 use std::ffi::{CStr, c_void};
 use std::ptr;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use crate::log::{log_at, log_once};
@@ -66,6 +71,11 @@ static TARGETS: [AtomicPtr<c_void>; SLOTS] = [const { AtomicPtr::new(ptr::null_m
 /// | index` (`table`: the first four bytes of its GUID), or [`NVML_TAG`]
 /// for an NVML function.
 static DARK: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+
+/// Per slot, what the log calls its function when a call of it asks a
+/// parked process to resume: the name it was first looked up under, or
+/// its export table and index.
+static NAMES: [OnceLock<Box<str>>; SLOTS] = [const { OnceLock::new() }; SLOTS];
 
 /// [`DARK`]'s tag of a public slot holding an NVML function: a gate that
 /// cannot let it through answers NVML's codes, not CUDA's
@@ -93,6 +103,9 @@ pub fn forwarder(name: &CStr, real: *mut c_void) -> *mut c_void {
             if name.to_bytes().starts_with(b"nvml") {
                 let _ = DARK[i].compare_exchange(0, NVML_TAG, Ordering::Relaxed, Ordering::Relaxed);
             }
+            NAMES[i].get_or_init(|| {
+                format!("{}, which the shim only forwards,", name.to_string_lossy()).into()
+            });
             entry(i)
         }
         None => {
@@ -121,6 +134,9 @@ pub fn dark_forwarder(real: *mut c_void, table: u32, index: u32) -> Option<*mut 
     };
     let tag = 1 << 63 | u64::from(table) << 16 | u64::from(index & 0xffff);
     let _ = DARK[i].compare_exchange(0, tag, Ordering::Relaxed, Ordering::Relaxed);
+    NAMES[i].get_or_init(|| {
+        format!("function {index} of the driver's export table {table:08x}").into()
+    });
     Some(entry(i))
 }
 
@@ -203,7 +219,11 @@ extern "C" fn forward_wait(slot: u32) -> u32 {
                 );
             }
         }
-        gate::gate() as u32
+        let who = NAMES
+            .get(slot as usize)
+            .and_then(OnceLock::get)
+            .map_or("an unhooked driver function", |n| &**n);
+        gate::gate_as(who) as u32
     });
     // An export table's function answers itself (its signature is
     // unknown): the gate only made it wait. At exit while parked it can

@@ -4,9 +4,9 @@
 //!
 //! - [`GATE`] is the process's parking state as a word
 //!   (`vramcap_core::park::ParkState as u32`): 0 (`Running`) is open, any
-//!   other value is closed. [`gate`]'s fast path is one `Relaxed` load of
-//!   it; only a closed gate takes [`gate_slow`].
-//! - [`gate_slow`] waits (a condvar, no spinning) until the state is
+//!   other value is closed. [`gate_as`]'s fast path is one `Relaxed` load of
+//!   it; only a closed gate takes the slow path.
+//! - The slow path waits (a condvar, no spinning) until the state is
 //!   `Running` again, asking for a resume when it finds `Parked`; it
 //!   answers 0 to go on, or `CUDA_ERROR_ILLEGAL_STATE` (401) when a restore
 //!   failed and the process cannot continue (`Failed`).
@@ -78,12 +78,14 @@ pub const fn nvml_code(code: i32) -> i32 {
     }
 }
 
-/// Passes the gate: 0 to go on into the driver, or the error the call
-/// must answer instead. The fast path is one `Relaxed` load.
+/// Passes the gate for the function `who` (named in the log if it asks
+/// for a resume: the forwarders' slow path): 0 to go on into the driver,
+/// or the error the call must answer instead. The fast path is one
+/// `Relaxed` load.
 #[inline(always)]
-pub fn gate() -> i32 {
+pub fn gate_as(who: &'static str) -> i32 {
     if GATE.load(Ordering::Relaxed) != RUNNING {
-        return gate_slow() as i32;
+        return gate_slow_as(who) as i32;
     }
     if !ACTIVE.load(Ordering::Relaxed) {
         ACTIVE.store(true, Ordering::Relaxed);
@@ -115,7 +117,7 @@ impl Drop for Inside {
 }
 
 /// What a hooked export calls first: without parking, nothing (one load);
-/// with it, [`gate`], then counts the thread inside until the pass is
+/// with it, [`gate_as`], then counts the thread inside until the pass is
 /// dropped. `Err(code)` is the answer the call must give instead.
 #[inline(always)]
 pub fn enter() -> Result<Inside, i32> {
@@ -154,16 +156,8 @@ fn enter_counted(who: &'static str) -> Result<Inside, i32> {
     }
 }
 
-/// The slow path: waits for `Running` (asking for a resume if parked).
-/// `extern "C"` so that assembly forwarders can call it (through a `sym`
-/// operand: it is not exported); it never unwinds.
-#[cold]
-#[inline(never)]
-pub extern "C" fn gate_slow() -> u32 {
-    gate_slow_as("an unhooked driver function")
-}
-
-/// [`gate_slow`] for a call the log can name (`who` asks for a resume).
+/// The slow path: waits for `Running`, asking for a resume if parked and
+/// naming `who` in the log as what asked.
 #[cold]
 #[inline(never)]
 fn gate_slow_as(who: &'static str) -> u32 {
