@@ -125,7 +125,10 @@ impl Tiers {
             if t.len() == TRACE_LAUNCHES {
                 t.pop_front();
             }
-            t.push_back(u.into_boxed_slice());
+            t.push_back(super::phases::Launched {
+                kernel: func as u64,
+                blocks: u.into_boxed_slice(),
+            });
         }
     }
 
@@ -135,7 +138,7 @@ impl Tiers {
     }
 
     /// The launches recorded, oldest first.
-    pub(in crate::engine) fn recorded(&self) -> Vec<Box<[u64]>> {
+    pub(in crate::engine) fn recorded(&self) -> Vec<super::phases::Launched> {
         let t = self.trace.lock().unwrap_or_else(|e| e.into_inner());
         t.iter().cloned().collect()
     }

@@ -178,10 +178,10 @@ pub struct Tiers {
     /// the next park: (bytes, handle); still charged to the host budget.
     kept: Mutex<Vec<(u64, u64)>>,
     /// Issue 44's record (`phases.rs`), kept only while the log is at
-    /// debug level: the blocks (their addresses) each of the last
-    /// [`TRACE_LAUNCHES`] launches used.
+    /// debug level: the kernel of each of the last [`TRACE_LAUNCHES`]
+    /// launches and the blocks (their addresses) it used.
     recording: AtomicBool,
-    trace: Mutex<std::collections::VecDeque<Box<[u64]>>>,
+    trace: Mutex<std::collections::VecDeque<phases::Launched>>,
     blocks: RwLock<BTreeMap<u64, Arc<TierBlock>>>,
     /// Lowest start and highest end of any block ever made: a cheap first
     /// test for the words a launch passes.

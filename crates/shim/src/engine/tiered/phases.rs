@@ -7,10 +7,17 @@
 //!
 //! - A launch is the set of blocks it used (block indices, sorted,
 //!   deduplicated); two launches are alike when their sets are equal.
-//! - [`period`]: the shortest `p` such that the trace ends with the same
-//!   `p` launches twice over (the Z-function of the reversed trace: linear
-//!   in its length). `None`: the end of the trace does not repeat yet (a
+//! - [`period`]: of the periods with which the trace ends at least twice
+//!   over, the one that covers the longest end of it, the shortest of those
+//!   (the Z-function of the reversed trace: linear in its length). The
+//!   longest cover, not the shortest period: a real trace ends with two
+//!   alike launches as often as not (the H200, session 16: "a step of 1
+//!   launch"), and a step repeats layers within it; only the step covers
+//!   every repetition. `None`: the end of the trace does not repeat yet (a
 //!   new shape, evaluation, a changed batch), and placement stays by heat.
+//! - The period is found on the kernels launched, which a step repeats
+//!   exactly, and the phases on the blocks the last step's launches used
+//!   (the allocator may place a tensor in another block from step to step).
 //! - [`split`]: one step cut greedily into consecutive phases, each as long
 //!   as its blocks' bytes fit in the budget. Adding a launch to a phase only
 //!   grows its set, so cutting as late as possible gives the fewest phases.
@@ -26,16 +33,17 @@
 /// A launch's blocks: indices into the block sizes, sorted, no repeats.
 pub type Launch = Vec<usize>;
 
-/// The shortest period with which `trace` ends twice over, if any.
-pub fn period(trace: &[Launch]) -> Option<usize> {
+/// The period with which `trace` ends at least twice over that covers the
+/// longest end of it, the shortest of those; with the launches it covers.
+pub fn period<T: PartialEq>(trace: &[T]) -> Option<(usize, usize)> {
     let n = trace.len();
     if n < 2 {
         return None;
     }
     // r is the trace read backwards; z[i]: the length of the longest run
-    // of r from i equal to r's start. The end repeats with period p when
-    // r[p..2p] == r[..p], that is z[p] >= p.
-    let r: Vec<&Launch> = trace.iter().rev().collect();
+    // of r from i equal to r's start. The end repeats with period p
+    // (twice at least) when z[p] >= p, and p-periodic it covers z[p] + p.
+    let r: Vec<&T> = trace.iter().rev().collect();
     let mut z = vec![0usize; n];
     let (mut l, mut h) = (0usize, 0usize);
     for i in 1..n {
@@ -50,7 +58,13 @@ pub fn period(trace: &[Launch]) -> Option<usize> {
             h = i + z[i];
         }
     }
-    (1..=n / 2).find(|&p| z[p] >= p)
+    let mut best: Option<(usize, usize)> = None;
+    for (p, &zp) in z.iter().enumerate().take(n / 2 + 1).skip(1) {
+        if zp >= p && best.is_none_or(|(_, c)| zp + p > c) {
+            best = Some((p, zp + p));
+        }
+    }
+    best
 }
 
 /// One phase: the launches `start..end` of a step and the blocks they use.
@@ -179,6 +193,13 @@ pub fn boundary_bytes(phases: &[Phase], sizes: &[u64]) -> Vec<u64> {
         .collect()
 }
 
+/// One recorded launch: its kernel and the starts of the blocks it used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launched {
+    pub kernel: u64,
+    pub blocks: Box<[u64]>,
+}
+
 /// What a recorded trace says of staging (issue 44's report, logged at
 /// debug level by the rounds).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,44 +209,44 @@ pub enum Report {
     /// A step of `period` launches has one launch whose blocks alone
     /// (`bytes`) are over the budget.
     Unfit { period: usize, bytes: u64 },
-    /// A step of `period` launches using `step_bytes` of blocks splits
-    /// into `phases` under the budget, with `moved` bytes coming in over
-    /// its boundaries each step.
+    /// A step of `period` launches (the last `covered` of the trace repeat
+    /// it) using `step_bytes` of blocks splits into `phases` under the
+    /// budget, with `moved` bytes coming in over its boundaries each step.
     Phases {
         period: usize,
+        covered: usize,
         step_bytes: u64,
         phases: usize,
         moved: u64,
     },
 }
 
-/// Issue 44's report of a trace of launches, each the starts of the
-/// blocks it used (`size_of` gives a start's bytes; `None`: a block freed
-/// since, which weighs nothing), under `budget`.
-pub fn report(trace: &[Box<[u64]>], size_of: impl Fn(u64) -> Option<u64>, budget: u64) -> Report {
-    let mut starts: Vec<u64> = trace.iter().flat_map(|l| l.iter().copied()).collect();
+/// Issue 44's report of a trace of launches (`size_of` gives a block
+/// start's bytes; `None`: a block freed since, which weighs nothing),
+/// under `budget`.
+pub fn report(trace: &[Launched], size_of: impl Fn(u64) -> Option<u64>, budget: u64) -> Report {
+    let kernels: Vec<u64> = trace.iter().map(|l| l.kernel).collect();
+    let Some((period, covered)) = period(&kernels) else {
+        return Report::NoRepeat {
+            launches: trace.len(),
+        };
+    };
+    let last = &trace[trace.len() - period..];
+    let mut starts: Vec<u64> = last.iter().flat_map(|l| l.blocks.iter().copied()).collect();
     starts.sort_unstable();
     starts.dedup();
     let index = |p: &u64| starts.binary_search(p).unwrap_or(0);
-    let launches: Vec<Launch> = trace
+    let step: Vec<Launch> = last
         .iter()
-        .map(|l| l.iter().map(index).collect())
+        .map(|l| l.blocks.iter().map(index).collect())
         .collect();
-    let Some(period) = period(&launches) else {
-        return Report::NoRepeat {
-            launches: launches.len(),
-        };
-    };
     let sizes: Vec<u64> = starts.iter().map(|&p| size_of(p).unwrap_or(0)).collect();
-    let step = &launches[launches.len() - period..];
-    let mut used: Vec<usize> = step.iter().flatten().copied().collect();
-    used.sort_unstable();
-    used.dedup();
-    match split(step, &sizes, budget) {
+    match split(&step, &sizes, budget) {
         Split::Unfit { bytes, .. } => Report::Unfit { period, bytes },
         Split::Phases(p) => Report::Phases {
             period,
-            step_bytes: bytes_of(&used, &sizes),
+            covered,
+            step_bytes: sizes.iter().fold(0u64, |a, &b| a.saturating_add(b)),
             phases: p.len(),
             moved: boundary_bytes(&p, &sizes).iter().sum(),
         },
@@ -264,14 +285,15 @@ mod tests {
         for _ in 0..3 {
             trace.extend(one.iter().cloned());
         }
-        assert_eq!(period(&trace), Some(one.len()));
+        assert_eq!(period(&trace), Some((one.len(), 3 * one.len())));
         // A step's end that does not repeat yet (evaluation began).
         trace.push(vec![0, 7]);
         assert_eq!(period(&trace), None);
         // Too short to tell, and a trace of one launch repeated.
         assert_eq!(period(&[vec![1]]), None);
-        assert_eq!(period(&[vec![1], vec![1], vec![1]]), Some(1));
-        // The shortest period wins: a step made of two equal halves.
+        assert_eq!(period(&[vec![1], vec![1], vec![1]]), Some((1, 3)));
+        // The shortest period of the longest cover: a step made of two
+        // equal halves.
         let half = vec![vec![1], vec![2, 3]];
         let doubled: Vec<Launch> = half
             .iter()
@@ -280,7 +302,23 @@ mod tests {
             .chain(&half)
             .cloned()
             .collect();
-        assert_eq!(period(&doubled), Some(2));
+        assert_eq!(period(&doubled), Some((2, 8)));
+    }
+
+    /// What the H200 showed (session 16): a step that ends with two alike
+    /// launches, and layers that repeat within a step, are not the step.
+    #[test]
+    fn the_step_is_the_period_that_covers_most() {
+        // Kernels: 7 (embedding), then 1, 2 per layer for 3 layers, then
+        // 5 twice (an optimizer's two alike launches): 10 a step.
+        let one = [7, 1, 2, 1, 2, 1, 2, 5, 5];
+        let mut trace = vec![3, 3, 4];
+        for _ in 0..4 {
+            trace.extend(one);
+        }
+        assert_eq!(period(&trace), Some((one.len(), 4 * one.len())));
+        // Within one step, the layers' period covers the layers only.
+        assert_eq!(period(&[7, 1, 2, 1, 2, 1, 2]), Some((2, 6)));
     }
 
     #[test]
@@ -344,18 +382,24 @@ mod tests {
     #[test]
     fn a_trace_is_reported_by_addresses() {
         // Blocks at 0x1000 (100 MiB), 0x2000 (100 MiB), 0x3000 (50 MiB);
-        // a step uses {1000, 3000} then {2000, 3000}, three times over.
+        // a step launches kernel 1 on {1000, 3000} then kernel 2 on
+        // {2000, 3000}, three times over.
         let size = |p: u64| match p {
             0x1000 | 0x2000 => Some(100 * MIB),
             0x3000 => Some(50 * MIB),
             _ => None,
         };
-        let one: [Box<[u64]>; 2] = [Box::new([0x1000, 0x3000]), Box::new([0x2000, 0x3000])];
-        let trace: Vec<Box<[u64]>> = one.iter().cycle().take(6).cloned().collect();
+        let at = |kernel: u64, blocks: &[u64]| Launched {
+            kernel,
+            blocks: blocks.into(),
+        };
+        let one = [at(1, &[0x1000, 0x3000]), at(2, &[0x2000, 0x3000])];
+        let mut trace: Vec<Launched> = one.iter().cycle().take(6).cloned().collect();
         assert_eq!(
             report(&trace, size, 150 * MIB),
             Report::Phases {
                 period: 2,
+                covered: 6,
                 step_bytes: 250 * MIB,
                 phases: 2,
                 moved: 200 * MIB
@@ -365,6 +409,7 @@ mod tests {
             report(&trace, size, 250 * MIB),
             Report::Phases {
                 period: 2,
+                covered: 6,
                 step_bytes: 250 * MIB,
                 phases: 1,
                 moved: 0
@@ -380,6 +425,19 @@ mod tests {
         assert_eq!(
             report(&trace[..3], size, 150 * MIB),
             Report::NoRepeat { launches: 3 }
+        );
+        // The kernels repeat, a block moved in the allocator: the period
+        // holds, and the phases are the last step's blocks.
+        trace.extend([at(1, &[0x1000, 0x4000]), at(2, &[0x2000, 0x3000])]);
+        assert_eq!(
+            report(&trace, size, 150 * MIB),
+            Report::Phases {
+                period: 2,
+                covered: 8,
+                step_bytes: 250 * MIB,
+                phases: 2,
+                moved: 250 * MIB
+            }
         );
     }
 

@@ -176,11 +176,13 @@ impl<D: Driver> Tiering<'static, D> {
             ),
             super::phases::Report::Phases {
                 period,
+                covered,
                 step_bytes,
                 phases,
                 moved,
             } => format!(
-                "a step of {period} launches repeats, using {step_bytes} bytes of blocks: {phases} phases under the {budget}-byte budget, {moved} bytes coming in a step"
+                "a step of {period} launches repeats (the last {covered} of {} recorded), using {step_bytes} bytes of blocks: {phases} phases under the {budget}-byte budget, {moved} bytes coming in a step",
+                trace.len()
             ),
         };
         log_at!(Debug, "tiered spill: round {round}: staging ahead: {what}");
