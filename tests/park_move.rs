@@ -106,7 +106,7 @@ fn park_move_shim_needs_parking_and_no_host_spill() {
     for (env, line) in [
         (
             vec![MOVE, ("VRAMCAP_LIMIT", "1GiB")],
-            "VRAMCAP_PARK_MOVE=\"shim\" is not valid: expected checkpoint without VRAMCAP_PARK (shim applies to parking only), e.g. VRAMCAP_PARK=manual VRAMCAP_PARK_MOVE=shim",
+            "VRAMCAP_PARK_MOVE=\"shim\" is not valid: expected checkpoint without VRAMCAP_PARK (the shim's moves apply to parking only), e.g. VRAMCAP_PARK=manual VRAMCAP_PARK_MOVE=shim",
         ),
         (
             vec![MANUAL, MOVE, ("VRAMCAP_SPILL", "host")],
@@ -477,4 +477,119 @@ fn two_members_take_turns_a_resume_parks_the_idle_other() {
     );
     let (lines, out) = b.end();
     assert!(out.status.success(), "{lines:?}");
+}
+
+/// `VRAMCAP_PARK_MOVE=shim+checkpoint` (issue 43's leave-nothing mode): the
+/// shim moves the 64 MiB block, then the driver's checkpoint takes the
+/// rest (the 1 MiB allocation below the granularity), so the GPU shows
+/// nothing of the process; its next call has the driver restore the rest,
+/// then the shim move the block back, contents intact and ledgers exact.
+#[test]
+fn shim_then_checkpoint_leaves_nothing_on_the_gpu() {
+    let dir = scratch_dir();
+    let mut env = moved_env(&[("VRAMCAP_LOG", "info")]);
+    env.retain(|(k, _)| *k != MOVE.0);
+    env.push((MOVE.0, "shim+checkpoint"));
+    let args = [
+        "init", "alloc", "64M", "alloc", "1M", "memset32", "0", "64M", "77", "wait", "kinds",
+        "ckstate", "read32", "0", "kinds", "ckstate", "abistats", "0", "wait",
+    ];
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 65.0 MiB moved to host memory and released"
+    )]);
+    h.resume();
+    h.until("wait");
+    let (lines, out) = h.end();
+    assert!(out.status.success(), "{lines:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = lines.iter().position(|l| l == "resumed").expect("resumed") + 1;
+    assert_eq!(
+        kinds_line(&lines, first),
+        "kinds dev=0 device=0 managed_host=0 | kinds dev=1 device=0 managed_host=0 | kinds host=0",
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines[first + 3],
+        "ckstate state=2 checkpoints=1 restores=0 failures=0 parked=1048576",
+        "{lines:?}"
+    );
+    assert_eq!(lines[first + 4], "read32 #0 -> 0 value=77", "{lines:?}");
+    assert_eq!(
+        kinds_line(&lines, first + 5),
+        "kinds dev=0 device=68157440 managed_host=0 | kinds dev=1 device=0 managed_host=0 | kinds host=0",
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines[first + 8],
+        "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0",
+        "{lines:?}"
+    );
+    // The ledgers hold both allocations again, nothing more.
+    let stats = &lines[first + 9];
+    assert!(stats.starts_with("abistats 0 -> 0 size="), "{stats}");
+    assert!(
+        stats.contains(&format!(" allocations={} ", 65 * MIB)),
+        "{stats}"
+    );
+    assert!(
+        stderr.contains("parked: 67108864 bytes moved to host memory by the shim and 1048576 by the driver's checkpoint"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the blocks come back next") && stderr.contains("(moved by the shim)"),
+        "{stderr}"
+    );
+}
+
+/// With `shim+checkpoint`, a checkpoint the driver refuses leaves the park
+/// as the shim's moves made it (the rest stays on the GPU, said once), and
+/// the next call brings the block back without a restore.
+#[test]
+fn shim_then_a_refused_checkpoint_parks_as_shim_does() {
+    let dir = scratch_dir();
+    let mut env = moved_env(&[
+        ("VRAMCAP_LOG", "info"),
+        ("STANDIN_CHECKPOINT_FAIL", "checkpoint"),
+    ]);
+    env.retain(|(k, _)| *k != MOVE.0);
+    env.push((MOVE.0, "shim+checkpoint"));
+    let args = [
+        "init", "alloc", "64M", "alloc", "1M", "memset32", "0", "64M", "77", "wait", "kinds",
+        "ckstate", "read32", "0", "ckstate", "wait",
+    ];
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 64.0 MiB moved to host memory and released"
+    )]);
+    h.resume();
+    h.until("wait");
+    let (lines, out) = h.end();
+    assert!(out.status.success(), "{lines:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = lines.iter().position(|l| l == "resumed").expect("resumed") + 1;
+    assert_eq!(
+        kinds_line(&lines, first),
+        "kinds dev=0 device=1048576 managed_host=0 | kinds dev=1 device=0 managed_host=0 | kinds host=0",
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines[first + 3],
+        "ckstate state=0 checkpoints=0 restores=0 failures=0 parked=0"
+    );
+    assert_eq!(lines[first + 4], "read32 #0 -> 0 value=77", "{lines:?}");
+    assert_eq!(
+        lines[first + 5],
+        "ckstate state=0 checkpoints=0 restores=0 failures=0 parked=0"
+    );
+    assert_eq!(
+        stderr
+            .matches("the driver's checkpoint of the rest was refused")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("(moved by the shim)"), "{stderr}");
 }

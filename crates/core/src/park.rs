@@ -275,6 +275,23 @@ pub enum ParkMove {
     /// The shim moves its blocks (VMM memory behind fixed addresses) to
     /// host memory and back itself, and leaves the rest on the GPU.
     Shim,
+    /// The shim moves its blocks, then the driver's checkpoint takes the
+    /// rest (the context, small and pool allocations): nothing of the
+    /// process stays on the GPU.
+    ShimThenCheckpoint,
+}
+
+impl ParkMove {
+    /// Whether the shim moves the blocks itself (they are made as VMM
+    /// memory for it).
+    pub fn moves_blocks(self) -> bool {
+        matches!(self, ParkMove::Shim | ParkMove::ShimThenCheckpoint)
+    }
+
+    /// Whether the driver's checkpoint is part of a park.
+    pub fn checkpoints(self) -> bool {
+        matches!(self, ParkMove::Checkpoint | ParkMove::ShimThenCheckpoint)
+    }
 }
 
 /// `VRAMCAP_PARK`: parked only when asked, or also by the idle policy.

@@ -281,13 +281,13 @@ def test_parked_process_calls_off_the_hooks_resume_it(gpu, runner, work, check):
         p.kill()
 
 
-@pytest.mark.parametrize("move", ["checkpoint", "shim"])
+@pytest.mark.parametrize("move", ["checkpoint", "shim", "shim+checkpoint"])
 def test_park_cycles_by_the_driver_and_by_the_shim(gpu, runner, work, check, move):
     check.title = ("a 12 GiB PyTorch process parked and resumed 5 times with VRAMCAP_PARK_MOVE=%s: "
                    "each park's and resume's seconds per GiB, sums identical every time (issue 43; "
                    "both moves in the same call, side by side)" % move)
     gib, n = 12, 5
-    p = Proc(gpu, runner, work, "cycles-" + move, ["cycles", str(gib), str(n)], VRAMCAP_PARK="manual",
+    p = Proc(gpu, runner, work, "cycles-" + move.replace("+", "-"), ["cycles", str(gib), str(n)], VRAMCAP_PARK="manual",
              VRAMCAP_PARK_MOVE=move, VRAMCAP_CACHE="off", VRAMCAP_LIMIT="16GiB")
     try:
         parks, resumes = [], []
@@ -310,10 +310,13 @@ def test_park_cycles_by_the_driver_and_by_the_shim(gpu, runner, work, check, mov
         check.kv(kv, "same", 1)
         check.note("%s: park s/GiB %s; resume s/GiB %s" % (
             move, ", ".join("%.3f" % (t / gib) for t in parks), ", ".join("%.3f" % (t / gib) for t in resumes)))
-        if move == "shim" and len(parks) == n:
-            # Issue 43's goals: the first park at most 0.3 s/GiB, later
-            # ones and resumes at most 0.05 s/GiB + 1.5 s.
-            check.at_most("first park, s/GiB", parks[0] / gib, 0.3)
+        if move != "checkpoint" and len(parks) == n:
+            # Issue 43's goals: the first park at most 0.3 s/GiB (plus the
+            # driver's checkpoint of the rest, about 1.5 s, with
+            # shim+checkpoint), later ones and resumes at most 0.05 s/GiB
+            # + 1.5 s.
+            rest = 1.5 if move == "shim+checkpoint" else 0.0
+            check.at_most("first park, s", parks[0], 0.3 * gib + rest)
             check.at_most("a later park, s", max(parks[1:]), 0.05 * gib + 1.5)
             check.at_most("a resume, s", max(resumes), 0.05 * gib + 1.5)
     finally:

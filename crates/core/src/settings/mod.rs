@@ -194,18 +194,19 @@ impl Settings {
         let park_wait =
             parsed(get(PARK_WAIT_VAR), parse_park_wait)?.unwrap_or(std::time::Duration::ZERO);
         let park_move = parsed(get(PARK_MOVE_VAR), parse_park_move)?.unwrap_or_default();
-        if park_move == crate::park::ParkMove::Shim && spill == Spill::Host {
+        let move_word = get(PARK_MOVE_VAR).unwrap_or_default();
+        if park_move.moves_blocks() && spill == Spill::Host {
             return Err(bad(
                 PARK_MOVE_VAR,
-                "shim",
+                move_word.trim(),
                 "checkpoint with VRAMCAP_SPILL=host (the shim's moves do not spill yet), e.g. VRAMCAP_PARK_MOVE=shim with VRAMCAP_SPILL=off or tiered",
             ));
         }
-        if park_move == crate::park::ParkMove::Shim && park.is_none() {
+        if park_move.moves_blocks() && park.is_none() {
             return Err(bad(
                 PARK_MOVE_VAR,
-                "shim",
-                "checkpoint without VRAMCAP_PARK (shim applies to parking only), e.g. VRAMCAP_PARK=manual VRAMCAP_PARK_MOVE=shim",
+                move_word.trim(),
+                "checkpoint without VRAMCAP_PARK (the shim's moves apply to parking only), e.g. VRAMCAP_PARK=manual VRAMCAP_PARK_MOVE=shim",
             ));
         }
         let free_probe = match get(FREE_PROBE_VAR).as_deref().map(str::trim) {

@@ -356,15 +356,16 @@ pub fn parse_park(value: &str) -> Result<crate::park::ParkMode, SettingsError> {
         .ok_or_else(err)
 }
 
-/// Parses `VRAMCAP_PARK_MOVE`: `checkpoint` or `shim`.
+/// Parses `VRAMCAP_PARK_MOVE`: `checkpoint`, `shim` or `shim+checkpoint`.
 pub fn parse_park_move(value: &str) -> Result<crate::park::ParkMove, SettingsError> {
     match value.trim().to_ascii_lowercase().as_str() {
         "checkpoint" => Ok(crate::park::ParkMove::Checkpoint),
         "shim" => Ok(crate::park::ParkMove::Shim),
+        "shim+checkpoint" => Ok(crate::park::ParkMove::ShimThenCheckpoint),
         _ => Err(SettingsError::Other {
             var: PARK_MOVE_VAR,
             value: value.to_string(),
-            expected: "checkpoint (the default) or shim, e.g. VRAMCAP_PARK_MOVE=shim",
+            expected: "checkpoint (the default), shim or shim+checkpoint, e.g. VRAMCAP_PARK_MOVE=shim",
         }),
     }
 }

@@ -443,12 +443,32 @@ fn park_move_is_checkpoint_or_shim_and_shim_needs_parking() {
         with(&[("VRAMCAP_PARK", "manual"), ("VRAMCAP_PARK_MOVE", "fast")])
             .unwrap_err()
             .to_string(),
-        "VRAMCAP_PARK_MOVE=\"fast\" is not valid: expected checkpoint (the default) or shim, e.g. VRAMCAP_PARK_MOVE=shim"
+        "VRAMCAP_PARK_MOVE=\"fast\" is not valid: expected checkpoint (the default), shim or shim+checkpoint, e.g. VRAMCAP_PARK_MOVE=shim"
     );
     assert_eq!(
         with(&[("VRAMCAP_PARK_MOVE", "shim")])
             .unwrap_err()
             .to_string(),
-        "VRAMCAP_PARK_MOVE=\"shim\" is not valid: expected checkpoint without VRAMCAP_PARK (shim applies to parking only), e.g. VRAMCAP_PARK=manual VRAMCAP_PARK_MOVE=shim"
+        "VRAMCAP_PARK_MOVE=\"shim\" is not valid: expected checkpoint without VRAMCAP_PARK (the shim's moves apply to parking only), e.g. VRAMCAP_PARK=manual VRAMCAP_PARK_MOVE=shim"
+    );
+    // The shim's moves, then the driver's checkpoint of the rest.
+    let both = with(&[
+        ("VRAMCAP_PARK", "idle:5s"),
+        ("VRAMCAP_PARK_MOVE", "Shim+Checkpoint"),
+    ])
+    .unwrap()
+    .park_move;
+    assert_eq!(both, ParkMove::ShimThenCheckpoint);
+    assert!(both.moves_blocks() && both.checkpoints());
+    assert!(!ParkMove::Shim.checkpoints() && !ParkMove::Checkpoint.moves_blocks());
+    assert_eq!(
+        with(&[
+            ("VRAMCAP_PARK", "manual"),
+            ("VRAMCAP_PARK_MOVE", "shim+checkpoint"),
+            ("VRAMCAP_SPILL", "host")
+        ])
+        .unwrap_err()
+        .to_string(),
+        "VRAMCAP_PARK_MOVE=\"shim+checkpoint\" is not valid: expected checkpoint with VRAMCAP_SPILL=host (the shim's moves do not spill yet), e.g. VRAMCAP_PARK_MOVE=shim with VRAMCAP_SPILL=off or tiered"
     );
 }

@@ -243,7 +243,7 @@ impl<D: Driver> Engine<D> {
             cache: Cache::new(),
             spill: HostSpill::new(settings),
             tiers: Tiers::new(
-                settings.park.is_some() && settings.park_move == vramcap_core::park::ParkMove::Shim,
+                settings.park.is_some() && settings.park_move.moves_blocks(),
                 settings.spill == vramcap_core::settings::Spill::Tiered,
             ),
             handles: Handles::default(),

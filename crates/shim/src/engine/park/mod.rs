@@ -13,7 +13,11 @@
 //!   host memory through tiered spill's moves (handed in) instead of the
 //!   driver's checkpoint; the moves release and reserve their own bytes,
 //!   so `Park::parked` stays 0 and the page's `parked` words say what
-//!   moved (`steps.rs`, `move_and_release`, `move_back`).
+//!   moved (`steps.rs`, `move_and_release`, `move_back`). With
+//!   `shim+checkpoint` the driver's checkpoint then takes the rest:
+//!   `Park::parked` holds the rest's bytes, the page's words the sum; a
+//!   resume restores the rest first, then moves the blocks back
+//!   (`move_then_checkpoint`, `reserve_and_restore`).
 //! - Everything happens on the background thread ([`Parking::park_round`],
 //!   each tick): the page's requests (`vramcap park`/`resume`, a group
 //!   member's policy), transparent resumes asked by the gate, the activity
@@ -73,9 +77,13 @@ pub struct Park {
     short_on: AtomicU64,
     /// The bytes that GPU was short of then.
     short_need: AtomicU64,
-    /// The process is parked by the shim's own moves
-    /// (`VRAMCAP_PARK_MOVE=shim`), not by the driver's checkpoint.
+    /// The process's blocks are parked by the shim's own moves
+    /// (`VRAMCAP_PARK_MOVE=shim` or `shim+checkpoint`).
     moved: AtomicBool,
+    /// The driver's checkpoint holds the process (`checkpoint`, or the
+    /// rest after the moves with `shim+checkpoint`): a resume restores
+    /// and unlocks first.
+    locked: AtomicBool,
 }
 
 /// What the engine's records hold that parking refuses (design item 4a).
@@ -122,6 +130,7 @@ impl Park {
             short_on: AtomicU64::new(0),
             short_need: AtomicU64::new(0),
             moved: AtomicBool::new(false),
+            locked: AtomicBool::new(false),
         }
     }
 
@@ -204,6 +213,7 @@ impl<D: Driver> Parking<'_, D> {
             None if !self.driver.has_checkpoint_api() => Outcome::NoCheckpointApi,
             None => match self.unmeasured() {
                 Some(d) => Outcome::Unmeasured(d as u32),
+                None if self.settings.park_move.moves_blocks() => self.move_then_checkpoint(),
                 None => self.checkpoint_and_release(),
             },
         };

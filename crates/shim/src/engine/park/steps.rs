@@ -141,42 +141,53 @@ impl<D: Driver> Parking<'_, D> {
         self.park_set(ParkState::Running);
     }
 
-    /// `VRAMCAP_PARK_MOVE=shim`: closes the gate, waits for the calls in
-    /// flight, empties the cache and moves the blocks to host memory (the
-    /// moves release their bytes from the ledgers); the rest of the
-    /// process stays on the GPU, charged as before.
-    pub(super) fn move_and_release(&self) -> Outcome {
-        let start = match self.close_and_drain() {
-            Ok(s) => s,
-            Err(o) => return o,
-        };
+    /// The shim's moves out: closes the gate, waits for the calls in
+    /// flight, empties the cache, waits for the process's work and moves
+    /// the blocks to host memory (the moves release their bytes from the
+    /// ledgers). When it began, the cached bytes released, the bytes moved
+    /// per device; on `Err` the process runs on.
+    fn moves_out(&self) -> Result<(Instant, u64, [u64; PARK_DEVICES]), Outcome> {
+        let start = self.close_and_drain()?;
         let freed = (self.empty_cache)();
         // The answers a parked process gives its queries (`enter_known`)
         // say its work is done: it must be.
         if !(self.sync_all)() {
             self.park_set(ParkState::Running);
-            return Outcome::Busy;
+            return Err(Outcome::Busy);
         }
         // A panic in the moves must not leave the gate closed for good.
-        let moved = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            (self.move_out)()
-        })) {
-            Ok(m) => m,
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.move_out)())) {
+            Ok(m) => Ok((start, freed, m)),
             Err(_) => {
                 self.park_set(ParkState::Running);
                 log_at!(
                     Error,
                     "parking: an internal error while moving the blocks; the process runs on (please report this)"
                 );
-                return Outcome::Busy;
+                Err(Outcome::Busy)
             }
-        };
+        }
+    }
+
+    /// Records blocks moved out: the page's `parked` words say them, and a
+    /// resume moves them back.
+    fn record_moved(&self, moved: &[u64; PARK_DEVICES]) {
         let page = self.accounting.page().get(self.settings);
         for (d, &bytes) in moved.iter().enumerate() {
             self.park.parked[d].store(0, Ordering::Relaxed);
             page.header.parked[d].store(bytes, Ordering::Release);
         }
         self.park.moved.store(true, Ordering::Relaxed);
+    }
+
+    /// `VRAMCAP_PARK_MOVE=shim`: the shim's moves out; the rest of the
+    /// process stays on the GPU, charged as before.
+    pub(super) fn move_and_release(&self) -> Outcome {
+        let (start, freed, moved) = match self.moves_out() {
+            Ok(m) => m,
+            Err(o) => return o,
+        };
+        self.record_moved(&moved);
         self.mark_parked();
         log_at!(
             Info,
@@ -185,6 +196,86 @@ impl<D: Driver> Parking<'_, D> {
             start.elapsed().as_secs_f64()
         );
         Outcome::Ok
+    }
+
+    /// `VRAMCAP_PARK_MOVE=shim+checkpoint`: the shim's moves out, then the
+    /// driver's lock and checkpoint of the rest (the context, small and
+    /// pool allocations), whose bytes the ledgers release: nothing of the
+    /// process stays on the GPU. A checkpoint the driver refuses leaves
+    /// the park as the shim's moves made it, said once.
+    pub(super) fn move_then_checkpoint(&self) -> Outcome {
+        let (start, freed, moved) = match self.moves_out() {
+            Ok(m) => m,
+            Err(o) => return o,
+        };
+        self.record_moved(&moved);
+        let moved_total = moved.iter().sum::<u64>();
+        let driver_s = match self.lock_and_save() {
+            Ok(s) => s,
+            Err(o) => {
+                self.mark_parked();
+                log_at!(
+                    Warn,
+                    "parked: {moved_total} bytes moved to host memory by the shim in {:.3}s; the driver's checkpoint of the rest was refused ({o}), so the rest of the process stays on the GPU",
+                    start.elapsed().as_secs_f64()
+                );
+                return Outcome::Ok;
+            }
+        };
+        let rest = self.release_held();
+        let page = self.accounting.page().get(self.settings);
+        for (d, &bytes) in rest.iter().enumerate() {
+            page.header.parked[d].store(moved[d].saturating_add(bytes), Ordering::Release);
+        }
+        self.park.locked.store(true, Ordering::Relaxed);
+        self.mark_parked();
+        log_at!(
+            Info,
+            "parked: {moved_total} bytes moved to host memory by the shim and {} by the driver's checkpoint in {:.3}s (the driver's lock and checkpoint {driver_s:.3}s; {freed} cached bytes released first); nothing of the process stays on the GPU",
+            rest.iter().sum::<u64>(),
+            start.elapsed().as_secs_f64()
+        );
+        Outcome::Ok
+    }
+
+    /// The driver's lock and checkpoint of the process: their seconds.
+    /// Refused, the process is unlocked again (as measured: a failed
+    /// checkpoint leaves it locked, and unlocking recovers it).
+    fn lock_and_save(&self) -> Result<f64, Outcome> {
+        let driver = self.driver;
+        let driver_start = Instant::now();
+        match driver.checkpoint(Checkpoint::Lock(LOCK_TIMEOUT.as_millis() as u32)) {
+            Some(CUDA_SUCCESS) => {}
+            None => return Err(Outcome::NoCheckpointApi),
+            Some(rc) => return Err(Outcome::DriverError(rc as u32)),
+        }
+        match driver.checkpoint(Checkpoint::Save) {
+            Some(CUDA_SUCCESS) => Ok(driver_start.elapsed().as_secs_f64()),
+            other => {
+                driver.checkpoint(Checkpoint::Unlock);
+                Err(Outcome::DriverError(other.unwrap_or(0) as u32))
+            }
+        }
+    }
+
+    /// After the driver's checkpoint: what each device's ledgers held,
+    /// now parked ([`Park::parked`](super::Park)) and released from them.
+    fn release_held(&self) -> [u64; PARK_DEVICES] {
+        let mut held = [0u64; PARK_DEVICES];
+        for (d, h) in held.iter_mut().enumerate() {
+            let Some(s) = self.accounting.slot(d as CUdevice) else {
+                continue;
+            };
+            let used = s.budget.used();
+            if used == 0 {
+                continue;
+            }
+            self.park.parked[d].store(used, Ordering::Relaxed);
+            self.accounting.release_on(s, d as CUdevice, used);
+            self.accounting.forget_owed(d as CUdevice);
+            *h = used;
+        }
+        held
     }
 
     /// Moves the parked blocks back (`VRAMCAP_PARK_MOVE=shim`): each is
@@ -246,54 +337,29 @@ impl<D: Driver> Parking<'_, D> {
     /// Closes the gate, waits for the calls in flight, empties the cache,
     /// locks and checkpoints, then releases the ledgers (module docs).
     pub(super) fn checkpoint_and_release(&self) -> Outcome {
-        let driver = self.driver;
         let start = match self.close_and_drain() {
             Ok(s) => s,
             Err(o) => return o,
         };
         let freed = (self.empty_cache)();
-        let driver_start = Instant::now();
-        match driver.checkpoint(Checkpoint::Lock(LOCK_TIMEOUT.as_millis() as u32)) {
-            Some(CUDA_SUCCESS) => {}
-            None => {
+        let driver_s = match self.lock_and_save() {
+            Ok(s) => s,
+            Err(o) => {
                 self.park_set(ParkState::Running);
-                return Outcome::NoCheckpointApi;
+                return o;
             }
-            Some(rc) => {
-                self.park_set(ParkState::Running);
-                return Outcome::DriverError(rc as u32);
-            }
-        }
-        match driver.checkpoint(Checkpoint::Save) {
-            Some(CUDA_SUCCESS) => {}
-            other => {
-                // As measured: the process stays locked; unlocking recovers it.
-                driver.checkpoint(Checkpoint::Unlock);
-                self.park_set(ParkState::Running);
-                return Outcome::DriverError(other.unwrap_or(0) as u32);
-            }
-        }
-        let driver_s = driver_start.elapsed().as_secs_f64();
+        };
+        let held = self.release_held();
         let page = self.accounting.page().get(self.settings);
-        let mut total = 0;
-        for d in 0..PARK_DEVICES {
-            let Some(s) = self.accounting.slot(d as CUdevice) else {
-                continue;
-            };
-            let used = s.budget.used();
-            if used == 0 {
-                continue;
-            }
-            self.park.parked[d].store(used, Ordering::Relaxed);
-            self.accounting.release_on(s, d as CUdevice, used);
-            self.accounting.forget_owed(d as CUdevice);
-            page.header.parked[d].store(used, Ordering::Release);
-            total += used;
+        for (d, &bytes) in held.iter().enumerate() {
+            page.header.parked[d].store(bytes, Ordering::Release);
         }
+        self.park.locked.store(true, Ordering::Relaxed);
         self.mark_parked();
         log_at!(
             Info,
-            "parked: {total} bytes moved to host memory in {:.3}s (the driver's lock and checkpoint {driver_s:.3}s; {freed} cached bytes released first); the budget is released",
+            "parked: {} bytes moved to host memory in {:.3}s (the driver's lock and checkpoint {driver_s:.3}s; {freed} cached bytes released first); the budget is released",
+            held.iter().sum::<u64>(),
             start.elapsed().as_secs_f64()
         );
         Outcome::Ok
@@ -306,7 +372,7 @@ impl<D: Driver> Parking<'_, D> {
     /// (the policy, as an allocation does; at most [`POLICY_TRIES`] per
     /// round, nothing reserved meanwhile).
     pub(super) fn reserve_and_restore(&self, keep: bool) -> Result<(), Outcome> {
-        if self.park.moved.load(Ordering::Relaxed) {
+        if !self.park.locked.load(Ordering::Relaxed) {
             return self.move_back(keep);
         }
         let mut tries = 0;
@@ -379,6 +445,23 @@ impl<D: Driver> Parking<'_, D> {
         }
         let driver_s = driver_start.elapsed().as_secs_f64();
         self.park.reserved.store(false, Ordering::Relaxed);
+        self.park.locked.store(false, Ordering::Relaxed);
+        if self.park.moved.load(Ordering::Relaxed) {
+            // `shim+checkpoint`: the rest is back; the page says the
+            // blocks alone, and they come back by the shim's moves (without
+            // room for them, the process stays parked as `shim` parks it).
+            let page = self.accounting.page().get(self.settings);
+            for d in 0..PARK_DEVICES {
+                let rest = self.park.parked[d].swap(0, Ordering::Relaxed);
+                let now = page.header.parked[d].load(Ordering::Relaxed);
+                page.header.parked[d].store(now.saturating_sub(rest), Ordering::Release);
+            }
+            log_at!(
+                Info,
+                "resuming: the driver's restore and unlock took {driver_s:.3}s; the blocks come back next"
+            );
+            return self.move_back(keep);
+        }
         self.mark_resumed();
         // From the reservation that held: what the shim adds is the
         // reservation and the free-memory check.
@@ -473,8 +556,11 @@ impl<D: Driver> Parking<'_, D> {
             }
         };
         parked.into_iter().find(|&d| {
+            // With `shim+checkpoint` the blocks come back right after the
+            // rest: the page's word holds both.
             let want = self.park.parked[d]
                 .load(Ordering::Relaxed)
+                .max(page.header.parked[d].load(Ordering::Relaxed))
                 .saturating_add(RESUME_MARGIN);
             let f = free_on(page, d, &free);
             if f.is_none() {
