@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# gpu-batch.sh STEP... - runs named GPU checks one after the other on the
+# GPU machine, each under its own time limit, against the artefacts that
+# scripts/stage-gpu.sh staged (.gpu/, and .gpu/base/ for side-by-side
+# rows), and leaves in $OUT what comes back from there (at most 8 files):
+# each step's table (STEP.md) and one tarball of everything (batch.tgz:
+# every log, every process's output). A step cut by its limit still
+# leaves what it wrote. Steps, with their limits (seconds):
+#   park       -m park                                        (540)
+#   fhl        -m "full or held or live"                      (280)
+#   tiered     tiered Llama at 1.5x beside .gpu/base           (300)
+#   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
+#   hostmem    research/host_create.cu, 8 GiB                  (120)
+# e.g. (one device call must end within 600 s):
+#   bash scripts/gpu-batch.sh fhl tiered
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+out=${OUT:?OUT names the folder that comes back}
+work=$(mktemp -d /tmp/gpu-batch.XXXXXX)
+base=.gpu/base
+[ -d .gpu ] || { echo "gpu-batch: no .gpu/ (run scripts/stage-gpu.sh here first)" >&2; exit 2; }
+
+run_step() { # run_step NAME LIMIT COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    mkdir -p "$work/$name"
+    echo "== $name (at most ${limit}s) $(date -u +%H:%M:%S)"
+    timeout -s INT -k 10 "$limit" "$@" >"$work/$name/stdout.txt" 2>&1
+    echo "== $name: exit $? $(date -u +%H:%M:%S)"
+}
+
+check() { # check NAME LIMIT ARGS... (the pytest suite, budget 30 s under the limit)
+    local name=$1 limit=$2
+    shift 2
+    run_step "$name" "$limit" bash scripts/gpu-check.sh --artefacts .gpu --out "$work/$name" \
+        --name "$name" --budget $((limit - 30)) "$@"
+}
+
+for step in "$@"; do
+    case $step in
+    park) check park 540 -m park ;;
+    fhl) check fhl 280 -m "full or held or live" ;;
+    tiered)
+        [ -f "$base/libvramcap.so" ] || { echo "gpu-batch: tiered needs $base (stage-gpu.sh BASELINE)"; continue; }
+        check tiered 300 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
+            --tiered-variants "$(cat "$base/COMMIT")=$base/libvramcap.so"
+        grep -h "staging ahead" "$work"/tiered/*.log 2>/dev/null | cut -c1-400 >"$work/tiered/staging.txt"
+        ;;
+    bench)
+        run_step bench 260 python3 scripts/gpu_bench.py --artefacts .gpu --out "$work/bench" \
+            --rounds 2 --torch-rounds 4 --budget 220
+        ;;
+    hostmem)
+        mkdir -p "$work/hostmem"
+        if /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -o "$work/hostmem/host_create" \
+            scripts/gpu/research/host_create.cu -lcuda >"$work/hostmem/build.txt" 2>&1; then
+            run_step hostmem 120 "$work/hostmem/host_create" 8
+        else
+            echo "gpu-batch: host_create did not build (hostmem/build.txt)"
+        fi
+        ;;
+    *) echo "gpu-batch: no step $step (park, fhl, tiered, bench, hostmem)" >&2 ;;
+    esac
+done
+for f in "$work"/*/*.md; do
+    [ -e "$f" ] && cp "$f" "$out/$(basename "$(dirname "$f")")-$(basename "$f")"
+done
+tar czf "$out/batch.tgz" -C "$work" .
+ls -la "$out"
+cat "$work"/hostmem/stdout.txt "$work"/tiered/staging.txt 2>/dev/null || true
