@@ -593,3 +593,116 @@ fn shim_then_a_refused_checkpoint_parks_as_shim_does() {
     );
     assert!(stderr.contains("(moved by the shim)"), "{stderr}");
 }
+
+/// A group budget lowered while parked below the blocks and what the
+/// process still holds, but not below the blocks alone (the review of
+/// 09e3a45): the next call resumes it over the budget in every mode,
+/// contents intact; it never waits for room no other process can make.
+/// With `shim`, the rest stayed charged; with `shim+checkpoint` it was
+/// restored first.
+fn resumes_over_a_group_lowered_below_blocks_and_rest(mode: &str) {
+    let dir = scratch_dir();
+    let group = format!("low{}-{}", mode.len(), std::process::id());
+    let env = [
+        MANUAL,
+        (MOVE.0, mode),
+        ("VRAMCAP_CACHE", "off"),
+        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_GROUP", group.as_str()),
+        ("VRAMCAP_LOG", "info"),
+    ];
+    let args = [
+        "init", "alloc", "1G", "alloc", "1M", "memset32", "0", "1G", "9", "wait", "read32", "0",
+        "wait",
+    ];
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
+    let _ = park(&dir, pid);
+    let ran = crate::park_util::cli(&dir, &["limit", "--group", &group, "1GiB"]);
+    assert!(ran.out.status.success(), "{}", ran.stderr());
+    h.resume();
+    h.until("wait");
+    let (lines, out) = h.end();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{mode}: {lines:?} {stderr}");
+    // The stand-in gives a plain 1 GiB allocation no memory (it reads
+    // zeros); the shim's VMM blocks keep their contents.
+    let want = if mode == "checkpoint" {
+        "read32 #0 -> 0 value=0"
+    } else {
+        "read32 #0 -> 0 value=9"
+    };
+    assert!(
+        lines.iter().any(|l| l == want),
+        "{mode}: {lines:?} {stderr}"
+    );
+    assert_eq!(
+        stderr
+            .matches("resuming over the group's cap of 1073741824 bytes")
+            .count(),
+        1,
+        "{mode}: {stderr}"
+    );
+}
+
+#[test]
+fn shim_then_checkpoint_resumes_over_a_group_lowered_below_blocks_and_rest() {
+    resumes_over_a_group_lowered_below_blocks_and_rest("shim+checkpoint");
+}
+
+#[test]
+fn shim_resumes_over_a_group_lowered_below_blocks_and_rest() {
+    resumes_over_a_group_lowered_below_blocks_and_rest("shim");
+}
+
+#[test]
+fn checkpoint_resumes_over_a_group_lowered_below_everything_held() {
+    resumes_over_a_group_lowered_below_blocks_and_rest("checkpoint");
+}
+
+/// With `shim+checkpoint`, a process whose ledger holds nothing but its
+/// block parks with no rest (the review of 09e3a45); its resume still
+/// measures the GPU's free memory before the driver's restore, and on a
+/// full GPU it waits, restoring nothing, until the room is there.
+#[test]
+fn shim_then_checkpoint_checks_room_for_the_blocks_before_restoring() {
+    let dir = scratch_dir();
+    let foreign = dir.join("foreign-mib");
+    std::fs::write(&foreign, "0").expect("write the foreign MiB");
+    let f = foreign.to_str().expect("a UTF-8 path").to_string();
+    let env = [
+        MANUAL,
+        (MOVE.0, "shim+checkpoint"),
+        ("VRAMCAP_CACHE", "off"),
+        ("VRAMCAP_LIMIT", "4GiB"),
+        ("VRAMCAP_LOG", "info"),
+        ("STANDIN_FOREIGN_FILE", f.as_str()),
+    ];
+    let mut h = Watched::start(
+        &dir,
+        &env,
+        &["init", "alloc", "64M", "wait", "read32", "0", "wait"],
+    );
+    let pid = h.pid;
+    let _ = park(&dir, pid);
+    std::fs::write(&foreign, "16380").expect("fill the GPU");
+    let refused = crate::park_util::cli(&dir, &["resume", "--pid", &pid.to_string()]);
+    assert_eq!(refused.out.status.code(), Some(1), "{}", refused.stderr());
+    std::fs::write(&foreign, "0").expect("empty the GPU");
+    h.resume();
+    h.until("wait");
+    let (lines, out) = h.end();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{lines:?} {stderr}");
+    assert!(
+        lines.iter().any(|l| l == "read32 #0 -> 0 value=0"),
+        "{lines:?}"
+    );
+    assert_eq!(
+        stderr
+            .matches("the driver's restore and unlock took")
+            .count(),
+        1,
+        "{stderr}"
+    );
+}

@@ -525,8 +525,14 @@ impl<D: Driver> Parking<'_, D> {
     /// measured counts as short.
     fn short_of_room(&self) -> Option<usize> {
         let page = self.accounting.page().get(self.settings);
+        // With `shim+checkpoint` a device may hold only blocks (no rest):
+        // the blocks come back right after the restore, so it is measured
+        // too (the page's words hold both).
         let parked: Vec<usize> = (0..PARK_DEVICES)
-            .filter(|&d| self.park.parked[d].load(Ordering::Relaxed) > 0)
+            .filter(|&d| {
+                self.park.parked[d].load(Ordering::Relaxed) > 0
+                    || page.header.parked[d].load(Ordering::Relaxed) > 0
+            })
             .collect();
         if parked.is_empty() {
             return None;

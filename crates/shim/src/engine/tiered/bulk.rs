@@ -108,11 +108,15 @@ impl<D: Driver> Tiering<'static, D> {
                 .unwrap_or(u64::MAX);
             match self.accounting.reserve_on(slot, device, bytes, limit) {
                 Ok(()) => {}
-                // The parked bytes alone are over a cap lowered meanwhile:
-                // no wait makes that room; the process takes back what it
-                // held, and new allocations are refused while it is over.
+                // The parked bytes and what the process still holds itself
+                // (the rest a `shim` park leaves, or a `shim+checkpoint`
+                // resume has just restored) are over a cap lowered
+                // meanwhile: no other process's leaving makes that room;
+                // the process takes back what it held, and new allocations
+                // are refused while it is over.
                 Err(r)
-                    if bytes > self.accounting.cap_now(device, r)
+                    if slot.budget.used().saturating_add(bytes)
+                        > self.accounting.cap_now(device, r)
                         && self.accounting.reserve_over(slot, device, bytes) =>
                 {
                     log_at!(
