@@ -210,6 +210,42 @@ fn with_parking_a_launch_is_handed_out_by_the_shim_so_it_passes_the_gate() {
     ]);
 }
 
+/// A checkpoint that fails, then an unlock that fails too: the driver
+/// holds the process for good. The park is refused as stuck, the state is
+/// `failed`, and the program's next call answers `CUDA_ERROR_ILLEGAL_STATE`
+/// (401) instead of waiting in the locked driver for ever.
+#[test]
+fn a_failed_checkpoint_whose_unlock_fails_leaves_the_process_failed_not_hung() {
+    let dir = scratch_dir();
+    let fail = [("STANDIN_CHECKPOINT_FAIL", "checkpoint,unlock")];
+    let env = [grouped("4GiB", "fu").as_slice(), &fail].concat();
+    let mut h = held_in(&dir, &env, &["init", "alloc", "1G", "wait", "alloc", "1M"]);
+    let pid = h.pid();
+    park_refused(
+        &dir,
+        pid,
+        &format!(
+            "vramcap: {pid}: cannot park: the driver's restore or unlock failed (error 999): the process is stuck and cannot continue"
+        ),
+    );
+    assert_eq!(stat(&dir)["processes"][0]["park"]["state"], "failed");
+    h.resume();
+    let (lines, out) = h.finish();
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("alloc 1048576 -> 401"),
+        "{lines:?}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr
+            .matches("its CUDA calls answer CUDA_ERROR_ILLEGAL_STATE from now on")
+            .count(),
+        1,
+        "{stderr}"
+    );
+}
+
 /// A checkpoint call that fails (the stand-in's STANDIN_CHECKPOINT_FAIL):
 /// refused with the driver's error, nothing released, the process
 /// unlocked and running on.

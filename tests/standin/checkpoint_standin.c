@@ -26,9 +26,10 @@
  *   locking one's too: on the H200 (r580) the shim's own NVML query after
  *   its checkpoint waited for good (docs/design/gpu-history.md, 2026-12-04).
  * - GetRestoreThreadId answers the PID (the stand-in has no restore thread).
- * - STANDIN_CHECKPOINT_FAIL=lock or =checkpoint (read at each call): that
- *   call answers 999 (CUDA_ERROR_UNKNOWN) and changes nothing, as a driver
- *   error would (after a failed checkpoint the process stays locked).
+ * - STANDIN_CHECKPOINT_FAIL=lock, =checkpoint or =unlock, or several joined
+ *   by commas (read at each call): that call answers 999 (CUDA_ERROR_UNKNOWN)
+ *   and changes nothing, as a driver error would (after a failed checkpoint
+ *   the process stays locked; after a failed unlock too).
  * - STANDIN_CHECKPOINT_HOLD=PATH (read at each Lock): Lock first writes
  *   "standin: lock held" to stderr, then reads one byte from PATH (a FIFO
  *   the test holds open) before it locks: a test holds a park in its
@@ -68,11 +69,20 @@ static bool checkpoint_gate(void)
     return !atomic_load(&ck_stuck);
 }
 
-/* Whether STANDIN_CHECKPOINT_FAIL names this call. */
+/* Whether STANDIN_CHECKPOINT_FAIL (one call, or several joined by commas)
+ * names this call. */
 static bool ck_fails(const char *call)
 {
     const char *f = getenv("STANDIN_CHECKPOINT_FAIL");
-    return f != NULL && strcmp(f, call) == 0;
+    size_t n = strlen(call);
+    while (f != NULL && *f != '\0') {
+        const char *end = strchr(f, ',');
+        size_t len = end != NULL ? (size_t)(end - f) : strlen(f);
+        if (len == n && strncmp(f, call, n) == 0)
+            return true;
+        f = end != NULL ? end + 1 : NULL;
+    }
+    return false;
 }
 
 /* The common checks: own PID, not stuck, in state `want`; on success
@@ -191,6 +201,8 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 {
     (void)args;
+    if (ck_fails("unlock"))
+        return 999; /* the process stays locked */
     CUresult rc = ck_begin(pid, CU_PROCESS_STATE_LOCKED);
     if (rc != CUDA_SUCCESS)
         return rc;

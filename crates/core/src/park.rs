@@ -247,7 +247,7 @@ impl fmt::Display for Outcome {
             ),
             Outcome::Stuck(n) => write!(
                 f,
-                "the driver's restore failed (error {n}): the process is stuck and cannot continue"
+                "the driver's restore or unlock failed (error {n}): the process is stuck and cannot continue"
             ),
             Outcome::Busy => f.write_str(
                 "a CUDA call of the program did not end within 10 s (try again when it is idle)",
@@ -396,7 +396,7 @@ mod tests {
         );
         assert_eq!(
             Outcome::Stuck(304).to_string(),
-            "the driver's restore failed (error 304): the process is stuck and cannot continue"
+            "the driver's restore or unlock failed (error 304): the process is stuck and cannot continue"
         );
         assert_eq!(
             Outcome::TooManyDevices(8).to_string(),

@@ -172,7 +172,7 @@ fn park_families(out: &mut String, rows: &[(String, &SlotSnapshot, &PageSnapshot
         out,
         "vramcap_process_parked",
         "gauge",
-        "1 while the process is parked, 0 otherwise (2 while parking or resuming, 3 when a restore failed).",
+        "1 while the process is parked, 0 otherwise (2 while parking or resuming, 3 when a restore or unlock failed).",
     );
     for (labels, _, p) in &rows {
         let v = match p.park.state {

@@ -212,6 +212,7 @@ impl<D: Driver> Parking<'_, D> {
         let moved_total = moved.iter().sum::<u64>();
         let driver_s = match self.lock_and_save() {
             Ok(s) => s,
+            Err(o @ Outcome::Stuck(_)) => return o,
             Err(o) => {
                 self.mark_parked();
                 log_at!(
@@ -240,7 +241,10 @@ impl<D: Driver> Parking<'_, D> {
 
     /// The driver's lock and checkpoint of the process: their seconds.
     /// Refused, the process is unlocked again (as measured: a failed
-    /// checkpoint leaves it locked, and unlocking recovers it).
+    /// checkpoint leaves it locked, and unlocking recovers it); when the
+    /// unlock fails too, the driver holds the process for good: `Stuck`,
+    /// and the state `Failed` (its calls answer `CUDA_ERROR_ILLEGAL_STATE`
+    /// instead of waiting in the driver for ever).
     fn lock_and_save(&self) -> Result<f64, Outcome> {
         let driver = self.driver;
         let driver_start = Instant::now();
@@ -251,10 +255,19 @@ impl<D: Driver> Parking<'_, D> {
         }
         match driver.checkpoint(Checkpoint::Save) {
             Some(CUDA_SUCCESS) => Ok(driver_start.elapsed().as_secs_f64()),
-            other => {
-                driver.checkpoint(Checkpoint::Unlock);
-                Err(Outcome::DriverError(other.unwrap_or(0) as u32))
-            }
+            other => match driver.checkpoint(Checkpoint::Unlock) {
+                Some(CUDA_SUCCESS) => Err(Outcome::DriverError(other.unwrap_or(0) as u32)),
+                unlock => {
+                    let rc = unlock.unwrap_or(0) as u32;
+                    self.park_set(ParkState::Failed);
+                    log_at!(
+                        Error,
+                        "{}; its CUDA calls answer CUDA_ERROR_ILLEGAL_STATE from now on",
+                        Outcome::Stuck(rc)
+                    );
+                    Err(Outcome::Stuck(rc))
+                }
+            },
         }
     }
 
@@ -344,6 +357,7 @@ impl<D: Driver> Parking<'_, D> {
         let freed = (self.empty_cache)();
         let driver_s = match self.lock_and_save() {
             Ok(s) => s,
+            Err(o @ Outcome::Stuck(_)) => return o,
             Err(o) => {
                 self.park_set(ParkState::Running);
                 return o;
