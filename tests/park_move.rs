@@ -95,7 +95,13 @@ fn a_park_moves_the_blocks_and_a_call_brings_them_back_intact() {
         2,
         "{stderr}"
     );
-    assert_eq!(stderr.matches("(moved by the shim)").count(), 2, "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("(moved by the shim; 64.0 MiB of host memory kept for the next park, until `vramcap trim` or exit)")
+            .count(),
+        2,
+        "{stderr}"
+    );
     assert!(!stderr.contains("checkpoint"), "{stderr}");
 }
 
@@ -538,7 +544,7 @@ fn shim_then_checkpoint_leaves_nothing_on_the_gpu() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("the blocks come back next") && stderr.contains("(moved by the shim)"),
+        stderr.contains("the blocks come back next") && stderr.contains("(moved by the shim; "),
         "{stderr}"
     );
 }
@@ -591,7 +597,7 @@ fn shim_then_a_refused_checkpoint_parks_as_shim_does() {
         1,
         "{stderr}"
     );
-    assert!(stderr.contains("(moved by the shim)"), "{stderr}");
+    assert!(stderr.contains("(moved by the shim; "), "{stderr}");
 }
 
 /// A group budget lowered while parked below the blocks and what the

@@ -111,7 +111,7 @@ pub struct Parking<'a, D: Driver> {
     /// (the bytes moved per device, released by the moves) and back
     /// (`Err(device)`: no room there for all of its blocks).
     pub move_out: &'a dyn Fn() -> [u64; PARK_DEVICES],
-    pub move_in: &'a dyn Fn() -> Result<(), (u16, u64, Option<Refusal>)>,
+    pub move_in: &'a dyn Fn() -> Result<u64, (u16, u64, Option<Refusal>)>,
     /// Waits for every context the process has used to finish its work
     /// (bounded); false when it did not in time.
     pub sync_all: &'a dyn Fn() -> bool,

@@ -300,11 +300,11 @@ impl<D: Driver> Parking<'_, D> {
     fn move_back(&self, keep: bool) -> Result<(), Outcome> {
         let start = Instant::now();
         let mut tries = 0;
-        loop {
+        let kept = loop {
             self.park_set(ParkState::Resuming);
             let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.move_in)()));
             let (d, bytes, why) = match moved {
-                Ok(Ok(())) => break,
+                Ok(Ok(kept)) => break kept,
                 Ok(Err(short)) => short,
                 Err(_) => {
                     // Never left resuming for good: parked, asked again.
@@ -336,13 +336,14 @@ impl<D: Driver> Parking<'_, D> {
             if !parked_one {
                 return Err(Outcome::NoRoom(u32::from(d)));
             }
-        }
+        };
         self.park.moved.store(false, Ordering::Relaxed);
         self.mark_resumed();
         log_at!(
             Info,
-            "resumed: the parked memory is back on the GPU in {:.3}s (moved by the shim)",
-            start.elapsed().as_secs_f64()
+            "resumed: the parked memory is back on the GPU in {:.3}s (moved by the shim; {} of host memory kept for the next park, until `vramcap trim` or exit)",
+            start.elapsed().as_secs_f64(),
+            vramcap_core::size::human_bytes(kept)
         );
         Ok(())
     }

@@ -76,7 +76,8 @@ impl<D: Driver> Tiering<'static, D> {
         moved
     }
 
-    /// Moves every block a park moved back onto its GPU, all or none:
+    /// Moves every block a park moved back onto its GPU, all or none, and
+    /// answers the bytes of host memory now kept for the next park:
     /// first each device's bytes are reserved at once (own budget and
     /// group; over a cap lowered below them since the park, as the
     /// driver's resume does, said once), then every block is given device
@@ -85,7 +86,7 @@ impl<D: Driver> Tiering<'static, D> {
     /// refused them (`None`: the GPU had no device memory for them);
     /// nothing moved and nothing is held, so the process stays parked as
     /// it was.
-    pub fn park_in(&self) -> Result<(), (u16, u64, Option<Refusal>)> {
+    pub fn park_in(&self) -> Result<u64, (u16, u64, Option<Refusal>)> {
         let round = self.tiers.round_now();
         let parked = self.by_device(Place::Host);
         let mut reserved: Vec<(u16, u64)> = Vec::new();
@@ -177,14 +178,7 @@ impl<D: Driver> Tiering<'static, D> {
             }
         }
         match short {
-            None => {
-                log_at!(
-                    Debug,
-                    "parking: {} bytes of host memory kept for the next park",
-                    self.tiers.kept_bytes()
-                );
-                Ok(())
-            }
+            None => Ok(self.tiers.kept_bytes()),
             // A copy or a map the driver refused: no policy makes that room.
             Some(d) => Err((
                 d,
