@@ -193,6 +193,68 @@ fn a_parked_member_killed_leaves_the_group_ledger_exact() {
     assert!(out.status.success());
 }
 
+/// A member killed while a park holds it in the driver's lock (the
+/// stand-in's `STANDIN_CHECKPOINT_HOLD`), with the driver's checkpoint and
+/// with the shim's moves before it: the asker is answered, and the group's
+/// ledger holds exactly what the living member holds, which then gets the
+/// whole rest of the budget.
+#[test]
+fn a_member_killed_while_it_is_parked_leaves_the_group_ledger_exact() {
+    for (mode, group) in [("checkpoint", "kc"), ("shim+checkpoint", "ks")] {
+        let dir = scratch_dir();
+        let fifo = dir.join("hold");
+        let c = std::ffi::CString::new(fifo.to_str().expect("a UTF-8 path")).expect("no NUL");
+        // SAFETY: a NUL-terminated path and a mode.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        // Read and write, never written: the stand-in's Lock waits on it.
+        let _hold = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .expect("open the FIFO");
+        let fifo_text = fifo.to_str().expect("a UTF-8 path").to_string();
+        let env = [
+            grouped("2GiB", group).as_slice(),
+            &[
+                ("VRAMCAP_PARK_MOVE", mode),
+                ("STANDIN_CHECKPOINT_HOLD", fifo_text.as_str()),
+            ],
+        ]
+        .concat();
+        let mut a = held_in(&dir, &env, &["init", "alloc", "1G", "wait"]);
+        let mut b = held_in(
+            &dir,
+            &grouped("2GiB", group),
+            &["init", "alloc", "512M", "wait", "fill", "64M", "wait"],
+        );
+        let pid = a.pid();
+        let parker = {
+            let dir = dir.clone();
+            std::thread::spawn(move || park(&dir, pid))
+        };
+        stderr_until(&mut a, "standin: lock held");
+        a.child.kill().expect("kill the member");
+        a.child.wait().expect("reap it");
+        let asked = parker.join().expect("the park was answered");
+        asked.expect_code(1);
+        assert_eq!(
+            asked.stderr(),
+            format!("vramcap: {pid} ended before it answered; nothing more can be asked of it\n"),
+            "{mode}"
+        );
+        b.resume();
+        b.until("wait");
+        assert_eq!(
+            b.lines[b.lines.len() - 2],
+            format!("fill {} -> 24 allocs {} bytes rc=2", 64 * MIB, 1536 * MIB),
+            "{mode}"
+        );
+        assert_eq!(group_used(&dir).0, 2 * GIB, "{mode}");
+        let (_, out) = b.finish();
+        assert!(out.status.success(), "{mode}");
+    }
+}
+
 /// With parking on, `cuGetProcAddress` hands out the shim's forwarder for
 /// a launch (a hook only under tiered spill), so that a parked process's
 /// launch reaches the gate before the driver's lock (tests/forward.rs
