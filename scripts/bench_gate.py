@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--python", default=os.environ.get("PYTHON") or sys.executable, help="python with torch")
     ap.add_argument("--nvcc", default=os.environ.get("NVCC"))
     ap.add_argument("--cuda-arch", default="sm_90")
+    ap.add_argument("--park-move", choices=["checkpoint", "shim", "shim+checkpoint"], default=None,
+                    help="VRAMCAP_PARK_MOVE of the parking variant (default: unset, the driver's checkpoint)")
     a = ap.parse_args()
     if a.rounds < 1 or a.iters < 1 or a.torch_rounds < 0:
         print("bench_gate: --rounds and --iters must be positive and --torch-rounds at least 0 "
@@ -53,8 +55,9 @@ def main():
         return 2
     shim, log, src, work, t0, rn = bench.shim, bench.log, bench.src, bench.work, bench.t0, bench.rn
     gpu, commit = bench.gpu, bench.commit
-    header = "vramcap gate bench — %s — commit %s — GPU %s" % (
-        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), commit, gpu)
+    header = "vramcap gate bench — %s — commit %s — GPU %s%s" % (
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), commit, gpu,
+        " — parking variant with VRAMCAP_PARK_MOVE=%s" % a.park_move if a.park_move else "")
     rn._log(header + "\nROUNDS=%d ITERS=%d\n" % (a.rounds, a.iters))
     print("[bench-gate] " + header, file=sys.stderr)
     try:
@@ -62,11 +65,11 @@ def main():
     except harness.BuildError as e:
         print("[bench-gate] %s" % e, file=sys.stderr)
         return 1
-    got, failed = gate_cost.measure(rn, prog, shim, a.rounds, iters=a.iters)
+    got, failed = gate_cost.measure(rn, prog, shim, a.rounds, iters=a.iters, park_move=a.park_move)
     torch = None
     if a.torch_rounds:
         torch, more = gate_cost.measure_torch(rn, shim, a.python, os.path.join(src, "bench_torch.py"),
-                                              a.torch_rounds)
+                                              a.torch_rounds, park_move=a.park_move)
         failed += more
     out = [header, "", "Median over %d rounds (interleaved ABC/CBA) of each run's median ns per call; "
            "%d launches a round (cuCtxGetCurrent: %d)." % (a.rounds, a.iters, 10 * a.iters), ""]

@@ -10,6 +10,8 @@
 #   fhl        -m "full or held or live"                      (280)
 #   tiered     tiered Llama at 1.5x beside .gpu/base           (300)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
+#   gate       bench_gate.py, parking by the shim's moves: launches and
+#              the PyTorch step with parking on and unused       (260)
 #   hostmem    research/host_create.cu, 8 GiB                  (120)
 # e.g. (one device call must end within 600 s):
 #   bash scripts/gpu-batch.sh fhl tiered
@@ -50,6 +52,10 @@ for step in "$@"; do
         run_step bench 260 python3 scripts/gpu_bench.py --artefacts .gpu --out "$work/bench" \
             --rounds 2 --torch-rounds 4 --budget 220
         ;;
+    gate)
+        run_step gate 260 python3 scripts/bench_gate.py --artefacts .gpu --out "$work/gate" \
+            --park-move shim --rounds 3 --torch-rounds 4 --budget 220
+        ;;
     hostmem)
         mkdir -p "$work/hostmem"
         if /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -o "$work/hostmem/host_create" \
@@ -59,7 +65,7 @@ for step in "$@"; do
             echo "gpu-batch: host_create did not build (hostmem/build.txt)"
         fi
         ;;
-    *) echo "gpu-batch: no step $step (park, fhl, tiered, bench, hostmem)" >&2 ;;
+    *) echo "gpu-batch: no step $step (park, fhl, tiered, bench, gate, hostmem)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do

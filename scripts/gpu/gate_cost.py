@@ -24,14 +24,18 @@ FIGURES = (
 LIBS = ("lib_launch", "lib_ctx", "lib_query")
 
 
-def env_of(runner, shim, variant, **extra):
+def env_of(runner, shim, variant, park_move=None, **extra):
+    """The environment of a variant; PARK_MOVE (VRAMCAP_PARK_MOVE, e.g.
+    shim) for the park variant only (without parking it is refused)."""
     if variant == "none":
         return runner.env(**extra)
-    park = "manual" if variant == "park" else None
-    return runner.env(shim=shim, VRAMCAP_LIMIT="8GiB", VRAMCAP_PARK=park, **extra)
+    if variant == "park":
+        return runner.env(shim=shim, VRAMCAP_LIMIT="8GiB", VRAMCAP_PARK="manual",
+                          VRAMCAP_PARK_MOVE=park_move, **extra)
+    return runner.env(shim=shim, VRAMCAP_LIMIT="8GiB", VRAMCAP_PARK=None, **extra)
 
 
-def measure(runner, prog, shim, rounds, iters=200000, inner_rounds=5, timeout=180, **extra):
+def measure(runner, prog, shim, rounds, iters=200000, inner_rounds=5, timeout=180, park_move=None, **extra):
     """{variant: {figure: [per-run figures], lib: set(files)}}, and the runs
     that failed (Results)."""
     got = {v: {} for v in VARIANTS}
@@ -39,7 +43,7 @@ def measure(runner, prog, shim, rounds, iters=200000, inner_rounds=5, timeout=18
     for rnd in range(1, rounds + 1):
         for v in (VARIANTS if rnd % 2 else VARIANTS[::-1]):
             r = runner.run("park-gate-cost round %d %s" % (rnd, v), [prog, iters, inner_rounds],
-                           env=env_of(runner, shim, v, **extra), timeout=timeout)
+                           env=env_of(runner, shim, v, park_move, **extra), timeout=timeout)
             d = r.kv("RESULT")
             if r.rc != 0 or not d:
                 failed.append(r)
@@ -51,7 +55,7 @@ def measure(runner, prog, shim, rounds, iters=200000, inner_rounds=5, timeout=18
     return got, failed
 
 
-def measure_torch(runner, shim, python, script, rounds, timeout=240, **extra):
+def measure_torch(runner, shim, python, script, rounds, timeout=240, park_move=None, **extra):
     """The PyTorch step (../bench_torch.py: an MLP, AdamW) in the three
     variants, interleaved: {variant: {"ms_per_step": [per-run figures]}},
     and the runs that failed."""
@@ -60,7 +64,7 @@ def measure_torch(runner, shim, python, script, rounds, timeout=240, **extra):
     for rnd in range(1, rounds + 1):
         for v in (VARIANTS if rnd % 2 else VARIANTS[::-1]):
             r = runner.run("park-gate torch round %d %s" % (rnd, v), [python, script],
-                           env=env_of(runner, shim, v, **extra), timeout=timeout)
+                           env=env_of(runner, shim, v, park_move, **extra), timeout=timeout)
             d = r.kv("BENCH")
             if r.rc != 0 or not d:
                 failed.append(r)
