@@ -3,7 +3,9 @@
 
 use std::mem::offset_of;
 
-use super::{HEADER_SIZE, Header, MAGIC, PAGE_SIZE, SLOT_SIZE, SLOTS, STATE_READY, VERSION};
+use super::{
+    HEADER_SIZE, Header, MAGIC, MAX_PAGE_SIZE, PAGE_SIZE, SLOT_SIZE, SLOTS, STATE_READY, VERSION,
+};
 
 /// Why a file in the stats directory is not a page this reader can show.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,12 +59,19 @@ pub fn check_header(len: u64, head: &[u8], expected_uid: Option<u32>) -> Result<
     if len < PAGE_SIZE as u64 || head.len() < HEADER_SIZE {
         return Err(PageProblem::Truncated { len });
     }
+    // A later layout may append words after the slots (a longer page,
+    // its `page_size` saying so): this reader reads the first PAGE_SIZE
+    // bytes of it, so that a newer library's page stays readable.
+    let page_size = word(offset_of!(Header, page_size)) as usize;
     if word(offset_of!(Header, header_size)) as usize != HEADER_SIZE
-        || word(offset_of!(Header, page_size)) as usize != PAGE_SIZE
+        || !(PAGE_SIZE..=MAX_PAGE_SIZE).contains(&page_size)
         || word(offset_of!(Header, slot_size)) as usize != SLOT_SIZE
         || word(offset_of!(Header, slot_count)) as usize != SLOTS
     {
         return Err(PageProblem::BadSizes);
+    }
+    if len < page_size as u64 {
+        return Err(PageProblem::Truncated { len });
     }
     let uid = word(offset_of!(Header, uid));
     if expected_uid.is_some_and(|e| e != uid) {
@@ -121,6 +130,21 @@ mod tests {
             (&[(16, 0), (17, 0)], PageProblem::BadSizes),
             (&[(36, 0)], PageProblem::Initialising),
         ];
+        // A longer page (a later layout's words after the slots) is read;
+        // its length must cover what it says, and no page is past 64 KiB.
+        let mut longer = head.clone();
+        let at = offset_of!(Header, page_size);
+        longer[at..at + 4].copy_from_slice(&((PAGE_SIZE + 256) as u32).to_ne_bytes());
+        assert_eq!(check_header(len + 256, &longer, Some(1000)), Ok(()));
+        assert_eq!(
+            check_header(len, &longer, Some(1000)),
+            Err(PageProblem::Truncated { len })
+        );
+        longer[at..at + 4].copy_from_slice(&((MAX_PAGE_SIZE + 1) as u32).to_ne_bytes());
+        assert_eq!(
+            check_header(u64::MAX, &longer, Some(1000)),
+            Err(PageProblem::BadSizes)
+        );
         for (bytes, problem) in spoilt {
             let mut bad = head.clone();
             for &(at, value) in bytes {

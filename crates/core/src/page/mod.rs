@@ -5,8 +5,11 @@
 //! A [`Header`] of 1024 bytes, then [`SLOTS`] [`DeviceSlot`]s of 256 bytes,
 //! one per device index the process sees. Every number is little-endian
 //! native `u64`/`u32` at a fixed offset (pinned by a test); `reserved` fields
-//! are zero and leave room for growth without a version change. A reader
-//! checks magic, version and sizes before trusting anything else.
+//! are zero and leave room for growth without a version change. None is
+//! left: a later layout grows by words appended after the slots, its
+//! `page_size` longer ([`MAX_PAGE_SIZE`] at most), which readers of this
+//! one accept, reading the first [`PAGE_SIZE`] bytes. A reader checks magic,
+//! version and sizes before trusting anything else.
 //!
 //! # Why per-field atomics and no seqlock
 //! The device slot's `limit`/`used`/`peak` *are* the shim's budget (see
@@ -42,6 +45,10 @@ pub const SLOTS: usize = crate::limit::MAX_DEVICES;
 pub const HEADER_SIZE: usize = 1024;
 pub const SLOT_SIZE: usize = 256;
 pub const PAGE_SIZE: usize = HEADER_SIZE + SLOTS * SLOT_SIZE;
+/// The longest page a reader accepts: a later layout may append words after
+/// the slots (its `page_size` says so), and this reader reads the first
+/// [`PAGE_SIZE`] bytes of it.
+pub const MAX_PAGE_SIZE: usize = 64 << 10;
 pub const COMMAND_LEN: usize = 512;
 pub const GROUP_LEN: usize = 64;
 

@@ -257,3 +257,39 @@ fn sources_are_checked() {
     assert!(is_pattern(Path::new("/a/*/b")));
     assert!(!is_pattern(Path::new("/a/b")));
 }
+
+/// A page longer than this layout's (a later library's words after the
+/// slots, its `page_size` saying so) is read; one whose file is shorter
+/// than its `page_size` says is skipped as truncated.
+#[test]
+fn a_longer_page_of_a_later_layout_is_read() {
+    use std::io::Write;
+    use std::mem::offset_of;
+    use vramcap_core::page::{Header, PAGE_SIZE};
+    let root = tree("longer", &["d"]);
+    let held = [
+        write_page(&root.join("d"), 7, 1, "later"),
+        write_page(&root.join("d"), 8, 1, "short"),
+    ];
+    let at = offset_of!(Header, page_size) as u64;
+    let longer = ((PAGE_SIZE + 256) as u32).to_ne_bytes();
+    for (f, extend) in held.iter().zip([true, false]) {
+        std::os::unix::fs::FileExt::write_all_at(f, &longer, at).unwrap();
+        if extend {
+            let mut f = f;
+            std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)).unwrap();
+            f.write_all(&[0u8; 256]).unwrap();
+        }
+    }
+    let r = read(&root, "d").unwrap();
+    let pids: Vec<u32> = r.scan.pages.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, [7]);
+    assert_eq!(r.scan.skipped.len(), 1, "{:?}", r.scan.skipped);
+    assert!(
+        r.scan.skipped[0].reason.contains("truncated"),
+        "{:?}",
+        r.scan.skipped
+    );
+    drop(held);
+    std::fs::remove_dir_all(&root).unwrap();
+}
