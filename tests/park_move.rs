@@ -712,3 +712,46 @@ fn shim_then_checkpoint_checks_room_for_the_blocks_before_restoring() {
         "{stderr}"
     );
 }
+
+/// The host memory kept for parks is on the page (its tail): `stat --json`
+/// shows it once a resume is done, the table says it beside the command,
+/// and `vramcap trim` gives it back and shows 0 (issue 43: how much is
+/// held, and when it is given back).
+#[test]
+fn host_memory_kept_for_parks_shows_in_stat_until_a_trim() {
+    let dir = scratch_dir();
+    let env = moved_env(&[]);
+    let args = [
+        "init", "alloc", "64M", "wait", "read32", "0", "wait", "wait",
+    ];
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
+    let kept = |dir: &std::path::Path| -> u64 {
+        let j = crate::park_util::stat(dir);
+        j["processes"][0]["park"]["host_kept_bytes"]
+            .as_u64()
+            .expect("host_kept_bytes")
+    };
+    assert_eq!(kept(&dir), 0);
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 64.0 MiB moved to host memory and released"
+    )]);
+    // Parked: the host memory holds the block; none is kept aside.
+    assert_eq!(kept(&dir), 0);
+    h.resume();
+    h.until("wait");
+    assert_eq!(kept(&dir), 64 * MIB);
+    let table = crate::park_util::cli(&dir, &["stat"]).ok_lines().join("\n");
+    assert!(
+        table.contains("[64.0 MiB host memory kept for parking] "),
+        "{table}"
+    );
+    crate::park_util::cli(&dir, &["trim", &pid.to_string()]).expect_lines(&[&format!(
+        "{pid}: released 0 B (0 B still cached); gave back 64.0 MiB of host memory kept for parks"
+    )]);
+    assert_eq!(kept(&dir), 0);
+    h.resume();
+    h.until("wait");
+    let (lines, out) = h.end();
+    assert!(out.status.success(), "{lines:?}");
+}

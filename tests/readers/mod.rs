@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::util::*;
 use serde_json::Value;
 
-pub const PAGE_SIZE: usize = 17408;
+/// The page file the shim writes: the page (17408 bytes) and its tail.
+pub const FILE_SIZE: usize = 17664;
 const HEADER: usize = 1024;
 const SLOT: usize = 256;
 
@@ -32,7 +33,7 @@ pub fn template() -> &'static [u8] {
         );
         let bytes = std::fs::read(dir.join(format!("{}.page", h.pid()))).unwrap();
         h.finish();
-        assert_eq!(bytes.len(), PAGE_SIZE);
+        assert_eq!(bytes.len(), FILE_SIZE);
         bytes
     })
 }

@@ -249,6 +249,8 @@ impl Page {
                 state: crate::park::ParkState::from_word(h.park_state.load(Ordering::Acquire)),
                 since_unix_ns: h.parked_since.load(Ordering::Acquire),
                 parked: h.parked.iter().map(|w| w.load(Ordering::Acquire)).collect(),
+                // In the tail, after the page: the reader adds it.
+                host_kept: 0,
             }),
         }
     }

@@ -77,6 +77,9 @@ pub struct ParkSnapshot {
     /// Bytes parked per GPU (index order; `PARK_DEVICES` of them, or
     /// none in a default value).
     pub parked: Vec<u64>,
+    /// Host memory kept for the next park by the shim's moves
+    /// (`page::Tail`; 0 in a page without it).
+    pub host_kept: u64,
 }
 
 impl ParkSnapshot {
@@ -102,6 +105,10 @@ impl ParkSnapshot {
     /// `[failed] ` and the like; empty when running.
     pub fn label(&self, now_ns: u64) -> String {
         match self.state {
+            ParkState::Running if self.host_kept > 0 => format!(
+                "[{} host memory kept for parking] ",
+                crate::human_bytes(self.host_kept)
+            ),
             ParkState::Running => String::new(),
             ParkState::Parked => format!(
                 "[parked {}, {:.0}s] ",
@@ -339,6 +346,16 @@ mod tests {
         assert!(!believable_free(99_999_999 << 20, 150_109_880_320));
         assert!(believable_free(u64::MAX, 0));
         assert!(believable_free(u64::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn a_running_process_with_host_memory_kept_says_so() {
+        let s = ParkSnapshot {
+            host_kept: 12 << 30,
+            ..Default::default()
+        };
+        assert_eq!(s.label(0), "[12.0 GiB host memory kept for parking] ");
+        assert_eq!(ParkSnapshot::default().label(0), "");
     }
 
     #[test]

@@ -331,6 +331,7 @@ fn park_json(p: &vramcap_core::park::ParkSnapshot, now: u64) -> Value {
         "parked_bytes": p.bytes(),
         "parked_since_unix_ns": (p.since_unix_ns != 0).then_some(p.since_unix_ns),
         "parked_seconds": p.seconds(now),
+        "host_kept_bytes": p.host_kept,
     })
 }
 

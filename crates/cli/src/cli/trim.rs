@@ -149,7 +149,9 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
                 .sum()
         };
         let before = cached(page);
-        if before == 0 {
+        // Host memory kept for parks (`VRAMCAP_PARK_MOVE=shim`) goes too.
+        let kept = map.host_kept();
+        if before == 0 && kept == 0 {
             println!("{pid}: nothing cached");
             continue;
         }
@@ -165,8 +167,15 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
                 break;
             }
             if mailbox.answered(ticket) {
+                let host = match kept.saturating_sub(map.host_kept()) {
+                    0 => String::new(),
+                    n => format!(
+                        "; gave back {} of host memory kept for parks",
+                        human_bytes(n)
+                    ),
+                };
                 println!(
-                    "{pid}: released {} ({} still cached)",
+                    "{pid}: released {} ({} still cached){host}",
                     human_bytes(before.saturating_sub(cached(page))),
                     human_bytes(cached(page))
                 );

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use vramcap_core::counters::PageSnapshot;
 use vramcap_core::liveness::ofd_locked;
-use vramcap_core::page::{self, HEADER_SIZE, PAGE_SIZE, Page};
+use vramcap_core::page::{self, FILE_SIZE, HEADER_SIZE, PAGE_SIZE, Page, Tail};
 use vramcap_core::text;
 
 use super::dir::{Dir, FileId, NotOpened};
@@ -83,7 +83,8 @@ pub(super) fn read_one(dir: &Dir, name: &OsStr, users: Users) -> Outcome {
         Err(CopyError::Refused(p)) => return Outcome::Skip(p.to_string()),
         Err(CopyError::Read(e)) => return Outcome::Skip(e),
     };
-    let snap = shown(&copy);
+    let mut snap = shown(&copy);
+    snap.park.host_kept = tail_word(&file, &copy, std::mem::offset_of!(Tail, park_host_kept));
     let expected = page::file_name(snap.pid);
     if name.as_bytes() != expected.as_bytes() {
         return Outcome::Skip(format!(
@@ -97,6 +98,20 @@ pub(super) fn read_one(dir: &Dir, name: &OsStr, users: Users) -> Outcome {
         Outcome::Live(snap)
     } else {
         Outcome::Dead(info.id)
+    }
+}
+
+/// The tail's word at `offset` (`page::Tail`) of a checked page whose
+/// `page_size` covers the tail; 0 for a page of an earlier layout (no
+/// tail) or a file that shrank meanwhile.
+fn tail_word(file: &std::fs::File, copy: &Page, offset: usize) -> u64 {
+    if (copy.header.page_size as usize) < FILE_SIZE {
+        return 0;
+    }
+    let mut w = [0u8; 8];
+    match std::os::unix::fs::FileExt::read_exact_at(file, &mut w, (PAGE_SIZE + offset) as u64) {
+        Ok(()) => u64::from_ne_bytes(w),
+        Err(_) => 0,
     }
 }
 
@@ -114,6 +129,16 @@ impl PageMap {
         // SAFETY: the guarded mapping is PAGE_SIZE long (a checked page, or
         // private zeroes once the file shrank) for as long as self lives.
         unsafe { &*self.map.ptr().cast::<Page>() }
+    }
+
+    /// The host memory the process keeps for parks (the page's tail; 0
+    /// for a page without one).
+    pub fn host_kept(&self) -> u64 {
+        tail_word(
+            &self.file,
+            self.page(),
+            std::mem::offset_of!(Tail, park_host_kept),
+        )
     }
 
     /// Whether the file shrank under the mapping (what `page` reads is

@@ -6,10 +6,12 @@
 //! one per device index the process sees. Every number is little-endian
 //! native `u64`/`u32` at a fixed offset (pinned by a test); `reserved` fields
 //! are zero and leave room for growth without a version change. None is
-//! left: a later layout grows by words appended after the slots, its
-//! `page_size` longer ([`MAX_PAGE_SIZE`] at most), which readers of this
-//! one accept, reading the first [`PAGE_SIZE`] bytes. A reader checks magic,
-//! version and sizes before trusting anything else.
+//! left in the header and the slots: the page grows by words appended after
+//! the slots, its `page_size` longer ([`MAX_PAGE_SIZE`] at most), which
+//! readers accept, reading the first [`PAGE_SIZE`] bytes as [`Page`] and
+//! what they know of the rest. The first such words are the [`Tail`]
+//! ([`FILE_SIZE`] in all). A reader checks magic, version and sizes before
+//! trusting anything else.
 //!
 //! # Why per-field atomics and no seqlock
 //! The device slot's `limit`/`used`/`peak` *are* the shim's budget (see
@@ -217,10 +219,37 @@ pub struct Page {
     pub slots: [DeviceSlot; SLOTS],
 }
 
+/// Words after the slots, in the file the shim makes ([`FILE_SIZE`]; its
+/// `page_size` says so). A reader copies [`Page`] first, then these when
+/// the page is long enough (a page of an earlier library has none: they
+/// read as zero).
+#[repr(C)]
+pub struct Tail {
+    /// Host memory the shim's parking moves keep for the next park
+    /// (`VRAMCAP_PARK_MOVE=shim`): bytes, while the process runs.
+    pub park_host_kept: AtomicU64,
+    pub reserved: [AtomicU64; 31],
+}
+
+pub const TAIL_SIZE: usize = 256;
+/// The length of the file the shim makes: the page and its tail.
+pub const FILE_SIZE: usize = PAGE_SIZE + TAIL_SIZE;
+
+/// The shim's whole mapping: the page, then its tail.
+#[repr(C)]
+pub struct PageFile {
+    pub page: Page,
+    pub tail: Tail,
+}
+
 const _: () = assert!(size_of::<Header>() == HEADER_SIZE);
 const _: () = assert!(size_of::<DeviceSlot>() == SLOT_SIZE);
 const _: () = assert!(size_of::<Page>() == PAGE_SIZE);
 const _: () = assert!(offset_of!(Page, slots) == HEADER_SIZE);
+const _: () = assert!(size_of::<Tail>() == TAIL_SIZE);
+const _: () = assert!(size_of::<PageFile>() == FILE_SIZE);
+const _: () = assert!(offset_of!(PageFile, tail) == PAGE_SIZE);
+const _: () = assert!(FILE_SIZE <= MAX_PAGE_SIZE);
 
 impl DeviceSlot {
     pub fn add(counter: &AtomicU64, n: u64) {

@@ -288,13 +288,25 @@ impl<D: Driver> Engine<D> {
         let empty_cache = || self.cache.trim_all(&self.accounting);
         // The moves of `VRAMCAP_PARK_MOVE=shim`, with `Tiers::running`
         // held shared as a round holds it.
+        // Each says the host memory kept for parks on the page's tail
+        // before parking goes on (a reader sees it once a park or resume
+        // is answered).
+        let kept_now = || {
+            let tail = self.accounting.page().tail(self.settings);
+            tail.park_host_kept
+                .store(self.tiers.kept_bytes(), Ordering::Relaxed);
+        };
         let move_out = || {
             let _no_teardown = self.tiers.round_running();
-            self.tiering().park_out()
+            let moved = self.tiering().park_out();
+            kept_now();
+            moved
         };
         let move_in = || {
             let _no_teardown = self.tiers.round_running();
-            self.tiering().park_in()
+            let back = self.tiering().park_in();
+            kept_now();
+            back
         };
         let sync_all = || {
             let mut ctxs: Vec<usize> = self.table.iter().map(|r| r.ctx).collect();
@@ -363,7 +375,10 @@ impl<D: Driver> Engine<D> {
             // Host memory kept for parks goes too (`VRAMCAP_PARK_MOVE=shim`).
             let kept = if self.tiers.on() {
                 let _no_teardown = self.tiers.round_running();
-                self.tiering().release_kept()
+                let kept = self.tiering().release_kept();
+                let tail = self.accounting.page().tail(self.settings);
+                tail.park_host_kept.store(0, Ordering::Relaxed);
+                kept
             } else {
                 0
             };

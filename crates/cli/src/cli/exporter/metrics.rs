@@ -185,6 +185,20 @@ fn park_families(out: &mut String, rows: &[(String, &SlotSnapshot, &PageSnapshot
     }
     family(
         out,
+        "vramcap_process_park_host_kept_bytes",
+        "gauge",
+        "Bytes of host memory the shim's parking moves keep for the next park (VRAMCAP_PARK_MOVE=shim; vramcap trim gives them back).",
+    );
+    for (labels, _, p) in &rows {
+        sample(
+            out,
+            "vramcap_process_park_host_kept_bytes",
+            labels,
+            p.park.host_kept,
+        );
+    }
+    family(
+        out,
         "vramcap_process_parked_seconds",
         "gauge",
         "Seconds the process has been parked (only while parked).",
@@ -362,7 +376,7 @@ mod tests {
                 seen.push(name);
             }
         }
-        assert_eq!(seen.len(), 29);
+        assert_eq!(seen.len(), 30);
     }
 
     /// A parked process started with parking: its parked bytes per GPU,
@@ -388,6 +402,7 @@ mod tests {
                 state: ParkState::Parked,
                 since_unix_ns: 1,
                 parked: parked.clone(),
+                host_kept: 7 << 20,
             }),
         };
         let text = render(&[page(Some(ParkMode::Manual))], &[], 0);
@@ -403,6 +418,10 @@ mod tests {
         );
         assert_eq!(value("vramcap_process_parked").as_deref(), Some("1"));
         assert!(value("vramcap_process_parked_seconds").is_some());
+        assert_eq!(
+            value("vramcap_process_park_host_kept_bytes").as_deref(),
+            Some("7340032")
+        );
         let text = render(&[page(None)], &[], 0);
         assert!(!text.contains("vramcap_process_parked{"), "{text}");
     }

@@ -258,11 +258,12 @@ fn sources_are_checked() {
     assert!(!is_pattern(Path::new("/a/b")));
 }
 
-/// A page longer than this layout's (a later library's words after the
-/// slots, its `page_size` saying so) is read; one whose file is shorter
-/// than its `page_size` says is skipped as truncated.
+/// A page with its tail (its `page_size` covering it: the host memory kept
+/// for parks is read from it) and one without (an earlier library's: 0)
+/// are read; one whose file is shorter than its `page_size` says is
+/// skipped as truncated.
 #[test]
-fn a_longer_page_of_a_later_layout_is_read() {
+fn pages_with_and_without_a_tail_are_read_a_short_one_is_skipped() {
     use std::io::Write;
     use std::mem::offset_of;
     use vramcap_core::page::{Header, PAGE_SIZE};
@@ -276,14 +277,25 @@ fn a_longer_page_of_a_later_layout_is_read() {
     for (f, extend) in held.iter().zip([true, false]) {
         std::os::unix::fs::FileExt::write_all_at(f, &longer, at).unwrap();
         if extend {
+            // The tail, its first word the host memory kept for parks.
             let mut f = f;
             std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)).unwrap();
-            f.write_all(&[0u8; 256]).unwrap();
+            let mut tail = [0u8; 256];
+            tail[..8].copy_from_slice(&(5u64 << 20).to_ne_bytes());
+            f.write_all(&tail).unwrap();
         }
     }
+    let old = write_page(&root.join("d"), 9, 1, "earlier");
     let r = read(&root, "d").unwrap();
-    let pids: Vec<u32> = r.scan.pages.iter().map(|p| p.pid).collect();
-    assert_eq!(pids, [7]);
+    let pids: Vec<(u32, u64)> = r
+        .scan
+        .pages
+        .iter()
+        .map(|p| (p.pid, p.park.host_kept))
+        .collect();
+    // A page of this layout with its tail, and one of an earlier (none).
+    assert_eq!(pids, [(7, 5 << 20), (9, 0)]);
+    drop(old);
     assert_eq!(r.scan.skipped.len(), 1, "{:?}", r.scan.skipped);
     assert!(
         r.scan.skipped[0].reason.contains("truncated"),

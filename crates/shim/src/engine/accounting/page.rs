@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicU32, Ordering};
 
-use vramcap_core::page::{self, PAGE_SIZE, Page, STATE_READY};
+use vramcap_core::page::{self, FILE_SIZE, Page, PageFile, STATE_READY, Tail};
 use vramcap_core::settings::default_stats_dir;
 
 use vramcap_core::settings::Settings;
@@ -73,6 +73,16 @@ impl PageHandle {
         }
     }
 
+    /// The words after the page (`vramcap_core::page::Tail`), the page
+    /// created on first use: every page this handle makes, shared or
+    /// private, is a whole [`PageFile`].
+    pub fn tail(&self, settings: &Settings) -> &'static Tail {
+        let p: *const Page = self.get(settings);
+        // SAFETY: the page is the start of a PageFile (`open_shared` maps
+        // FILE_SIZE bytes, `private` allocates one), which lives as long.
+        unsafe { &(*p.cast::<PageFile>()).tail }
+    }
+
     #[cold]
     fn create(&self, settings: &Settings) -> &'static Page {
         if self
@@ -108,11 +118,11 @@ impl PageHandle {
     }
 }
 
-/// A zeroed page in private memory.
+/// A zeroed page and its tail in private memory.
 fn private() -> *mut Page {
-    // SAFETY: all-zero bytes are a valid Page (integers and atomics only).
-    let b: Box<Page> = unsafe { Box::new_zeroed().assume_init() };
-    Box::into_raw(b)
+    // SAFETY: all-zero bytes are a valid PageFile (integers and atomics only).
+    let b: Box<PageFile> = unsafe { Box::new_zeroed().assume_init() };
+    Box::into_raw(b).cast::<Page>()
 }
 
 /// Creates `path` as a new file of this user, mode 600: never follows a
@@ -227,22 +237,22 @@ impl PageHandle {
             Err(Some(format!("cannot {what} the page {tmp_path:?}: {e}")))
         };
         // SAFETY: fd is an open regular file.
-        if unsafe { libc::ftruncate(fd, PAGE_SIZE as libc::off_t) } != 0 {
+        if unsafe { libc::ftruncate(fd, FILE_SIZE as libc::off_t) } != 0 {
             return fail("size");
         }
         // Every byte backed now: a sparse page in a full tmpfs (another
         // user can fill /dev/shm) would fault (SIGBUS) at its first write
         // inside a CUDA call; a full one fails here, cleanly.
         // SAFETY: fd is an open regular file of that size.
-        let rc = unsafe { libc::posix_fallocate(fd, 0, PAGE_SIZE as libc::off_t) };
+        let rc = unsafe { libc::posix_fallocate(fd, 0, FILE_SIZE as libc::off_t) };
         if rc != 0 {
             // posix_fallocate answers the error instead of setting errno.
             // SAFETY: errno is this thread's.
             unsafe { *libc::__errno_location() = rc };
             return fail("allocate");
         }
-        // SAFETY: the file is PAGE_SIZE long.
-        let Some(map) = (unsafe { map_shared(fd, PAGE_SIZE) }) else {
+        // SAFETY: the file is FILE_SIZE long (the page and its tail).
+        let Some(map) = (unsafe { map_shared(fd, FILE_SIZE) }) else {
             return fail("map");
         };
         // The descriptor stays open for the life of the process: its lock on the
@@ -269,13 +279,15 @@ impl PageHandle {
         header.fill_identity(|name| std::env::var(name).ok());
         header.counting = s.counting.page_code();
         header.park_mode = s.park.map_or(vramcap_core::park::MODE_OFF, |m| m.word());
+        // The page and its tail: readers read the tail of a page this long.
+        header.page_size = FILE_SIZE as u32;
         header.state.store(STATE_READY, Ordering::Release);
         // SAFETY: two valid paths in the same directory.
         if unsafe { libc::rename(tmp.as_ptr(), fin.as_ptr()) } != 0 {
             let e = errno_text();
             // SAFETY: unmapping what we mapped; removing our temporary file.
             unsafe {
-                libc::munmap(map, PAGE_SIZE);
+                libc::munmap(map, FILE_SIZE);
                 libc::unlink(tmp.as_ptr());
             }
             return Err(Some(format!("cannot publish the page {final_path:?}: {e}")));
@@ -319,7 +331,7 @@ impl PageHandle {
         if !p.is_null() && !self.path.load(Ordering::Acquire).is_null() {
             // SAFETY: only this thread exists in the child; nothing refers to
             // the mapping once the engine that owns this handle is dropped from use.
-            unsafe { libc::munmap(p.cast(), PAGE_SIZE) };
+            unsafe { libc::munmap(p.cast(), FILE_SIZE) };
         }
     }
 }
