@@ -755,3 +755,32 @@ fn host_memory_kept_for_parks_shows_in_stat_until_a_trim() {
     let (lines, out) = h.end();
     assert!(out.status.success(), "{lines:?}");
 }
+
+/// Under the shim's moves, a block is VMM memory, which cannot be shared
+/// with another process: `cuIpcGetMemHandle` on it is refused with
+/// `CUDA_ERROR_INVALID_VALUE` and one line that names the setting and the
+/// way out; an allocation below the granularity is shared as before.
+#[test]
+fn ipc_of_a_block_is_refused_naming_the_park_move() {
+    let dir = scratch_dir();
+    let mut env = moved_env(&[]);
+    let dir_text = dir.to_str().expect("a UTF-8 path").to_string();
+    env.push(("VRAMCAP_STATS_DIR", dir_text.as_str()));
+    let out = client(
+        "procaddr",
+        &env,
+        &[
+            "init", "alloc", "64M", "alloc", "1M", "ipc", "0", "ipc", "1",
+        ],
+    );
+    let lines = out.ok_lines();
+    assert_eq!(lines[3..], ["ipc #0 -> 1", "ipc #1 -> 0"][..], "{lines:?}");
+    let stderr = out.stderr();
+    assert_eq!(
+        stderr
+            .matches("is VMM memory for the shim's parking moves (VRAMCAP_PARK_MOVE=shim or shim+checkpoint), which cannot be shared with other processes; use VRAMCAP_PARK_MOVE=checkpoint to share memory")
+            .count(),
+        1,
+        "{stderr}"
+    );
+}

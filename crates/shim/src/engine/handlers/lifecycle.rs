@@ -149,10 +149,17 @@ impl<D: Driver> Engine<D> {
             .get(&dptr)
             .is_some_and(|r| r.kind == Kind::Tiered)
         {
-            log_once!(
-                Warn,
-                "cuIpcGetMemHandle: the block at {dptr:#x} is tiered (VRAMCAP_SPILL=tiered), and tiered blocks cannot be shared with other processes; run without tiered spill to share memory"
-            );
+            if self.settings.park.is_some() && self.settings.park_move.moves_blocks() {
+                log_once!(
+                    Warn,
+                    "cuIpcGetMemHandle: the block at {dptr:#x} is VMM memory for the shim's parking moves (VRAMCAP_PARK_MOVE=shim or shim+checkpoint), which cannot be shared with other processes; use VRAMCAP_PARK_MOVE=checkpoint to share memory"
+                );
+            } else {
+                log_once!(
+                    Warn,
+                    "cuIpcGetMemHandle: the block at {dptr:#x} is tiered (VRAMCAP_SPILL=tiered), and tiered blocks cannot be shared with other processes; run without tiered spill to share memory"
+                );
+            }
             return CUDA_ERROR_INVALID_VALUE;
         }
         let rc = real();
