@@ -63,6 +63,9 @@ def pytest_addoption(parser):
     g.addoption("--tiered-program-ratios", help="tiered: the changed programs' ratios (default --tiered-ratios)")
     g.addoption("--tiered-variants", help='tiered: other builds of libvramcap.so side by side, "NAME=PATH ..."')
     g.addoption("--tiered-host-state", help='tiered: AdamW state placed on the host by hand, "MIB[:sq] ..."')
+    g.addoption("--park-move", choices=["checkpoint", "shim", "shim+checkpoint"], default=None,
+                help="park: VRAMCAP_PARK_MOVE for every row that parks and sets none itself "
+                     "(default: unset, the driver's checkpoint)")
     g.addoption("--tiered-profile", action="store_true",
                 help="tiered: profile two more steps of each run and compare kernels (kernel_delta.py)")
 
@@ -89,6 +92,7 @@ class Gpu:
         self.uuid0 = self.uuids[0] if self.uuids else None
         self.commit = harness.commit_of(self.art, ROOT)
         self.rounds = o("--rounds")
+        self.park_move = o("--park-move")
 
     def script(self, name):
         return os.path.join(self.src, name)
@@ -102,9 +106,10 @@ def pytest_configure(config):
     os.makedirs(out, exist_ok=True)
     gpu = Gpu(config)
     config._vramcap_gpu = gpu
-    header = "vramcap GPU checks (pytest, -m %s) — %s — commit %s — GPU %s, driver %s — CAP=%s" % (
+    header = "vramcap GPU checks (pytest, -m %s) — %s — commit %s — GPU %s, driver %s — CAP=%s%s" % (
         config.option.markexpr or "(all)", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        gpu.commit, gpu.gpu_name, gpu.driver, config.getoption("--cap"))
+        gpu.commit, gpu.gpu_name, gpu.driver, config.getoption("--cap"),
+        " — VRAMCAP_PARK_MOVE=%s" % gpu.park_move if gpu.park_move else "")
     stem = os.path.join(out, config.getoption("--name"))
     gpu.log = stem + ".log"
     _TABLE = harness.Table(stem + ".md", header)

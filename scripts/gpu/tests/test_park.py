@@ -43,6 +43,8 @@ class Proc:
         self.t0 = time.monotonic()
         self.gpu, self.diag = gpu, ""
         env.setdefault("VRAMCAP_LOG", "info")
+        if gpu.park_move and env.get("VRAMCAP_PARK"):
+            env.setdefault("VRAMCAP_PARK_MOVE", gpu.park_move)
         e = runner.env(shim=gpu.shim if shim else None, **env)
         self.p = subprocess.Popen([gpu.python, gpu.script("check_park.py")] + args, env=e,
                                   stdin=subprocess.PIPE, stdout=open(self.out, "w"),
