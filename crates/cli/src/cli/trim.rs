@@ -149,8 +149,12 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
                 .sum()
         };
         let before = cached(page);
-        // Host memory kept for parks (`VRAMCAP_PARK_MOVE=shim`) goes too.
-        let kept = map.host_kept();
+        // Host memory kept for parks (`VRAMCAP_PARK_MOVE=shim`) goes too,
+        // from a running process: a parked one answers no trim (its kept
+        // memory goes at its resume's next trim, or at exit).
+        let running = page.header.park_state.load(Ordering::Acquire)
+            == vramcap_core::park::ParkState::Running as u64;
+        let kept = if running { map.host_kept() } else { 0 };
         if before == 0 && kept == 0 {
             println!("{pid}: nothing cached");
             continue;
@@ -167,7 +171,8 @@ pub fn run(dirs: &StatsDirs, users: Users, pids: &[u32], all: bool, timeout: Dur
                 break;
             }
             if mailbox.answered(ticket) {
-                let host = match kept.saturating_sub(map.host_kept()) {
+                let after = if map.shrank() { kept } else { map.host_kept() };
+                let host = match kept.saturating_sub(after) {
                     0 => String::new(),
                     n => format!(
                         "; gave back {} of host memory kept for parks",

@@ -10,11 +10,22 @@ use super::{
 /// Why a file in the stats directory is not a page this reader can show.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PageProblem {
-    Truncated { len: u64 },
+    Truncated {
+        len: u64,
+    },
+    /// Shorter than the `page_size` its header says (a page with a tail).
+    ShorterThanItSays {
+        len: u64,
+        size: u64,
+    },
     ForeignMagic,
-    OtherVersion { version: u32 },
+    OtherVersion {
+        version: u32,
+    },
     BadSizes,
-    OtherUser { uid: u32 },
+    OtherUser {
+        uid: u32,
+    },
     Initialising,
 }
 
@@ -26,6 +37,9 @@ impl std::fmt::Display for PageProblem {
                     f,
                     "truncated ({len} bytes, a version-{VERSION} page has {PAGE_SIZE})"
                 )
+            }
+            PageProblem::ShorterThanItSays { len, size } => {
+                write!(f, "truncated ({len} bytes, its header says {size})")
             }
             PageProblem::ForeignMagic => write!(f, "not a vramcap page (wrong magic)"),
             PageProblem::OtherVersion { version } => write!(
@@ -71,7 +85,10 @@ pub fn check_header(len: u64, head: &[u8], expected_uid: Option<u32>) -> Result<
         return Err(PageProblem::BadSizes);
     }
     if len < page_size as u64 {
-        return Err(PageProblem::Truncated { len });
+        return Err(PageProblem::ShorterThanItSays {
+            len,
+            size: page_size as u64,
+        });
     }
     let uid = word(offset_of!(Header, uid));
     if expected_uid.is_some_and(|e| e != uid) {
@@ -138,7 +155,18 @@ mod tests {
         assert_eq!(check_header(len + 256, &longer, Some(1000)), Ok(()));
         assert_eq!(
             check_header(len, &longer, Some(1000)),
-            Err(PageProblem::Truncated { len })
+            Err(PageProblem::ShorterThanItSays {
+                len,
+                size: len + 256
+            })
+        );
+        assert_eq!(
+            PageProblem::ShorterThanItSays {
+                len: 17500,
+                size: 17664
+            }
+            .to_string(),
+            "truncated (17500 bytes, its header says 17664)"
         );
         longer[at..at + 4].copy_from_slice(&((MAX_PAGE_SIZE + 1) as u32).to_ne_bytes());
         assert_eq!(

@@ -296,17 +296,22 @@ impl<D: Driver> Engine<D> {
             tail.park_host_kept
                 .store(self.tiers.kept_bytes(), Ordering::Relaxed);
         };
+        // Said on the way out even when a move panics (parking catches it).
+        struct Say<F: Fn()>(F);
+        impl<F: Fn()> Drop for Say<F> {
+            fn drop(&mut self) {
+                (self.0)();
+            }
+        }
         let move_out = || {
             let _no_teardown = self.tiers.round_running();
-            let moved = self.tiering().park_out();
-            kept_now();
-            moved
+            let _say = Say(kept_now);
+            self.tiering().park_out()
         };
         let move_in = || {
             let _no_teardown = self.tiers.round_running();
-            let back = self.tiering().park_in();
-            kept_now();
-            back
+            let _say = Say(kept_now);
+            self.tiering().park_in()
         };
         let sync_all = || {
             let mut ctxs: Vec<usize> = self.table.iter().map(|r| r.ctx).collect();

@@ -77,10 +77,14 @@ impl PageHandle {
     /// created on first use: every page this handle makes, shared or
     /// private, is a whole [`PageFile`].
     pub fn tail(&self, settings: &Settings) -> &'static Tail {
-        let p: *const Page = self.get(settings);
-        // SAFETY: the page is the start of a PageFile (`open_shared` maps
-        // FILE_SIZE bytes, `private` allocates one), which lives as long.
-        unsafe { &(*p.cast::<PageFile>()).tail }
+        let _ = self.get(settings);
+        // The published pointer itself (its provenance covers the whole
+        // PageFile), not the `&Page` that `get` answers.
+        let p = self.page.load(Ordering::Acquire).cast::<PageFile>();
+        // SAFETY: `get` published it (non-null from then on in this
+        // process); it is the start of a PageFile (`open_shared` maps
+        // FILE_SIZE bytes, `private` allocates one) that lives as long.
+        unsafe { &(*p).tail }
     }
 
     #[cold]
