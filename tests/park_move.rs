@@ -784,3 +784,44 @@ fn ipc_of_a_block_is_refused_naming_the_park_move() {
         "{stderr}"
     );
 }
+
+/// Host memory refused (the stand-in's `STANDIN_VMM_HOST_FAIL`, as a
+/// locked-memory or container limit makes the driver do): the block stays
+/// on the GPU, the process says why once, and its contents and ledger are
+/// untouched.
+#[test]
+fn host_memory_refused_leaves_the_block_on_the_gpu_and_says_why() {
+    let dir = scratch_dir();
+    let env = moved_env(&[("VRAMCAP_LOG", "info"), ("STANDIN_VMM_HOST_FAIL", "1")]);
+    let args = [
+        "init", "alloc", "64M", "memset32", "0", "64M", "5", "wait", "kinds", "read32", "0",
+        "abistats", "0", "wait",
+    ];
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 0 B moved to host memory and released"
+    )]);
+    h.resume();
+    h.until("wait");
+    let (lines, out) = h.end();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{lines:?}");
+    let first = lines.iter().position(|l| l == "resumed").expect("resumed") + 1;
+    assert_eq!(
+        lines[first], "kinds dev=0 device=67108864 managed_host=0",
+        "{lines:?}"
+    );
+    assert_eq!(lines[first + 3], "read32 #0 -> 0 value=5", "{lines:?}");
+    assert!(
+        lines[first + 4].contains(&format!(" allocations={} ", 64 * MIB)),
+        "{lines:?}"
+    );
+    assert_eq!(
+        stderr
+            .matches("parking: the driver gave no host memory for a block of 67108864 bytes (error 2: a locked-memory limit, `ulimit -l`, or a container's memory limit refuses pinned memory); such blocks stay on the GPU")
+            .count(),
+        1,
+        "{stderr}"
+    );
+}

@@ -3402,6 +3402,10 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         return rc;
     if (size == 0 || size % VMM_GRANULARITY != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    /* STANDIN_VMM_HOST_FAIL (read at each call): host memory is refused,
+     * as a locked-memory or container limit makes the real driver do. */
+    if (dev < 0 && getenv("STANDIN_VMM_HOST_FAIL") != NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
 
     rc = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_lock);

@@ -242,6 +242,13 @@ impl<D: Driver> Tiering<'static, D> {
             },
             None => make_mapped(self.driver, scratch, b.bytes, to, device),
         };
+        if let (Err(rc), true, Place::Host) = (made, park, to) {
+            log_once!(
+                Warn,
+                "parking: the driver gave no host memory for a block of {} bytes (error {rc}: a locked-memory limit, `ulimit -l`, or a container's memory limit refuses pinned memory); such blocks stay on the GPU, charged to the process, and the park moves the rest",
+                b.bytes
+            );
+        }
         match made {
             Ok(handle) => Ok(Staged {
                 block: b,
