@@ -286,31 +286,25 @@ impl<D: Driver> Engine<D> {
             exported: self.table.iter().any(|r| r.exported),
         };
         let empty_cache = || self.cache.trim_all(&self.accounting);
-        // The moves of `VRAMCAP_PARK_MOVE=shim`, with `Tiers::running`
-        // held shared as a round holds it.
-        // Each says the host memory kept for parks on the page's tail
-        // before parking goes on (a reader sees it once a park or resume
-        // is answered).
-        let kept_now = || {
-            let tail = self.accounting.page().tail(self.settings);
-            tail.park_host_kept
-                .store(self.tiers.kept_bytes(), Ordering::Relaxed);
-        };
-        // Said on the way out even when a move panics (parking catches it).
-        struct Say<F: Fn()>(F);
-        impl<F: Fn()> Drop for Say<F> {
+        // The shim's moves (`VRAMCAP_PARK_MOVE=shim`, `shim+checkpoint`),
+        // with `Tiers::running` held shared as a round holds it. Each says
+        // the host memory kept for parks on the page's tail on its way out,
+        // even when it panics (parking catches that), before parking
+        // answers: a reader sees it once a park or resume is answered.
+        struct SayKept<'e, D: Driver>(&'e Engine<D>);
+        impl<D: Driver> Drop for SayKept<'_, D> {
             fn drop(&mut self) {
-                (self.0)();
+                self.0.say_kept();
             }
         }
         let move_out = || {
             let _no_teardown = self.tiers.round_running();
-            let _say = Say(kept_now);
+            let _say = SayKept(self);
             self.tiering().park_out()
         };
         let move_in = || {
             let _no_teardown = self.tiers.round_running();
-            let _say = Say(kept_now);
+            let _say = SayKept(self);
             self.tiering().park_in()
         };
         let sync_all = || {
@@ -331,6 +325,13 @@ impl<D: Driver> Engine<D> {
             move_in: &move_in,
             sync_all: &sync_all,
         })
+    }
+
+    /// The host memory kept for parks (`tiered/bulk.rs`), on the page's tail.
+    fn say_kept(&self) {
+        let tail = self.accounting.page().tail(self.settings);
+        tail.park_host_kept
+            .store(self.tiers.kept_bytes(), Ordering::Relaxed);
     }
 
     /// Tiered spill at work over its state (`tiered/`): the engine answers
@@ -381,8 +382,7 @@ impl<D: Driver> Engine<D> {
             let kept = if self.tiers.on() {
                 let _no_teardown = self.tiers.round_running();
                 let kept = self.tiering().release_kept();
-                let tail = self.accounting.page().tail(self.settings);
-                tail.park_host_kept.store(0, Ordering::Relaxed);
+                self.say_kept();
                 kept
             } else {
                 0

@@ -194,6 +194,36 @@ impl<D: Driver> Accounting<D> {
         true
     }
 
+    /// Reserves the `bytes` a resume brings back on `device` under
+    /// `limit` (own budget and group). When what the process still holds
+    /// itself and those bytes are over the cap that refused them (lowered
+    /// since the park), no other process's leaving makes that room: they
+    /// are taken back over the cap ([`Accounting::reserve_over`]), said.
+    pub fn reserve_to_resume(
+        &self,
+        slot: &DeviceSlot,
+        device: CUdevice,
+        bytes: u64,
+        limit: u64,
+    ) -> Result<(), Refusal> {
+        match self.reserve_on(slot, device, bytes, limit) {
+            Ok(()) => Ok(()),
+            Err(r)
+                if slot.budget.used().saturating_add(bytes) > self.cap_now(device, r)
+                    && self.reserve_over(slot, device, bytes) =>
+            {
+                log_at!(
+                    Warn,
+                    "device {device}: resuming over the {} cap of {} bytes: the process held {bytes} bytes when it was parked; new allocations are refused until it is under the cap again",
+                    if r.group { "group's" } else { "process's" },
+                    self.cap_now(device, r)
+                );
+                Ok(())
+            }
+            Err(r) => Err(r),
+        }
+    }
+
     /// Gives `bytes` on `device` back (group first, then the process's own
     /// budget). False when the process's budget held less (a bookkeeping bug).
     pub fn release_on(&self, slot: &DeviceSlot, device: CUdevice, bytes: u64) -> bool {
@@ -261,7 +291,6 @@ impl<D: Driver> Accounting<D> {
         Ok(())
     }
 
-    /// Says why an allocation was refused (once as a warning, then at info).
     /// The cap that refused `r` as it is now: the group's read from its
     /// file (a member follows a changed group limit only while running).
     pub fn cap_now(&self, device: CUdevice, r: Refusal) -> u64 {
@@ -271,6 +300,7 @@ impl<D: Driver> Accounting<D> {
         }
     }
 
+    /// Says why an allocation was refused (once as a warning, then at info).
     pub fn refused(&self, what: &str, device: CUdevice, bytes: u64, r: Refusal) {
         let Refusal { used, limit, .. } = r;
         match (r.group, self.settings.group.as_deref()) {

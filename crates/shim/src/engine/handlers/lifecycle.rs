@@ -149,7 +149,8 @@ impl<D: Driver> Engine<D> {
             .get(&dptr)
             .is_some_and(|r| r.kind == Kind::Tiered)
         {
-            if self.settings.park.is_some() && self.settings.park_move.moves_blocks() {
+            // The settings accept the shim's moves only with parking.
+            if self.settings.park_move.moves_blocks() {
                 log_once!(
                     Warn,
                     "cuIpcGetMemHandle: the block at {dptr:#x} is VMM memory for the shim's parking moves (VRAMCAP_PARK_MOVE=shim or shim+checkpoint), which cannot be shared with other processes; use VRAMCAP_PARK_MOVE=checkpoint to share memory"

@@ -223,13 +223,7 @@ impl<D: Driver> Parking<'_, D> {
                 return Outcome::Ok;
             }
         };
-        let rest = self.release_held();
-        let page = self.accounting.page().get(self.settings);
-        for (d, &bytes) in rest.iter().enumerate() {
-            page.header.parked[d].store(moved[d].saturating_add(bytes), Ordering::Release);
-        }
-        self.park.locked.store(true, Ordering::Relaxed);
-        self.mark_parked();
+        let rest = self.checkpointed(&moved);
         log_at!(
             Info,
             "parked: {moved_total} bytes moved to host memory by the shim and {} by the driver's checkpoint in {:.3}s (the driver's lock and checkpoint {driver_s:.3}s; {freed} cached bytes released first); nothing of the process stays on the GPU",
@@ -269,6 +263,20 @@ impl<D: Driver> Parking<'_, D> {
                 }
             },
         }
+    }
+
+    /// The end of a park the driver's checkpoint holds: the ledgers
+    /// released, the page's `parked` words the `moved` blocks and what
+    /// the checkpoint took, locked, parked. What it took, per device.
+    fn checkpointed(&self, moved: &[u64; PARK_DEVICES]) -> [u64; PARK_DEVICES] {
+        let held = self.release_held();
+        let page = self.accounting.page().get(self.settings);
+        for (d, &bytes) in held.iter().enumerate() {
+            page.header.parked[d].store(moved[d].saturating_add(bytes), Ordering::Release);
+        }
+        self.park.locked.store(true, Ordering::Relaxed);
+        self.mark_parked();
+        held
     }
 
     /// After the driver's checkpoint: what each device's ledgers held,
@@ -364,13 +372,7 @@ impl<D: Driver> Parking<'_, D> {
                 return o;
             }
         };
-        let held = self.release_held();
-        let page = self.accounting.page().get(self.settings);
-        for (d, &bytes) in held.iter().enumerate() {
-            page.header.parked[d].store(bytes, Ordering::Release);
-        }
-        self.park.locked.store(true, Ordering::Relaxed);
-        self.mark_parked();
+        let held = self.checkpointed(&[0; PARK_DEVICES]);
         log_at!(
             Info,
             "parked: {} bytes moved to host memory in {:.3}s (the driver's lock and checkpoint {driver_s:.3}s; {freed} cached bytes released first); the budget is released",
@@ -498,27 +500,16 @@ impl<D: Driver> Parking<'_, D> {
                 continue;
             };
             let limit = s.budget.limit().unwrap_or(NO_CAP);
-            match self.accounting.reserve_on(s, d as CUdevice, bytes, limit) {
-                Ok(()) => {}
-                // The parked bytes alone are over a cap lowered meanwhile:
-                // no wait makes that room. The process takes back what it
-                // held, over the cap, as a running one keeps what it holds
-                // when its cap is lowered; new allocations are refused.
-                Err(r)
-                    if bytes > self.accounting.cap_now(d as CUdevice, r)
-                        && self.accounting.reserve_over(s, d as CUdevice, bytes) =>
-                {
-                    log_at!(
-                        Warn,
-                        "device {d}: resuming over the {} cap of {} bytes: the process held {bytes} bytes when it was parked; new allocations are refused until it is under the cap again",
-                        if r.group { "group's" } else { "process's" },
-                        self.accounting.cap_now(d as CUdevice, r)
-                    );
-                }
-                Err(r) => {
-                    self.unreserve(d);
-                    return Err((d, r));
-                }
+            // The process holds nothing here (the checkpoint released it
+            // all): the parked bytes alone are judged against a cap
+            // lowered meanwhile, as a running process keeps what it holds
+            // when its cap is lowered.
+            if let Err(r) = self
+                .accounting
+                .reserve_to_resume(s, d as CUdevice, bytes, limit)
+            {
+                self.unreserve(d);
+                return Err((d, r));
             }
         }
         Ok(())

@@ -19,7 +19,6 @@ use super::{Place, TierBlock, Tiering};
 use crate::engine::accounting::Refusal;
 use crate::engine::driver::Driver;
 use crate::ffi::CUdevice;
-use crate::log::log_at;
 
 impl<D: Driver> Tiering<'static, D> {
     /// The blocks to move, by device: on `from`, and for the way back only
@@ -107,30 +106,15 @@ impl<D: Driver> Tiering<'static, D> {
                 .accounting
                 .cap_in_force(slot, device)
                 .unwrap_or(u64::MAX);
-            match self.accounting.reserve_on(slot, device, bytes, limit) {
-                Ok(()) => {}
-                // The parked bytes and what the process still holds itself
-                // (the rest a `shim` park leaves, or a `shim+checkpoint`
-                // resume has just restored) are over a cap lowered
-                // meanwhile: no other process's leaving makes that room;
-                // the process takes back what it held, and new allocations
-                // are refused while it is over.
-                Err(r)
-                    if slot.budget.used().saturating_add(bytes)
-                        > self.accounting.cap_now(device, r)
-                        && self.accounting.reserve_over(slot, device, bytes) =>
-                {
-                    log_at!(
-                        Warn,
-                        "device {dev}: resuming over the {} cap of {} bytes: the process held {bytes} bytes when it was parked; new allocations are refused until it is under the cap again",
-                        if r.group { "group's" } else { "process's" },
-                        self.accounting.cap_now(device, r)
-                    );
-                }
-                Err(r) => {
-                    give_back(&reserved);
-                    return Err((dev, bytes, Some(r)));
-                }
+            // What the process still holds itself counts (the rest a
+            // `shim` park leaves, or a `shim+checkpoint` resume has just
+            // restored) when a cap lowered meanwhile is judged.
+            if let Err(r) = self
+                .accounting
+                .reserve_to_resume(slot, device, bytes, limit)
+            {
+                give_back(&reserved);
+                return Err((dev, bytes, Some(r)));
             }
             reserved.push((dev, bytes));
         }
@@ -155,7 +139,10 @@ impl<D: Driver> Tiering<'static, D> {
                             }
                         }
                         give_back(&reserved);
-                        let bytes = parked[&dev].iter().map(|b| b.bytes).sum();
+                        let bytes = reserved
+                            .iter()
+                            .find(|&&(d, _)| d == dev)
+                            .map_or(0, |&(_, b)| b);
                         return Err((dev, bytes, None));
                     }
                 }

@@ -162,15 +162,11 @@ impl Tiers {
         let map = read!(self.blocks);
         words
             .iter()
-            .filter(|&&w| match block_at(&map, w) {
-                Some(b) => {
-                    b.note(w - b.ptr, weight);
-                    if let Some(u) = used.as_deref_mut() {
-                        u.push(b.ptr);
-                    }
-                    true
+            .filter_map(|&w| note_in(&map, w, weight))
+            .inspect(|&start| {
+                if let Some(u) = used.as_deref_mut() {
+                    u.push(start);
                 }
-                None => false,
             })
             .count() as u64
     }
@@ -182,13 +178,12 @@ impl Tiers {
     }
 }
 
-/// A use of `weight` of the block of `map` that `w` points into, if any.
-pub(super) fn note_in(map: &BTreeMap<u64, Arc<TierBlock>>, w: u64, weight: u32) -> bool {
-    let Some(b) = block_at(map, w) else {
-        return false;
-    };
+/// A use of `weight` of the block of `map` that `w` points into, if any:
+/// that block's start.
+pub(super) fn note_in(map: &BTreeMap<u64, Arc<TierBlock>>, w: u64, weight: u32) -> Option<u64> {
+    let b = block_at(map, w)?;
     b.note(w - b.ptr, weight);
-    true
+    Some(b.ptr)
 }
 
 /// Calls `each` with every 8-byte word in `[lo, hi)` of a launch's
