@@ -27,6 +27,36 @@ fn kinds_line(lines: &[String], from: usize) -> String {
     lines[from..from + 3].join(" | ")
 }
 
+/// [`moved_env`] with `VRAMCAP_PARK_MOVE=mode`.
+fn move_env<'a>(mode: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = moved_env(extra);
+    env.retain(|(k, _)| *k != MOVE.0);
+    env.push((MOVE.0, mode));
+    env
+}
+
+/// The client with `env` and `args` (one `wait` after its allocations),
+/// parked once (the park's answer is `PID: parked, {moved} moved to host
+/// memory and released`), then let go so that its next call resumes it:
+/// its lines after `resumed`, and its stderr. It must end well.
+fn parked_once(env: &[(&str, &str)], args: &[&str], moved: &str) -> (Vec<String>, String) {
+    let dir = scratch_dir();
+    let mut h = Watched::start(&dir, env, args);
+    let pid = h.pid;
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, {moved} moved to host memory and released"
+    )]);
+    h.resume();
+    h.until("wait");
+    let (lines, out) = h.end();
+    assert!(out.status.success(), "{lines:?}");
+    let first = lines.iter().position(|l| l == "resumed").expect("resumed") + 1;
+    (
+        lines[first..].to_vec(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn a_park_moves_the_blocks_and_a_call_brings_them_back_intact() {
     let dir = scratch_dir();
@@ -492,25 +522,13 @@ fn two_members_take_turns_a_resume_parks_the_idle_other() {
 /// then the shim move the block back, contents intact and ledgers exact.
 #[test]
 fn shim_then_checkpoint_leaves_nothing_on_the_gpu() {
-    let dir = scratch_dir();
-    let mut env = moved_env(&[("VRAMCAP_LOG", "info")]);
-    env.retain(|(k, _)| *k != MOVE.0);
-    env.push((MOVE.0, "shim+checkpoint"));
+    let env = move_env("shim+checkpoint", &[("VRAMCAP_LOG", "info")]);
     let args = [
         "init", "alloc", "64M", "alloc", "1M", "memset32", "0", "64M", "77", "wait", "kinds",
         "ckstate", "read32", "0", "kinds", "ckstate", "abistats", "0", "wait",
     ];
-    let mut h = Watched::start(&dir, &env, &args);
-    let pid = h.pid;
-    park(&dir, pid).expect_lines(&[&format!(
-        "{pid}: parked, 65.0 MiB moved to host memory and released"
-    )]);
-    h.resume();
-    h.until("wait");
-    let (lines, out) = h.end();
-    assert!(out.status.success(), "{lines:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let first = lines.iter().position(|l| l == "resumed").expect("resumed") + 1;
+    let (lines, stderr) = parked_once(&env, &args, "65.0 MiB");
+    let first = 0;
     assert_eq!(
         kinds_line(&lines, first),
         "kinds dev=0 device=0 managed_host=0 | kinds dev=1 device=0 managed_host=0 | kinds host=0",
@@ -554,28 +572,19 @@ fn shim_then_checkpoint_leaves_nothing_on_the_gpu() {
 /// the next call brings the block back without a restore.
 #[test]
 fn shim_then_a_refused_checkpoint_parks_as_shim_does() {
-    let dir = scratch_dir();
-    let mut env = moved_env(&[
-        ("VRAMCAP_LOG", "info"),
-        ("STANDIN_CHECKPOINT_FAIL", "checkpoint"),
-    ]);
-    env.retain(|(k, _)| *k != MOVE.0);
-    env.push((MOVE.0, "shim+checkpoint"));
+    let env = move_env(
+        "shim+checkpoint",
+        &[
+            ("VRAMCAP_LOG", "info"),
+            ("STANDIN_CHECKPOINT_FAIL", "checkpoint"),
+        ],
+    );
     let args = [
         "init", "alloc", "64M", "alloc", "1M", "memset32", "0", "64M", "77", "wait", "kinds",
         "ckstate", "read32", "0", "ckstate", "wait",
     ];
-    let mut h = Watched::start(&dir, &env, &args);
-    let pid = h.pid;
-    park(&dir, pid).expect_lines(&[&format!(
-        "{pid}: parked, 64.0 MiB moved to host memory and released"
-    )]);
-    h.resume();
-    h.until("wait");
-    let (lines, out) = h.end();
-    assert!(out.status.success(), "{lines:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let first = lines.iter().position(|l| l == "resumed").expect("resumed") + 1;
+    let (lines, stderr) = parked_once(&env, &args, "64.0 MiB");
+    let first = 0;
     assert_eq!(
         kinds_line(&lines, first),
         "kinds dev=0 device=1048576 managed_host=0 | kinds dev=1 device=0 managed_host=0 | kinds host=0",
@@ -791,23 +800,13 @@ fn ipc_of_a_block_is_refused_naming_the_park_move() {
 /// untouched.
 #[test]
 fn host_memory_refused_leaves_the_block_on_the_gpu_and_says_why() {
-    let dir = scratch_dir();
     let env = moved_env(&[("VRAMCAP_LOG", "info"), ("STANDIN_VMM_HOST_FAIL", "1")]);
     let args = [
         "init", "alloc", "64M", "memset32", "0", "64M", "5", "wait", "kinds", "read32", "0",
         "abistats", "0", "wait",
     ];
-    let mut h = Watched::start(&dir, &env, &args);
-    let pid = h.pid;
-    park(&dir, pid).expect_lines(&[&format!(
-        "{pid}: parked, 0 B moved to host memory and released"
-    )]);
-    h.resume();
-    h.until("wait");
-    let (lines, out) = h.end();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{lines:?}");
-    let first = lines.iter().position(|l| l == "resumed").expect("resumed") + 1;
+    let (lines, stderr) = parked_once(&env, &args, "0 B");
+    let first = 0;
     assert_eq!(
         lines[first], "kinds dev=0 device=67108864 managed_host=0",
         "{lines:?}"
