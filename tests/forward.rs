@@ -282,6 +282,32 @@ fn park_forward(dir: &std::path::Path, pid: u32) {
 /// driver's lock, where it would wait for good.
 #[test]
 fn a_call_through_an_export_table_resumes_a_parked_process_first() {
+    let (lines, waker) = resumed_by("dark", "dark -> 0 0 out=7028,1007 calls=2");
+    assert_eq!(lines[6..9], tables(true)[..]);
+    assert!(
+        waker.starts_with("parking: function 1 of the driver's export table ")
+            && waker.ends_with(" resumes this process"),
+        "{waker}"
+    );
+}
+
+/// Parked for real, the process's next call of a function the shim only
+/// forwards (`cuCtxGetDevice`, from `cuGetProcAddress`) has it resumed, and
+/// the log names that function (issue 43: what wakes an idle process), as
+/// it was looked up; the call then answers exactly.
+#[test]
+fn an_unhooked_call_that_resumes_a_parked_process_is_named() {
+    let (_, waker) = resumed_by("ctxdev", CALLS[1]);
+    assert!(
+        waker == "parking: cuCtxGetDevice, which the shim only forwards, resumes this process",
+        "{waker}"
+    );
+}
+
+/// The forward client parked for real, then asked for `what`, which has it
+/// resumed and answers `answer`; ended. Its first eleven lines, and the one
+/// stderr line that names what resumed it.
+fn resumed_by(what: &str, answer: &str) -> (Vec<String>, String) {
     let dir = scratch_dir();
     let Ready {
         mut child,
@@ -291,7 +317,6 @@ fn a_call_through_an_export_table_resumes_a_parked_process_first() {
         done,
     } = ready_with_parking(&dir);
     let err = stderr_lines(&mut child);
-    assert_eq!(lines[6..9], tables(true)[..]);
     park_forward(&dir, child.id());
     let mut seen = Vec::new();
     wait_for(
@@ -299,9 +324,9 @@ fn a_call_through_an_export_table_resumes_a_parked_process_first() {
         "parked: 1048576 bytes moved to host memory",
         &mut seen,
     );
-    writeln!(stdin, "dark").expect("ask for the call");
-    assert_eq!(next(&mut out), "calling dark");
-    assert_eq!(next(&mut out), "dark -> 0 0 out=7028,1007 calls=2");
+    writeln!(stdin, "{what}").expect("ask for the call");
+    assert_eq!(next(&mut out), format!("calling {what}"));
+    assert_eq!(next(&mut out), answer);
     wait_for(
         &err,
         "resumed: the parked memory is back on the GPU",
@@ -312,60 +337,12 @@ fn a_call_through_an_export_table_resumes_a_parked_process_first() {
         .filter(|l| l.contains("resumes this process"))
         .collect();
     assert_eq!(waker.len(), 1, "{seen:?}");
-    assert!(
-        waker[0].starts_with("parking: function 1 of the driver's export table ")
-            && waker[0].ends_with(" resumes this process"),
-        "{seen:?}"
-    );
+    let waker = waker[0].clone();
     drop(stdin);
     let status = child.wait().expect("wait for the client");
     let _ = done.send(());
     assert!(status.success(), "{status}; stderr had {seen:?}");
-}
-
-/// Parked for real, the process's next call of a function the shim only
-/// forwards (`cuCtxGetDevice`, from `cuGetProcAddress`) has it resumed, and
-/// the log names that function (issue 43: what wakes an idle process), as
-/// it was looked up; the call then answers exactly.
-#[test]
-fn an_unhooked_call_that_resumes_a_parked_process_is_named() {
-    let dir = scratch_dir();
-    let Ready {
-        mut child,
-        mut stdin,
-        mut out,
-        done,
-        ..
-    } = ready_with_parking(&dir);
-    let err = stderr_lines(&mut child);
-    park_forward(&dir, child.id());
-    let mut seen = Vec::new();
-    wait_for(
-        &err,
-        "parked: 1048576 bytes moved to host memory",
-        &mut seen,
-    );
-    writeln!(stdin, "ctxdev").expect("ask for the call");
-    assert_eq!(next(&mut out), "calling ctxdev");
-    assert_eq!(next(&mut out), CALLS[1]);
-    wait_for(
-        &err,
-        "resumed: the parked memory is back on the GPU",
-        &mut seen,
-    );
-    let waker: Vec<&String> = seen
-        .iter()
-        .filter(|l| l.contains("resumes this process"))
-        .collect();
-    assert_eq!(waker.len(), 1, "{seen:?}");
-    assert!(
-        waker[0] == "parking: cuCtxGetDevice, which the shim only forwards, resumes this process",
-        "{seen:?}"
-    );
-    drop(stdin);
-    let status = child.wait().expect("wait for the client");
-    let _ = done.send(());
-    assert!(status.success(), "{status}; stderr had {seen:?}");
+    (lines, waker)
 }
 
 /// Parked, a process whose exit handler calls through an export table
