@@ -8,6 +8,7 @@
 # leaves what it wrote. Steps, with their limits (seconds):
 #   park       -m park                                        (540)
 #   park-shim  -m park, every row with VRAMCAP_PARK_MOVE=shim+checkpoint (540)
+#   park-s     -m park, every row with VRAMCAP_PARK_MOVE=shim      (440)
 #   fhl        -m "full or held or live"                      (280)
 #   tiered     tiered Llama at 1.5x beside .gpu/base           (300)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
@@ -43,6 +44,7 @@ for step in "$@"; do
     case $step in
     park) check park 540 -m park ;;
     park-shim) check park-shim 540 -m park --park-move shim+checkpoint ;;
+    park-s) check park-s 440 -m park --park-move shim ;;
     fhl) check fhl 280 -m "full or held or live" ;;
     tiered)
         [ -f "$base/libvramcap.so" ] || { echo "gpu-batch: tiered needs $base (stage-gpu.sh BASELINE)"; continue; }
@@ -67,7 +69,7 @@ for step in "$@"; do
             echo "gpu-batch: host_create did not build (hostmem/build.txt)"
         fi
         ;;
-    *) echo "gpu-batch: no step $step (park, park-shim, fhl, tiered, bench, gate, hostmem)" >&2 ;;
+    *) echo "gpu-batch: no step $step (park, park-shim, park-s, fhl, tiered, bench, gate, hostmem)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do
