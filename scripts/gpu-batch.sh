@@ -9,12 +9,15 @@
 #   park       -m park                                        (540)
 #   park-shim  -m park, every row with VRAMCAP_PARK_MOVE=shim+checkpoint (540)
 #   park-s     -m park, every row with VRAMCAP_PARK_MOVE=shim      (440)
+#   park-fix   the idle notebook and JAX rows with VRAMCAP_PARK_MOVE=shim (240)
+#   hundred    the 100 park cycles row (VRAMCAP_PARK_MOVE=shim)  (200)
 #   fhl        -m "full or held or live"                      (280)
 #   tiered     tiered Llama at 1.5x beside .gpu/base           (300)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
 #   gate       bench_gate.py, parking by the shim's moves: launches and
 #              the PyTorch step with parking on and unused       (260)
 #   hostmem    research/host_create.cu, 8 GiB                  (120)
+#   calls      research/hit_calls.cu: each driver call of a cache hit (60)
 # e.g. (one device call must end within 600 s):
 #   bash scripts/gpu-batch.sh fhl tiered
 set -uo pipefail
@@ -45,6 +48,8 @@ for step in "$@"; do
     park) check park 540 -m park ;;
     park-shim) check park-shim 540 -m park --park-move shim+checkpoint ;;
     park-s) check park-s 440 -m park --park-move shim ;;
+    park-fix) check park-fix 240 -m park -k "parked_by_idle or jax" --park-move shim ;;
+    hundred) check hundred 200 -m park -k hundred ;;
     fhl) check fhl 280 -m "full or held or live" ;;
     tiered)
         [ -f "$base/libvramcap.so" ] || { echo "gpu-batch: tiered needs $base (stage-gpu.sh BASELINE)"; continue; }
@@ -69,7 +74,16 @@ for step in "$@"; do
             echo "gpu-batch: host_create did not build (hostmem/build.txt)"
         fi
         ;;
-    *) echo "gpu-batch: no step $step (park, park-shim, park-s, fhl, tiered, bench, gate, hostmem)" >&2 ;;
+    calls)
+        mkdir -p "$work/calls"
+        if /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -o "$work/calls/hit_calls" \
+            scripts/gpu/research/hit_calls.cu -lcuda >"$work/calls/build.txt" 2>&1; then
+            run_step calls 60 "$work/calls/hit_calls"
+        else
+            echo "gpu-batch: hit_calls did not build (calls/build.txt)"
+        fi
+        ;;
+    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, bench, gate, hostmem, calls)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do
@@ -77,4 +91,4 @@ for f in "$work"/*/*.md; do
 done
 tar czf "$out/batch.tgz" -C "$work" .
 ls -la "$out"
-cat "$work"/hostmem/stdout.txt "$work"/tiered/staging.txt 2>/dev/null || true
+cat "$work"/hostmem/stdout.txt "$work"/calls/stdout.txt "$work"/tiered/staging.txt 2>/dev/null || true

@@ -242,8 +242,14 @@ struct Ready {
 }
 
 fn ready_with_parking(dir: &std::path::Path) -> Ready {
+    ready_with_parking_moved(dir, "checkpoint")
+}
+
+/// [`ready_with_parking`] with `VRAMCAP_PARK_MOVE=move`.
+fn ready_with_parking_moved(dir: &std::path::Path, park_move: &str) -> Ready {
     let mut cmd = shimmed(&forward_program());
     cmd.env(PARK.0, PARK.1)
+        .env("VRAMCAP_PARK_MOVE", park_move)
         .env("VRAMCAP_STATS_DIR", dir)
         .env("VRAMCAP_LOG", "info")
         .arg("wait");
@@ -308,6 +314,12 @@ fn an_unhooked_call_that_resumes_a_parked_process_is_named() {
 /// resumed and answers `answer`; ended. Its first eleven lines, and the one
 /// stderr line that names what resumed it.
 fn resumed_by(what: &str, answer: &str) -> (Vec<String>, String) {
+    resumed_after("checkpoint", &[(what, answer)])
+}
+
+/// [`resumed_by`] with `VRAMCAP_PARK_MOVE=park_move` and the calls
+/// `asked` (each with its answer) in turn, the last of which resumes it.
+fn resumed_after(park_move: &str, asked: &[(&str, &str)]) -> (Vec<String>, String) {
     let dir = scratch_dir();
     let Ready {
         mut child,
@@ -315,18 +327,16 @@ fn resumed_by(what: &str, answer: &str) -> (Vec<String>, String) {
         mut out,
         lines,
         done,
-    } = ready_with_parking(&dir);
+    } = ready_with_parking_moved(&dir, park_move);
     let err = stderr_lines(&mut child);
     park_forward(&dir, child.id());
     let mut seen = Vec::new();
-    wait_for(
-        &err,
-        "parked: 1048576 bytes moved to host memory",
-        &mut seen,
-    );
-    writeln!(stdin, "{what}").expect("ask for the call");
-    assert_eq!(next(&mut out), format!("calling {what}"));
-    assert_eq!(next(&mut out), answer);
+    wait_for(&err, "parked: ", &mut seen);
+    for (what, answer) in asked {
+        writeln!(stdin, "{what}").expect("ask for the call");
+        assert_eq!(next(&mut out), format!("calling {what}"));
+        assert_eq!(next(&mut out), *answer);
+    }
     wait_for(
         &err,
         "resumed: the parked memory is back on the GPU",
@@ -343,6 +353,21 @@ fn resumed_by(what: &str, answer: &str) -> (Vec<String>, String) {
     let _ = done.send(());
     assert!(status.success(), "{status}; stderr had {seen:?}");
     (lines, waker)
+}
+
+/// Issue 43: with the shim's moves the driver stays usable while a
+/// process is parked, so a context query it only forwards
+/// (`cuCtxGetDevice`, as JAX's runtime sets its context while idle)
+/// answers at once and leaves the process parked; its next launch is what
+/// resumes it, and is named. Under the driver's checkpoint the same query
+/// resumes it (the test above).
+#[test]
+fn a_context_query_leaves_a_process_parked_by_the_shim_s_moves_parked() {
+    let (_, waker) = resumed_after("shim", &[("ctxdev", CALLS[1]), ("launch", CALLS[3])]);
+    assert!(
+        waker.starts_with("parking: cuLaunchKernel") && waker.ends_with(" resumes this process"),
+        "{waker}"
+    );
 }
 
 /// Parked, a process whose exit handler calls through an export table

@@ -824,3 +824,29 @@ fn host_memory_refused_leaves_the_block_on_the_gpu_and_says_why() {
         "{stderr}"
     );
 }
+
+/// A park whose blocks do not all fit in the host memory allowed for parked
+/// blocks (`VRAMCAP_SPILL_LIMIT`) moves those that fit, leaves the others
+/// on the GPU and says so once, naming the setting (the H200 found a
+/// 40 GiB notebook parked 31 GiB under the old default, silently).
+#[test]
+fn blocks_past_the_host_limit_stay_and_the_park_says_so() {
+    let env = moved_env(&[("VRAMCAP_LOG", "info"), ("VRAMCAP_SPILL_LIMIT", "96MiB")]);
+    let args = [
+        "init", "alloc", "64M", "alloc", "64M", "memset32", "0", "64M", "5", "memset32", "1",
+        "64M", "6", "wait", "read32", "0", "read32", "1", "wait",
+    ];
+    let (lines, stderr) = parked_once(&env, &args, "64.0 MiB");
+    assert_eq!(
+        lines[..2],
+        ["read32 #0 -> 0 value=5", "read32 #1 -> 0 value=6"],
+        "{lines:?}"
+    );
+    assert_eq!(
+        stderr
+            .matches("parking: 1 block (67108864 bytes) stay on GPU 0: the host memory for parked blocks is used up (VRAMCAP_SPILL_LIMIT; e.g. VRAMCAP_SPILL_LIMIT=90% allows more)")
+            .count(),
+        1,
+        "{stderr}"
+    );
+}

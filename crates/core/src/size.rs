@@ -136,6 +136,7 @@ pub struct Percent {
 impl Percent {
     pub const ONE_HUNDRED: Percent = Percent { ppm: 1_000_000 };
     pub const QUARTER: Percent = Percent { ppm: 250_000 };
+    pub const THREE_QUARTERS: Percent = Percent { ppm: 750_000 };
 
     /// Parts per million, 1..=1_000_000.
     pub fn ppm(self) -> u32 {

@@ -160,8 +160,10 @@ impl Settings {
         .unwrap_or(std::time::Duration::from_secs(5));
         let (spill, spill_was_managed) =
             parsed(get(SPILL_VAR), parse_spill)?.unwrap_or((Spill::Off, false));
-        let spill_limit =
-            parsed(get(SPILL_LIMIT_VAR), parse_spill_limit)?.unwrap_or(SpillLimit::DEFAULT);
+        let spill_limit = parsed(get(SPILL_LIMIT_VAR), parse_spill_limit)?.unwrap_or(match spill {
+            Spill::Off => SpillLimit::PARKING_DEFAULT,
+            _ => SpillLimit::DEFAULT,
+        });
         let group = parsed(get(GROUP_VAR), |v| match crate::group::valid_name(v) {
             true => Ok(v.to_string()),
             false => Err(bad(

@@ -123,6 +123,13 @@ pub enum SpillLimit {
 impl SpillLimit {
     /// The default: a quarter of the machine's memory.
     pub const DEFAULT: SpillLimit = SpillLimit::Percent(crate::size::Percent::QUARTER);
+    /// With spill off, the limit bounds only parking's moves
+    /// (`VRAMCAP_PARK_MOVE=shim`), whose host memory replaces the GPU
+    /// memory the process gives up: three quarters of RAM, so that a
+    /// 40 GiB notebook parks whole on a 128 GiB machine (the driver's
+    /// checkpoint, the other move, is bounded by nothing).
+    pub const PARKING_DEFAULT: SpillLimit =
+        SpillLimit::Percent(crate::size::Percent::THREE_QUARTERS);
 
     pub fn resolve(self, host_bytes: u64) -> u64 {
         match self {

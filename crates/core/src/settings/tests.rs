@@ -115,8 +115,14 @@ fn group_values() {
 #[test]
 fn spill_values() {
     let s = read(&[]).unwrap();
-    assert_eq!((s.spill, s.spill_limit), (Spill::Off, SpillLimit::DEFAULT));
-    assert_eq!(s.spill_limit.resolve(4000), 1000);
+    assert_eq!(
+        (s.spill, s.spill_limit),
+        (Spill::Off, SpillLimit::PARKING_DEFAULT)
+    );
+    assert_eq!(s.spill_limit.resolve(4000), 3000);
+    let spilling = read(&[("VRAMCAP_SPILL", "host")]).unwrap();
+    assert_eq!(spilling.spill_limit, SpillLimit::DEFAULT);
+    assert_eq!(spilling.spill_limit.resolve(4000), 1000);
     assert_eq!(s.managed_as_host(), None);
     // The removed managed mode is host spill, said in one line.
     let s = read(&[

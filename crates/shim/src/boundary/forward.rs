@@ -46,7 +46,7 @@
 use std::ffi::{CStr, c_void};
 use std::ptr;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use crate::log::{log_at, log_once};
 use crate::process::gate;
@@ -77,6 +77,48 @@ static DARK: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 /// its export table and index.
 static NAMES: [OnceLock<Box<str>>; SLOTS] = [const { OnceLock::new() }; SLOTS];
 
+/// Per slot, whether its function needs nothing of the GPU's memory
+/// ([`is_quiet`]): with the driver left usable by the park, a call of it
+/// neither waits at the gate nor resumes the process
+/// ([`gate::pass_quiet`]).
+static QUIET: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
+
+/// Whether the driver function `name` (as looked up: a version or stream
+/// suffix is ignored) reads or changes nothing of the GPU's memory or
+/// work: queries of contexts, devices, streams and functions, the
+/// current context's changes, occupancy arithmetic and lookups in loaded
+/// modules. Pointer queries are not among them: a parked block's address
+/// has nothing mapped behind it.
+pub fn is_quiet(name: &[u8]) -> bool {
+    let base = match name.iter().position(|&c| c == b'_') {
+        Some(i) => &name[..i],
+        None => name,
+    };
+    const EXACT: &[&[u8]] = &[
+        b"cuInit",
+        b"cuDriverGetVersion",
+        b"cuCtxSetCurrent",
+        b"cuCtxPushCurrent",
+        b"cuCtxPopCurrent",
+        b"cuDeviceComputeCapability",
+        b"cuDeviceTotalMem",
+        b"cuDevicePrimaryCtxGetState",
+        b"cuDeviceCanAccessPeer",
+        b"cuModuleGetFunction",
+    ];
+    const PREFIX: &[&[u8]] = &[
+        b"cuCtxGet",
+        b"cuDeviceGet",
+        b"cuStreamGet",
+        b"cuFuncGet",
+        b"cuKernelGet",
+        b"cuGetError",
+        b"cuOccupancy",
+        b"cuLibraryGet",
+    ];
+    EXACT.contains(&base) || PREFIX.iter().any(|p| base.starts_with(p))
+}
+
 /// [`DARK`]'s tag of a public slot holding an NVML function: a gate that
 /// cannot let it through answers NVML's codes, not CUDA's
 /// ([`gate::nvml_code`]).
@@ -106,6 +148,9 @@ pub fn forwarder(name: &CStr, real: *mut c_void) -> *mut c_void {
             NAMES[i].get_or_init(|| {
                 format!("{}, which the shim only forwards,", name.to_string_lossy()).into()
             });
+            if is_quiet(name.to_bytes()) {
+                QUIET[i].store(true, Ordering::Relaxed);
+            }
             entry(i)
         }
         None => {
@@ -202,6 +247,13 @@ fn entry(i: usize) -> *mut c_void {
 /// answer the call returns instead (the process cannot continue). Never
 /// unwinds into the trampoline.
 extern "C" fn forward_wait(slot: u32) -> u32 {
+    if QUIET
+        .get(slot as usize)
+        .is_some_and(|q| q.load(Ordering::Relaxed))
+        && let Some(answer) = gate::pass_quiet()
+    {
+        return answer as u32;
+    }
     let tag = DARK
         .get(slot as usize)
         .map_or(0, |d| d.load(Ordering::Relaxed));
@@ -614,6 +666,66 @@ mod tests {
         let answer = f(5);
         gate::set_state(gate::RUNNING);
         assert_eq!(answer, 999);
+    }
+
+    extern "C" fn quiet_like(x: i32) -> i32 {
+        x.wrapping_mul(3)
+    }
+
+    /// Issue 43: with the driver left usable by the park (the shim's
+    /// moves), a context query goes through a parked gate into the driver
+    /// at once: no resume asked for, no activity; a process that cannot
+    /// continue still answers 401. With the checkpoint's moves it waits as
+    /// every call does (the gate's own tests).
+    #[test]
+    fn a_quiet_call_goes_through_a_parked_gate_when_the_driver_stays_usable() {
+        let _one = gate::TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        gate::enable(true);
+        let p = forwarder(c"cuCtxGetDevice", quiet_like as *mut c_void);
+        gate::enable(false);
+        // SAFETY: the entry jumps to `quiet_like`, whose type this is.
+        let f = unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(i32) -> i32>(p) };
+        gate::set_driver_live(true);
+        gate::set_state(gate::PARKED);
+        gate::ACTIVE.store(false, Ordering::Relaxed);
+        let parked = f(9);
+        let active = gate::ACTIVE.load(Ordering::Relaxed);
+        let wanted = gate::RESUME_WANTED.load(Ordering::Relaxed);
+        gate::set_state(gate::FAILED);
+        let failed = f(9);
+        gate::set_state(gate::RUNNING);
+        gate::set_driver_live(false);
+        gate::ACTIVE.store(true, Ordering::Relaxed);
+        assert_eq!(parked, 27, "it went into the target");
+        assert!(!active, "no activity");
+        assert!(!wanted, "no resume asked for");
+        assert_eq!(failed, gate::CUDA_ERROR_ILLEGAL_STATE);
+    }
+
+    #[test]
+    fn quiet_functions_are_queries_and_context_changes_only() {
+        for q in [
+            &b"cuCtxSetCurrent"[..],
+            b"cuCtxGetDevice",
+            b"cuCtxPushCurrent_v2",
+            b"cuDeviceGetAttribute",
+            b"cuStreamGetPriority_ptsz",
+            b"cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        ] {
+            assert!(is_quiet(q), "{}", String::from_utf8_lossy(q));
+        }
+        for n in [
+            &b"cuLaunchKernel"[..],
+            b"cuMemcpyDtoH_v2",
+            b"cuPointerGetAttribute",
+            b"cuCtxSynchronize",
+            b"cuStreamSynchronize",
+            b"cuMemsetD8_v2",
+            b"cuGraphLaunch",
+            b"nvmlDeviceGetMemoryInfo",
+        ] {
+            assert!(!is_quiet(n), "{}", String::from_utf8_lossy(n));
+        }
     }
 
     #[test]

@@ -66,6 +66,9 @@ fn init_settings() -> Settings {
             crate::log::set_level(s.log);
             DISABLED.store(s.disabled, Ordering::Relaxed);
             crate::process::gate::enable(s.park.is_some() && !s.disabled);
+            crate::process::gate::set_driver_live(
+                s.park_move == vramcap_core::park::ParkMove::Shim,
+            );
             real::set_driver_path(s.cuda_library.as_deref());
             if secure {
                 crate::log::log_at!(

@@ -46,6 +46,11 @@ pub static RESUME_WANTED: AtomicBool = AtomicBool::new(false);
 /// Program threads waiting at the gate now.
 pub static WAITERS: AtomicUsize = AtomicUsize::new(0);
 
+/// A park leaves the driver usable (`VRAMCAP_PARK_MOVE=shim`: no
+/// checkpoint locks it): a forwarded call that needs nothing of the GPU's
+/// memory may then go through a closed gate ([`pass_quiet`]).
+static DRIVER_LIVE: AtomicBool = AtomicBool::new(false);
+
 /// Parking is enabled in this process (`VRAMCAP_PARK`): the hooked exports
 /// pass [`enter`]; otherwise they skip it (one load).
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -96,6 +101,29 @@ pub fn gate_as(who: &'static str) -> i32 {
 /// Turns the gate on for this process (the settings, once).
 pub fn enable(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Says whether a park leaves the driver usable (the settings, once).
+pub fn set_driver_live(live: bool) {
+    DRIVER_LIVE.store(live, Ordering::Relaxed);
+}
+
+/// The gate of a forwarded call that needs nothing of the GPU's memory (a
+/// context or device query, `cuCtxSetCurrent`: `forward.rs`'s quiet
+/// slots): `None` when the park locks the driver (the call then passes
+/// the gate as any other); else the answer at once, without waiting,
+/// without asking for a resume and without counting as activity: 0 to go
+/// on into the driver, which the park left usable, or
+/// `CUDA_ERROR_ILLEGAL_STATE` when the process cannot continue (issue 43:
+/// JAX's runtime sets its context now and then while the program idles).
+pub fn pass_quiet() -> Option<i32> {
+    if !DRIVER_LIVE.load(Ordering::Relaxed) {
+        return None;
+    }
+    Some(match GATE.load(Ordering::Acquire) {
+        FAILED => CUDA_ERROR_ILLEGAL_STATE,
+        _ => 0,
+    })
 }
 
 /// Whether parking is enabled in this process (for the forwarders of

@@ -19,6 +19,7 @@ use super::{Place, TierBlock, Tiering};
 use crate::engine::accounting::Refusal;
 use crate::engine::driver::Driver;
 use crate::ffi::CUdevice;
+use crate::log::log_at;
 
 impl<D: Driver> Tiering<'static, D> {
     /// The blocks to move, by device: on `from`, and for the way back only
@@ -63,10 +64,27 @@ impl<D: Driver> Tiering<'static, D> {
             let Some(slot) = self.accounting.slot(device) else {
                 continue;
             };
+            let (mut short, mut short_bytes) = (0usize, 0u64);
             let staged: Vec<_> = blocks
                 .into_iter()
-                .filter_map(|b| self.stage(slot, device, 0, b, Place::Host, true).ok())
+                .filter_map(|b| {
+                    let bytes = b.bytes;
+                    let room = self.host.room();
+                    let s = self.stage(slot, device, 0, b, Place::Host, true).ok();
+                    if s.is_none() && room < bytes {
+                        short += 1;
+                        short_bytes += bytes;
+                    }
+                    s
+                })
                 .collect();
+            if short > 0 {
+                log_at!(
+                    Warn,
+                    "parking: {short} {} ({short_bytes} bytes) stay on GPU {dev}: the host memory for parked blocks is used up (VRAMCAP_SPILL_LIMIT; e.g. VRAMCAP_SPILL_LIMIT=90% allows more)",
+                    if short == 1 { "block" } else { "blocks" }
+                );
+            }
             let (_, bytes) = self.move_staged(slot, device, round, staged);
             if let Some(m) = moved.get_mut(usize::from(dev)) {
                 *m = bytes;
