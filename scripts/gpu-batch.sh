@@ -14,6 +14,7 @@
 #   fhl        -m "full or held or live"                      (280)
 #   tiered     tiered Llama at 1.5x beside .gpu/base           (300)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
+#   bench-base gpu_bench.py on .gpu/base, the pairs only        (120)
 #   gate       bench_gate.py, parking by the shim's moves: launches and
 #              the PyTorch step with parking on and unused       (260)
 #   hostmem    research/host_create.cu, 8 GiB                  (120)
@@ -61,6 +62,10 @@ for step in "$@"; do
         run_step bench 260 python3 scripts/gpu_bench.py --artefacts .gpu --out "$work/bench" \
             --rounds 2 --torch-rounds 4 --budget 220
         ;;
+    bench-base)
+        run_step bench-base 120 python3 scripts/gpu_bench.py --artefacts "$base" --out "$work/bench-base" \
+            --rounds 2 --torch-rounds 0 --budget 90
+        ;;
     gate)
         run_step gate 260 python3 scripts/bench_gate.py --artefacts .gpu --out "$work/gate" \
             --park-move shim --rounds 3 --torch-rounds 4 --budget 220
@@ -83,7 +88,7 @@ for step in "$@"; do
             echo "gpu-batch: hit_calls did not build (calls/build.txt)"
         fi
         ;;
-    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, bench, gate, hostmem, calls)" >&2 ;;
+    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, bench, bench-base, gate, hostmem, calls)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do
