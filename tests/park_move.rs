@@ -114,12 +114,13 @@ fn a_park_moves_the_blocks_and_a_call_brings_them_back_intact() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{key} in {l}"))
     };
-    let vmm_host_after_one = count(&lines[first + 8], "vmm_host");
-    assert_eq!(vmm_host_after_one, 1, "{lines:?}");
+    // The park made host pages once (registered), no VMM host memory.
+    assert_eq!(count(&lines[first + 8], "host_register"), 1, "{lines:?}");
+    assert_eq!(count(&lines[first + 8], "vmm_host"), 0, "{lines:?}");
     let second = first + 11;
     assert_eq!(lines[second - 1], "resumed", "{lines:?}");
     assert_eq!(lines[second + 3], "read32 #0 -> 0 value=77", "{lines:?}");
-    assert_eq!(count(&lines[second + 4], "vmm_host"), 1, "{lines:?}");
+    assert_eq!(count(&lines[second + 4], "host_register"), 1, "{lines:?}");
     assert_eq!(
         stderr.matches("moved to host memory by the shim").count(),
         2,
@@ -190,7 +191,10 @@ fn a_hundred_cycles_lose_nothing_and_make_host_memory_once() {
     );
     let n = lines.len();
     let counts = &lines[n - 3];
-    assert!(counts.contains(" vmm_host=1 "), "{counts}");
+    assert!(
+        counts.contains(" vmm_host=0 ") && counts.contains(" host_register=1 "),
+        "{counts}"
+    );
     let stats = &lines[n - 2];
     assert!(stats.starts_with("abistats 0 -> 0 size="), "{stats}");
     assert!(
@@ -445,8 +449,9 @@ fn tiered_spill_and_the_shims_park_share_the_blocks() {
 
 /// The resume's policy with the shim's moves (as
 /// `park_policy::two_idle_members_take_turns_a_resume_parks_the_idle_other`
-/// with the driver's checkpoint): two members of a 2 GiB group, idle after
-/// 300 ms, holding 1.5 GiB and 1 GiB. B's allocation parks A; A's next
+/// with the driver's checkpoint, an eighth of its sizes: the host pages are
+/// real memory here): two members of a 256 MiB group, idle after 300 ms,
+/// holding 192 MiB and 128 MiB. B's allocation parks A; A's next
 /// call, refused by the group, parks B (idle) and comes back; the ledgers
 /// are exact at each turn and A's contents intact.
 #[test]
@@ -458,7 +463,7 @@ fn two_members_take_turns_a_resume_parks_the_idle_other() {
         ("VRAMCAP_PARK_WAIT", "10s"),
         MOVE,
         ("VRAMCAP_CACHE", "off"),
-        ("VRAMCAP_LIMIT", "2GiB"),
+        ("VRAMCAP_LIMIT", "256MiB"),
         ("VRAMCAP_GROUP", group.as_str()),
         ("VRAMCAP_LOG", "info"),
     ];
@@ -466,12 +471,16 @@ fn two_members_take_turns_a_resume_parks_the_idle_other() {
         &dir,
         &env,
         &[
-            "init", "alloc", "1536M", "memset32", "0", "1536M", "8", "wait", "read32", "0", "wait",
+            "init", "alloc", "192M", "memset32", "0", "192M", "8", "wait", "read32", "0", "wait",
         ],
     );
-    let b = Watched::start(&dir, &env, &["init", "alloc", "1G", "wait", "info", "wait"]);
+    let b = Watched::start(
+        &dir,
+        &env,
+        &["init", "alloc", "128M", "wait", "info", "wait"],
+    );
     let (pa, pb) = (a.pid, b.pid);
-    assert_eq!(b.lines[1], format!("alloc {GIB} -> 0 #0"));
+    assert_eq!(b.lines[1], format!("alloc {} -> 0 #0", 128 * MIB));
     let device0 = |pid: u32| {
         let j = crate::park_util::stat(&dir);
         let p = j["processes"]
@@ -487,8 +496,8 @@ fn two_members_take_turns_a_resume_parks_the_idle_other() {
             d["parked_bytes"].as_u64().unwrap(),
         )
     };
-    assert_eq!(device0(pa), (0, 1536 * MIB));
-    assert_eq!(device0(pb), (GIB, 0));
+    assert_eq!(device0(pa), (0, 192 * MIB));
+    assert_eq!(device0(pb), (128 * MIB, 0));
     // A calls CUDA: its resume is refused by the group, parks B (idle).
     a.resume();
     a.until("wait");
@@ -499,15 +508,15 @@ fn two_members_take_turns_a_resume_parks_the_idle_other() {
         "{:?}",
         a.lines
     );
-    assert_eq!(device0(pa), (1536 * MIB, 0));
-    assert_eq!(device0(pb), (0, GIB));
+    assert_eq!(device0(pa), (192 * MIB, 0));
+    assert_eq!(device0(pb), (0, 128 * MIB));
     let (lines, out) = a.end();
     assert!(out.status.success(), "{lines:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&format!(
             "group {group}: {} more bytes needed on device 0 to resume; parking idle member {pb}: done",
-            512 * MIB
+            64 * MIB
         )),
         "{err}"
     );
@@ -765,6 +774,38 @@ fn host_memory_kept_for_parks_shows_in_stat_until_a_trim() {
     assert!(out.status.success(), "{lines:?}");
 }
 
+/// Host pages kept for parks are pinned in a context: a reset of that
+/// (primary) context gives them back first, while it can still unpin
+/// them, and `stat` says none is kept.
+#[test]
+fn kept_host_pages_go_with_their_context() {
+    let dir = scratch_dir();
+    let env = moved_env(&[]);
+    let args = [
+        "init", "alloc", "64M", "wait", "read32", "0", "wait", "reset", "0", "wait",
+    ];
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
+    let kept = |dir: &std::path::Path| -> u64 {
+        let j = crate::park_util::stat(dir);
+        j["processes"][0]["park"]["host_kept_bytes"]
+            .as_u64()
+            .expect("host_kept_bytes")
+    };
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 64.0 MiB moved to host memory and released"
+    )]);
+    h.resume();
+    h.until("wait");
+    assert_eq!(kept(&dir), 64 * MIB);
+    h.resume();
+    h.until("wait");
+    assert_eq!(h.lines[h.lines.len() - 2], "reset 0 -> 0", "{:?}", h.lines);
+    assert_eq!(kept(&dir), 0);
+    let (lines, out) = h.end();
+    assert!(out.status.success(), "{lines:?}");
+}
+
 /// Under the shim's moves, a block is VMM memory, which cannot be shared
 /// with another process: `cuIpcGetMemHandle` on it is refused with
 /// `CUDA_ERROR_INVALID_VALUE` and one line that names the setting and the
@@ -794,13 +835,13 @@ fn ipc_of_a_block_is_refused_naming_the_park_move() {
     );
 }
 
-/// Host memory refused (the stand-in's `STANDIN_VMM_HOST_FAIL`, as a
+/// Host memory refused (the stand-in's `STANDIN_HOST_REGISTER_FAIL`, as a
 /// locked-memory or container limit makes the driver do): the block stays
 /// on the GPU, the process says why once, and its contents and ledger are
 /// untouched.
 #[test]
 fn host_memory_refused_leaves_the_block_on_the_gpu_and_says_why() {
-    let env = moved_env(&[("VRAMCAP_LOG", "info"), ("STANDIN_VMM_HOST_FAIL", "1")]);
+    let env = moved_env(&[("VRAMCAP_LOG", "info"), ("STANDIN_HOST_REGISTER_FAIL", "1")]);
     let args = [
         "init", "alloc", "64M", "memset32", "0", "64M", "5", "wait", "kinds", "read32", "0",
         "abistats", "0", "wait",

@@ -388,7 +388,7 @@ fn a_refusal_to_the_policy_is_said_once_in_a_row() {
     let (px, pq) = (x.pid(), q.pid());
     let (_, q_out) = q.finish();
     let (_, x_out) = x.finish();
-    let why = "it holds managed (unified) memory, which the driver's checkpoint refuses";
+    let why = "it holds managed (unified) memory, which neither the driver's checkpoint nor the shim's moves take";
     let said = |out: &std::process::Output, what: &str| {
         String::from_utf8_lossy(&out.stderr)
             .lines()

@@ -59,7 +59,7 @@
  *   counts                "counts alloc=A free=F getprocaddress=G alias=X
  *                         sync=S capture=C ipc=I async=Y vmm=V vmm_host=H
  *                         array=R host_bytes=B managed_host_bytes=M
- *                         event=E" (one line)
+ *                         host_register=P event=E" (one line)
  *   kcounts               "kcounts launch=L fault=F": the stand-in's kernel
  *                         launches that ran and launches or copies that
  *                         named reserved but unmapped addresses
@@ -1628,11 +1628,12 @@ static void cmd_counts(void)
     memcpy(&count, &p, sizeof p);
     out("counts alloc=%lu free=%lu getprocaddress=%lu alias=%lu sync=%lu "
         "capture=%lu ipc=%lu async=%lu vmm=%lu vmm_host=%lu array=%lu "
-        "host_bytes=%lu managed_host_bytes=%lu event=%lu",
+        "host_bytes=%lu managed_host_bytes=%lu host_register=%lu event=%lu",
         count("alloc"), count("free"), count("getprocaddress"),
         count("alias"), count("sync"), count("capture"), count("ipc"),
         count("async"), count("vmm"), count("vmm_host"), count("array"),
-        count("host_bytes"), count("managed_host_bytes"), count("event"));
+        count("host_bytes"), count("managed_host_bytes"),
+        count("host_register"), count("event"));
 }
 
 /* Where the stand-in accounts memory: per device, then pinned host memory. */

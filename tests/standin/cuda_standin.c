@@ -284,6 +284,7 @@ struct host_alloc {
     size_t bytes;
     unsigned int flags;   /* CU_MEMHOSTALLOC_* */
     bool backed;          /* addr is calloc'ed memory */
+    bool registered;      /* the program's own memory, cuMemHostRegister'ed */
 };
 static struct host_alloc *g_host_allocs;
 static size_t g_host_nallocs, g_host_allocs_cap;
@@ -405,6 +406,7 @@ static atomic_ulong g_ipc_calls;           /* cuIpcGetMemHandle calls */
 static atomic_ulong g_async_allocs;        /* stream-ordered allocations */
 static atomic_ulong g_vmm_creates;         /* cuMemCreate on a device */
 static atomic_ulong g_vmm_host_creates;    /* cuMemCreate on the host */
+static atomic_ulong g_host_registers;      /* cuMemHostRegister calls that pinned */
 static atomic_ulong g_array_creates;       /* arrays of all three kinds */
 static atomic_ulong g_event_records;       /* successful cuEventRecord(_ptsz) */
 static atomic_ulong g_launches;            /* successful kernel launches */
@@ -4139,7 +4141,7 @@ CUresult cuMemFreeHost(void *p)
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     long i = p != NULL ? host_index_locked((uintptr_t)p, false) : -1;
-    if (i >= 0) {
+    if (i >= 0 && !g_host_allocs[i].registered) {
         if (g_host_allocs[i].backed)
             mem = p;
         g_host_bytes -= g_host_allocs[i].bytes;
@@ -4151,6 +4153,87 @@ CUresult cuMemFreeHost(void *p)
     return rc;
 }
 LOCAL(cuMemFreeHost)
+
+/*
+ * The program's own memory pinned: p and bytesize name at least a byte,
+ * Flags any of PORTABLE and DEVICEMAP (its device address is then its
+ * host address), and the range overlaps no pinned memory already, else
+ * CUDA_ERROR_INVALID_VALUE (an overlap is CUDA_ERROR_HOST_MEMORY_ALREADY_
+ * REGISTERED in the driver; one code is enough here). A current context is
+ * needed. STANDIN_HOST_REGISTER_FAIL (read at each call) refuses it with
+ * CUDA_ERROR_OUT_OF_MEMORY, as a locked-memory limit does. Its contents are
+ * real: a copy from a VMM mapping writes the mapping's tag into its first
+ * word, and a copy from it reads the tag there.
+ */
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    if (p == NULL || bytesize == 0 ||
+        (Flags & ~(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (getenv("STANDIN_HOST_REGISTER_FAIL") != NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t a = (uintptr_t)p;
+    rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    bool overlap = false;
+    for (size_t i = 0; i < g_host_nallocs; i++) {
+        const struct host_alloc *h = &g_host_allocs[i];
+        if (a < h->addr + h->bytes && h->addr < a + bytesize)
+            overlap = true;
+    }
+    if (!overlap && g_host_nallocs == g_host_allocs_cap) {
+        struct host_alloc *grown = grow_array(g_host_allocs,
+                                              &g_host_allocs_cap,
+                                              sizeof *grown);
+        if (grown != NULL)
+            g_host_allocs = grown;
+    }
+    if (!overlap && g_host_nallocs < g_host_allocs_cap) {
+        g_host_allocs[g_host_nallocs++] = (struct host_alloc){
+            .addr = a, .bytes = bytesize,
+            .flags = (Flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0
+                         ? CU_MEMHOSTALLOC_DEVICEMAP : 0,
+            .backed = false, .registered = true };
+        atomic_fetch_add_explicit(&g_host_registers, 1, memory_order_relaxed);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemHostRegister_v2)
+
+/* p must be the start of memory cuMemHostRegister_v2 pinned, else
+ * CUDA_ERROR_INVALID_VALUE (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED in the
+ * driver). */
+CUresult cuMemHostUnregister(void *p)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    long i = p != NULL ? host_index_locked((uintptr_t)p, false) : -1;
+    if (i >= 0 && g_host_allocs[i].registered) {
+        g_host_allocs[i] = g_host_allocs[--g_host_nallocs];
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemHostUnregister)
+
+/* The first word of registered memory holding p (copies' model of its
+ * contents), or NULL. */
+static uint32_t *registered_word_locked(CUdeviceptr p)
+{
+    long i = host_index_locked((uintptr_t)p, true);
+    if (i < 0 || !g_host_allocs[i].registered || g_host_allocs[i].bytes < 4)
+        return NULL;
+    return (uint32_t *)g_host_allocs[i].addr;
+}
 
 /* ---- Managed memory advice ------------------------------------------------ */
 
@@ -4542,9 +4625,13 @@ static CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n,
     if (rc == CUDA_SUCCESS)
         rc = touch_locked(src);
     const struct vmm_map *d = mapping_of_locked(dst), *s = mapping_of_locked(src);
+    uint32_t *hd = registered_word_locked(dst), *hs = registered_word_locked(src);
+    uint32_t tag = s != NULL ? vmm_alloc_of_locked(s->handle)->tag
+                   : hs != NULL ? *hs : 0;
     if (rc == CUDA_SUCCESS && d != NULL)
-        vmm_alloc_of_locked(d->handle)->tag =
-            s != NULL ? vmm_alloc_of_locked(s->handle)->tag : 0;
+        vmm_alloc_of_locked(d->handle)->tag = tag;
+    if (rc == CUDA_SUCCESS && hd != NULL)
+        *hd = tag;
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
@@ -5151,6 +5238,8 @@ ALIAS(cuMemAllocHost_v2, (void **p, size_t n), (p, n))
 ALIAS(cuMemHostGetDevicePointer_v2, (CUdeviceptr *d, void *p, unsigned int f),
       (d, p, f))
 ALIAS(cuMemFreeHost, (void *p), (p))
+ALIAS(cuMemHostRegister_v2, (void *p, size_t n, unsigned int f), (p, n, f))
+ALIAS(cuMemHostUnregister, (void *p), (p))
 ALIAS(cuMemAdvise, (CUdeviceptr p, size_t n, CUmem_advise a, CUdevice d),
       (p, n, a, d))
 ALIAS(cuMemAdvise_v2,
@@ -5416,6 +5505,9 @@ static const struct proc_entry g_procs[] = {
     { "cuMemHostGetDevicePointer",
       { V(3020, cuMemHostGetDevicePointer_v2) }, { { 0 } } },
     { "cuMemFreeHost", { V(2000, cuMemFreeHost) }, { { 0 } } },
+    { "cuMemHostRegister",
+      { V(4000, cuMemHostRegister_v2) }, { { 0 } } },
+    { "cuMemHostUnregister", { V(4000, cuMemHostUnregister) }, { { 0 } } },
     { "cuMemAdvise",
       { V(8000, cuMemAdvise), V(12020, cuMemAdvise_v2) }, { { 0 } } },
     { "cuEventCreate", { V(2000, cuEventCreate) }, { { 0 } } },
@@ -5630,6 +5722,7 @@ unsigned long vramcap_standin_count(const char *what)
         { "async", &g_async_allocs },
         { "vmm", &g_vmm_creates },
         { "vmm_host", &g_vmm_host_creates },
+        { "host_register", &g_host_registers },
         { "array", &g_array_creates },
         { "event", &g_event_records },
         { "launch", &g_launches },

@@ -194,6 +194,9 @@ ABI_SIZE(CUDA_ARRAY_MEMORY_REQUIREMENTS, 32);
 /* cuMemHostAlloc flags (macros in cuda.h too). */
 #define CU_MEMHOSTALLOC_PORTABLE 0x01
 #define CU_MEMHOSTALLOC_DEVICEMAP 0x02
+/* cuMemHostRegister flags (the stand-in takes any of these). */
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
 #define CU_MEMHOSTALLOC_WRITECOMBINED 0x04
 
 /* ---- CUresult values used by the stand-in ------------------------------ */
@@ -536,6 +539,8 @@ CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p,
                                       unsigned int Flags);
 CUresult cuMemFreeHost(void *p);
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
+CUresult cuMemHostUnregister(void *p);
 
 /* Managed memory advice: the device-ordinal form and the location form. */
 CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,

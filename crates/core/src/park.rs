@@ -229,7 +229,7 @@ impl fmt::Display for Outcome {
         match self {
             Outcome::Ok => f.write_str("done"),
             Outcome::ManagedMemory => f.write_str(
-                "it holds managed (unified) memory, which the driver's checkpoint refuses",
+                "it holds managed (unified) memory, which neither the driver's checkpoint nor the shim's moves take",
             ),
             Outcome::IpcExport => f.write_str(
                 "it exported GPU memory to other processes (an IPC or shareable handle), which the driver cannot checkpoint",
@@ -409,7 +409,7 @@ mod tests {
     fn outcome_texts_are_fixed() {
         assert_eq!(
             Outcome::ManagedMemory.to_string(),
-            "it holds managed (unified) memory, which the driver's checkpoint refuses"
+            "it holds managed (unified) memory, which neither the driver's checkpoint nor the shim's moves take"
         );
         assert_eq!(
             Outcome::Stuck(304).to_string(),

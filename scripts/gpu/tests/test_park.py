@@ -185,7 +185,7 @@ def test_notebook_parked_for_a_full_gpu_resumes_with_identical_results(gpu, runn
 
 
 @pytest.mark.parametrize("mode,why", [
-    ("managed", "it holds managed (unified) memory, which the driver's checkpoint refuses"),
+    ("managed", "it holds managed (unified) memory, which neither the driver's checkpoint nor the shim's moves take"),
     ("capture", "a stream capture is in progress"),
 ])
 def test_refused_and_nothing_lost(gpu, runner, work, check, mode, why):

@@ -208,6 +208,17 @@ impl Driver for RealDriver {
         unsafe { c::cuMemFreeHost::call(handle(host)) }
     }
 
+    fn host_register(&self, host: usize, bytes: u64) -> CUresult {
+        const PORTABLE_DEVICEMAP: c_uint = 0x01 | 0x02;
+        // SAFETY: see the impl; the engine's own mapping of `bytes` at `host`.
+        unsafe { c::cuMemHostRegister_v2::call(handle(host), bytes as usize, PORTABLE_DEVICEMAP) }
+    }
+
+    fn host_unregister(&self, host: usize) -> CUresult {
+        // SAFETY: see the impl.
+        unsafe { c::cuMemHostUnregister::call(handle(host)) }
+    }
+
     fn event_create(&self, flags: c_uint) -> Result<usize, CUresult> {
         let mut ev: CUevent = ptr::null_mut();
         // SAFETY: see the impl.

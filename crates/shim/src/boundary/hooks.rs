@@ -255,6 +255,8 @@ pub mod calls {
         fn cuMemHostAlloc(host: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
         fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, host: *mut c_void, flags: c_uint) -> CUresult;
         fn cuMemFreeHost(host: *mut c_void) -> CUresult;
+        fn cuMemHostRegister_v2(host: *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
+        fn cuMemHostUnregister(host: *mut c_void) -> CUresult;
         fn cuFuncGetParamInfo(func: CUfunction, index: usize, offset: *mut usize, size: *mut usize) -> CUresult;
         fn cuFuncGetName(name: *mut *const c_char, func: CUfunction) -> CUresult;
         fn cuKernelGetName(name: *mut *const c_char, kernel: CUfunction) -> CUresult;

@@ -107,6 +107,11 @@ pub trait Driver: Checkpointing + Send + Sync + 'static {
     fn mem_host_get_device_pointer(&self, host: usize) -> Result<CUdeviceptr, CUresult>;
     /// `cuMemFreeHost`.
     fn mem_free_host(&self, host: usize) -> CUresult;
+    /// `cuMemHostRegister_v2` of the process's own memory, portable and
+    /// device-mapped (parking's host pages, `tiered/pages.rs`).
+    fn host_register(&self, host: usize, bytes: u64) -> CUresult;
+    /// `cuMemHostUnregister`.
+    fn host_unregister(&self, host: usize) -> CUresult;
 
     /// `cuFuncGetParamInfo` (CUDA 12.4), else `cuKernelGetParamInfo` for
     /// a handle that is a `CUkernel`: the offset and size of parameter

@@ -86,6 +86,12 @@ impl<D: Driver> Engine<D> {
         }
         self.cache
             .drain_ctx(self.driver, &self.accounting, ctx as usize);
+        if self.tiers.on() {
+            // Parking's kept host pages are unpinned in their context.
+            if self.tiering().release_kept_of(ctx as usize) > 0 {
+                self.say_kept();
+            }
+        }
         let no_round = self.tiers.no_round();
         let rc = real();
         if rc == CUDA_SUCCESS {
@@ -122,6 +128,9 @@ impl<D: Driver> Engine<D> {
         let primary = self.active_primary(dev);
         if let Some(ctx) = primary {
             self.cache.drain_ctx(self.driver, &self.accounting, ctx);
+            if self.tiers.on() && self.tiering().release_kept_of(ctx) > 0 {
+                self.say_kept();
+            }
         }
         let no_round = self.tiers.no_round();
         let rc = real();

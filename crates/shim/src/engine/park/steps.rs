@@ -159,12 +159,25 @@ impl<D: Driver> Parking<'_, D> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.move_out)())) {
             Ok(m) => Ok((start, freed, m)),
             Err(_) => {
-                self.park_set(ParkState::Running);
-                log_at!(
-                    Error,
-                    "parking: an internal error while moving the blocks; the process runs on (please report this)"
-                );
-                Err(Outcome::Busy)
+                // Blocks moved before it have nothing mapped at their
+                // addresses: back they come, or the process cannot go on.
+                let back =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.move_in)()));
+                if matches!(back, Ok(Ok(_))) {
+                    self.park_set(ParkState::Running);
+                    log_at!(
+                        Error,
+                        "parking: an internal error while moving the blocks; they are back and the process runs on (please report this)"
+                    );
+                    Err(Outcome::Busy)
+                } else {
+                    self.park_set(ParkState::Failed);
+                    log_at!(
+                        Error,
+                        "parking: an internal error while moving the blocks, and they could not be moved back; its CUDA calls answer CUDA_ERROR_ILLEGAL_STATE from now on (please report this)"
+                    );
+                    Err(Outcome::Stuck(0))
+                }
             }
         }
     }

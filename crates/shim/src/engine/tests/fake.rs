@@ -235,6 +235,12 @@ impl Driver for Fake {
     fn mem_free_host(&self, _host: usize) -> CUresult {
         CUDA_SUCCESS
     }
+    fn host_register(&self, _host: usize, _bytes: u64) -> CUresult {
+        CUDA_SUCCESS
+    }
+    fn host_unregister(&self, _host: usize) -> CUresult {
+        CUDA_SUCCESS
+    }
     fn event_create(&self, _flags: c_uint) -> Result<usize, CUresult> {
         Ok(0x1000 + self.events_created.fetch_add(1, Ordering::SeqCst))
     }

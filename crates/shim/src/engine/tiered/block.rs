@@ -49,6 +49,9 @@ pub struct TierBlock {
     /// Moved to the host by a park (`VRAMCAP_PARK_MOVE=shim`), to go back
     /// at the resume.
     pub(super) parked: AtomicBool,
+    /// While parked: the host pages its bytes wait in (nothing is mapped
+    /// at `ptr` then, and `handle` is 0).
+    pub(super) pages: Mutex<Option<pages::Pages>>,
 }
 
 impl TierBlock {
@@ -207,6 +210,7 @@ impl TierBlock {
             moved: AtomicU64::new(round),
             named: AtomicU64::new(0),
             parked: AtomicBool::new(false),
+            pages: Mutex::new(None),
         }
     }
 

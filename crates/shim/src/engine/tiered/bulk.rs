@@ -12,14 +12,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use vramcap_core::park::PARK_DEVICES;
 
-use super::{Place, TierBlock, Tiering};
+use super::{Place, TierBlock, Tiering, pages};
 use crate::engine::accounting::Refusal;
 use crate::engine::driver::Driver;
 use crate::ffi::CUdevice;
-use crate::log::log_at;
+use crate::log::{log_at, log_once};
 
 impl<D: Driver> Tiering<'static, D> {
     /// The blocks to move, by device: on `from`, and for the way back only
@@ -27,7 +28,7 @@ impl<D: Driver> Tiering<'static, D> {
     fn by_device(&self, from: Place) -> BTreeMap<u16, Vec<Arc<TierBlock>>> {
         let mut out: BTreeMap<u16, Vec<Arc<TierBlock>>> = BTreeMap::new();
         for b in self.tiers.snapshot() {
-            let parked = b.parked.load(std::sync::atomic::Ordering::Relaxed);
+            let parked = b.parked.load(Ordering::Relaxed);
             if b.place() == from && (from == Place::Device || parked) {
                 out.entry(b.device).or_default().push(b);
             }
@@ -35,62 +36,110 @@ impl<D: Driver> Tiering<'static, D> {
         out
     }
 
-    /// Moves every block on a GPU to host memory (kept host memory first):
-    /// the bytes moved per device, each released from the device's ledger
-    /// by the move. A block that cannot move now (claimed, pinned, not
-    /// granted, no host budget) stays, with the rest of the process. Kept
-    /// host memory of sizes no block has any more is given back first.
+    /// Moves every block on a GPU to host pages (kept pages first, the
+    /// others made now, all at once: `pages.rs`): the bytes moved per
+    /// device, each released from the device's ledger by the move. A block
+    /// that cannot move now (claimed, pinned, not granted, no host budget,
+    /// no pinned memory) stays, with the rest of the process. Kept pages of
+    /// sizes no block has any more are given back first.
     pub fn park_out(&self) -> [u64; PARK_DEVICES] {
         let mut moved = [0u64; PARK_DEVICES];
         let round = self.tiers.round_now();
         let out = self.by_device(Place::Device);
-        // Kept host memory of sizes no block has now goes first, so that
-        // it takes no room in the host budget from the blocks that do.
+        // Kept pages of sizes no block has now go first, so that they take
+        // no room in the host budget from the blocks that do.
         let mut sizes: Vec<u64> = out.values().flatten().map(|b| b.bytes).collect();
-        for (bytes, h) in self.tiers.take_all_kept() {
-            match sizes.iter().position(|&s| s == bytes) {
+        for p in self.tiers.take_all_kept() {
+            match sizes.iter().position(|&s| s == p.bytes) {
                 Some(i) => {
                     sizes.swap_remove(i);
-                    self.tiers.keep(bytes, h);
+                    self.tiers.keep(p);
                 }
                 None => {
-                    let _ = self.driver.vmm_release(h);
-                    self.host.give_back(bytes);
+                    self.host.give_back(p.bytes);
+                    pages::free(self.driver, p);
                 }
             }
         }
+        self.make_pages(&out);
         for (dev, blocks) in out {
             let device = CUdevice::from(dev);
             let Some(slot) = self.accounting.slot(device) else {
                 continue;
             };
-            let (mut short, mut short_bytes) = (0usize, 0u64);
             let staged: Vec<_> = blocks
                 .into_iter()
-                .filter_map(|b| {
-                    let bytes = b.bytes;
-                    let room = self.host.room();
-                    let s = self.stage(slot, device, 0, b, Place::Host, true).ok();
-                    if s.is_none() && room < bytes {
-                        short += 1;
-                        short_bytes += bytes;
-                    }
-                    s
-                })
+                .filter_map(|b| self.stage(slot, device, 0, b, Place::Host, true).ok())
                 .collect();
-            if short > 0 {
-                log_at!(
-                    Warn,
-                    "parking: {short} {} ({short_bytes} bytes) stay on GPU {dev}: the host memory for parked blocks is used up (VRAMCAP_SPILL_LIMIT; e.g. VRAMCAP_SPILL_LIMIT=90% allows more)",
-                    if short == 1 { "block" } else { "blocks" }
-                );
-            }
             let (_, bytes) = self.move_staged(slot, device, round, staged);
             if let Some(m) = moved.get_mut(usize::from(dev)) {
                 *m = bytes;
             }
         }
         moved
+    }
+
+    /// Makes the host pages the blocks of `out` lack (kept pages of their
+    /// sizes count), within the host budget, and keeps them for the stage;
+    /// says once per device what stays on the GPU for want of budget, and
+    /// once per process what the driver refused.
+    fn make_pages(&self, out: &BTreeMap<u16, Vec<Arc<TierBlock>>>) {
+        let mut have = self.tiers.kept_sizes();
+        let mut want: Vec<(u64, usize)> = Vec::new();
+        // What the system can still make resident (the memory available,
+        // and the cgroup's room): touching more would wake the OOM killer
+        // rather than fail.
+        let mut system = pages::system_room();
+        for (dev, blocks) in out {
+            let (mut short, mut short_bytes) = (0usize, 0u64);
+            let (mut tight, mut tight_bytes) = (0usize, 0u64);
+            // Only blocks a stage could claim get pages (not pinned, not
+            // being freed or moved, granted).
+            let movable = blocks.iter().filter(|b| {
+                b.movable() && !b.freed.load(Ordering::SeqCst) && !b.moving.load(Ordering::SeqCst)
+            });
+            for b in movable {
+                if let Some(i) = have.iter().position(|&s| s == b.bytes) {
+                    have.swap_remove(i);
+                } else if system.is_some_and(|r| r < b.bytes) {
+                    tight += 1;
+                    tight_bytes += b.bytes;
+                } else if self.host.take(b.bytes) {
+                    system = system.map(|r| r - b.bytes);
+                    want.push((b.bytes, b.ctx));
+                } else {
+                    short += 1;
+                    short_bytes += b.bytes;
+                }
+            }
+            let plural = |n: usize| if n == 1 { "block" } else { "blocks" };
+            if short > 0 {
+                log_at!(
+                    Warn,
+                    "parking: {short} {} ({short_bytes} bytes) stay on GPU {dev}: the host memory for parked blocks is used up (VRAMCAP_SPILL_LIMIT; e.g. VRAMCAP_SPILL_LIMIT=90% allows more)",
+                    plural(short)
+                );
+            }
+            if tight > 0 {
+                log_at!(
+                    Warn,
+                    "parking: {tight} {} ({tight_bytes} bytes) stay on GPU {dev}: the machine has too little memory available for them (MemAvailable, or this cgroup's memory.max)",
+                    plural(tight)
+                );
+            }
+        }
+        for (made, &(bytes, _)) in pages::make_all(self.driver, &want).into_iter().zip(&want) {
+            match made {
+                Ok(p) => self.tiers.keep(p),
+                Err(rc) => {
+                    self.host.give_back(bytes);
+                    log_once!(
+                        Warn,
+                        "parking: the driver gave no host memory for a block of {bytes} bytes (error {rc}: a locked-memory limit, `ulimit -l`, or a container's memory limit refuses pinned memory); such blocks stay on the GPU, charged to the process, and the park moves the rest"
+                    );
+                }
+            }
+        }
     }
 
     /// Moves every block a park moved back onto its GPU, all or none, and
@@ -204,14 +253,31 @@ impl<D: Driver> Tiering<'static, D> {
         ctxs.is_empty() || self.quiesce(ctxs)
     }
 
+    /// Gives back the host pages kept for parks that were registered in
+    /// context `ctx`, which is about to be destroyed (while it still is:
+    /// unpinning needs it): the bytes given back.
+    pub fn release_kept_of(&self, ctx: usize) -> u64 {
+        let mut bytes = 0;
+        for p in self.tiers.take_all_kept() {
+            if p.ctx != ctx {
+                self.tiers.keep(p);
+                continue;
+            }
+            self.host.give_back(p.bytes);
+            bytes += p.bytes;
+            pages::free(self.driver, p);
+        }
+        bytes
+    }
+
     /// Gives back the host memory kept for parks (`vramcap trim`): the
     /// bytes given back.
     pub fn release_kept(&self) -> u64 {
         let mut bytes = 0;
-        for (b, h) in self.tiers.take_all_kept() {
-            let _ = self.driver.vmm_release(h);
-            self.host.give_back(b);
-            bytes += b;
+        for p in self.tiers.take_all_kept() {
+            self.host.give_back(p.bytes);
+            bytes += p.bytes;
+            pages::free(self.driver, p);
         }
         bytes
     }

@@ -15,7 +15,8 @@
 //! - `phases`: pure too, issue 44's first step: where a step's launch order
 //!   repeats, and its phases under a budget (not used yet).
 //! - `rounds` (the background thread's moves), `bulk` (parking's moves
-//!   of every block, `VRAMCAP_PARK_MOVE=shim`), `budget` (where a block's
+//!   of every block, `VRAMCAP_PARK_MOVE=shim`), `pages` (the host pages a
+//!   parked block's bytes wait in), `budget` (where a block's
 //!   bytes are counted: the device's budget or the host's), `handles` (the
 //!   program's own `cuMemCreate` handles under tiered spill).
 //!
@@ -57,6 +58,7 @@ macro_rules! write {
 mod budget;
 mod bulk;
 pub(super) mod handles;
+mod pages;
 mod rounds;
 
 mod block;
@@ -174,9 +176,9 @@ pub struct Tiers {
     /// launches and graphs are decoded; without it, blocks stay where they
     /// are made until parking moves them.
     placing: bool,
-    /// Host memory of parked blocks that went back to the GPU, kept for
-    /// the next park: (bytes, handle); still charged to the host budget.
-    kept: Mutex<Vec<(u64, u64)>>,
+    /// Host pages of parked blocks that went back to the GPU (`pages.rs`),
+    /// kept for the next park; still charged to the host budget.
+    kept: Mutex<Vec<pages::Pages>>,
     /// Issue 44's record (`phases.rs`), kept only while the log is at
     /// debug level: the kernel of each of the last [`TRACE_LAUNCHES`]
     /// launches and the blocks (their addresses) it used.

@@ -58,24 +58,31 @@ impl Tiers {
         self.placing
     }
 
-    /// Kept host memory of exactly `bytes` (a park's), if any.
-    pub(super) fn take_kept(&self, bytes: u64) -> Option<u64> {
+    /// Kept host pages of exactly `bytes` (a park's), if any.
+    pub(super) fn take_kept(&self, bytes: u64) -> Option<pages::Pages> {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let i = kept.iter().position(|&(b, _)| b == bytes)?;
-        Some(kept.swap_remove(i).1)
+        let i = kept.iter().position(|p| p.bytes == bytes)?;
+        Some(kept.swap_remove(i))
     }
 
-    /// Keeps the host memory `handle` of `bytes` for the next park.
-    pub(super) fn keep(&self, bytes: u64, handle: u64) {
+    /// Keeps host pages for the next park.
+    pub(super) fn keep(&self, p: pages::Pages) {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+    }
+
+    /// All the kept host pages, taken out.
+    pub(super) fn take_all_kept(&self) -> Vec<pages::Pages> {
+        std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The sizes of the kept host pages, one entry each.
+    pub(super) fn kept_sizes(&self) -> Vec<u64> {
         self.kept
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((bytes, handle));
-    }
-
-    /// All the kept host memory, taken out: (bytes, handle) each.
-    pub(super) fn take_all_kept(&self) -> Vec<(u64, u64)> {
-        std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()))
+            .iter()
+            .map(|p| p.bytes)
+            .collect()
     }
 
     /// The bytes of host memory kept now.
@@ -84,7 +91,7 @@ impl Tiers {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|&(b, _)| b)
+            .map(|p| p.bytes)
             .sum()
     }
 

@@ -9,6 +9,7 @@ use vramcap_core::page::DeviceSlot;
 use vramcap_core::settings::LogLevel;
 
 use crate::engine::driver::Driver;
+use crate::engine::tiered::pages::Pages;
 use crate::engine::tiered::{
     BlockClaim, PROMOTE_MARGIN, Place, Plan, STOP_WAIT, TierBlock, Tiering, make_mapped, plan,
     score_round,
@@ -16,18 +17,20 @@ use crate::engine::tiered::{
 use crate::ffi::*;
 use crate::log::{log_at, log_once};
 
-/// One move being carried out: the new memory, mapped at a scratch address.
+/// One move being carried out: the new memory, mapped at a scratch
+/// address; or, for a park's move to the host, the host pages the bytes
+/// go to (`scratch` is their device address, and no handle is made).
 pub(super) struct Staged {
     block: BlockClaim,
     to: Place,
     handle: u64,
     scratch: u64,
     stream: usize,
-    /// A park's move (`bulk.rs`): to the host, its memory may be kept host
-    /// memory; back to the GPU, the host memory it leaves is kept.
+    /// A park's move (`bulk.rs`): to the host, into kept host pages;
+    /// back to the GPU, from the block's pages, which are kept then.
     park: bool,
-    /// The new memory is kept host memory (its budget still taken).
-    reused: bool,
+    /// A park's move to the host: the pages (their budget still taken).
+    pages: Option<Pages>,
 }
 
 impl Staged {
@@ -216,16 +219,27 @@ impl<D: Driver> Tiering<'static, D> {
         {
             return Err(true);
         }
-        let kept = match (park, to) {
-            (true, Place::Host) => self.tiers.take_kept(b.bytes),
-            _ => None,
-        };
-        if to == Place::Host && kept.is_none() && !self.host.take(b.bytes) {
+        if let (true, Place::Host) = (park, to) {
+            // A park's pages were made before the stage (`bulk.rs`); none
+            // of this size: the host budget or the driver refused them.
+            return match self.tiers.take_kept(b.bytes) {
+                Some(p) => Ok(Staged {
+                    block: b,
+                    to,
+                    handle: 0,
+                    scratch: p.dev,
+                    stream,
+                    park,
+                    pages: Some(p),
+                }),
+                None => Err(false),
+            };
+        }
+        if to == Place::Host && !self.host.take(b.bytes) {
             return Err(false);
         }
-        let undo = |b: &TierBlock| match (to, kept) {
-            (Place::Host, Some(h)) => self.tiers.keep(b.bytes, h),
-            (Place::Host, None) => self.host.give_back(b.bytes),
+        let undo = |b: &TierBlock| match to {
+            Place::Host => self.host.give_back(b.bytes),
             _ if park => {}
             _ => {
                 self.accounting.release_on(slot, device, b.bytes);
@@ -235,21 +249,7 @@ impl<D: Driver> Tiering<'static, D> {
             undo(&b);
             return Err(true);
         };
-        let made = match kept {
-            Some(h) => match self.driver.vmm_map(scratch, b.bytes, h, device) {
-                CUDA_SUCCESS => Ok(h),
-                rc => Err(rc),
-            },
-            None => make_mapped(self.driver, scratch, b.bytes, to, device),
-        };
-        if let (Err(rc), true, Place::Host) = (made, park, to) {
-            log_once!(
-                Warn,
-                "parking: the driver gave no host memory for a block of {} bytes (error {rc}: a locked-memory limit, `ulimit -l`, or a container's memory limit refuses pinned memory); such blocks stay on the GPU, charged to the process, and the park moves the rest",
-                b.bytes
-            );
-        }
-        match made {
+        match make_mapped(self.driver, scratch, b.bytes, to, device) {
             Ok(handle) => Ok(Staged {
                 block: b,
                 to,
@@ -257,7 +257,7 @@ impl<D: Driver> Tiering<'static, D> {
                 scratch,
                 stream,
                 park,
-                reused: kept.is_some(),
+                pages: None,
             }),
             Err(_) => {
                 let _ = self.driver.vmm_free_address(scratch, b.bytes);
@@ -269,12 +269,12 @@ impl<D: Driver> Tiering<'static, D> {
 
     /// Undoes a staged move that did not happen.
     pub(super) fn unstage(&self, slot: &DeviceSlot, device: CUdevice, m: Staged) {
-        let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
-        let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
-        if m.reused {
-            self.tiers.keep(m.block.bytes, m.handle);
+        if let Some(p) = m.pages {
+            self.tiers.keep(p);
             return;
         }
+        let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
+        let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
         let _ = self.driver.vmm_release(m.handle);
         if m.to == Place::Host {
             self.host.give_back(m.block.bytes);
@@ -375,10 +375,37 @@ impl<D: Driver> Tiering<'static, D> {
         let mut failed = Vec::new();
         for m in staged {
             let b = &m.block;
-            let copied = self.driver.copy_dtod(m.scratch, b.ptr, b.bytes, m.stream) == CUDA_SUCCESS
+            // A park's way back reads the block's pages: nothing is mapped
+            // at its address.
+            let pages = match (m.park, m.to) {
+                (true, Place::Device) => b
+                    .pages
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .map(|p| p.dev),
+                _ => None,
+            };
+            let from = pages.unwrap_or(b.ptr);
+            let copied = self.driver.copy_dtod(m.scratch, from, b.bytes, m.stream) == CUDA_SUCCESS
                 && self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS;
-            if !copied || self.driver.vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS {
+            if !copied || (pages.is_none() && self.driver.vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS)
+            {
                 failed.push(m);
+                continue;
+            }
+            if m.pages.is_some() {
+                // To host pages: the address stays unmapped while parked.
+                done.push(m);
+                continue;
+            }
+            if pages.is_some() {
+                if self.map_block(b, m.handle, device) != CUDA_SUCCESS {
+                    // Still parked, its pages intact.
+                    failed.push(m);
+                    continue;
+                }
+                done.push(m);
                 continue;
             }
             if self.map_block(b, m.handle, device) != CUDA_SUCCESS {
@@ -402,16 +429,28 @@ impl<D: Driver> Tiering<'static, D> {
         }
         let moved = done.len();
         let mut bytes = 0;
-        for m in done {
+        for mut m in done {
             let b = &m.block;
             let old = b.handle.swap(m.handle, Ordering::SeqCst);
-            let _ = self.driver.vmm_unmap(m.scratch, b.bytes);
-            let _ = self.driver.vmm_free_address(m.scratch, b.bytes);
-            // A park's way back keeps the host memory for the next park.
-            if m.park && m.to == Place::Device {
-                self.tiers.keep(b.bytes, old);
-            } else {
-                let _ = self.driver.vmm_release(old);
+            match (m.park, m.to) {
+                (true, Place::Host) => {
+                    // The block's bytes are in its pages; its device memory goes.
+                    let _ = self.driver.vmm_release(old);
+                    *b.pages.lock().unwrap_or_else(|e| e.into_inner()) = m.pages.take();
+                }
+                (true, Place::Device) => {
+                    // Back on the GPU: its pages are kept for the next park.
+                    let _ = self.driver.vmm_unmap(m.scratch, b.bytes);
+                    let _ = self.driver.vmm_free_address(m.scratch, b.bytes);
+                    if let Some(p) = b.pages.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                        self.tiers.keep(p);
+                    }
+                }
+                _ => {
+                    let _ = self.driver.vmm_unmap(m.scratch, b.bytes);
+                    let _ = self.driver.vmm_free_address(m.scratch, b.bytes);
+                    let _ = self.driver.vmm_release(old);
+                }
             }
             b.moved.store(round, Ordering::Relaxed);
             b.parked
