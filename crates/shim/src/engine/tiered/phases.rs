@@ -28,7 +28,13 @@
 //!   of the next phase's blocks not in the current one, which come in, and
 //!   as many go out.
 //! - [`report`]: the three over a recorded trace of block addresses, what
-//!   the rounds log at debug level (`rounds.rs`).
+//!   the rounds log at debug level (`rounds.rs`), with a [`Follower`] run
+//!   over the trace: where it would have locked on and how often the
+//!   order broke.
+//! - [`Follower`] (step 2's first piece): fed each launch's kernel, it
+//!   locks on the step after [`LOCK_ON`] launches in a row from the step's
+//!   first kernel, reports each phase's first launch (where the mover
+//!   stages the next phase) and the first launch that breaks the order.
 
 /// A launch's blocks: indices into the block sizes, sorted, no repeats.
 pub type Launch = Vec<usize>;
@@ -218,6 +224,11 @@ pub enum Report {
         step_bytes: u64,
         phases: usize,
         moved: u64,
+        /// A [`Follower`] of the step run over the whole trace: the launch
+        /// at which it first locked on (`None`: never), and how many
+        /// times the order broke after it had.
+        locked_at: Option<usize>,
+        lost: usize,
     },
 }
 
@@ -243,13 +254,120 @@ pub fn report(trace: &[Launched], size_of: impl Fn(u64) -> Option<u64>, budget: 
     let sizes: Vec<u64> = starts.iter().map(|&p| size_of(p).unwrap_or(0)).collect();
     match split(&step, &sizes, budget) {
         Split::Unfit { bytes, .. } => Report::Unfit { period, bytes },
-        Split::Phases(p) => Report::Phases {
-            period,
-            covered,
-            step_bytes: sizes.iter().fold(0u64, |a, &b| a.saturating_add(b)),
-            phases: p.len(),
-            moved: boundary_bytes(&p, &sizes).iter().sum(),
-        },
+        Split::Phases(p) => {
+            let mut f = Follower::new(kernels[kernels.len() - period..].to_vec(), &p);
+            let (mut locked_at, mut lost) = (None, 0);
+            for (i, &k) in kernels.iter().enumerate() {
+                if f.launched(k) == Followed::Lost {
+                    lost += 1;
+                }
+                if locked_at.is_none() && f.locked() {
+                    locked_at = Some(i);
+                }
+            }
+            Report::Phases {
+                period,
+                covered,
+                step_bytes: sizes.iter().fold(0u64, |a, &b| a.saturating_add(b)),
+                phases: p.len(),
+                moved: boundary_bytes(&p, &sizes).iter().sum(),
+                locked_at,
+                lost,
+            }
+        }
+    }
+}
+
+/// What one launch tells a [`Follower`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Followed {
+    /// Nothing new: inside a phase, or not locked on the step.
+    Same,
+    /// The launch begins phase `i` of the step: the mover stages phase
+    /// `i + 1` now.
+    Entered(usize),
+    /// The launch is not the step's next one (a new shape, evaluation, a
+    /// changed batch): staging stops, placement goes back to heat, and the
+    /// follower looks for the step's start again.
+    Lost,
+}
+
+/// Where the program is in a learned step (issue 44, step 2: "where the
+/// program is"), fed the kernel of each launch in order. It locks on the
+/// step only after [`LOCK_ON`] launches (or the whole step, if shorter)
+/// in a row match the step from its first kernel, since a step's first
+/// kernel may also appear inside it; locked, it reports each phase's
+/// first launch, and the first launch that breaks the order.
+#[derive(Debug, Clone)]
+pub struct Follower {
+    kernels: Vec<u64>,
+    /// The first launch of each phase, ascending (the first is 0).
+    starts: Vec<usize>,
+    /// The position of the next launch expected, and how many matched in
+    /// a row since the step's first kernel (locked once at [`LOCK_ON`]).
+    next: Option<usize>,
+    matched: usize,
+}
+
+/// Launches that must match in a row before a follower trusts the step.
+pub const LOCK_ON: usize = 8;
+
+impl Follower {
+    /// A follower of the step `kernels` cut into `phases` (from [`split`]).
+    pub fn new(kernels: Vec<u64>, phases: &[Phase]) -> Follower {
+        let mut starts: Vec<usize> = phases.iter().map(|p| p.start).collect();
+        starts.sort_unstable();
+        starts.dedup();
+        Follower {
+            kernels,
+            starts,
+            next: None,
+            matched: 0,
+        }
+    }
+
+    /// Whether it is locked on the step.
+    pub fn locked(&self) -> bool {
+        self.matched >= LOCK_ON.min(self.kernels.len())
+    }
+
+    /// One launch of `kernel`.
+    pub fn launched(&mut self, kernel: u64) -> Followed {
+        let n = self.kernels.len();
+        if n == 0 {
+            return Followed::Same;
+        }
+        let was_locked = self.locked();
+        let pos = match self.next {
+            Some(p) if self.kernels[p] == kernel => p,
+            _ => {
+                // Out of order: start again at the step's first kernel,
+                // if this is it.
+                self.next = None;
+                self.matched = 0;
+                if self.kernels[0] != kernel {
+                    return if was_locked {
+                        Followed::Lost
+                    } else {
+                        Followed::Same
+                    };
+                }
+                if was_locked {
+                    // Locked, a launch out of order is lost even when it is
+                    // the step's first kernel (the step restarted early).
+                    self.next = Some(1 % n);
+                    self.matched = 1;
+                    return Followed::Lost;
+                }
+                0
+            }
+        };
+        self.next = Some((pos + 1) % n);
+        self.matched = self.matched.saturating_add(1);
+        if self.locked() && self.starts.binary_search(&pos).is_ok() {
+            return Followed::Entered(self.starts.binary_search(&pos).unwrap_or(0));
+        }
+        Followed::Same
     }
 }
 
@@ -258,6 +376,92 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    fn phases_at(starts: &[usize], len: usize) -> Vec<Phase> {
+        starts
+            .iter()
+            .enumerate()
+            .map(|(i, &start)| Phase {
+                start,
+                end: starts.get(i + 1).copied().unwrap_or(len),
+                blocks: Vec::new(),
+                bytes: 0,
+            })
+            .collect()
+    }
+
+    /// A step of 12 kernels whose first kernel (1) also appears inside it,
+    /// in phases starting at 0, 5 and 9: the follower locks on only after
+    /// LOCK_ON launches in a row from the step's start, then reports each
+    /// phase's first launch every step; a launch out of order is Lost, and
+    /// it locks on again one step start later.
+    #[test]
+    fn a_follower_locks_on_reports_phases_and_loses_an_order_that_breaks() {
+        let step: Vec<u64> = vec![1, 2, 3, 1, 4, 5, 6, 7, 8, 9, 10, 11];
+        let mut f = Follower::new(step.clone(), &phases_at(&[0, 5, 9], step.len()));
+        let mut seen = Vec::new();
+        // Warm-up noise, then the step twice.
+        for k in [40, 41, 1, 40] {
+            seen.push(f.launched(k));
+        }
+        assert!(seen.iter().all(|&s| s == Followed::Same), "{seen:?}");
+        assert!(!f.locked());
+        let mut entered = Vec::new();
+        for (i, &k) in step.iter().chain(&step).enumerate() {
+            if let Followed::Entered(p) = f.launched(k) {
+                entered.push((i, p));
+            }
+        }
+        // Locked after 8 launches of the first step: phase 2 (launch 9) is
+        // the first reported, then the second step's three phases.
+        assert_eq!(entered, [(9, 2), (12, 0), (17, 1), (21, 2)]);
+        assert!(f.locked());
+        // Evaluation: another kernel. Lost, once; then noise is Same.
+        assert_eq!(f.launched(99), Followed::Lost);
+        assert_eq!(f.launched(98), Followed::Same);
+        assert!(!f.locked());
+        // Training again: locks on after LOCK_ON launches from the start.
+        let again: Vec<Followed> = step.iter().map(|&k| f.launched(k)).collect();
+        assert_eq!(again[9], Followed::Entered(2), "{again:?}");
+        assert!(again[..9].iter().all(|&s| s == Followed::Same), "{again:?}");
+    }
+
+    /// Locked, a step that restarts early (its first kernel where another
+    /// was due) is Lost too, and counts as the start of the next lock-on.
+    #[test]
+    fn an_early_restart_is_lost_and_starts_the_next_lock_on() {
+        let step: Vec<u64> = (1..=10).collect();
+        let mut f = Follower::new(step.clone(), &phases_at(&[0, 4], step.len()));
+        for &k in &step {
+            f.launched(k);
+        }
+        assert!(f.locked());
+        assert_eq!(f.launched(1), Followed::Entered(0));
+        assert_eq!(f.launched(2), Followed::Same);
+        assert_eq!(f.launched(1), Followed::Lost);
+        let rest: Vec<Followed> = step[1..].iter().map(|&k| f.launched(k)).collect();
+        // 1 + 7 matched: locked at kernel 8, past phase 1's start (5th).
+        assert!(rest.iter().all(|&s| s == Followed::Same), "{rest:?}");
+        assert!(f.locked());
+        assert_eq!(f.launched(1), Followed::Entered(0));
+    }
+
+    /// A step shorter than LOCK_ON locks on after one whole step.
+    #[test]
+    fn a_short_step_locks_on_after_itself() {
+        let mut f = Follower::new(vec![7, 8, 9], &phases_at(&[0, 2], 3));
+        assert_eq!(
+            [7, 8, 9, 7, 8, 9].map(|k| f.launched(k)),
+            [
+                Followed::Same,
+                Followed::Same,
+                Followed::Entered(1),
+                Followed::Entered(0),
+                Followed::Same,
+                Followed::Entered(1)
+            ]
+        );
+    }
 
     /// A training step of `layers` layers: forward uses each layer's
     /// weights (block l) and its activation (block layers + l); backward
@@ -402,7 +606,9 @@ mod tests {
                 covered: 6,
                 step_bytes: 250 * MIB,
                 phases: 2,
-                moved: 200 * MIB
+                moved: 200 * MIB,
+                locked_at: Some(1),
+                lost: 0
             }
         );
         assert_eq!(
@@ -412,7 +618,9 @@ mod tests {
                 covered: 6,
                 step_bytes: 250 * MIB,
                 phases: 1,
-                moved: 0
+                moved: 0,
+                locked_at: Some(1),
+                lost: 0
             }
         );
         assert_eq!(
@@ -436,7 +644,26 @@ mod tests {
                 covered: 8,
                 step_bytes: 250 * MIB,
                 phases: 2,
-                moved: 250 * MIB
+                moved: 250 * MIB,
+                locked_at: Some(1),
+                lost: 0
+            }
+        );
+        // Another kernel in between (evaluation): the follower loses the
+        // order once and locks on again.
+        let mut broken: Vec<Launched> = one.iter().cycle().take(4).cloned().collect();
+        broken.push(at(9, &[0x1000]));
+        broken.extend(one.iter().cycle().take(6).cloned());
+        assert_eq!(
+            report(&broken, size, 150 * MIB),
+            Report::Phases {
+                period: 2,
+                covered: 6,
+                step_bytes: 250 * MIB,
+                phases: 2,
+                moved: 200 * MIB,
+                locked_at: Some(1),
+                lost: 1
             }
         );
     }

@@ -183,9 +183,12 @@ impl<D: Driver> Tiering<'static, D> {
                 step_bytes,
                 phases,
                 moved,
+                locked_at,
+                lost,
             } => format!(
-                "a step of {period} launches repeats (the last {covered} of {} recorded), using {step_bytes} bytes of blocks: {phases} phases under the {budget}-byte budget, {moved} bytes coming in a step",
-                trace.len()
+                "a step of {period} launches repeats (the last {covered} of {} recorded), using {step_bytes} bytes of blocks: {phases} phases under the {budget}-byte budget, {moved} bytes coming in a step; following it, staging would lock on at launch {} and lose the order {lost} times",
+                trace.len(),
+                locked_at.map_or("(never)".to_string(), |i| i.to_string())
             ),
         };
         log_at!(Debug, "tiered spill: round {round}: staging ahead: {what}");
