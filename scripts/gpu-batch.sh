@@ -8,7 +8,8 @@
 # leaves what it wrote. Steps, with their limits (seconds):
 #   park       -m park                                        (540)
 #   park-shim  -m park, every row with VRAMCAP_PARK_MOVE=shim+checkpoint (540)
-#   park-s     -m park, every row with VRAMCAP_PARK_MOVE=shim      (440)
+#   park-s     -m park, every row with VRAMCAP_PARK_MOVE=shim, the trainers
+#              beside the baseline's parking                    (480)
 #   park-fix   the idle notebook and JAX rows with VRAMCAP_PARK_MOVE=shim (240)
 #   hundred    the 100 park cycles row (VRAMCAP_PARK_MOVE=shim)  (200)
 #   fhl        -m "full or held or live"                      (280)
@@ -27,6 +28,9 @@ out=${OUT:?OUT names the folder that comes back}
 work=$(mktemp -d /tmp/gpu-batch.XXXXXX)
 base=.gpu/base
 [ -d .gpu ] || { echo "gpu-batch: no .gpu/ (run scripts/stage-gpu.sh here first)" >&2; exit 2; }
+# The baseline's parking beside this build's (the two trainers), when staged.
+park_base=()
+[ -f "$base/libvramcap.so" ] && park_base=(--park-baseline "$base/libvramcap.so")
 
 run_step() { # run_step NAME LIMIT COMMAND...
     local name=$1 limit=$2
@@ -48,7 +52,7 @@ for step in "$@"; do
     case $step in
     park) check park 540 -m park ;;
     park-shim) check park-shim 540 -m park --park-move shim+checkpoint ;;
-    park-s) check park-s 440 -m park --park-move shim ;;
+    park-s) check park-s 480 -m park --park-move shim "${park_base[@]}" ;;
     park-fix) check park-fix 240 -m park -k "parked_by_idle or jax" --park-move shim ;;
     hundred) check hundred 200 -m park -k hundred ;;
     fhl) check fhl 280 -m "full or held or live" ;;

@@ -891,3 +891,20 @@ fn blocks_past_the_host_limit_stay_and_the_park_says_so() {
         "{stderr}"
     );
 }
+
+/// The program's own VMM memory (PyTorch's expandable segments, XLA's
+/// allocators): mapped whole and granted access through the functions
+/// `cuGetProcAddress` hands out, it parks and comes back like a block,
+/// its contents kept. The H200 found a JAX process parked with nothing
+/// moved (session 17): `cuMemSetAccess` was handed out only under tiered
+/// spill, so such memory was never marked movable.
+#[test]
+fn the_programs_own_vmm_memory_parks_and_comes_back() {
+    let env = moved_env(&[]);
+    let args = [
+        "init", "vmm", "64M", "vmmmap", "%0", "memset32", "%0", "64M", "9", "wait", "read32", "%0",
+        "wait",
+    ];
+    let (lines, _) = parked_once(&env, &args, "64.0 MiB");
+    assert_eq!(lines[0], "read32 %0 -> 0 value=9", "{lines:?}");
+}

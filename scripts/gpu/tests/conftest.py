@@ -66,6 +66,9 @@ def pytest_addoption(parser):
     g.addoption("--park-move", choices=["checkpoint", "shim", "shim+checkpoint"], default=None,
                 help="park: VRAMCAP_PARK_MOVE for every row that parks and sets none itself "
                      "(default: unset, the driver's checkpoint)")
+    g.addoption("--park-baseline", default=None,
+                help="park: another build's libvramcap.so (e.g. .gpu/base/libvramcap.so): the two trainers also "
+                     "take turns under it, with its own parking, side by side (issue 43, done-when 4)")
     g.addoption("--tiered-profile", action="store_true",
                 help="tiered: profile two more steps of each run and compare kernels (kernel_delta.py)")
 
@@ -93,6 +96,8 @@ class Gpu:
         self.commit = harness.commit_of(self.art, ROOT)
         self.rounds = o("--rounds")
         self.park_move = o("--park-move")
+        base = o("--park-baseline")
+        self.park_baseline = os.path.realpath(base) if base else None
 
     def script(self, name):
         return os.path.join(self.src, name)

@@ -35,6 +35,8 @@ class Proc:
     """A workload under the shim with its stdout and stderr in files."""
 
     def __init__(self, gpu, runner, work, name, args, shim=True, **env):
+        # shim: True (this build's), False (none) or another build's path,
+        # which gets no VRAMCAP_PARK_MOVE of --park-move (its own default).
         # Beside the table (--out), so that they come back from the GPU
         # machine: the first run's hang left nothing to read.
         keep = os.path.dirname(gpu.log) or work
@@ -43,9 +45,9 @@ class Proc:
         self.t0 = time.monotonic()
         self.gpu, self.diag = gpu, ""
         env.setdefault("VRAMCAP_LOG", "info")
-        if gpu.park_move and env.get("VRAMCAP_PARK"):
+        if gpu.park_move and env.get("VRAMCAP_PARK") and shim is True:
             env.setdefault("VRAMCAP_PARK_MOVE", gpu.park_move)
-        e = runner.env(shim=gpu.shim if shim else None, **env)
+        e = runner.env(shim=gpu.shim if shim is True else (shim or None), **env)
         self.p = subprocess.Popen([gpu.python, gpu.script("check_park.py")] + args, env=e,
                                   stdin=subprocess.PIPE, stdout=open(self.out, "w"),
                                   stderr=open(self.err, "w"), start_new_session=True)
@@ -515,22 +517,16 @@ def swap_times(errs):
                 resume_driver_s=sum(b for _, b in resumed), resume_shim_s=sum(a for a, _ in resumed))
 
 
-@pytest.fixture(scope="session")
-def turns(gpu, runner, work):
-    """The solo runs (no shim, side by side), then the two in one group with
-    parking: (solo results and walls, group results and walls, wall of the
-    pair, sampler, swap times, the stderr texts)."""
-    a = Proc(gpu, runner, work, "solo-a", trainer(1, 0), shim=False, CUBLAS_WORKSPACE_CONFIG=":4096:8")
-    b = Proc(gpu, runner, work, "solo-b", trainer(2, 0), shim=False, CUBLAS_WORKSPACE_CONFIG=":4096:8")
-    a.finish(300)
-    b.finish(300)
-    solo = [(a.result(), a.wall, a.p.returncode), (b.result(), b.wall, b.p.returncode)]
-    group = "park-turns-%d" % os.getpid()
-    stats = os.path.join(work, "stats-turns")
+def pair_in_a_group(gpu, runner, work, name, shim=True):
+    """The two trainers in a fresh group of TURN_BUDGET with idle:1s
+    parking under `shim` (Proc's): (A's and B's results, walls and exit
+    statuses; the pair's wall; the sampler; A's and B's stderr)."""
+    group = "park-%s-%d" % (name, os.getpid())
+    stats = os.path.join(work, "stats-" + name)
     env = dict(TURN_ENV, VRAMCAP_GROUP=group, VRAMCAP_STATS_DIR=stats, VRAMCAP_PARK="idle:1s",
                VRAMCAP_PARK_WAIT="10m")
     t0 = time.monotonic()
-    a, b = two_trainers(gpu, runner, work, "turns", **env)
+    a, b = two_trainers(gpu, runner, work, name, shim=shim, **env)
     sampler = Sampler(gpu, runner.env(VRAMCAP_STATS_DIR=stats), group, [a.p.pid, b.p.pid])
     sampler.start()  # A alone before: its bytes are within its own cap of 12 GiB
     try:
@@ -542,10 +538,42 @@ def turns(gpu, runner, work):
         b.kill()
     pair_wall = time.monotonic() - t0
     sampler.join(30)
-    runner._log("\n=== park: two trainers in one group ===\n== a\n%s\n%s\n== b\n%s\n%s\n" % (
-        open(a.out).read(), a_err, open(b.out).read(), b_err))
+    runner._log("\n=== park: two trainers in one group (%s) ===\n== a\n%s\n%s\n== b\n%s\n%s\n" % (
+        name, open(a.out).read(), a_err, open(b.out).read(), b_err))
     together = [(a.result(), a.wall, a.p.returncode), (b.result(), b.wall, b.p.returncode)]
-    return solo, together, pair_wall, sampler, swap_times([a_err, b_err])
+    return together, pair_wall, sampler, [a_err, b_err]
+
+
+def test_turns_sooner_than_the_baseline_parking(gpu, runner, work, turns, check):
+    check.title = ("the two trainers taking turns finish sooner than under the baseline build's parking "
+                   "(--park-baseline, side by side in this call; issue 43, done-when 4)")
+    if not gpu.park_baseline:
+        pytest.skip("no --park-baseline given")
+    solo, _, pair_wall, _, _ = turns
+    base, base_wall, _, _ = pair_in_a_group(gpu, runner, work, "turns-base", shim=gpu.park_baseline)
+    for name, (s, t) in zip("AB", zip(solo, base)):
+        check.eq("%s losses under the baseline against its solo run" % name, t[0].get("losses"),
+                 s[0].get("losses"))
+    check.note("pair %.1f s (this build) against %.1f s (%s), solo sum %.1f s" % (
+        pair_wall, base_wall, gpu.park_baseline, solo[0][1] + solo[1][1]))
+    check.at_most("the pair's wall over the baseline's", pair_wall / base_wall if base_wall else 1e9, 1.0,
+                  show=lambda x: "%.3f" % x)
+    check.at_most("the pair's wall over the solo runs' sum", pair_wall / (solo[0][1] + solo[1][1]), 1.0,
+                  show=lambda x: "%.3f" % x)
+
+
+@pytest.fixture(scope="session")
+def turns(gpu, runner, work):
+    """The solo runs (no shim, side by side), then the two in one group with
+    parking: (solo results and walls, group results and walls, wall of the
+    pair, sampler, swap times, the stderr texts)."""
+    a = Proc(gpu, runner, work, "solo-a", trainer(1, 0), shim=False, CUBLAS_WORKSPACE_CONFIG=":4096:8")
+    b = Proc(gpu, runner, work, "solo-b", trainer(2, 0), shim=False, CUBLAS_WORKSPACE_CONFIG=":4096:8")
+    a.finish(300)
+    b.finish(300)
+    solo = [(a.result(), a.wall, a.p.returncode), (b.result(), b.wall, b.p.returncode)]
+    together, pair_wall, sampler, errs = pair_in_a_group(gpu, runner, work, "turns")
+    return solo, together, pair_wall, sampler, swap_times(errs)
 
 
 def test_two_trainers_in_one_group_take_turns(turns, check):

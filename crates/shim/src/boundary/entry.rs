@@ -31,6 +31,10 @@ pub enum Only {
     Tiered,
     /// Only with parking enabled, `VRAMCAP_PARK` (flag `parking`).
     Parking,
+    /// Only where the engine makes blocks of the program's memory, whose
+    /// handles it answers itself: under `VRAMCAP_SPILL=tiered`, and with
+    /// parking by the shim's moves (flag `blocks`).
+    Blocks,
 }
 
 // SAFETY: the raw pointer is a function address, immutable and valid forever.

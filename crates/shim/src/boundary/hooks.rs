@@ -205,9 +205,9 @@ hooks! {
         fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemExportToShareableHandle", 10020), on panic NOT_FOUND => Engine::mem_export_to_shareable_handle;
         fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult, Lookup::cuda("cuMemMap", 10020), on panic NOT_FOUND => Engine::mem_map;
         fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult, Lookup::cuda("cuMemUnmap", 10020), on panic NOT_FOUND => Engine::mem_unmap;
-        fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult, Lookup::cuda("cuMemSetAccess", 10020), on panic NOT_FOUND, tiered => Engine::mem_set_access;
-        fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND, tiered => Engine::mem_get_allocation_properties_from_handle;
-        fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemGetHandleForAddressRange", 11070), on panic NOT_FOUND, tiered => Engine::mem_get_handle_for_address_range;
+        fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult, Lookup::cuda("cuMemSetAccess", 10020), on panic NOT_FOUND, blocks => Engine::mem_set_access;
+        fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND, blocks => Engine::mem_get_allocation_properties_from_handle;
+        fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemGetHandleForAddressRange", 11070), on panic NOT_FOUND, blocks => Engine::mem_get_handle_for_address_range;
 
         fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => allocs::array_create;
         fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => allocs::array_3d_create;
@@ -385,8 +385,30 @@ mod tests {
             tiered += usize::from(h.only == Only::Tiered);
         }
         assert_eq!(
-            tiered, 103,
-            "the tiered-only entries at 913fdaf's prefix list"
+            tiered, 100,
+            "the tiered-only entries at 913fdaf's prefix list, less the three VMM queries now `blocks`"
+        );
+    }
+
+    /// The `blocks` flag marks exactly the VMM queries that name the
+    /// engine's own handles or need its grants: handed out wherever the
+    /// engine makes blocks (under parking's moves too, not only tiered
+    /// spill: the H200's JAX process parked with nothing moved).
+    #[test]
+    fn blocks_only_marks_the_vmm_queries_of_the_engine_s_handles() {
+        let mut blocks: Vec<&[u8]> = super::HOOKS
+            .iter()
+            .filter(|h| h.only == Only::Blocks)
+            .map(|h| h.name.to_bytes())
+            .collect();
+        blocks.sort();
+        assert_eq!(
+            blocks,
+            [
+                &b"cuMemGetAllocationPropertiesFromHandle"[..],
+                b"cuMemGetHandleForAddressRange",
+                b"cuMemSetAccess"
+            ]
         );
     }
 

@@ -22,7 +22,9 @@
 //!     answers are made.
 //!
 //! An entry's flags, after its `on panic` value: `tiered` (handed out only
-//! under tiered spill), `parking` (only with parking enabled), `gate` (a hook that passes tiered spill's gate:
+//! under tiered spill), `parking` (only with parking enabled), `blocks`
+//! (only where the engine makes blocks: tiered spill, or parking by the
+//! shim's moves), `gate` (a hook that passes tiered spill's gate:
 //! the handler takes the engine, the entry's bracketed arguments, which may
 //! name the caller's, and the real call; `Engine::pass_gate` takes none, a
 //! launch the function and its parameters) and `known` (only with parking
@@ -176,8 +178,8 @@ macro_rules! gate_enter {
     };
 }
 
-/// When an entry's hook is handed out, from its flags: `tiered` or
-/// `parking` ([`Only`](super::entry::Only)), else always.
+/// When an entry's hook is handed out, from its flags: `tiered`,
+/// `parking` or `blocks` ([`Only`](super::entry::Only)), else always.
 macro_rules! only_flag {
     () => {
         $crate::boundary::entry::Only::Always
@@ -187,6 +189,9 @@ macro_rules! only_flag {
     };
     (parking $($rest:ident)*) => {
         $crate::boundary::entry::Only::Parking
+    };
+    (blocks $($rest:ident)*) => {
+        $crate::boundary::entry::Only::Blocks
     };
     (known $($rest:ident)*) => {
         $crate::boundary::entry::Only::Parking

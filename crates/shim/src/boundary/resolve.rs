@@ -313,8 +313,9 @@ fn forwarded_dlsym(name: &CStr, found: *mut c_void) -> *mut c_void {
 }
 
 /// Whether the hook of `h` is handed out: those only tiered spill needs
-/// (the entry's `tiered` flag, `hooks.rs`) only under tiered spill, and
-/// those only parking needs (`parking`) only with parking enabled;
+/// (the entry's `tiered` flag, `hooks.rs`) only under tiered spill, those
+/// only parking needs (`parking`) only with parking enabled, and those of
+/// the engine's own handles (`blocks`) wherever it makes blocks;
 /// otherwise the program gets the driver's own functions and pays nothing,
 /// or under parking their forwarders (`forward.rs`), which pass the gate
 /// at the cost of one load.
@@ -323,5 +324,11 @@ fn handed_out(h: &Hook) -> bool {
         Only::Always => true,
         Only::Tiered => super::settings().spill == Spill::Tiered,
         Only::Parking => parking_enabled(),
+        // As the engine's `Tiers::new`: the handles it answers must be
+        // answered wherever it makes them.
+        Only::Blocks => {
+            let s = super::settings();
+            s.spill == Spill::Tiered || (s.park.is_some() && s.park_move.moves_blocks())
+        }
     }
 }
