@@ -17,7 +17,7 @@
 //!   background thread; all of them on `vramcap trim` or under cap pressure
 //!   (least recently freed first).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 
 /// The hash of the shim's maps keyed by a driver handle or a device
@@ -86,14 +86,15 @@ pub fn max_fit(n: u64) -> u64 {
     n.saturating_add(n / 8).saturating_add(4096)
 }
 
+/// The blocks kept, in one map: a hit takes one removal and a free one
+/// insertion (the cache-hit pair's cost, issue 41). Age order (the
+/// sequence number in the key) and addresses are found by a scan, which
+/// only evictions and frees of unknown addresses need.
 #[derive(Debug, Default)]
 pub struct Pool {
-    /// (bytes, seq) -> block: best fit by size, oldest first among equals.
+    /// (bytes, seq) -> block: best fit by size, oldest first among equals;
+    /// a smaller seq was freed earlier.
     by_size: BTreeMap<(u64, u64), Block>,
-    /// seq -> bytes: least recently freed first.
-    by_age: BTreeMap<u64, u64>,
-    /// The addresses of the blocks held.
-    ptrs: HashSet<u64, PtrHash>,
     next_seq: u64,
     total: u64,
 }
@@ -118,17 +119,28 @@ impl Pool {
         self.by_size.is_empty()
     }
 
-    /// Whether the pool holds the block at `ptr`.
+    /// Whether the pool holds the block at `ptr` (a scan: only a free of
+    /// an address the engine does not know asks).
     pub fn contains(&self, ptr: u64) -> bool {
-        self.ptrs.contains(&ptr)
+        self.by_size.values().any(|b| b.ptr == ptr)
     }
 
     fn remove(&mut self, key: (u64, u64)) -> Option<Block> {
         let b = self.by_size.remove(&key)?;
-        self.by_age.remove(&key.1);
-        self.ptrs.remove(&b.ptr);
         self.total -= b.bytes;
         Some(b)
+    }
+
+    /// The keys of the blocks `keep` accepts, least recently freed first.
+    fn oldest_first(&self, keep: impl Fn(&Block) -> bool) -> Vec<(u64, u64)> {
+        let mut keys: Vec<(u64, u64)> = self
+            .by_size
+            .iter()
+            .filter(|(_, b)| keep(b))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable_by_key(|&(_, seq)| seq);
+        keys
     }
 
     /// Takes the best block for `want` in context `ctx`, if any.
@@ -167,8 +179,6 @@ impl Pool {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.by_size.insert((block.bytes, seq), block);
-        self.ptrs.insert(block.ptr);
-        self.by_age.insert(seq, block.bytes);
         self.total += block.bytes;
         out.shrink_to_fit();
         out
@@ -177,11 +187,14 @@ impl Pool {
     /// Evicts least recently freed blocks until at most `keep` bytes remain.
     pub fn evict_until_room(&mut self, keep: u64) -> Vec<Block> {
         let mut out = Vec::new();
-        while self.total > keep {
-            let Some((&seq, &bytes)) = self.by_age.iter().next() else {
+        if self.total <= keep {
+            return out;
+        }
+        for k in self.oldest_first(|_| true) {
+            if self.total <= keep {
                 break;
-            };
-            if let Some(b) = self.remove((bytes, seq)) {
+            }
+            if let Some(b) = self.remove(k) {
                 out.push(b);
             }
         }
@@ -193,13 +206,7 @@ impl Pool {
     pub fn evict_from_ctx(&mut self, ctx: usize, need: u64) -> Vec<Block> {
         let mut out = Vec::new();
         let mut freed = 0u64;
-        let keys: Vec<(u64, u64)> = self
-            .by_age
-            .iter()
-            .map(|(&seq, &bytes)| (bytes, seq))
-            .filter(|k| self.by_size.get(k).is_some_and(|b| b.ctx == ctx))
-            .collect();
-        for k in keys {
+        for k in self.oldest_first(|b| b.ctx == ctx) {
             if freed >= need {
                 break;
             }
@@ -368,6 +375,7 @@ mod tests {
         let mut p = Pool::default();
         let mut x = 12345u64;
         let mut held = 0u64;
+        let mut out_seqs: Vec<u64> = Vec::new();
         for i in 0..20_000u64 {
             x ^= x << 13;
             x ^= x >> 7;
@@ -378,13 +386,24 @@ mod tests {
                     assert!(b.bytes >= bytes && b.bytes <= max_fit(bytes));
                 }
             } else {
+                let seqs: Vec<(u64, u64)> = p.by_size.iter().map(|(k, b)| (b.ptr, k.1)).collect();
                 let out = p.put(plain(i, bytes, 0, i), 16384);
                 assert!(out.iter().all(|b| b.bytes > 0));
+                out_seqs = out
+                    .iter()
+                    .filter_map(|b| seqs.iter().find(|(ptr, _)| *ptr == b.ptr).map(|&(_, s)| s))
+                    .collect();
             }
             held = p.by_size.values().map(|b| b.bytes).sum();
             assert_eq!(held, p.total());
             assert!(p.total() <= 16384);
-            assert_eq!(p.by_size.len(), p.by_age.len());
+            // Eviction takes the least recently freed first: what is left
+            // is newer than what went.
+            if let (Some(oldest_left), Some(newest_out)) =
+                (p.by_size.keys().map(|k| k.1).min(), out_seqs.iter().max())
+            {
+                assert!(oldest_left > *newest_out);
+            }
         }
         assert_eq!(held, p.total());
     }
