@@ -14,6 +14,7 @@
 #   hundred    the 100 park cycles row (VRAMCAP_PARK_MOVE=shim)  (200)
 #   fhl        -m "full or held or live"                      (280)
 #   tiered     tiered Llama at 1.5x beside .gpu/base           (300)
+#   staged     tiered Llama at 1.5x, and with VRAMCAP_TIERED_STAGE=on (300)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
 #   bench-base gpu_bench.py on .gpu/base, the pairs only        (120)
 #   gate       bench_gate.py, parking by the shim's moves: launches and
@@ -62,6 +63,11 @@ for step in "$@"; do
             --tiered-variants "$(cat "$base/COMMIT")=$base/libvramcap.so"
         grep -h "staging ahead" "$work"/tiered/*.log 2>/dev/null | cut -c1-400 >"$work/tiered/staging.txt"
         ;;
+    staged)
+        check staged 300 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
+            --tiered-variants "staged=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=on"
+        grep -h "staging" "$work"/staged/*.log 2>/dev/null | cut -c1-400 >"$work/staged/staging.txt"
+        ;;
     bench)
         run_step bench 260 python3 scripts/gpu_bench.py --artefacts .gpu --out "$work/bench" \
             --rounds 2 --torch-rounds 4 --budget 220
@@ -92,7 +98,7 @@ for step in "$@"; do
             echo "gpu-batch: hit_calls did not build (calls/build.txt)"
         fi
         ;;
-    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, bench, bench-base, gate, hostmem, calls)" >&2 ;;
+    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, staged, bench, bench-base, gate, hostmem, calls)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do
@@ -100,4 +106,4 @@ for f in "$work"/*/*.md; do
 done
 tar czf "$out/batch.tgz" -C "$work" .
 ls -la "$out"
-cat "$work"/hostmem/stdout.txt "$work"/calls/stdout.txt "$work"/tiered/staging.txt 2>/dev/null || true
+cat "$work"/hostmem/stdout.txt "$work"/calls/stdout.txt "$work"/tiered/staging.txt "$work"/staged/staging.txt 2>/dev/null || true

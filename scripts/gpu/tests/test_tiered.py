@@ -19,7 +19,7 @@ Options for other run sets (what the old script's variables did):
 --tiered-program-ratios under the unchanged program's caps: save_on_cpu,
 fused (AdamW(fused=True)), cuda_graph (the step replayed as one CUDA graph),
 expandable (PyTorch's expandable_segments:True), or several joined by +; no
-goal applies), --tiered-variants ("NAME=PATH ...": the tiered rows also with
+goal applies), --tiered-variants ("NAME=PATH[+VAR=VALUE...] ...": the tiered rows also with
 these builds of libvramcap.so, side by side), --tiered-host-state ("MIB[:sq]
 ...": no shim, no cap, the program itself moves MIB MiB of AdamW's state into
 pinned host memory after its first step: the floor of zero-copy placement)
@@ -269,6 +269,10 @@ def capped_row(training, gpu, check, model, r, mode, variant, ref_run, ref_name,
     peak = the_peak(training, model)
     cap = training.cap_for(peak, r)
     vname, vpath = variant
+    # "PATH+VAR=VALUE+...": a build with settings of its own (e.g. this
+    # build with VRAMCAP_TIERED_STAGE=on, issue 44's prototype).
+    vpath, *venv = (vpath or "").split("+")
+    extra = dict(e.partition("=")[::2] for e in venv)
     shim = vpath or gpu.shim
     label = mode + (", program %s" % program if program else "") + (", build %s" % vname if vname else "")
     check.title = "%s at %sx: cap %d MiB, VRAMCAP_SPILL=%s" % (model, fmt_r(r), cap, label)
@@ -279,7 +283,7 @@ def capped_row(training, gpu, check, model, r, mode, variant, ref_run, ref_name,
     name = "%s-%s%s-%s%s" % (model, program + "-" if program else "", mode, fmt_r(r), "-" + vname if vname else "")
     run = training.train(name, model, steps, program_args(program) if program else (), LD_PRELOAD=shim,
                          VRAMCAP_LIMIT="%dMiB" % cap, VRAMCAP_SPILL=mode, VRAMCAP_SPILL_LIMIT="12GiB",
-                         VRAMCAP_LOG="debug")
+                         VRAMCAP_LOG="debug", **extra)
     if mode == "tiered":
         training.where("%s at %sx, %s" % (model, fmt_r(r), label), run, steps)
     if training.profile:

@@ -72,6 +72,7 @@ fn misspelt_and_miscased_names_are_told_the_closest_setting() {
         SPILL_VAR,
         SPILL_LIMIT_VAR,
         GROUP_VAR,
+        TIERED_STAGE_VAR,
     ] {
         assert!(SETTING_VARS.contains(&name), "{name}");
     }
@@ -476,5 +477,32 @@ fn park_move_is_checkpoint_or_shim_and_shim_needs_parking() {
         .unwrap_err()
         .to_string(),
         "VRAMCAP_PARK_MOVE=\"shim+checkpoint\" is not valid: expected checkpoint with VRAMCAP_SPILL=host (the shim's moves do not spill yet), e.g. VRAMCAP_PARK_MOVE=shim with VRAMCAP_SPILL=off or tiered"
+    );
+}
+
+#[test]
+fn tiered_stage_is_on_or_off_and_needs_tiered_spill() {
+    assert!(!read(&[]).unwrap().tiered_stage);
+    assert!(
+        read(&[("VRAMCAP_SPILL", "tiered"), ("VRAMCAP_TIERED_STAGE", "on")])
+            .unwrap()
+            .tiered_stage
+    );
+    assert!(
+        !read(&[("VRAMCAP_SPILL", "tiered"), ("VRAMCAP_TIERED_STAGE", "off")])
+            .unwrap()
+            .tiered_stage
+    );
+    assert_eq!(
+        read(&[("VRAMCAP_TIERED_STAGE", "on")])
+            .unwrap_err()
+            .to_string(),
+        "VRAMCAP_TIERED_STAGE=\"on\" is not valid: expected off without VRAMCAP_SPILL=tiered (staging moves tiered blocks), e.g. VRAMCAP_SPILL=tiered VRAMCAP_TIERED_STAGE=on"
+    );
+    assert_eq!(
+        read(&[("VRAMCAP_SPILL", "tiered"), ("VRAMCAP_TIERED_STAGE", "yes")])
+            .unwrap_err()
+            .to_string(),
+        "VRAMCAP_TIERED_STAGE=\"yes\" is not valid: expected on or off (on: tiered spill stages blocks ahead by the step's launch order; experimental), e.g. VRAMCAP_TIERED_STAGE=on"
     );
 }

@@ -561,3 +561,79 @@ fn three_give_ups_in_a_row_stop_moves_and_one_in_time_forgives() {
         assert!(e.tiers.paused());
     }
 }
+
+/// Issue 44's prototype (`VRAMCAP_TIERED_STAGE=on`): a step of four
+/// kernels, each using one of four 32 MiB blocks, under a 72 MiB cap (64
+/// MiB under the margin: two blocks). The step is learned from the
+/// launches recorded (two phases, {a, b} and {c, d}) and followed; at each
+/// phase's first launch the short round (or the next full one) puts that
+/// phase's blocks on the GPU and the other phase's on the host, the device
+/// never above the cap; a launch out of order stops it.
+#[test]
+fn staging_puts_each_phase_s_blocks_on_the_gpu_as_the_phase_begins() {
+    // The short round reads parking's gate: no other test may change it.
+    let _one = crate::process::gate::TESTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let e = uncached("72MiB", &[TIERED, ("VRAMCAP_TIERED_STAGE", "on")]);
+    let [a, b, c, d] = allocs(e, [32 * MIB; 4]);
+    assert_eq!((used(e), spilled(e)), (64 * MIB, 64 * MIB));
+    let step = |e: &'static Engine<Fake>| {
+        launch(e, &[a]);
+        launch(e, &[b, b]);
+        launch(e, &[c, c, c]);
+        launch(e, &[d, d, d, d]);
+    };
+    rounds(e, 1); // the record starts
+    for _ in 0..3 {
+        step(e);
+    }
+    drained(e);
+    rounds(e, 1); // learns the step
+    assert!(!e.tiers.stage_locked());
+    step(e); // followed from its first kernel: locked on at its fourth
+    assert!(e.tiers.stage_locked());
+    assert_eq!(moves(e), (0, 0));
+    launch(e, &[a]); // phase {a, b} begins: its blocks are there already
+    drained(e);
+    rounds(e, 1);
+    assert_eq!(moves(e), (0, 0));
+    launch(e, &[b, b]);
+    launch(e, &[c, c, c]); // phase {c, d} begins
+    // The short round the launch woke the background thread for (here
+    // called by hand): the moves, and no round counted.
+    drained(e);
+    let round = e.tiers.round_now();
+    e.tier_stage();
+    assert_eq!(e.tiers.round_now(), round);
+    assert_eq!(moves(e), (2, 2));
+    let on_device = |p: u64| {
+        e.tiers
+            .snapshot()
+            .iter()
+            .find(|x| x.ptr == p)
+            .is_some_and(|x| x.on_device())
+    };
+    assert!(on_device(c) && on_device(d) && !on_device(a) && !on_device(b));
+    assert_eq!((used(e), spilled(e)), (64 * MIB, 64 * MIB));
+    launch(e, &[d, d, d, d]);
+    drained(e);
+    rounds(e, 1); // inside a phase: nothing moves
+    assert_eq!(moves(e), (2, 2));
+    launch(e, &[a]); // phase {a, b} again, acted on by a full round
+    drained(e);
+    rounds(e, 1);
+    assert_eq!(moves(e), (4, 4));
+    assert!(on_device(a) && on_device(b) && !on_device(c) && !on_device(d));
+    assert!(e.driver.peak.load(Ordering::SeqCst) <= 72 * MIB);
+    // Another kernel (evaluation): the order is lost; nothing is staged.
+    launch(e, &[a, a, a, a, a, a, a]);
+    assert!(!e.tiers.stage_locked());
+    drained(e);
+    rounds(e, 1);
+    assert_eq!(moves(e), (4, 4));
+    for p in [a, b, c, d] {
+        assert_eq!(free(e, p), CUDA_SUCCESS);
+    }
+    assert_eq!(placed(e), (0, 0, 0));
+}

@@ -130,6 +130,9 @@ impl Tiers {
                 blocks: u.into_boxed_slice(),
             });
         }
+        if self.staging {
+            self.follow(func as u64);
+        }
     }
 
     /// Starts or stops issue 44's record (the log at debug level).

@@ -13,7 +13,9 @@
 //! - `plan`: pure Rust, tested without a driver: a round's heat and score
 //!   (`take_round`) and the moves it chooses (`plan`).
 //! - `phases`: pure too, issue 44's first step: where a step's launch order
-//!   repeats, and its phases under a budget (not used yet).
+//!   repeats, its phases under a budget, and a follower of the step;
+//!   `stage`: the prototype over them (`VRAMCAP_TIERED_STAGE=on`): at a
+//!   phase's first launch, the blocks of that phase and the next to the GPU.
 //! - `rounds` (the background thread's moves), `bulk` (parking's moves
 //!   of every block, `VRAMCAP_PARK_MOVE=shim`), `pages` (the host pages a
 //!   parked block's bytes wait in), `budget` (where a block's
@@ -60,6 +62,7 @@ mod bulk;
 pub(super) mod handles;
 mod pages;
 mod rounds;
+mod stage;
 
 mod block;
 mod gate;
@@ -80,7 +83,7 @@ use self::registry::block_at;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::engine::accounting::state::Accounting;
@@ -230,4 +233,13 @@ pub struct Tiers {
     /// count once each launch).
     launches: AtomicU64,
     hits: AtomicU64,
+    /// Staging ahead by the launch order (`VRAMCAP_TIERED_STAGE`, issue
+    /// 44's prototype, `stage.rs`): the step followed, the phase entered
+    /// last and not yet acted on (its index + 1; 0: none), the background
+    /// thread to wake then, and what staging did.
+    staging: bool,
+    stage: Mutex<Option<stage::Followed>>,
+    entered: AtomicUsize,
+    waker: std::sync::OnceLock<std::thread::Thread>,
+    stage_stats: stage::Stats,
 }

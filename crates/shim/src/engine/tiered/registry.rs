@@ -16,8 +16,14 @@ impl Tiers {
         self.hits.load(Ordering::Relaxed)
     }
 
-    pub fn new(on: bool, placing: bool) -> Tiers {
+    /// `staging`: staging ahead by the launch order (with `placing` only).
+    pub fn new(on: bool, placing: bool, staging: bool) -> Tiers {
         Tiers {
+            staging: staging && placing,
+            stage: Mutex::new(None),
+            entered: AtomicUsize::new(0),
+            waker: std::sync::OnceLock::new(),
+            stage_stats: stage::Stats::default(),
             on: on || placing,
             placing,
             kept: Mutex::new(Vec::new()),
@@ -56,6 +62,12 @@ impl Tiers {
     /// Whether blocks are placed by heat (tiered spill).
     pub fn placing(&self) -> bool {
         self.placing
+    }
+
+    /// Whether tiered spill stages ahead by the launch order
+    /// (`VRAMCAP_TIERED_STAGE`).
+    pub fn staging(&self) -> bool {
+        self.staging
     }
 
     /// Kept host pages of exactly `bytes` (a park's), if any.

@@ -91,7 +91,10 @@ impl<D: Driver> Tiering<'static, D> {
         let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
         score_round(&blocks, round, since);
         let debug = crate::log::enabled(LogLevel::Debug);
-        self.tiers.record(debug);
+        self.tiers.record(debug || self.tiers.staging);
+        if self.tiers.staging && self.stage_round(&blocks, round) {
+            return;
+        }
         if round.is_multiple_of(50) && debug {
             self.report_staging(&blocks, round);
             let on = blocks.iter().filter(|b| b.on_device()).count();

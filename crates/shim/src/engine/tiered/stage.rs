@@ -1,0 +1,358 @@
+//! Staging ahead, issue 44's prototype (`VRAMCAP_TIERED_STAGE=on`, with
+//! `VRAMCAP_SPILL=tiered`; experimental, a spike to be measured and then
+//! kept or deleted): instead of placing blocks by heat, follow the step's
+//! launch order and, at each phase's first launch, move the blocks of that
+//! phase and of the next onto the GPU, the others off as room needs.
+//!
+//! - *Learn* (the background thread, every [`LEARN_ROUNDS`] rounds while
+//!   nothing is followed): the launches recorded (`heat.rs`), their period
+//!   and phases under the cap (`phases.rs`); a step of two phases or more
+//!   is followed by a [`Follower`] of its kernels, with each phase's block
+//!   addresses (a step that fits in one phase is heat's).
+//! - *Follow* (the launch hook, [`Tiers::follow`]): each launch's kernel
+//!   goes to the follower under one mutex; a phase's first launch stores
+//!   the phase in `entered` and, when it is another phase than the one
+//!   stored, wakes the background thread; a launch out of order clears it.
+//! - *Stage* (the background thread: the short round it runs when woken,
+//!   [`Tiering::stage_now`], or a full round's [`Tiering::stage_round`]):
+//!   a phase entered is acted on once, with the same stage, stop and remap
+//!   as a heat round's moves (`rounds.rs`): the world stops for the copies
+//!   (this prototype copies inside the stop; copying ahead into kept room
+//!   is the next step). Short rounds count no round: the rounds that time
+//!   pauses and block ages keep their pace. While the step is followed,
+//!   heat places nothing, unless a device is over its target (a lowered
+//!   cap: heat's demotions bring it under); once the order breaks, heat
+//!   places again.
+//! - What it did is counted ([`Stats`]) and said at info level every
+//!   [`SAY_ROUNDS`] rounds: phases acted on, bytes in and out, time in
+//!   moves, orders lost: the figures the decision needs.
+//!
+//! CUDA graphs' launches are not followed (a step launched as a graph is
+//! not found); the launches of several threads interleave into one order.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use vramcap_core::budget::NO_CAP;
+
+use super::phases::{self, Follower, Split};
+use super::{PROMOTE_MARGIN, Plan, TierBlock, Tiering, Tiers};
+use crate::engine::driver::Driver;
+use crate::ffi::CUdevice;
+use crate::log::log_at;
+
+/// Rounds between tries to learn a step while none is followed.
+pub const LEARN_ROUNDS: u64 = 10;
+/// Rounds between the info lines of what staging did.
+const SAY_ROUNDS: u64 = 50;
+
+/// The step followed: its follower and each phase's block addresses.
+pub struct Followed {
+    follower: Follower,
+    phases: Vec<Vec<u64>>,
+    kernels: Vec<u64>,
+}
+
+/// What staging did since the last info line.
+#[derive(Default)]
+pub struct Stats {
+    entered: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    move_us: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl Tiers {
+    /// One launch of `kernel` (the launch hook, under staging only).
+    pub(super) fn follow(&self, kernel: u64) {
+        let step = {
+            let mut g = self.stage.lock().unwrap_or_else(|e| e.into_inner());
+            g.as_mut().map(|f| f.follower.launched(kernel))
+        };
+        match step {
+            Some(phases::Followed::Entered(i)) => {
+                // Woken once per phase entered, not per launch.
+                if self.entered.swap(i + 1, Ordering::AcqRel) != i + 1
+                    && let Some(t) = self.waker.get()
+                {
+                    t.unpark();
+                }
+            }
+            Some(phases::Followed::Lost) => {
+                self.entered.store(0, Ordering::Release);
+                self.stage_stats.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the step followed is locked on.
+    pub(in crate::engine) fn stage_locked(&self) -> bool {
+        self.stage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|f| f.follower.locked())
+    }
+}
+
+impl<D: Driver> Tiering<'static, D> {
+    /// Staging's part of a full round (module docs): true when it placed
+    /// the blocks this round or left them where the step wants them, so
+    /// that heat places nothing; false while no step is followed, or when
+    /// a device is over its target (heat's demotions bring it under).
+    pub(super) fn stage_round(&self, blocks: &[Arc<TierBlock>], round: u64) -> bool {
+        let _ = self.tiers.waker.get_or_init(std::thread::current);
+        if round.is_multiple_of(SAY_ROUNDS) {
+            self.say_staged(round);
+        }
+        if !self.tiers.stage_locked() {
+            let followed = self
+                .tiers
+                .stage
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some();
+            if !followed || round.is_multiple_of(LEARN_ROUNDS) {
+                self.learn(blocks);
+            }
+            return false;
+        }
+        self.act(blocks);
+        !self.any_over(blocks)
+    }
+
+    /// The short round's part (`Engine::tier_stage`): the moves of the
+    /// phase entered, if a step is followed and one was entered.
+    pub fn stage_now(&self) {
+        if self.tiers.paused() || !self.tiers.stage_locked() {
+            return;
+        }
+        self.act(&self.tiers.snapshot());
+    }
+
+    /// Whether a device of `blocks` is over its target (a cap or soft limit
+    /// lowered while it runs).
+    fn any_over(&self, blocks: &[Arc<TierBlock>]) -> bool {
+        let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        devices.into_iter().any(|dev| {
+            let device = CUdevice::from(dev);
+            self.target(device)
+                .zip(self.accounting.slot(device))
+                .is_some_and(|((_, t), s)| t != NO_CAP && s.budget.used() > t)
+        })
+    }
+
+    /// A device's cap in force and its target (the soft limit when lower).
+    fn target(&self, device: CUdevice) -> Option<(u64, u64)> {
+        let slot = self.accounting.slot(device)?;
+        let limit = self.accounting.cap_in_force(slot, device)?;
+        let soft = slot.soft.load(Ordering::Relaxed);
+        Some((limit, if soft > 0 { limit.min(soft) } else { limit }))
+    }
+
+    /// Acts on the phase entered last, once: its blocks and, as room is
+    /// left, the next phase's onto the GPU, on each device. Left for the
+    /// next round while a synchronisation of an earlier one still runs.
+    fn act(&self, blocks: &[Arc<TierBlock>]) {
+        if self.tiers.syncing() {
+            return;
+        }
+        let entered = self.tiers.entered.swap(0, Ordering::AcqRel);
+        if entered == 0 {
+            return;
+        }
+        let round = self.tiers.round_now();
+        let (now, next): (Vec<u64>, Vec<u64>) = {
+            let g = self.tiers.stage.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(f) = g.as_ref() else { return };
+            let k = f.phases.len();
+            (
+                f.phases[(entered - 1) % k].clone(),
+                f.phases[entered % k].clone(),
+            )
+        };
+        let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        for dev in devices {
+            let device = CUdevice::from(dev);
+            let Some(slot) = self.accounting.slot(device) else {
+                continue;
+            };
+            let Some((limit, target)) = self.target(device) else {
+                continue;
+            };
+            if target == NO_CAP {
+                continue;
+            }
+            let room = i128::from(target)
+                - i128::from(PROMOTE_MARGIN.min(target))
+                - i128::from(slot.budget.used());
+            let mine: Vec<Arc<TierBlock>> =
+                blocks.iter().filter(|b| b.device == dev).cloned().collect();
+            let p = plan_for(&mine, &now, &next, room);
+            if p.demote.is_empty() && p.promote.is_empty() {
+                continue;
+            }
+            let out: u64 = p.demote.iter().map(|b| b.bytes).sum();
+            let ins: u64 = p.promote.iter().map(|b| b.bytes).sum();
+            let start = Instant::now();
+            self.apply(slot, device, limit, round, p);
+            let st = &self.tiers.stage_stats;
+            st.move_us
+                .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+            st.bytes_in.fetch_add(ins, Ordering::Relaxed);
+            st.bytes_out.fetch_add(out, Ordering::Relaxed);
+        }
+        self.tiers
+            .stage_stats
+            .entered
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Learns the step from the launches recorded, if it repeats and
+    /// splits under the first device's target; follows it unless the same
+    /// period is followed already.
+    fn learn(&self, blocks: &[Arc<TierBlock>]) {
+        let trace = self.tiers.recorded();
+        let kernels: Vec<u64> = trace.iter().map(|l| l.kernel).collect();
+        let Some((period, covered)) = phases::period(&kernels) else {
+            return;
+        };
+        if covered < 2 * period {
+            return;
+        }
+        // The phases are cut under the first block's device's target (one
+        // GPU: a prototype's limit).
+        let budget = blocks
+            .first()
+            .and_then(|b| self.target(CUdevice::from(b.device)))
+            .map_or(u64::MAX, |(_, t)| t.saturating_sub(PROMOTE_MARGIN.min(t)));
+        let last = &trace[trace.len() - period..];
+        let mut starts: Vec<u64> = last.iter().flat_map(|l| l.blocks.iter().copied()).collect();
+        starts.sort_unstable();
+        starts.dedup();
+        let index = |p: &u64| starts.binary_search(p).unwrap_or(0);
+        let step: Vec<phases::Launch> = last
+            .iter()
+            .map(|l| l.blocks.iter().map(index).collect())
+            .collect();
+        let sizes: Vec<u64> = starts
+            .iter()
+            .map(|&p| blocks.iter().find(|b| b.ptr == p).map_or(0, |b| b.bytes))
+            .collect();
+        // One phase: the whole step fits, and heat keeps it on the GPU.
+        let Split::Phases(cut) = phases::split(&step, &sizes, budget) else {
+            return;
+        };
+        if cut.len() < 2 {
+            return;
+        }
+        let addrs: Vec<Vec<u64>> = cut
+            .iter()
+            .map(|p| p.blocks.iter().map(|&i| starts[i]).collect())
+            .collect();
+        let step_kernels = &kernels[kernels.len() - period..];
+        let mut g = self.tiers.stage.lock().unwrap_or_else(|e| e.into_inner());
+        // The same step (kernels and blocks) keeps its follower, and with
+        // it its progress; another replaces it.
+        if g.as_ref()
+            .is_some_and(|f| f.phases == addrs && f.kernels == step_kernels)
+        {
+            return;
+        }
+        log_at!(
+            Info,
+            "tiered spill: staging ahead: following a step of {period} launches in {} phases under {budget} bytes",
+            cut.len()
+        );
+        *g = Some(Followed {
+            follower: Follower::new(step_kernels.to_vec(), &cut),
+            phases: addrs,
+            kernels: step_kernels.to_vec(),
+        });
+    }
+
+    /// The info line of what staging did since the last one.
+    fn say_staged(&self, round: u64) {
+        let st = &self.tiers.stage_stats;
+        let entered = st.entered.swap(0, Ordering::Relaxed);
+        let lost = st.lost.swap(0, Ordering::Relaxed);
+        let (ins, out) = (
+            st.bytes_in.swap(0, Ordering::Relaxed),
+            st.bytes_out.swap(0, Ordering::Relaxed),
+        );
+        let us = st.move_us.swap(0, Ordering::Relaxed);
+        if entered + lost > 0 {
+            log_at!(
+                Info,
+                "tiered spill: round {round}: staging: {entered} phases acted on, {ins} bytes in and {out} out in {:.1} ms of moves; the order lost {lost} times",
+                us as f64 / 1000.0
+            );
+        }
+    }
+}
+
+/// The moves that put the blocks of the phase entered (`now`) and, as
+/// room is left, of the next one (`next`) on the GPU within `room` bytes:
+/// host blocks of `now` are promoted, demoting any device block outside
+/// `now` (those outside `next` first, coldest first); then host blocks of
+/// `next`, demoting only blocks outside both.
+fn plan_for(mine: &[Arc<TierBlock>], now: &[u64], next: &[u64], mut room: i128) -> Plan {
+    let in_next = |b: &Arc<TierBlock>| next.contains(&b.ptr);
+    let mut spare: Vec<Arc<TierBlock>> = mine
+        .iter()
+        .filter(|b| b.on_device() && b.movable() && !now.contains(&b.ptr))
+        .cloned()
+        .collect();
+    // Popped from the end: outside `next` and coldest first.
+    spare.sort_by(|x, y| {
+        (!in_next(x))
+            .cmp(&!in_next(y))
+            .then(y.score().total_cmp(&x.score()))
+    });
+    let mut p = Plan {
+        demote: Vec::new(),
+        promote: Vec::new(),
+    };
+    for (wanted, may_take_next) in [(now, true), (next, false)] {
+        for addr in wanted {
+            let Some(b) = mine
+                .iter()
+                .find(|b| b.ptr == *addr && !b.on_device() && b.movable())
+            else {
+                continue;
+            };
+            if p.promote.iter().any(|x| x.ptr == b.ptr) {
+                continue;
+            }
+            let mut freed = Vec::new();
+            while room < i128::from(b.bytes) {
+                match spare.last() {
+                    Some(d) if may_take_next || !in_next(d) => {}
+                    _ => break,
+                }
+                let Some(d) = spare.pop() else { break };
+                room += i128::from(d.bytes);
+                freed.push(d);
+            }
+            if room < i128::from(b.bytes) {
+                // It cannot fit: nothing is demoted for it.
+                for d in freed.into_iter().rev() {
+                    room -= i128::from(d.bytes);
+                    spare.push(d);
+                }
+                break;
+            }
+            p.demote.extend(freed);
+            room -= i128::from(b.bytes);
+            p.promote.push(b.clone());
+        }
+    }
+    p
+}
