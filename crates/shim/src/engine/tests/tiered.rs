@@ -637,3 +637,27 @@ fn staging_puts_each_phase_s_blocks_on_the_gpu_as_the_phase_begins() {
     }
     assert_eq!(placed(e), (0, 0, 0));
 }
+
+/// Parking's host pages (`tiered/pages.rs`): each area starts on a huge
+/// page, is resident and zeroed (every base page written by the making
+/// threads), pinned through the driver, and given back whole.
+#[test]
+fn park_pages_are_aligned_resident_and_given_back() {
+    use crate::engine::tiered::pages;
+    let f = Fake::default();
+    let made = pages::make_all(&f, &[(4 * MIB, 1), (6 * MIB, 1)]);
+    assert_eq!(made.len(), 2);
+    for p in made {
+        let p = p.expect("made");
+        assert_eq!(p.host % (2 << 20), 0);
+        assert_eq!(
+            p.dev,
+            p.host as u64 | 0x1_0000_0000_0000,
+            "the driver's device address"
+        );
+        // SAFETY: the mapping of `p.bytes` at `p.host` made above.
+        let bytes = unsafe { std::slice::from_raw_parts(p.host as *const u8, p.bytes as usize) };
+        assert!(bytes.iter().step_by(4096).all(|&b| b == 0));
+        pages::free(&f, p);
+    }
+}

@@ -60,7 +60,7 @@ macro_rules! write {
 mod budget;
 mod bulk;
 pub(super) mod handles;
-mod pages;
+pub(in crate::engine) mod pages;
 mod rounds;
 mod stage;
 

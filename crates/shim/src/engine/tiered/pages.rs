@@ -99,13 +99,23 @@ pub fn free<D: Driver>(driver: &D, p: Pages) {
 /// process's cgroup's `memory.max` (cgroup v2); `None` when neither can
 /// be read (no bound known).
 pub fn system_room() -> Option<u64> {
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb.saturating_mul(1024))
-    });
-    let cgroup = cgroup_room();
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| mem_available(&m));
+    least_room(available, cgroup_room())
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .map(|kb| kb.saturating_mul(1024))
+}
+
+/// The least of the known rooms, less [`MARGIN`].
+fn least_room(available: Option<u64>, cgroup: Option<u64>) -> Option<u64> {
     let least = match (available, cgroup) {
         (Some(a), Some(c)) => Some(a.min(c)),
         (a, c) => a.or(c),
@@ -124,8 +134,14 @@ fn cgroup_room() -> Option<u64> {
     // The path is the kernel's; it names a directory under the mount.
     let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-    let max = read("memory.max")?.trim().parse::<u64>().ok()?; // "max": no limit
-    let current = read("memory.current")?.trim().parse::<u64>().ok()?;
+    cgroup_room_of(&read("memory.max")?, &read("memory.current")?)
+}
+
+/// The room under a cgroup's `memory.max` text (`max`: no limit) above its
+/// `memory.current`.
+fn cgroup_room_of(max: &str, current: &str) -> Option<u64> {
+    let max = max.trim().parse::<u64>().ok()?;
+    let current = current.trim().parse::<u64>().ok()?;
     Some(max.saturating_sub(current))
 }
 
@@ -240,4 +256,30 @@ fn register<D: Driver>(driver: &D, host: usize, bytes: u64, ctx: usize) -> Resul
     };
     let _ = driver.ctx_pop_current();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_room_is_the_least_known_less_the_margin() {
+        let meminfo =
+            "MemTotal:       131072000 kB\nMemFree:  1 kB\nMemAvailable:   100000000 kB\n";
+        assert_eq!(mem_available(meminfo), Some(100_000_000 * 1024));
+        assert_eq!(mem_available("MemTotal: 5 kB\n"), None);
+        assert_eq!(mem_available("MemAvailable: lots\n"), None);
+        assert_eq!(cgroup_room_of("max\n", "5\n"), None);
+        assert_eq!(
+            cgroup_room_of("8589934592\n", "1073741824\n"),
+            Some(7 << 30)
+        );
+        assert_eq!(cgroup_room_of("100\n", "200\n"), Some(0));
+        assert_eq!(
+            least_room(Some(10 << 30), Some(7 << 30)),
+            Some((7 << 30) - MARGIN)
+        );
+        assert_eq!(least_room(None, Some(100)), Some(0));
+        assert_eq!(least_room(None, None), None);
+    }
 }
