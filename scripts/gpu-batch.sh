@@ -13,7 +13,8 @@
 #   park-fix   the idle notebook and JAX rows with VRAMCAP_PARK_MOVE=shim (240)
 #   hundred    the 100 park cycles row (VRAMCAP_PARK_MOVE=shim)  (200)
 #   fhl        -m "full or held or live"                      (280)
-#   tiered     tiered Llama at 1.5x beside .gpu/base           (300)
+#   tiered     tiered Llama at 1.5x beside .gpu/base, and with
+#              VRAMCAP_TIERED_STAGE=on                          (450)
 #   staged     tiered Llama at 1.5x, and with VRAMCAP_TIERED_STAGE=on (300)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
 #   bench-base gpu_bench.py on .gpu/base, the pairs only        (120)
@@ -59,9 +60,9 @@ for step in "$@"; do
     fhl) check fhl 280 -m "full or held or live" ;;
     tiered)
         [ -f "$base/libvramcap.so" ] || { echo "gpu-batch: tiered needs $base (stage-gpu.sh BASELINE)"; continue; }
-        check tiered 300 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
-            --tiered-variants "$(cat "$base/COMMIT")=$base/libvramcap.so"
-        grep -h "staging ahead" "$work"/tiered/*.log 2>/dev/null | cut -c1-400 >"$work/tiered/staging.txt"
+        check tiered 450 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
+            --tiered-variants "$(cat "$base/COMMIT")=$base/libvramcap.so staged=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=on"
+        grep -h "staging" "$work"/tiered/*.log 2>/dev/null | cut -c1-400 >"$work/tiered/staging.txt"
         ;;
     staged)
         check staged 300 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
