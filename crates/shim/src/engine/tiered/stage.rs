@@ -24,8 +24,8 @@
 //!   cap: heat's demotions bring it under); once the order breaks, heat
 //!   places again.
 //! - What it did is counted ([`Stats`]) and said at info level every
-//!   [`SAY_ROUNDS`] rounds: phases acted on, bytes in and out, time in
-//!   moves, orders lost: the figures the decision needs.
+//!   [`SAY_ROUNDS`] rounds: phases acted on, bytes in and out, stops of
+//!   the world, time in moves, orders lost: the figures the decision needs.
 //!
 //! CUDA graphs' launches are not followed (a step launched as a graph is
 //! not found); the launches of several threads interleave into one order.
@@ -61,6 +61,9 @@ pub struct Stats {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     move_us: AtomicU64,
+    /// Stops of the world: a phase's demotions and its promotions stop
+    /// it once each.
+    stops: AtomicU64,
     lost: AtomicU64,
 }
 
@@ -201,9 +204,11 @@ impl<D: Driver> Tiering<'static, D> {
             }
             let out: u64 = p.demote.iter().map(|b| b.bytes).sum();
             let ins: u64 = p.promote.iter().map(|b| b.bytes).sum();
+            let stops = u64::from(!p.demote.is_empty()) + u64::from(!p.promote.is_empty());
             let start = Instant::now();
             self.apply(slot, device, limit, round, p);
             let st = &self.tiers.stage_stats;
+            st.stops.fetch_add(stops, Ordering::Relaxed);
             st.move_us
                 .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
             st.bytes_in.fetch_add(ins, Ordering::Relaxed);
@@ -288,10 +293,11 @@ impl<D: Driver> Tiering<'static, D> {
             st.bytes_out.swap(0, Ordering::Relaxed),
         );
         let us = st.move_us.swap(0, Ordering::Relaxed);
+        let stops = st.stops.swap(0, Ordering::Relaxed);
         if entered + lost > 0 {
             log_at!(
                 Info,
-                "tiered spill: round {round}: staging: {entered} phases acted on, {ins} bytes in and {out} out in {:.1} ms of moves; the order lost {lost} times",
+                "tiered spill: round {round}: staging: {entered} phases acted on, {ins} bytes in and {out} out in {stops} stops, {:.1} ms of moves; the order lost {lost} times",
                 us as f64 / 1000.0
             );
         }
