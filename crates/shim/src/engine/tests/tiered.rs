@@ -645,10 +645,13 @@ fn staging_puts_each_phase_s_blocks_on_the_gpu_as_the_phase_begins() {
 fn park_pages_are_aligned_resident_and_given_back() {
     use crate::engine::tiered::pages;
     let f = Fake::default();
-    let made = pages::make_all(&f, &[(4 * MIB, 1), (6 * MIB, 1)]);
-    assert_eq!(made.len(), 2);
-    for p in made {
+    // More areas than one thread takes: each answer in its area's place.
+    let sizes = [4 * MIB, 6 * MIB, 2 * MIB, 8 * MIB, 2 * MIB];
+    let made = pages::make_all(&f, &sizes.map(|b| (b, 1)));
+    assert_eq!(made.len(), sizes.len());
+    for (p, bytes) in made.into_iter().zip(sizes) {
         let p = p.expect("made");
+        assert_eq!(p.bytes, bytes);
         assert_eq!(p.host % (2 << 20), 0);
         assert_eq!(
             p.dev,

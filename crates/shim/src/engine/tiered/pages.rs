@@ -51,7 +51,8 @@ static SAID_NO_HUGE: AtomicBool = AtomicBool::new(false);
 /// Makes host pages for each of `sizes` (bytes, and the context to
 /// register them in), resident and pinned: each one's pages, or the
 /// driver's or the system's error (`CUDA_ERROR_OUT_OF_MEMORY` when the
-/// mapping was refused). The touching runs on up to [`THREADS`] threads.
+/// mapping was refused). The touching and then the pinning run on up to
+/// [`THREADS`] threads (the probe's figure is of both done in parallel).
 pub fn make_all<D: Driver>(driver: &D, sizes: &[(u64, usize)]) -> Vec<Result<Pages, CUresult>> {
     let mapped: Vec<Option<usize>> = sizes.iter().map(|&(b, _)| map(b as usize)).collect();
     touch(
@@ -61,25 +62,69 @@ pub fn make_all<D: Driver>(driver: &D, sizes: &[(u64, usize)]) -> Vec<Result<Pag
             .filter_map(|(m, &(b, _))| m.map(|a| (a, b as usize)))
             .collect::<Vec<_>>(),
     );
-    mapped
-        .into_iter()
-        .zip(sizes)
-        .map(|(m, &(bytes, ctx))| {
-            let host = m.ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-            match register(driver, host, bytes, ctx) {
-                Ok(dev) => Ok(Pages {
-                    host,
-                    dev,
-                    bytes,
-                    ctx,
-                }),
-                Err(rc) => {
-                    unmap(host, bytes as usize);
-                    Err(rc)
-                }
+    let pin = |i: usize| -> Result<Pages, CUresult> {
+        let (bytes, ctx) = sizes[i];
+        let host = mapped[i].ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        match register(driver, host, bytes, ctx) {
+            Ok(dev) => Ok(Pages {
+                host,
+                dev,
+                bytes,
+                ctx,
+            }),
+            Err(rc) => {
+                unmap(host, bytes as usize);
+                Err(rc)
             }
-        })
+        }
+    };
+    let threads = thread_count(sizes.len());
+    let mut out: Vec<Option<Result<Pages, CUresult>>> = (0..sizes.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let pin = &pin;
+        let handles: Vec<_> = (1..threads)
+            .map(|t| {
+                std::thread::Builder::new()
+                    .name("vramcap-pages".into())
+                    .spawn_scoped(s, move || {
+                        (t..sizes.len())
+                            .step_by(threads)
+                            .map(|i| (i, pin(i)))
+                            .collect::<Vec<_>>()
+                    })
+            })
+            .collect();
+        for (i, r) in (0..sizes.len()).step_by(threads).map(|i| (i, pin(i))) {
+            out[i] = Some(r);
+        }
+        for (t, h) in handles.into_iter().enumerate() {
+            // A thread that could not start leaves its areas to this one;
+            // one that panicked (a bug) leaves them mapped, unpinned and
+            // refused.
+            let done = match h {
+                Ok(h) => h.join().unwrap_or_default(),
+                Err(_) => (t + 1..sizes.len())
+                    .step_by(threads)
+                    .map(|i| (i, pin(i)))
+                    .collect(),
+            };
+            for (i, r) in done {
+                out[i] = Some(r);
+            }
+        }
+    });
+    out.into_iter()
+        .map(|r| r.unwrap_or(Err(CUDA_ERROR_OUT_OF_MEMORY)))
         .collect()
+}
+
+/// How many threads work on `n` pieces: up to [`THREADS`], the machine's
+/// cores, at least one.
+fn thread_count(n: usize) -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |c| c.get())
+        .clamp(1, THREADS)
+        .min(n.max(1))
 }
 
 /// Unpins and unmaps `p` (its context current for the unpinning when it
@@ -210,10 +255,7 @@ fn touch(areas: &[(usize, usize)]) {
         .iter()
         .flat_map(|&(a, b)| (0..b).step_by(HUGE).map(move |o| (a + o, HUGE.min(b - o))))
         .collect();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, THREADS)
-        .min(stripes.len().max(1));
+    let threads = thread_count(stripes.len());
     let work = |t: usize| {
         for &(a, len) in stripes.iter().skip(t).step_by(threads) {
             for o in (0..len).step_by(PAGE) {
