@@ -17,7 +17,7 @@
 //!   background thread; all of them on `vramcap trim` or under cap pressure
 //!   (least recently freed first).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
 /// The hash of the shim's maps keyed by a driver handle or a device
@@ -87,14 +87,19 @@ pub fn max_fit(n: u64) -> u64 {
 }
 
 /// The blocks kept, in one map: a hit takes one removal and a free one
-/// insertion (the cache-hit pair's cost, issue 41). Age order (the
-/// sequence number in the key) and addresses are found by a scan, which
-/// only evictions and frees of unknown addresses need.
+/// insertion and one push (the cache-hit pair's cost, issue 41). Age order
+/// is a queue of keys in the order they were put, from which keys of
+/// blocks taken since are dropped lazily: when they reach its front, or
+/// when it grows past twice the map (so it stays within that, amortised
+/// O(1) a put). Addresses are found by a scan, which only frees of
+/// unknown addresses need.
 #[derive(Debug, Default)]
 pub struct Pool {
     /// (bytes, seq) -> block: best fit by size, oldest first among equals;
     /// a smaller seq was freed earlier.
     by_size: BTreeMap<(u64, u64), Block>,
+    /// The keys put, oldest first; some no longer in `by_size`.
+    order: VecDeque<(u64, u64)>,
     next_seq: u64,
     total: u64,
 }
@@ -133,14 +138,11 @@ impl Pool {
 
     /// The keys of the blocks `keep` accepts, least recently freed first.
     fn oldest_first(&self, keep: impl Fn(&Block) -> bool) -> Vec<(u64, u64)> {
-        let mut keys: Vec<(u64, u64)> = self
-            .by_size
+        self.order
             .iter()
-            .filter(|(_, b)| keep(b))
-            .map(|(k, _)| *k)
-            .collect();
-        keys.sort_unstable_by_key(|&(_, seq)| seq);
-        keys
+            .filter(|k| self.by_size.get(k).is_some_and(&keep))
+            .copied()
+            .collect()
     }
 
     /// Takes the best block for `want` in context `ctx`, if any.
@@ -179,6 +181,11 @@ impl Pool {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.by_size.insert((block.bytes, seq), block);
+        self.order.push_back((block.bytes, seq));
+        if self.order.len() > 2 * self.by_size.len() + 64 {
+            let live = &self.by_size;
+            self.order.retain(|k| live.contains_key(k));
+        }
         self.total += block.bytes;
         out.shrink_to_fit();
         out
@@ -187,13 +194,10 @@ impl Pool {
     /// Evicts least recently freed blocks until at most `keep` bytes remain.
     pub fn evict_until_room(&mut self, keep: u64) -> Vec<Block> {
         let mut out = Vec::new();
-        if self.total <= keep {
-            return out;
-        }
-        for k in self.oldest_first(|_| true) {
-            if self.total <= keep {
+        while self.total > keep {
+            let Some(k) = self.order.pop_front() else {
                 break;
-            }
+            };
             if let Some(b) = self.remove(k) {
                 out.push(b);
             }
@@ -395,6 +399,10 @@ mod tests {
                     .collect();
             }
             held = p.by_size.values().map(|b| b.bytes).sum();
+            // The age queue holds every live key once and stays within
+            // twice the blocks (and a slack).
+            assert!(p.order.len() <= 2 * p.by_size.len() + 65);
+            assert!(p.by_size.keys().all(|k| p.order.contains(k)));
             assert_eq!(held, p.total());
             assert!(p.total() <= 16384);
             // Eviction takes the least recently freed first: what is left
