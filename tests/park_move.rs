@@ -27,6 +27,19 @@ fn kinds_line(lines: &[String], from: usize) -> String {
     lines[from..from + 3].join(" | ")
 }
 
+/// `stderr` holds `text` exactly `times` times.
+fn said(stderr: &str, text: &str, times: usize) {
+    assert_eq!(stderr.matches(text).count(), times, "{stderr}");
+}
+
+/// The host memory kept for parks that `stat --json` shows for the one
+/// process publishing in `dir`.
+fn host_kept(dir: &std::path::Path) -> u64 {
+    crate::park_util::stat(dir)["processes"][0]["park"]["host_kept_bytes"]
+        .as_u64()
+        .expect("host_kept_bytes")
+}
+
 /// [`moved_env`] with `VRAMCAP_PARK_MOVE=mode`.
 fn move_env<'a>(mode: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     let mut env = moved_env(extra);
@@ -121,17 +134,11 @@ fn a_park_moves_the_blocks_and_a_call_brings_them_back_intact() {
     assert_eq!(lines[second - 1], "resumed", "{lines:?}");
     assert_eq!(lines[second + 3], "read32 #0 -> 0 value=77", "{lines:?}");
     assert_eq!(count(&lines[second + 4], "host_register"), 1, "{lines:?}");
-    assert_eq!(
-        stderr.matches("moved to host memory by the shim").count(),
+    said(&stderr, "moved to host memory by the shim", 2);
+    said(
+        &stderr,
+        "(moved by the shim; 64.0 MiB of host memory kept for the next park, until `vramcap trim` or exit)",
         2,
-        "{stderr}"
-    );
-    assert_eq!(
-        stderr
-            .matches("(moved by the shim; 64.0 MiB of host memory kept for the next park, until `vramcap trim` or exit)")
-            .count(),
-        2,
-        "{stderr}"
     );
     assert!(!stderr.contains("checkpoint"), "{stderr}");
 }
@@ -307,13 +314,12 @@ fn a_resume_over_a_group_budget_lowered_meanwhile() {
         "{lines:?}"
     );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        err.matches(&format!(
+    said(
+        &err,
+        &format!(
             "device 0: resuming over the group's cap of 536870912 bytes: the process held {GIB} bytes when it was parked"
-        ))
-        .count(),
+        ),
         1,
-        "{err}"
     );
 }
 
@@ -608,12 +614,10 @@ fn shim_then_a_refused_checkpoint_parks_as_shim_does() {
         lines[first + 5],
         "ckstate state=0 checkpoints=0 restores=0 failures=0 parked=0"
     );
-    assert_eq!(
-        stderr
-            .matches("the driver's checkpoint of the rest was refused")
-            .count(),
+    said(
+        &stderr,
+        "the driver's checkpoint of the rest was refused",
         1,
-        "{stderr}"
     );
     assert!(stderr.contains("(moved by the shim; "), "{stderr}");
 }
@@ -722,13 +726,7 @@ fn shim_then_checkpoint_checks_room_for_the_blocks_before_restoring() {
         lines.iter().any(|l| l == "read32 #0 -> 0 value=0"),
         "{lines:?}"
     );
-    assert_eq!(
-        stderr
-            .matches("the driver's restore and unlock took")
-            .count(),
-        1,
-        "{stderr}"
-    );
+    said(&stderr, "the driver's restore and unlock took", 1);
 }
 
 /// The host memory kept for parks is on the page (its tail): `stat --json`
@@ -744,21 +742,15 @@ fn host_memory_kept_for_parks_shows_in_stat_until_a_trim() {
     ];
     let mut h = Watched::start(&dir, &env, &args);
     let pid = h.pid;
-    let kept = |dir: &std::path::Path| -> u64 {
-        let j = crate::park_util::stat(dir);
-        j["processes"][0]["park"]["host_kept_bytes"]
-            .as_u64()
-            .expect("host_kept_bytes")
-    };
-    assert_eq!(kept(&dir), 0);
+    assert_eq!(host_kept(&dir), 0);
     park(&dir, pid).expect_lines(&[&format!(
         "{pid}: parked, 64.0 MiB moved to host memory and released"
     )]);
     // Parked: the host memory holds the block; none is kept aside.
-    assert_eq!(kept(&dir), 0);
+    assert_eq!(host_kept(&dir), 0);
     h.resume();
     h.until("wait");
-    assert_eq!(kept(&dir), 64 * MIB);
+    assert_eq!(host_kept(&dir), 64 * MIB);
     let table = crate::park_util::cli(&dir, &["stat"]).ok_lines().join("\n");
     assert!(
         table.contains("[64.0 MiB host memory kept for parking] "),
@@ -767,7 +759,7 @@ fn host_memory_kept_for_parks_shows_in_stat_until_a_trim() {
     crate::park_util::cli(&dir, &["trim", &pid.to_string()]).expect_lines(&[&format!(
         "{pid}: released 0 B (0 B still cached); gave back 64.0 MiB of host memory kept for parks"
     )]);
-    assert_eq!(kept(&dir), 0);
+    assert_eq!(host_kept(&dir), 0);
     h.resume();
     h.until("wait");
     let (lines, out) = h.end();
@@ -786,22 +778,16 @@ fn kept_host_pages_go_with_their_context() {
     ];
     let mut h = Watched::start(&dir, &env, &args);
     let pid = h.pid;
-    let kept = |dir: &std::path::Path| -> u64 {
-        let j = crate::park_util::stat(dir);
-        j["processes"][0]["park"]["host_kept_bytes"]
-            .as_u64()
-            .expect("host_kept_bytes")
-    };
     park(&dir, pid).expect_lines(&[&format!(
         "{pid}: parked, 64.0 MiB moved to host memory and released"
     )]);
     h.resume();
     h.until("wait");
-    assert_eq!(kept(&dir), 64 * MIB);
+    assert_eq!(host_kept(&dir), 64 * MIB);
     h.resume();
     h.until("wait");
     assert_eq!(h.lines[h.lines.len() - 2], "reset 0 -> 0", "{:?}", h.lines);
-    assert_eq!(kept(&dir), 0);
+    assert_eq!(host_kept(&dir), 0);
     let (lines, out) = h.end();
     assert!(out.status.success(), "{lines:?}");
 }
@@ -826,12 +812,10 @@ fn ipc_of_a_block_is_refused_naming_the_park_move() {
     let lines = out.ok_lines();
     assert_eq!(lines[3..], ["ipc #0 -> 1", "ipc #1 -> 0"][..], "{lines:?}");
     let stderr = out.stderr();
-    assert_eq!(
-        stderr
-            .matches("is VMM memory for the shim's parking moves (VRAMCAP_PARK_MOVE=shim or shim+checkpoint), which cannot be shared with other processes; use VRAMCAP_PARK_MOVE=checkpoint to share memory")
-            .count(),
+    said(
+        &stderr,
+        "is VMM memory for the shim's parking moves (VRAMCAP_PARK_MOVE=shim or shim+checkpoint), which cannot be shared with other processes; use VRAMCAP_PARK_MOVE=checkpoint to share memory",
         1,
-        "{stderr}"
     );
 }
 
@@ -857,12 +841,10 @@ fn host_memory_refused_leaves_the_block_on_the_gpu_and_says_why() {
         lines[first + 4].contains(&format!(" allocations={} ", 64 * MIB)),
         "{lines:?}"
     );
-    assert_eq!(
-        stderr
-            .matches("parking: the driver gave no host memory for a block of 67108864 bytes (error 2: a locked-memory limit, `ulimit -l`, or a container's memory limit refuses pinned memory); such blocks stay on the GPU")
-            .count(),
+    said(
+        &stderr,
+        "parking: the driver gave no host memory for a block of 67108864 bytes (error 2: a locked-memory limit, `ulimit -l`, or a container's memory limit refuses pinned memory); such blocks stay on the GPU",
         1,
-        "{stderr}"
     );
 }
 
@@ -883,12 +865,10 @@ fn blocks_past_the_host_limit_stay_and_the_park_says_so() {
         ["read32 #0 -> 0 value=5", "read32 #1 -> 0 value=6"],
         "{lines:?}"
     );
-    assert_eq!(
-        stderr
-            .matches("parking: 1 block (67108864 bytes) stay on GPU 0: the host memory for parked blocks is used up (VRAMCAP_SPILL_LIMIT; e.g. VRAMCAP_SPILL_LIMIT=90% allows more)")
-            .count(),
+    said(
+        &stderr,
+        "parking: 1 block (67108864 bytes) stay on GPU 0: the host memory for parked blocks is used up (VRAMCAP_SPILL_LIMIT; e.g. VRAMCAP_SPILL_LIMIT=90% allows more)",
         1,
-        "{stderr}"
     );
 }
 

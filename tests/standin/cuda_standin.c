@@ -4033,6 +4033,19 @@ LOCAL(cuMipmappedArrayGetMemoryRequirements)
                     CU_MEMHOSTALLOC_DEVICEMAP |           \
                     CU_MEMHOSTALLOC_WRITECOMBINED))
 
+/* Whether g_host_allocs has room for one more entry (grown when full). */
+static bool host_slot_locked(void)
+{
+    if (g_host_nallocs == g_host_allocs_cap) {
+        struct host_alloc *grown = grow_array(g_host_allocs,
+                                              &g_host_allocs_cap,
+                                              sizeof *grown);
+        if (grown != NULL)
+            g_host_allocs = grown;
+    }
+    return g_host_nallocs < g_host_allocs_cap;
+}
+
 /*
  * The common part of cuMemHostAlloc and cuMemAllocHost_v2 (flags 0). A
  * current context is needed, as for the real driver; the memory belongs to
@@ -4060,14 +4073,7 @@ static CUresult host_alloc(void **pp, size_t bytesize, unsigned int flags)
 
     rc = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&g_lock);
-    if (g_host_nallocs == g_host_allocs_cap) {
-        struct host_alloc *grown = grow_array(g_host_allocs,
-                                              &g_host_allocs_cap,
-                                              sizeof *grown);
-        if (grown != NULL)
-            g_host_allocs = grown;
-    }
-    if (g_host_nallocs < g_host_allocs_cap &&
+    if (host_slot_locked() &&
         (backed || span <= HOST_BASE + HOST_WINDOW - g_host_next)) {
         uintptr_t addr = (uintptr_t)mem;
         if (!backed) {
@@ -4186,14 +4192,7 @@ CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
         if (a < h->addr + h->bytes && h->addr < a + bytesize)
             overlap = true;
     }
-    if (!overlap && g_host_nallocs == g_host_allocs_cap) {
-        struct host_alloc *grown = grow_array(g_host_allocs,
-                                              &g_host_allocs_cap,
-                                              sizeof *grown);
-        if (grown != NULL)
-            g_host_allocs = grown;
-    }
-    if (!overlap && g_host_nallocs < g_host_allocs_cap) {
+    if (!overlap && host_slot_locked()) {
         g_host_allocs[g_host_nallocs++] = (struct host_alloc){
             .addr = a, .bytes = bytesize,
             .flags = (Flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0

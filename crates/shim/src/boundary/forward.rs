@@ -645,6 +645,17 @@ mod tests {
         );
     }
 
+    /// What parking hands out for `real`, looked up as `name`: its
+    /// forwarder, callable as `real` is.
+    fn handed_out(name: &CStr, real: extern "C" fn(i32) -> i32) -> extern "C" fn(i32) -> i32 {
+        gate::enable(true);
+        let p = forwarder(name, real as *mut c_void);
+        gate::enable(false);
+        assert!(is_forwarder(p));
+        // SAFETY: the entry jumps to `real`, whose type this is.
+        unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(i32) -> i32>(p) }
+    }
+
     extern "C" fn nvml_like(x: i32) -> i32 {
         x
     }
@@ -655,12 +666,7 @@ mod tests {
     #[test]
     fn an_nvml_function_answers_nvml_s_codes_at_a_gate_that_cannot_open() {
         let _one = gate::TESTS.lock().unwrap_or_else(|e| e.into_inner());
-        gate::enable(true);
-        let p = forwarder(c"nvmlDeviceGetLikeness", nvml_like as *mut c_void);
-        gate::enable(false);
-        assert!(is_forwarder(p));
-        // SAFETY: the entry jumps to `nvml_like`, whose type this is.
-        let f = unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(i32) -> i32>(p) };
+        let f = handed_out(c"nvmlDeviceGetLikeness", nvml_like);
         assert_eq!(f(5), 5);
         gate::set_state(gate::FAILED);
         let answer = f(5);
@@ -680,11 +686,7 @@ mod tests {
     #[test]
     fn a_quiet_call_goes_through_a_parked_gate_when_the_driver_stays_usable() {
         let _one = gate::TESTS.lock().unwrap_or_else(|e| e.into_inner());
-        gate::enable(true);
-        let p = forwarder(c"cuCtxGetDevice", quiet_like as *mut c_void);
-        gate::enable(false);
-        // SAFETY: the entry jumps to `quiet_like`, whose type this is.
-        let f = unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(i32) -> i32>(p) };
+        let f = handed_out(c"cuCtxGetDevice", quiet_like);
         gate::set_driver_live(true);
         gate::set_state(gate::PARKED);
         gate::ACTIVE.store(false, Ordering::Relaxed);

@@ -246,6 +246,18 @@ impl<D: Driver> Parking<'_, D> {
         Outcome::Ok
     }
 
+    /// The driver's restore or unlock failed with `rc`: the process is
+    /// stuck, its state `Failed` (its calls answer 401), said once.
+    fn stuck(&self, rc: u32) -> Outcome {
+        self.park_set(ParkState::Failed);
+        log_at!(
+            Error,
+            "{}; its CUDA calls answer CUDA_ERROR_ILLEGAL_STATE from now on",
+            Outcome::Stuck(rc)
+        );
+        Outcome::Stuck(rc)
+    }
+
     /// The driver's lock and checkpoint of the process: their seconds.
     /// Refused, the process is unlocked again (as measured: a failed
     /// checkpoint leaves it locked, and unlocking recovers it); when the
@@ -264,16 +276,7 @@ impl<D: Driver> Parking<'_, D> {
             Some(CUDA_SUCCESS) => Ok(driver_start.elapsed().as_secs_f64()),
             other => match driver.checkpoint(Checkpoint::Unlock) {
                 Some(CUDA_SUCCESS) => Err(Outcome::DriverError(other.unwrap_or(0) as u32)),
-                unlock => {
-                    let rc = unlock.unwrap_or(0) as u32;
-                    self.park_set(ParkState::Failed);
-                    log_at!(
-                        Error,
-                        "{}; its CUDA calls answer CUDA_ERROR_ILLEGAL_STATE from now on",
-                        Outcome::Stuck(rc)
-                    );
-                    Err(Outcome::Stuck(rc))
-                }
+                unlock => Err(self.stuck(unlock.unwrap_or(0) as u32)),
             },
         }
     }
@@ -461,16 +464,7 @@ impl<D: Driver> Parking<'_, D> {
         for step in [Checkpoint::Restore, Checkpoint::Unlock] {
             match driver.checkpoint(step) {
                 Some(CUDA_SUCCESS) => {}
-                other => {
-                    let rc = other.unwrap_or(0) as u32;
-                    self.park_set(ParkState::Failed);
-                    log_at!(
-                        Error,
-                        "{}; its CUDA calls answer CUDA_ERROR_ILLEGAL_STATE from now on",
-                        Outcome::Stuck(rc)
-                    );
-                    return Err(Outcome::Stuck(rc));
-                }
+                other => return Err(self.stuck(other.unwrap_or(0) as u32)),
             }
         }
         let driver_s = driver_start.elapsed().as_secs_f64();

@@ -86,6 +86,11 @@ impl TierBlock {
     pub(in crate::engine) fn movable(&self) -> bool {
         self.ready.load(Ordering::SeqCst) && !self.pinned.load(Ordering::SeqCst)
     }
+    /// Whether [`TierBlock::claim`] would claim it now (not moving, not
+    /// being freed, movable): what a park makes host pages for.
+    pub(in crate::engine) fn claimable(&self) -> bool {
+        !self.moving.load(Ordering::SeqCst) && !self.freed.load(Ordering::SeqCst) && self.movable()
+    }
     /// Claims the block for a move: `None` when it is being freed, is
     /// pinned, or is moved already. The claim ends when the [`BlockClaim`] is
     /// dropped, on a panic's unwinding too, so a free never waits on a

@@ -95,10 +95,7 @@ impl<D: Driver> Tiering<'static, D> {
             let (mut tight, mut tight_bytes) = (0usize, 0u64);
             // Only blocks a stage could claim get pages (not pinned, not
             // being freed or moved, granted).
-            let movable = blocks.iter().filter(|b| {
-                b.movable() && !b.freed.load(Ordering::SeqCst) && !b.moving.load(Ordering::SeqCst)
-            });
-            for b in movable {
+            for b in blocks.iter().filter(|b| b.claimable()) {
                 if let Some(i) = have.iter().position(|&s| s == b.bytes) {
                     have.swap_remove(i);
                 } else if system.is_some_and(|r| r < b.bytes) {

@@ -232,30 +232,71 @@ pub enum Report {
     },
 }
 
-/// Issue 44's report of a trace of launches (`size_of` gives a block
-/// start's bytes; `None`: a block freed since, which weighs nothing),
-/// under `budget`.
-pub fn report(trace: &[Launched], size_of: impl Fn(u64) -> Option<u64>, budget: u64) -> Report {
-    let kernels: Vec<u64> = trace.iter().map(|l| l.kernel).collect();
-    let Some((period, covered)) = period(&kernels) else {
-        return Report::NoRepeat {
-            launches: trace.len(),
-        };
-    };
+/// The last step of a recorded trace whose kernels repeat: what
+/// [`report`] and the prototype (`stage.rs`) both cut into phases.
+pub struct Step {
+    pub period: usize,
+    /// The launches at the end of the trace that repeat it.
+    pub covered: usize,
+    /// The step's kernels, in order, and every kernel of the trace.
+    pub kernels: Vec<u64>,
+    pub all_kernels: Vec<u64>,
+    /// The starts of the blocks its launches used, sorted; each launch's
+    /// blocks as indices into them; and their sizes (`size_of`, 0 for a
+    /// block freed since).
+    pub starts: Vec<u64>,
+    pub launches: Vec<Launch>,
+    pub sizes: Vec<u64>,
+}
+
+/// The last step of `trace`, when its kernels repeat (`None`: the order
+/// does not repeat yet).
+pub fn last_step(trace: &[Launched], size_of: impl Fn(u64) -> Option<u64>) -> Option<Step> {
+    let all_kernels: Vec<u64> = trace.iter().map(|l| l.kernel).collect();
+    let (period, covered) = period(&all_kernels)?;
     let last = &trace[trace.len() - period..];
     let mut starts: Vec<u64> = last.iter().flat_map(|l| l.blocks.iter().copied()).collect();
     starts.sort_unstable();
     starts.dedup();
     let index = |p: &u64| starts.binary_search(p).unwrap_or(0);
-    let step: Vec<Launch> = last
+    let launches: Vec<Launch> = last
         .iter()
         .map(|l| l.blocks.iter().map(index).collect())
         .collect();
     let sizes: Vec<u64> = starts.iter().map(|&p| size_of(p).unwrap_or(0)).collect();
+    Some(Step {
+        period,
+        covered,
+        kernels: all_kernels[all_kernels.len() - period..].to_vec(),
+        all_kernels,
+        starts,
+        launches,
+        sizes,
+    })
+}
+
+/// Issue 44's report of a trace of launches (`size_of` gives a block
+/// start's bytes; `None`: a block freed since, which weighs nothing),
+/// under `budget`.
+pub fn report(trace: &[Launched], size_of: impl Fn(u64) -> Option<u64>, budget: u64) -> Report {
+    let Some(Step {
+        period,
+        covered,
+        kernels: step_kernels,
+        all_kernels: kernels,
+        launches: step,
+        sizes,
+        ..
+    }) = last_step(trace, size_of)
+    else {
+        return Report::NoRepeat {
+            launches: trace.len(),
+        };
+    };
     match split(&step, &sizes, budget) {
         Split::Unfit { bytes, .. } => Report::Unfit { period, bytes },
         Split::Phases(p) => {
-            let mut f = Follower::new(kernels[kernels.len() - period..].to_vec(), &p);
+            let mut f = Follower::new(step_kernels, &p);
             let (mut locked_at, mut lost) = (None, 0);
             for (i, &k) in kernels.iter().enumerate() {
                 if f.launched(k) == Followed::Lost {

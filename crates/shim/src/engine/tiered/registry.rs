@@ -99,12 +99,7 @@ impl Tiers {
 
     /// The bytes of host memory kept now.
     pub fn kept_bytes(&self) -> u64 {
-        self.kept
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|p| p.bytes)
-            .sum()
+        self.kept_sizes().iter().sum()
     }
 
     /// The round now: a new block is made in it ([`TierBlock::new`]).

@@ -119,19 +119,14 @@ impl<D: Driver> Tiering<'static, D> {
                 );
             }
         }
-        let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
-        devices.sort_unstable();
-        devices.dedup();
-        for dev in devices {
+        for dev in devices_of(&blocks) {
             let device = CUdevice::from(dev);
             let Some(slot) = self.accounting.slot(device) else {
                 continue;
             };
-            let Some(limit) = self.accounting.cap_in_force(slot, device) else {
+            let Some((limit, target)) = self.target(device) else {
                 continue;
             };
-            let soft = slot.soft.load(Ordering::Relaxed);
-            let target = if soft > 0 { limit.min(soft) } else { limit };
             let mine: Vec<Arc<TierBlock>> =
                 blocks.iter().filter(|b| b.device == dev).cloned().collect();
             let used = i128::from(slot.budget.used());
@@ -156,23 +151,32 @@ impl<D: Driver> Tiering<'static, D> {
         }
     }
 
+    /// A device's cap in force and its target (the soft limit when lower):
+    /// what a round places under.
+    pub(super) fn target(&self, device: CUdevice) -> Option<(u64, u64)> {
+        let slot = self.accounting.slot(device)?;
+        let limit = self.accounting.cap_in_force(slot, device)?;
+        let soft = slot.soft.load(Ordering::Relaxed);
+        Some((limit, if soft > 0 { limit.min(soft) } else { limit }))
+    }
+
+    /// The bytes one phase of a step may use: the first block's device's
+    /// target less the promotion margin (issue 44's report and prototype
+    /// cut phases for one GPU).
+    pub(super) fn stage_budget(&self, blocks: &[Arc<TierBlock>]) -> u64 {
+        blocks
+            .first()
+            .and_then(|b| self.target(CUdevice::from(b.device)))
+            .map_or(u64::MAX, |(_, t)| t.saturating_sub(PROMOTE_MARGIN.min(t)))
+    }
+
     /// Issue 44's report at debug level: where the recorded launch order
     /// repeats, and what staging one step under each device's target
     /// would move (`phases.rs`).
     fn report_staging(&self, blocks: &[Arc<TierBlock>], round: u64) {
         let trace = self.tiers.recorded();
         let size_of = |p: u64| blocks.iter().find(|b| b.ptr == p).map(|b| b.bytes);
-        let budget = blocks
-            .first()
-            .and_then(|b| {
-                let device = CUdevice::from(b.device);
-                let slot = self.accounting.slot(device)?;
-                let limit = self.accounting.cap_in_force(slot, device)?;
-                let soft = slot.soft.load(Ordering::Relaxed);
-                let target = if soft > 0 { limit.min(soft) } else { limit };
-                Some(target.saturating_sub(PROMOTE_MARGIN.min(target)))
-            })
-            .unwrap_or(u64::MAX);
+        let budget = self.stage_budget(blocks);
         let what = match super::phases::report(&trace, size_of, budget) {
             super::phases::Report::NoRepeat { launches } => {
                 format!("the order of the last {launches} launches does not repeat")
@@ -583,4 +587,12 @@ impl<D: Driver> Tiering<'static, D> {
         }
         true
     }
+}
+
+/// The devices of `blocks`, each once, ascending.
+pub(super) fn devices_of(blocks: &[Arc<TierBlock>]) -> Vec<u16> {
+    let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    devices
 }

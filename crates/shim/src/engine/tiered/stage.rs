@@ -37,6 +37,7 @@ use std::time::Instant;
 use vramcap_core::budget::NO_CAP;
 
 use super::phases::{self, Follower, Split};
+use super::rounds::devices_of;
 use super::{PROMOTE_MARGIN, Plan, TierBlock, Tiering, Tiers};
 use crate::engine::driver::Driver;
 use crate::ffi::CUdevice;
@@ -139,23 +140,12 @@ impl<D: Driver> Tiering<'static, D> {
     /// Whether a device of `blocks` is over its target (a cap or soft limit
     /// lowered while it runs).
     fn any_over(&self, blocks: &[Arc<TierBlock>]) -> bool {
-        let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
-        devices.sort_unstable();
-        devices.dedup();
-        devices.into_iter().any(|dev| {
+        devices_of(blocks).into_iter().any(|dev| {
             let device = CUdevice::from(dev);
             self.target(device)
                 .zip(self.accounting.slot(device))
                 .is_some_and(|((_, t), s)| t != NO_CAP && s.budget.used() > t)
         })
-    }
-
-    /// A device's cap in force and its target (the soft limit when lower).
-    fn target(&self, device: CUdevice) -> Option<(u64, u64)> {
-        let slot = self.accounting.slot(device)?;
-        let limit = self.accounting.cap_in_force(slot, device)?;
-        let soft = slot.soft.load(Ordering::Relaxed);
-        Some((limit, if soft > 0 { limit.min(soft) } else { limit }))
     }
 
     /// Acts on the phase entered last, once: its blocks and, as room is
@@ -179,10 +169,7 @@ impl<D: Driver> Tiering<'static, D> {
                 f.phases[entered % k].clone(),
             )
         };
-        let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
-        devices.sort_unstable();
-        devices.dedup();
-        for dev in devices {
+        for dev in devices_of(blocks) {
             let device = CUdevice::from(dev);
             let Some(slot) = self.accounting.slot(device) else {
                 continue;
@@ -221,38 +208,18 @@ impl<D: Driver> Tiering<'static, D> {
     }
 
     /// Learns the step from the launches recorded, if it repeats and
-    /// splits under the first device's target; follows it unless the same
-    /// period is followed already.
+    /// splits under the first device's target into two phases or more;
+    /// follows it unless the same step is followed already.
     fn learn(&self, blocks: &[Arc<TierBlock>]) {
-        let trace = self.tiers.recorded();
-        let kernels: Vec<u64> = trace.iter().map(|l| l.kernel).collect();
-        let Some((period, covered)) = phases::period(&kernels) else {
+        let size_of = |p: u64| blocks.iter().find(|b| b.ptr == p).map(|b| b.bytes);
+        let Some(step) = phases::last_step(&self.tiers.recorded(), size_of) else {
             return;
         };
-        if covered < 2 * period {
-            return;
-        }
         // The phases are cut under the first block's device's target (one
         // GPU: a prototype's limit).
-        let budget = blocks
-            .first()
-            .and_then(|b| self.target(CUdevice::from(b.device)))
-            .map_or(u64::MAX, |(_, t)| t.saturating_sub(PROMOTE_MARGIN.min(t)));
-        let last = &trace[trace.len() - period..];
-        let mut starts: Vec<u64> = last.iter().flat_map(|l| l.blocks.iter().copied()).collect();
-        starts.sort_unstable();
-        starts.dedup();
-        let index = |p: &u64| starts.binary_search(p).unwrap_or(0);
-        let step: Vec<phases::Launch> = last
-            .iter()
-            .map(|l| l.blocks.iter().map(index).collect())
-            .collect();
-        let sizes: Vec<u64> = starts
-            .iter()
-            .map(|&p| blocks.iter().find(|b| b.ptr == p).map_or(0, |b| b.bytes))
-            .collect();
+        let budget = self.stage_budget(blocks);
         // One phase: the whole step fits, and heat keeps it on the GPU.
-        let Split::Phases(cut) = phases::split(&step, &sizes, budget) else {
+        let Split::Phases(cut) = phases::split(&step.launches, &step.sizes, budget) else {
             return;
         };
         if cut.len() < 2 {
@@ -260,26 +227,26 @@ impl<D: Driver> Tiering<'static, D> {
         }
         let addrs: Vec<Vec<u64>> = cut
             .iter()
-            .map(|p| p.blocks.iter().map(|&i| starts[i]).collect())
+            .map(|p| p.blocks.iter().map(|&i| step.starts[i]).collect())
             .collect();
-        let step_kernels = &kernels[kernels.len() - period..];
         let mut g = self.tiers.stage.lock().unwrap_or_else(|e| e.into_inner());
         // The same step (kernels and blocks) keeps its follower, and with
         // it its progress; another replaces it.
         if g.as_ref()
-            .is_some_and(|f| f.phases == addrs && f.kernels == step_kernels)
+            .is_some_and(|f| f.phases == addrs && f.kernels == step.kernels)
         {
             return;
         }
         log_at!(
             Info,
-            "tiered spill: staging ahead: following a step of {period} launches in {} phases under {budget} bytes",
+            "tiered spill: staging ahead: following a step of {} launches in {} phases under {budget} bytes",
+            step.period,
             cut.len()
         );
         *g = Some(Followed {
-            follower: Follower::new(step_kernels.to_vec(), &cut),
+            follower: Follower::new(step.kernels.clone(), &cut),
             phases: addrs,
-            kernels: step_kernels.to_vec(),
+            kernels: step.kernels,
         });
     }
 
