@@ -15,7 +15,8 @@
 #   fhl        -m "full or held or live"                      (280)
 #   tiered     tiered Llama at 1.5x beside .gpu/base, and with
 #              VRAMCAP_TIERED_STAGE=on                          (450)
-#   staged     tiered Llama at 1.5x, and with VRAMCAP_TIERED_STAGE=on (300)
+#   staged     tiered Llama at 1.5x, with VRAMCAP_TIERED_STAGE=on and
+#              with VRAMCAP_TIERED_STAGE=ahead                  (420)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
 #   bench-base gpu_bench.py on .gpu/base, the pairs only        (120)
 #   gate       bench_gate.py, parking by the shim's moves: launches and
@@ -65,8 +66,8 @@ for step in "$@"; do
         grep -h "staging" "$work"/tiered/*.log 2>/dev/null | cut -c1-400 >"$work/tiered/staging.txt"
         ;;
     staged)
-        check staged 300 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
-            --tiered-variants "staged=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=on"
+        check staged 420 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
+            --tiered-variants "staged=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=on ahead=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=ahead"
         grep -h "staging" "$work"/staged/*.log 2>/dev/null | cut -c1-400 >"$work/staged/staging.txt"
         ;;
     bench)

@@ -20,8 +20,9 @@ mod vars;
 pub use operator::{OperatorError, read_operator_limit};
 pub use parse::{
     CacheBound, ContextCharge, Counting, LogLevel, MANAGED_AS_HOST, SettingsError, Spill,
-    SpillLimit, default_stats_dir, parse_cache, parse_context, parse_counting, parse_duration,
-    parse_log_level, parse_park, parse_park_move, parse_park_wait, parse_spill, parse_spill_limit,
+    SpillLimit, Stage, default_stats_dir, parse_cache, parse_context, parse_counting,
+    parse_duration, parse_log_level, parse_park, parse_park_move, parse_park_wait, parse_spill,
+    parse_spill_limit,
 };
 pub use vars::{
     CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, CUDA_LIBRARY_VAR, DISABLE_VAR,
@@ -78,8 +79,8 @@ pub struct Settings {
     pub park_wait: std::time::Duration,
     /// `VRAMCAP_PARK_MOVE`: what moves a parked process's memory.
     pub park_move: crate::park::ParkMove,
-    /// Tiered spill stages ahead by the launch order (`VRAMCAP_TIERED_STAGE`).
-    pub tiered_stage: bool,
+    /// Tiered spill stages by the launch order (`VRAMCAP_TIERED_STAGE`).
+    pub tiered_stage: Stage,
     /// `VRAMCAP_FREE_PROBE=1`: this process is the nvidia-smi a resume
     /// runs ([`FREE_PROBE_VAR`]); NVML's memory queries answer the
     /// driver's figures. It lifts no cap.
@@ -214,20 +215,21 @@ impl Settings {
             ));
         }
         let tiered_stage = match get(TIERED_STAGE_VAR).as_deref().map(str::trim) {
-            None | Some("") | Some("off") | Some("0") => false,
-            Some(v @ ("on" | "1")) if spill != Spill::Tiered => {
+            None | Some("") | Some("off") | Some("0") => Stage::Off,
+            Some(v @ ("on" | "1" | "ahead")) if spill != Spill::Tiered => {
                 return Err(bad(
                     TIERED_STAGE_VAR,
                     v,
                     "off without VRAMCAP_SPILL=tiered (staging moves tiered blocks), e.g. VRAMCAP_SPILL=tiered VRAMCAP_TIERED_STAGE=on",
                 ));
             }
-            Some("on") | Some("1") => true,
+            Some("on") | Some("1") => Stage::On,
+            Some("ahead") => Stage::Ahead,
             Some(v) => {
                 return Err(bad(
                     TIERED_STAGE_VAR,
                     v,
-                    "on or off (on: tiered spill stages blocks ahead by the step's launch order; experimental), e.g. VRAMCAP_TIERED_STAGE=on",
+                    "on, ahead or off (tiered spill stages blocks by the step's launch order, copying inside the stop or, with ahead, while the phase before runs; experimental), e.g. VRAMCAP_TIERED_STAGE=on",
                 ));
             }
         };

@@ -481,28 +481,39 @@ fn park_move_is_checkpoint_or_shim_and_shim_needs_parking() {
 }
 
 #[test]
-fn tiered_stage_is_on_or_off_and_needs_tiered_spill() {
-    assert!(!read(&[]).unwrap().tiered_stage);
-    assert!(
-        read(&[("VRAMCAP_SPILL", "tiered"), ("VRAMCAP_TIERED_STAGE", "on")])
-            .unwrap()
-            .tiered_stage
-    );
-    assert!(
-        !read(&[("VRAMCAP_SPILL", "tiered"), ("VRAMCAP_TIERED_STAGE", "off")])
-            .unwrap()
-            .tiered_stage
-    );
-    assert_eq!(
-        read(&[("VRAMCAP_TIERED_STAGE", "on")])
-            .unwrap_err()
-            .to_string(),
-        "VRAMCAP_TIERED_STAGE=\"on\" is not valid: expected off without VRAMCAP_SPILL=tiered (staging moves tiered blocks), e.g. VRAMCAP_SPILL=tiered VRAMCAP_TIERED_STAGE=on"
-    );
+fn tiered_stage_is_on_ahead_or_off_and_needs_tiered_spill() {
+    use crate::settings::Stage;
+    assert_eq!(read(&[]).unwrap().tiered_stage, Stage::Off);
+    for (v, want) in [
+        ("on", Stage::On),
+        ("1", Stage::On),
+        ("ahead", Stage::Ahead),
+        (" ahead ", Stage::Ahead),
+        ("off", Stage::Off),
+        ("0", Stage::Off),
+    ] {
+        assert_eq!(
+            read(&[("VRAMCAP_SPILL", "tiered"), ("VRAMCAP_TIERED_STAGE", v)])
+                .unwrap()
+                .tiered_stage,
+            want,
+            "{v}"
+        );
+    }
+    for v in ["on", "ahead"] {
+        assert_eq!(
+            read(&[("VRAMCAP_TIERED_STAGE", v)])
+                .unwrap_err()
+                .to_string(),
+            format!(
+                "VRAMCAP_TIERED_STAGE=\"{v}\" is not valid: expected off without VRAMCAP_SPILL=tiered (staging moves tiered blocks), e.g. VRAMCAP_SPILL=tiered VRAMCAP_TIERED_STAGE=on"
+            )
+        );
+    }
     assert_eq!(
         read(&[("VRAMCAP_SPILL", "tiered"), ("VRAMCAP_TIERED_STAGE", "yes")])
             .unwrap_err()
             .to_string(),
-        "VRAMCAP_TIERED_STAGE=\"yes\" is not valid: expected on or off (on: tiered spill stages blocks ahead by the step's launch order; experimental), e.g. VRAMCAP_TIERED_STAGE=on"
+        "VRAMCAP_TIERED_STAGE=\"yes\" is not valid: expected on, ahead or off (tiered spill stages blocks by the step's launch order, copying inside the stop or, with ahead, while the phase before runs; experimental), e.g. VRAMCAP_TIERED_STAGE=on"
     );
 }

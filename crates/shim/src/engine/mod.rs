@@ -84,6 +84,13 @@
 //!     it a kernel, and by a round, which holds `Tiers::running` and the
 //!     cache's ordering lock shared then, to read or install it; a phase's
 //!     first launch wakes the background thread (`Thread::unpark`, no lock).
+//!     Staging ahead (`tiered/ahead.rs`, `=ahead`): that launch then waits,
+//!     before the gate and holding no lock, on the `remapped` condvar (its
+//!     mutex a leaf) for at most 100 ms, until the round has remapped the
+//!     phase's moves; the moves staged ahead are one mutex, a leaf, taken
+//!     by the background thread only; the blocks' write stamps are atomics
+//!     written by hooks holding the gate shared and read with it held
+//!     exclusively.
 //!   - `process/gate.rs`: parking's gate mutex, taken alone, to change the
 //!     state or to wait on its condvar for it (program threads at a closed
 //!     gate wait there, outside every other lock).

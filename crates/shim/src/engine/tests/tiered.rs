@@ -638,6 +638,140 @@ fn staging_puts_each_phase_s_blocks_on_the_gpu_as_the_phase_begins() {
     assert_eq!(placed(e), (0, 0, 0));
 }
 
+/// Staging ahead (`VRAMCAP_TIERED_STAGE=ahead`, `tiered/ahead.rs`): eight
+/// 16 MiB blocks, a step of eight kernels (kernel `k` names the `k`-th
+/// block), a 104 MiB cap (96 MiB under the margin; a phase's share is a
+/// third: two blocks). The next phase's moves are staged and copied while
+/// a phase runs, and its stop only remaps them; a copy or memset into a
+/// block staged ahead, or work whose writes are not known, makes its copy
+/// again inside the stop; a freed block's move is dropped, and at the end
+/// nothing is left: no memory, no reservation, no host budget.
+#[test]
+fn staging_ahead_copies_while_a_phase_runs_and_again_when_written() {
+    use crate::engine::tiered::Place::{Device, Host};
+    // The short round reads parking's gate: no other test may change it.
+    let _one = crate::process::gate::TESTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let e = uncached("104MiB", &[TIERED, ("VRAMCAP_TIERED_STAGE", "ahead")]);
+    let host_room = e.spill.room();
+    let blocks = allocs(e, [16 * MIB; 8]);
+    let [a, b, c, d, x, f, g, h] = blocks;
+    assert_eq!((used(e), spilled(e)), (96 * MIB, 32 * MIB));
+    let kernel = |e: &'static Engine<Fake>, k: usize| {
+        assert_eq!(launch(e, &vec![blocks[k - 1]; k]), CUDA_SUCCESS);
+    };
+    let step = |e: &'static Engine<Fake>| (1..=8).for_each(|k| kernel(e, k));
+    rounds(e, 1); // the record starts
+    for _ in 0..3 {
+        step(e);
+    }
+    drained(e);
+    rounds(e, 1); // learns the step: four phases of two blocks
+    step(e);
+    assert!(e.tiers.stage_locked());
+    let on_device = |p: u64| {
+        e.tiers
+            .snapshot()
+            .iter()
+            .find(|y| y.ptr == p)
+            .is_some_and(|y| y.on_device())
+    };
+    // A phase's first launch, with the background thread's short round
+    // (here a thread of the test's) woken by it: the launch waits for the
+    // round's remap, then goes on while the round stages ahead.
+    let phase = |e: &'static Engine<Fake>, first: usize| {
+        let round = std::thread::spawn(move || {
+            while !e.tiers.entry_pending() {
+                std::thread::yield_now();
+            }
+            drained(e);
+            e.tier_stage();
+        });
+        kernel(e, first);
+        round.join().unwrap();
+        drained(e);
+    };
+    // Phase {a, b}: its blocks are there; {c, d} too; room for the phase
+    // after next is made ahead: e and f, the coldest outside both, are
+    // copied out while the phase runs.
+    let copies = e.driver.copies.load(Ordering::SeqCst);
+    phase(e, 1);
+    assert_eq!(e.tiers.ahead_staged(), vec![(x, Host), (f, Host)]);
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), copies + 2);
+    assert_eq!(moves(e), (0, 0), "nothing remapped yet");
+    kernel(e, 2);
+    // Phase {c, d}: the stop remaps e and f, copying them again: the
+    // step's launches before named them in the epoch their copies were
+    // issued in (no stop had drained that work). Then e and f come back
+    // ahead into the room, and a and b go out ahead.
+    phase(e, 3);
+    assert_eq!(e.tiers.ahead_counts(), (0, 32 * MIB, 0));
+    assert_eq!(moves(e), (2, 0));
+    assert!(!on_device(x) && !on_device(f) && on_device(c) && on_device(d));
+    assert_eq!(
+        e.tiers.ahead_staged(),
+        vec![(a, Host), (b, Host), (x, Device), (f, Device)]
+    );
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), copies + 8);
+    assert!(used(e) <= 96 * MIB, "the promotions ahead are reserved");
+    kernel(e, 4);
+    // Phase {e, f}: four moves remapped in one stop, no copy among them:
+    // each was issued after a stop, and nothing named them since.
+    phase(e, 5);
+    assert_eq!(e.tiers.ahead_counts(), (64 * MIB, 32 * MIB, 0));
+    assert_eq!(moves(e), (4, 2));
+    assert!(on_device(x) && on_device(f) && !on_device(a) && !on_device(b));
+    assert_eq!(
+        e.tiers.ahead_staged(),
+        vec![(c, Host), (d, Host), (g, Device), (h, Device)]
+    );
+    let copies = e.driver.copies.load(Ordering::SeqCst);
+    // A memset into g after its copy was issued: g's copy is made again
+    // in the stop; h's stands.
+    let rc = e.wrote(g + 4096, || CUDA_SUCCESS);
+    assert_eq!(rc, CUDA_SUCCESS);
+    kernel(e, 6);
+    phase(e, 7);
+    assert_eq!(e.tiers.ahead_counts(), (112 * MIB, 48 * MIB, 0));
+    assert!(on_device(g) && on_device(h) && !on_device(c) && !on_device(d));
+    // One copy again in the stop (g), then four ahead for the next phase.
+    assert_eq!(e.driver.copies.load(Ordering::SeqCst), copies + 1 + 4);
+    // Work whose writes are not known (a copy of many ranges): every copy
+    // ahead is made again.
+    let rc = e.pass_gate(|| CUDA_SUCCESS);
+    assert_eq!(rc, CUDA_SUCCESS);
+    kernel(e, 8);
+    let before = e.tiers.ahead_counts();
+    phase(e, 1);
+    let after = e.tiers.ahead_counts();
+    assert_eq!(after.0, before.0, "no copy stood");
+    assert_eq!(after.1 - before.1, 64 * MIB, "four made again");
+    assert!(on_device(a) && on_device(b));
+    // A block freed while its move is staged ahead: the move is dropped.
+    let staged = e.tiers.ahead_staged();
+    let (gone, _) = staged[0];
+    assert_eq!(free(e, gone), CUDA_SUCCESS);
+    kernel(e, 2);
+    phase(e, 3);
+    assert!(
+        e.tiers.ahead_counts().2 >= 16 * MIB,
+        "the freed block's move dropped"
+    );
+    assert!(e.driver.peak.load(Ordering::SeqCst) <= 104 * MIB);
+    // The order lost: every move staged ahead is dropped at the next round.
+    launch(e, &[a; 9]);
+    assert!(!e.tiers.stage_locked());
+    drained(e);
+    rounds(e, 1);
+    assert_eq!(e.tiers.ahead_staged(), vec![]);
+    for p in blocks.into_iter().filter(|&p| p != gone) {
+        assert_eq!(free(e, p), CUDA_SUCCESS);
+    }
+    assert_eq!(placed(e), (0, 0, 0));
+    assert_eq!(e.spill.room(), host_room, "the host budget given back");
+}
+
 /// Parking's host pages (`tiered/pages.rs`): each area starts on a huge
 /// page, is resident and zeroed (every base page written by the making
 /// threads), pinned through the driver, and given back whole.

@@ -52,6 +52,10 @@ pub struct TierBlock {
     /// While parked: the host pages its bytes wait in (nothing is mapped
     /// at `ptr` then, and `handle` is 0).
     pub(super) pages: Mutex<Option<pages::Pages>>,
+    /// Staging ahead only (`ahead.rs`): the gate's epoch when work that
+    /// may write the block was last submitted (a launch naming it, a copy
+    /// or memset into it), written with the gate passed; 0: none seen.
+    pub(super) written: AtomicU64,
 }
 
 impl TierBlock {
@@ -169,6 +173,14 @@ impl std::ops::Deref for BlockClaim {
     }
 }
 
+impl BlockClaim {
+    /// The block, its claim ended (a move staged ahead holds no claim
+    /// while the program runs: a free would wait on it).
+    pub(super) fn release(self) -> Arc<TierBlock> {
+        self.0.clone()
+    }
+}
+
 impl Drop for BlockClaim {
     fn drop(&mut self) {
         self.0.moving.store(false, Ordering::SeqCst);
@@ -216,6 +228,7 @@ impl TierBlock {
             named: AtomicU64::new(0),
             parked: AtomicBool::new(false),
             pages: Mutex::new(None),
+            written: AtomicU64::new(0),
         }
     }
 

@@ -20,15 +20,59 @@ impl Tiers {
     pub(in crate::engine) fn stop(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
         let until = std::time::Instant::now() + STOP_WAIT;
         loop {
-            match self.gate.try_write() {
-                Ok(g) => return Some(g),
-                Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => {}
+            let got = match self.gate.try_write() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            if let Some(g) = got {
+                // Work submitted from now on is of a later epoch
+                // (`ahead.rs`): what a copy made ahead after this stop
+                // may not have seen.
+                self.epoch.fetch_add(1, Ordering::Relaxed);
+                return Some(g);
             }
             if std::time::Instant::now() >= until {
                 return None;
             }
             std::thread::yield_now();
+        }
+    }
+
+    /// Under staging ahead, with the gate passed: work just submitted may
+    /// write the block at `dst` (a copy or memset into it), so a copy of
+    /// it made ahead since the last stop is stale (`ahead.rs`).
+    pub fn wrote(&self, dst: u64) {
+        if !self.ahead_on {
+            return;
+        }
+        let (lo, hi) = self.span();
+        if dst < lo || dst >= hi {
+            return;
+        }
+        if let Some(b) = block_at(&read!(self.blocks), dst) {
+            b.written
+                .store(self.epoch.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// Under staging ahead, with the gate passed: work just submitted may
+    /// write any block (its writes are not decoded), so every copy made
+    /// ahead since the last stop is stale.
+    pub fn wrote_unseen(&self) {
+        if self.ahead_on {
+            self.unseen_at
+                .store(self.epoch.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// The epoch staging ahead stamps writes with now (`ahead.rs`); 0 when
+    /// it is off (no stamps).
+    pub(super) fn write_epoch(&self) -> u64 {
+        if self.ahead_on {
+            self.epoch.load(Ordering::Relaxed)
+        } else {
+            0
         }
     }
 

@@ -15,7 +15,9 @@
 //! - `phases`: pure too, issue 44's first step: where a step's launch order
 //!   repeats, its phases under a budget, and a follower of the step;
 //!   `stage`: the prototype over them (`VRAMCAP_TIERED_STAGE=on`): at a
-//!   phase's first launch, the blocks of that phase and the next to the GPU.
+//!   phase's first launch, the blocks of that phase and the next to the GPU;
+//!   `ahead` (`=ahead`): the next phase's moves staged and copied while
+//!   the phase runs, and remapped at the next phase's stop unless written.
 //! - `rounds` (the background thread's moves), `bulk` (parking's moves
 //!   of every block, `VRAMCAP_PARK_MOVE=shim`), `pages` (the host pages a
 //!   parked block's bytes wait in), `budget` (where a block's
@@ -57,6 +59,7 @@ macro_rules! write {
     };
 }
 
+mod ahead;
 mod budget;
 mod bulk;
 pub(super) mod handles;
@@ -238,6 +241,19 @@ pub struct Tiers {
     /// last and not yet acted on (its index + 1; 0: none), the background
     /// thread to wake then, and what staging did.
     staging: bool,
+    /// `VRAMCAP_TIERED_STAGE=ahead` (`ahead.rs`): the gate's epoch (one
+    /// more at each stop), the epoch of the last submitted work whose
+    /// writes are not known (a graph, a copy of many ranges, a kernel
+    /// whose parameters are not decoded), and the moves staged ahead.
+    ahead_on: bool,
+    epoch: AtomicU64,
+    unseen_at: AtomicU64,
+    ahead: Mutex<Vec<ahead::Ahead>>,
+    /// Phase entries numbered (`Tiers::follow`), and the last one acted
+    /// on, which a phase's first launch waits for, staging ahead.
+    entries: AtomicU64,
+    remapped: Mutex<u64>,
+    remapped_cv: std::sync::Condvar,
     stage: Mutex<Option<stage::Followed>>,
     entered: AtomicUsize,
     waker: std::sync::OnceLock<std::thread::Thread>,

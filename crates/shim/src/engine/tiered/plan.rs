@@ -307,7 +307,7 @@ mod tests {
 
     #[test]
     fn a_claim_ends_when_a_move_panics() {
-        let t = Tiers::new(true, true, false);
+        let t = Tiers::new(true, true, vramcap_core::settings::Stage::Off);
         let _ = t.insert(TierBlock::new(
             1 << 40,
             4 * M,

@@ -4,6 +4,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use vramcap_core::settings::Stage;
 
 impl Tiers {
     /// Launches seen (a graph's launch counts each of its kernels).
@@ -16,10 +17,17 @@ impl Tiers {
         self.hits.load(Ordering::Relaxed)
     }
 
-    /// `staging`: staging ahead by the launch order (with `placing` only).
-    pub fn new(on: bool, placing: bool, staging: bool) -> Tiers {
+    /// `stage`: staging by the launch order (with `placing` only).
+    pub fn new(on: bool, placing: bool, stage: Stage) -> Tiers {
         Tiers {
-            staging: staging && placing,
+            staging: stage != Stage::Off && placing,
+            ahead_on: stage == Stage::Ahead && placing,
+            epoch: AtomicU64::new(1),
+            unseen_at: AtomicU64::new(0),
+            ahead: Mutex::new(Vec::new()),
+            entries: AtomicU64::new(0),
+            remapped: Mutex::new(0),
+            remapped_cv: std::sync::Condvar::new(),
             stage: Mutex::new(None),
             entered: AtomicUsize::new(0),
             waker: std::sync::OnceLock::new(),

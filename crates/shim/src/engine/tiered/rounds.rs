@@ -21,16 +21,20 @@ use crate::log::{log_at, log_once};
 /// address; or, for a park's move to the host, the host pages the bytes
 /// go to (`scratch` is their device address, and no handle is made).
 pub(super) struct Staged {
-    block: BlockClaim,
-    to: Place,
-    handle: u64,
-    scratch: u64,
-    stream: usize,
+    pub(super) block: BlockClaim,
+    pub(super) to: Place,
+    pub(super) handle: u64,
+    pub(super) scratch: u64,
+    pub(super) stream: usize,
     /// A park's move (`bulk.rs`): to the host, into kept host pages;
     /// back to the GPU, from the block's pages, which are kept then.
-    park: bool,
+    pub(super) park: bool,
     /// A park's move to the host: the pages (their budget still taken).
-    pages: Option<Pages>,
+    pub(super) pages: Option<Pages>,
+    /// A move staged and copied ahead (`ahead.rs`): the gate's epoch its
+    /// copy was issued in; the copy stands unless the block was written
+    /// in that epoch or later.
+    pub(super) ahead: Option<u64>,
 }
 
 impl Staged {
@@ -241,6 +245,7 @@ impl<D: Driver> Tiering<'static, D> {
                     stream,
                     park,
                     pages: Some(p),
+                    ahead: None,
                 }),
                 None => Err(false),
             };
@@ -268,6 +273,7 @@ impl<D: Driver> Tiering<'static, D> {
                 stream,
                 park,
                 pages: None,
+                ahead: None,
             }),
             Err(_) => {
                 let _ = self.driver.vmm_free_address(scratch, b.bytes);
@@ -397,8 +403,19 @@ impl<D: Driver> Tiering<'static, D> {
                 _ => None,
             };
             let from = pages.unwrap_or(b.ptr);
-            let copied = self.driver.copy_dtod(m.scratch, from, b.bytes, m.stream) == CUDA_SUCCESS
-                && self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS;
+            let copied = match m.ahead {
+                // Copied ahead, and nothing written since: the copy stands.
+                Some(epoch) if self.tiers.unwritten_since(b, epoch) => {
+                    self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS
+                }
+                _ => false,
+            };
+            if m.ahead.is_some() {
+                self.tiers.count_ahead(b.bytes, copied);
+            }
+            let copied = copied
+                || (self.driver.copy_dtod(m.scratch, from, b.bytes, m.stream) == CUDA_SUCCESS
+                    && self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS);
             if !copied || (pages.is_none() && self.driver.vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS)
             {
                 failed.push(m);

@@ -36,23 +36,31 @@ use std::time::Instant;
 
 use vramcap_core::budget::NO_CAP;
 
+use super::ahead::plan_ahead;
 use super::phases::{self, Follower, Split};
 use super::rounds::devices_of;
-use super::{PROMOTE_MARGIN, Plan, TierBlock, Tiering, Tiers};
+use super::{PROMOTE_MARGIN, Place, Plan, TierBlock, Tiering, Tiers};
 use crate::engine::driver::Driver;
 use crate::ffi::CUdevice;
-use crate::log::log_at;
+use crate::log::{log_at, log_once};
 
 /// Rounds between tries to learn a step while none is followed.
 pub const LEARN_ROUNDS: u64 = 10;
 /// Rounds between the info lines of what staging did.
 const SAY_ROUNDS: u64 = 50;
+/// Staging ahead, a phase's budget is this share of the target's.
+const AHEAD_SHARES: u64 = 3;
+/// The longest a phase's first launch waits for its moves, staging ahead
+/// (a stop waits at most [`super::STOP_WAIT`] for the gate, then drains).
+const ENTRY_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// The step followed: its follower and each phase's block addresses.
+/// The step followed: its follower, each phase's block addresses, and
+/// the budget its phases were cut under.
 pub struct Followed {
     follower: Follower,
     phases: Vec<Vec<u64>>,
     kernels: Vec<u64>,
+    share: u64,
 }
 
 /// What staging did since the last info line.
@@ -66,23 +74,39 @@ pub struct Stats {
     /// it once each.
     stops: AtomicU64,
     lost: AtomicU64,
+    /// Staging ahead (`ahead.rs`): bytes whose copy ahead stood at the
+    /// remap, bytes copied again in the stop (written since), and bytes
+    /// staged ahead and dropped.
+    pub(super) ahead: AtomicU64,
+    pub(super) redone: AtomicU64,
+    pub(super) dropped: AtomicU64,
 }
 
 impl Tiers {
-    /// One launch of `kernel` (the launch hook, under staging only).
-    pub(super) fn follow(&self, kernel: u64) {
+    /// One launch of `kernel` (the launch hook, under staging only, before
+    /// the gate): staging ahead, when it begins another phase, the entry's
+    /// number, for [`Tiers::wait_remapped`].
+    pub(in crate::engine) fn follow(&self, kernel: u64) -> Option<u64> {
         let step = {
             let mut g = self.stage.lock().unwrap_or_else(|e| e.into_inner());
             g.as_mut().map(|f| f.follower.launched(kernel))
         };
         match step {
             Some(phases::Followed::Entered(i)) => {
-                // Woken once per phase entered, not per launch.
-                if self.entered.swap(i + 1, Ordering::AcqRel) != i + 1
-                    && let Some(t) = self.waker.get()
-                {
+                // Woken once per phase entered, not per launch. The entry
+                // is numbered before it is stored: a round that takes it
+                // then reads a number that covers it.
+                if self.entered.load(Ordering::Acquire) == i + 1 {
+                    return None;
+                }
+                let seq = self.entries.fetch_add(1, Ordering::AcqRel) + 1;
+                if self.entered.swap(i + 1, Ordering::AcqRel) == i + 1 {
+                    return None;
+                }
+                if let Some(t) = self.waker.get() {
                     t.unpark();
                 }
+                return self.ahead_on.then_some(seq);
             }
             Some(phases::Followed::Lost) => {
                 self.entered.store(0, Ordering::Release);
@@ -90,6 +114,36 @@ impl Tiers {
             }
             _ => {}
         }
+        None
+    }
+
+    /// Waits, at most [`ENTRY_WAIT`], until the phase entry `seq` was acted
+    /// on: its staged moves remapped (or the background thread passed it
+    /// by).
+    pub(in crate::engine) fn wait_remapped(&self, seq: u64) {
+        let g = self.remapped.lock().unwrap_or_else(|e| e.into_inner());
+        let (_g, timeout) = self
+            .remapped_cv
+            .wait_timeout_while(g, ENTRY_WAIT, |done| *done < seq)
+            .unwrap_or_else(|e| e.into_inner());
+        if timeout.timed_out() {
+            log_once!(
+                Debug,
+                "tiered spill: staging ahead: a phase's first launch waited {ENTRY_WAIT:?} for its moves and went on"
+            );
+        }
+    }
+
+    /// The entries numbered so far are acted on (or passed by): their
+    /// launches go on.
+    fn publish(&self) {
+        let seq = self.entries.load(Ordering::Acquire);
+        let mut g = self.remapped.lock().unwrap_or_else(|e| e.into_inner());
+        if *g < seq {
+            *g = seq;
+        }
+        drop(g);
+        self.remapped_cv.notify_all();
     }
 
     /// Whether the step followed is locked on.
@@ -113,6 +167,10 @@ impl<D: Driver> Tiering<'static, D> {
             self.say_staged(round);
         }
         if !self.tiers.stage_locked() {
+            self.tiers.publish();
+            if self.tiers.has_ahead() {
+                self.drop_ahead();
+            }
             let followed = self
                 .tiers
                 .stage
@@ -125,6 +183,7 @@ impl<D: Driver> Tiering<'static, D> {
             return false;
         }
         self.act(blocks);
+        self.tiers.publish();
         !self.any_over(blocks)
     }
 
@@ -132,9 +191,11 @@ impl<D: Driver> Tiering<'static, D> {
     /// phase entered, if a step is followed and one was entered.
     pub fn stage_now(&self) {
         if self.tiers.paused() || !self.tiers.stage_locked() {
+            self.tiers.publish();
             return;
         }
         self.act(&self.tiers.snapshot());
+        self.tiers.publish();
     }
 
     /// Whether a device of `blocks` is over its target (a cap or soft limit
@@ -149,8 +210,12 @@ impl<D: Driver> Tiering<'static, D> {
     }
 
     /// Acts on the phase entered last, once: its blocks and, as room is
-    /// left, the next phase's onto the GPU, on each device. Left for the
-    /// next round while a synchronisation of an earlier one still runs.
+    /// left, the next phase's onto the GPU, on each device. Staging ahead
+    /// (`ahead.rs`), the moves staged during the phase before are
+    /// remapped first, what `now` still lacks is moved inside the stop,
+    /// and the next phase's moves are staged once the gate is open again.
+    /// Left for the next round while a synchronisation of an earlier one
+    /// still runs.
     fn act(&self, blocks: &[Arc<TierBlock>]) {
         if self.tiers.syncing() {
             return;
@@ -160,15 +225,18 @@ impl<D: Driver> Tiering<'static, D> {
             return;
         }
         let round = self.tiers.round_now();
-        let (now, next): (Vec<u64>, Vec<u64>) = {
+        let (now, next, share): (Vec<u64>, Vec<u64>, u64) = {
             let g = self.tiers.stage.lock().unwrap_or_else(|e| e.into_inner());
             let Some(f) = g.as_ref() else { return };
             let k = f.phases.len();
             (
                 f.phases[(entered - 1) % k].clone(),
                 f.phases[entered % k].clone(),
+                f.share,
             )
         };
+        let ahead = self.tiers.ahead_on;
+        let st = &self.tiers.stage_stats;
         for dev in devices_of(blocks) {
             let device = CUdevice::from(dev);
             let Some(slot) = self.accounting.slot(device) else {
@@ -180,31 +248,51 @@ impl<D: Driver> Tiering<'static, D> {
             if target == NO_CAP {
                 continue;
             }
-            let room = i128::from(target)
-                - i128::from(PROMOTE_MARGIN.min(target))
-                - i128::from(slot.budget.used());
+            let room = || {
+                i128::from(target)
+                    - i128::from(PROMOTE_MARGIN.min(target))
+                    - i128::from(slot.budget.used())
+            };
             let mine: Vec<Arc<TierBlock>> =
                 blocks.iter().filter(|b| b.device == dev).cloned().collect();
-            let p = plan_for(&mine, &now, &next, room);
-            if p.demote.is_empty() && p.promote.is_empty() {
-                continue;
-            }
-            let out: u64 = p.demote.iter().map(|b| b.bytes).sum();
-            let ins: u64 = p.promote.iter().map(|b| b.bytes).sum();
-            let stops = u64::from(!p.demote.is_empty()) + u64::from(!p.promote.is_empty());
             let start = Instant::now();
-            self.apply(slot, device, limit, round, p);
-            let st = &self.tiers.stage_stats;
+            let mut stops = 0;
+            if ahead {
+                let ready = self.reclaim(slot, device, dev, |b, to| match to {
+                    Place::Device => now.contains(&b.ptr) || next.contains(&b.ptr),
+                    Place::Host => !now.contains(&b.ptr),
+                });
+                let (ins, out) = split_bytes(ready.iter().map(|m| (m.to, m.bytes())));
+                if !ready.is_empty() {
+                    stops += 1;
+                    self.move_staged(slot, device, round, ready);
+                    st.bytes_in.fetch_add(ins, Ordering::Relaxed);
+                    st.bytes_out.fetch_add(out, Ordering::Relaxed);
+                }
+            }
+            // Inside the stop: what `now` lacks (and, copying inside the
+            // stop, `next` as room is left).
+            let next_now: &[u64] = if ahead { &[] } else { &next };
+            let p = plan_for(&mine, &now, next_now, room());
+            if !p.demote.is_empty() || !p.promote.is_empty() {
+                let out: u64 = p.demote.iter().map(|b| b.bytes).sum();
+                let ins: u64 = p.promote.iter().map(|b| b.bytes).sum();
+                stops += u64::from(!p.demote.is_empty()) + u64::from(!p.promote.is_empty());
+                self.apply(slot, device, limit, round, p);
+                st.bytes_in.fetch_add(ins, Ordering::Relaxed);
+                st.bytes_out.fetch_add(out, Ordering::Relaxed);
+            }
+            if ahead {
+                // The phase's first launch may go on now.
+                self.tiers.publish();
+                let p = plan_ahead(&mine, &now, &next, room(), share);
+                self.prepare(slot, device, limit, p);
+            }
             st.stops.fetch_add(stops, Ordering::Relaxed);
             st.move_us
                 .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
-            st.bytes_in.fetch_add(ins, Ordering::Relaxed);
-            st.bytes_out.fetch_add(out, Ordering::Relaxed);
         }
-        self.tiers
-            .stage_stats
-            .entered
-            .fetch_add(1, Ordering::Relaxed);
+        st.entered.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Learns the step from the launches recorded, if it repeats and
@@ -216,10 +304,24 @@ impl<D: Driver> Tiering<'static, D> {
             return;
         };
         // The phases are cut under the first block's device's target (one
-        // GPU: a prototype's limit).
-        let budget = self.stage_budget(blocks);
+        // GPU: a prototype's limit); staging ahead, under a third of it, so
+        // that the phase before, the phase and the next fit together (the
+        // whole of it when one launch needs more).
+        let whole = self.stage_budget(blocks);
+        let mut budget = whole;
+        let mut split = phases::split(&step.launches, &step.sizes, budget);
+        if self.tiers.ahead_on {
+            budget = whole / AHEAD_SHARES;
+            split = match phases::split(&step.launches, &step.sizes, budget) {
+                Split::Unfit { .. } => {
+                    budget = whole;
+                    split
+                }
+                s => s,
+            };
+        }
         // One phase: the whole step fits, and heat keeps it on the GPU.
-        let Split::Phases(cut) = phases::split(&step.launches, &step.sizes, budget) else {
+        let Split::Phases(cut) = split else {
             return;
         };
         if cut.len() < 2 {
@@ -247,6 +349,7 @@ impl<D: Driver> Tiering<'static, D> {
             follower: Follower::new(step.kernels.clone(), &cut),
             phases: addrs,
             kernels: step.kernels,
+            share: budget,
         });
     }
 
@@ -261,10 +364,22 @@ impl<D: Driver> Tiering<'static, D> {
         );
         let us = st.move_us.swap(0, Ordering::Relaxed);
         let stops = st.stops.swap(0, Ordering::Relaxed);
+        let (ahead, redone, dropped) = (
+            st.ahead.swap(0, Ordering::Relaxed),
+            st.redone.swap(0, Ordering::Relaxed),
+            st.dropped.swap(0, Ordering::Relaxed),
+        );
         if entered + lost > 0 {
+            let copies = if self.tiers.ahead_on {
+                format!(
+                    "; copied ahead: {ahead} bytes stood, {redone} copied again in the stop (written since), {dropped} dropped"
+                )
+            } else {
+                String::new()
+            };
             log_at!(
                 Info,
-                "tiered spill: round {round}: staging: {entered} phases acted on, {ins} bytes in and {out} out in {stops} stops, {:.1} ms of moves; the order lost {lost} times",
+                "tiered spill: round {round}: staging: {entered} phases acted on, {ins} bytes in and {out} out in {stops} stops, {:.1} ms of moves (the stops and the copies ahead); the order lost {lost} times{copies}",
                 us as f64 / 1000.0
             );
         }
@@ -328,4 +443,12 @@ fn plan_for(mine: &[Arc<TierBlock>], now: &[u64], next: &[u64], mut room: i128) 
         }
     }
     p
+}
+
+/// The bytes moving in (to the GPU) and out of `moves`.
+fn split_bytes(moves: impl Iterator<Item = (Place, u64)>) -> (u64, u64) {
+    moves.fold((0, 0), |(i, o), (to, b)| match to {
+        Place::Device => (i + b, o),
+        Place::Host => (i, o + b),
+    })
 }
