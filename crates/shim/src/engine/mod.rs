@@ -87,8 +87,10 @@
 //!     Staging ahead (`tiered/ahead.rs`, `=ahead`): that launch then waits,
 //!     before the gate and holding no lock, on the `remapped` condvar (its
 //!     mutex a leaf) for at most 100 ms, until the round has remapped the
-//!     phase's moves; the moves staged ahead are one mutex, a leaf, taken
-//!     by the background thread only; the blocks' write stamps are atomics
+//!     phase's moves; the moves staged ahead are one mutex, a leaf (released
+//!     before a dropped move's copy is waited for), taken by the background
+//!     thread, and by a program thread's stream-ordered free of a block or
+//!     context destroy to drop that block's or context's moves; the blocks' write stamps are atomics
 //!     written by hooks holding the gate shared and read with it held
 //!     exclusively.
 //!   - `process/gate.rs`: parking's gate mutex, taken alone, to change the
@@ -381,10 +383,14 @@ impl<D: Driver> Engine<D> {
     /// phase entered, under the same locks as [`Engine::tier_round`]; not
     /// while parked or capturing. Counts no round.
     pub(in crate::engine) fn tier_stage(&'static self) {
-        if !self.tiers.staging()
-            || self.accounting.capturing()
+        if !self.tiers.staging() {
+            return;
+        }
+        if self.accounting.capturing()
             || crate::process::gate::state() != crate::process::gate::RUNNING
         {
+            // A phase's first launch waiting for its moves goes on.
+            self.tiers.publish();
             return;
         }
         let _no_teardown = self.tiers.round_running();

@@ -93,6 +93,8 @@ impl<D: Driver> Engine<D> {
             }
         }
         let no_round = self.tiers.no_round();
+        // Moves staged ahead in it go while its mover stream still is.
+        self.tiering().drop_ahead_of(ctx as usize, 0);
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.forget_ctx(ctx as usize);
@@ -133,6 +135,10 @@ impl<D: Driver> Engine<D> {
             }
         }
         let no_round = self.tiers.no_round();
+        if let Some(ctx) = primary {
+            // Moves staged ahead in it go while its mover stream still is.
+            self.tiering().drop_ahead_of(ctx, 0);
+        }
         let rc = real();
         if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
             && !self.still_active(dev)

@@ -197,8 +197,15 @@ impl<D: Driver> Engine<D> {
             return self.free_unknown(real, dptr);
         };
         let tiered = if r.kind == Kind::Tiered {
-            // Never moved again; settled by where it is when it goes.
+            // Never moved again; settled by where it is when it goes. A
+            // move of it staged ahead is dropped now: its copy is waited
+            // for before the address can be unmapped (not inside a
+            // capture, which a synchronisation would break: then the next
+            // phase's round drops it).
             let b = self.tiers.detach(dptr);
+            if !self.accounting.capture_in_progress() {
+                self.tiering().drop_ahead_of(0, dptr);
+            }
             r.kind = Kind::TieredFreed {
                 place: b.as_ref().map_or(Place::Device, |b| b.place()),
                 handle: b.as_ref().map_or(0, |b| b.handle()),

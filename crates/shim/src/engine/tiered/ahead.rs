@@ -189,21 +189,46 @@ impl<D: Driver> Tiering<'static, D> {
         out
     }
 
-    /// Drops every move staged ahead (the order lost, a park coming).
+    /// Drops every move staged ahead (the order lost, moves paused, a
+    /// park coming).
     pub(in crate::engine) fn drop_ahead(&self) {
-        let all: Vec<Ahead> = self
-            .tiers
-            .ahead
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect();
-        for a in all {
+        self.drop_ahead_where(|_| true);
+    }
+
+    /// Drops the moves staged ahead of blocks of context `ctx`, which is
+    /// about to be destroyed (its mover stream with it), or, `ctx` 0, of
+    /// the block at `ptr` (freed, its address unmapped next).
+    pub(in crate::engine) fn drop_ahead_of(&self, ctx: usize, ptr: u64) {
+        if self.tiers.has_ahead() {
+            self.drop_ahead_where(|a| {
+                if ctx != 0 {
+                    a.block.ctx == ctx
+                } else {
+                    a.block.ptr == ptr
+                }
+            });
+        }
+    }
+
+    /// Drops the moves staged ahead that `which` picks.
+    fn drop_ahead_where(&self, which: impl Fn(&Ahead) -> bool) {
+        let picked: Vec<Ahead> = {
+            let mut all = self.tiers.ahead.lock().unwrap_or_else(|e| e.into_inner());
+            let (picked, rest): (Vec<Ahead>, Vec<Ahead>) = all.drain(..).partition(|a| which(a));
+            *all = rest;
+            picked
+        };
+        for a in picked {
             let device = CUdevice::from(a.block.device);
             match self.accounting.slot(device) {
                 Some(slot) => self.drop_one(slot, device, a),
-                // No slot: nothing was reserved on it.
-                None => self.release_ahead(&a),
+                // No slot: nothing was reserved on it; the host budget was.
+                None => {
+                    self.release_ahead(&a);
+                    if a.to == Place::Host {
+                        self.host.give_back(a.block.bytes);
+                    }
+                }
             }
         }
     }
@@ -237,6 +262,9 @@ impl<D: Driver> Tiering<'static, D> {
 /// that fit are promoted; blocks outside both phases, coldest first, are
 /// demoted as far as the next stop then needs room for the rest of
 /// `next` and for `share` bytes more (a phase's budget: the phase after).
+/// Only the engine's own blocks: the program's (`handles.rs`) may be
+/// pages of one range a tensor spans, whose writes stamp only the page a
+/// pointer names; they move inside the stops.
 pub(super) fn plan_ahead(
     mine: &[Arc<TierBlock>],
     now: &[u64],
@@ -256,6 +284,10 @@ pub(super) fn plan_ahead(
         if p.promote.iter().any(|x| x.ptr == b.ptr) {
             continue;
         }
+        if b.program_handle != 0 {
+            left += i128::from(b.bytes);
+            continue;
+        }
         if room >= i128::from(b.bytes) {
             room -= i128::from(b.bytes);
             p.promote.push(b.clone());
@@ -269,7 +301,13 @@ pub(super) fn plan_ahead(
     }
     let mut spare: Vec<&Arc<TierBlock>> = mine
         .iter()
-        .filter(|b| b.on_device() && b.movable() && !now.contains(&b.ptr) && !next.contains(&b.ptr))
+        .filter(|b| {
+            b.on_device()
+                && b.movable()
+                && b.program_handle == 0
+                && !now.contains(&b.ptr)
+                && !next.contains(&b.ptr)
+        })
         .collect();
     // Coldest first.
     spare.sort_by(|x, y| x.score().total_cmp(&y.score()));

@@ -26,10 +26,6 @@ impl Tiers {
                 Err(std::sync::TryLockError::WouldBlock) => None,
             };
             if let Some(g) = got {
-                // Work submitted from now on is of a later epoch
-                // (`ahead.rs`): what a copy made ahead after this stop
-                // may not have seen.
-                self.epoch.fetch_add(1, Ordering::Relaxed);
                 return Some(g);
             }
             if std::time::Instant::now() >= until {
@@ -64,6 +60,14 @@ impl Tiers {
             self.unseen_at
                 .store(self.epoch.load(Ordering::Relaxed), Ordering::Relaxed);
         }
+    }
+
+    /// A stop drained the GPU, the gate still closed: work submitted from
+    /// now on is of a later epoch (`ahead.rs`), which a copy made ahead
+    /// after this stop may not have seen. Only a drained stop raises it:
+    /// work submitted before a stop that gave up may still run.
+    pub(super) fn drained_stop(&self) {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The epoch staging ahead stamps writes with now (`ahead.rs`); 0 when

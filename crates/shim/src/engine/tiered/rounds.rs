@@ -84,6 +84,10 @@ impl<D: Driver> Tiering<'static, D> {
         }
         self.deferred_frees();
         if !self.tiers.placing() || self.tiers.paused() {
+            // Moves paused: nothing staged ahead keeps room or memory.
+            if self.tiers.has_ahead() {
+                self.drop_ahead();
+            }
             return;
         }
         let blocks = self.tiers.snapshot();
@@ -289,6 +293,10 @@ impl<D: Driver> Tiering<'static, D> {
             self.tiers.keep(p);
             return;
         }
+        if m.ahead.is_some() {
+            // Its copy ahead may still write the new memory.
+            let _ = self.driver.stream_synchronize(m.stream);
+        }
         let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
         let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
         let _ = self.driver.vmm_release(m.handle);
@@ -387,6 +395,7 @@ impl<D: Driver> Tiering<'static, D> {
             }
             return (0, 0);
         }
+        self.tiers.drained_stop();
         let mut done = Vec::new();
         let mut failed = Vec::new();
         for m in staged {

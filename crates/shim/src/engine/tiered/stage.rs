@@ -136,7 +136,7 @@ impl Tiers {
 
     /// The entries numbered so far are acted on (or passed by): their
     /// launches go on.
-    fn publish(&self) {
+    pub(in crate::engine) fn publish(&self) {
         let seq = self.entries.load(Ordering::Acquire);
         let mut g = self.remapped.lock().unwrap_or_else(|e| e.into_inner());
         if *g < seq {
@@ -192,6 +192,9 @@ impl<D: Driver> Tiering<'static, D> {
     pub fn stage_now(&self) {
         if self.tiers.paused() || !self.tiers.stage_locked() {
             self.tiers.publish();
+            if self.tiers.has_ahead() {
+                self.drop_ahead();
+            }
             return;
         }
         self.act(&self.tiers.snapshot());
@@ -285,8 +288,12 @@ impl<D: Driver> Tiering<'static, D> {
             if ahead {
                 // The phase's first launch may go on now.
                 self.tiers.publish();
-                let p = plan_ahead(&mine, &now, &next, room(), share);
-                self.prepare(slot, device, limit, p);
+                // Not while a stop's synchronisation still runs: work
+                // submitted before it may still write.
+                if !self.tiers.syncing() {
+                    let p = plan_ahead(&mine, &now, &next, room(), share);
+                    self.prepare(slot, device, limit, p);
+                }
             }
             st.stops.fetch_add(stops, Ordering::Relaxed);
             st.move_us
