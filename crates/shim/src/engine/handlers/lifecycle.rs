@@ -276,8 +276,14 @@ impl<D: Driver> Engine<D> {
     /// Begins it with the cache's ordering lock held exclusively, so that
     /// no reuse of the cache records on the legacy stream between its check
     /// for captures and its record (`cache.rs`).
-    fn began(&self, mut real: impl FnMut() -> CUresult) -> CUresult {
+    fn began(&'static self, mut real: impl FnMut() -> CUresult) -> CUresult {
         let _no_ordering = self.cache.ordering_exclusive();
+        // No move staged ahead lives through a capture: its copy could not
+        // be waited for there (a synchronisation would break the capture),
+        // and no round stages one while a capture runs.
+        if self.tiers.has_ahead() {
+            self.tiering().drop_ahead();
+        }
         on_success(real(), || self.accounting.capture_began())
     }
 

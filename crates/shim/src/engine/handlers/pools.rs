@@ -199,9 +199,10 @@ impl<D: Driver> Engine<D> {
         let tiered = if r.kind == Kind::Tiered {
             // Never moved again; settled by where it is when it goes. A
             // move of it staged ahead is dropped now: its copy is waited
-            // for before the address can be unmapped (not inside a
-            // capture, which a synchronisation would break: then the next
-            // phase's round drops it).
+            // for before the address can be unmapped (none lives through a
+            // capture the hooks saw: `began`; inside one they did not see,
+            // which a synchronisation would break, the next phase's round
+            // drops it).
             let b = self.tiers.detach(dptr);
             if !self.accounting.capture_in_progress() {
                 self.tiering().drop_ahead_of(0, dptr);

@@ -638,14 +638,58 @@ fn staging_puts_each_phase_s_blocks_on_the_gpu_as_the_phase_begins() {
     assert_eq!(placed(e), (0, 0, 0));
 }
 
-/// Staging ahead (`VRAMCAP_TIERED_STAGE=ahead`, `tiered/ahead.rs`): eight
-/// 16 MiB blocks, a step of eight kernels (kernel `k` names the `k`-th
-/// block), a 104 MiB cap (96 MiB under the margin; a phase's share is a
-/// third: two blocks). The next phase's moves are staged and copied while
-/// a phase runs, and its stop only remaps them; a copy or memset into a
-/// block staged ahead, or work whose writes are not known, makes its copy
-/// again inside the stop; a freed block's move is dropped, and at the end
-/// nothing is left: no memory, no reservation, no host budget.
+/// An engine staging ahead (`VRAMCAP_TIERED_STAGE=ahead`) over eight
+/// 16 MiB blocks under a 104 MiB cap, locked on a step of eight kernels
+/// (kernel `k` names the `k`-th block: four phases of two blocks); its
+/// blocks, the host budget's room before them, and the step's kernels.
+fn staging_ahead() -> (&'static Engine<Fake>, [u64; 8], u64) {
+    let e = uncached("104MiB", &[TIERED, ("VRAMCAP_TIERED_STAGE", "ahead")]);
+    let host_room = e.spill.room();
+    let blocks = allocs(e, [16 * MIB; 8]);
+    assert_eq!((used(e), spilled(e)), (96 * MIB, 32 * MIB));
+    rounds(e, 1); // the record starts
+    for _ in 0..3 {
+        step8(e, blocks);
+    }
+    drained(e);
+    rounds(e, 1); // learns the step: four phases of two blocks
+    step8(e, blocks);
+    assert!(e.tiers.stage_locked());
+    (e, blocks, host_room)
+}
+
+/// The `k`-th kernel of [`staging_ahead`]'s step.
+fn kernel8(e: &'static Engine<Fake>, blocks: [u64; 8], k: usize) {
+    assert_eq!(launch(e, &vec![blocks[k - 1]; k]), CUDA_SUCCESS);
+}
+
+fn step8(e: &'static Engine<Fake>, blocks: [u64; 8]) {
+    (1..=8).for_each(|k| kernel8(e, blocks, k));
+}
+
+/// A phase's first launch (kernel `first`), with the background thread's
+/// short round (here a thread of the test's) woken by it: the launch waits
+/// for the round's remap, then goes on while the round stages ahead.
+fn phase8(e: &'static Engine<Fake>, blocks: [u64; 8], first: usize) {
+    let round = std::thread::spawn(move || {
+        while !e.tiers.entry_pending() {
+            std::thread::yield_now();
+        }
+        drained(e);
+        e.tier_stage();
+    });
+    kernel8(e, blocks, first);
+    round.join().unwrap();
+    drained(e);
+}
+
+/// Staging ahead (`tiered/ahead.rs`) over [`staging_ahead`]'s step (a
+/// phase's share of the cap is a third: two blocks). The next phase's
+/// moves are staged and copied while a phase runs, and its stop only
+/// remaps them; a copy or memset into a block staged ahead, or work whose
+/// writes are not known, makes its copy again inside the stop; a freed
+/// block's move is dropped, and at the end nothing is left: no memory, no
+/// reservation, no host budget.
 #[test]
 fn staging_ahead_copies_while_a_phase_runs_and_again_when_written() {
     use crate::engine::tiered::Place::{Device, Host};
@@ -653,44 +697,16 @@ fn staging_ahead_copies_while_a_phase_runs_and_again_when_written() {
     let _one = crate::process::gate::TESTS
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    let e = uncached("104MiB", &[TIERED, ("VRAMCAP_TIERED_STAGE", "ahead")]);
-    let host_room = e.spill.room();
-    let blocks = allocs(e, [16 * MIB; 8]);
+    let (e, blocks, host_room) = staging_ahead();
     let [a, b, c, d, x, f, g, h] = blocks;
-    assert_eq!((used(e), spilled(e)), (96 * MIB, 32 * MIB));
-    let kernel = |e: &'static Engine<Fake>, k: usize| {
-        assert_eq!(launch(e, &vec![blocks[k - 1]; k]), CUDA_SUCCESS);
-    };
-    let step = |e: &'static Engine<Fake>| (1..=8).for_each(|k| kernel(e, k));
-    rounds(e, 1); // the record starts
-    for _ in 0..3 {
-        step(e);
-    }
-    drained(e);
-    rounds(e, 1); // learns the step: four phases of two blocks
-    step(e);
-    assert!(e.tiers.stage_locked());
+    let kernel = |e: &'static Engine<Fake>, k: usize| kernel8(e, blocks, k);
+    let phase = |e: &'static Engine<Fake>, first: usize| phase8(e, blocks, first);
     let on_device = |p: u64| {
         e.tiers
             .snapshot()
             .iter()
             .find(|y| y.ptr == p)
             .is_some_and(|y| y.on_device())
-    };
-    // A phase's first launch, with the background thread's short round
-    // (here a thread of the test's) woken by it: the launch waits for the
-    // round's remap, then goes on while the round stages ahead.
-    let phase = |e: &'static Engine<Fake>, first: usize| {
-        let round = std::thread::spawn(move || {
-            while !e.tiers.entry_pending() {
-                std::thread::yield_now();
-            }
-            drained(e);
-            e.tier_stage();
-        });
-        kernel(e, first);
-        round.join().unwrap();
-        drained(e);
     };
     // Phase {a, b}: its blocks are there; {c, d} too; room for the phase
     // after next is made ahead: e and f, the coldest outside both, are
@@ -770,6 +786,46 @@ fn staging_ahead_copies_while_a_phase_runs_and_again_when_written() {
     }
     assert_eq!(placed(e), (0, 0, 0));
     assert_eq!(e.spill.room(), host_room, "the host budget given back");
+}
+
+/// A capture's beginning drops every move staged ahead (inside a capture
+/// their copies could not be waited for), giving back their memory and
+/// reservations; moves paused do too.
+#[test]
+fn moves_staged_ahead_do_not_live_through_a_capture_or_a_pause() {
+    let _one = crate::process::gate::TESTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    for pause in [false, true] {
+        let (e, blocks, host_room) = staging_ahead();
+        phase8(e, blocks, 1);
+        kernel8(e, blocks, 2);
+        phase8(e, blocks, 3);
+        assert_eq!(e.tiers.ahead_staged().len(), 4, "two in, two out");
+        assert!(used(e) > 64 * MIB, "the promotions ahead reserved");
+        if pause {
+            while !e.tiers.stall() {}
+            rounds(e, 1);
+        } else {
+            assert_eq!(e.begin_capture(|| CUDA_SUCCESS, std::ptr::null_mut()), 0);
+        }
+        assert_eq!(e.tiers.ahead_staged(), vec![]);
+        assert_eq!(e.tiers.ahead_counts().2, 64 * MIB, "all four dropped");
+        // What the device holds is its blocks on it, and no more.
+        let on: u64 = e
+            .tiers
+            .snapshot()
+            .iter()
+            .filter(|b| b.on_device())
+            .map(|b| b.bytes)
+            .sum();
+        assert_eq!((used(e), device_resident(e)), (on, on));
+        assert_eq!(
+            e.spill.room(),
+            host_room - (128 * MIB - on),
+            "host budget: the host blocks only"
+        );
+    }
 }
 
 /// Parking's host pages (`tiered/pages.rs`): each area starts on a huge

@@ -593,7 +593,7 @@ impl<D: Driver> Tiering<'static, D> {
         let spawned = std::thread::Builder::new()
             .name("vramcap-quiesce".into())
             .spawn(move || {
-                let _out = Out(quiescing);
+                let out = Out(quiescing);
                 let start = std::time::Instant::now();
                 let mut ok = true;
                 for c in ctxs {
@@ -605,6 +605,9 @@ impl<D: Driver> Tiering<'static, D> {
                     let _ = driver.ctx_pop_current();
                 }
                 tiers.drained(start.elapsed());
+                // Counted out before the answer: a round that hears it
+                // finds no synchronisation running (`Tiers::syncing`).
+                drop(out);
                 let _ = tx.send(ok);
             });
         if spawned.is_err() {
