@@ -80,6 +80,29 @@ impl<D: Driver> Engine<D> {
         real()
     }
 
+    /// A copy of `n` bytes from the host at `src` into `dst`
+    /// (`cuMemcpyHtoD*`): as [`Engine::wrote`]; under staging ahead the
+    /// bytes copied are read for addresses of blocks (an array of pointers
+    /// a kernel will write through), and such blocks are never staged
+    /// ahead (`tiered/ahead.rs`).
+    ///
+    /// # Safety
+    /// `src` is the copy's: null, or `n` readable bytes, as the driver's
+    /// copy requires.
+    pub unsafe fn wrote_from_host(
+        &'static self,
+        dst: CUdeviceptr,
+        src: *const c_void,
+        n: usize,
+        mut real: impl FnMut() -> CUresult,
+    ) -> CUresult {
+        let _open = self.tiers.enter();
+        self.tiers.wrote(dst);
+        // SAFETY: the caller's contract.
+        unsafe { self.tiers.note_pointers(src, n) };
+        real()
+    }
+
     /// A copy to the host or to an array, or a wait on a value: passes the
     /// gate; it writes no block.
     pub fn reads(&'static self, mut real: impl FnMut() -> CUresult) -> CUresult {

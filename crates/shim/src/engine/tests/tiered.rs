@@ -788,6 +788,46 @@ fn staging_ahead_copies_while_a_phase_runs_and_again_when_written() {
     assert_eq!(e.spill.room(), host_room, "the host budget given back");
 }
 
+/// A block whose address the program copied to the GPU (in an array of
+/// pointers a kernel may write through) is never staged ahead: it moves
+/// inside the stop of the phase that uses it.
+#[test]
+fn a_block_named_in_an_array_of_pointers_is_never_staged_ahead() {
+    use crate::engine::tiered::Place::Device;
+    let _one = crate::process::gate::TESTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let (e, blocks, _) = staging_ahead();
+    let [a, .., g, h] = blocks;
+    // An array of three words, one of them a pointer into g, unaligned in
+    // the bytes copied.
+    let mut bytes = [0u8; 1 + 24];
+    bytes[9..17].copy_from_slice(&(g + 4096).to_ne_bytes());
+    // SAFETY: 24 readable bytes at the source.
+    let rc = unsafe { e.wrote_from_host(a, bytes[1..].as_ptr().cast(), 24, || CUDA_SUCCESS) };
+    assert_eq!(rc, CUDA_SUCCESS);
+    phase8(e, blocks, 1);
+    kernel8(e, blocks, 2);
+    phase8(e, blocks, 3);
+    kernel8(e, blocks, 4);
+    phase8(e, blocks, 5); // {e, f}: the next phase, {g, h}, is staged ahead
+    let staged = e.tiers.ahead_staged();
+    assert!(staged.contains(&(h, Device)), "{staged:?}");
+    assert!(!staged.iter().any(|&(p, _)| p == g), "{staged:?}");
+    kernel8(e, blocks, 6);
+    let promotions = moves(e).1;
+    phase8(e, blocks, 7); // {g, h}: g comes in inside the stop
+    assert_eq!(moves(e).1, promotions + 2);
+    let on_device = |p: u64| {
+        e.tiers
+            .snapshot()
+            .iter()
+            .find(|y| y.ptr == p)
+            .is_some_and(|y| y.on_device())
+    };
+    assert!(on_device(g) && on_device(h));
+}
+
 /// A capture's beginning drops every move staged ahead (inside a capture
 /// their copies could not be waited for), giving back their memory and
 /// reservations; moves paused do too.

@@ -32,8 +32,11 @@
 //!
 //! What it cannot see: a kernel that writes through a pointer it reads
 //! from memory (an array of pointers in device memory) writes a block no
-//! parameter names. Such a program's copy ahead may go stale; the in-stop
-//! form (`on`) has no such gap. This is the decision's open risk
+//! parameter names. An array the program copies from the host
+//! (`cuMemcpyHtoD*`) is read for block addresses, and blocks found there
+//! are never staged ahead; an array built on the GPU is not seen, and a
+//! copy ahead of a block it points to may go stale. The in-stop form
+//! (`on`) has no such gap. This is the decision's open risk
 //! (docs/design/tiered.md).
 
 use std::sync::Arc;
@@ -59,6 +62,16 @@ pub struct Ahead {
     moved: u64,
     /// The gate's epoch the copy was issued in.
     epoch: u64,
+}
+
+impl TierBlock {
+    /// Whether a move of it may be staged ahead: not a page of the
+    /// program's own (a tensor may span several, and a write stamps only
+    /// the page its pointer names), and never seen in an array of
+    /// pointers the program copied to the GPU.
+    fn stageable(&self) -> bool {
+        self.program_handle == 0 && !self.indirect.load(Ordering::Relaxed)
+    }
 }
 
 impl Tiers {
@@ -262,9 +275,7 @@ impl<D: Driver> Tiering<'static, D> {
 /// that fit are promoted; blocks outside both phases, coldest first, are
 /// demoted as far as the next stop then needs room for the rest of
 /// `next` and for `share` bytes more (a phase's budget: the phase after).
-/// Only the engine's own blocks: the program's (`handles.rs`) may be
-/// pages of one range a tensor spans, whose writes stamp only the page a
-/// pointer names; they move inside the stops.
+/// Only blocks [`TierBlock::stageable`]; the others move inside the stops.
 pub(super) fn plan_ahead(
     mine: &[Arc<TierBlock>],
     now: &[u64],
@@ -284,7 +295,7 @@ pub(super) fn plan_ahead(
         if p.promote.iter().any(|x| x.ptr == b.ptr) {
             continue;
         }
-        if b.program_handle != 0 {
+        if !b.stageable() {
             left += i128::from(b.bytes);
             continue;
         }
@@ -304,7 +315,7 @@ pub(super) fn plan_ahead(
         .filter(|b| {
             b.on_device()
                 && b.movable()
-                && b.program_handle == 0
+                && b.stageable()
                 && !now.contains(&b.ptr)
                 && !next.contains(&b.ptr)
         })

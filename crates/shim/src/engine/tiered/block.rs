@@ -56,6 +56,10 @@ pub struct TierBlock {
     /// may write the block was last submitted (a launch naming it, a copy
     /// or memset into it), written with the gate passed; 0: none seen.
     pub(super) written: AtomicU64,
+    /// Staging ahead only: its address was seen in bytes the program
+    /// copied to the GPU (an array of pointers), so a kernel may write it
+    /// through a pointer no parameter names; never staged ahead.
+    pub(super) indirect: AtomicBool,
 }
 
 impl TierBlock {
@@ -229,6 +233,7 @@ impl TierBlock {
             parked: AtomicBool::new(false),
             pages: Mutex::new(None),
             written: AtomicU64::new(0),
+            indirect: AtomicBool::new(false),
         }
     }
 

@@ -5,6 +5,9 @@
 #[allow(unused_imports)]
 use super::*;
 
+/// The most bytes of a copy to the GPU staging ahead reads for pointers.
+pub const POINTER_SCAN_BYTES: usize = 64 << 10;
+
 /// How long a context's destroy waits for synchronisations a placement
 /// round left running (`Tiers::no_round`): longer than the longest wait
 /// of a round (8 s).
@@ -49,6 +52,33 @@ impl Tiers {
         if let Some(b) = block_at(&read!(self.blocks), dst) {
             b.written
                 .store(self.epoch.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// Under staging ahead: the `n` bytes at `src` the program copies to
+    /// the GPU are read (at most [`POINTER_SCAN_BYTES`]) for words that
+    /// point into blocks, which are marked as reached through memory.
+    ///
+    /// # Safety
+    /// `src`: null, or `n` readable bytes.
+    pub unsafe fn note_pointers(&self, src: *const c_void, n: usize) {
+        if !self.ahead_on || src.is_null() {
+            return;
+        }
+        let (lo, hi) = self.span();
+        if lo >= hi {
+            return;
+        }
+        let map = read!(self.blocks);
+        for k in 0..n.min(POINTER_SCAN_BYTES) / 8 {
+            // SAFETY: the caller's contract: `n` readable bytes.
+            let w = unsafe { src.cast::<u8>().add(k * 8).cast::<u64>().read_unaligned() };
+            if w >= lo
+                && w < hi
+                && let Some(b) = block_at(&map, w)
+            {
+                b.indirect.store(true, Ordering::Relaxed);
+            }
         }
     }
 
