@@ -828,6 +828,43 @@ fn a_block_named_in_an_array_of_pointers_is_never_staged_ahead() {
     assert!(on_device(g) && on_device(h));
 }
 
+/// The program's launches move to another block (its allocator placed a
+/// tensor elsewhere) while the step is followed: at the next learning
+/// round the step, seen from wherever the trace ends, is turned to the
+/// followed one's start and its phases name the new block.
+#[test]
+fn a_followed_step_s_phases_follow_the_blocks_its_launches_use() {
+    let _one = crate::process::gate::TESTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let (e, mut blocks, _) = staging_ahead();
+    let before = e.tiers.followed_phases();
+    assert_eq!(before.len(), 4);
+    let c = blocks[2];
+    assert!(before[1].contains(&c));
+    let [z] = allocs(e, [16 * MIB]);
+    blocks[2] = z; // kernel 3 names z now
+    for _ in 0..3 {
+        step8(e, blocks);
+    }
+    kernel8(e, blocks, 1); // the trace ends one launch into a step
+    drained(e);
+    while e.tiers.round_now() % 10 != 9 {
+        rounds(e, 1);
+        drained(e);
+    }
+    rounds(e, 1); // a learning round
+    let after = e.tiers.followed_phases();
+    assert_eq!(after.len(), 4);
+    assert!(after[1].contains(&z) && !after.iter().flatten().any(|&p| p == c));
+    // The phases in the same order as before: only the block changed.
+    for (i, (x, y)) in before.iter().zip(&after).enumerate() {
+        if i != 1 {
+            assert_eq!(x, y);
+        }
+    }
+}
+
 /// A capture's beginning drops every move staged ahead (inside a capture
 /// their copies could not be waited for), giving back their memory and
 /// reservations; moves paused do too.

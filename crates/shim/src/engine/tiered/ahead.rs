@@ -367,3 +367,15 @@ impl Tiers {
         self.entered.load(Ordering::Acquire) != 0
     }
 }
+
+#[cfg(test)]
+impl Tiers {
+    /// The followed step's phases' block addresses.
+    pub(in crate::engine) fn followed_phases(&self) -> Vec<Vec<u64>> {
+        self.stage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or_else(Vec::new, |f| f.phases.clone())
+    }
+}

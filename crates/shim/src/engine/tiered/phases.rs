@@ -412,9 +412,39 @@ impl Follower {
     }
 }
 
+/// How far `of` must turn left to read as `to` (the same step seen from
+/// another launch: the last step of a trace starts wherever the trace's
+/// end falls in it); `None` when no turn does.
+pub fn rotation(of: &[u64], to: &[u64]) -> Option<usize> {
+    let n = of.len();
+    if n != to.len() {
+        return None;
+    }
+    (0..n.max(1)).find(|&r| (0..n).all(|i| of[(i + r) % n] == to[i]))
+}
+
+impl Step {
+    /// The step turned left by `r` launches.
+    pub fn turned(mut self, r: usize) -> Step {
+        self.kernels.rotate_left(r);
+        self.launches.rotate_left(r);
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_seen_from_another_launch_is_a_rotation_of_it() {
+        assert_eq!(rotation(&[3, 4, 1, 2], &[1, 2, 3, 4]), Some(2));
+        assert_eq!(rotation(&[1, 2, 3, 4], &[1, 2, 3, 4]), Some(0));
+        assert_eq!(rotation(&[1, 1, 2], &[1, 2, 1]), Some(1));
+        assert_eq!(rotation(&[1, 2, 3], &[1, 3, 2]), None);
+        assert_eq!(rotation(&[1, 2], &[1, 2, 3]), None);
+        assert_eq!(rotation(&[], &[]), Some(0));
+    }
 
     const MIB: u64 = 1 << 20;
 

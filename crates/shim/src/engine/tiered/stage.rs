@@ -4,11 +4,14 @@
 //! launch order and, at each phase's first launch, move the blocks of that
 //! phase and of the next onto the GPU, the others off as room needs.
 //!
-//! - *Learn* (the background thread, every [`LEARN_ROUNDS`] rounds while
-//!   nothing is followed): the launches recorded (`heat.rs`), their period
-//!   and phases under the cap (`phases.rs`); a step of two phases or more
-//!   is followed by a [`Follower`] of its kernels, with each phase's block
-//!   addresses (a step that fits in one phase is heat's).
+//! - *Learn* (the background thread, every [`LEARN_ROUNDS`] rounds): the
+//!   launches recorded (`heat.rs`), their period and phases under the cap
+//!   (`phases.rs`); a step of two phases or more is followed by a
+//!   [`Follower`] of its kernels, with each phase's block addresses (a
+//!   step that fits in one phase is heat's). While a step is followed, the
+//!   last one recorded, turned to start where the followed one does, is
+//!   checked against it: when its launches use other blocks now (the
+//!   program's allocator placed a tensor elsewhere), it replaces it.
 //! - *Follow* (the launch hook, [`Tiers::follow`]): each launch's kernel
 //!   goes to the follower under one mutex; a phase's first launch stores
 //!   the phase in `entered` and, when it is another phase than the one
@@ -58,7 +61,7 @@ const ENTRY_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 /// the budget its phases were cut under.
 pub struct Followed {
     follower: Follower,
-    phases: Vec<Vec<u64>>,
+    pub(super) phases: Vec<Vec<u64>>,
     kernels: Vec<u64>,
     share: u64,
 }
@@ -165,6 +168,10 @@ impl<D: Driver> Tiering<'static, D> {
         let _ = self.tiers.waker.get_or_init(std::thread::current);
         if round.is_multiple_of(SAY_ROUNDS) {
             self.say_staged(round);
+        }
+        if self.tiers.stage_locked() && round.is_multiple_of(LEARN_ROUNDS) {
+            // Followed: the phases' blocks checked against the last step's.
+            self.learn(blocks);
         }
         if !self.tiers.stage_locked() {
             self.tiers.publish();
@@ -307,9 +314,21 @@ impl<D: Driver> Tiering<'static, D> {
     /// follows it unless the same step is followed already.
     fn learn(&self, blocks: &[Arc<TierBlock>]) {
         let size_of = |p: u64| blocks.iter().find(|b| b.ptr == p).map(|b| b.bytes);
-        let Some(step) = phases::last_step(&self.tiers.recorded(), size_of) else {
+        let Some(mut step) = phases::last_step(&self.tiers.recorded(), size_of) else {
             return;
         };
+        // The step followed, seen from another launch: turned to start
+        // where the followed one does, so that its phases compare.
+        let turn = self
+            .tiers
+            .stage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|f| phases::rotation(&step.kernels, &f.kernels));
+        if let Some(r) = turn {
+            step = step.turned(r);
+        }
         // The phases are cut under the first block's device's target (one
         // GPU: a prototype's limit); staging ahead, under a third of it, so
         // that the phase before, the phase and the next fit together (the
@@ -340,7 +359,9 @@ impl<D: Driver> Tiering<'static, D> {
             .collect();
         let mut g = self.tiers.stage.lock().unwrap_or_else(|e| e.into_inner());
         // The same step (kernels and blocks) keeps its follower, and with
-        // it its progress; another replaces it.
+        // it its progress; another replaces it (the same kernels whose
+        // launches use other blocks now, too: the blocks a phase moves
+        // follow the program's).
         if g.as_ref()
             .is_some_and(|f| f.phases == addrs && f.kernels == step.kernels)
         {
