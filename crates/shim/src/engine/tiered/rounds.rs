@@ -396,8 +396,10 @@ impl<D: Driver> Tiering<'static, D> {
             return (0, 0);
         }
         self.tiers.drained_stop();
-        let mut done = Vec::new();
-        let mut failed = Vec::new();
+        // The copies first, all issued before any is waited for (one
+        // synchronisation a mover stream, not one a block); a copy made
+        // ahead that still stands is not made again.
+        let mut copying = Vec::with_capacity(staged.len());
         for m in staged {
             let b = &m.block;
             // A park's way back reads the block's pages: nothing is mapped
@@ -411,20 +413,31 @@ impl<D: Driver> Tiering<'static, D> {
                     .map(|p| p.dev),
                 _ => None,
             };
-            let from = pages.unwrap_or(b.ptr);
-            let copied = match m.ahead {
-                // Copied ahead, and nothing written since: the copy stands.
-                Some(epoch) if self.tiers.unwritten_since(b, epoch) => {
-                    self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS
-                }
-                _ => false,
-            };
+            let stands = m
+                .ahead
+                .is_some_and(|epoch| self.tiers.unwritten_since(b, epoch));
             if m.ahead.is_some() {
-                self.tiers.count_ahead(b.bytes, copied);
+                self.tiers.count_ahead(b.bytes, stands);
             }
-            let copied = copied
-                || (self.driver.copy_dtod(m.scratch, from, b.bytes, m.stream) == CUDA_SUCCESS
-                    && self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS);
+            let issued = stands
+                || self
+                    .driver
+                    .copy_dtod(m.scratch, pages.unwrap_or(b.ptr), b.bytes, m.stream)
+                    == CUDA_SUCCESS;
+            copying.push((m, pages, issued));
+        }
+        let mut streams: Vec<(usize, bool)> = Vec::new();
+        for (m, _, _) in &copying {
+            if !streams.iter().any(|&(s, _)| s == m.stream) {
+                let ok = self.driver.stream_synchronize(m.stream) == CUDA_SUCCESS;
+                streams.push((m.stream, ok));
+            }
+        }
+        let mut done = Vec::new();
+        let mut failed = Vec::new();
+        for (m, pages, issued) in copying {
+            let b = &m.block;
+            let copied = issued && streams.iter().any(|&(s, ok)| s == m.stream && ok);
             if !copied || (pages.is_none() && self.driver.vmm_unmap(b.ptr, b.bytes) != CUDA_SUCCESS)
             {
                 failed.push(m);
