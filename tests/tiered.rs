@@ -124,7 +124,7 @@ fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
 /// have moved many times: every block keeps its contents (the stand-in's
 /// tag: the initial ones, and block 4 the last step's number), no launch
 /// met an unmapped address, and the device never held more than the cap.
-fn staging_keeps_every_block_s_contents_under_the_cap(mode: &'static str) {
+fn staging_keeps_every_block_s_contents_under_the_cap(mode: &'static str, phases: usize) {
     let slots: Vec<String> = (0..8).map(|i| i.to_string()).collect();
     let tags: Vec<String> = (0..8).map(|i| (100 + i).to_string()).collect();
     let hashed: Vec<String> = (0..8).map(|i| format!("#{i}")).collect();
@@ -142,7 +142,7 @@ fn staging_keeps_every_block_s_contents_under_the_cap(mode: &'static str) {
     }
     cmds.extend(["kcounts", "standin"]);
     let mut env = tiered("104MiB");
-    env.push(("VRAMCAP_TIERED_STAGE", mode));
+    env.extend([("VRAMCAP_TIERED_STAGE", mode), ("VRAMCAP_LOG", "info")]);
     let dir = scratch_dir();
     let mut h = held_in(&dir, &env, &cmds);
     let start = Instant::now();
@@ -179,16 +179,31 @@ fn staging_keeps_every_block_s_contents_under_the_cap(mode: &'static str) {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("{rest:?}"));
     assert!(peak <= 104 * MIB, "the device held {peak} bytes");
+    // The step was learned once (from the launches, at info level): eight
+    // launches, in phases under the budget (ahead: a third of it).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let learned: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("staging ahead: following a step"))
+        .collect();
+    assert_eq!(learned.len(), 1, "{stderr}");
+    assert!(
+        learned[0].ends_with(&format!(
+            "following a step of 8 launches in {phases} phases under {} bytes",
+            if phases == 4 { 32 * MIB } else { 96 * MIB }
+        )),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn staging_ahead_keeps_every_block_s_contents_under_the_cap() {
-    staging_keeps_every_block_s_contents_under_the_cap("ahead");
+    staging_keeps_every_block_s_contents_under_the_cap("ahead", 4);
 }
 
 #[test]
 fn staging_in_the_stop_keeps_every_block_s_contents_under_the_cap() {
-    staging_keeps_every_block_s_contents_under_the_cap("on");
+    staging_keeps_every_block_s_contents_under_the_cap("on", 2);
 }
 
 /// The program's own `cuMemCreate` memory (PyTorch's expandable segments)

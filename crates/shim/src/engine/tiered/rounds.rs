@@ -103,8 +103,11 @@ impl<D: Driver> Tiering<'static, D> {
         if self.tiers.staging && self.stage_round(&blocks, round) {
             return;
         }
+        if round.is_multiple_of(50) && !debug && self.tiers.staging && !self.tiers.stage_locked() {
+            self.report_staging(&blocks, round, true);
+        }
         if round.is_multiple_of(50) && debug {
-            self.report_staging(&blocks, round);
+            self.report_staging(&blocks, round, false);
             let on = blocks.iter().filter(|b| b.on_device()).count();
             log_at!(
                 Debug,
@@ -178,10 +181,11 @@ impl<D: Driver> Tiering<'static, D> {
             .map_or(u64::MAX, |(_, t)| t.saturating_sub(PROMOTE_MARGIN.min(t)))
     }
 
-    /// Issue 44's report at debug level: where the recorded launch order
-    /// repeats, and what staging one step under each device's target
-    /// would move (`phases.rs`).
-    fn report_staging(&self, blocks: &[Arc<TierBlock>], round: u64) {
+    /// Issue 44's report: where the recorded launch order repeats, and
+    /// what staging one step under each device's target would move
+    /// (`phases.rs`); at debug level, or at info level (`info`) while
+    /// staging finds no step to follow, so that a run says why.
+    fn report_staging(&self, blocks: &[Arc<TierBlock>], round: u64, info: bool) {
         let trace = self.tiers.recorded();
         let size_of = |p: u64| blocks.iter().find(|b| b.ptr == p).map(|b| b.bytes);
         let budget = self.stage_budget(blocks);
@@ -206,7 +210,14 @@ impl<D: Driver> Tiering<'static, D> {
                 locked_at.map_or("(never)".to_string(), |i| i.to_string())
             ),
         };
-        log_at!(Debug, "tiered spill: round {round}: staging ahead: {what}");
+        if info {
+            log_at!(
+                Info,
+                "tiered spill: round {round}: staging follows no step yet: {what}"
+            );
+        } else {
+            log_at!(Debug, "tiered spill: round {round}: staging ahead: {what}");
+        }
     }
 
     /// Stages one move: claims the block, reserves a promotion's bytes,
