@@ -396,9 +396,11 @@ impl<D: Driver> Tiering<'static, D> {
             }
             let _ = self.driver.ctx_pop_current();
         }
+        let drain = std::time::Instant::now();
         if quiet && !self.quiesce(&ctxs) {
             quiet = false;
         }
+        let drained = drain.elapsed();
         if !quiet {
             drop(gate);
             for m in staged {
@@ -410,6 +412,7 @@ impl<D: Driver> Tiering<'static, D> {
         // The copies first, all issued before any is waited for (one
         // synchronisation a mover stream, not one a block); a copy made
         // ahead that still stands is not made again.
+        let copy = std::time::Instant::now();
         let mut copying = Vec::with_capacity(staged.len());
         for m in staged {
             let b = &m.block;
@@ -444,6 +447,8 @@ impl<D: Driver> Tiering<'static, D> {
                 streams.push((m.stream, ok));
             }
         }
+        let copied_in = copy.elapsed();
+        let remap = std::time::Instant::now();
         let mut done = Vec::new();
         let mut failed = Vec::new();
         for (m, pages, issued) in copying {
@@ -483,6 +488,7 @@ impl<D: Driver> Tiering<'static, D> {
             }
             done.push(m);
         }
+        self.tiers.stop_times(drained, copied_in, remap.elapsed());
         drop(gate);
         for m in failed {
             self.unstage(slot, device, m);

@@ -83,6 +83,11 @@ pub struct Stats {
     pub(super) ahead: AtomicU64,
     pub(super) redone: AtomicU64,
     pub(super) dropped: AtomicU64,
+    /// The stops' time (every move's, `rounds.rs`), µs: the drain, the
+    /// copies inside the stop, the remaps.
+    drain_us: AtomicU64,
+    copy_us: AtomicU64,
+    remap_us: AtomicU64,
 }
 
 impl Tiers {
@@ -147,6 +152,23 @@ impl Tiers {
         }
         drop(g);
         self.remapped_cv.notify_all();
+    }
+
+    /// What one stop took: the drain, the copies inside it, the remaps.
+    pub(super) fn stop_times(
+        &self,
+        drain: std::time::Duration,
+        copy: std::time::Duration,
+        remap: std::time::Duration,
+    ) {
+        let st = &self.stage_stats;
+        for (n, d) in [
+            (&st.drain_us, drain),
+            (&st.copy_us, copy),
+            (&st.remap_us, remap),
+        ] {
+            n.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        }
     }
 
     /// Whether the step followed is locked on.
@@ -397,6 +419,8 @@ impl<D: Driver> Tiering<'static, D> {
             st.redone.swap(0, Ordering::Relaxed),
             st.dropped.swap(0, Ordering::Relaxed),
         );
+        let ms = |n: &AtomicU64| n.swap(0, Ordering::Relaxed) as f64 / 1000.0;
+        let (drain, copy, remap) = (ms(&st.drain_us), ms(&st.copy_us), ms(&st.remap_us));
         if entered + lost > 0 {
             let copies = if self.tiers.ahead_on {
                 format!(
@@ -407,7 +431,7 @@ impl<D: Driver> Tiering<'static, D> {
             };
             log_at!(
                 Info,
-                "tiered spill: round {round}: staging: {entered} phases acted on, {ins} bytes in and {out} out in {stops} stops, {:.1} ms of moves (the stops and the copies ahead); the order lost {lost} times{copies}",
+                "tiered spill: round {round}: staging: {entered} phases acted on, {ins} bytes in and {out} out in {stops} stops, {:.1} ms of moves (the stops and the copies ahead; in the stops {drain:.1} ms draining the GPU, {copy:.1} copying, {remap:.1} remapping); the order lost {lost} times{copies}",
                 us as f64 / 1000.0
             );
         }
