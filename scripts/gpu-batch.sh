@@ -23,6 +23,8 @@
 #              the PyTorch step with parking on and unused       (260)
 #   hostmem    research/host_create.cu, 8 GiB                  (120)
 #   calls      research/hit_calls.cu: each driver call of a cache hit (60)
+#   busyremap  research/busy_remap.cu: whether the VMM calls and a copy
+#              wait for unrelated work still running            (60)
 # e.g. (one device call must end within 600 s):
 #   bash scripts/gpu-batch.sh fhl tiered
 set -uo pipefail
@@ -100,7 +102,17 @@ for step in "$@"; do
             echo "gpu-batch: hit_calls did not build (calls/build.txt)"
         fi
         ;;
-    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, staged, bench, bench-base, gate, hostmem, calls)" >&2 ;;
+    busyremap)
+        mkdir -p "$work/busyremap"
+        if /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -o "$work/busyremap/busy_remap" \
+            scripts/gpu/research/busy_remap.cu -lcuda >"$work/busyremap/build.txt" 2>&1; then
+            run_step busyremap 60 "$work/busyremap/busy_remap"
+        else
+            echo "gpu-batch: busy_remap did not build (busyremap/build.txt)"
+            cat "$work/busyremap/build.txt"
+        fi
+        ;;
+    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, staged, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do
@@ -108,4 +120,5 @@ for f in "$work"/*/*.md; do
 done
 tar czf "$out/batch.tgz" -C "$work" .
 ls -la "$out"
-cat "$work"/hostmem/stdout.txt "$work"/calls/stdout.txt "$work"/tiered/staging.txt "$work"/staged/staging.txt 2>/dev/null || true
+cat "$work"/hostmem/stdout.txt "$work"/calls/stdout.txt "$work"/busyremap/stdout.txt \
+    "$work"/tiered/staging.txt "$work"/staged/staging.txt 2>/dev/null || true
