@@ -395,6 +395,11 @@ impl<D: Driver> Engine<D> {
         }
         let _no_teardown = self.tiers.round_running();
         let _no_capture_begins = self.cache.ordering_shared();
+        if self.accounting.capturing() {
+            // One began before the lock was taken.
+            self.tiers.publish();
+            return;
+        }
         self.tiering().stage_now();
     }
 

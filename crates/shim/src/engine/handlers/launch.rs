@@ -81,15 +81,12 @@ impl<D: Driver> Engine<D> {
     }
 
     /// A copy of `n` bytes from the host at `src` into `dst`
-    /// (`cuMemcpyHtoD*`): as [`Engine::wrote`]; under staging ahead the
-    /// bytes copied are read for addresses of blocks (an array of pointers
-    /// a kernel will write through), and such blocks are never staged
-    /// ahead (`tiered/ahead.rs`).
-    ///
-    /// # Safety
-    /// `src` is the copy's: null, or `n` readable bytes, as the driver's
-    /// copy requires.
-    pub unsafe fn wrote_from_host(
+    /// (`cuMemcpyHtoD*`): as [`Engine::wrote`]; under staging ahead, once
+    /// the driver has taken the copy, the bytes copied are read for
+    /// addresses of blocks (an array of pointers a kernel will write
+    /// through), and such blocks are never staged ahead
+    /// (`tiered/ahead.rs`).
+    pub fn wrote_from_host(
         &'static self,
         dst: CUdeviceptr,
         src: *const c_void,
@@ -98,9 +95,11 @@ impl<D: Driver> Engine<D> {
     ) -> CUresult {
         let _open = self.tiers.enter();
         self.tiers.wrote(dst);
-        // SAFETY: the caller's contract.
-        unsafe { self.tiers.note_pointers(src, n) };
-        real()
+        let rc = real();
+        if rc == CUDA_SUCCESS {
+            self.tiers.note_pointers(src, n);
+        }
+        rc
     }
 
     /// A copy to the host or to an array, or a wait on a value: passes the

@@ -277,6 +277,9 @@ impl<D: Driver> Engine<D> {
     /// no reuse of the cache records on the legacy stream between its check
     /// for captures and its record (`cache.rs`).
     fn began(&'static self, mut real: impl FnMut() -> CUresult) -> CUresult {
+        // In the lock order: no context's destroy (`Tiers::running`) while
+        // moves staged ahead are dropped here (their mover streams).
+        let _no_teardown = self.tiers.round_running();
         let _no_ordering = self.cache.ordering_exclusive();
         // No move staged ahead lives through a capture: its copy could not
         // be waited for there (a synchronisation would break the capture),

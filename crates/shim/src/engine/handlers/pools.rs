@@ -204,7 +204,9 @@ impl<D: Driver> Engine<D> {
             // which a synchronisation would break, the next phase's round
             // drops it).
             let b = self.tiers.detach(dptr);
-            if !self.accounting.capture_in_progress() {
+            if !self.accounting.capture_in_progress() && self.tiers.has_ahead() {
+                // No context's destroy meanwhile (its mover stream).
+                let _no_teardown = self.tiers.round_running();
                 self.tiering().drop_ahead_of(0, dptr);
             }
             r.kind = Kind::TieredFreed {

@@ -803,8 +803,7 @@ fn a_block_named_in_an_array_of_pointers_is_never_staged_ahead() {
     // the bytes copied.
     let mut bytes = [0u8; 1 + 24];
     bytes[9..17].copy_from_slice(&(g + 4096).to_ne_bytes());
-    // SAFETY: 24 readable bytes at the source.
-    let rc = unsafe { e.wrote_from_host(a, bytes[1..].as_ptr().cast(), 24, || CUDA_SUCCESS) };
+    let rc = e.wrote_from_host(a, bytes[1..].as_ptr().cast(), 24, || CUDA_SUCCESS);
     assert_eq!(rc, CUDA_SUCCESS);
     phase8(e, blocks, 1);
     kernel8(e, blocks, 2);
@@ -863,6 +862,48 @@ fn a_followed_step_s_phases_follow_the_blocks_its_launches_use() {
             assert_eq!(x, y);
         }
     }
+}
+
+/// An array of pointers copied after a block was staged ahead: the
+/// block's copy ahead is made again in the stop (a kernel may have written
+/// it through the array), and it is not staged ahead again. A source the
+/// CPU cannot read (a device address) is skipped, not faulted on.
+#[test]
+fn an_array_of_pointers_copied_after_the_copy_ahead_makes_it_again() {
+    use crate::engine::tiered::Place::Device;
+    let _one = crate::process::gate::TESTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let (e, blocks, _) = staging_ahead();
+    let [a, .., h] = blocks;
+    phase8(e, blocks, 1);
+    kernel8(e, blocks, 2);
+    phase8(e, blocks, 3);
+    kernel8(e, blocks, 4);
+    phase8(e, blocks, 5);
+    assert!(e.tiers.ahead_staged().contains(&(h, Device)));
+    let table = [h];
+    let rc = e.wrote_from_host(a, table.as_ptr().cast(), 8, || CUDA_SUCCESS);
+    assert_eq!(rc, CUDA_SUCCESS);
+    // Not readable by the CPU: nothing read, nothing marked.
+    let rc = e.wrote_from_host(a, 0x10 as *const c_void, 4096, || CUDA_SUCCESS);
+    assert_eq!(rc, CUDA_SUCCESS);
+    kernel8(e, blocks, 6);
+    let (stood, redone, _) = e.tiers.ahead_counts();
+    phase8(e, blocks, 7);
+    let after = e.tiers.ahead_counts();
+    assert_eq!(after.1 - redone, 16 * MIB, "h copied again");
+    assert_eq!(after.0 - stood, 48 * MIB, "g, c and d stood");
+    kernel8(e, blocks, 8);
+    phase8(e, blocks, 1);
+    kernel8(e, blocks, 2);
+    phase8(e, blocks, 3);
+    kernel8(e, blocks, 4);
+    phase8(e, blocks, 5);
+    assert!(
+        !e.tiers.ahead_staged().iter().any(|&(p, _)| p == h),
+        "h never staged ahead again"
+    );
 }
 
 /// A capture's beginning drops every move staged ahead (inside a capture

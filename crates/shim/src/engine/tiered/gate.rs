@@ -55,29 +55,47 @@ impl Tiers {
         }
     }
 
-    /// Under staging ahead: the `n` bytes at `src` the program copies to
-    /// the GPU are read (at most [`POINTER_SCAN_BYTES`]) for words that
-    /// point into blocks, which are marked as reached through memory.
-    ///
-    /// # Safety
-    /// `src`: null, or `n` readable bytes.
-    pub unsafe fn note_pointers(&self, src: *const c_void, n: usize) {
-        if !self.ahead_on || src.is_null() {
+    /// Under staging ahead, with the gate passed and the copy made: the
+    /// `n` bytes at `src` the program copied to the GPU are read (at most
+    /// [`POINTER_SCAN_BYTES`]) for words that point into blocks, which are
+    /// marked as reached through memory and stamped as written (a copy
+    /// already staged ahead of one is made again). The bytes are read with
+    /// `process_vm_readv`, which answers an error rather than a fault for
+    /// memory the CPU cannot read (a device address under unified
+    /// addressing); managed memory it may move to the host.
+    pub fn note_pointers(&self, src: *const c_void, n: usize) {
+        if !self.ahead_on || src.is_null() || n < 8 {
             return;
         }
         let (lo, hi) = self.span();
         if lo >= hi {
             return;
         }
+        let mut buf = vec![0u8; n.min(POINTER_SCAN_BYTES)];
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: src.cast_mut(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: one local buffer of its length; the remote range is only
+        // read, by the kernel, which answers EFAULT where it is not mapped.
+        let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        if got < 8 {
+            return;
+        }
+        let epoch = self.epoch.load(Ordering::Relaxed);
         let map = read!(self.blocks);
-        for k in 0..n.min(POINTER_SCAN_BYTES) / 8 {
-            // SAFETY: the caller's contract: `n` readable bytes.
-            let w = unsafe { src.cast::<u8>().add(k * 8).cast::<u64>().read_unaligned() };
+        for word in buf[..got as usize].chunks_exact(8) {
+            let w = u64::from_ne_bytes(word.try_into().unwrap_or([0; 8]));
             if w >= lo
                 && w < hi
                 && let Some(b) = block_at(&map, w)
             {
                 b.indirect.store(true, Ordering::Relaxed);
+                b.written.store(epoch, Ordering::Relaxed);
             }
         }
     }

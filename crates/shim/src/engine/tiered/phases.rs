@@ -420,7 +420,36 @@ pub fn rotation(of: &[u64], to: &[u64]) -> Option<usize> {
     if n != to.len() {
         return None;
     }
-    (0..n.max(1)).find(|&r| (0..n).all(|i| of[(i + r) % n] == to[i]))
+    if n == 0 {
+        return Some(0);
+    }
+    // Where `to` first appears in `of` read twice over: Knuth, Morris and
+    // Pratt, linear (a step may be thousands of launches).
+    let mut fail = vec![0usize; n];
+    let mut k = 0;
+    for i in 1..n {
+        while k > 0 && to[i] != to[k] {
+            k = fail[k - 1];
+        }
+        if to[i] == to[k] {
+            k += 1;
+        }
+        fail[i] = k;
+    }
+    let mut k = 0;
+    for i in 0..2 * n - 1 {
+        let c = of[i % n];
+        while k > 0 && c != to[k] {
+            k = fail[k - 1];
+        }
+        if c == to[k] {
+            k += 1;
+        }
+        if k == n {
+            return Some((i + 1 - n) % n);
+        }
+    }
+    None
 }
 
 impl Step {
@@ -444,6 +473,14 @@ mod tests {
         assert_eq!(rotation(&[1, 2, 3], &[1, 3, 2]), None);
         assert_eq!(rotation(&[1, 2], &[1, 2, 3]), None);
         assert_eq!(rotation(&[], &[]), Some(0));
+        assert_eq!(rotation(&[2, 1, 1, 1], &[1, 1, 1, 2]), Some(1));
+        assert_eq!(rotation(&[1, 2, 1, 2], &[2, 1, 2, 1]), Some(1));
+        // Linear: a long step of one kernel and one other.
+        let mut long = vec![5u64; 8191];
+        long.push(6);
+        let mut turned = long.clone();
+        turned.rotate_left(4000);
+        assert_eq!(rotation(&long, &turned), Some(4000));
     }
 
     const MIB: u64 = 1 << 20;

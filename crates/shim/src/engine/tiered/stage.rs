@@ -341,13 +341,15 @@ impl<D: Driver> Tiering<'static, D> {
         };
         // The step followed, seen from another launch: turned to start
         // where the followed one does, so that its phases compare.
-        let turn = self
+        // (The followed kernels copied out: launches take the same mutex.)
+        let followed = self
             .tiers
             .stage
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .and_then(|f| phases::rotation(&step.kernels, &f.kernels));
+            .map(|f| f.kernels.clone());
+        let turn = followed.and_then(|k| phases::rotation(&step.kernels, &k));
         if let Some(r) = turn {
             step = step.turned(r);
         }
@@ -395,12 +397,19 @@ impl<D: Driver> Tiering<'static, D> {
             step.period,
             cut.len()
         );
+        let replaced = g.is_some();
         *g = Some(Followed {
             follower: Follower::new(step.kernels.clone(), &cut),
             phases: addrs,
             kernels: step.kernels,
             share: budget,
         });
+        drop(g);
+        if replaced {
+            // The entry stored names a phase of the step replaced.
+            self.tiers.entered.store(0, Ordering::Release);
+            self.tiers.publish();
+        }
     }
 
     /// The info line of what staging did since the last one.
