@@ -89,8 +89,10 @@
 //!     mutex a leaf) for at most 100 ms, until the round has remapped the
 //!     phase's moves; the moves staged ahead are one mutex, a leaf (released
 //!     before a dropped move's copy is waited for), taken by the background
-//!     thread, and by a program thread's stream-ordered free of a block or
-//!     context destroy to drop that block's or context's moves; the blocks' write stamps are atomics
+//!     thread, and by a program thread's stream-ordered free of a block,
+//!     context destroy or capture's beginning to drop moves, each holding
+//!     `Tiers::running` (shared, or exclusively for the destroy) so that
+//!     no context goes with its mover stream meanwhile; the blocks' write stamps are atomics
 //!     written by hooks holding the gate shared and read with it held
 //!     exclusively.
 //!   - `process/gate.rs`: parking's gate mutex, taken alone, to change the
