@@ -53,6 +53,19 @@ check() { # check NAME LIMIT ARGS... (the pytest suite, budget 30 s under the li
         --name "$name" --budget $((limit - 30)) "$@"
 }
 
+probe() { # probe NAME LIMIT PROGRAM ARGS... (scripts/gpu/research/PROGRAM.cu, built here)
+    local name=$1 limit=$2 program=$3
+    shift 3
+    mkdir -p "$work/$name"
+    if /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -o "$work/$name/$program" \
+        "scripts/gpu/research/$program.cu" -lcuda >"$work/$name/build.txt" 2>&1; then
+        run_step "$name" "$limit" "$work/$name/$program" "$@"
+    else
+        echo "gpu-batch: $program did not build ($name/build.txt):"
+        cat "$work/$name/build.txt"
+    fi
+}
+
 for step in "$@"; do
     case $step in
     park) check park 540 -m park ;;
@@ -84,34 +97,9 @@ for step in "$@"; do
         run_step gate 260 python3 scripts/bench_gate.py --artefacts .gpu --out "$work/gate" \
             --park-move shim --rounds 3 --torch-rounds 4 --budget 220
         ;;
-    hostmem)
-        mkdir -p "$work/hostmem"
-        if /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -o "$work/hostmem/host_create" \
-            scripts/gpu/research/host_create.cu -lcuda >"$work/hostmem/build.txt" 2>&1; then
-            run_step hostmem 120 "$work/hostmem/host_create" 8
-        else
-            echo "gpu-batch: host_create did not build (hostmem/build.txt)"
-        fi
-        ;;
-    calls)
-        mkdir -p "$work/calls"
-        if /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -o "$work/calls/hit_calls" \
-            scripts/gpu/research/hit_calls.cu -lcuda >"$work/calls/build.txt" 2>&1; then
-            run_step calls 60 "$work/calls/hit_calls"
-        else
-            echo "gpu-batch: hit_calls did not build (calls/build.txt)"
-        fi
-        ;;
-    busyremap)
-        mkdir -p "$work/busyremap"
-        if /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -o "$work/busyremap/busy_remap" \
-            scripts/gpu/research/busy_remap.cu -lcuda >"$work/busyremap/build.txt" 2>&1; then
-            run_step busyremap 60 "$work/busyremap/busy_remap"
-        else
-            echo "gpu-batch: busy_remap did not build (busyremap/build.txt)"
-            cat "$work/busyremap/build.txt"
-        fi
-        ;;
+    hostmem) probe hostmem 120 host_create 8 ;;
+    calls) probe calls 60 hit_calls ;;
+    busyremap) probe busyremap 60 busy_remap ;;
     *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, staged, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
     esac
 done

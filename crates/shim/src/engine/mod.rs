@@ -92,9 +92,9 @@
 //!     thread, and by a program thread's stream-ordered free of a block,
 //!     context destroy or capture's beginning to drop moves, each holding
 //!     `Tiers::running` (shared, or exclusively for the destroy) so that
-//!     no context goes with its mover stream meanwhile; the blocks' write stamps are atomics
-//!     written by hooks holding the gate shared and read with it held
-//!     exclusively.
+//!     no context goes with its mover stream meanwhile; the blocks' write
+//!     stamps are atomics written by hooks holding the gate shared and
+//!     read with it held exclusively.
 //!   - `process/gate.rs`: parking's gate mutex, taken alone, to change the
 //!     state or to wait on its condvar for it (program threads at a closed
 //!     gate wait there, outside every other lock).
@@ -388,17 +388,12 @@ impl<D: Driver> Engine<D> {
         if !self.tiers.staging() {
             return;
         }
+        let _no_teardown = self.tiers.round_running();
+        let _no_capture_begins = self.cache.ordering_shared();
         if self.accounting.capturing()
             || crate::process::gate::state() != crate::process::gate::RUNNING
         {
             // A phase's first launch waiting for its moves goes on.
-            self.tiers.publish();
-            return;
-        }
-        let _no_teardown = self.tiers.round_running();
-        let _no_capture_begins = self.cache.ordering_shared();
-        if self.accounting.capturing() {
-            // One began before the lock was taken.
             self.tiers.publish();
             return;
         }

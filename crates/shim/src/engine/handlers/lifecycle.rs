@@ -94,7 +94,7 @@ impl<D: Driver> Engine<D> {
         }
         let no_round = self.tiers.no_round();
         // Moves staged ahead in it go while its mover stream still is.
-        self.tiering().drop_ahead_of(ctx as usize, 0);
+        self.tiering().drop_ahead_of_ctx(ctx as usize);
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.forget_ctx(ctx as usize);
@@ -137,7 +137,7 @@ impl<D: Driver> Engine<D> {
         let no_round = self.tiers.no_round();
         if let Some(ctx) = primary {
             // Moves staged ahead in it go while its mover stream still is.
-            self.tiering().drop_ahead_of(ctx, 0);
+            self.tiering().drop_ahead_of_ctx(ctx);
         }
         let rc = real();
         if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)

@@ -204,10 +204,11 @@ impl<D: Driver> Engine<D> {
             // which a synchronisation would break, the next phase's round
             // drops it).
             let b = self.tiers.detach(dptr);
-            if !self.accounting.capture_in_progress() && self.tiers.has_ahead() {
+            // (The cheap test first: a capture's asks the driver.)
+            if self.tiers.has_ahead() && !self.accounting.capture_in_progress() {
                 // No context's destroy meanwhile (its mover stream).
                 let _no_teardown = self.tiers.round_running();
-                self.tiering().drop_ahead_of(0, dptr);
+                self.tiering().drop_ahead_of_block(dptr);
             }
             r.kind = Kind::TieredFreed {
                 place: b.as_ref().map_or(Place::Device, |b| b.place()),

@@ -45,6 +45,15 @@ fn rounds(e: &'static Engine<Fake>, n: usize) {
     }
 }
 
+/// Whether the tiered block at `p` is on the device now.
+fn on_device(e: &'static Engine<Fake>, p: u64) -> bool {
+    e.tiers
+        .snapshot()
+        .iter()
+        .find(|b| b.ptr == p)
+        .is_some_and(|b| b.on_device())
+}
+
 fn device_resident(e: &'static Engine<Fake>) -> u64 {
     e.driver
         .vmm
@@ -607,13 +616,7 @@ fn staging_puts_each_phase_s_blocks_on_the_gpu_as_the_phase_begins() {
     e.tier_stage();
     assert_eq!(e.tiers.round_now(), round);
     assert_eq!(moves(e), (2, 2));
-    let on_device = |p: u64| {
-        e.tiers
-            .snapshot()
-            .iter()
-            .find(|x| x.ptr == p)
-            .is_some_and(|x| x.on_device())
-    };
+    let on_device = |p: u64| on_device(e, p);
     assert!(on_device(c) && on_device(d) && !on_device(a) && !on_device(b));
     assert_eq!((used(e), spilled(e)), (64 * MIB, 64 * MIB));
     launch(e, &[d, d, d, d]);
@@ -683,6 +686,18 @@ fn phase8(e: &'static Engine<Fake>, blocks: [u64; 8], first: usize) {
     drained(e);
 }
 
+/// [`staging_ahead`]'s step from its first kernel to `last`, which begins
+/// a phase: each phase's first launch with its short round.
+fn phases8(e: &'static Engine<Fake>, blocks: [u64; 8], last: usize) {
+    for k in 1..=last {
+        if k % 2 == 1 {
+            phase8(e, blocks, k);
+        } else {
+            kernel8(e, blocks, k);
+        }
+    }
+}
+
 /// Staging ahead (`tiered/ahead.rs`) over [`staging_ahead`]'s step (a
 /// phase's share of the cap is a third: two blocks). The next phase's
 /// moves are staged and copied while a phase runs, and its stop only
@@ -701,13 +716,7 @@ fn staging_ahead_copies_while_a_phase_runs_and_again_when_written() {
     let [a, b, c, d, x, f, g, h] = blocks;
     let kernel = |e: &'static Engine<Fake>, k: usize| kernel8(e, blocks, k);
     let phase = |e: &'static Engine<Fake>, first: usize| phase8(e, blocks, first);
-    let on_device = |p: u64| {
-        e.tiers
-            .snapshot()
-            .iter()
-            .find(|y| y.ptr == p)
-            .is_some_and(|y| y.on_device())
-    };
+    let on_device = |p: u64| on_device(e, p);
     // Phase {a, b}: its blocks are there; {c, d} too; room for the phase
     // after next is made ahead: e and f, the coldest outside both, are
     // copied out while the phase runs.
@@ -805,11 +814,7 @@ fn a_block_named_in_an_array_of_pointers_is_never_staged_ahead() {
     bytes[9..17].copy_from_slice(&(g + 4096).to_ne_bytes());
     let rc = e.wrote_from_host(a, bytes[1..].as_ptr().cast(), 24, || CUDA_SUCCESS);
     assert_eq!(rc, CUDA_SUCCESS);
-    phase8(e, blocks, 1);
-    kernel8(e, blocks, 2);
-    phase8(e, blocks, 3);
-    kernel8(e, blocks, 4);
-    phase8(e, blocks, 5); // {e, f}: the next phase, {g, h}, is staged ahead
+    phases8(e, blocks, 5); // {e, f}: the next phase, {g, h}, is staged ahead
     let staged = e.tiers.ahead_staged();
     assert!(staged.contains(&(h, Device)), "{staged:?}");
     assert!(!staged.iter().any(|&(p, _)| p == g), "{staged:?}");
@@ -817,13 +822,7 @@ fn a_block_named_in_an_array_of_pointers_is_never_staged_ahead() {
     let promotions = moves(e).1;
     phase8(e, blocks, 7); // {g, h}: g comes in inside the stop
     assert_eq!(moves(e).1, promotions + 2);
-    let on_device = |p: u64| {
-        e.tiers
-            .snapshot()
-            .iter()
-            .find(|y| y.ptr == p)
-            .is_some_and(|y| y.on_device())
-    };
+    let on_device = |p: u64| on_device(e, p);
     assert!(on_device(g) && on_device(h));
 }
 
@@ -876,11 +875,7 @@ fn an_array_of_pointers_copied_after_the_copy_ahead_makes_it_again() {
         .unwrap_or_else(|e| e.into_inner());
     let (e, blocks, _) = staging_ahead();
     let [a, .., h] = blocks;
-    phase8(e, blocks, 1);
-    kernel8(e, blocks, 2);
-    phase8(e, blocks, 3);
-    kernel8(e, blocks, 4);
-    phase8(e, blocks, 5);
+    phases8(e, blocks, 5);
     assert!(e.tiers.ahead_staged().contains(&(h, Device)));
     let table = [h];
     let rc = e.wrote_from_host(a, table.as_ptr().cast(), 8, || CUDA_SUCCESS);
@@ -895,11 +890,7 @@ fn an_array_of_pointers_copied_after_the_copy_ahead_makes_it_again() {
     assert_eq!(after.1 - redone, 16 * MIB, "h copied again");
     assert_eq!(after.0 - stood, 48 * MIB, "g, c and d stood");
     kernel8(e, blocks, 8);
-    phase8(e, blocks, 1);
-    kernel8(e, blocks, 2);
-    phase8(e, blocks, 3);
-    kernel8(e, blocks, 4);
-    phase8(e, blocks, 5);
+    phases8(e, blocks, 5);
     assert!(
         !e.tiers.ahead_staged().iter().any(|&(p, _)| p == h),
         "h never staged ahead again"
@@ -916,9 +907,7 @@ fn moves_staged_ahead_do_not_live_through_a_capture_or_a_pause() {
         .unwrap_or_else(|e| e.into_inner());
     for pause in [false, true] {
         let (e, blocks, host_room) = staging_ahead();
-        phase8(e, blocks, 1);
-        kernel8(e, blocks, 2);
-        phase8(e, blocks, 3);
+        phases8(e, blocks, 3);
         assert_eq!(e.tiers.ahead_staged().len(), 4, "two in, two out");
         assert!(used(e) > 64 * MIB, "the promotions ahead reserved");
         if pause {

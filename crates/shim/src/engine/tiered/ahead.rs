@@ -45,6 +45,7 @@ use std::sync::atomic::Ordering;
 use vramcap_core::page::DeviceSlot;
 
 use super::rounds::Staged;
+use super::stage::to_promote;
 use super::{Place, Plan, TierBlock, Tiering, Tiers};
 use crate::engine::driver::Driver;
 use crate::ffi::*;
@@ -89,13 +90,12 @@ impl Tiers {
         n.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// The moves staged ahead for `dev`, taken out.
-    fn take_ahead(&self, dev: u16) -> Vec<Ahead> {
+    /// The moves staged ahead that `which` picks, taken out.
+    fn take_ahead_where(&self, which: impl Fn(&Ahead) -> bool) -> Vec<Ahead> {
         let mut all = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-        let (mine, rest): (Vec<Ahead>, Vec<Ahead>) =
-            all.drain(..).partition(|a| a.block.device == dev);
+        let (picked, rest): (Vec<Ahead>, Vec<Ahead>) = all.drain(..).partition(|a| which(a));
         *all = rest;
-        mine
+        picked
     }
 
     /// Whether any move is staged ahead.
@@ -110,10 +110,8 @@ impl Tiers {
 
 impl<D: Driver> Tiering<'static, D> {
     /// Stages the moves of `p` ahead (module docs): each block's new
-    /// memory made and its copy issued, kept in `Tiers::ahead`; how many
-    /// bytes were staged.
-    pub(super) fn prepare(&self, slot: &DeviceSlot, device: CUdevice, limit: u64, p: Plan) -> u64 {
-        let mut bytes = 0;
+    /// memory made and its copy issued, kept in `Tiers::ahead`.
+    pub(super) fn prepare(&self, slot: &DeviceSlot, device: CUdevice, limit: u64, p: Plan) {
         let moves = p
             .demote
             .into_iter()
@@ -136,7 +134,6 @@ impl<D: Driver> Tiering<'static, D> {
                 self.unstage(slot, device, m);
                 continue;
             }
-            bytes += m.block.bytes;
             let Staged {
                 block,
                 to,
@@ -161,7 +158,6 @@ impl<D: Driver> Tiering<'static, D> {
                 .unwrap_or_else(|e| e.into_inner())
                 .push(a);
         }
-        bytes
     }
 
     /// The moves staged ahead for `dev` that `wanted` still wants, claimed
@@ -174,18 +170,18 @@ impl<D: Driver> Tiering<'static, D> {
         wanted: impl Fn(&TierBlock, Place) -> bool,
     ) -> Vec<Staged> {
         let mut out = Vec::new();
-        for a in self.tiers.take_ahead(dev) {
+        for a in self.tiers.take_ahead_where(|a| a.block.device == dev) {
             if !wanted(&a.block, a.to) {
-                self.drop_one(slot, device, a);
+                self.drop_one(Some(slot), device, a);
                 continue;
             }
             let Some(c) = a.block.claim() else {
-                self.drop_one(slot, device, a);
+                self.drop_one(Some(slot), device, a);
                 continue;
             };
             if c.handle() != a.from || c.moved.load(Ordering::Relaxed) != a.moved {
                 drop(c);
-                self.drop_one(slot, device, a);
+                self.drop_one(Some(slot), device, a);
                 continue;
             }
             out.push(Staged {
@@ -203,70 +199,42 @@ impl<D: Driver> Tiering<'static, D> {
     }
 
     /// Drops every move staged ahead (the order lost, moves paused, a
-    /// park coming).
+    /// park coming, a capture beginning).
     pub(in crate::engine) fn drop_ahead(&self) {
         self.drop_ahead_where(|_| true);
     }
 
     /// Drops the moves staged ahead of blocks of context `ctx`, which is
-    /// about to be destroyed (its mover stream with it), or, `ctx` 0, of
-    /// the block at `ptr` (freed, its address unmapped next).
-    pub(in crate::engine) fn drop_ahead_of(&self, ctx: usize, ptr: u64) {
+    /// about to be destroyed (its mover stream with it).
+    pub(in crate::engine) fn drop_ahead_of_ctx(&self, ctx: usize) {
         if self.tiers.has_ahead() {
-            self.drop_ahead_where(|a| {
-                if ctx != 0 {
-                    a.block.ctx == ctx
-                } else {
-                    a.block.ptr == ptr
-                }
-            });
+            self.drop_ahead_where(|a| a.block.ctx == ctx);
         }
+    }
+
+    /// Drops the move staged ahead of the block at `ptr` (freed, its
+    /// address unmapped next).
+    pub(in crate::engine) fn drop_ahead_of_block(&self, ptr: u64) {
+        self.drop_ahead_where(|a| a.block.ptr == ptr);
     }
 
     /// Drops the moves staged ahead that `which` picks.
     fn drop_ahead_where(&self, which: impl Fn(&Ahead) -> bool) {
-        let picked: Vec<Ahead> = {
-            let mut all = self.tiers.ahead.lock().unwrap_or_else(|e| e.into_inner());
-            let (picked, rest): (Vec<Ahead>, Vec<Ahead>) = all.drain(..).partition(|a| which(a));
-            *all = rest;
-            picked
-        };
-        for a in picked {
+        for a in self.tiers.take_ahead_where(which) {
             let device = CUdevice::from(a.block.device);
-            match self.accounting.slot(device) {
-                Some(slot) => self.drop_one(slot, device, a),
-                // No slot: nothing was reserved on it; the host budget was.
-                None => {
-                    self.release_ahead(&a);
-                    if a.to == Place::Host {
-                        self.host.give_back(a.block.bytes);
-                    }
-                }
-            }
+            self.drop_one(self.accounting.slot(device), device, a);
         }
     }
 
     /// Drops one move staged ahead: waits for its copy (its new memory is
     /// the copy's destination), then gives back the memory and what was
     /// taken for it.
-    fn drop_one(&self, slot: &DeviceSlot, device: CUdevice, a: Ahead) {
-        self.release_ahead(&a);
+    fn drop_one(&self, slot: Option<&DeviceSlot>, device: CUdevice, a: Ahead) {
+        let bytes = a.block.bytes;
+        self.release_new(a.scratch, a.handle, bytes, Some(a.stream));
+        self.give_back_taken(slot, device, a.to, false, bytes);
         let st = &self.tiers.stage_stats;
-        st.dropped.fetch_add(a.block.bytes, Ordering::Relaxed);
-        match a.to {
-            Place::Host => self.host.give_back(a.block.bytes),
-            Place::Device => {
-                self.accounting.release_on(slot, device, a.block.bytes);
-            }
-        }
-    }
-
-    /// The driver's side of dropping a move staged ahead.
-    fn release_ahead(&self, a: &Ahead) {
-        let _ = self.driver.stream_synchronize(a.stream);
-        let _ = self.driver.vmm_unmap(a.scratch, a.block.bytes);
-        let _ = self.driver.vmm_free_address(a.scratch, a.block.bytes);
-        let _ = self.driver.vmm_release(a.handle);
+        st.dropped.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 
@@ -286,15 +254,9 @@ pub(super) fn plan_ahead(
     let mut p = Plan::default();
     let mut left: i128 = 0;
     for addr in next {
-        let Some(b) = mine
-            .iter()
-            .find(|b| b.ptr == *addr && !b.on_device() && b.movable())
-        else {
+        let Some(b) = to_promote(mine, *addr, &p.promote) else {
             continue;
         };
-        if p.promote.iter().any(|x| x.ptr == b.ptr) {
-            continue;
-        }
         if !b.stageable() {
             left += i128::from(b.bytes);
             continue;
@@ -358,18 +320,12 @@ impl Tiers {
         v.sort_by_key(|x| x.0);
         v
     }
-}
 
-#[cfg(test)]
-impl Tiers {
     /// Whether a phase was entered and not yet acted on.
     pub(in crate::engine) fn entry_pending(&self) -> bool {
         self.entered.load(Ordering::Acquire) != 0
     }
-}
 
-#[cfg(test)]
-impl Tiers {
     /// The followed step's phases' block addresses.
     pub(in crate::engine) fn followed_phases(&self) -> Vec<Vec<u64>> {
         self.stage

@@ -23,13 +23,10 @@ impl Tiers {
     pub(in crate::engine) fn stop(&self) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
         let until = std::time::Instant::now() + STOP_WAIT;
         loop {
-            let got = match self.gate.try_write() {
-                Ok(g) => Some(g),
-                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            };
-            if let Some(g) = got {
-                return Some(g);
+            match self.gate.try_write() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
             }
             if std::time::Instant::now() >= until {
                 return None;

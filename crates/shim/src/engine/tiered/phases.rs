@@ -405,10 +405,10 @@ impl Follower {
         };
         self.next = Some((pos + 1) % n);
         self.matched = self.matched.saturating_add(1);
-        if self.locked() && self.starts.binary_search(&pos).is_ok() {
-            return Followed::Entered(self.starts.binary_search(&pos).unwrap_or(0));
+        match self.starts.binary_search(&pos) {
+            Ok(i) if self.locked() => Followed::Entered(i),
+            _ => Followed::Same,
         }
-        Followed::Same
     }
 }
 

@@ -304,17 +304,46 @@ impl<D: Driver> Tiering<'static, D> {
             self.tiers.keep(p);
             return;
         }
-        if m.ahead.is_some() {
-            // Its copy ahead may still write the new memory.
-            let _ = self.driver.stream_synchronize(m.stream);
+        // A copy made ahead may still write the new memory.
+        let copying = m.ahead.map(|_| m.stream);
+        self.release_new(m.scratch, m.handle, m.block.bytes, copying);
+        self.give_back_taken(Some(slot), device, m.to, m.park, m.block.bytes);
+    }
+
+    /// A move's new memory, mapped at `scratch`, given back; `copying`: the
+    /// stream of a copy that may still write it, waited for first.
+    pub(super) fn release_new(
+        &self,
+        scratch: u64,
+        handle: u64,
+        bytes: u64,
+        copying: Option<usize>,
+    ) {
+        if let Some(s) = copying {
+            let _ = self.driver.stream_synchronize(s);
         }
-        let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
-        let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
-        let _ = self.driver.vmm_release(m.handle);
-        if m.to == Place::Host {
-            self.host.give_back(m.block.bytes);
-        } else if !m.park {
-            self.accounting.release_on(slot, device, m.block.bytes);
+        let _ = self.driver.vmm_unmap(scratch, bytes);
+        let _ = self.driver.vmm_free_address(scratch, bytes);
+        let _ = self.driver.vmm_release(handle);
+    }
+
+    /// What the stage of a move to `to` took, given back: the host budget,
+    /// or the reservation under the cap (a park's way back reserved its
+    /// bytes elsewhere; no slot: none was made).
+    pub(super) fn give_back_taken(
+        &self,
+        slot: Option<&DeviceSlot>,
+        device: CUdevice,
+        to: Place,
+        park: bool,
+        bytes: u64,
+    ) {
+        match (to, slot) {
+            (Place::Host, _) => self.host.give_back(bytes),
+            (Place::Device, Some(slot)) if !park => {
+                self.accounting.release_on(slot, device, bytes);
+            }
+            _ => {}
         }
     }
 

@@ -1,8 +1,9 @@
-//! Staging ahead, issue 44's prototype (`VRAMCAP_TIERED_STAGE=on`, with
-//! `VRAMCAP_SPILL=tiered`; experimental, a spike to be measured and then
-//! kept or deleted): instead of placing blocks by heat, follow the step's
-//! launch order and, at each phase's first launch, move the blocks of that
-//! phase and of the next onto the GPU, the others off as room needs.
+//! Staging by the launch order, issue 44's prototype
+//! (`VRAMCAP_TIERED_STAGE=on` or `ahead`, with `VRAMCAP_SPILL=tiered`;
+//! experimental, a spike to be measured and then kept or deleted): instead
+//! of placing blocks by heat, follow the step's launch order and, at each
+//! phase's first launch, move the blocks of that phase and of the next
+//! onto the GPU, the others off as room needs.
 //!
 //! - *Learn* (the background thread, every [`LEARN_ROUNDS`] rounds): the
 //!   launches recorded (`heat.rs`), their period and phases under the cap
@@ -19,9 +20,10 @@
 //! - *Stage* (the background thread: the short round it runs when woken,
 //!   [`Tiering::stage_now`], or a full round's [`Tiering::stage_round`]):
 //!   a phase entered is acted on once, with the same stage, stop and remap
-//!   as a heat round's moves (`rounds.rs`): the world stops for the copies
-//!   (this prototype copies inside the stop; copying ahead into kept room
-//!   is the next step). Short rounds count no round: the rounds that time
+//!   as a heat round's moves (`rounds.rs`): with `on` the world stops for
+//!   the copies; with `ahead` the next phase's copies are made while the
+//!   phase runs and its stop only remaps (`ahead.rs`). Short rounds count
+//!   no round: the rounds that time
 //!   pauses and block ages keep their pace. While the step is followed,
 //!   heat places nothing, unless a device is over its target (a lowered
 //!   cap: heat's demotions bring it under); once the order breaks, heat
@@ -196,10 +198,7 @@ impl<D: Driver> Tiering<'static, D> {
             self.learn(blocks);
         }
         if !self.tiers.stage_locked() {
-            self.tiers.publish();
-            if self.tiers.has_ahead() {
-                self.drop_ahead();
-            }
+            self.not_following();
             let followed = self
                 .tiers
                 .stage
@@ -220,14 +219,20 @@ impl<D: Driver> Tiering<'static, D> {
     /// phase entered, if a step is followed and one was entered.
     pub fn stage_now(&self) {
         if self.tiers.paused() || !self.tiers.stage_locked() {
-            self.tiers.publish();
-            if self.tiers.has_ahead() {
-                self.drop_ahead();
-            }
+            self.not_following();
             return;
         }
         self.act(&self.tiers.snapshot());
         self.tiers.publish();
+    }
+
+    /// No step followed (or moves paused): a launch waiting for its moves
+    /// goes on, and nothing staged ahead keeps room or memory.
+    fn not_following(&self) {
+        self.tiers.publish();
+        if self.tiers.has_ahead() {
+            self.drop_ahead();
+        }
     }
 
     /// Whether a device of `blocks` is over its target (a cap or soft limit
@@ -307,8 +312,10 @@ impl<D: Driver> Tiering<'static, D> {
             let next_now: &[u64] = if ahead { &[] } else { &next };
             let p = plan_for(&mine, &now, next_now, room());
             if !p.demote.is_empty() || !p.promote.is_empty() {
-                let out: u64 = p.demote.iter().map(|b| b.bytes).sum();
-                let ins: u64 = p.promote.iter().map(|b| b.bytes).sum();
+                let (ins, out) = split_bytes(
+                    (p.demote.iter().map(|b| (Place::Host, b.bytes)))
+                        .chain(p.promote.iter().map(|b| (Place::Device, b.bytes))),
+                );
                 stops += u64::from(!p.demote.is_empty()) + u64::from(!p.promote.is_empty());
                 self.apply(slot, device, limit, round, p);
                 st.bytes_in.fetch_add(ins, Ordering::Relaxed);
@@ -358,17 +365,15 @@ impl<D: Driver> Tiering<'static, D> {
         // that the phase before, the phase and the next fit together (the
         // whole of it when one launch needs more).
         let whole = self.stage_budget(blocks);
-        let mut budget = whole;
+        let mut budget = if self.tiers.ahead_on {
+            whole / AHEAD_SHARES
+        } else {
+            whole
+        };
         let mut split = phases::split(&step.launches, &step.sizes, budget);
-        if self.tiers.ahead_on {
-            budget = whole / AHEAD_SHARES;
-            split = match phases::split(&step.launches, &step.sizes, budget) {
-                Split::Unfit { .. } => {
-                    budget = whole;
-                    split
-                }
-                s => s,
-            };
+        if matches!(split, Split::Unfit { .. }) && budget < whole {
+            budget = whole;
+            split = phases::split(&step.launches, &step.sizes, budget);
         }
         // One phase: the whole step fits, and heat keeps it on the GPU.
         let Split::Phases(cut) = split else {
@@ -471,15 +476,9 @@ fn plan_for(mine: &[Arc<TierBlock>], now: &[u64], next: &[u64], mut room: i128) 
     };
     for (wanted, may_take_next) in [(now, true), (next, false)] {
         for addr in wanted {
-            let Some(b) = mine
-                .iter()
-                .find(|b| b.ptr == *addr && !b.on_device() && b.movable())
-            else {
+            let Some(b) = to_promote(mine, *addr, &p.promote) else {
                 continue;
             };
-            if p.promote.iter().any(|x| x.ptr == b.ptr) {
-                continue;
-            }
             let mut freed = Vec::new();
             while room < i128::from(b.bytes) {
                 match spare.last() {
@@ -504,6 +503,18 @@ fn plan_for(mine: &[Arc<TierBlock>], now: &[u64], next: &[u64], mut room: i128) 
         }
     }
     p
+}
+
+/// The block of `mine` at `addr` when it waits on the host to be promoted
+/// (movable, and not among `promote` already).
+pub(super) fn to_promote<'a>(
+    mine: &'a [Arc<TierBlock>],
+    addr: u64,
+    promote: &[Arc<TierBlock>],
+) -> Option<&'a Arc<TierBlock>> {
+    mine.iter()
+        .find(|b| b.ptr == addr && !b.on_device() && b.movable())
+        .filter(|b| !promote.iter().any(|x| x.ptr == b.ptr))
 }
 
 /// The bytes moving in (to the GPU) and out of `moves`.
