@@ -45,8 +45,7 @@ use std::sync::atomic::Ordering;
 use vramcap_core::page::DeviceSlot;
 
 use super::rounds::Staged;
-use super::stage::to_promote;
-use super::{Place, Plan, TierBlock, Tiering, Tiers};
+use super::{Place, Plan, TierBlock, Tiering, Tiers, to_promote};
 use crate::engine::driver::Driver;
 use crate::ffi::*;
 

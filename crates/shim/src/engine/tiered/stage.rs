@@ -44,7 +44,7 @@ use vramcap_core::budget::NO_CAP;
 use super::ahead::plan_ahead;
 use super::phases::{self, Follower, Split};
 use super::rounds::devices_of;
-use super::{PROMOTE_MARGIN, Place, Plan, TierBlock, Tiering, Tiers};
+use super::{PROMOTE_MARGIN, Place, Plan, TierBlock, Tiering, Tiers, to_promote};
 use crate::engine::driver::Driver;
 use crate::ffi::CUdevice;
 use crate::log::{log_at, log_once};
@@ -503,18 +503,6 @@ fn plan_for(mine: &[Arc<TierBlock>], now: &[u64], next: &[u64], mut room: i128) 
         }
     }
     p
-}
-
-/// The block of `mine` at `addr` when it waits on the host to be promoted
-/// (movable, and not among `promote` already).
-pub(super) fn to_promote<'a>(
-    mine: &'a [Arc<TierBlock>],
-    addr: u64,
-    promote: &[Arc<TierBlock>],
-) -> Option<&'a Arc<TierBlock>> {
-    mine.iter()
-        .find(|b| b.ptr == addr && !b.on_device() && b.movable())
-        .filter(|b| !promote.iter().any(|x| x.ptr == b.ptr))
 }
 
 /// The bytes moving in (to the GPU) and out of `moves`.
