@@ -17,6 +17,8 @@
 #              VRAMCAP_TIERED_STAGE=on                          (450)
 #   staged     tiered Llama at 1.5x, with VRAMCAP_TIERED_STAGE=on and
 #              with VRAMCAP_TIERED_STAGE=ahead                  (420)
+#   spill      tiered and staged in one: tiered Llama at 1.5x for this
+#              build, .gpu/base, VRAMCAP_TIERED_STAGE=on and =ahead (430)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
 #   bench-base gpu_bench.py on .gpu/base, the pairs only        (120)
 #   gate       bench_gate.py, parking by the shim's moves: launches and
@@ -85,6 +87,12 @@ for step in "$@"; do
             --tiered-variants "staged=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=on ahead=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=ahead"
         grep -h "staging" "$work"/staged/*.log 2>/dev/null | cut -c1-400 >"$work/staged/staging.txt"
         ;;
+    spill)
+        [ -f "$base/libvramcap.so" ] || { echo "gpu-batch: spill needs $base (stage-gpu.sh BASELINE)"; continue; }
+        check spill 430 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
+            --tiered-variants "$(cat "$base/COMMIT")=$base/libvramcap.so staged=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=on ahead=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=ahead"
+        grep -h "staging" "$work"/spill/*.log 2>/dev/null | cut -c1-400 >"$work/spill/staging.txt"
+        ;;
     bench)
         run_step bench 260 python3 scripts/gpu_bench.py --artefacts .gpu --out "$work/bench" \
             --rounds 2 --torch-rounds 4 --budget 220
@@ -100,7 +108,7 @@ for step in "$@"; do
     hostmem) probe hostmem 120 host_create 8 ;;
     calls) probe calls 60 hit_calls ;;
     busyremap) probe busyremap 60 busy_remap ;;
-    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, staged, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
+    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, staged, spill, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do
@@ -109,4 +117,4 @@ done
 tar czf "$out/batch.tgz" -C "$work" .
 ls -la "$out"
 cat "$work"/hostmem/stdout.txt "$work"/calls/stdout.txt "$work"/busyremap/stdout.txt \
-    "$work"/tiered/staging.txt "$work"/staged/staging.txt 2>/dev/null || true
+    "$work"/tiered/staging.txt "$work"/staged/staging.txt "$work"/spill/staging.txt 2>/dev/null || true

@@ -48,6 +48,8 @@ class Proc:
         if gpu.park_move and env.get("VRAMCAP_PARK") and shim is True:
             env.setdefault("VRAMCAP_PARK_MOVE", gpu.park_move)
         e = runner.env(shim=gpu.shim if shim is True else (shim or None), **env)
+        # The CLI reads the pages where the process writes them.
+        self.cli_env = runner.env(VRAMCAP_STATS_DIR=e.get("VRAMCAP_STATS_DIR"))
         self.p = subprocess.Popen([gpu.python, gpu.script("check_park.py")] + args, env=e,
                                   stdin=subprocess.PIPE, stdout=open(self.out, "w"),
                                   stderr=open(self.err, "w"), start_new_session=True)
@@ -85,7 +87,7 @@ class Proc:
         lines = []
         try:
             r = subprocess.run([self.gpu.cli, "stat", "--json", "--pid", str(self.p.pid)],
-                               capture_output=True, text=True, timeout=20)
+                               capture_output=True, text=True, timeout=20, env=self.cli_env)
             lines.append("stat: " + " ".join((r.stdout + r.stderr).split())[:1500])
         except (OSError, subprocess.SubprocessError) as e:
             lines.append("stat: %s" % e)
@@ -357,7 +359,7 @@ def test_hundred_cycles_with_the_shims_moves(gpu, runner, work, check):
                 # Its GPU footprint: what the shim counts on GPU 0 (PyTorch's
                 # cached segments too), not only the tensors' 2 GiB.
                 j = subprocess.run([gpu.cli, "stat", "--json", "--pid", str(p.p.pid)], capture_output=True,
-                                   text=True, timeout=60).stdout
+                                   text=True, timeout=60, env=p.cli_env).stdout
                 try:
                     footprint = json.loads(j)["processes"][0]["devices"][0]["used_bytes"] >> 20
                 except (ValueError, KeyError, IndexError, TypeError):
@@ -365,7 +367,7 @@ def test_hundred_cycles_with_the_shims_moves(gpu, runner, work, check):
             if i == n:  # after n - 1 resumes, before the last park
                 after = rss_mib(p.p.pid)
                 st = subprocess.run([gpu.cli, "stat", "--json", "--pid", str(p.p.pid)], capture_output=True,
-                                    text=True, timeout=60)
+                                    text=True, timeout=60, env=p.cli_env)
             r = cli(gpu, runner, "park (hundred, cycle %d)" % i, "park", "--pid", str(p.p.pid))
             if r.rc != 0:
                 failed.append((i, r.rc, r.stderr.strip()[:200]))
@@ -400,13 +402,13 @@ def test_an_idle_jax_process_stays_parked(gpu, runner, work, check):
     try:
         check.that(bool(p.wait_line("IDLE", 300)), "a 4 GiB JAX process idles", "")
         before = subprocess.run([gpu.cli, "stat", "--pid", str(p.p.pid)], capture_output=True, text=True,
-                                timeout=60)
+                                timeout=60, env=p.cli_env)
         check.note("before the park: " + " ".join((before.stdout + before.stderr).split())[:600])
         r = cli(gpu, runner, "park (jax row)", "park", "--pid", str(p.p.pid))
         check.eq("park exit status", r.rc, 0)
         time.sleep(20)  # the measure itself: 20 s idle, parked
         st = subprocess.run([gpu.cli, "stat", "--json", "--pid", str(p.p.pid)], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, env=p.cli_env)
         err = open(p.err, errors="replace").read()
         wakers = [l for l in err.splitlines() if "resumes this process" in l]
         check.eq("calls that resumed it while idle", wakers, [])
@@ -424,8 +426,9 @@ def test_an_idle_jax_process_stays_parked(gpu, runner, work, check):
 
 
 def test_a_lying_nvidia_smi_keeps_a_parked_process_parked(gpu, runner, work, check):
-    check.title = ("a resume trusts no nvidia-smi that says a GPU has more free than its size: it stays "
-                   "parked, says why, and resumes with the same results once the answer is true (item 11)")
+    check.title = ("a resume from the driver's checkpoint trusts no nvidia-smi that says a GPU has more free "
+                   "than its size: it stays parked, says why, and resumes with the same results once the answer "
+                   "is true (item 11; the shim's moves ask the driver for the memory itself, not nvidia-smi)")
     fake = os.path.join(work, "fake-smi")
     os.makedirs(fake, exist_ok=True)
     flag = os.path.join(fake, "lie")
@@ -436,7 +439,7 @@ def test_a_lying_nvidia_smi_keeps_a_parked_process_parked(gpu, runner, work, che
     os.chmod(script, 0o755)
     path = fake + ":" + os.environ.get("PATH", "/usr/bin:/bin")
     nb = Proc(gpu, runner, work, "lying-smi", ["notebook", "4"], VRAMCAP_PARK="manual", VRAMCAP_CACHE="off",
-              PATH=path)
+              VRAMCAP_PARK_MOVE="checkpoint", PATH=path)
     try:
         check.that(bool(nb.wait_line("IDLE", 300)), "a 4 GiB notebook idles", "")
         r = cli(gpu, runner, "park (lying nvidia-smi)", "park", "--pid", str(nb.p.pid))

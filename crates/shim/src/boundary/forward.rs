@@ -105,6 +105,8 @@ pub fn is_quiet(name: &[u8]) -> bool {
         b"cuDevicePrimaryCtxGetState",
         b"cuDeviceCanAccessPeer",
         b"cuModuleGetFunction",
+        // A capture cannot begin while parked (its begin passes the gate).
+        b"cuStreamIsCapturing",
     ];
     const PREFIX: &[&[u8]] = &[
         b"cuCtxGet",
@@ -712,6 +714,8 @@ mod tests {
             b"cuCtxPushCurrent_v2",
             b"cuDeviceGetAttribute",
             b"cuStreamGetPriority_ptsz",
+            b"cuStreamIsCapturing",
+            b"cuStreamGetCaptureInfo_v2",
             b"cuOccupancyMaxActiveBlocksPerMultiprocessor",
         ] {
             assert!(is_quiet(q), "{}", String::from_utf8_lossy(q));
@@ -724,6 +728,7 @@ mod tests {
             b"cuStreamSynchronize",
             b"cuMemsetD8_v2",
             b"cuGraphLaunch",
+            b"cuStreamBeginCapture_v2",
             b"nvmlDeviceGetMemoryInfo",
         ] {
             assert!(!is_quiet(n), "{}", String::from_utf8_lossy(n));
