@@ -357,13 +357,21 @@ fn resumed_after(park_move: &str, asked: &[(&str, &str)]) -> (Vec<String>, Strin
 
 /// Issue 43: with the shim's moves the driver stays usable while a
 /// process is parked, so a context query it only forwards
-/// (`cuCtxGetDevice`, as JAX's runtime sets its context while idle)
-/// answers at once and leaves the process parked; its next launch is what
-/// resumes it, and is named. Under the driver's checkpoint the same query
-/// resumes it (the test above).
+/// (`cuCtxGetDevice`, as JAX's runtime sets its context while idle) and
+/// `cuStreamIsCapturing` (which woke an idle JAX process on the H200 at
+/// b6c8f10) answer at once and leave the process parked; its next launch
+/// is what resumes it, and is named. Under the driver's checkpoint the
+/// same query resumes it (the test above).
 #[test]
 fn a_context_query_leaves_a_process_parked_by_the_shim_s_moves_parked() {
-    let (_, waker) = resumed_after("shim", &[("ctxdev", CALLS[1]), ("launch", CALLS[3])]);
+    let (_, waker) = resumed_after(
+        "shim",
+        &[
+            ("ctxdev", CALLS[1]),
+            ("capturing", "capturing -> 0 status=0"),
+            ("launch", CALLS[3]),
+        ],
+    );
     assert!(
         waker.starts_with("parking: cuLaunchKernel") && waker.ends_with(" resumes this process"),
         "{waker}"

@@ -5,7 +5,7 @@
  *
  *   forward          the lookups and the calls below, then exit
  *   forward wait     the same, then "ready"; then, per line on stdin
- *                    (ctxdev, name, launch or clamp), "calling WHAT" and
+ *                    (a call below), "calling WHAT" and
  *                    the call's line; end of input ends it
  *
  * Lookups, one line each, for NAME in the list below:
@@ -22,6 +22,8 @@
  *   init    cuInit(0), device 0's primary context current, the stand-in's
  *           module loaded, 1 MiB allocated (cuMemAlloc) -> "init -> RC"
  *   ctxdev  cuCtxGetDevice -> "ctxdev -> RC dev=D"
+ *   capturing  cuStreamIsCapturing of the legacy stream -> "capturing -> RC
+ *           status=S" (wait mode only)
  *   name    cuDeviceGetName (dlsym's answer) -> "name -> RC NAME"
  *   launch  cuLaunchKernel of touch1, grid 3x5x7, block 11x13x17, 19 shared
  *           bytes, on the per-thread stream (0x2) -> "launch -> RC
@@ -154,6 +156,7 @@ static void resolve_all(void)
 }
 
 typedef CUresult (*ctx_get_device_fn)(CUdevice *);
+typedef CUresult (*is_capturing_fn)(CUstream, CUstreamCaptureStatus *);
 typedef CUresult (*device_get_name_fn)(char *, int, CUdevice);
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned,
                               unsigned, unsigned, unsigned, unsigned, CUstream,
@@ -166,6 +169,7 @@ static CUfunction g_touch1;
 /* The functions called, looked up once before any call (a lookup made
  * while the gate is closed would wait in the resolver's hook instead). */
 static ctx_get_device_fn g_ctx_get_device;
+static is_capturing_fn g_is_capturing;
 static device_get_name_fn g_device_get_name;
 static launch_fn g_launch;
 static set_clamp_fn g_set_clamp;
@@ -202,6 +206,7 @@ static void init(void)
     if (rc == CUDA_SUCCESS)
         rc = alloc(&kept, 1 << 20);
     g_ctx_get_device = (ctx_get_device_fn)by_procaddr("cuCtxGetDevice");
+    g_is_capturing = (is_capturing_fn)by_procaddr("cuStreamIsCapturing");
     g_device_get_name = (device_get_name_fn)by_dlsym("cuDeviceGetName");
     g_launch = (launch_fn)by_procaddr("cuLaunchKernel");
     g_set_clamp = (set_clamp_fn)by_dlsym("cuTexRefSetMipmapLevelClamp");
@@ -225,6 +230,10 @@ static void call(const char *what)
         CUdevice dev = -1;
         CUresult rc = g_ctx_get_device(&dev);
         printf("ctxdev -> %d dev=%d\n", rc, dev);
+    } else if (strcmp(what, "capturing") == 0) {
+        CUstreamCaptureStatus status = -1;
+        CUresult rc = g_is_capturing((CUstream)0x1, &status);
+        printf("capturing -> %d status=%d\n", rc, (int)status);
     } else if (strcmp(what, "name") == 0) {
         char name[64] = "";
         CUresult rc = g_device_get_name(name, (int)sizeof name, 0);
