@@ -13,12 +13,7 @@
 #   park-fix   the idle notebook and JAX rows with VRAMCAP_PARK_MOVE=shim (240)
 #   hundred    the 100 park cycles row (VRAMCAP_PARK_MOVE=shim)  (200)
 #   fhl        -m "full or held or live"                      (280)
-#   tiered     tiered Llama at 1.5x beside .gpu/base, and with
-#              VRAMCAP_TIERED_STAGE=on                          (450)
-#   staged     tiered Llama at 1.5x, with VRAMCAP_TIERED_STAGE=on and
-#              with VRAMCAP_TIERED_STAGE=ahead                  (420)
-#   spill      tiered and staged in one: tiered Llama at 1.5x for this
-#              build, .gpu/base, VRAMCAP_TIERED_STAGE=on and =ahead (430)
+#   tiered     tiered Llama at 1.5x beside .gpu/base             (300)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
 #   bench-base gpu_bench.py on .gpu/base, the pairs only        (120)
 #   gate       bench_gate.py, parking by the shim's moves: launches and
@@ -78,20 +73,8 @@ for step in "$@"; do
     fhl) check fhl 280 -m "full or held or live" ;;
     tiered)
         [ -f "$base/libvramcap.so" ] || { echo "gpu-batch: tiered needs $base (stage-gpu.sh BASELINE)"; continue; }
-        check tiered 450 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
-            --tiered-variants "$(cat "$base/COMMIT")=$base/libvramcap.so staged=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=on"
-        grep -h "staging" "$work"/tiered/*.log 2>/dev/null | cut -c1-400 >"$work/tiered/staging.txt"
-        ;;
-    staged)
-        check staged 420 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
-            --tiered-variants "staged=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=on ahead=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=ahead"
-        grep -h "staging" "$work"/staged/*.log 2>/dev/null | cut -c1-400 >"$work/staged/staging.txt"
-        ;;
-    spill)
-        [ -f "$base/libvramcap.so" ] || { echo "gpu-batch: spill needs $base (stage-gpu.sh BASELINE)"; continue; }
-        check spill 430 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
-            --tiered-variants "$(cat "$base/COMMIT")=$base/libvramcap.so staged=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=on ahead=.gpu/libvramcap.so+VRAMCAP_TIERED_STAGE=ahead"
-        grep -h "staging" "$work"/spill/*.log 2>/dev/null | cut -c1-400 >"$work/spill/staging.txt"
+        check tiered 300 -m tiered -k "reference or capped" --tiered-models llama --tiered-ratios 1.5 \
+            --tiered-variants "$(cat "$base/COMMIT")=$base/libvramcap.so"
         ;;
     bench)
         run_step bench 260 python3 scripts/gpu_bench.py --artefacts .gpu --out "$work/bench" \
@@ -108,7 +91,7 @@ for step in "$@"; do
     hostmem) probe hostmem 120 host_create 8 ;;
     calls) probe calls 60 hit_calls ;;
     busyremap) probe busyremap 60 busy_remap ;;
-    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, staged, spill, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
+    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, fhl, tiered, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do
@@ -117,4 +100,4 @@ done
 tar czf "$out/batch.tgz" -C "$work" .
 ls -la "$out"
 cat "$work"/hostmem/stdout.txt "$work"/calls/stdout.txt "$work"/busyremap/stdout.txt \
-    "$work"/tiered/staging.txt "$work"/staged/staging.txt "$work"/spill/staging.txt 2>/dev/null || true
+    2>/dev/null || true

@@ -4,8 +4,6 @@
 //! (after a colder block makes room) with its address and contents kept;
 //! the device never holds more than the cap; no launch or copy ever meets
 //! an unmapped address; a CUDA graph's kernels heat blocks as launches do;
-//! staging by the launch order, in the stop and ahead, keeps every block's
-//! contents under the cap while a memset keeps writing one of them;
 //! and without tiered spill the launch hooks are not handed out at all.
 
 use std::time::{Duration, Instant};
@@ -114,96 +112,6 @@ fn a_hot_host_block_moves_onto_the_gpu_with_its_contents() {
     ];
     want.extend(freed_three());
     assert_eq!(after_resume(&lines), want);
-}
-
-/// Staging (`VRAMCAP_TIERED_STAGE=mode`) with the shim's own threads:
-/// eight 16 MiB blocks under a 104 MiB cap, a step of eight kernels (the
-/// k-th names block k-1) run over and over, with block 4 memset to the
-/// step's number after each step's first launch (staging ahead, copies
-/// made ahead of it go stale and must be made again). Once the blocks
-/// have moved many times: every block keeps its contents (the stand-in's
-/// tag: the initial ones, and block 4 the last step's number), no launch
-/// met an unmapped address, and the device never held more than the cap.
-fn staging_keeps_every_block_s_contents_under_the_cap(mode: &'static str, phases: usize) {
-    let slots: Vec<String> = (0..8).map(|i| i.to_string()).collect();
-    let tags: Vec<String> = (0..8).map(|i| (100 + i).to_string()).collect();
-    let hashed: Vec<String> = (0..8).map(|i| format!("#{i}")).collect();
-    let mut cmds = vec!["init"];
-    for _ in 0..8 {
-        cmds.extend(["alloc", "16M"]);
-    }
-    for i in 0..8 {
-        cmds.extend(["memset32", &slots[i], "16M", &tags[i]]);
-    }
-    cmds.extend(["stage-loop", "16M", "#4"]);
-    cmds.extend(hashed.iter().map(String::as_str));
-    for s in &slots {
-        cmds.extend(["read32", s.as_str()]);
-    }
-    cmds.extend(["kcounts", "standin"]);
-    let mut env = tiered("104MiB");
-    env.extend([("VRAMCAP_TIERED_STAGE", mode), ("VRAMCAP_LOG", "info")]);
-    let dir = scratch_dir();
-    let mut h = held_in(&dir, &env, &cmds);
-    let start = Instant::now();
-    loop {
-        let d = stat_device0(&dir, h.pid());
-        if d["promotions"].as_u64().unwrap_or(0) >= 24 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "fewer than 24 promotions within 60 s: {d}"
-        );
-        std::thread::yield_now();
-    }
-    h.resume();
-    let (lines, out) = h.finish();
-    assert!(out.status.success(), "{lines:?}");
-    let rest = after_resume(&lines);
-    let steps: u64 = rest[1]
-        .strip_prefix("stage-loop 8 -> 0 steps=")
-        .unwrap_or_else(|| panic!("{rest:?}"))
-        .parse()
-        .unwrap();
-    let mut want: Vec<String> = vec!["resumed".into(), format!("stage-loop 8 -> 0 steps={steps}")];
-    for i in 0..8u64 {
-        let v = if i == 4 { steps } else { 100 + i };
-        want.push(format!("read32 #{i} -> 0 value={v}"));
-    }
-    want.push(format!("kcounts launch={} fault=0", 8 * steps));
-    assert_eq!(rest[..want.len()], want[..]);
-    let peak: u64 = rest[want.len()]
-        .split("peak=")
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("{rest:?}"));
-    assert!(peak <= 104 * MIB, "the device held {peak} bytes");
-    // The step was learned once (from the launches, at info level): eight
-    // launches, in phases under the budget (ahead: a third of it).
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let learned: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("staging ahead: following a step"))
-        .collect();
-    assert_eq!(learned.len(), 1, "{stderr}");
-    assert!(
-        learned[0].ends_with(&format!(
-            "following a step of 8 launches in {phases} phases under {} bytes",
-            if phases == 4 { 32 * MIB } else { 96 * MIB }
-        )),
-        "{stderr}"
-    );
-}
-
-#[test]
-fn staging_ahead_keeps_every_block_s_contents_under_the_cap() {
-    staging_keeps_every_block_s_contents_under_the_cap("ahead", 4);
-}
-
-#[test]
-fn staging_in_the_stop_keeps_every_block_s_contents_under_the_cap() {
-    staging_keeps_every_block_s_contents_under_the_cap("on", 2);
 }
 
 /// The program's own `cuMemCreate` memory (PyTorch's expandable segments)

@@ -77,13 +77,6 @@
  *   wait                  print "wait", block until a line or EOF arrives on
  *                         stdin, then print "resumed" (lets a test look at
  *                         the process while it holds memory, without sleeps)
- *   stage-loop SIZE #M #S1..#SK  print "wait", then until a line or EOF
- *                         arrives on stdin, steps of K launches (the k-th:
- *                         the stand-in's touchk, its k parameters all slot
- *                         Sk) with, after the first, cuMemsetD32_v2 of SIZE
- *                         bytes of slot M to the step's number (from 1);
- *                         then "resumed" and "stage-loop K -> RC steps=N"
- *                         (RC the first failure; N steps made)
  *   churnlimit T ITERS MAX LOW  the threads below; a quarter of the way
  *                         the main thread lowers device 0's cap to LOW
  *                         (vramcap_set_limit) and has the stand-in count
@@ -328,7 +321,6 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -2906,53 +2898,6 @@ static int command(int argc, char **argv, bool run)
                                    params, NULL);
         out("kernel-launch %ld -> %d", times, rc);
         return 2 + n;
-    }
-    if (strcmp(cmd, "stage-loop") == 0) {
-        NEED(3);
-        g_need_kernel = true;
-        size_t size = parse_size(argv[1]);
-        int k = 0;
-        while (k + 3 < argc && k < 8 && argv[k + 3][0] == '#')
-            k++;
-        if (k == 0)
-            die(EXIT_USAGE, "stage-loop: no #SLOT after the memset's slot");
-        if (!run)
-            return 3 + k;
-        char label[32];
-        CUdeviceptr m = ptr_arg(argv[2], label);
-        CUmodule module;
-        CUfunction f[8];
-        CUdeviceptr words[8];
-        void *params[8];
-        CUresult rc = api.module_load_data(&module, "stand-in image");
-        for (int i = 0; i < k && rc == CUDA_SUCCESS; i++) {
-            char name[16];
-            snprintf(name, sizeof name, "touch%d", i + 1);
-            rc = api.module_get_function(&f[i], module, name);
-        }
-        out("wait");
-        unsigned int steps = 0;
-        struct pollfd in = { .fd = STDIN_FILENO, .events = POLLIN };
-        while (rc == CUDA_SUCCESS && poll(&in, 1, 0) == 0) {
-            steps++;
-            for (int i = 0; i < k && rc == CUDA_SUCCESS; i++) {
-                CUdeviceptr p = ptr_arg(argv[i + 3], label);
-                for (int j = 0; j <= i; j++) {
-                    words[j] = p;
-                    params[j] = &words[j];
-                }
-                rc = api.launch_kernel(f[i], 1, 1, 1, 1, 1, 1, 0, g_stream,
-                                       params, NULL);
-                if (i == 0 && rc == CUDA_SUCCESS)
-                    rc = api.memset_d32(m, steps, size / 4);
-            }
-        }
-        int c;
-        while ((c = getchar()) != EOF && c != '\n') {
-        }
-        out("resumed");
-        out("stage-loop %d -> %d steps=%u", k, rc, steps);
-        return 3 + k;
     }
     if (strcmp(cmd, "memset32") == 0) {
         NEED(3);

@@ -270,7 +270,7 @@ def capped_row(training, gpu, check, model, r, mode, variant, ref_run, ref_name,
     cap = training.cap_for(peak, r)
     vname, vpath = variant
     # "PATH+VAR=VALUE+...": a build with settings of its own (e.g. this
-    # build with VRAMCAP_TIERED_STAGE=on, issue 44's prototype).
+    # build with VRAMCAP_CACHE=off).
     vpath, *venv = (vpath or "").split("+")
     extra = dict(e.partition("=")[::2] for e in venv)
     shim = vpath or gpu.shim

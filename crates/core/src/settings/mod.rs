@@ -20,16 +20,15 @@ mod vars;
 pub use operator::{OperatorError, read_operator_limit};
 pub use parse::{
     CacheBound, ContextCharge, Counting, LogLevel, MANAGED_AS_HOST, SettingsError, Spill,
-    SpillLimit, Stage, default_stats_dir, parse_cache, parse_context, parse_counting,
-    parse_duration, parse_log_level, parse_park, parse_park_move, parse_park_wait, parse_spill,
-    parse_spill_limit,
+    SpillLimit, default_stats_dir, parse_cache, parse_context, parse_counting, parse_duration,
+    parse_log_level, parse_park, parse_park_move, parse_park_wait, parse_spill, parse_spill_limit,
 };
 pub use vars::{
     CACHE_IDLE_VAR, CACHE_VAR, CONTEXT_VAR, COUNT_VAR, CUDA_LIBRARY_VAR, DISABLE_VAR,
     FREE_PROBE_VAR, GROUP_VAR, KNOWN_VARS, LIBRARY_VAR, LOG_VAR, NVIDIA_LIMIT_VAR,
     OPERATOR_LIMIT_PATH, PARK_MOVE_VAR, PARK_VAR, PARK_WAIT_VAR, SETTING_VARS, SOFT_LIMIT_VAR,
-    SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR, STATS_VAR, TIERED_STAGE_VAR, TOOL_VARS, UnknownVar,
-    unknown_vars, unknown_vars_in_env,
+    SPILL_LIMIT_VAR, SPILL_VAR, STATS_DIR_VAR, STATS_VAR, TOOL_VARS, UnknownVar, unknown_vars,
+    unknown_vars_in_env,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,8 +78,6 @@ pub struct Settings {
     pub park_wait: std::time::Duration,
     /// `VRAMCAP_PARK_MOVE`: what moves a parked process's memory.
     pub park_move: crate::park::ParkMove,
-    /// Tiered spill stages by the launch order (`VRAMCAP_TIERED_STAGE`).
-    pub tiered_stage: Stage,
     /// `VRAMCAP_FREE_PROBE=1`: this process is the nvidia-smi a resume
     /// runs ([`FREE_PROBE_VAR`]); NVML's memory queries answer the
     /// driver's figures. It lifts no cap.
@@ -214,25 +211,6 @@ impl Settings {
                 "checkpoint without VRAMCAP_PARK (the shim's moves apply to parking only), e.g. VRAMCAP_PARK=manual VRAMCAP_PARK_MOVE=shim",
             ));
         }
-        let tiered_stage = match get(TIERED_STAGE_VAR).as_deref().map(str::trim) {
-            None | Some("") | Some("off") | Some("0") => Stage::Off,
-            Some(v @ ("on" | "1" | "ahead")) if spill != Spill::Tiered => {
-                return Err(bad(
-                    TIERED_STAGE_VAR,
-                    v,
-                    "off without VRAMCAP_SPILL=tiered (staging moves tiered blocks), e.g. VRAMCAP_SPILL=tiered VRAMCAP_TIERED_STAGE=on",
-                ));
-            }
-            Some("on") | Some("1") => Stage::On,
-            Some("ahead") => Stage::Ahead,
-            Some(v) => {
-                return Err(bad(
-                    TIERED_STAGE_VAR,
-                    v,
-                    "on, ahead or off (tiered spill stages blocks by the step's launch order, copying inside the stop or, with ahead, while the phase before runs; experimental), e.g. VRAMCAP_TIERED_STAGE=on",
-                ));
-            }
-        };
         let free_probe = match get(FREE_PROBE_VAR).as_deref().map(str::trim) {
             None | Some("") | Some("0") => false,
             Some("1") => true,
@@ -248,7 +226,6 @@ impl Settings {
             park,
             park_wait,
             park_move,
-            tiered_stage,
             free_probe,
             limit,
             nvidia_limit,

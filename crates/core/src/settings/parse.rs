@@ -112,28 +112,6 @@ impl Spill {
     }
 }
 
-/// Tiered spill's staging by the launch order (`VRAMCAP_TIERED_STAGE`,
-/// issue 44's prototype): off (heat places blocks), or at each phase's
-/// first launch with the copies inside the stop (`on`), or with the next
-/// phase's copies made ahead while the phase runs (`ahead`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Stage {
-    #[default]
-    Off,
-    On,
-    Ahead,
-}
-
-impl Stage {
-    pub fn name(self) -> &'static str {
-        match self {
-            Stage::Off => "off",
-            Stage::On => "on",
-            Stage::Ahead => "ahead",
-        }
-    }
-}
-
 /// The most host memory spill may take per process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpillLimit {

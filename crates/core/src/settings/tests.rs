@@ -72,7 +72,6 @@ fn misspelt_and_miscased_names_are_told_the_closest_setting() {
         SPILL_VAR,
         SPILL_LIMIT_VAR,
         GROUP_VAR,
-        TIERED_STAGE_VAR,
     ] {
         assert!(SETTING_VARS.contains(&name), "{name}");
     }
@@ -477,43 +476,5 @@ fn park_move_is_checkpoint_or_shim_and_shim_needs_parking() {
         .unwrap_err()
         .to_string(),
         "VRAMCAP_PARK_MOVE=\"shim+checkpoint\" is not valid: expected checkpoint with VRAMCAP_SPILL=host (the shim's moves do not spill yet), e.g. VRAMCAP_PARK_MOVE=shim with VRAMCAP_SPILL=off or tiered"
-    );
-}
-
-#[test]
-fn tiered_stage_is_on_ahead_or_off_and_needs_tiered_spill() {
-    use crate::settings::Stage;
-    assert_eq!(read(&[]).unwrap().tiered_stage, Stage::Off);
-    for (v, want) in [
-        ("on", Stage::On),
-        ("1", Stage::On),
-        ("ahead", Stage::Ahead),
-        (" ahead ", Stage::Ahead),
-        ("off", Stage::Off),
-        ("0", Stage::Off),
-    ] {
-        assert_eq!(
-            read(&[("VRAMCAP_SPILL", "tiered"), ("VRAMCAP_TIERED_STAGE", v)])
-                .unwrap()
-                .tiered_stage,
-            want,
-            "{v}"
-        );
-    }
-    for v in ["on", "ahead"] {
-        assert_eq!(
-            read(&[("VRAMCAP_TIERED_STAGE", v)])
-                .unwrap_err()
-                .to_string(),
-            format!(
-                "VRAMCAP_TIERED_STAGE=\"{v}\" is not valid: expected off without VRAMCAP_SPILL=tiered (staging moves tiered blocks), e.g. VRAMCAP_SPILL=tiered VRAMCAP_TIERED_STAGE=on"
-            )
-        );
-    }
-    assert_eq!(
-        read(&[("VRAMCAP_SPILL", "tiered"), ("VRAMCAP_TIERED_STAGE", "yes")])
-            .unwrap_err()
-            .to_string(),
-        "VRAMCAP_TIERED_STAGE=\"yes\" is not valid: expected on, ahead or off (tiered spill stages blocks by the step's launch order, copying inside the stop or, with ahead, while the phase before runs; experimental), e.g. VRAMCAP_TIERED_STAGE=on"
     );
 }

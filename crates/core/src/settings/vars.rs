@@ -31,9 +31,6 @@ pub const PARK_WAIT_VAR: &str = "VRAMCAP_PARK_WAIT";
 /// driver's checkpoint of the whole process (the default), or `shim`: the
 /// shim moves its VMM blocks itself and leaves the rest (experimental).
 pub const PARK_MOVE_VAR: &str = "VRAMCAP_PARK_MOVE";
-/// Tiered spill stages blocks ahead by the step's launch order (issue 44's
-/// prototype, experimental): `on` or `off` (the default).
-pub const TIERED_STAGE_VAR: &str = "VRAMCAP_TIERED_STAGE";
 /// Set by the shim in the environment of the nvidia-smi a resume runs
 /// (`1`): a shim loaded into it all the same answers NVML's memory
 /// queries with the driver's figures. It lifts no cap.
@@ -64,7 +61,6 @@ pub const SETTING_VARS: &[&str] = &[
     PARK_VAR,
     PARK_WAIT_VAR,
     PARK_MOVE_VAR,
-    TIERED_STAGE_VAR,
 ];
 
 /// `VRAMCAP_*` names that are not settings but belong to vramcap's own

@@ -78,23 +78,7 @@
 //!     exclusively across the synchronisation, copy and remap; the round
 //!     takes it with `try_write` for at most `STOP_WAIT`, 50 ms, and gives
 //!     up the round otherwise, so a program thread blocked in a gated call
-//!     cannot deadlock with it). Staging's follower (`tiered/stage.rs`,
-//!     `VRAMCAP_TIERED_STAGE`): one mutex, a leaf (nothing is taken while
-//!     it is held), taken by a launch hook before the tiered gate to feed
-//!     it a kernel, and by a round, which holds `Tiers::running` and the
-//!     cache's ordering lock shared then, to read or install it; a phase's
-//!     first launch wakes the background thread (`Thread::unpark`, no lock).
-//!     Staging ahead (`tiered/ahead.rs`, `=ahead`): that launch then waits,
-//!     before the gate and holding no lock, on the `remapped` condvar (its
-//!     mutex a leaf) for at most 100 ms, until the round has remapped the
-//!     phase's moves; the moves staged ahead are one mutex, a leaf (released
-//!     before a dropped move's copy is waited for), taken by the background
-//!     thread, and by a program thread's stream-ordered free of a block,
-//!     context destroy or capture's beginning to drop moves, each holding
-//!     `Tiers::running` (shared, or exclusively for the destroy) so that
-//!     no context goes with its mover stream meanwhile; the blocks' write
-//!     stamps are atomics written by hooks holding the gate shared and
-//!     read with it held exclusively.
+//!     cannot deadlock with it).
 //!   - `process/gate.rs`: parking's gate mutex, taken alone, to change the
 //!     state or to wait on its condvar for it (program threads at a closed
 //!     gate wait there, outside every other lock).
@@ -261,7 +245,6 @@ impl<D: Driver> Engine<D> {
             tiers: Tiers::new(
                 settings.park.is_some() && settings.park_move.moves_blocks(),
                 settings.spill == vramcap_core::settings::Spill::Tiered,
-                settings.tiered_stage,
             ),
             handles: Handles::default(),
             table: registry(),
@@ -285,13 +268,7 @@ impl<D: Driver> Engine<D> {
 
     /// Starts the background thread if it is not running.
     pub(in crate::engine) fn start_worker(&'static self) {
-        self.worker.ensure(move |short| {
-            if short {
-                self.tier_stage();
-            } else {
-                self.background_round();
-            }
-        });
+        self.worker.ensure(move || self.background_round());
     }
 
     /// Parking at work over its state (`park/`), with what it needs of the
@@ -378,26 +355,6 @@ impl<D: Driver> Engine<D> {
         let _no_teardown = self.tiers.round_running();
         let _no_capture_begins = self.cache.ordering_shared();
         self.tiering().round();
-    }
-
-    /// The short round (the background thread woken between two full
-    /// ones, by staging at a phase's first launch): only the moves of the
-    /// phase entered, under the same locks as [`Engine::tier_round`]; not
-    /// while parked or capturing. Counts no round.
-    pub(in crate::engine) fn tier_stage(&'static self) {
-        if !self.tiers.staging() {
-            return;
-        }
-        let _no_teardown = self.tiers.round_running();
-        let _no_capture_begins = self.cache.ordering_shared();
-        if self.accounting.capturing()
-            || crate::process::gate::state() != crate::process::gate::RUNNING
-        {
-            // A phase's first launch waiting for its moves goes on.
-            self.tiers.publish();
-            return;
-        }
-        self.tiering().stage_now();
     }
 
     /// Parking's part of the background round, first in each: true when

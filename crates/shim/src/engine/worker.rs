@@ -1,11 +1,9 @@
 //! The engine's background thread: started on first need (the first block
 //! kept in the cache, the first deferred free of spilled memory, joining a
-//! group), it runs a round every [`TICK`] to release idle cached blocks,
-//! answer `vramcap trim`, reap deferred frees and reclaim dead group
-//! members. Woken sooner (tiered spill's staging, at a phase's first
-//! launch: `Thread::unpark`), it runs the short round instead and keeps the
-//! full rounds' cadence. Its exit is the process's (`process/mod.rs`): the
-//! exit handler stops it before the driver's own run.
+//! group), it wakes every [`TICK`] to release idle cached blocks, answer
+//! `vramcap trim`, reap deferred frees and reclaim dead group members. Its
+//! exit is the process's (`process/mod.rs`): the exit handler stops it
+//! before the driver's own run.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -25,9 +23,8 @@ impl Worker {
         }
     }
 
-    /// Starts the thread once, running `round(false)` every [`TICK`] until
-    /// exit, and `round(true)` when woken between two (the short round).
-    pub fn ensure(&self, round: impl Fn(bool) + Send + 'static) {
+    /// Starts the thread once, running `round` every [`TICK`] until exit.
+    pub fn ensure(&self, round: impl Fn() + Send + 'static) {
         if self.started.load(Ordering::Relaxed) || self.started.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -41,20 +38,11 @@ impl Worker {
         let spawned = std::thread::Builder::new()
             .name("vramcap-cache".into())
             .spawn(move || {
-                let mut last_full = std::time::Instant::now();
                 loop {
-                    // Until the next full round, or sooner when tiered
-                    // spill's staging wakes it (`Tiers::follow`).
-                    std::thread::park_timeout(TICK.saturating_sub(last_full.elapsed()));
-                    let short = last_full.elapsed() < TICK;
-                    if !short {
-                        last_full = std::time::Instant::now();
-                    }
+                    std::thread::sleep(TICK);
                     let mut ran = Ok(());
                     let going = exit::round(|| {
-                        ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            round(short)
-                        }));
+                        ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&round));
                     });
                     if !going {
                         return;

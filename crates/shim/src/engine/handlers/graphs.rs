@@ -128,7 +128,7 @@ impl<D: Driver> Engine<D> {
         if self.tiers.placing() && !exec.is_null() {
             self.tiers.note_graph(exec as u64);
         }
-        self.graph_submit(flavour, real, exec, stream, true)
+        self.graph_upload(flavour, real, exec, stream)
     }
 
     /// `cuGraphUpload[_ptsz]`, and what a launch does besides: graph memory
@@ -138,28 +138,12 @@ impl<D: Driver> Engine<D> {
     pub fn graph_upload(
         &'static self,
         flavour: Flavour,
-        real: impl FnMut() -> CUresult,
-        exec: CUgraphExec,
-        stream: CUstream,
-    ) -> CUresult {
-        self.graph_submit(flavour, real, exec, stream, false)
-    }
-
-    /// [`Engine::graph_upload`], and for a `launch` what it may write.
-    fn graph_submit(
-        &'static self,
-        flavour: Flavour,
         mut real: impl FnMut() -> CUresult,
         exec: CUgraphExec,
         stream: CUstream,
-        launch: bool,
     ) -> CUresult {
         // Tiered spill moves no block while a graph is being launched.
         let _open = self.tiers.enter();
-        if launch {
-            // Its nodes' writes are not decoded (staging ahead).
-            self.tiers.wrote_unseen();
-        }
         if self.settings.counting != Counting::Held || exec.is_null() {
             return real();
         }

@@ -93,8 +93,6 @@ impl<D: Driver> Engine<D> {
             }
         }
         let no_round = self.tiers.no_round();
-        // Moves staged ahead in it go while its mover stream still is.
-        self.tiering().drop_ahead_of_ctx(ctx as usize);
         let rc = real();
         if rc == CUDA_SUCCESS {
             self.forget_ctx(ctx as usize);
@@ -135,10 +133,6 @@ impl<D: Driver> Engine<D> {
             }
         }
         let no_round = self.tiers.no_round();
-        if let Some(ctx) = primary {
-            // Moves staged ahead in it go while its mover stream still is.
-            self.tiering().drop_ahead_of_ctx(ctx);
-        }
         let rc = real();
         if let (CUDA_SUCCESS, Some(ctx)) = (rc, primary)
             && !self.still_active(dev)
@@ -276,17 +270,8 @@ impl<D: Driver> Engine<D> {
     /// Begins it with the cache's ordering lock held exclusively, so that
     /// no reuse of the cache records on the legacy stream between its check
     /// for captures and its record (`cache.rs`).
-    fn began(&'static self, mut real: impl FnMut() -> CUresult) -> CUresult {
-        // In the lock order: no context's destroy (`Tiers::running`) while
-        // moves staged ahead are dropped here (their mover streams).
-        let _no_teardown = self.tiers.round_running();
+    fn began(&self, mut real: impl FnMut() -> CUresult) -> CUresult {
         let _no_ordering = self.cache.ordering_exclusive();
-        // No move staged ahead lives through a capture: its copy could not
-        // be waited for there (a synchronisation would break the capture),
-        // and no round stages one while a capture runs.
-        if self.tiers.has_ahead() {
-            self.tiering().drop_ahead();
-        }
         on_success(real(), || self.accounting.capture_began())
     }
 

@@ -197,19 +197,8 @@ impl<D: Driver> Engine<D> {
             return self.free_unknown(real, dptr);
         };
         let tiered = if r.kind == Kind::Tiered {
-            // Never moved again; settled by where it is when it goes. A
-            // move of it staged ahead is dropped now: its copy is waited
-            // for before the address can be unmapped (none lives through a
-            // capture the hooks saw: `began`; inside one they did not see,
-            // which a synchronisation would break, the next phase's round
-            // drops it).
+            // Never moved again; settled by where it is when it goes.
             let b = self.tiers.detach(dptr);
-            // (The cheap test first: a capture's asks the driver.)
-            if self.tiers.has_ahead() && !self.accounting.capture_in_progress() {
-                // No context's destroy meanwhile (its mover stream).
-                let _no_teardown = self.tiers.round_running();
-                self.tiering().drop_ahead_of_block(dptr);
-            }
             r.kind = Kind::TieredFreed {
                 place: b.as_ref().map_or(Place::Device, |b| b.place()),
                 handle: b.as_ref().map_or(0, |b| b.handle()),

@@ -52,14 +52,6 @@ pub struct TierBlock {
     /// While parked: the host pages its bytes wait in (nothing is mapped
     /// at `ptr` then, and `handle` is 0).
     pub(super) pages: Mutex<Option<pages::Pages>>,
-    /// Staging ahead only (`ahead.rs`): the gate's epoch when work that
-    /// may write the block was last submitted (a launch naming it, a copy
-    /// or memset into it), written with the gate passed; 0: none seen.
-    pub(super) written: AtomicU64,
-    /// Staging ahead only: its address was seen in bytes the program
-    /// copied to the GPU (an array of pointers), so a kernel may write it
-    /// through a pointer no parameter names; never staged ahead.
-    pub(super) indirect: AtomicBool,
 }
 
 impl TierBlock {
@@ -177,14 +169,6 @@ impl std::ops::Deref for BlockClaim {
     }
 }
 
-impl BlockClaim {
-    /// The block, its claim ended (a move staged ahead holds no claim
-    /// while the program runs: a free would wait on it).
-    pub(super) fn release(self) -> Arc<TierBlock> {
-        self.0.clone()
-    }
-}
-
 impl Drop for BlockClaim {
     fn drop(&mut self) {
         self.0.moving.store(false, Ordering::SeqCst);
@@ -232,8 +216,6 @@ impl TierBlock {
             named: AtomicU64::new(0),
             parked: AtomicBool::new(false),
             pages: Mutex::new(None),
-            written: AtomicU64::new(0),
-            indirect: AtomicBool::new(false),
         }
     }
 

@@ -43,8 +43,6 @@ impl<D: Driver> Tiering<'static, D> {
     /// no pinned memory) stays, with the rest of the process. Kept pages of
     /// sizes no block has any more are given back first.
     pub fn park_out(&self) -> [u64; PARK_DEVICES] {
-        // Moves staging staged ahead hold device memory: gone first.
-        self.drop_ahead();
         let mut moved = [0u64; PARK_DEVICES];
         let round = self.tiers.round_now();
         let out = self.by_device(Place::Device);

@@ -81,7 +81,7 @@ impl Tiers {
         let hits = g
             .words
             .iter()
-            .filter(|&&(w, weight)| note_in(&map, w, weight, 0).is_some())
+            .filter(|&&(w, weight)| note_in(&map, w, weight).is_some())
             .count() as u64;
         drop(map);
         if hits > 0 {

@@ -102,7 +102,7 @@ impl Tiers {
         // Issue 44's record, at debug level only (it allocates per launch).
         let mut used = self.recording.load(Ordering::Relaxed).then(Vec::<u64>::new);
         // SAFETY: the caller's contract.
-        let whole = unsafe {
+        unsafe {
             scan(&kernel, params, extra, lo, hi, |w| {
                 words[n] = w;
                 n += 1;
@@ -114,10 +114,6 @@ impl Tiers {
         };
         if n > 0 {
             hits += self.note_words(&words[..n], kernel.weight, used.as_mut());
-        }
-        if !whole {
-            // Parameters not read: what it writes is not known.
-            self.wrote_unseen();
         }
         if hits > 0 {
             self.hits.fetch_add(hits, Ordering::Relaxed);
@@ -164,10 +160,9 @@ impl Tiers {
         mut used: Option<&mut Vec<u64>>,
     ) -> u64 {
         let map = read!(self.blocks);
-        let epoch = self.write_epoch();
         words
             .iter()
-            .filter_map(|&w| note_in(&map, w, weight, epoch))
+            .filter_map(|&w| note_in(&map, w, weight))
             .inspect(|&start| {
                 if let Some(u) = used.as_deref_mut() {
                     u.push(start);
@@ -184,26 +179,16 @@ impl Tiers {
 }
 
 /// A use of `weight` of the block of `map` that `w` points into, if any:
-/// that block's start. A use may write the block: under staging ahead
-/// (`epoch` not 0) it is stamped with the gate's epoch.
-pub(super) fn note_in(
-    map: &BTreeMap<u64, Arc<TierBlock>>,
-    w: u64,
-    weight: u32,
-    epoch: u64,
-) -> Option<u64> {
+/// that block's start.
+pub(super) fn note_in(map: &BTreeMap<u64, Arc<TierBlock>>, w: u64, weight: u32) -> Option<u64> {
     let b = block_at(map, w)?;
     b.note(w - b.ptr, weight);
-    if epoch != 0 {
-        b.written.store(epoch, Ordering::Relaxed);
-    }
     Some(b.ptr)
 }
 
 /// Calls `each` with every 8-byte word in `[lo, hi)` of a launch's
 /// parameters: those the layout of `kernel` gives (`params`), or the
-/// `extra` buffer whole; at most [`SCAN_BYTES`] of them. Whether every
-/// parameter was read (false: no layout, or past the bytes read).
+/// `extra` buffer whole; at most [`SCAN_BYTES`] of them.
 ///
 /// # Safety
 /// `params` and `extra` are a launch's: null, or as the driver's launch
@@ -215,7 +200,7 @@ pub(super) unsafe fn scan(
     lo: u64,
     hi: u64,
     mut each: impl FnMut(u64),
-) -> bool {
+) {
     let mut push = |w: u64| {
         if w >= lo && w < hi {
             each(w);
@@ -223,10 +208,9 @@ pub(super) unsafe fn scan(
     };
     if !params.is_null() {
         let Some(layout) = kernel.params.as_deref() else {
-            return false;
+            return;
         };
         let mut budget = SCAN_BYTES;
-        let mut whole = true;
         for (i, &(_, size)) in layout.iter().enumerate() {
             let size = size as usize;
             if size < 8 {
@@ -244,11 +228,9 @@ pub(super) unsafe fn scan(
                 push(unsafe { p.add(k * 8).cast::<u64>().read_unaligned() });
             }
             if budget == 0 {
-                whole = take == size && i + 1 == layout.len();
                 break;
             }
         }
-        whole
     } else if !extra.is_null() {
         let (mut buf, mut len) = (std::ptr::null::<u8>(), 0usize);
         let mut i = 0;
@@ -276,8 +258,5 @@ pub(super) unsafe fn scan(
                 push(unsafe { buf.add(k * 8).cast::<u64>().read_unaligned() });
             }
         }
-        len <= SCAN_BYTES
-    } else {
-        true
     }
 }

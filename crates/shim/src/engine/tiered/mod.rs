@@ -13,11 +13,9 @@
 //! - `plan`: pure Rust, tested without a driver: a round's heat and score
 //!   (`take_round`) and the moves it chooses (`plan`).
 //! - `phases`: pure too, issue 44's first step: where a step's launch order
-//!   repeats, its phases under a budget, and a follower of the step;
-//!   `stage`: the prototype over them (`VRAMCAP_TIERED_STAGE=on`): at a
-//!   phase's first launch, the blocks of that phase and the next to the GPU;
-//!   `ahead` (`=ahead`): the next phase's moves staged and copied while
-//!   the phase runs, and remapped at the next phase's stop unless written.
+//!   repeats, its phases under a budget, and where a follower of the step
+//!   would lock on: what the rounds report at debug level (the staging
+//!   forms built over it were measured and deleted: `docs/design/tiered.md`).
 //! - `rounds` (the background thread's moves), `bulk` (parking's moves
 //!   of every block, `VRAMCAP_PARK_MOVE=shim`), `pages` (the host pages a
 //!   parked block's bytes wait in), `budget` (where a block's
@@ -59,13 +57,11 @@ macro_rules! write {
     };
 }
 
-mod ahead;
 mod budget;
 mod bulk;
 pub(super) mod handles;
 pub(in crate::engine) mod pages;
 mod rounds;
-mod stage;
 
 mod block;
 mod gate;
@@ -86,7 +82,7 @@ use self::registry::block_at;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::engine::accounting::state::Accounting;
@@ -236,26 +232,4 @@ pub struct Tiers {
     /// count once each launch).
     launches: AtomicU64,
     hits: AtomicU64,
-    /// Staging ahead by the launch order (`VRAMCAP_TIERED_STAGE`, issue
-    /// 44's prototype, `stage.rs`): the step followed, the phase entered
-    /// last and not yet acted on (its index + 1; 0: none), the background
-    /// thread to wake then, and what staging did.
-    staging: bool,
-    /// `VRAMCAP_TIERED_STAGE=ahead` (`ahead.rs`): the gate's epoch (one
-    /// more at each stop), the epoch of the last submitted work whose
-    /// writes are not known (a graph, a copy of many ranges, a kernel
-    /// whose parameters are not decoded), and the moves staged ahead.
-    ahead_on: bool,
-    epoch: AtomicU64,
-    unseen_at: AtomicU64,
-    ahead: Mutex<Vec<ahead::Ahead>>,
-    /// Phase entries numbered (`Tiers::follow`), and the last one acted
-    /// on, which a phase's first launch waits for, staging ahead.
-    entries: AtomicU64,
-    remapped: Mutex<u64>,
-    remapped_cv: std::sync::Condvar,
-    stage: Mutex<Option<stage::Followed>>,
-    entered: AtomicUsize,
-    waker: std::sync::OnceLock<std::thread::Thread>,
-    stage_stats: stage::Stats,
 }

@@ -3,7 +3,10 @@
 //! split one step into phases whose blocks fit in a budget, with the bytes
 //! that must move at each phase boundary. Pure: no driver, no locks, no
 //! engine; the rounds hand it the trace `heat.rs` records at debug level
-//! and log what it finds (`docs/design/tiered.md`, "Staging ahead").
+//! and log what it finds (`docs/design/tiered.md`, "Staging ahead"). The
+//! staging built over it (issue 44's prototype in two forms) was measured
+//! on the H200, lost to placement by heat and was deleted; this report
+//! stays.
 //!
 //! - A launch is the set of blocks it used (block indices, sorted,
 //!   deduplicated); two launches are alike when their sets are equal.
@@ -31,10 +34,10 @@
 //!   the rounds log at debug level (`rounds.rs`), with a [`Follower`] run
 //!   over the trace: where it would have locked on and how often the
 //!   order broke.
-//! - [`Follower`] (step 2's first piece): fed each launch's kernel, it
-//!   locks on the step after [`LOCK_ON`] launches in a row from the step's
-//!   first kernel, reports each phase's first launch (where the mover
-//!   stages the next phase) and the first launch that breaks the order.
+//! - [`Follower`]: fed each launch's kernel, it locks on the step after
+//!   [`LOCK_ON`] launches in a row from the step's first kernel, reports
+//!   each phase's first launch (where staging would move the next phase)
+//!   and the first launch that breaks the order.
 
 /// A launch's blocks: indices into the block sizes, sorted, no repeats.
 pub type Launch = Vec<usize>;
@@ -232,71 +235,30 @@ pub enum Report {
     },
 }
 
-/// The last step of a recorded trace whose kernels repeat: what
-/// [`report`] and the prototype (`stage.rs`) both cut into phases.
-pub struct Step {
-    pub period: usize,
-    /// The launches at the end of the trace that repeat it.
-    pub covered: usize,
-    /// The step's kernels, in order, and every kernel of the trace.
-    pub kernels: Vec<u64>,
-    pub all_kernels: Vec<u64>,
-    /// The starts of the blocks its launches used, sorted; each launch's
-    /// blocks as indices into them; and their sizes (`size_of`, 0 for a
-    /// block freed since).
-    pub starts: Vec<u64>,
-    pub launches: Vec<Launch>,
-    pub sizes: Vec<u64>,
-}
-
-/// The last step of `trace`, when its kernels repeat (`None`: the order
-/// does not repeat yet).
-pub fn last_step(trace: &[Launched], size_of: impl Fn(u64) -> Option<u64>) -> Option<Step> {
-    let all_kernels: Vec<u64> = trace.iter().map(|l| l.kernel).collect();
-    let (period, covered) = period(&all_kernels)?;
+/// Issue 44's report of a trace of launches (`size_of` gives a block
+/// start's bytes; `None`: a block freed since, which weighs nothing),
+/// under `budget`.
+pub fn report(trace: &[Launched], size_of: impl Fn(u64) -> Option<u64>, budget: u64) -> Report {
+    let kernels: Vec<u64> = trace.iter().map(|l| l.kernel).collect();
+    let Some((period, covered)) = period(&kernels) else {
+        return Report::NoRepeat {
+            launches: trace.len(),
+        };
+    };
     let last = &trace[trace.len() - period..];
     let mut starts: Vec<u64> = last.iter().flat_map(|l| l.blocks.iter().copied()).collect();
     starts.sort_unstable();
     starts.dedup();
     let index = |p: &u64| starts.binary_search(p).unwrap_or(0);
-    let launches: Vec<Launch> = last
+    let step: Vec<Launch> = last
         .iter()
         .map(|l| l.blocks.iter().map(index).collect())
         .collect();
     let sizes: Vec<u64> = starts.iter().map(|&p| size_of(p).unwrap_or(0)).collect();
-    Some(Step {
-        period,
-        covered,
-        kernels: all_kernels[all_kernels.len() - period..].to_vec(),
-        all_kernels,
-        starts,
-        launches,
-        sizes,
-    })
-}
-
-/// Issue 44's report of a trace of launches (`size_of` gives a block
-/// start's bytes; `None`: a block freed since, which weighs nothing),
-/// under `budget`.
-pub fn report(trace: &[Launched], size_of: impl Fn(u64) -> Option<u64>, budget: u64) -> Report {
-    let Some(Step {
-        period,
-        covered,
-        kernels: step_kernels,
-        all_kernels: kernels,
-        launches: step,
-        sizes,
-        ..
-    }) = last_step(trace, size_of)
-    else {
-        return Report::NoRepeat {
-            launches: trace.len(),
-        };
-    };
     match split(&step, &sizes, budget) {
         Split::Unfit { bytes, .. } => Report::Unfit { period, bytes },
         Split::Phases(p) => {
-            let mut f = Follower::new(step_kernels, &p);
+            let mut f = Follower::new(kernels[kernels.len() - period..].to_vec(), &p);
             let (mut locked_at, mut lost) = (None, 0);
             for (i, &k) in kernels.iter().enumerate() {
                 if f.launched(k) == Followed::Lost {
@@ -324,12 +286,11 @@ pub fn report(trace: &[Launched], size_of: impl Fn(u64) -> Option<u64>, budget: 
 pub enum Followed {
     /// Nothing new: inside a phase, or not locked on the step.
     Same,
-    /// The launch begins phase `i` of the step: the mover stages phase
-    /// `i + 1` now.
+    /// The launch begins phase `i` of the step: where staging would move
+    /// phase `i + 1`.
     Entered(usize),
     /// The launch is not the step's next one (a new shape, evaluation, a
-    /// changed batch): staging stops, placement goes back to heat, and the
-    /// follower looks for the step's start again.
+    /// changed batch): the follower looks for the step's start again.
     Lost,
 }
 
@@ -412,76 +373,9 @@ impl Follower {
     }
 }
 
-/// How far `of` must turn left to read as `to` (the same step seen from
-/// another launch: the last step of a trace starts wherever the trace's
-/// end falls in it); `None` when no turn does.
-pub fn rotation(of: &[u64], to: &[u64]) -> Option<usize> {
-    let n = of.len();
-    if n != to.len() {
-        return None;
-    }
-    if n == 0 {
-        return Some(0);
-    }
-    // Where `to` first appears in `of` read twice over: Knuth, Morris and
-    // Pratt, linear (a step may be thousands of launches).
-    let mut fail = vec![0usize; n];
-    let mut k = 0;
-    for i in 1..n {
-        while k > 0 && to[i] != to[k] {
-            k = fail[k - 1];
-        }
-        if to[i] == to[k] {
-            k += 1;
-        }
-        fail[i] = k;
-    }
-    let mut k = 0;
-    for i in 0..2 * n - 1 {
-        let c = of[i % n];
-        while k > 0 && c != to[k] {
-            k = fail[k - 1];
-        }
-        if c == to[k] {
-            k += 1;
-        }
-        if k == n {
-            return Some((i + 1 - n) % n);
-        }
-    }
-    None
-}
-
-impl Step {
-    /// The step turned left by `r` launches.
-    pub fn turned(mut self, r: usize) -> Step {
-        self.kernels.rotate_left(r);
-        self.launches.rotate_left(r);
-        self
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_step_seen_from_another_launch_is_a_rotation_of_it() {
-        assert_eq!(rotation(&[3, 4, 1, 2], &[1, 2, 3, 4]), Some(2));
-        assert_eq!(rotation(&[1, 2, 3, 4], &[1, 2, 3, 4]), Some(0));
-        assert_eq!(rotation(&[1, 1, 2], &[1, 2, 1]), Some(1));
-        assert_eq!(rotation(&[1, 2, 3], &[1, 3, 2]), None);
-        assert_eq!(rotation(&[1, 2], &[1, 2, 3]), None);
-        assert_eq!(rotation(&[], &[]), Some(0));
-        assert_eq!(rotation(&[2, 1, 1, 1], &[1, 1, 1, 2]), Some(1));
-        assert_eq!(rotation(&[1, 2, 1, 2], &[2, 1, 2, 1]), Some(1));
-        // Linear: a long step of one kernel and one other.
-        let mut long = vec![5u64; 8191];
-        long.push(6);
-        let mut turned = long.clone();
-        turned.rotate_left(4000);
-        assert_eq!(rotation(&long, &turned), Some(4000));
-    }
 
     const MIB: u64 = 1 << 20;
 

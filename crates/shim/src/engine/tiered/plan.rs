@@ -227,18 +227,6 @@ pub(in crate::engine) fn plan(
     out
 }
 
-/// The block of `mine` at `addr` when it waits on the host to be promoted
-/// (movable, and not among `promote` already).
-pub(in crate::engine) fn to_promote<'a>(
-    mine: &'a [Arc<TierBlock>],
-    addr: u64,
-    promote: &[Arc<TierBlock>],
-) -> Option<&'a Arc<TierBlock>> {
-    mine.iter()
-        .find(|b| b.ptr == addr && !b.on_device() && b.movable())
-        .filter(|b| !promote.iter().any(|x| x.ptr == b.ptr))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,7 +307,7 @@ mod tests {
 
     #[test]
     fn a_claim_ends_when_a_move_panics() {
-        let t = Tiers::new(true, true, vramcap_core::settings::Stage::Off);
+        let t = Tiers::new(true, true);
         let _ = t.insert(TierBlock::new(
             1 << 40,
             4 * M,

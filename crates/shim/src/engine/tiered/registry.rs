@@ -4,7 +4,6 @@
 
 #[allow(unused_imports)]
 use super::*;
-use vramcap_core::settings::Stage;
 
 impl Tiers {
     /// Launches seen (a graph's launch counts each of its kernels).
@@ -17,21 +16,8 @@ impl Tiers {
         self.hits.load(Ordering::Relaxed)
     }
 
-    /// `stage`: staging by the launch order (with `placing` only).
-    pub fn new(on: bool, placing: bool, stage: Stage) -> Tiers {
+    pub fn new(on: bool, placing: bool) -> Tiers {
         Tiers {
-            staging: stage != Stage::Off && placing,
-            ahead_on: stage == Stage::Ahead && placing,
-            epoch: AtomicU64::new(1),
-            unseen_at: AtomicU64::new(0),
-            ahead: Mutex::new(Vec::new()),
-            entries: AtomicU64::new(0),
-            remapped: Mutex::new(0),
-            remapped_cv: std::sync::Condvar::new(),
-            stage: Mutex::new(None),
-            entered: AtomicUsize::new(0),
-            waker: std::sync::OnceLock::new(),
-            stage_stats: stage::Stats::default(),
             on: on || placing,
             placing,
             kept: Mutex::new(Vec::new()),
@@ -70,12 +56,6 @@ impl Tiers {
     /// Whether blocks are placed by heat (tiered spill).
     pub fn placing(&self) -> bool {
         self.placing
-    }
-
-    /// Whether tiered spill stages ahead by the launch order
-    /// (`VRAMCAP_TIERED_STAGE`).
-    pub fn staging(&self) -> bool {
-        self.staging
     }
 
     /// Kept host pages of exactly `bytes` (a park's), if any.

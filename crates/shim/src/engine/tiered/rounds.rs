@@ -21,20 +21,16 @@ use crate::log::{log_at, log_once};
 /// address; or, for a park's move to the host, the host pages the bytes
 /// go to (`scratch` is their device address, and no handle is made).
 pub(super) struct Staged {
-    pub(super) block: BlockClaim,
-    pub(super) to: Place,
-    pub(super) handle: u64,
-    pub(super) scratch: u64,
-    pub(super) stream: usize,
+    block: BlockClaim,
+    to: Place,
+    handle: u64,
+    scratch: u64,
+    stream: usize,
     /// A park's move (`bulk.rs`): to the host, into kept host pages;
     /// back to the GPU, from the block's pages, which are kept then.
-    pub(super) park: bool,
+    park: bool,
     /// A park's move to the host: the pages (their budget still taken).
-    pub(super) pages: Option<Pages>,
-    /// A move staged and copied ahead (`ahead.rs`): the gate's epoch its
-    /// copy was issued in; the copy stands unless the block was written
-    /// in that epoch or later.
-    pub(super) ahead: Option<u64>,
+    pages: Option<Pages>,
 }
 
 impl Staged {
@@ -84,10 +80,6 @@ impl<D: Driver> Tiering<'static, D> {
         }
         self.deferred_frees();
         if !self.tiers.placing() || self.tiers.paused() {
-            // Moves paused: nothing staged ahead keeps room or memory.
-            if self.tiers.has_ahead() {
-                self.drop_ahead();
-            }
             return;
         }
         let blocks = self.tiers.snapshot();
@@ -99,15 +91,9 @@ impl<D: Driver> Tiering<'static, D> {
         let since = launches.saturating_sub(self.tiers.scored.swap(launches, Ordering::Relaxed));
         score_round(&blocks, round, since);
         let debug = crate::log::enabled(LogLevel::Debug);
-        self.tiers.record(debug || self.tiers.staging);
-        if self.tiers.staging && self.stage_round(&blocks, round) {
-            return;
-        }
-        if round.is_multiple_of(50) && !debug && self.tiers.staging && !self.tiers.stage_locked() {
-            self.report_staging(&blocks, round, true);
-        }
+        self.tiers.record(debug);
         if round.is_multiple_of(50) && debug {
-            self.report_staging(&blocks, round, false);
+            self.report_staging(&blocks, round);
             let on = blocks.iter().filter(|b| b.on_device()).count();
             log_at!(
                 Debug,
@@ -164,31 +150,23 @@ impl<D: Driver> Tiering<'static, D> {
 
     /// A device's cap in force and its target (the soft limit when lower):
     /// what a round places under.
-    pub(super) fn target(&self, device: CUdevice) -> Option<(u64, u64)> {
+    fn target(&self, device: CUdevice) -> Option<(u64, u64)> {
         let slot = self.accounting.slot(device)?;
         let limit = self.accounting.cap_in_force(slot, device)?;
         let soft = slot.soft.load(Ordering::Relaxed);
         Some((limit, if soft > 0 { limit.min(soft) } else { limit }))
     }
 
-    /// The bytes one phase of a step may use: the first block's device's
-    /// target less the promotion margin (issue 44's report and prototype
-    /// cut phases for one GPU).
-    pub(super) fn stage_budget(&self, blocks: &[Arc<TierBlock>]) -> u64 {
-        blocks
-            .first()
-            .and_then(|b| self.target(CUdevice::from(b.device)))
-            .map_or(u64::MAX, |(_, t)| t.saturating_sub(PROMOTE_MARGIN.min(t)))
-    }
-
-    /// Issue 44's report: where the recorded launch order repeats, and
-    /// what staging one step under each device's target would move
-    /// (`phases.rs`); at debug level, or at info level (`info`) while
-    /// staging finds no step to follow, so that a run says why.
-    fn report_staging(&self, blocks: &[Arc<TierBlock>], round: u64, info: bool) {
+    /// Issue 44's report at debug level: where the recorded launch order
+    /// repeats, and what staging one step under the first block's device's
+    /// target, less the promotion margin, would move (`phases.rs`).
+    fn report_staging(&self, blocks: &[Arc<TierBlock>], round: u64) {
         let trace = self.tiers.recorded();
         let size_of = |p: u64| blocks.iter().find(|b| b.ptr == p).map(|b| b.bytes);
-        let budget = self.stage_budget(blocks);
+        let budget = blocks
+            .first()
+            .and_then(|b| self.target(CUdevice::from(b.device)))
+            .map_or(u64::MAX, |(_, t)| t.saturating_sub(PROMOTE_MARGIN.min(t)));
         let what = match super::phases::report(&trace, size_of, budget) {
             super::phases::Report::NoRepeat { launches } => {
                 format!("the order of the last {launches} launches does not repeat")
@@ -210,14 +188,7 @@ impl<D: Driver> Tiering<'static, D> {
                 locked_at.map_or("(never)".to_string(), |i| i.to_string())
             ),
         };
-        if info {
-            log_at!(
-                Info,
-                "tiered spill: round {round}: staging follows no step yet: {what}"
-            );
-        } else {
-            log_at!(Debug, "tiered spill: round {round}: staging ahead: {what}");
-        }
+        log_at!(Debug, "tiered spill: round {round}: staging ahead: {what}");
     }
 
     /// Stages one move: claims the block, reserves a promotion's bytes,
@@ -260,7 +231,6 @@ impl<D: Driver> Tiering<'static, D> {
                     stream,
                     park,
                     pages: Some(p),
-                    ahead: None,
                 }),
                 None => Err(false),
             };
@@ -288,7 +258,6 @@ impl<D: Driver> Tiering<'static, D> {
                 stream,
                 park,
                 pages: None,
-                ahead: None,
             }),
             Err(_) => {
                 let _ = self.driver.vmm_free_address(scratch, b.bytes);
@@ -304,46 +273,13 @@ impl<D: Driver> Tiering<'static, D> {
             self.tiers.keep(p);
             return;
         }
-        // A copy made ahead may still write the new memory.
-        let copying = m.ahead.map(|_| m.stream);
-        self.release_new(m.scratch, m.handle, m.block.bytes, copying);
-        self.give_back_taken(Some(slot), device, m.to, m.park, m.block.bytes);
-    }
-
-    /// A move's new memory, mapped at `scratch`, given back; `copying`: the
-    /// stream of a copy that may still write it, waited for first.
-    pub(super) fn release_new(
-        &self,
-        scratch: u64,
-        handle: u64,
-        bytes: u64,
-        copying: Option<usize>,
-    ) {
-        if let Some(s) = copying {
-            let _ = self.driver.stream_synchronize(s);
-        }
-        let _ = self.driver.vmm_unmap(scratch, bytes);
-        let _ = self.driver.vmm_free_address(scratch, bytes);
-        let _ = self.driver.vmm_release(handle);
-    }
-
-    /// What the stage of a move to `to` took, given back: the host budget,
-    /// or the reservation under the cap (a park's way back reserved its
-    /// bytes elsewhere; no slot: none was made).
-    pub(super) fn give_back_taken(
-        &self,
-        slot: Option<&DeviceSlot>,
-        device: CUdevice,
-        to: Place,
-        park: bool,
-        bytes: u64,
-    ) {
-        match (to, slot) {
-            (Place::Host, _) => self.host.give_back(bytes),
-            (Place::Device, Some(slot)) if !park => {
-                self.accounting.release_on(slot, device, bytes);
-            }
-            _ => {}
+        let _ = self.driver.vmm_unmap(m.scratch, m.block.bytes);
+        let _ = self.driver.vmm_free_address(m.scratch, m.block.bytes);
+        let _ = self.driver.vmm_release(m.handle);
+        if m.to == Place::Host {
+            self.host.give_back(m.block.bytes);
+        } else if !m.park {
+            self.accounting.release_on(slot, device, m.block.bytes);
         }
     }
 
@@ -425,11 +361,9 @@ impl<D: Driver> Tiering<'static, D> {
             }
             let _ = self.driver.ctx_pop_current();
         }
-        let drain = std::time::Instant::now();
         if quiet && !self.quiesce(&ctxs) {
             quiet = false;
         }
-        let drained = drain.elapsed();
         if !quiet {
             drop(gate);
             for m in staged {
@@ -437,11 +371,8 @@ impl<D: Driver> Tiering<'static, D> {
             }
             return (0, 0);
         }
-        self.tiers.drained_stop();
         // The copies first, all issued before any is waited for (one
-        // synchronisation a mover stream, not one a block); a copy made
-        // ahead that still stands is not made again.
-        let copy = std::time::Instant::now();
+        // synchronisation a mover stream, not one a block).
         let mut copying = Vec::with_capacity(staged.len());
         for m in staged {
             let b = &m.block;
@@ -456,15 +387,8 @@ impl<D: Driver> Tiering<'static, D> {
                     .map(|p| p.dev),
                 _ => None,
             };
-            let stands = m
-                .ahead
-                .is_some_and(|epoch| self.tiers.unwritten_since(b, epoch));
-            if m.ahead.is_some() {
-                self.tiers.count_ahead(b.bytes, stands);
-            }
-            let issued = stands
-                || self
-                    .driver
+            let issued =
+                self.driver
                     .copy_dtod(m.scratch, pages.unwrap_or(b.ptr), b.bytes, m.stream)
                     == CUDA_SUCCESS;
             copying.push((m, pages, issued));
@@ -476,8 +400,6 @@ impl<D: Driver> Tiering<'static, D> {
                 streams.push((m.stream, ok));
             }
         }
-        let copied_in = copy.elapsed();
-        let remap = std::time::Instant::now();
         let mut done = Vec::new();
         let mut failed = Vec::new();
         for (m, pages, issued) in copying {
@@ -517,7 +439,6 @@ impl<D: Driver> Tiering<'static, D> {
             }
             done.push(m);
         }
-        self.tiers.stop_times(drained, copied_in, remap.elapsed());
         drop(gate);
         for m in failed {
             self.unstage(slot, device, m);
@@ -678,7 +599,7 @@ impl<D: Driver> Tiering<'static, D> {
 }
 
 /// The devices of `blocks`, each once, ascending.
-pub(super) fn devices_of(blocks: &[Arc<TierBlock>]) -> Vec<u16> {
+fn devices_of(blocks: &[Arc<TierBlock>]) -> Vec<u16> {
     let mut devices: Vec<u16> = blocks.iter().map(|b| b.device).collect();
     devices.sort_unstable();
     devices.dedup();
