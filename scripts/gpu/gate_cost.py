@@ -20,6 +20,7 @@ FIGURES = (
     ("launch_drv_ns", "empty kernel, cuLaunchKernel through the runtime's entry point, ns"),
     ("ctx_current_ns", "cuCtxGetCurrent (unhooked, cheap), ns"),
     ("stream_query_ns", "cuStreamQuery of an idle stream (unhooked), ns"),
+    ("alloc_pair_ns", "cuMemAlloc_v2+cuMemFree_v2 pair of 1 MiB (a cache hit under the shim), ns"),
 )
 LIBS = ("lib_launch", "lib_ctx", "lib_query")
 

@@ -10,10 +10,14 @@
 //                VRAMCAP_PARK)
 //   ctx_current  cuCtxGetCurrent through such a pointer, 10 x ITERS a round
 //   stream_query cuStreamQuery of an idle stream through such a pointer
+//   alloc_pair   cuMemAlloc_v2 and cuMemFree_v2 of 1 MiB through such
+//                pointers (the shim's hooks; a cache hit under the shim),
+//                ITERS / 20 pairs a round (issue 43, done-when 6: the
+//                cache-hit pair with parking enabled and unused)
 //
 // Usage: park_gate_cost [ITERS [ROUNDS]] (default 200000 5). Prints
 // "RESULT launch_rt_ns=T launch_drv_ns=T ctx_current_ns=T stream_query_ns=T
-// lib_launch=L lib_ctx=L lib_query=L": the median over the rounds of the ns
+// alloc_pair_ns=T lib_launch=L lib_ctx=L lib_query=L": the median over the rounds of the ns
 // per call, and the file of each pointer (libvramcap.so for a forwarder,
 // libcuda.so.1 for the driver's own).
 #include <dlfcn.h>
@@ -75,10 +79,14 @@ int main(int argc, char **argv) {
                                   unsigned, CUstream, void **, void **);
     typedef CUresult (*ctx_fn)(CUcontext *);
     typedef CUresult (*query_fn)(CUstream);
+    typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+    typedef CUresult (*free_fn)(CUdeviceptr);
     launch_fn launch = (launch_fn)entry("cuLaunchKernel");
     ctx_fn ctx_current = (ctx_fn)entry("cuCtxGetCurrent");
     query_fn query = (query_fn)entry("cuStreamQuery");
-    if (!launch || !ctx_current || !query) {
+    alloc_fn mem_alloc = (alloc_fn)entry("cuMemAlloc");
+    free_fn mem_free = (free_fn)entry("cuMemFree");
+    if (!launch || !ctx_current || !query || !mem_alloc || !mem_free) {
         printf("ERROR cudaGetDriverEntryPointByVersion: a function is missing\n");
         return 1;
     }
@@ -109,14 +117,21 @@ int main(int argc, char **argv) {
         CUresult r = query(cs);
         if (r != CUDA_SUCCESS) bad = r;
     }, nothing);
+    int pairs = iters / 20 > 0 ? iters / 20 : 1;
+    double pair = per_call(pairs, rounds, [&](int) {
+        CUdeviceptr d = 0;
+        CUresult r = mem_alloc(&d, 1 << 20);
+        if (r == CUDA_SUCCESS) r = mem_free(d);
+        if (r != CUDA_SUCCESS) bad = r;
+    }, nothing);
     CHECK(cudaGetLastError());
     if (bad != CUDA_SUCCESS) {
         printf("ERROR a timed call failed: %s\n", drv_name(bad));
         return 1;
     }
     printf("RESULT launch_rt_ns=%.1f launch_drv_ns=%.1f ctx_current_ns=%.2f stream_query_ns=%.1f "
-           "lib_launch=%s lib_ctx=%s lib_query=%s\n",
-           rt, drv, ctx, q, lib_of((void *)launch), lib_of((void *)ctx_current), lib_of((void *)query));
+           "alloc_pair_ns=%.1f lib_launch=%s lib_ctx=%s lib_query=%s\n",
+           rt, drv, ctx, q, pair, lib_of((void *)launch), lib_of((void *)ctx_current), lib_of((void *)query));
     CHECK(cudaStreamDestroy(s));
     return 0;
 }
