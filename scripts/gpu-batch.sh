@@ -11,7 +11,6 @@
 #   park-s     -m park, every row with VRAMCAP_PARK_MOVE=shim, the trainers
 #              beside the baseline's parking                    (480)
 #   park-fix   the idle notebook and JAX rows with VRAMCAP_PARK_MOVE=shim (240)
-#   hundred    the 100 park cycles row (VRAMCAP_PARK_MOVE=shim)  (200)
 #   park-rest  the JAX, 100 cycles and lying nvidia-smi rows with
 #              VRAMCAP_PARK_MOVE=shim (the last pins the checkpoint) (300)
 #   fhl        -m "full or held or live"                      (280)
@@ -71,7 +70,6 @@ for step in "$@"; do
     park-shim) check park-shim 540 -m park --park-move shim+checkpoint ;;
     park-s) check park-s 480 -m park --park-move shim "${park_base[@]}" ;;
     park-fix) check park-fix 240 -m park -k "parked_by_idle or jax" --park-move shim ;;
-    hundred) check hundred 200 -m park -k hundred ;;
     park-rest) check park-rest 300 -m park -k "jax or hundred or lying" --park-move shim ;;
     fhl) check fhl 280 -m "full or held or live" ;;
     tiered)
@@ -94,7 +92,7 @@ for step in "$@"; do
     hostmem) probe hostmem 120 host_create 8 ;;
     calls) probe calls 60 hit_calls ;;
     busyremap) probe busyremap 60 busy_remap ;;
-    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, hundred, park-rest, fhl, tiered, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
+    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, park-rest, fhl, tiered, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do

@@ -54,6 +54,12 @@ class Proc:
                                   stdin=subprocess.PIPE, stdout=open(self.out, "w"),
                                   stderr=open(self.err, "w"), start_new_session=True)
 
+    def stat(self, *flags, timeout=60):
+        """`vramcap stat FLAGS --pid` of this process, run where it writes
+        its page."""
+        return subprocess.run([self.gpu.cli, "stat", *flags, "--pid", str(self.p.pid)], capture_output=True,
+                              text=True, timeout=timeout, env=self.cli_env)
+
     def wait_line(self, prefix, seconds, path=None):
         return harness.wait_line(path or self.out, prefix, seconds, self.p, anywhere=bool(path))
 
@@ -86,8 +92,7 @@ class Proc:
         its stack."""
         lines = []
         try:
-            r = subprocess.run([self.gpu.cli, "stat", "--json", "--pid", str(self.p.pid)],
-                               capture_output=True, text=True, timeout=20, env=self.cli_env)
+            r = self.stat("--json", timeout=20)
             lines.append("stat: " + " ".join((r.stdout + r.stderr).split())[:1500])
         except (OSError, subprocess.SubprocessError) as e:
             lines.append("stat: %s" % e)
@@ -358,16 +363,14 @@ def test_hundred_cycles_with_the_shims_moves(gpu, runner, work, check):
                 base = rss_mib(p.p.pid)
                 # Its GPU footprint: what the shim counts on GPU 0 (PyTorch's
                 # cached segments too), not only the tensors' 2 GiB.
-                j = subprocess.run([gpu.cli, "stat", "--json", "--pid", str(p.p.pid)], capture_output=True,
-                                   text=True, timeout=60, env=p.cli_env).stdout
+                j = p.stat("--json").stdout
                 try:
                     footprint = json.loads(j)["processes"][0]["devices"][0]["used_bytes"] >> 20
                 except (ValueError, KeyError, IndexError, TypeError):
                     footprint = None
             if i == n:  # after n - 1 resumes, before the last park
                 after = rss_mib(p.p.pid)
-                st = subprocess.run([gpu.cli, "stat", "--json", "--pid", str(p.p.pid)], capture_output=True,
-                                    text=True, timeout=60, env=p.cli_env)
+                st = p.stat("--json")
             r = cli(gpu, runner, "park (hundred, cycle %d)" % i, "park", "--pid", str(p.p.pid))
             if r.rc != 0:
                 failed.append((i, r.rc, r.stderr.strip()[:200]))
@@ -401,14 +404,12 @@ def test_an_idle_jax_process_stays_parked(gpu, runner, work, check):
              XLA_PYTHON_CLIENT_PREALLOCATE="false")
     try:
         check.that(bool(p.wait_line("IDLE", 300)), "a 4 GiB JAX process idles", "")
-        before = subprocess.run([gpu.cli, "stat", "--pid", str(p.p.pid)], capture_output=True, text=True,
-                                timeout=60, env=p.cli_env)
+        before = p.stat()
         check.note("before the park: " + " ".join((before.stdout + before.stderr).split())[:600])
         r = cli(gpu, runner, "park (jax row)", "park", "--pid", str(p.p.pid))
         check.eq("park exit status", r.rc, 0)
         time.sleep(20)  # the measure itself: 20 s idle, parked
-        st = subprocess.run([gpu.cli, "stat", "--json", "--pid", str(p.p.pid)], capture_output=True, text=True,
-                            timeout=60, env=p.cli_env)
+        st = p.stat("--json")
         err = open(p.err, errors="replace").read()
         wakers = [l for l in err.splitlines() if "resumes this process" in l]
         check.eq("calls that resumed it while idle", wakers, [])
