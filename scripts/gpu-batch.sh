@@ -11,8 +11,9 @@
 #   park-s     -m park, every row with VRAMCAP_PARK_MOVE=shim, the trainers
 #              beside the baseline's parking                    (480)
 #   park-fix   the idle notebook and JAX rows with VRAMCAP_PARK_MOVE=shim (240)
-#   park-rest  the JAX, 100 cycles and lying nvidia-smi rows with
-#              VRAMCAP_PARK_MOVE=shim (the last pins the checkpoint) (300)
+#   park-rest  the JAX, 100 cycles, CUDA graph pool and gate cost rows
+#              with VRAMCAP_PARK_MOVE=shim (the graph row runs both the
+#              shim's moves and shim+checkpoint)              (480)
 #   fhl        -m "full or held or live"                      (280)
 #   tiered     tiered Llama at 1.5x beside .gpu/base             (300)
 #   bench      gpu_bench.py: the cache-hit pair, the PyTorch step (260)
@@ -70,7 +71,7 @@ for step in "$@"; do
     park-shim) check park-shim 540 -m park --park-move shim+checkpoint ;;
     park-s) check park-s 480 -m park --park-move shim "${park_base[@]}" ;;
     park-fix) check park-fix 240 -m park -k "parked_by_idle or jax" --park-move shim ;;
-    park-rest) check park-rest 300 -m park -k "jax or hundred or lying" --park-move shim ;;
+    park-rest) check park-rest 480 -m park -k "jax or hundred or graph or gate" --park-move shim ;;
     fhl) check fhl 280 -m "full or held or live" ;;
     tiered)
         [ -f "$base/libvramcap.so" ] || { echo "gpu-batch: tiered needs $base (stage-gpu.sh BASELINE)"; continue; }

@@ -43,6 +43,17 @@
                                process: "RESUMED i seconds=T") and sum again
                                ("SUM i sum=S"); last "RESULTKV same=0|1
                                cycles=N" (every sum equal to the first)
+  check_park.py graph GIB      a CUDA graph captured by PyTorch (its
+                               private memory pool: a 1 GiB input filled
+                               from a fixed seed, GIB GiB of intermediates
+                               and output made by the capture), replayed
+                               and summed ("STEP1 sum=S"), then "IDLE
+                               pid=P"; after a line on stdin the output is
+                               summed as it was left (the first CUDA call:
+                               it resumes a parked process), the graph
+                               replayed and summed again: "RESULTKV
+                               same=0|1 kept=0|1 ..." (kept: the output
+                               read back before the replay equals STEP1)
   check_park.py train SEED LAYERS ROUNDS STEPS CPU_S DELAY_S
                                a deterministic training loop (fixed seed, an
                                MLP of LAYERS 8192x8192 layers, SGD with
@@ -306,6 +317,50 @@ def capture():
     return 0
 
 
+def graph(gib):
+    """A graph's private pool parked and resumed (issue 43, done-when 7:
+    CUDA-graph memory pools move with the rest)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(2468)
+    x = torch.rand((1 << 30) // 4, device="cuda", generator=g)
+    layers = max(gib, 1)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on a side stream, as PyTorch asks
+        for _ in range(2):
+            y = x
+            for k in range(layers):
+                y = torch.sin(y) * 0.5 + x * (k + 1)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x
+        for k in range(layers):
+            y = torch.sin(y) * 0.5 + x * (k + 1)
+    graph.replay()
+    torch.cuda.synchronize()
+
+    def total():
+        return float(y.double().sum().item())
+
+    s1 = total()
+    print(f"STEP1 sum={s1!r}", flush=True)
+    print(f"IDLE pid={os.getpid()} bytes={(layers + 1) << 30}", flush=True)
+    sys.stdin.readline()
+    t0 = time.monotonic()
+    kept = total()  # the first CUDA call: resumes
+    resumed = time.monotonic() - t0
+    print(f"RESUMED seconds={resumed:.3f}", flush=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    s2 = total()
+    print(f"STEP2 sum={s2!r}", flush=True)
+    print(f"RESULTKV same={int(s1 == s2)} kept={int(kept == s1)} resume_s={resumed:.3f} step1={s1!r} "
+          f"step2={s2!r}", flush=True)
+    return 0
+
+
 def main():
     mode = sys.argv[1]
     if mode == "cycles":
@@ -315,7 +370,8 @@ def main():
         return train(int(a[0]), int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]))
     arg = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     return {"notebook": notebook, "exit": hold_then_exit, "grab": grab, "fill": fill, "managed": managed,
-            "capture": lambda _: capture(), "calls": calls, "jax": jax_notebook}[mode](arg)
+            "capture": lambda _: capture(), "calls": calls, "jax": jax_notebook,
+            "graph": graph}[mode](arg)
 
 
 if __name__ == "__main__":

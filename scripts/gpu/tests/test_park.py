@@ -396,6 +396,32 @@ def test_hundred_cycles_with_the_shims_moves(gpu, runner, work, check):
         p.kill()
 
 
+@pytest.mark.parametrize("move", ["shim", "shim+checkpoint"])
+def test_a_cuda_graphs_pool_moves_with_the_rest(gpu, runner, work, check, move):
+    check.title = ("a PyTorch CUDA graph (its private pool: a 1 GiB input, 2 GiB of intermediates and output) "
+                   "parked with VRAMCAP_PARK_MOVE=%s: nvidia-smi shows at most the context while parked, the "
+                   "output is kept and a replay after the resume gives the same sum (issue 43, done-when 7)" % move)
+    p = Proc(gpu, runner, work, "graph-" + move.replace("+", "-"), ["graph", "2"], VRAMCAP_PARK="manual",
+             VRAMCAP_PARK_MOVE=move, VRAMCAP_LIMIT="8GiB")
+    try:
+        check.that(bool(p.wait_line("IDLE", 300)), "the graph was captured and replayed", "")
+        before = harness.nvml_used_mib(gpu.smi, p.p.pid, log=runner._log)
+        r = cli(gpu, runner, "park (graph, %s)" % move, "park", "--pid", str(p.p.pid))
+        check.eq("park exit status", r.rc, 0)
+        used = harness.nvml_used_mib(gpu.smi, p.p.pid, log=runner._log)
+        shown = 0 if used == "missing" else used if isinstance(used, int) else 1e9
+        check.note("nvidia-smi MiB: %s before the park, %s while parked" % (before, used))
+        check.at_most("nvidia-smi MiB while parked", shown, 1024 if move == "shim" else 0)
+        p.go()
+        out, err = p.finish(300)
+        kv = harness.parse_kv(next((l for l in out.splitlines() if l.startswith("RESULTKV")), ""))
+        check.kv(kv, "kept", 1)
+        check.kv(kv, "same", 1)
+        check.note("resume %s s" % kv.get("resume_s"))
+    finally:
+        p.kill()
+
+
 def test_an_idle_jax_process_stays_parked(gpu, runner, work, check):
     check.title = ("a parked JAX process (no preallocation, 4 GiB), idle after its work, stays parked for "
                    "20 s until its own next computation, then resumes with identical results; the log "

@@ -21,9 +21,9 @@ def test_park_gate_cost(request, gpu, runner, build, check):
     rounds = max(3, request.config.getoption("--rounds"))
     check.title = ("parking's gate: an empty kernel's launch (<<<>>>, cuLaunchKernel) and unhooked calls "
                    "(cuCtxGetCurrent, cuStreamQuery) and the cache-hit pair, no shim / VRAMCAP_PARK unset / VRAMCAP_PARK=manual, "
-                   "%d interleaved rounds" % rounds)
+                   "%d interleaved rounds, VRAMCAP_PARK_MOVE=%s" % (rounds, gpu.park_move or "unset"))
     prog = build("park_gate_cost")
-    got, failed = gate_cost.measure(runner, prog, gpu.shim, rounds,
+    got, failed = gate_cost.measure(runner, prog, gpu.shim, rounds, park_move=gpu.park_move,
                                     CUDA_VISIBLE_DEVICES=gpu.uuid0 or "0")
     for r in failed:
         check.ran(r)
