@@ -169,6 +169,7 @@ fn a_closed_gate_holds_a_forwarded_call_until_it_opens() {
         .expect("open the FIFO");
     let mut cmd = shimmed(&forward_program());
     cmd.env(PARK.0, PARK.1)
+        .env("VRAMCAP_PARK_MOVE", "checkpoint")
         .env("VRAMCAP_STATS_DIR", &dir)
         .env("VRAMCAP_LOG", "debug")
         .env("STANDIN_CHECKPOINT_HOLD", &fifo)

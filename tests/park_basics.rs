@@ -9,9 +9,10 @@ use crate::park_util::*;
 use crate::util::*;
 
 /// Parking on, no cache, a cap and a group.
-fn grouped(limit: &'static str, group: &'static str) -> [(&'static str, &'static str); 4] {
+fn grouped(limit: &'static str, group: &'static str) -> [(&'static str, &'static str); 5] {
     [
         MANUAL,
+        ("VRAMCAP_PARK_MOVE", "checkpoint"),
         NO_CACHE,
         ("VRAMCAP_LIMIT", limit),
         ("VRAMCAP_GROUP", group),
@@ -109,7 +110,7 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
         ),
     ];
     for (args, why) in cases {
-        let mut h = held_in(&dir, &[MANUAL], args);
+        let mut h = held_in(&dir, &[MANUAL, ("VRAMCAP_PARK_MOVE", "checkpoint")], args);
         assert_refused(&dir, &mut h, why);
         h.resume();
         let (lines, out) = h.finish();
@@ -126,7 +127,11 @@ fn refusals_say_why_in_one_line_and_the_process_goes_on() {
     let nccl = dir.join("libnccl.so.2");
     std::fs::copy(artefacts().standin_lib.join("libescape.so"), &nccl).unwrap();
     let preload = format!("{} {}", artefacts().shim.display(), nccl.display());
-    let env = [MANUAL, ("LD_PRELOAD", preload.as_str())];
+    let env = [
+        MANUAL,
+        ("VRAMCAP_PARK_MOVE", "checkpoint"),
+        ("LD_PRELOAD", preload.as_str()),
+    ];
     let h = held_in(&dir, &env, &["init", "alloc", "1M", "wait"]);
     let pid = h.pid();
     park(&dir, pid).expect_lines(&[&format!(
@@ -262,7 +267,12 @@ fn a_member_killed_while_it_is_parked_leaves_the_group_ledger_exact() {
 #[test]
 fn with_parking_a_launch_is_handed_out_by_the_shim_so_it_passes_the_gate() {
     let args = ["init", "resolve", "cuLaunchKernel", "13000", "0"];
-    client("procaddr", &[MANUAL], &args).expect_lines(&[
+    client(
+        "procaddr",
+        &[MANUAL, ("VRAMCAP_PARK_MOVE", "checkpoint")],
+        &args,
+    )
+    .expect_lines(&[
         "init -> 0",
         "resolve cuLaunchKernel 13000 0 -> 0 status=0 lib=libvramcap.so",
     ]);

@@ -21,6 +21,7 @@ fn after_parking(call: &[&str]) -> Vec<String> {
     let dir = scratch_dir();
     let env = [
         ("VRAMCAP_PARK", "manual"),
+        ("VRAMCAP_PARK_MOVE", "checkpoint"),
         ("VRAMCAP_CACHE", "off"),
         ("VRAMCAP_LIMIT", "4GiB"),
     ];
@@ -81,6 +82,7 @@ fn a_parked_member_resumes_over_a_group_budget_lowered_below_it() {
     let group = format!("lowered{}", std::process::id());
     let env = [
         ("VRAMCAP_PARK", "manual"),
+        ("VRAMCAP_PARK_MOVE", "checkpoint"),
         ("VRAMCAP_CACHE", "off"),
         ("VRAMCAP_LIMIT", "2GiB"),
         ("VRAMCAP_GROUP", group.as_str()),
@@ -167,6 +169,7 @@ fn a_resume_trusts_no_answer_of_nvidia_smi_it_cannot() {
         let path = format!("{}:{}:/usr/bin:/bin", fake.display(), standin_bin.display());
         let env = [
             ("VRAMCAP_PARK", "manual"),
+            ("VRAMCAP_PARK_MOVE", "checkpoint"),
             ("VRAMCAP_CACHE", "off"),
             ("VRAMCAP_LIMIT", "2GiB"),
             ("PATH", path.as_str()),
@@ -224,6 +227,7 @@ fn queries_and_synchronisations_leave_a_parked_process_parked() {
     let dir = scratch_dir();
     let env = [
         ("VRAMCAP_PARK", "manual"),
+        ("VRAMCAP_PARK_MOVE", "checkpoint"),
         ("VRAMCAP_CACHE", "off"),
         ("VRAMCAP_LIMIT", "4GiB"),
         ("VRAMCAP_LOG", "info"),
@@ -287,7 +291,11 @@ fn queries_and_synchronisations_leave_a_parked_process_parked() {
     // Running: the driver answers (no event: an invalid handle).
     let ran = client(
         "procaddr",
-        &[("VRAMCAP_PARK", "manual"), ("VRAMCAP_LIMIT", "4GiB")],
+        &[
+            ("VRAMCAP_PARK", "manual"),
+            ("VRAMCAP_PARK_MOVE", "checkpoint"),
+            ("VRAMCAP_LIMIT", "4GiB"),
+        ],
         &["init", "eventquery", "streamquery", "sync"],
     );
     ran.expect_lines(&[

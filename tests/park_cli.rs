@@ -243,7 +243,12 @@ fn a_park_undone_at_once_by_the_process_says_so() {
 fn holding_a_mib(dir: &Path) -> Held {
     held_in(
         dir,
-        &[MANUAL, NO_CACHE, ("VRAMCAP_LIMIT", "4GiB")],
+        &[
+            MANUAL,
+            ("VRAMCAP_PARK_MOVE", "checkpoint"),
+            NO_CACHE,
+            ("VRAMCAP_LIMIT", "4GiB"),
+        ],
         &["init", "alloc", "1M", "wait"],
     )
 }

@@ -143,6 +143,46 @@ fn a_park_moves_the_blocks_and_a_call_brings_them_back_intact() {
     assert!(!stderr.contains("checkpoint"), "{stderr}");
 }
 
+/// With `VRAMCAP_PARK_MOVE` unset, parking moves by the shim: the block
+/// leaves, the small allocation stays, no checkpoint is made. With host
+/// spill the driver's checkpoint stays the default (the shim's moves do
+/// not spill): it takes everything.
+#[test]
+fn the_default_move_is_the_shims_and_the_checkpoint_with_host_spill() {
+    let args = [
+        "init", "alloc", "64M", "alloc", "1M", "wait", "kinds", "ckstate", "read32", "0", "wait",
+    ];
+    for (spill, device_parked, ckstate) in [
+        ("off", 1048576, "state=0 checkpoints=0"),
+        ("host", 0, "state=2 checkpoints=1"),
+    ] {
+        let dir = scratch_dir();
+        let env = [
+            MANUAL,
+            ("VRAMCAP_LIMIT", "4GiB"),
+            ("VRAMCAP_CACHE", "off"),
+            ("VRAMCAP_SPILL", spill),
+        ];
+        let mut h = Watched::start(&dir, &env, &args);
+        let pid = h.pid;
+        park(&dir, pid).expect_code(0);
+        h.resume();
+        h.until("wait");
+        let (lines, out) = h.end();
+        assert!(out.status.success(), "{lines:?}");
+        let first = lines.iter().position(|l| l == "resumed").expect("resumed") + 1;
+        assert!(
+            lines[first].starts_with(&format!("kinds dev=0 device={device_parked} ")),
+            "VRAMCAP_SPILL={spill}: {lines:?}"
+        );
+        assert!(
+            lines[first + 3].starts_with(&format!("ckstate {ckstate} ")),
+            "VRAMCAP_SPILL={spill}: {lines:?}"
+        );
+        assert_eq!(lines[first + 4], "read32 #0 -> 0 value=0", "{lines:?}");
+    }
+}
+
 /// Refused at start: the shim's moves only with parking, and not with
 /// host spill.
 #[test]

@@ -28,7 +28,14 @@ fn an_allocation_the_group_would_refuse_parks_the_idle_member() {
     assert_eq!(a.lines[a.lines.len() - 2], format!("alloc {GIB} -> 2"));
     drop((a.finish(), b.finish()));
 
-    let idle = [group.as_slice(), &[("VRAMCAP_PARK", "idle:200ms")]].concat();
+    let idle = [
+        group.as_slice(),
+        &[
+            ("VRAMCAP_PARK", "idle:200ms"),
+            ("VRAMCAP_PARK_MOVE", "checkpoint"),
+        ],
+    ]
+    .concat();
     let mut b = held_in(
         &dir,
         &idle,
@@ -77,6 +84,7 @@ fn on_a_full_gpu_an_allocation_or_a_resume_parks_the_idle_process_on_it() {
         [
             NO_CACHE,
             ("VRAMCAP_PARK", "idle:200ms"),
+            ("VRAMCAP_PARK_MOVE", "checkpoint"),
             ("VRAMCAP_PARK_WAIT", "30s"),
             ("VRAMCAP_LOG", "info"),
             ("STANDIN_FOREIGN_FILE", f),
@@ -151,7 +159,11 @@ fn on_a_full_gpu_a_process_holding_too_little_to_make_the_room_is_not_parked() {
     let dir = scratch_dir();
     let fb = dir.join("foreign-b");
     std::fs::write(&fb, "12288").unwrap(); // 4 of 16 GiB free for B
-    let idle = [NO_CACHE, ("VRAMCAP_PARK", "idle:200ms")];
+    let idle = [
+        NO_CACHE,
+        ("VRAMCAP_PARK", "idle:200ms"),
+        ("VRAMCAP_PARK_MOVE", "checkpoint"),
+    ];
     let mut a = held_in(&dir, &idle, &["init", "alloc", "1G", "wait", "ckstate"]);
     let b = held_in(
         &dir,
@@ -219,7 +231,11 @@ fn timed(line: &str) -> &str {
 fn two_idle_members_take_turns_a_resume_parks_the_idle_other() {
     let dir = scratch_dir();
     let group = format!("turns{}", std::process::id());
-    let idle = [("VRAMCAP_PARK", "idle:300ms"), ("VRAMCAP_PARK_WAIT", "10s")];
+    let idle = [
+        ("VRAMCAP_PARK", "idle:300ms"),
+        ("VRAMCAP_PARK_MOVE", "checkpoint"),
+        ("VRAMCAP_PARK_WAIT", "10s"),
+    ];
     let env = [&logged_group(&group)[..], &idle].concat();
     let calls = ["info", "ckstate", "wait"];
     let mut a = held_in(
@@ -328,7 +344,11 @@ fn a_member_waiting_inside_an_allocation_is_never_parked() {
     let group = format!("guard{}", std::process::id());
     let base = logged_group(&group);
     let holder = held_in(&dir, &base, &["init", "alloc", "1G", "wait"]);
-    let waiting = [("VRAMCAP_PARK", "idle:1ms"), ("VRAMCAP_PARK_WAIT", "30s")];
+    let waiting = [
+        ("VRAMCAP_PARK", "idle:1ms"),
+        ("VRAMCAP_PARK_MOVE", "checkpoint"),
+        ("VRAMCAP_PARK_WAIT", "30s"),
+    ];
     let mut w = held_in(
         &dir,
         &[&base[..], &waiting].concat(),
@@ -376,7 +396,14 @@ fn a_refusal_to_the_policy_is_said_once_in_a_row() {
     let dir = scratch_dir();
     let group = format!("once{}", std::process::id());
     let base = logged_group(&group);
-    let x_env = [&base[..], &[("VRAMCAP_PARK", "idle:1ms")]].concat();
+    let x_env = [
+        &base[..],
+        &[
+            ("VRAMCAP_PARK", "idle:1ms"),
+            ("VRAMCAP_PARK_MOVE", "checkpoint"),
+        ],
+    ]
+    .concat();
     let x = held_in(
         &dir,
         &x_env,

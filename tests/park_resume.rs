@@ -20,6 +20,7 @@ fn resume_without_room_waits_or_refuses_and_never_restores() {
     let foreign_env = foreign.to_str().unwrap().to_string();
     let env = [
         MANUAL,
+        ("VRAMCAP_PARK_MOVE", "checkpoint"),
         NO_CACHE,
         ("STANDIN_FOREIGN_FILE", foreign_env.as_str()),
     ];
@@ -102,7 +103,12 @@ fn a_process_whose_gpu_cannot_be_measured_is_not_parked() {
     let dir = scratch_dir();
     let mut h = held_in(
         &dir,
-        &[MANUAL, NO_CACHE, ("STANDIN_SMI_FAIL", "1")],
+        &[
+            MANUAL,
+            ("VRAMCAP_PARK_MOVE", "checkpoint"),
+            NO_CACHE,
+            ("STANDIN_SMI_FAIL", "1"),
+        ],
         &["init", "alloc", "1G", "wait", "info", "ckstate"],
     );
     assert_refused(
@@ -124,7 +130,7 @@ fn a_process_that_ignores_sigchld_resumes() {
     let dir = scratch_dir();
     let mut h = held_in(
         &dir,
-        &[MANUAL, NO_CACHE],
+        &[MANUAL, ("VRAMCAP_PARK_MOVE", "checkpoint"), NO_CACHE],
         &["init", "nochld", "alloc", "1G", "wait", "info", "ckstate"],
     );
     let done = watchdog(h.pid());

@@ -195,7 +195,14 @@ impl Settings {
         let park = parsed(get(PARK_VAR), parse_park)?;
         let park_wait =
             parsed(get(PARK_WAIT_VAR), parse_park_wait)?.unwrap_or(std::time::Duration::ZERO);
-        let park_move = parsed(get(PARK_MOVE_VAR), parse_park_move)?.unwrap_or_default();
+        let asked = parsed(get(PARK_MOVE_VAR), parse_park_move)?;
+        // Unset: the shim's moves wherever they apply (parking on, no
+        // host spill), the driver's checkpoint otherwise.
+        let park_move = asked.unwrap_or(if park.is_some() && spill != Spill::Host {
+            crate::park::ParkMove::Shim
+        } else {
+            crate::park::ParkMove::Checkpoint
+        });
         let move_word = get(PARK_MOVE_VAR).unwrap_or_default();
         if park_move.moves_blocks() && spill == Spill::Host {
             return Err(bad(

@@ -372,7 +372,7 @@ pub fn parse_park_move(value: &str) -> Result<crate::park::ParkMove, SettingsErr
         _ => Err(SettingsError::Other {
             var: PARK_MOVE_VAR,
             value: value.to_string(),
-            expected: "checkpoint (the default), shim or shim+checkpoint, e.g. VRAMCAP_PARK_MOVE=shim",
+            expected: "shim (the default), shim+checkpoint or checkpoint, e.g. VRAMCAP_PARK_MOVE=shim+checkpoint",
         }),
     }
 }

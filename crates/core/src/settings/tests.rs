@@ -432,7 +432,19 @@ fn park_move_is_checkpoint_or_shim_and_shim_needs_parking() {
             .collect();
         Settings::from_lookup(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
     };
+    // Unset: the shim's moves with parking on and no host spill, the
+    // driver's checkpoint otherwise (without parking it moves nothing).
     assert_eq!(with(&[]).unwrap().park_move, ParkMove::Checkpoint);
+    assert_eq!(
+        with(&[("VRAMCAP_PARK", "manual")]).unwrap().park_move,
+        ParkMove::Shim
+    );
+    assert_eq!(
+        with(&[("VRAMCAP_PARK", "idle:5s"), ("VRAMCAP_SPILL", "host")])
+            .unwrap()
+            .park_move,
+        ParkMove::Checkpoint
+    );
     assert_eq!(
         with(&[("VRAMCAP_PARK", "manual"), ("VRAMCAP_PARK_MOVE", " Shim ")])
             .unwrap()
@@ -449,7 +461,7 @@ fn park_move_is_checkpoint_or_shim_and_shim_needs_parking() {
         with(&[("VRAMCAP_PARK", "manual"), ("VRAMCAP_PARK_MOVE", "fast")])
             .unwrap_err()
             .to_string(),
-        "VRAMCAP_PARK_MOVE=\"fast\" is not valid: expected checkpoint (the default), shim or shim+checkpoint, e.g. VRAMCAP_PARK_MOVE=shim"
+        "VRAMCAP_PARK_MOVE=\"fast\" is not valid: expected shim (the default), shim+checkpoint or checkpoint, e.g. VRAMCAP_PARK_MOVE=shim+checkpoint"
     );
     assert_eq!(
         with(&[("VRAMCAP_PARK_MOVE", "shim")])

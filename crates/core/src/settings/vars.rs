@@ -27,9 +27,11 @@ pub const OPERATOR_LIMIT_PATH: &str = "/run/vramcap/operator-limit";
 /// allocation waits for room when no group member can be parked.
 pub const PARK_VAR: &str = "VRAMCAP_PARK";
 pub const PARK_WAIT_VAR: &str = "VRAMCAP_PARK_WAIT";
-/// What moves a parked process's memory (issue 43): `checkpoint`, the
-/// driver's checkpoint of the whole process (the default), or `shim`: the
-/// shim moves its VMM blocks itself and leaves the rest (experimental).
+/// What moves a parked process's memory (issue 43): `shim` (the default
+/// with parking on and no host spill): the shim moves its VMM blocks
+/// itself and leaves the rest; `shim+checkpoint`: then the driver's
+/// checkpoint takes the rest; `checkpoint`: the driver's checkpoint of the
+/// whole process (the default with `VRAMCAP_SPILL=host`).
 pub const PARK_MOVE_VAR: &str = "VRAMCAP_PARK_MOVE";
 /// Set by the shim in the environment of the nvidia-smi a resume runs
 /// (`1`): a shim loaded into it all the same answers NVML's memory

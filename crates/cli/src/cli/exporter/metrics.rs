@@ -187,7 +187,7 @@ fn park_families(out: &mut String, rows: &[(String, &SlotSnapshot, &PageSnapshot
         out,
         "vramcap_process_park_host_kept_bytes",
         "gauge",
-        "Bytes of host memory the shim's parking moves keep for the next park (VRAMCAP_PARK_MOVE=shim; vramcap trim gives them back; the same on each of the process's GPUs).",
+        "Bytes of host memory the shim's parking moves keep for the next park (VRAMCAP_PARK_MOVE=shim, the default, or shim+checkpoint; vramcap trim gives them back; the same on each of the process's GPUs).",
     );
     for (labels, _, p) in &rows {
         sample(

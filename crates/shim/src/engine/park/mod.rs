@@ -1,7 +1,10 @@
-//! Parking (issue 34; docs/design/parking.md): the process moves its own
-//! device memory to host memory through the driver's checkpoint calls and
-//! releases its budget (own and group), then comes back when asked or when
-//! the program calls CUDA again ([`gate`](crate::process::gate)).
+//! Parking (issues 34 and 43; docs/design/parking.md,
+//! docs/design/fast-parking.md): the process moves its own device memory
+//! to host memory and releases its budget (own and group), then comes
+//! back when asked or when the program calls CUDA again
+//! ([`gate`](crate::process::gate)). `VRAMCAP_PARK_MOVE` says how: the
+//! shim's moves (the default), then the driver's checkpoint of the rest,
+//! or the driver's checkpoint alone.
 //!
 //! - A part: [`Park`] is its state, [`Parking`] its methods, which see
 //!   that state and the accounting's foundation (`Accounting`: the driver, the
@@ -9,9 +12,9 @@
 //!   engine hands in what it needs of the other parts (what the records
 //!   hold, the cache's emptying) as [`Parking`]'s two closures
 //!   (`engine/mod.rs`, [`Engine::parking`](crate::engine::Engine)).
-//! - With `VRAMCAP_PARK_MOVE=shim` a park moves the process's blocks to
-//!   host memory through tiered spill's moves (handed in) instead of the
-//!   driver's checkpoint; the moves release and reserve their own bytes,
+//! - With `VRAMCAP_PARK_MOVE=shim` (the default) a park moves the
+//!   process's blocks to host memory through tiered spill's moves (handed
+//!   in) instead of the driver's checkpoint; the moves release and reserve their own bytes,
 //!   so `Park::parked` stays 0 and the page's `parked` words say what
 //!   moved (`steps.rs`, `move_and_release`, `move_back`). With
 //!   `shim+checkpoint` the driver's checkpoint then takes the rest:
@@ -29,8 +32,10 @@
 //!   so nothing else moves those ledgers.
 //! - A resume reserves the parked bytes through the allocations' path
 //!   (`reserve_on`; a transparent one refused by the group parks an idle
-//!   member first, as an allocation does: `policy.rs`) and checks NVML's
-//!   real free memory first; Restore is never called without both. A
+//!   member first, as an allocation does: `policy.rs`) and, before a
+//!   Restore, checks the real free memory (nvidia-smi, in a child);
+//!   Restore is never called without both. The shim's moves back give
+//!   each block device memory before any copy. A
 //!   just-resumed process counts as active (its `last_activity` is set). A failed Restore leaves the process
 //!   `Failed` (the driver holds it stuck): never retried.
 //! - Locks: the gate's mutex (`process/gate.rs`), taken alone, only to change the

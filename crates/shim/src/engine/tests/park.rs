@@ -45,11 +45,17 @@ fn checkpointing(free: Option<u64>) -> Fake {
     }
 }
 
-/// An engine with parking on (`manual`), no cache and a cap of `cap`.
+/// An engine with parking on (`manual`) by the driver's checkpoint, no
+/// cache and a cap of `cap`.
 fn parking(fake: Fake, cap: &str) -> &'static Engine<Fake> {
     engine_with(
         fake,
-        &[("VRAMCAP_PARK", "manual"), NO_CACHE, ("VRAMCAP_LIMIT", cap)],
+        &[
+            ("VRAMCAP_PARK", "manual"),
+            ("VRAMCAP_PARK_MOVE", "checkpoint"),
+            NO_CACHE,
+            ("VRAMCAP_LIMIT", cap),
+        ],
     )
 }
 
