@@ -6,7 +6,10 @@
 # each step's table (STEP.md) and one tarball of everything (batch.tgz:
 # every log, every process's output). A step cut by its limit still
 # leaves what it wrote. Steps, with their limits (seconds):
-#   park       -m park                                        (540)
+#   park       -m park, every row with the default move (shim, since
+#              session 20)                                    (540)
+#   park-ck    -m park, every row with VRAMCAP_PARK_MOVE=checkpoint (the
+#              swap-time row runs only here)                  (540)
 #   park-shim  -m park, every row with VRAMCAP_PARK_MOVE=shim+checkpoint (540)
 #   park-s     -m park, every row with VRAMCAP_PARK_MOVE=shim, the trainers
 #              beside the baseline's parking                    (480)
@@ -68,6 +71,7 @@ probe() { # probe NAME LIMIT PROGRAM ARGS... (scripts/gpu/research/PROGRAM.cu, b
 for step in "$@"; do
     case $step in
     park) check park 540 -m park ;;
+    park-ck) check park-ck 540 -m park --park-move checkpoint ;;
     park-shim) check park-shim 540 -m park --park-move shim+checkpoint ;;
     park-s) check park-s 480 -m park --park-move shim "${park_base[@]}" ;;
     park-fix) check park-fix 240 -m park -k "parked_by_idle or jax" --park-move shim ;;
@@ -93,7 +97,7 @@ for step in "$@"; do
     hostmem) probe hostmem 120 host_create 8 ;;
     calls) probe calls 60 hit_calls ;;
     busyremap) probe busyremap 60 busy_remap ;;
-    *) echo "gpu-batch: no step $step (park, park-shim, park-s, park-fix, park-rest, fhl, tiered, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
+    *) echo "gpu-batch: no step $step (park, park-ck, park-shim, park-s, park-fix, park-rest, fhl, tiered, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do
