@@ -379,6 +379,51 @@ fn a_context_query_leaves_a_process_parked_by_the_shim_s_moves_parked() {
     );
 }
 
+/// Issue 43, done-when 5: with the shim's moves a context query (as JAX's
+/// runtime makes while its program idles) is no activity, so `vramcap park
+/// --idle 1s` picks a process that made only such calls for 3 s; a launch
+/// is activity, and the same ask finds nothing to park. (The 3 s of calls
+/// are the condition itself: thirty of the background thread's ticks.)
+#[test]
+fn context_queries_are_no_activity_so_the_idle_policy_picks_the_process() {
+    for (call, answer, parks) in [("ctxdev", CALLS[1], true), ("launch", CALLS[3], false)] {
+        let dir = scratch_dir();
+        let Ready {
+            child,
+            mut stdin,
+            mut out,
+            done,
+            ..
+        } = ready_with_parking_moved(&dir, "shim");
+        let pid = child.id();
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(3) {
+            writeln!(stdin, "{call}").expect("ask for the call");
+            assert_eq!(next(&mut out), format!("calling {call}"));
+            assert_eq!(next(&mut out), answer);
+        }
+        let mut park = bare(&crate::util::artefacts().cli);
+        park.env("VRAMCAP_STATS_DIR", &dir).args([
+            "park",
+            "--idle",
+            "1s",
+            "--pid",
+            &pid.to_string(),
+        ]);
+        let said = run(park).ok_lines();
+        assert_eq!(said.len(), 1, "{call}: {said:?}");
+        if parks {
+            assert!(said[0].starts_with(&format!("{pid}: parked, ")), "{said:?}");
+        } else {
+            assert_eq!(said[0], "no process to park", "{call}");
+        }
+        drop(stdin);
+        let output = child.wait_with_output().expect("wait for the client");
+        let _ = done.send(());
+        assert!(output.status.success(), "{call}: {:?}", output.status);
+    }
+}
+
 /// Parked, a process whose exit handler calls through an export table
 /// gets `CUDA_ERROR_DEINITIALIZED` (4) there, as from a driver shut down at
 /// exit, without entering the driver (whose lock would hold it for good),
