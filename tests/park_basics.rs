@@ -70,7 +70,7 @@ fn parked_releases_the_ledgers_and_the_next_call_resumes_with_data_intact() {
             format!("standin dev=0 used={GIB} peak={GIB}"),
             "standin dev=1 used=0 peak=0".to_string(),
             "ckstate state=0 checkpoints=1 restores=1 failures=0 parked=0".to_string(),
-            "counts alloc=1 free=0 getprocaddress=22 alias=0 sync=0 capture=0 ipc=0 async=0 vmm=0 vmm_host=0 array=0 host_bytes=0 managed_host_bytes=0 host_register=0 event=0".to_string(),
+            "counts alloc=1 free=0 getprocaddress=24 alias=0 sync=0 capture=0 ipc=0 async=0 vmm=0 vmm_host=0 array=0 host_bytes=0 managed_host_bytes=0 host_register=0 event=0".to_string(),
         ][..]
     );
     assert_eq!(stat_device0(&dir, pid)["used_bytes"], GIB);

@@ -183,6 +183,55 @@ fn the_default_move_is_the_shims_and_the_checkpoint_with_host_spill() {
     }
 }
 
+/// Peer access: once the program lets another GPU reach this one's memory
+/// (`cuCtxEnablePeerAccess`), the blocks here, which are VMM memory that
+/// the driver's peer mapping does not cover, are granted to that GPU too:
+/// those made before, those made after, and again when a resume maps them
+/// afresh. Before it, only their own GPU has them.
+#[test]
+fn blocks_are_granted_to_a_gpu_given_peer_access_before_and_after_a_park() {
+    let dir = scratch_dir();
+    let env = moved_env(&[]);
+    let args = [
+        "init", "ctx", "0", "alloc", "64M", "access", "0", "1", "ctx", "1", "peer", "0", "ctx",
+        "0", "access", "0", "1", "alloc", "64M", "access", "1", "1", "access", "1", "0", "wait",
+        "access", "0", "1", "access", "1", "1", "access", "1", "0", "wait",
+    ];
+    let mut h = Watched::start(&dir, &env, &args);
+    let pid = h.pid;
+    park(&dir, pid).expect_lines(&[&format!(
+        "{pid}: parked, 128 MiB moved to host memory and released"
+    )]);
+    h.resume();
+    h.until("wait");
+    let (lines, out) = h.end();
+    assert!(out.status.success(), "{lines:?}");
+    let from = lines.iter().position(|l| l == "ctx 0 -> 0").expect("ctx 0");
+    assert_eq!(
+        lines[from..].to_vec(),
+        [
+            "ctx 0 -> 0",
+            "alloc 67108864 -> 0 #0",
+            "access #0 dev=1 -> 0 flags=0",
+            "ctx 1 -> 0",
+            "peer 0 -> 0",
+            "ctx 0 -> 0",
+            "access #0 dev=1 -> 0 flags=3",
+            "alloc 67108864 -> 0 #1",
+            "access #1 dev=1 -> 0 flags=3",
+            "access #1 dev=0 -> 0 flags=3",
+            "wait",
+            "resumed",
+            "access #0 dev=1 -> 0 flags=3",
+            "access #1 dev=1 -> 0 flags=3",
+            "access #1 dev=0 -> 0 flags=3",
+            "wait",
+        ],
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Refused at start: the shim's moves only with parking, and not with
 /// host spill.
 #[test]

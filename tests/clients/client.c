@@ -397,6 +397,9 @@ struct api {
     CUresult (*ctx_destroy)(CUcontext);
     CUresult (*primary_ctx_release)(CUdevice);
     CUresult (*primary_ctx_reset)(CUdevice);
+    CUresult (*ctx_enable_peer_access)(CUcontext, unsigned int);
+    CUresult (*mem_get_access)(unsigned long long *, const CUmemLocation *,
+                               CUdeviceptr);
     /* Obtained only when a command needs them (see g_ext_functions). */
     CUresult (*mem_alloc_async)(CUdeviceptr *, size_t, CUstream);
     CUresult (*mem_free_async)(CUdeviceptr, CUstream);
@@ -515,6 +518,8 @@ static const struct function g_functions[] = {
     FN(cuCtxDestroy, cuCtxDestroy_v2, 4000, ctx_destroy),
     FN(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000, primary_ctx_release),
     FN(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, 11000, primary_ctx_reset),
+    FN(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, 4000, ctx_enable_peer_access),
+    FN(cuMemGetAccess, cuMemGetAccess, 10020, mem_get_access),
 };
 
 /*
@@ -693,6 +698,15 @@ static CUresult l_ctx_create(CUcontext *c, CUctxCreateParams *p,
     return cuCtxCreate_v4(c, p, f, d);
 }
 static CUresult l_ctx_destroy(CUcontext c) { return cuCtxDestroy_v2(c); }
+static CUresult l_ctx_enable_peer_access(CUcontext c, unsigned int f)
+{
+    return cuCtxEnablePeerAccess(c, f);
+}
+static CUresult l_mem_get_access(unsigned long long *f,
+                                 const CUmemLocation *l, CUdeviceptr p)
+{
+    return cuMemGetAccess(f, l, p);
+}
 static CUresult l_primary_ctx_release(CUdevice d)
 {
     return cuDevicePrimaryCtxRelease_v2(d);
@@ -958,6 +972,8 @@ static void setup_linked(void)
         .ctx_destroy = l_ctx_destroy,
         .primary_ctx_release = l_primary_ctx_release,
         .primary_ctx_reset = l_primary_ctx_reset,
+        .ctx_enable_peer_access = l_ctx_enable_peer_access,
+        .mem_get_access = l_mem_get_access,
         .mem_alloc_async = l_mem_alloc_async,
         .mem_free_async = l_mem_free_async,
         .mem_pool_create = l_mem_pool_create,
@@ -2513,6 +2529,31 @@ static int command(int argc, char **argv, bool run)
         if (run)
             out("ptr #%zu = 0x%llx", n, slot(n)->ptr);
         return 2;
+    }
+    if (strcmp(cmd, "peer") == 0) {
+        /* peer N: the current context may reach device N's memory. */
+        NEED(1);
+        int n = (int)parse_uint(argv[1], 1000000, "device");
+        if (!run)
+            return 2;
+        CUcontext other;
+        CUresult rc = primary_ctx(n, &other);
+        out("peer %d -> %d", n,
+            rc != CUDA_SUCCESS ? rc : api.ctx_enable_peer_access(other, 0));
+        return 2;
+    }
+    if (strcmp(cmd, "access") == 0) {
+        /* access #N DEV: the access flags of slot N's memory for DEV. */
+        NEED(2);
+        size_t n = parse_slot(argv[1]);
+        int dev = (int)parse_uint(argv[2], 1000000, "device");
+        if (!run)
+            return 3;
+        unsigned long long flags = 0;
+        CUmemLocation loc = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev };
+        CUresult rc = api.mem_get_access(&flags, &loc, slot(n)->ptr);
+        out("access #%zu dev=%d -> %d flags=%llu", n, dev, rc, flags);
+        return 3;
     }
     if (strcmp(cmd, "ipc") == 0) {
         NEED(1);

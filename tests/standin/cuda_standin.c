@@ -230,6 +230,9 @@ struct vmm_map {          /* a cuMemMap'ed range */
     CUdeviceptr va;
     size_t size;
     CUmemGenericAllocationHandle handle; /* the handle it was mapped with */
+    /* cuMemSetAccess's flags for each device (none until granted; a
+       mapping made afresh has none, as on the real driver) */
+    unsigned char access[MAX_DEVICES];
 };
 struct va_range {         /* a cuMemAddressReserve'd range */
     CUdeviceptr va;
@@ -3671,10 +3674,77 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
                                                       : ptr + size;
         covered += hi - lo;
     }
+    /* Recorded per mapping and device (host locations are not asked). */
+    if (covered == size) {
+        for (size_t i = 0; i < g_vmm_nmaps; i++) {
+            struct vmm_map *m = &g_vmm_maps[i];
+            if (!ranges_overlap(m->va, m->size, ptr, size))
+                continue;
+            for (size_t k = 0; k < count; k++)
+                if (desc[k].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+                    m->access[desc[k].location.id] =
+                        (unsigned char)desc[k].flags;
+        }
+    }
     pthread_mutex_unlock(&g_lock);
     return covered == size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 LOCAL(cuMemSetAccess)
+
+/* The access flags of the mapping at PTR for LOCATION (a device). */
+CUresult cuMemGetAccess(unsigned long long *flags,
+                        const CUmemLocation *location, CUdeviceptr ptr)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(flags != NULL && location != NULL, CUDA_ERROR_INVALID_VALUE);
+    CHECK(location->type == CU_MEM_LOCATION_TYPE_DEVICE &&
+              valid_device(location->id),
+          CUDA_ERROR_INVALID_DEVICE);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < g_vmm_nmaps; i++) {
+        const struct vmm_map *m = &g_vmm_maps[i];
+        if (ptr >= m->va && ptr < m->va + m->size) {
+            *flags = m->access[location->id];
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuMemGetAccess)
+
+/*
+ * Peer access from the current context's device to PEER's, recorded per
+ * pair: a second ask answers CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED. (On
+ * the real driver it maps the peer's cuMemAlloc memory for this device;
+ * VMM memory needs cuMemSetAccess besides, which the stand-in's
+ * cuMemGetAccess shows.)
+ */
+static unsigned g_peer_access[MAX_DEVICES]; /* bit d of [p]: d reaches p */
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(flags == 0, CUDA_ERROR_INVALID_VALUE);
+    CUcontext ctx;
+    CUresult rc = check_current(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!ctx_exists(peer))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (peer->dev == ctx->dev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    unsigned bit = 1u << ctx->dev;
+    rc = (g_peer_access[peer->dev] & bit)
+             ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+             : CUDA_SUCCESS;
+    g_peer_access[peer->dev] |= bit;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+LOCAL(cuCtxEnablePeerAccess)
 
 /*
  * Only POSIX file descriptors: other real types give
@@ -5208,6 +5278,10 @@ ALIAS(cuMemUnmap, (CUdeviceptr p, size_t n), (p, n))
 ALIAS(cuMemSetAccess,
       (CUdeviceptr p, size_t n, const CUmemAccessDesc *d, size_t c),
       (p, n, d, c))
+ALIAS(cuMemGetAccess,
+      (unsigned long long *f, const CUmemLocation *l, CUdeviceptr p),
+      (f, l, p))
+ALIAS(cuCtxEnablePeerAccess, (CUcontext p, unsigned int f), (p, f))
 ALIAS(cuMemGetAllocationGranularity,
       (size_t *g, const CUmemAllocationProp *p,
        CUmemAllocationGranularity_flags o),
@@ -5482,6 +5556,8 @@ static const struct proc_entry g_procs[] = {
     { "cuMemMap", { V(10020, cuMemMap) }, { { 0 } } },
     { "cuMemUnmap", { V(10020, cuMemUnmap) }, { { 0 } } },
     { "cuMemSetAccess", { V(10020, cuMemSetAccess) }, { { 0 } } },
+    { "cuMemGetAccess", { V(10020, cuMemGetAccess) }, { { 0 } } },
+    { "cuCtxEnablePeerAccess", { V(4000, cuCtxEnablePeerAccess) }, { { 0 } } },
     { "cuMemGetAllocationGranularity",
       { V(10020, cuMemGetAllocationGranularity) }, { { 0 } } },
     { "cuMemExportToShareableHandle",

@@ -233,3 +233,18 @@ def test_torch_live_on_one_device(gpu, runner, check):
     check.eq("device 1's total", d.get("total1"), 2 * GiB, show=mib)
     check.eq("1.5 GiB more on device 0", d.get("extra0"), "fits")
     check.eq("1.5 GiB more on device 1", d.get("extra1"), "refused")
+
+
+def test_peer_access_to_parking_blocks(gpu, runner, check):
+    check.title = ("PyTorch with VRAMCAP_PARK=manual (allocations are the shim's VMM blocks): kernels on each GPU "
+                   "read the other's memory by peer access (the shim grants its blocks to the peer GPU), twice")
+    r = runner.run("torch-peer", [gpu.python, gpu.script("check_2gpu.py"), "peer", "--cli", gpu.cli],
+                   env=env2(runner, gpu, limit="8GiB", VRAMCAP_PARK="manual"), timeout=300)
+    d = r.kv()
+    check.ran(r)
+    check.kv(d, "p2p", 1)
+    check.kv(d, "before", 1)
+    check.kv(d, "after", 1)
+    # PyTorch maps NCCL, so a park of a process on two GPUs is refused
+    # (docs/parking.md); the reads after it are the second look.
+    check.note("vramcap park's exit status: %s (1: refused, NCCL and two GPUs)" % d.get("park_rc"))

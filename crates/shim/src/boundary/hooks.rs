@@ -207,6 +207,7 @@ hooks! {
         fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult, Lookup::cuda("cuMemUnmap", 10020), on panic NOT_FOUND => Engine::mem_unmap;
         fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult, Lookup::cuda("cuMemSetAccess", 10020), on panic NOT_FOUND, blocks => Engine::mem_set_access;
         fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND, blocks => Engine::mem_get_allocation_properties_from_handle;
+        fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult, Lookup::cuda("cuCtxEnablePeerAccess", 4000), on panic NOT_FOUND, blocks => Engine::ctx_enable_peer_access;
         fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemGetHandleForAddressRange", 11070), on panic NOT_FOUND, blocks => Engine::mem_get_handle_for_address_range;
 
         fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => allocs::array_create;
@@ -391,9 +392,10 @@ mod tests {
     }
 
     /// The `blocks` flag marks exactly the VMM queries that name the
-    /// engine's own handles or need its grants: handed out wherever the
-    /// engine makes blocks (under parking's moves too, not only tiered
-    /// spill: the H200's JAX process parked with nothing moved).
+    /// engine's own handles or need its grants, and the peer access the
+    /// blocks must be granted to: handed out wherever the engine makes
+    /// blocks (under parking's moves too, not only tiered spill: the
+    /// H200's JAX process parked with nothing moved).
     #[test]
     fn blocks_only_marks_the_vmm_queries_of_the_engine_s_handles() {
         let mut blocks: Vec<&[u8]> = super::HOOKS
@@ -405,7 +407,8 @@ mod tests {
         assert_eq!(
             blocks,
             [
-                &b"cuMemGetAllocationPropertiesFromHandle"[..],
+                &b"cuCtxEnablePeerAccess"[..],
+                b"cuMemGetAllocationPropertiesFromHandle",
                 b"cuMemGetHandleForAddressRange",
                 b"cuMemSetAccess"
             ]

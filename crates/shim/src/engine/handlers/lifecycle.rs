@@ -144,6 +144,38 @@ impl<D: Driver> Engine<D> {
         rc
     }
 
+    /// `cuCtxEnablePeerAccess` (handed out where blocks are made): the
+    /// driver maps the peer's plain memory for this context's GPU, and the
+    /// shim grants it the peer GPU's blocks, which are VMM memory the
+    /// driver's mapping leaves out (`tiered/peers.rs`). An ask already
+    /// granted (the driver's 704) is recorded too: the program's first ask
+    /// may have come before blocks were tracked.
+    pub fn ctx_enable_peer_access(
+        &'static self,
+        mut real: impl FnMut() -> CUresult,
+        peer: CUcontext,
+        _flags: c_uint,
+    ) -> CUresult {
+        let rc = real();
+        if rc != CUDA_SUCCESS && rc != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return rc;
+        }
+        let Ok(me) = self.driver.ctx_get_device() else {
+            return rc;
+        };
+        if self.driver.ctx_push_current(peer as usize) != CUDA_SUCCESS {
+            return rc;
+        }
+        let theirs = self.driver.ctx_get_device();
+        let _ = self.driver.ctx_pop_current();
+        if let Ok(theirs) = theirs
+            && self.tiers.add_peer(theirs, me)
+        {
+            self.tiers.grant_existing(self.driver, theirs);
+        }
+        rc
+    }
+
     /// `cuIpcGetMemHandle`: a block exported for IPC may be open in another
     /// process, so it is never cached and its address never handed out
     /// again while it lives there.

@@ -66,6 +66,9 @@ impl<D: Driver> Engine<D> {
                 ));
             }
         };
+        // Mapped for its device: the GPUs the program gave peer access to
+        // this one get it too (`tiered/peers.rs`).
+        self.tiers.grant_peers(self.driver, ptr, size, device);
         self.tiering().count_made(what, device, size, place);
         // The record first: a stale one at this address (released behind
         // the engine's back) is settled before the new block is tracked.

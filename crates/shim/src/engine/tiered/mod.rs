@@ -69,6 +69,7 @@ mod graph_heat;
 mod heat;
 // Issue 44's spike, step 1: pure and tested; the rounds report what it
 // finds at debug level (docs/design/tiered.md, "Staging ahead").
+mod peers;
 mod phases;
 mod plan;
 mod registry;
@@ -200,6 +201,11 @@ pub struct Tiers {
     gate: RwLock<()>,
     /// Each device's VMM granularity, 0 until asked (`u64::MAX`: none).
     granularity: [AtomicU64; vramcap_core::MAX_DEVICES],
+    /// The devices the program let reach each device's memory
+    /// (`cuCtxEnablePeerAccess`; bit p: device p): the driver's peer
+    /// mapping covers no VMM memory, so the shim's blocks there are
+    /// granted to them too (`peers.rs`). Only ever gains bits.
+    peers: [AtomicU64; vramcap_core::MAX_DEVICES],
     round: AtomicU64,
     /// `launches` when scores were last decayed.
     scored: AtomicU64,

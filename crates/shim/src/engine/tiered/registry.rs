@@ -31,6 +31,7 @@ impl Tiers {
             movers: Mutex::new(Vec::new()),
             gate: RwLock::new(()),
             granularity: [const { AtomicU64::new(0) }; vramcap_core::MAX_DEVICES],
+            peers: [const { AtomicU64::new(0) }; vramcap_core::MAX_DEVICES],
             round: AtomicU64::new(0),
             scored: AtomicU64::new(0),
             deferred: Mutex::new(Vec::new()),

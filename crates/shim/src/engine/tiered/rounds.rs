@@ -494,10 +494,16 @@ impl<D: Driver> Tiering<'static, D> {
     }
 
     /// Maps `handle` at a moving block's address for its device, with the
-    /// access the program granted to it when it is the program's.
+    /// access the program granted to it when it is the program's, else with
+    /// its device's peers' (`peers.rs`).
     pub(super) fn map_block(&self, b: &TierBlock, handle: u64, device: CUdevice) -> CUresult {
         let rc = self.driver.vmm_map(b.ptr, b.bytes, handle, device);
-        if rc != CUDA_SUCCESS || b.program_handle == 0 {
+        if rc != CUDA_SUCCESS {
+            return rc;
+        }
+        if b.program_handle == 0 {
+            // Mapped afresh: the GPUs the program gave peer access get it.
+            self.tiers.grant_peers(self.driver, b.ptr, b.bytes, device);
             return rc;
         }
         let access = b.access.lock().unwrap_or_else(|e| e.into_inner()).clone();
