@@ -192,15 +192,20 @@ fn the_default_move_is_the_shims_and_the_checkpoint_with_host_spill() {
 fn blocks_are_granted_to_a_gpu_given_peer_access_before_and_after_a_park() {
     let dir = scratch_dir();
     let env = moved_env(&[]);
+    // #0 on GPU 0; GPU 1 given access to GPU 0 (asked twice: the driver's
+    // 704 the second time); #1 made on GPU 1 right after (the context the
+    // shim pushed to ask the peer's GPU is popped: GPU 1 is still
+    // current), which GPU 0 was not given; #2 on GPU 0.
     let args = [
-        "init", "ctx", "0", "alloc", "64M", "access", "0", "1", "ctx", "1", "peer", "0", "ctx",
-        "0", "access", "0", "1", "alloc", "64M", "access", "1", "1", "access", "1", "0", "wait",
-        "access", "0", "1", "access", "1", "1", "access", "1", "0", "wait",
+        "init", "ctx", "0", "alloc", "64M", "access", "0", "1", "ctx", "1", "peer", "0", "peer",
+        "0", "alloc", "64M", "access", "1", "1", "access", "1", "0", "ctx", "0", "access", "0",
+        "1", "alloc", "64M", "access", "2", "1", "access", "2", "0", "wait", "access", "0", "1",
+        "access", "1", "0", "access", "2", "1", "wait",
     ];
     let mut h = Watched::start(&dir, &env, &args);
     let pid = h.pid;
     park(&dir, pid).expect_lines(&[&format!(
-        "{pid}: parked, 128 MiB moved to host memory and released"
+        "{pid}: parked, 192 MiB moved to host memory and released"
     )]);
     h.resume();
     h.until("wait");
@@ -215,16 +220,20 @@ fn blocks_are_granted_to_a_gpu_given_peer_access_before_and_after_a_park() {
             "access #0 dev=1 -> 0 flags=0",
             "ctx 1 -> 0",
             "peer 0 -> 0",
-            "ctx 0 -> 0",
-            "access #0 dev=1 -> 0 flags=3",
+            "peer 0 -> 704",
             "alloc 67108864 -> 0 #1",
             "access #1 dev=1 -> 0 flags=3",
-            "access #1 dev=0 -> 0 flags=3",
+            "access #1 dev=0 -> 0 flags=0",
+            "ctx 0 -> 0",
+            "access #0 dev=1 -> 0 flags=3",
+            "alloc 67108864 -> 0 #2",
+            "access #2 dev=1 -> 0 flags=3",
+            "access #2 dev=0 -> 0 flags=3",
             "wait",
             "resumed",
             "access #0 dev=1 -> 0 flags=3",
-            "access #1 dev=1 -> 0 flags=3",
-            "access #1 dev=0 -> 0 flags=3",
+            "access #1 dev=0 -> 0 flags=0",
+            "access #2 dev=1 -> 0 flags=3",
             "wait",
         ],
         "{}",
@@ -903,7 +912,7 @@ fn ipc_of_a_block_is_refused_naming_the_park_move() {
     let stderr = out.stderr();
     said(
         &stderr,
-        "is VMM memory for the shim's parking moves (VRAMCAP_PARK_MOVE=shim or shim+checkpoint), which cannot be shared with other processes; use VRAMCAP_PARK_MOVE=checkpoint to share memory",
+        "is VMM memory for the shim's parking moves (VRAMCAP_PARK_MOVE=shim, the default with VRAMCAP_PARK, or shim+checkpoint), which cannot be shared with other processes; use VRAMCAP_PARK_MOVE=checkpoint to share memory",
         1,
     );
 }

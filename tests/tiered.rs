@@ -473,3 +473,33 @@ fn array_copies_and_grid_launches_pass_the_gate() {
     client("procaddr", &[("VRAMCAP_LIMIT", "1GiB")], &args)
         .expect_lines(&want.iter().map(String::as_str).collect::<Vec<_>>());
 }
+
+/// Peer access under tiered spill: the blocks on the GPU another was given
+/// access to are granted to it, those made before and after the ask, and
+/// a block past the cap (host memory mapped for its GPU) too.
+#[test]
+fn tiered_blocks_are_granted_to_a_gpu_given_peer_access() {
+    let env = tiered("64MiB");
+    client(
+        "procaddr",
+        &env,
+        &[
+            "init", "ctx", "0", "alloc", "32M", "access", "0", "1", "ctx", "1", "peer", "0", "ctx",
+            "0", "access", "0", "1", "alloc", "64M", "access", "1", "1", "standin",
+        ],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "ctx 0 -> 0",
+        "alloc 33554432 -> 0 #0",
+        "access #0 dev=1 -> 0 flags=0",
+        "ctx 1 -> 0",
+        "peer 0 -> 0",
+        "ctx 0 -> 0",
+        "access #0 dev=1 -> 0 flags=3",
+        "alloc 67108864 -> 0 #1",
+        "access #1 dev=1 -> 0 flags=3",
+        "standin dev=0 used=33554432 peak=33554432",
+        "standin dev=1 used=0 peak=0",
+    ]);
+}

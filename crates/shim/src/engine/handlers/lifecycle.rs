@@ -157,7 +157,8 @@ impl<D: Driver> Engine<D> {
         _flags: c_uint,
     ) -> CUresult {
         let rc = real();
-        if rc != CUDA_SUCCESS && rc != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        if !self.tiers.on() || (rc != CUDA_SUCCESS && rc != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+        {
             return rc;
         }
         let Ok(me) = self.driver.ctx_get_device() else {
@@ -167,7 +168,13 @@ impl<D: Driver> Engine<D> {
             return rc;
         }
         let theirs = self.driver.ctx_get_device();
-        let _ = self.driver.ctx_pop_current();
+        let popped = self.driver.ctx_pop_current();
+        if popped != CUDA_SUCCESS {
+            log_once!(
+                Error,
+                "cuCtxEnablePeerAccess: the shim could not pop the peer's context it pushed to ask its GPU (error {popped}); the thread's current context may be wrong (please report this)"
+            );
+        }
         if let Ok(theirs) = theirs
             && self.tiers.add_peer(theirs, me)
         {
@@ -194,7 +201,7 @@ impl<D: Driver> Engine<D> {
             if self.settings.park_move.moves_blocks() {
                 log_once!(
                     Warn,
-                    "cuIpcGetMemHandle: the block at {dptr:#x} is VMM memory for the shim's parking moves (VRAMCAP_PARK_MOVE=shim or shim+checkpoint), which cannot be shared with other processes; use VRAMCAP_PARK_MOVE=checkpoint to share memory"
+                    "cuIpcGetMemHandle: the block at {dptr:#x} is VMM memory for the shim's parking moves (VRAMCAP_PARK_MOVE=shim, the default with VRAMCAP_PARK, or shim+checkpoint), which cannot be shared with other processes; use VRAMCAP_PARK_MOVE=checkpoint to share memory"
                 );
             } else {
                 log_once!(

@@ -66,9 +66,6 @@ impl<D: Driver> Engine<D> {
                 ));
             }
         };
-        // Mapped for its device: the GPUs the program gave peer access to
-        // this one get it too (`tiered/peers.rs`).
-        self.tiers.grant_peers(self.driver, ptr, size, device);
         self.tiering().count_made(what, device, size, place);
         // The record first: a stale one at this address (released behind
         // the engine's back) is settled before the new block is tracked.
@@ -91,6 +88,10 @@ impl<D: Driver> Engine<D> {
             place,
             self.tiers.round_now(),
         ));
+        // In the block map, then the GPUs the program gave peer access to
+        // this one get it too (`tiered/peers.rs`: a walk of the map either
+        // finds the block or ran before the bit this reads was set).
+        self.tiers.grant_peers(self.driver, ptr, size, device);
         log_at!(
             Debug,
             "{what}: {bytes} bytes at {ptr:#x}, tiered ({size} mapped), on the {}",

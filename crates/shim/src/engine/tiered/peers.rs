@@ -9,11 +9,16 @@
 //! - **Invariant:** after `grant_existing(d, p)` returns, every block on `d`
 //!   mapped at its address grants `p` read-write, except one whose grant
 //!   the driver refused (said once).
-//! - **Ordering:** the bit is set (SeqCst) before the walk, and a mapping
-//!   reads the bits (SeqCst) after it is made: a block mapped while the
-//!   walk runs is either seen mapped by the walk or sees the bit itself.
-//!   A grant on a block not mapped at that moment (being moved, parked)
+//! - **Ordering:** the bit is set (SeqCst) before the walk of the block
+//!   map; a block made reads the bits (SeqCst) after it is in the map, and
+//!   a move maps a block already there and reads the bits after mapping:
+//!   so the walk finds the block, or the block's own read sees the bit. A
+//!   grant on a block not mapped at that moment (being moved, parked)
 //!   fails and is ignored; its next mapping grants it.
+//! - The walk holds the block map's read lock throughout, so a block freed
+//!   meanwhile (detached from the map before its memory and address go) is
+//!   either granted while still mapped or not seen: a grant never lands
+//!   on an address reused by other memory.
 //! - Bits are never cleared: `cuCtxDisablePeerAccess` leaves a grant the
 //!   program no longer uses, which costs nothing.
 //! - The program's own `cuMemCreate` memory is not touched: the program
@@ -93,7 +98,8 @@ impl Tiers {
         if access.is_empty() {
             return;
         }
-        for b in self.snapshot() {
+        let blocks = read!(self.blocks);
+        for b in blocks.values() {
             if CUdevice::from(b.device) != device || b.program_handle != 0 {
                 continue;
             }
