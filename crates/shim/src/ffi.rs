@@ -73,6 +73,19 @@ pub struct CUmemAccessDesc {
 /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
 pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
 
+impl CUmemAccessDesc {
+    /// Read-write access for `device`.
+    pub fn read_write(device: CUdevice) -> CUmemAccessDesc {
+        CUmemAccessDesc {
+            location: CUmemLocation {
+                kind: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        }
+    }
+}
+
 /// `CUDA_ARRAY_DESCRIPTOR`.
 #[repr(C)]
 pub struct CUDA_ARRAY_DESCRIPTOR {

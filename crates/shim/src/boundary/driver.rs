@@ -301,13 +301,7 @@ impl Driver for RealDriver {
         if rc != CUDA_SUCCESS {
             return rc;
         }
-        let desc = CUmemAccessDesc {
-            location: CUmemLocation {
-                kind: CU_MEM_LOCATION_TYPE_DEVICE,
-                id: device,
-            },
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
+        let desc = CUmemAccessDesc::read_write(device);
         // SAFETY: see the impl; one descriptor.
         let rc = unsafe { h::cuMemSetAccess::call(p, bytes as usize, &desc, 1) };
         if rc != CUDA_SUCCESS {

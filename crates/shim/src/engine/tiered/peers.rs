@@ -51,20 +51,13 @@ impl Tiers {
         if bits == 0 {
             return Vec::new();
         }
-        let desc = |id: CUdevice| CUmemAccessDesc {
-            location: CUmemLocation {
-                kind: CU_MEM_LOCATION_TYPE_DEVICE,
-                id,
-            },
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
         std::iter::once(device)
             .chain(
                 (0..64)
                     .filter(|b| bits & (1u64 << b) != 0)
                     .map(|b| b as CUdevice),
             )
-            .map(desc)
+            .map(CUmemAccessDesc::read_write)
             .collect()
     }
 
