@@ -27,6 +27,9 @@
 #   calls      research/hit_calls.cu: each driver call of a cache hit (60)
 #   busyremap  research/busy_remap.cu: whether the VMM calls and a copy
 #              wait for unrelated work still running            (60)
+#   unmapped   research/unmapped_query.cu: what pointer queries and the
+#              like answer about an address whose memory is unmapped, as
+#              a parked block's is                              (60)
 # e.g. (one device call must end within 600 s):
 #   bash scripts/gpu-batch.sh fhl tiered
 set -uo pipefail
@@ -97,7 +100,8 @@ for step in "$@"; do
     hostmem) probe hostmem 120 host_create 8 ;;
     calls) probe calls 60 hit_calls ;;
     busyremap) probe busyremap 60 busy_remap ;;
-    *) echo "gpu-batch: no step $step (park, park-ck, park-shim, park-s, park-fix, park-rest, fhl, tiered, bench, bench-base, gate, hostmem, calls, busyremap)" >&2 ;;
+    unmapped) probe unmapped 60 unmapped_query ;;
+    *) echo "gpu-batch: no step $step (park, park-ck, park-shim, park-s, park-fix, park-rest, fhl, tiered, bench, bench-base, gate, hostmem, calls, busyremap, unmapped)" >&2 ;;
     esac
 done
 for f in "$work"/*/*.md; do
@@ -105,5 +109,5 @@ for f in "$work"/*/*.md; do
 done
 tar czf "$out/batch.tgz" -C "$work" .
 ls -la "$out"
-cat "$work"/hostmem/stdout.txt "$work"/calls/stdout.txt "$work"/busyremap/stdout.txt \
+cat "$work"/hostmem/stdout.txt "$work"/calls/stdout.txt "$work"/busyremap/stdout.txt "$work"/unmapped/stdout.txt \
     2>/dev/null || true

@@ -241,6 +241,66 @@ fn blocks_are_granted_to_a_gpu_given_peer_access_before_and_after_a_park() {
     );
 }
 
+/// A question the driver answers from an address's mapping (a pointer
+/// query, `cuMemGetAddressRange`) has no true answer while a park has the
+/// block unmapped (on r580 they answer 1 and 500). Asked by a parked
+/// process, whether it is linked with -lcuda (the shim's exports) or
+/// looks the functions up, it resumes the process first and gets the
+/// answer it got running; without parking the export answers as the
+/// driver does.
+#[test]
+fn an_address_query_resumes_a_parked_process_first() {
+    let running = "ptrquery #0 -> 0 dev=0 start=+0; range -> 0 base=+0 size=67108864";
+    for method in ["linked", "procaddr", "dlsym"] {
+        let dir = scratch_dir();
+        let env = moved_env(&[("VRAMCAP_LOG", "info")]);
+        let args = [
+            "init", "alloc", "64M", "ptrquery", "0", "wait", "ptrquery", "0", "wait",
+        ];
+        let mut h = Watched::start_by(method, &dir, &env, &args);
+        let pid = h.pid;
+        park(&dir, pid).expect_lines(&[&format!(
+            "{pid}: parked, 64.0 MiB moved to host memory and released"
+        )]);
+        h.resume();
+        h.until("wait");
+        let (lines, out) = h.end();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{method}: {lines:?} {stderr}");
+        let from = lines
+            .iter()
+            .position(|l| l.starts_with("alloc"))
+            .expect("alloc");
+        assert_eq!(
+            lines[from..].to_vec(),
+            [
+                "alloc 67108864 -> 0 #0",
+                running,
+                "wait",
+                "resumed",
+                running,
+                "wait"
+            ],
+            "{method}: {stderr}"
+        );
+        said(
+            &stderr,
+            "parking: cuPointerGetAttribute resumes this process",
+            1,
+        );
+    }
+    client(
+        "linked",
+        &[("VRAMCAP_LIMIT", "4GiB")],
+        &["init", "alloc", "64M", "ptrquery", "0"],
+    )
+    .expect_lines(&[
+        "init -> 0",
+        "alloc 67108864 -> 0 #0",
+        "ptrquery #0 -> 0 dev=0 start=+0; range -> 0 base=+0 size=67108864",
+    ]);
+}
+
 /// Refused at start: the shim's moves only with parking, and not with
 /// host spill.
 #[test]

@@ -90,7 +90,12 @@ pub struct Watched {
 
 impl Watched {
     pub fn start(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Watched {
-        let h = held_in(dir, env, args);
+        Watched::start_by("procaddr", dir, env, args)
+    }
+
+    /// [`Watched::start`] reaching the driver by `method` ([`held_by_in`]).
+    pub fn start_by(method: &str, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Watched {
+        let h = held_by_in(method, dir, env, args);
         let pid = h.pid();
         Watched {
             done: watchdog(pid),

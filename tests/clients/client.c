@@ -109,6 +109,11 @@
  *                         -> "pairs N BYTES -> ok=K rc=RC" (K pairs done,
  *                            RC the first error or 0)
  *   ptr SLOT              -> "ptr #SLOT = 0xHEX" (the slot's address)
+ *   ptrquery SLOT         cuPointerGetAttribute (device ordinal, range
+ *                         start) and cuMemGetAddressRange_v2 of the slot's
+ *                         address plus 4 KiB -> "ptrquery #SLOT -> RC
+ *                         dev=D start=+OFF; range -> RC base=+OFF size=S"
+ *                         (OFF from the slot's address; -1 where unanswered)
  *   ipc SLOT              cuIpcGetMemHandle of the slot's pointer
  *                         -> "ipc #SLOT -> RC"
  *   sync                  cuCtxSynchronize            -> "sync -> RC"
@@ -433,6 +438,9 @@ struct api {
                                    CUdevice);
     CUresult (*mipmap_requirements)(CUDA_ARRAY_MEMORY_REQUIREMENTS *,
                                     CUmipmappedArray, CUdevice);
+    CUresult (*pointer_get_attribute)(void *, CUpointer_attribute,
+                                      CUdeviceptr);
+    CUresult (*mem_get_address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
     /* Obtained only when a command needs them (see g_graph_functions). */
     CUresult (*mem_pool_get_attribute)(CUmemoryPool, CUmemPool_attribute,
                                        void *);
@@ -550,6 +558,8 @@ static const struct function g_ext_functions[] = {
     FN(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, 5000, mipmap_destroy),
     FN(cuArrayGetMemoryRequirements, cuArrayGetMemoryRequirements, 11060, array_requirements),
     FN(cuMipmappedArrayGetMemoryRequirements, cuMipmappedArrayGetMemoryRequirements, 11060, mipmap_requirements),
+    FN(cuPointerGetAttribute, cuPointerGetAttribute, 4000, pointer_get_attribute),
+    FN(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020, mem_get_address_range),
 };
 
 /* Whether the command line uses a command of g_ext_functions. */
@@ -808,6 +818,16 @@ static CUresult l_mipmap_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *r,
 {
     return cuMipmappedArrayGetMemoryRequirements(r, a, d);
 }
+static CUresult l_pointer_get_attribute(void *data, CUpointer_attribute a,
+                                        CUdeviceptr p)
+{
+    return cuPointerGetAttribute(data, a, p);
+}
+static CUresult l_mem_get_address_range(CUdeviceptr *base, size_t *size,
+                                        CUdeviceptr p)
+{
+    return cuMemGetAddressRange_v2(base, size, p);
+}
 
 static CUresult l_mem_pool_get_attribute(CUmemoryPool m, CUmemPool_attribute a,
                                          void *v)
@@ -995,6 +1015,8 @@ static void setup_linked(void)
         .mipmap_destroy = l_mipmap_destroy,
         .array_requirements = l_array_requirements,
         .mipmap_requirements = l_mipmap_requirements,
+        .pointer_get_attribute = l_pointer_get_attribute,
+        .mem_get_address_range = l_mem_get_address_range,
         .mem_pool_get_attribute = l_mem_pool_get_attribute,
         .mem_pool_set_attribute = l_mem_pool_set_attribute,
         .mem_pool_trim_to = l_mem_pool_trim_to,
@@ -2528,6 +2550,30 @@ static int command(int argc, char **argv, bool run)
         size_t n = parse_slot(argv[1]);
         if (run)
             out("ptr #%zu = 0x%llx", n, slot(n)->ptr);
+        return 2;
+    }
+    if (strcmp(cmd, "ptrquery") == 0) {
+        NEED(1);
+        size_t n = parse_slot(argv[1]);
+        g_need_ext = true;
+        if (!run)
+            return 2;
+        CUdeviceptr at = slot(n)->ptr + 4096;
+        int dev = -1;
+        CUdeviceptr start = 0;
+        CUresult rc = api.pointer_get_attribute(
+            &dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, at);
+        if (rc == CUDA_SUCCESS)
+            rc = api.pointer_get_attribute(
+                &start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at);
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        CUresult rr = api.mem_get_address_range(&base, &size, at);
+        long long off = start ? (long long)(start - slot(n)->ptr) : -1;
+        long long boff = base ? (long long)(base - slot(n)->ptr) : -1;
+        out("ptrquery #%zu -> %d dev=%d start=%+lld; range -> %d base=%+lld "
+            "size=%zu",
+            n, rc, dev, off, rr, boff, size);
         return 2;
     }
     if (strcmp(cmd, "peer") == 0) {

@@ -3716,6 +3716,99 @@ CUresult cuMemGetAccess(unsigned long long *flags,
 LOCAL(cuMemGetAccess)
 
 /*
+ * The range the driver knows P in: the live allocation (cuMemAlloc and
+ * the like) or the VMM mapping that contains it, with its device (-1: VMM
+ * memory on the host). An address reserved with nothing mapped behind it
+ * is in none, as on r580, where a pointer query of it answers
+ * CUDA_ERROR_INVALID_VALUE and cuMemGetAddressRange CUDA_ERROR_NOT_FOUND
+ * (scripts/gpu/research/unmapped_query.cu, session 21). Caller holds
+ * g_lock.
+ */
+static bool known_range_locked(CUdeviceptr p, int *dev, CUdeviceptr *start,
+                               size_t *size)
+{
+    size_t i;
+    if (find_containing_locked(p, dev, &i)) {
+        *start = g_dev[*dev].blocks[i].addr;
+        *size = g_dev[*dev].blocks[i].bytes;
+        return true;
+    }
+    for (i = 0; i < g_vmm_nmaps; i++) {
+        const struct vmm_map *m = &g_vmm_maps[i];
+        if (range_within(p, 1, m->va, m->size)) {
+            *dev = vmm_alloc_of_locked(m->handle)->dev;
+            *start = m->va;
+            *size = m->size;
+            return true;
+        }
+    }
+    return false;
+}
+
+/*
+ * Five attributes of the memory at PTR: its type, device, range and
+ * whether it is mapped; the others answer CUDA_ERROR_NOT_SUPPORTED (not
+ * modelled), as does VMM memory on the host. An address the driver does
+ * not know (above) answers CUDA_ERROR_INVALID_VALUE.
+ */
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
+                               CUdeviceptr ptr)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK(data != NULL, CUDA_ERROR_INVALID_VALUE);
+    int dev = 0;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    pthread_mutex_lock(&g_lock);
+    bool known = known_range_locked(ptr, &dev, &start, &size);
+    pthread_mutex_unlock(&g_lock);
+    if (!known)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = dev;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = start;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = size;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(bool *)data = true;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+LOCAL(cuPointerGetAttribute)
+
+/* The start and size of the range the driver knows DPTR in (above). */
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
+                                 CUdeviceptr dptr)
+{
+    CHECK(initialized(), CUDA_ERROR_NOT_INITIALIZED);
+    int dev = 0;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    pthread_mutex_lock(&g_lock);
+    bool known = known_range_locked(dptr, &dev, &start, &size);
+    pthread_mutex_unlock(&g_lock);
+    if (!known)
+        return CUDA_ERROR_NOT_FOUND;
+    if (pbase != NULL)
+        *pbase = start;
+    if (psize != NULL)
+        *psize = size;
+    return CUDA_SUCCESS;
+}
+LOCAL(cuMemGetAddressRange_v2)
+
+/*
  * Peer access from the current context's device to PEER's, recorded per
  * pair: a second ask answers CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED. (On
  * the real driver it maps the peer's cuMemAlloc memory for this device;
@@ -5282,6 +5375,10 @@ ALIAS(cuMemGetAccess,
       (unsigned long long *f, const CUmemLocation *l, CUdeviceptr p),
       (f, l, p))
 ALIAS(cuCtxEnablePeerAccess, (CUcontext p, unsigned int f), (p, f))
+ALIAS(cuPointerGetAttribute,
+      (void *d, CUpointer_attribute a, CUdeviceptr p), (d, a, p))
+ALIAS(cuMemGetAddressRange_v2, (CUdeviceptr *b, size_t *n, CUdeviceptr p),
+      (b, n, p))
 ALIAS(cuMemGetAllocationGranularity,
       (size_t *g, const CUmemAllocationProp *p,
        CUmemAllocationGranularity_flags o),
@@ -5558,6 +5655,9 @@ static const struct proc_entry g_procs[] = {
     { "cuMemSetAccess", { V(10020, cuMemSetAccess) }, { { 0 } } },
     { "cuMemGetAccess", { V(10020, cuMemGetAccess) }, { { 0 } } },
     { "cuCtxEnablePeerAccess", { V(4000, cuCtxEnablePeerAccess) }, { { 0 } } },
+    { "cuPointerGetAttribute", { V(4000, cuPointerGetAttribute) }, { { 0 } } },
+    { "cuMemGetAddressRange",
+      { V(3020, cuMemGetAddressRange_v2) }, { { 0 } } },
     { "cuMemGetAllocationGranularity",
       { V(10020, cuMemGetAllocationGranularity) }, { { 0 } } },
     { "cuMemExportToShareableHandle",

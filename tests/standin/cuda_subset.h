@@ -666,6 +666,21 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
 CUresult cuMemGetAccess(unsigned long long *flags,
                         const CUmemLocation *location, CUdeviceptr ptr);
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags);
+typedef enum CUpointer_attribute_enum {
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+    CU_POINTER_ATTRIBUTE_MAPPED = 13
+} CUpointer_attribute;
+typedef enum CUmemorytype_enum {
+    CU_MEMORYTYPE_HOST = 1,
+    CU_MEMORYTYPE_DEVICE = 2
+} CUmemorytype;
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
+                               CUdeviceptr ptr);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
+                                 CUdeviceptr dptr);
 CUresult cuMemGetAllocationGranularity(size_t *granularity,
                                        const CUmemAllocationProp *prop,
                                        CUmemAllocationGranularity_flags option);

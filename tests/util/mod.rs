@@ -232,11 +232,17 @@ impl Held {
         loop {
             let mut l = String::new();
             let n = self.stdout.read_line(&mut l).expect("read child stdout");
-            assert!(
-                n > 0,
-                "child ended before {want:?}; it printed {:?}",
-                self.lines
-            );
+            if n == 0 {
+                // Its stdout is closed: it ended, so its stderr ends too.
+                let mut err = String::new();
+                if let Some(e) = self.child.stderr.as_mut() {
+                    let _ = std::io::Read::read_to_string(e, &mut err);
+                }
+                panic!(
+                    "child ended before {want:?}; it printed {:?}, and on stderr:\n{err}",
+                    self.lines
+                );
+            }
             let l = l.trim_end().to_string();
             self.lines.push(l.clone());
             if l == want {
@@ -277,6 +283,17 @@ pub fn shimmed(program: &Path) -> Command {
 /// The test client under the shim: [`held_program_in`] with the client.
 pub fn held_in(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
     held_program_in(&artefacts().client, dir, env, args)
+}
+
+/// [`held_in`] reaching the driver by `method` (`linked`: the client
+/// linked with -lcuda, whose calls the dynamic linker binds).
+pub fn held_by_in(method: &str, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Held {
+    let mut cmd = shimmed(client_program(method));
+    cmd.env("VRAMCAP_STATS_DIR", dir)
+        .envs(env.iter().copied())
+        .arg(method)
+        .args(args);
+    Held::at_wait(cmd)
 }
 
 /// `program` (a test client) under the shim, reaching the driver through

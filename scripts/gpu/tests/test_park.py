@@ -34,9 +34,10 @@ pytestmark = pytest.mark.park
 class Proc:
     """A workload under the shim with its stdout and stderr in files."""
 
-    def __init__(self, gpu, runner, work, name, args, shim=True, **env):
+    def __init__(self, gpu, runner, work, name, args, shim=True, program=None, **env):
         # shim: True (this build's), False (none) or another build's path,
         # which gets no VRAMCAP_PARK_MOVE of --park-move (its own default).
+        # program: a built program run with args, instead of check_park.py.
         # Beside the table (--out), so that they come back from the GPU
         # machine: the first run's hang left nothing to read.
         keep = os.path.dirname(gpu.log) or work
@@ -50,7 +51,8 @@ class Proc:
         e = runner.env(shim=gpu.shim if shim is True else (shim or None), **env)
         # The CLI reads the pages where the process writes them.
         self.cli_env = runner.env(VRAMCAP_STATS_DIR=e.get("VRAMCAP_STATS_DIR"))
-        self.p = subprocess.Popen([gpu.python, gpu.script("check_park.py")] + args, env=e,
+        argv = [program] if program else [gpu.python, gpu.script("check_park.py")]
+        self.p = subprocess.Popen(argv + args, env=e,
                                   stdin=subprocess.PIPE, stdout=open(self.out, "w"),
                                   stderr=open(self.err, "w"), start_new_session=True)
 
@@ -291,6 +293,30 @@ def test_parked_process_calls_off_the_hooks_resume_it(gpu, runner, work, check):
         check.kv(kv, "intact", 1)
         check.that(as_int(kv.get("count")) >= 1, "NVML counts the GPU", kv.get("count"))
         check.that("resumed:" in err, "the first of them resumed it", err.strip()[-200:])
+    finally:
+        p.kill()
+
+
+def test_a_linked_programs_address_query_resumes_it(gpu, runner, work, build, check):
+    check.title = ("a program linked with -lcuda, parked, whose next calls ask the driver about its allocation's "
+                   "address (cuPointerGetAttribute, cuMemGetAddressRange, cuMemGetAccess: exported by the shim since "
+                   "session 21) is resumed by the first and gets the running answers, its data intact")
+    prog = build("park_linked")
+    p = Proc(gpu, runner, work, "linked", ["1024"], program=prog, VRAMCAP_PARK="manual")
+    try:
+        check.that(bool(p.wait_line("IDLE", 120)), "a 1 GiB process linked with -lcuda idles", "")
+        r = cli(gpu, runner, "park (linked row)", "park", "--pid", str(p.p.pid))
+        check.eq("park exit status", r.rc, 0)
+        used = harness.nvml_used_mib(gpu.smi, p.p.pid, log=runner._log)
+        check.note("nvidia-smi MiB while parked: %s" % used)
+        p.go()
+        out, err = p.finish(120)
+        kv = p.result()
+        for k, want in (("rc_attr", 0), ("dev", 0), ("start_off", 0), ("rc_range", 0), ("base_off", 0),
+                        ("size", 1 << 30), ("rc_access", 0), ("flags", 3), ("same", 1)):
+            check.kv(kv, k, want)
+        check.eq("it says the pointer query resumed it",
+                 err.count("parking: cuPointerGetAttribute resumes this process"), 1)
     finally:
         p.kill()
 

@@ -209,6 +209,21 @@ hooks! {
         fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationPropFull, handle: CUmemGenericAllocationHandle) -> CUresult, Lookup::cuda("cuMemGetAllocationPropertiesFromHandle", 10020), on panic NOT_FOUND, blocks => Engine::mem_get_allocation_properties_from_handle;
         fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult, Lookup::cuda("cuCtxEnablePeerAccess", 4000), on panic NOT_FOUND, blocks => Engine::ctx_enable_peer_access;
         fn cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, kind: c_int, flags: u64) -> CUresult, Lookup::cuda("cuMemGetHandleForAddressRange", 11070), on panic NOT_FOUND, blocks => Engine::mem_get_handle_for_address_range;
+        // What the driver answers from an address's mapping, which a block
+        // has none of while a park or a tiered round has it unmapped (its
+        // address stays reserved). Measured on r580
+        // (scripts/gpu/research/unmapped_query.cu): the pointer query and
+        // cuMemGetAccess answer 1, cuMemGetAddressRange 500, a memset or
+        // copy node naming it 1, and cuPointerGetAttributes 0 with device
+        // -2, not mapped. Exported so that a program linked with
+        // -lcuda passes parking's gate too (a parked process resumes
+        // first), and tiered spill's.
+        fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuPointerGetAttribute", 4000), on panic NOT_FOUND, blocks, gate => Engine::pass_gate;
+        fn cuPointerGetAttributes(count: c_uint, attributes: *mut c_int, data: *mut *mut c_void, ptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuPointerGetAttributes", 7000), on panic NOT_FOUND, blocks, gate => Engine::pass_gate;
+        fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuMemGetAddressRange", 3020), on panic NOT_FOUND, blocks, gate => Engine::pass_gate;
+        fn cuMemGetAccess(flags: *mut u64, location: *const CUmemLocation, ptr: CUdeviceptr) -> CUresult, Lookup::cuda("cuMemGetAccess", 10020), on panic NOT_FOUND, blocks, gate => Engine::pass_gate;
+        fn cuGraphAddMemsetNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, count: usize, params: *const c_void, ctx: CUcontext) -> CUresult, Lookup::cuda("cuGraphAddMemsetNode", 10000), on panic NOT_FOUND, blocks, gate => Engine::pass_gate;
+        fn cuGraphAddMemcpyNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, count: usize, params: *const c_void, ctx: CUcontext) -> CUresult, Lookup::cuda("cuGraphAddMemcpyNode", 10000), on panic NOT_FOUND, blocks, gate => Engine::pass_gate;
 
         fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArrayCreate", 3020), on panic OOM => allocs::array_create;
         fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult, Lookup::cuda("cuArray3DCreate", 3020), on panic OOM => allocs::array_3d_create;
@@ -392,12 +407,13 @@ mod tests {
     }
 
     /// The `blocks` flag marks exactly the VMM queries that name the
-    /// engine's own handles or need its grants, and the peer access the
-    /// blocks must be granted to: handed out wherever the engine makes
-    /// blocks (under parking's moves too, not only tiered spill: the
-    /// H200's JAX process parked with nothing moved).
+    /// engine's own handles or need its grants, the peer access the
+    /// blocks must be granted to, and the calls the driver answers from an
+    /// address's mapping, which a moved block lacks: handed out wherever
+    /// the engine makes blocks (under parking's moves too, not only tiered
+    /// spill: the H200's JAX process parked with nothing moved).
     #[test]
-    fn blocks_only_marks_the_vmm_queries_of_the_engine_s_handles() {
+    fn blocks_only_marks_what_the_engine_s_blocks_change() {
         let mut blocks: Vec<&[u8]> = super::HOOKS
             .iter()
             .filter(|h| h.only == Only::Blocks)
@@ -408,9 +424,15 @@ mod tests {
             blocks,
             [
                 &b"cuCtxEnablePeerAccess"[..],
+                b"cuGraphAddMemcpyNode",
+                b"cuGraphAddMemsetNode",
+                b"cuMemGetAccess",
+                b"cuMemGetAddressRange_v2",
                 b"cuMemGetAllocationPropertiesFromHandle",
                 b"cuMemGetHandleForAddressRange",
-                b"cuMemSetAccess"
+                b"cuMemSetAccess",
+                b"cuPointerGetAttribute",
+                b"cuPointerGetAttributes"
             ]
         );
     }
