@@ -53,8 +53,18 @@ fn move_env<'a>(mode: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'
 /// memory and released`), then let go so that its next call resumes it:
 /// its lines after `resumed`, and its stderr. It must end well.
 fn parked_once(env: &[(&str, &str)], args: &[&str], moved: &str) -> (Vec<String>, String) {
+    parked_once_by("procaddr", env, args, moved)
+}
+
+/// [`parked_once`] with the client reaching the driver by `method`.
+fn parked_once_by(
+    method: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+    moved: &str,
+) -> (Vec<String>, String) {
     let dir = scratch_dir();
-    let mut h = Watched::start(&dir, env, args);
+    let mut h = Watched::start_by(method, &dir, env, args);
     let pid = h.pid;
     park(&dir, pid).expect_lines(&[&format!(
         "{pid}: parked, {moved} moved to host memory and released"
@@ -251,54 +261,24 @@ fn blocks_are_granted_to_a_gpu_given_peer_access_before_and_after_a_park() {
 #[test]
 fn an_address_query_resumes_a_parked_process_first() {
     let running = "ptrquery #0 -> 0 dev=0 start=+0; range -> 0 base=+0 size=67108864";
+    // Without parking, the export answers as the driver does.
+    client(
+        "linked",
+        &[("VRAMCAP_LIMIT", "4GiB")],
+        &["init", "alloc", "64M", "ptrquery", "0"],
+    )
+    .expect_lines(&["init -> 0", "alloc 67108864 -> 0 #0", running]);
     for method in ["linked", "procaddr", "dlsym"] {
-        let dir = scratch_dir();
         let env = moved_env(&[("VRAMCAP_LOG", "info")]);
-        let args = [
-            "init", "alloc", "64M", "ptrquery", "0", "wait", "ptrquery", "0", "wait",
-        ];
-        let mut h = Watched::start_by(method, &dir, &env, &args);
-        let pid = h.pid;
-        park(&dir, pid).expect_lines(&[&format!(
-            "{pid}: parked, 64.0 MiB moved to host memory and released"
-        )]);
-        h.resume();
-        h.until("wait");
-        let (lines, out) = h.end();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{method}: {lines:?} {stderr}");
-        let from = lines
-            .iter()
-            .position(|l| l.starts_with("alloc"))
-            .expect("alloc");
-        assert_eq!(
-            lines[from..].to_vec(),
-            [
-                "alloc 67108864 -> 0 #0",
-                running,
-                "wait",
-                "resumed",
-                running,
-                "wait"
-            ],
-            "{method}: {stderr}"
-        );
+        let args = ["init", "alloc", "64M", "wait", "ptrquery", "0", "wait"];
+        let (after, stderr) = parked_once_by(method, &env, &args, "64.0 MiB");
+        assert_eq!(after, [running, "wait"], "{method}: {stderr}");
         said(
             &stderr,
             "parking: cuPointerGetAttribute resumes this process",
             1,
         );
     }
-    client(
-        "linked",
-        &[("VRAMCAP_LIMIT", "4GiB")],
-        &["init", "alloc", "64M", "ptrquery", "0"],
-    )
-    .expect_lines(&[
-        "init -> 0",
-        "alloc 67108864 -> 0 #0",
-        "ptrquery #0 -> 0 dev=0 start=+0; range -> 0 base=+0 size=67108864",
-    ]);
 }
 
 /// Refused at start: the shim's moves only with parking, and not with
