@@ -268,14 +268,49 @@ fn an_address_query_resumes_a_parked_process_first() {
         &["init", "alloc", "64M", "ptrquery", "0"],
     )
     .expect_lines(&["init -> 0", "alloc 67108864 -> 0 #0", running]);
-    for method in ["linked", "procaddr", "dlsym"] {
+    // Each export's gate, its call the first after the park.
+    let cases = [
+        (
+            "linked",
+            &["ptrquery", "0"][..],
+            running,
+            "cuPointerGetAttribute",
+        ),
+        (
+            "procaddr",
+            &["ptrquery", "0"],
+            running,
+            "cuPointerGetAttribute",
+        ),
+        (
+            "dlsym",
+            &["ptrquery", "0"],
+            running,
+            "cuPointerGetAttribute",
+        ),
+        (
+            "linked",
+            &["range", "0"],
+            "range #0 -> 0 base=+0 size=67108864",
+            "cuMemGetAddressRange_v2",
+        ),
+        (
+            "linked",
+            &["access", "0", "0"],
+            "access #0 dev=0 -> 0 flags=3",
+            "cuMemGetAccess",
+        ),
+    ];
+    for (method, call, answer, export) in cases {
         let env = moved_env(&[("VRAMCAP_LOG", "info")]);
-        let args = ["init", "alloc", "64M", "wait", "ptrquery", "0", "wait"];
+        let mut args = vec!["init", "alloc", "64M", "wait"];
+        args.extend_from_slice(call);
+        args.push("wait");
         let (after, stderr) = parked_once_by(method, &env, &args, "64.0 MiB");
-        assert_eq!(after, [running, "wait"], "{method}: {stderr}");
+        assert_eq!(after, [answer, "wait"], "{method} {call:?}: {stderr}");
         said(
             &stderr,
-            "parking: cuPointerGetAttribute resumes this process",
+            &format!("parking: {export} resumes this process"),
             1,
         );
     }

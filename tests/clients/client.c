@@ -109,6 +109,8 @@
  *                         -> "pairs N BYTES -> ok=K rc=RC" (K pairs done,
  *                            RC the first error or 0)
  *   ptr SLOT              -> "ptr #SLOT = 0xHEX" (the slot's address)
+ *   range SLOT            cuMemGetAddressRange_v2 of the slot's address plus
+ *                         4 KiB -> "range #SLOT -> RC base=+OFF size=S"
  *   ptrquery SLOT         cuPointerGetAttribute (device ordinal, range
  *                         start) and cuMemGetAddressRange_v2 of the slot's
  *                         address plus 4 KiB -> "ptrquery #SLOT -> RC
@@ -2550,6 +2552,20 @@ static int command(int argc, char **argv, bool run)
         size_t n = parse_slot(argv[1]);
         if (run)
             out("ptr #%zu = 0x%llx", n, slot(n)->ptr);
+        return 2;
+    }
+    if (strcmp(cmd, "range") == 0) {
+        NEED(1);
+        size_t n = parse_slot(argv[1]);
+        g_need_ext = true;
+        if (!run)
+            return 2;
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        CUresult rc =
+            api.mem_get_address_range(&base, &size, slot(n)->ptr + 4096);
+        out("range #%zu -> %d base=%+lld size=%zu", n, rc,
+            base ? (long long)(base - slot(n)->ptr) : -1, size);
         return 2;
     }
     if (strcmp(cmd, "ptrquery") == 0) {

@@ -233,11 +233,19 @@ impl Held {
             let mut l = String::new();
             let n = self.stdout.read_line(&mut l).expect("read child stdout");
             if n == 0 {
-                // Its stdout is closed: it ended, so its stderr ends too.
-                let mut err = String::new();
-                if let Some(e) = self.child.stderr.as_mut() {
-                    let _ = std::io::Read::read_to_string(e, &mut err);
-                }
+                // Its stdout is closed: it ended. Its stderr is read on a
+                // thread of its own, for at most 5 s, in case a child of
+                // its own still holds it open.
+                let err = self.child.stderr.take().map_or_else(String::new, |mut e| {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    std::thread::spawn(move || {
+                        let mut err = String::new();
+                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                        let _ = tx.send(err);
+                    });
+                    rx.recv_timeout(std::time::Duration::from_secs(5))
+                        .unwrap_or_else(|_| "(not read: still open after 5 s)".into())
+                });
                 panic!(
                     "child ended before {want:?}; it printed {:?}, and on stderr:\n{err}",
                     self.lines

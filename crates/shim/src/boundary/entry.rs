@@ -32,8 +32,9 @@ pub enum Only {
     /// Only with parking enabled, `VRAMCAP_PARK` (flag `parking`).
     Parking,
     /// Only where the engine makes blocks of the program's memory, whose
-    /// handles it answers itself: under `VRAMCAP_SPILL=tiered`, and with
-    /// parking by the shim's moves (flag `blocks`).
+    /// handles it answers itself and whose mappings come and go: under
+    /// `VRAMCAP_SPILL=tiered`, and with parking by the shim's moves (flag
+    /// `blocks`).
     Blocks,
 }
 

@@ -24,7 +24,9 @@
 //! An entry's flags, after its `on panic` value: `tiered` (handed out only
 //! under tiered spill), `parking` (only with parking enabled), `blocks`
 //! (only where the engine makes blocks: tiered spill, or parking by the
-//! shim's moves), `gate` (a hook that passes tiered spill's gate:
+//! shim's moves; with `gate` and `Engine::pass_gate`, a driver call that
+//! reads a block's mapping, exported so that a program linked with -lcuda
+//! passes both gates), `gate` (a hook that passes tiered spill's gate:
 //! the handler takes the engine, the entry's bracketed arguments, which may
 //! name the caller's, and the real call; `Engine::pass_gate` takes none, a
 //! launch the function and its parameters) and `known` (only with parking
