@@ -3371,6 +3371,15 @@ static bool range_within(CUdeviceptr inner, size_t in, CUdeviceptr outer,
     return inner >= outer && in <= on && inner - outer <= on - in;
 }
 
+/* The mapping that contains p, or NULL. Caller holds g_lock. */
+static const struct vmm_map *mapping_of_locked(CUdeviceptr p)
+{
+    for (size_t i = 0; i < g_vmm_nmaps; i++)
+        if (range_within(p, 1, g_vmm_maps[i].va, g_vmm_maps[i].size))
+            return &g_vmm_maps[i];
+    return NULL;
+}
+
 /* Both options give 2 MiB, for device and host memory alike. */
 CUresult cuMemGetAllocationGranularity(size_t *granularity,
                                        const CUmemAllocationProp *prop,
@@ -3473,13 +3482,11 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)addr;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
-    for (size_t i = 0; i < g_vmm_nmaps; i++) {
-        if (range_within(p, 1, g_vmm_maps[i].va, g_vmm_maps[i].size)) {
-            vmm_alloc_of_locked(g_vmm_maps[i].handle)->refs++;
-            *handle = g_vmm_maps[i].handle;
-            rc = CUDA_SUCCESS;
-            break;
-        }
+    const struct vmm_map *m = mapping_of_locked(p);
+    if (m != NULL) {
+        vmm_alloc_of_locked(m->handle)->refs++;
+        *handle = m->handle;
+        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
     return rc;
@@ -3702,13 +3709,10 @@ CUresult cuMemGetAccess(unsigned long long *flags,
           CUDA_ERROR_INVALID_DEVICE);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
-    for (size_t i = 0; i < g_vmm_nmaps; i++) {
-        const struct vmm_map *m = &g_vmm_maps[i];
-        if (ptr >= m->va && ptr < m->va + m->size) {
-            *flags = m->access[location->id];
-            rc = CUDA_SUCCESS;
-            break;
-        }
+    const struct vmm_map *m = mapping_of_locked(ptr);
+    if (m != NULL) {
+        *flags = m->access[location->id];
+        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
     return rc;
@@ -3733,16 +3737,13 @@ static bool known_range_locked(CUdeviceptr p, int *dev, CUdeviceptr *start,
         *size = g_dev[*dev].blocks[i].bytes;
         return true;
     }
-    for (i = 0; i < g_vmm_nmaps; i++) {
-        const struct vmm_map *m = &g_vmm_maps[i];
-        if (range_within(p, 1, m->va, m->size)) {
-            *dev = vmm_alloc_of_locked(m->handle)->dev;
-            *start = m->va;
-            *size = m->size;
-            return true;
-        }
-    }
-    return false;
+    const struct vmm_map *m = mapping_of_locked(p);
+    if (m == NULL)
+        return false;
+    *dev = vmm_alloc_of_locked(m->handle)->dev;
+    *start = m->va;
+    *size = m->size;
+    return true;
 }
 
 /*
@@ -4639,15 +4640,6 @@ CUresult cuFuncGetName(const char **name, CUfunction hfunc)
     return CUDA_SUCCESS;
 }
 LOCAL(cuFuncGetName)
-
-/* The mapping that contains p, or NULL. Caller holds g_lock. */
-static const struct vmm_map *mapping_of_locked(CUdeviceptr p)
-{
-    for (size_t i = 0; i < g_vmm_nmaps; i++)
-        if (range_within(p, 1, g_vmm_maps[i].va, g_vmm_maps[i].size))
-            return &g_vmm_maps[i];
-    return NULL;
-}
 
 /* Whether p is reserved address space with nothing mapped there. */
 static bool unmapped_locked(CUdeviceptr p)
