@@ -3725,25 +3725,27 @@ LOCAL(cuMemGetAccess)
  * memory on the host). An address reserved with nothing mapped behind it
  * is in none, as on r580, where a pointer query of it answers
  * CUDA_ERROR_INVALID_VALUE and cuMemGetAddressRange CUDA_ERROR_NOT_FOUND
- * (scripts/gpu/research/unmapped_query.cu, session 21). Caller holds
- * g_lock.
+ * (scripts/gpu/research/unmapped_query.cu, session 21). Takes g_lock.
  */
-static bool known_range_locked(CUdeviceptr p, int *dev, CUdeviceptr *start,
-                               size_t *size)
+static bool known_range(CUdeviceptr p, int *dev, CUdeviceptr *start,
+                        size_t *size)
 {
     size_t i;
+    bool known = true;
+    pthread_mutex_lock(&g_lock);
+    const struct vmm_map *m = NULL;
     if (find_containing_locked(p, dev, &i)) {
         *start = g_dev[*dev].blocks[i].addr;
         *size = g_dev[*dev].blocks[i].bytes;
-        return true;
+    } else if ((m = mapping_of_locked(p)) != NULL) {
+        *dev = vmm_alloc_of_locked(m->handle)->dev;
+        *start = m->va;
+        *size = m->size;
+    } else {
+        known = false;
     }
-    const struct vmm_map *m = mapping_of_locked(p);
-    if (m == NULL)
-        return false;
-    *dev = vmm_alloc_of_locked(m->handle)->dev;
-    *start = m->va;
-    *size = m->size;
-    return true;
+    pthread_mutex_unlock(&g_lock);
+    return known;
 }
 
 /*
@@ -3760,10 +3762,7 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
     int dev = 0;
     CUdeviceptr start = 0;
     size_t size = 0;
-    pthread_mutex_lock(&g_lock);
-    bool known = known_range_locked(ptr, &dev, &start, &size);
-    pthread_mutex_unlock(&g_lock);
-    if (!known)
+    if (!known_range(ptr, &dev, &start, &size))
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0)
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -3796,10 +3795,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
     int dev = 0;
     CUdeviceptr start = 0;
     size_t size = 0;
-    pthread_mutex_lock(&g_lock);
-    bool known = known_range_locked(dptr, &dev, &start, &size);
-    pthread_mutex_unlock(&g_lock);
-    if (!known)
+    if (!known_range(dptr, &dev, &start, &size))
         return CUDA_ERROR_NOT_FOUND;
     if (pbase != NULL)
         *pbase = start;
